@@ -1,0 +1,181 @@
+"""judgetrain.metrics against a straight transcription of RM-Bench's reference compute_accuracy."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from judgetrain.metrics import (
+    flatten_eval_metrics,
+    ideation_accuracy,
+    judgebias_checks,
+    rmbench_accuracy,
+    rmbench_results,
+    to_trainer_log_keys,
+)
+
+
+def reference_compute_accuracy(results):
+    """Transcribed from shared/seeds/000_381d5609f1788020.txt (RM-Bench card), unchanged logic."""
+    MATRIX_SIZE = 3
+    acc_matrix = np.zeros((MATRIX_SIZE, MATRIX_SIZE))
+    for result in results:
+        for i in range(len(result["score_chosen"])):
+            for j in range(len(result["score_rejected"])):
+                if result["score_chosen"][i] > result["score_rejected"][j]:
+                    acc_matrix[i][j] += 1
+    acc_matrix /= len(results)
+    upper_right_count = MATRIX_SIZE * (MATRIX_SIZE - 1) / 2
+    hard_acc = np.sum(np.triu(acc_matrix, 1)) / upper_right_count
+    normal_acc = np.mean(np.diag(acc_matrix))
+    lower_left_count = MATRIX_SIZE * (MATRIX_SIZE - 1) / 2
+    easy_acc = np.sum(np.tril(acc_matrix, -1)) / lower_left_count
+    return {"hard_acc": hard_acc, "normal_acc": normal_acc, "easy_acc": easy_acc, "matrix": acc_matrix}
+
+
+def _random_rows(rng, n, domains):
+    # few distinct values so that ties are frequent
+    return [
+        {
+            "domain": str(rng.choice(domains)),
+            "score_chosen": rng.integers(0, 4, size=3).astype(float).tolist(),
+            "score_rejected": rng.integers(0, 4, size=3).astype(float).tolist(),
+        }
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rmbench_accuracy_matches_reference_on_random_scores_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    rows = _random_rows(rng, 50, ["chat"])
+    ours = rmbench_accuracy([r["score_chosen"] for r in rows], [r["score_rejected"] for r in rows])
+    ref = reference_compute_accuracy(rows)
+    for key in ("hard_acc", "normal_acc", "easy_acc"):
+        assert ours[key] == pytest.approx(ref[key], abs=1e-12)
+    np.testing.assert_allclose(np.array(ours["matrix"]), ref["matrix"], atol=1e-12)
+
+
+def test_hard_acc_counts_ties_as_wrong():
+    tied = rmbench_accuracy([[1.0, 1.0, 1.0]], [[1.0, 1.0, 1.0]])
+    assert tied["hard_acc"] == tied["normal_acc"] == tied["easy_acc"] == 0.0
+    # chosen concise beats every rejected, detailed chosen ties: hard is 2/3 of the upper triangle
+    out = rmbench_accuracy([[2.0, 1.0, 1.0]], [[1.0, 1.0, 0.5]])
+    # matrix: row0 = [1,1,1]; row1 = [0,0,1]; row2 = [0,0,1]
+    assert out["matrix"] == [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]]
+    assert out["hard_acc"] == pytest.approx(3 / 3)
+    assert out["normal_acc"] == pytest.approx(2 / 3)
+    assert out["easy_acc"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rmbench_results_pools_safety_rows_and_averages_domains_unweighted(seed):
+    rng = np.random.default_rng(100 + seed)
+    domains = ["chat", "code", "math", "safety-refuse", "safety-response"]
+    rows = _random_rows(rng, 200, domains)
+    res = rmbench_results(rows)
+    assert res["domains"] == ["chat", "math", "code", "safety"]
+    assert res["missing_domains"] == []
+    per = {}
+    for dom in ["chat", "math", "code", "safety"]:
+        sub = [r for r in rows if r["domain"].startswith(dom)]
+        ref = reference_compute_accuracy(sub)
+        for key in ("hard_acc", "normal_acc", "easy_acc"):
+            assert res[dom][key] == pytest.approx(ref[key], abs=1e-12)
+        avg = (ref["hard_acc"] + ref["normal_acc"] + ref["easy_acc"]) / 3
+        assert res[dom]["avg_acc"] == pytest.approx(avg, abs=1e-12)
+        assert res[dom]["n_rows"] == len(sub)
+        per[dom] = ref | {"avg": avg}
+    for key in ("hard_acc", "normal_acc", "easy_acc"):
+        assert res[key] == pytest.approx(np.mean([per[d][key] for d in per]), abs=1e-12)
+    assert res["total_avg_acc"] == pytest.approx(np.mean([per[d]["avg"] for d in per]), abs=1e-12)
+
+
+def test_rmbench_results_reports_missing_math_without_crashing():
+    rng = np.random.default_rng(7)
+    rows = _random_rows(rng, 80, ["chat", "code", "safety-refuse", "safety-response"])
+    res = rmbench_results(rows)
+    assert res["domains"] == ["chat", "code", "safety"]
+    assert res["missing_domains"] == ["math"]
+    assert "math" not in res
+    refs = [reference_compute_accuracy([r for r in rows if r["domain"].startswith(d)]) for d in ("chat", "code", "safety")]
+    assert res["hard_acc"] == pytest.approx(np.mean([r["hard_acc"] for r in refs]), abs=1e-12)
+    keys = flatten_eval_metrics("rmbench", res)
+    assert "eval/rmbench/chat/avg_acc" in keys and "eval/rmbench/math/avg_acc" not in keys
+    assert keys["eval/rmbench/total_avg_acc"] == pytest.approx(res["total_avg_acc"])
+
+
+def test_rmbench_results_with_no_rows_is_nan_not_an_error():
+    res = rmbench_results([])
+    assert res["domains"] == [] and res["missing_domains"] == ["chat", "math", "code", "safety"]
+    assert math.isnan(res["total_avg_acc"])
+
+
+def test_judgebias_implicit_accuracy_and_margin_per_category_and_type():
+    rows = [
+        {"perturbation_category": "error", "perturbation_type": "element_substitution", "score_chosen": 2.0, "score_rejected": 1.0},
+        {"perturbation_category": "error", "perturbation_type": "element_substitution", "score_chosen": 1.0, "score_rejected": 1.0},
+        {"perturbation_category": "error", "perturbation_type": "action_antonym", "score_chosen": 0.0, "score_rejected": 1.0},
+        {"perturbation_category": "represent", "perturbation_type": "llm_to_formula", "score_chosen": 3.0, "score_rejected": 1.0},
+    ]
+    res = judgebias_checks(rows)
+    assert res["error"]["accuracy"] == pytest.approx(1 / 3)
+    assert res["error"]["margin"] == pytest.approx((1 + 0 - 1) / 3)
+    assert res["represent"] == {"accuracy": 1.0, "margin": 2.0, "n_rows": 1}
+    assert res["type"]["element_substitution"]["accuracy"] == 0.5
+    flat = flatten_eval_metrics("judgebias", res)
+    assert flat["eval/judgebias/error/accuracy"] == pytest.approx(1 / 3)
+    assert flat["eval/judgebias/type/action_antonym/accuracy"] == 0.0
+    assert flat["eval/judgebias/represent/margin"] == 2.0
+
+
+def test_judgebias_judge_mode_anchor_mae_and_detect_rate():
+    rows = [
+        # represent: recorded chosen 4.0 (higher), rejected 3.0, anchor 4.0; the judge says 3.8 -> right, |err| .2
+        {"perturbation_category": "represent", "perturbation_type": "llm_to_name", "score_chosen": 4.0,
+         "score_rejected": 3.0, "anchor_score": 4.0, "judge_score": 3.8},
+        # error: chosen = lower score 2.5, rejected 4.0, anchor 4.0; judge 3.0 -> right (1.0 below anchor: detected)
+        {"perturbation_category": "error", "perturbation_type": "numerical_perturbation", "score_chosen": 2.5,
+         "score_rejected": 4.0, "anchor_score": 4.0, "judge_score": 3.0},
+        # error: judge 3.9 -> closer to rejected: wrong, not detected
+        {"perturbation_category": "error", "perturbation_type": "numerical_perturbation", "score_chosen": 2.5,
+         "score_rejected": 4.0, "anchor_score": 4.0, "judge_score": 3.9},
+    ]
+    res = judgebias_checks(rows, scoring="judge")
+    assert res["represent"]["anchor_mae"] == pytest.approx(0.2)
+    assert res["error"]["detect_rate"] == pytest.approx(0.5)
+    assert res["error"]["accuracy"] == pytest.approx(0.5)
+    flat = flatten_eval_metrics("judgebias", res)
+    assert flat["eval/judgebias/represent/anchor_mae"] == pytest.approx(0.2)
+    assert flat["eval/judgebias/error/detect_rate"] == pytest.approx(0.5)
+
+
+def test_ideation_position_consistency_needs_same_pick_in_both_orders():
+    rows = [
+        {"pair_id": 1, "order": "AB", "score_chosen": 1.0, "score_rejected": 0.0},
+        {"pair_id": 1, "order": "BA", "score_chosen": 1.0, "score_rejected": 0.0},
+        {"pair_id": 2, "order": "AB", "score_chosen": 1.0, "score_rejected": 0.0},
+        {"pair_id": 2, "order": "BA", "score_chosen": 0.0, "score_rejected": 1.0},
+    ]
+    res = ideation_accuracy(rows)
+    assert res["accuracy"] == 0.75
+    assert res["position_consistency"] == 0.5
+    assert flatten_eval_metrics("ideation", res)["eval/ideation/position_consistency"] == 0.5
+    assert "position_consistency" not in ideation_accuracy([{"score_chosen": 1, "score_rejected": 1}])
+
+
+def test_trainer_log_keys_survive_transformers_rewrite_logs():
+    from transformers.integrations.integration_utils import rewrite_logs
+
+    flat = flatten_eval_metrics("ideation", {"accuracy": 0.5})
+    assert rewrite_logs(to_trainer_log_keys(flat)) == {"eval/ideation/accuracy": 0.5}
+
+
+def test_metrics_module_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, judgetrain.metrics; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
