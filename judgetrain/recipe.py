@@ -1,0 +1,194 @@
+"""The recipe schema: one set of dataclasses for the YAML recipes, the command line and the docs.
+
+A recipe is a YAML mapping whose keys are fields of three dataclasses, parsed by TRL's `TrlParser`:
+`JudgeTrainArguments` (below: data, evaluation, audit, resume), `trl.DPOConfig` (every DPO/Trainer option:
+beta, loss_type, learning_rate, max_length, gradient_checkpointing, precompute_ref_log_probs, report_to, ...) and
+`trl.ModelConfig` (model_name_or_path, use_peft, lora_r, load_in_4bit, ...). Any key can be overridden on the command
+line as ``--key value``. Unknown keys are an error that names the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+SUITES = ("rmbench", "judgebias", "ideation")
+LONG_ROW_ACTIONS = ("error", "skip", "truncate", "shorten_prompt")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run: unknown key, bad value, missing file. Raised before any weights load."""
+
+
+@dataclass
+class JudgeTrainArguments:
+    """judgetrain's own recipe keys (the rest are `trl.DPOConfig` and `trl.ModelConfig` fields)."""
+
+    train_datasets: list[dict] = field(
+        default_factory=list,
+        metadata={
+            "help": "Training mixture: a list of components, each {dataset: judgebias|ideation, source: hub id | path "
+            "| 'bundled', split, weight or rows, and adapter options such as categories, min_score_delta, mode}."
+        },
+    )
+    eval_suites: list[str] = field(
+        default_factory=lambda: list(SUITES),
+        metadata={"help": "Suites scored by the evaluation callback: any of rmbench, judgebias, ideation. [] = none."},
+    )
+    eval_rmbench_source: str = field(default="bundled", metadata={"help": "RM-Bench source (hub id, file or folder)."})
+    eval_judgebias_source: str = field(default="bundled", metadata={"help": "JudgeBias source; its validation split is scored."})
+    eval_ideation_source: str = field(default="bundled", metadata={"help": "Ideation source; its test split is scored."})
+    eval_max_rows: int | None = field(
+        default=None, metadata={"help": "Row cap per eval suite, sampled evenly across domains / perturbation types."}
+    )
+    eval_scoring: str = field(default="implicit", metadata={"help": "implicit (DPO reward) or judge (expected score)."})
+    eval_every_n_steps: int = field(default=0, metadata={"help": "Also evaluate every N optimizer steps (0: epochs only)."})
+    eval_batch_tokens: int = field(default=8192, metadata={"help": "Token budget of one scoring batch."})
+    eval_on_start: bool = field(default=False, metadata={"help": "Evaluate once before the first step (the baseline)."})
+    log_matrix_images: bool = field(default=False, metadata={"help": "Log the RM-Bench 3x3 heatmap as an image each eval."})
+    on_bad_row: str = field(default="error", metadata={"help": "error: stop on the first bad row; skip: drop, count, write rejects."})
+    long_rows: str = field(
+        default="error",
+        metadata={
+            "help": "Rows longer than max_length: error | skip (counted, written to rejects) | truncate (TRL cuts the "
+            "completion end, losing the judge's score) | shorten_prompt (cut the middle of the user message so the "
+            "whole evaluation fits)."
+        },
+    )
+    audit_rows: int | None = field(default=None, metadata={"help": "Audit only the first N rows per dataset (dry run)."})
+    resume: str | None = field(default=None, metadata={"help": "auto: newest complete checkpoint in output_dir; or a checkpoint path."})
+    dry_run: bool = field(default=False, metadata={"help": "Validate recipe, files, accelerate config and data; load no weights."})
+    accelerate_config: str | None = field(default=None, metadata={"help": "Accelerate config used by `judgetrain train`."})
+    nonfinite: str = field(default="stop", metadata={"help": "NaN/inf loss or grad norm: stop (keep last checkpoint) or skip the batch."})
+
+    def __post_init__(self):
+        for suite in self.eval_suites:
+            if suite not in SUITES:
+                raise RecipeError(f"eval_suites: unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+        if self.long_rows not in LONG_ROW_ACTIONS:
+            raise RecipeError(f"long_rows: {self.long_rows!r} is not one of {', '.join(LONG_ROW_ACTIONS)}")
+        if self.on_bad_row not in ("error", "skip"):
+            raise RecipeError(f"on_bad_row: {self.on_bad_row!r} is not one of error, skip")
+        if self.eval_scoring not in ("implicit", "judge"):
+            raise RecipeError(f"eval_scoring: {self.eval_scoring!r} is not one of implicit, judge")
+        if self.nonfinite not in ("stop", "skip"):
+            raise RecipeError(f"nonfinite: {self.nonfinite!r} is not one of stop, skip")
+        for i, comp in enumerate(self.train_datasets):
+            if not isinstance(comp, dict) or comp.get("dataset") not in ("judgebias", "ideation"):
+                raise RecipeError(
+                    f"train_datasets[{i}]: each component needs `dataset: judgebias` or `dataset: ideation`, got {comp!r}"
+                )
+
+
+def dataclass_types():
+    from trl import DPOConfig, ModelConfig
+
+    return (JudgeTrainArguments, DPOConfig, ModelConfig)
+
+
+def valid_keys() -> set[str]:
+    return {f.name for dc in dataclass_types() for f in fields(dc)}
+
+
+def load_recipe_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a recipe with safe YAML and check every key, suggesting the nearest valid one for a typo."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe {path}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise RecipeError(f"recipe {path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {path}: must be a YAML mapping of option: value, got {type(data).__name__}")
+    keys = valid_keys() | {"env"}
+    for key in data:
+        if key not in keys:
+            near = difflib.get_close_matches(str(key), sorted(keys), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise RecipeError(f"recipe {path}: unknown key {key!r}{hint}")
+    return data
+
+
+def split_recipe_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+    """`train.py recipe.yaml --lr 1e-5` and `train.py --config recipe.yaml --lr 1e-5` both give (recipe, overrides)."""
+    argv = list(argv)
+    if "--config" in argv:
+        i = argv.index("--config")
+        recipe = argv[i + 1] if i + 1 < len(argv) else None
+        return recipe, argv[:i] + argv[i + 2 :]
+    if argv and not argv[0].startswith("-"):
+        return argv[0], argv[1:]
+    return None, argv
+
+
+def _check_flags(overrides: list[str]) -> None:
+    keys = valid_keys()
+    for token in overrides:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            if name.startswith("no_") and name[3:] in keys:
+                continue
+            if name not in keys and name not in {"help"}:
+                near = difflib.get_close_matches(name, sorted(keys), n=1)
+                hint = f"; did you mean --{near[0]}?" if near else ""
+                raise RecipeError(f"unknown option --{name}{hint}")
+
+
+def parse_recipe(argv: list[str]):
+    """Parse ``[recipe.yaml] [--key value ...]`` into (JudgeTrainArguments, DPOConfig, ModelConfig, recipe_dict).
+
+    recipe_dict is the recipe as it will run (file values with command-line overrides applied), for saving beside
+    the model.
+    """
+    from trl import TrlParser
+
+    recipe_path, overrides = split_recipe_argv(argv)
+    data = load_recipe_file(recipe_path) if recipe_path else {}
+    _check_flags(overrides)
+    parser = TrlParser(dataclass_types())
+    cli = (["--config", recipe_path] if recipe_path else []) + overrides
+    try:
+        script_args, training_args, model_args = parser.parse_args_and_config(cli)
+    except SystemExit as e:  # argparse prints its own message
+        raise RecipeError(f"could not parse the recipe options {overrides}") from e
+    except (TypeError, ValueError) as e:
+        raise RecipeError(f"recipe {recipe_path}: {e}") from e
+    resolved = dict(data)
+    resolved.pop("env", None)
+    for token in overrides:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            name = name[3:] if name.startswith("no_") and name not in valid_keys() else name
+            for obj in (script_args, training_args, model_args):
+                if hasattr(obj, name):
+                    value = getattr(obj, name)
+                    resolved[name] = value.value if hasattr(value, "value") else value
+                    break
+    return script_args, training_args, model_args, resolved
+
+
+def save_recipe(resolved: dict, path: str | os.PathLike, command: str | None = None) -> None:
+    """Write the recipe as run, so `accelerate launch -m judgetrain.train <path>` reproduces the run."""
+    header = "# Recipe as run by judgetrain (file values with command-line overrides applied).\n"
+    if command:
+        header += f"# command: {command}\n"
+    Path(path).write_text(header + yaml.safe_dump(_plain(resolved), sort_keys=False), encoding="utf-8")
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and not isinstance(value, (str, int, float, bool)):
+        return value.value
+    return value

@@ -1,0 +1,184 @@
+"""The embedded tiny judge: a real Qwen2 causal LM, randomly initialised from a seed, with a BPE tokenizer and a
+ChatML chat template, built offline so the tests and the quickstart run without the Hugging Face hub.
+
+    judgetrain tiny build --out /tmp/tiny-judge          # or, from Python: ensure_tiny_judge()
+
+The directory it writes is an ordinary model directory (config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json, chat_template.jinja) that `AutoModelForCausalLM.from_pretrained` and
+`AutoTokenizer.from_pretrained` load. The tokenizer is trained on the bundled sample data, so a judge evaluation of
+a few hundred words is a few hundred tokens and a CPU step takes well under a second. Recipes and `judgetrain eval`
+accept the alias ``tiny-judge`` for it (see `resolve_model`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+TINY_ALIAS = "tiny-judge"
+_BUILDER_VERSION = 1
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Shapes: big enough to learn the bundled samples' signal in two epochs, small enough for 2 CPU cores.
+DEFAULT_CONFIG = dict(
+    vocab_size=4096,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
+# Always part of the tokenizer corpus, so digits, JSON and markdown have merges even with no samples present.
+_SEED_TEXT = """```json
+{"materials_appropriateness_score": 4.5, "equipment_appropriateness_score": 4.0, "procedure_completeness_score": 3.5,
+ "procedure_feasibility_score": 4.0, "characterization_appropriateness_score": 4.5, "overall_score": 4.0}
+```
+0 1 2 3 4 5 6 7 8 9 0.5 1.0 1.5 2.0 2.5 3.0 3.5 4.0 4.5 5.0 10 100 850 1700 C K h min mL g mol %
+# Heading\n## Materials\n- item\n1. Step one\n**bold** *italic* `code`
+Proposal A is better. Proposal B is better.
+"""
+
+
+def _samples_dir() -> Path:
+    return Path(__file__).resolve().parent / "data" / "samples"
+
+
+def _corpus_texts() -> list[str]:
+    """Text of every bundled sample file, in a fixed order (the tokenizer is a function of these bytes)."""
+    texts = [_SEED_TEXT]
+    root = _samples_dir()
+    if not root.is_dir():
+        return texts
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        if path.suffix in {".json", ".jsonl", ".md", ".txt"}:
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+        elif path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+            for name in table.column_names:
+                if str(table.schema.field(name).type) in {"string", "large_string"}:
+                    texts.extend(v for v in table.column(name).to_pylist() if isinstance(v, str))
+    return texts
+
+
+def _fingerprint(config: dict, seed: int, texts: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"v": _BUILDER_VERSION, "config": config, "seed": seed}, sort_keys=True).encode())
+    for text in texts:
+        h.update(hashlib.sha256(text.encode("utf-8", errors="replace")).digest())
+    return h.hexdigest()[:12]
+
+
+def _train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+        model_max_length=DEFAULT_CONFIG["max_position_embeddings"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_judge(out_dir: str | os.PathLike, *, seed: int = 0, config: dict | None = None) -> str:
+    """Build the tiny judge into ``out_dir`` (created or overwritten) and return its path as a string."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = {**DEFAULT_CONFIG, **(config or {})}
+    texts = _corpus_texts()
+    tokenizer = _train_tokenizer(texts, cfg["vocab_size"])
+    cfg["vocab_size"] = len(tokenizer)  # BPE may stop below the target when the corpus is small
+    model_config = Qwen2Config(
+        **cfg,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "judgetrain_tiny.json").write_text(
+        json.dumps({"seed": seed, "config": cfg, "fingerprint": _fingerprint(cfg, seed, texts)}, indent=1)
+    )
+    return str(out)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("JUDGETRAIN_CACHE", Path.home() / ".cache" / "judgetrain"))
+
+
+def ensure_tiny_judge(*, seed: int = 0) -> str:
+    """Return the path of the tiny judge, building it once into the cache (safe when several processes race)."""
+    cfg = dict(DEFAULT_CONFIG)
+    key = _fingerprint(cfg, seed, _corpus_texts())
+    target = cache_root() / f"tiny-judge-{key}"
+    if (target / "judgetrain_tiny.json").is_file():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-judge-", dir=target.parent))
+    try:
+        logger.info("Building the tiny judge into %s", target)
+        build_tiny_judge(tmp, seed=seed, config=cfg)
+        try:
+            os.replace(tmp, target)  # atomic: another process either sees nothing or the whole directory
+        except OSError:
+            if not (target / "judgetrain_tiny.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Map the ``tiny-judge`` alias to the built directory; anything else (hub id or path) passes through."""
+    return ensure_tiny_judge() if name_or_path == TINY_ALIAS else name_or_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="judgetrain tiny build", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="directory to write (default: the cache, printed)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = build_tiny_judge(args.out, seed=args.seed) if args.out else ensure_tiny_judge(seed=args.seed)
+    print(path)
+    return 0
