@@ -1,0 +1,544 @@
+"""Build anchor-consensus, direction-aware DPO pairs from a judge panel's scored evaluations.
+
+    judgetrain pairs build --evaluations judgetrain/data/samples/panel/evaluations.jsonl --out pairs_out
+
+Input: one row per (sample, perturbation set, judge) with ``sample_id``, ``perturbation_set`` (e.g.
+``element_substitution_100pct``), ``perturbation_category`` (``error`` / ``represent``; derived from the set
+name when absent), ``perturbation_rate`` (derived from the ``_<n>pct`` suffix when absent), ``judge_model``,
+``prompt`` (the messages the judge saw: a list or its JSON string) and ``evaluation`` (the judge's text).
+
+The construction is the one of iknow-lab/JudgeBias-DPO-RefFree:
+1. the overall score of every evaluation is read by :mod:`judgetrain.scoreparse`; unreadable or out-of-scale
+   scores are counted per judge and written to ``<out>/rejects.jsonl``, never guessed;
+2. anchor per sample = median of the overall scores over all judges x the representational rate sets
+   (the card's "4 models x 5 representational rates"; ``anchor_sets="represent"`` uses every represent set);
+   samples with fewer than ``min_represent_evals`` such scores are counted and skipped;
+3. for every sample, set and pair of judges: ``represent`` -> chosen = higher score (meaning kept, no penalty is
+   right), ``error`` -> chosen = lower score (the injected error was caught); keep gaps >= ``min_delta``;
+   drop represent pairs whose chosen score is more than ``represent_anchor_margin`` below the anchor and error
+   pairs whose rejected score is more than ``error_anchor_margin`` below it;
+4. at most ``max_pairs`` per sample and set: the largest gaps first, ties ordered by a seeded shuffle;
+5. SHA-256 deduplication of (prompt, chosen, rejected); split by sample_id into train / validation parquet
+   files in exactly the JudgeBias-DPO-RefFree schema, plus ``stats.json`` (the card's statistics table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import random
+import re
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Iterable
+
+from judgetrain.scoreparse import parse_overall_score_result
+
+logger = logging.getLogger(__name__)
+
+# The 17 perturbation sets of the source dataset (combined sets in their canonical spelling).
+ERROR_SETS = (
+    *(f"all_error_perturbation_{r}pct" for r in (1, 2, 5, 10, 15)),
+    "element_substitution_100pct",
+    "numerical_perturbation_100pct",
+    "equipment_substitution_100pct",
+    "action_antonym_100pct",
+)
+REPRESENT_SETS = (
+    *(f"llm_representational_perturbation_{r}pct" for r in (1, 2, 5, 10, 15)),
+    "llm_to_formula_100pct",
+    "llm_to_name_100pct",
+    "llm_to_iupac_100pct",
+)
+# other spelling of the combined sets -> canonical perturbation_type
+TYPE_ALIASES = {
+    "all_error_injection": "all_error_perturbation",
+    "all_equivalence_rewriting": "llm_representational_perturbation",
+}
+ERROR_TYPES = frozenset({"all_error_perturbation", "element_substitution", "numerical_perturbation",
+                         "equipment_substitution", "action_antonym"})
+REPRESENT_TYPES = frozenset({"llm_representational_perturbation", "llm_to_formula", "llm_to_name", "llm_to_iupac"})
+CATEGORY_ALIASES = {"error": "error", "represent": "represent", "representational": "represent",
+                    "representation": "represent"}
+
+REQUIRED_COLUMNS = ("sample_id", "perturbation_set", "judge_model", "prompt", "evaluation")
+OUTPUT_COLUMNS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected", "score_delta", "anchor_score",
+                  "sample_id", "perturbation_type", "perturbation_category", "perturbation_rate", "chosen_model",
+                  "rejected_model")
+_EPS = 1e-9  # scores are half steps; the tolerance only absorbs float noise from arithmetic scores
+_SET_RE = re.compile(r"^(?P<type>.+?)_(?P<pct>\d+(?:\.\d+)?)pct$")
+
+
+class PanelDataError(ValueError):
+    """The evaluations table cannot be used at all (unreadable file, missing columns)."""
+
+
+def parse_set_name(name: str) -> tuple[str, float | None]:
+    """``element_substitution_100pct`` -> (``element_substitution``, 1.0); combined sets canonicalised."""
+    match = _SET_RE.match(name)
+    ptype, rate = (match["type"], float(match["pct"]) / 100) if match else (name, None)
+    return TYPE_ALIASES.get(ptype, ptype), rate
+
+
+def category_of(ptype: str) -> str | None:
+    if ptype in ERROR_TYPES:
+        return "error"
+    if ptype in REPRESENT_TYPES:
+        return "represent"
+    return None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    sample_id: int
+    perturbation_set: str  # canonical name, e.g. all_error_perturbation_5pct
+    perturbation_type: str
+    perturbation_category: str
+    perturbation_rate: float
+    judge_model: str
+    prompt: str  # JSON string of the message list
+    evaluation: str
+    score: float
+
+
+# ---- input ---------------------------------------------------------------------------------------------------
+
+def read_evaluations(source: str | Path | Iterable[dict]) -> list[dict]:
+    """Rows of a jsonl / json / parquet file (or an iterable of dicts, e.g. a datasets.Dataset)."""
+    if not isinstance(source, (str, Path)):
+        return [dict(row) for row in source]
+    path = Path(source)
+    if not path.is_file():
+        raise PanelDataError(f"evaluations file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix == ".json":
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            loaded = None
+        if isinstance(loaded, list):
+            return loaded
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise PanelDataError(f"{path}: line {lineno} is not JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise PanelDataError(f"{path}: line {lineno} is not a JSON object")
+            rows.append(row)
+    return rows
+
+
+def _messages_json(prompt: Any) -> str:
+    """The prompt as the JSON string of a [{"role", "content"}] list; ValueError when it is not one."""
+    messages = json.loads(prompt) if isinstance(prompt, str) else prompt
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("prompt is not a non-empty message list")
+    clean = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise ValueError("prompt message without string role/content")
+        clean.append({"role": message["role"], "content": message["content"]})
+    return json.dumps(clean, ensure_ascii=False)
+
+
+def _normalise(row: dict, key: str, scale: tuple[float, float]) -> tuple[Evaluation | None, dict | None]:
+    """(evaluation, None) for a usable row, (None, reject record) otherwise."""
+    missing = [col for col in REQUIRED_COLUMNS if row.get(col) is None]
+    base = {"sample_id": row.get("sample_id"), "perturbation_set": row.get("perturbation_set"),
+            "judge_model": row.get("judge_model")}
+    if missing:
+        return None, {**base, "reason": "missing_field", "detail": f"missing {', '.join(missing)}"}
+    try:
+        sample_id = int(row["sample_id"])
+        if isinstance(row["sample_id"], float) and row["sample_id"] != sample_id:
+            raise ValueError
+    except (TypeError, ValueError):
+        return None, {**base, "reason": "bad_row", "detail": f"sample_id {row['sample_id']!r} is not an integer"}
+    ptype, name_rate = parse_set_name(str(row["perturbation_set"]))
+    canonical_set = str(row["perturbation_set"])
+    if name_rate is not None:
+        canonical_set = f"{ptype}_{_pct(name_rate)}pct"
+    raw_category = row.get("perturbation_category")
+    category = CATEGORY_ALIASES.get(str(raw_category).lower()) if raw_category is not None else category_of(ptype)
+    if category is None:
+        detail = (f"perturbation_category {raw_category!r} is not error/represent" if raw_category is not None
+                  else f"cannot derive the category of set {row['perturbation_set']!r}; give perturbation_category")
+        return None, {**base, "reason": "bad_row", "detail": detail}
+    rate = row.get("perturbation_rate")
+    try:
+        rate = float(rate) if rate is not None else (name_rate if name_rate is not None else 1.0)
+    except (TypeError, ValueError):
+        return None, {**base, "reason": "bad_row", "detail": f"perturbation_rate {rate!r} is not a number"}
+    try:
+        prompt = _messages_json(row["prompt"])
+    except (ValueError, TypeError) as err:
+        return None, {**base, "reason": "bad_row", "detail": str(err)}
+    text = row["evaluation"]
+    result = parse_overall_score_result(text, key=key, lo=scale[0], hi=scale[1])
+    if not result.ok:
+        return None, {**base, "reason": result.reason, "detail": result.detail, "value": result.value,
+                      "evaluation": text if isinstance(text, str) else repr(text)}
+    return Evaluation(sample_id, canonical_set, ptype, category, rate, str(row["judge_model"]), prompt, text,
+                      result.score), None
+
+
+def _pct(rate: float) -> str:
+    pct = rate * 100
+    return str(int(round(pct))) if abs(pct - round(pct)) < 1e-9 else f"{pct:g}"
+
+
+# ---- construction --------------------------------------------------------------------------------------------
+
+def compute_anchors(evals: list[Evaluation], *, anchor_sets: str = "rates") -> tuple[dict[int, list[float]], str]:
+    """sample_id -> the scores its anchor is the median of, and the anchor set mode actually used.
+
+    ``rates``: represent sets measured at a rate below 100% (the card's 5 representational rates); when the
+    panel has none, every represent set is used (logged). ``represent``: every represent set.
+    """
+    represent = [e for e in evals if e.perturbation_category == "represent"]
+    used = anchor_sets
+    if anchor_sets == "rates":
+        rated = [e for e in represent if e.perturbation_rate < 1.0]
+        if rated:
+            represent = rated
+        else:
+            used = "represent"
+            logger.warning("no represent sets below 100%% rate: anchors use every represent set")
+    elif anchor_sets != "represent":
+        raise ValueError(f"anchor_sets must be 'rates' or 'represent', not {anchor_sets!r}")
+    scores: dict[int, list[float]] = defaultdict(list)
+    for e in represent:
+        scores[e.sample_id].append(e.score)
+    return dict(scores), used
+
+
+def _pair_hash(prompt: str, chosen: str, rejected: str) -> str:
+    return hashlib.sha256(json.dumps([prompt, chosen, rejected], ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def pair_hash(row: dict) -> str:
+    """SHA-256 of an output row's (prompt, chosen, rejected) JSON strings: the deduplication key."""
+    return _pair_hash(row["prompt"], row["chosen"], row["rejected"])
+
+
+def _assistant(text: str) -> str:
+    return json.dumps([{"role": "assistant", "content": text}], ensure_ascii=False)
+
+
+def build_pairs(
+    evaluations: str | Path | Iterable[dict],
+    out_dir: str | Path,
+    *,
+    min_delta: float = 0.5,
+    represent_anchor_margin: float = 1.5,
+    error_anchor_margin: float = 2.0,
+    max_pairs: int = 5,
+    min_represent_evals: int = 3,
+    validation_fraction: float = 0.1,
+    seed: int = 0,
+    scale: tuple[float, float] = (0.5, 5.5),
+    score_key: str = "overall_score",
+    anchor_sets: str = "rates",
+) -> dict[str, Any]:
+    """Build the pairs, write ``train.parquet``, ``validation.parquet``, ``rejects.jsonl``, ``stats.json`` to
+    ``out_dir`` and return the statistics. Raises :class:`PanelDataError` when the table has no usable shape."""
+    if max_pairs < 1:
+        raise ValueError("max_pairs must be >= 1")
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError("validation_fraction must be in [0, 1)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = read_evaluations(evaluations)
+    if not rows:
+        raise PanelDataError("the evaluations table is empty")
+    columns = set().union(*(row.keys() for row in rows))
+    absent = [col for col in REQUIRED_COLUMNS if col not in columns]
+    if absent:
+        raise PanelDataError(f"the evaluations table lacks column(s) {', '.join(absent)}; has {sorted(columns)}")
+    logger.info("read %d evaluations", len(rows))
+
+    # 1. scores -------------------------------------------------------------------------------------------
+    evals: list[Evaluation] = []
+    rejects: list[dict] = []
+    seen: set[tuple[int, str, str]] = set()
+    judges: Counter = Counter()
+    for index, row in enumerate(rows):
+        judges[str(row.get("judge_model"))] += 1
+        ev, reject = _normalise(row, score_key, scale)
+        if ev is not None:
+            key = (ev.sample_id, ev.perturbation_set, ev.judge_model)
+            if key in seen:
+                ev, reject = None, {"sample_id": ev.sample_id, "perturbation_set": ev.perturbation_set,
+                                    "judge_model": ev.judge_model, "reason": "duplicate",
+                                    "detail": "second evaluation of the same sample, set and judge"}
+            else:
+                seen.add(key)
+        if reject is not None:
+            rejects.append({"row": index, **reject})
+        else:
+            evals.append(ev)
+    rejects_by_judge: dict[str, dict[str, int]] = {judge: {} for judge in sorted(judges)}
+    for reject in rejects:
+        counts = rejects_by_judge.setdefault(str(reject["judge_model"]), {})
+        counts[reject["reason"]] = counts.get(reject["reason"], 0) + 1
+    with (out / "rejects.jsonl").open("w", encoding="utf-8") as handle:
+        for reject in rejects:
+            handle.write(json.dumps(reject, ensure_ascii=False) + "\n")
+    logger.info("scored %d evaluations, rejected %d (see %s)", len(evals), len(rejects), out / "rejects.jsonl")
+
+    # 2. anchors ------------------------------------------------------------------------------------------
+    anchor_scores, anchor_sets_used = compute_anchors(evals, anchor_sets=anchor_sets)
+    all_samples = sorted({e.sample_id for e in evals})
+    anchors = {sid: float(statistics.median(anchor_scores[sid])) for sid in all_samples
+               if len(anchor_scores.get(sid, ())) >= min_represent_evals}
+    skipped = [sid for sid in all_samples if sid not in anchors]
+    if skipped:
+        logger.warning("%d sample(s) skipped: fewer than %d representational scores for the anchor: %s",
+                       len(skipped), min_represent_evals, skipped[:20])
+
+    # 3. pairs per (sample, set) ----------------------------------------------------------------------------
+    groups: dict[tuple[int, str], list[Evaluation]] = defaultdict(list)
+    for e in evals:
+        if e.sample_id in anchors:
+            groups[(e.sample_id, e.perturbation_set)].append(e)
+    dropped = Counter()
+    prompt_mismatch = 0
+    pairs: list[dict] = []
+    for (sid, set_name), members in sorted(groups.items()):
+        anchor = anchors[sid]
+        members.sort(key=lambda e: e.judge_model)
+        kept = []
+        for a, b in combinations(members, 2):
+            dropped["candidates"] += 1
+            if abs(a.score - b.score) < _EPS:
+                dropped["tie"] += 1
+                continue
+            high, low = (a, b) if a.score > b.score else (b, a)
+            if a.perturbation_category == "represent":
+                chosen, rejected = high, low
+                anchor_ok = chosen.score >= anchor - represent_anchor_margin - _EPS
+            else:
+                chosen, rejected = low, high
+                anchor_ok = rejected.score >= anchor - error_anchor_margin - _EPS
+            delta = abs(a.score - b.score)
+            if delta < min_delta - _EPS:
+                dropped["min_delta"] += 1
+                continue
+            if not anchor_ok:
+                dropped["anchor_filter"] += 1
+                continue
+            kept.append((chosen, rejected, delta))
+        # the cap keeps the clearest pairs (largest gap); a seeded shuffle orders equal gaps
+        rng = random.Random(f"{seed}/{sid}/{set_name}")
+        rng.shuffle(kept)
+        kept.sort(key=lambda item: -item[2])
+        dropped["cap"] += max(0, len(kept) - max_pairs)
+        for chosen, rejected, delta in kept[:max_pairs]:
+            if chosen.prompt != rejected.prompt:
+                prompt_mismatch += 1
+            pairs.append({
+                "prompt": chosen.prompt,
+                "chosen": _assistant(chosen.evaluation),
+                "rejected": _assistant(rejected.evaluation),
+                "score_chosen": float(chosen.score),
+                "score_rejected": float(rejected.score),
+                "score_delta": float(delta),
+                "anchor_score": anchor,
+                "sample_id": sid,
+                "perturbation_type": chosen.perturbation_type,
+                "perturbation_category": chosen.perturbation_category,
+                "perturbation_rate": float(chosen.perturbation_rate),
+                "chosen_model": chosen.judge_model,
+                "rejected_model": rejected.judge_model,
+            })
+    if prompt_mismatch:
+        logger.warning("%d pair(s) joined judges that saw different prompts; the chosen judge's prompt is kept",
+                       prompt_mismatch)
+
+    # 4. dedup ----------------------------------------------------------------------------------------------
+    unique, hashes = [], set()
+    for row in pairs:
+        digest = pair_hash(row)
+        if digest in hashes:
+            dropped["duplicate"] += 1
+            continue
+        hashes.add(digest)
+        unique.append(row)
+    logger.info("%d pairs from %d samples (%d candidates)", len(unique), len(anchors), dropped["candidates"])
+
+    # 5. split by sample ------------------------------------------------------------------------------------
+    samples = sorted({row["sample_id"] for row in unique})
+    order = list(samples)
+    random.Random(seed).shuffle(order)
+    n_val = round(len(order) * validation_fraction)
+    if validation_fraction > 0 and n_val == 0 and len(order) >= 2:
+        n_val = 1
+    val_samples = set(order[:n_val])
+    train_rows = [row for row in unique if row["sample_id"] not in val_samples]
+    val_rows = [row for row in unique if row["sample_id"] in val_samples]
+    write_pairs(train_rows, out / "train.parquet")
+    write_pairs(val_rows, out / "validation.parquet")
+
+    deltas = [row["score_delta"] for row in unique]
+    n_error = sum(row["perturbation_category"] == "error" for row in unique)
+    n_repr = len(unique) - n_error
+    stats = {
+        "total_pairs": len(unique),
+        "train_pairs": len(train_rows),
+        "validation_pairs": len(val_rows),
+        "error_pairs": n_error,
+        "represent_pairs": n_repr,
+        "error_share": n_error / len(unique) if unique else 0.0,
+        "represent_share": n_repr / len(unique) if unique else 0.0,
+        "unique_samples": len(samples),
+        "train_samples": len(samples) - len(val_samples),
+        "validation_samples": len(val_samples),
+        "score_delta_mean": statistics.fmean(deltas) if deltas else math.nan,
+        "score_delta_median": float(statistics.median(deltas)) if deltas else math.nan,
+        "pairs_by_type": dict(sorted(Counter(row["perturbation_type"] for row in unique).items())),
+        "input_rows": len(rows),
+        "scored_rows": len(evals),
+        "rejected_rows": len(rejects),
+        "rejects_by_judge": rejects_by_judge,
+        "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
+        "judges": sorted(judges),
+        "anchored_samples": len(anchors),
+        "skipped_samples": len(skipped),
+        "skipped_sample_ids": skipped,
+        "anchor_sets": anchor_sets_used,
+        "candidate_pairs": dropped["candidates"],
+        "dropped": {k: dropped[k] for k in ("tie", "min_delta", "anchor_filter", "cap", "duplicate")},
+        "prompt_mismatch_pairs": prompt_mismatch,
+        "options": {"min_delta": min_delta, "represent_anchor_margin": represent_anchor_margin,
+                    "error_anchor_margin": error_anchor_margin, "max_pairs": max_pairs,
+                    "min_represent_evals": min_represent_evals, "validation_fraction": validation_fraction,
+                    "seed": seed, "scale": list(scale), "score_key": score_key, "anchor_sets": anchor_sets},
+    }
+    (out / "stats.json").write_text(json.dumps(_json_safe(stats), indent=2) + "\n", encoding="utf-8")
+    logger.info("wrote %s (%d rows), %s (%d rows), stats.json", out / "train.parquet", len(train_rows),
+                out / "validation.parquet", len(val_rows))
+    return stats
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def output_schema():
+    """The JudgeBias-DPO-RefFree parquet schema, column order as published."""
+    import pyarrow as pa
+
+    types = {"score_chosen": pa.float64(), "score_rejected": pa.float64(), "score_delta": pa.float64(),
+             "anchor_score": pa.float64(), "sample_id": pa.int64(), "perturbation_rate": pa.float64()}
+    return pa.schema([(name, types.get(name, pa.string())) for name in OUTPUT_COLUMNS])
+
+
+def write_pairs(rows: list[dict], path: str | Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = output_schema()
+    table = pa.Table.from_pydict({name: [row[name] for row in rows] for name in OUTPUT_COLUMNS}, schema=schema)
+    pq.write_table(table, path)
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------------
+
+def stats_table(stats: dict):
+    """The card's statistics table (plus rejects and skipped samples) as a rich Table."""
+    from rich.table import Table
+
+    table = Table(title="DPO pairs", show_header=True)
+    table.add_column("Metric")
+    table.add_column("Value")
+    total = stats["total_pairs"]
+    table.add_row("Total pairs", f"{total:,}")
+    table.add_row("Train / Validation", f"{stats['train_pairs']:,} / {stats['validation_pairs']:,}")
+    table.add_row("Error / Representational",
+                  f"{stats['error_pairs']:,} ({stats['error_share']:.0%}) / "
+                  f"{stats['represent_pairs']:,} ({stats['represent_share']:.0%})")
+    table.add_row("Unique samples", f"{stats['unique_samples']:,} "
+                  f"(train {stats['train_samples']}, validation {stats['validation_samples']})")
+    if total:
+        table.add_row("Score delta", f"mean={stats['score_delta_mean']:.2f}, median={stats['score_delta_median']:g}")
+    for judge, counts in stats["rejects_by_judge"].items():
+        detail = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "0"
+        table.add_row(f"Rejected evaluations: {judge}", detail)
+    table.add_row("Skipped samples (anchor)", f"{stats['skipped_samples']} "
+                  f"(< {stats['options']['min_represent_evals']} representational scores)")
+    return table
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="judgetrain pairs build",
+        description="Build anchor-consensus, direction-aware DPO pairs (JudgeBias-DPO-RefFree schema) "
+                    "from a judge panel's evaluations.",
+    )
+    parser.add_argument("--evaluations", required=True, help="jsonl / json / parquet table of judge evaluations")
+    parser.add_argument("--out", required=True, help="output directory (train/validation parquet, stats, rejects)")
+    parser.add_argument("--min-delta", type=float, default=0.5, help="minimum score gap of a pair (default 0.5)")
+    parser.add_argument("--represent-anchor-margin", type=float, default=1.5,
+                        help="drop represent pairs whose chosen score is more than this below the anchor (1.5)")
+    parser.add_argument("--error-anchor-margin", type=float, default=2.0,
+                        help="drop error pairs whose rejected score is more than this below the anchor (2.0)")
+    parser.add_argument("--max-pairs", type=int, default=5, help="at most this many pairs per sample per set (5)")
+    parser.add_argument("--min-represent-evals", type=int, default=3,
+                        help="skip samples with fewer representational scores for the anchor (3)")
+    parser.add_argument("--anchor-sets", choices=("rates", "represent"), default="rates",
+                        help="anchor over the representational rate sets (card, default) or every represent set")
+    parser.add_argument("--validation-fraction", type=float, default=0.1, help="share of samples held out (0.1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=float, nargs=2, default=(0.5, 5.5), metavar=("LO", "HI"),
+                        help="accepted overall score range, inclusive (0.5 5.5)")
+    parser.add_argument("--score-key", default="overall_score", help="JSON key of the overall score")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        stats = build_pairs(
+            args.evaluations, args.out, min_delta=args.min_delta,
+            represent_anchor_margin=args.represent_anchor_margin, error_anchor_margin=args.error_anchor_margin,
+            max_pairs=args.max_pairs, min_represent_evals=args.min_represent_evals,
+            validation_fraction=args.validation_fraction, seed=args.seed, scale=tuple(args.scale),
+            score_key=args.score_key, anchor_sets=args.anchor_sets,
+        )
+    except (PanelDataError, ValueError) as err:
+        logger.error("%s", err)
+        return 2
+    from rich.console import Console
+
+    Console().print(stats_table(stats))
+    if stats["total_pairs"] == 0:
+        logger.error("no pairs were built; see %s/stats.json and rejects.jsonl", args.out)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
