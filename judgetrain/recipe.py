@@ -52,7 +52,7 @@ class JudgeTrainArguments:
     eval_scoring: str = field(default="implicit", metadata={"help": "implicit (DPO reward) or judge (expected score)."})
     eval_every_n_steps: int = field(default=0, metadata={"help": "Also evaluate every N optimizer steps (0: epochs only)."})
     eval_batch_tokens: int = field(default=8192, metadata={"help": "Token budget of one scoring batch."})
-    eval_on_start: bool = field(default=False, metadata={"help": "Evaluate once before the first step (the baseline)."})
+    eval_suites_on_start: bool = field(default=False, metadata={"help": "Score the suites once before the first step (the baseline)."})
     log_matrix_images: bool = field(default=False, metadata={"help": "Log the RM-Bench 3x3 heatmap as an image each eval."})
     on_bad_row: str = field(default="error", metadata={"help": "error: stop on the first bad row; skip: drop, count, write rejects."})
     long_rows: str = field(
@@ -154,10 +154,22 @@ def parse_recipe(argv: list[str]):
     recipe_path, overrides = split_recipe_argv(argv)
     data = load_recipe_file(recipe_path) if recipe_path else {}
     _check_flags(overrides)
+    for key, value in (data.pop("env", None) or {}).items():  # as TrlParser does with an `env` mapping
+        os.environ[key] = str(value)
+    config = dict(data)
+    dry = any(t in ("--dry_run", "--dry-run") for t in overrides) or config.get("dry_run")
+    if dry and not _has_accelerator():
+        # A GPU recipe is still checked on a CPU machine: mixed precision is the one thing that cannot parse there.
+        for key in ("bf16", "fp16", "tf32"):
+            if config.get(key, key == "bf16"):  # TRL turns bf16 on when the recipe leaves it unset
+                logger.info("dry run without a GPU: checking with %s: false", key)
+            config[key] = False
     parser = TrlParser(dataclass_types())
-    cli = (["--config", recipe_path] if recipe_path else []) + overrides
+    remaining = parser.set_defaults_with_config(**config)
+    if remaining:
+        raise RecipeError(f"recipe {recipe_path}: unknown keys {remaining[::2]}")
     try:
-        script_args, training_args, model_args = parser.parse_args_and_config(cli)
+        script_args, training_args, model_args = parser.parse_args_into_dataclasses(args=overrides)
     except SystemExit as e:  # argparse prints its own message
         raise RecipeError(f"could not parse the recipe options {overrides}") from e
     except (TypeError, ValueError) as e:
@@ -174,6 +186,12 @@ def parse_recipe(argv: list[str]):
                     resolved[name] = value.value if hasattr(value, "value") else value
                     break
     return script_args, training_args, model_args, resolved
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
 def save_recipe(resolved: dict, path: str | os.PathLike, command: str | None = None) -> None:
