@@ -1,0 +1,51 @@
+"""Test environment: offline (no hub), W&B offline, one shared tiny judge per session, ../shared located."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _shared_dir() -> Path | None:
+    for cand in (os.environ.get("JUDGETRAIN_SHARED"), REPO.parent / "shared", REPO.parent.parent / "shared"):
+        if cand and (Path(cand) / "data" / "rm-bench").is_dir():
+            return Path(cand)
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    found = _shared_dir()
+    if found is None:
+        pytest.skip("../shared (real RM-Bench rows) is not present next to the repository")
+    return found
+
+
+@pytest.fixture(scope="session")
+def rmbench_real_dir(shared_dir) -> Path:
+    return shared_dir / "data" / "rm-bench"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _judgetrain_cache(tmp_path_factory):
+    # One cache per test session unless the caller pinned one (the tiny judge builds in a few seconds).
+    if "JUDGETRAIN_CACHE" not in os.environ:
+        os.environ["JUDGETRAIN_CACHE"] = str(tmp_path_factory.mktemp("judgetrain-cache"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_judge(_judgetrain_cache) -> str:
+    from judgetrain.tiny import ensure_tiny_judge
+
+    return ensure_tiny_judge()
