@@ -1,0 +1,98 @@
+"""Every recipe parses, passes --dry-run without the hub, and bad recipes fail before any weights load."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from judgetrain.recipe import RecipeError, parse_recipe
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
+
+
+def test_there_are_real_recipes_and_a_quickstart():
+    names = {p.stem for p in RECIPES}
+    assert "quickstart" in names
+    assert len(names) >= 6
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_passes_dry_run(recipe, tmp_path, monkeypatch):
+    from judgetrain.train import run
+
+    monkeypatch.chdir(REPO)
+    report = run([str(recipe), "--dry_run", "--output_dir", str(tmp_path), "--audit_rows", "16"])
+    assert report["recipe"] == "ok"
+    assert report["rows_audited"] > 0
+    audit = report["audit"]
+    if audit["max_length"] is not None:
+        for name, entry in audit["datasets"].items():
+            assert entry["rows"] > 0, name
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_accelerate_config_parses_and_is_in_the_readme(config):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    cfg = load_config_from_file(str(config))
+    assert cfg.num_processes >= 1
+    assert f"accelerate_configs/{config.name}" in (REPO / "README.md").read_text()
+
+
+def test_unknown_recipe_key_names_the_nearest_valid_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_name_or_path: tiny-judge\nlearnig_rate: 1.0e-4\n")
+    with pytest.raises(RecipeError, match=r"unknown key 'learnig_rate'; did you mean 'learning_rate'"):
+        parse_recipe([str(bad)])
+
+
+def test_unknown_command_line_option_names_the_nearest(tmp_path):
+    with pytest.raises(RecipeError, match=r"unknown option --num_train_epoch; did you mean --num_train_epochs"):
+        parse_recipe([str(REPO / "recipes" / "quickstart.yaml"), "--num_train_epoch", "3"])
+
+
+def test_recipe_must_be_a_mapping_and_is_read_with_safe_yaml(tmp_path):
+    bad = tmp_path / "evil.yaml"
+    bad.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        parse_recipe([str(bad)])
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- a\n- b\n")
+    with pytest.raises(RecipeError, match="must be a YAML mapping"):
+        parse_recipe([str(listy)])
+
+
+def test_command_line_overrides_win_and_are_saved(tmp_path):
+    from judgetrain.recipe import save_recipe
+
+    s, t, m, resolved = parse_recipe([str(REPO / "recipes" / "quickstart.yaml"), "--learning_rate", "3e-4", "--beta", "0.2"])
+    assert t.learning_rate == pytest.approx(3e-4) and t.beta == pytest.approx(0.2)
+    save_recipe(resolved, tmp_path / "recipe.yaml")
+    s2, t2, _, _ = parse_recipe([str(tmp_path / "recipe.yaml")])
+    assert t2.learning_rate == pytest.approx(3e-4) and t2.beta == pytest.approx(0.2)
+    assert s2.train_datasets == s.train_datasets
+
+
+def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
+    _, t, _, _ = parse_recipe([str(REPO / "recipes" / "quickstart.yaml")])
+    assert t.trust_remote_code is False
+    for recipe in RECIPES:
+        assert "trust_remote_code: true" not in recipe.read_text()
+
+
+def test_cli_dry_run_exits_nonzero_on_a_missing_data_file(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text(
+        "model_name_or_path: tiny-judge\nbf16: false\ntrain_datasets:\n"
+        f"  - {{dataset: judgebias, source: {tmp_path}/nope.parquet, split: train}}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "judgetrain.cli", "train", str(bad), "--dry-run", "--output_dir", str(tmp_path / "o")],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode != 0
+    assert "nope.parquet" in proc.stderr
