@@ -484,7 +484,7 @@ def stats_table(stats: dict):
         table.add_row("Score delta", f"mean={stats['score_delta_mean']:.2f}, median={stats['score_delta_median']:g}")
     for judge, counts in stats["rejects_by_judge"].items():
         detail = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "0"
-        table.add_row(f"Rejected evaluations: {judge}", detail)
+        table.add_row(f"Rejects: {judge}", detail)
     table.add_row("Skipped samples (anchor)", f"{stats['skipped_samples']} "
                   f"(< {stats['options']['min_represent_evals']} representational scores)")
     return table

@@ -201,7 +201,6 @@ def judge_score(rng: random.Random, quality: float, judge: str, set_name: str, c
 def evaluation_text(rng: random.Random, judge: str, recipe: dict, score: float, edits: int, category: str,
                     set_name: str) -> str:
     crit = [min(5.0, max(1.0, score + rng.choice((-0.5, 0.0, 0.5)))) for _ in CRITERIA]
-    lead = crit[0]
     reasoning = [
         f"The target is {recipe['target']}.",
         f"Materials: the precursor list ({', '.join(m.split(' (')[0] for m in recipe['materials'][:3])}) "
@@ -216,9 +215,9 @@ def evaluation_text(rng: random.Random, judge: str, recipe: dict, score: float, 
         reasoning.insert(0, "Let me go through the recipe criterion by criterion.")
     scores = dict(zip(CRITERIA, crit))
     body = ",\n".join(f'  "{k}": {v}' for k, v in scores.items())
-    if judge == "gemini-2.5-flash" and score != lead and (score + lead) % 1 == 0:
+    if judge == "gemini-2.5-flash" and rng.random() < 0.4:
         # gemini writes its overall score as arithmetic now and then: (a+b)/2 with the same value
-        overall = f"({2 * score - lead}+{lead})/2"
+        overall = f"({score - 0.5}+{score + 0.5})/2"
     else:
         overall = f"{score}"
     block = "{\n" + body + f',\n  "overall_score": {overall}\n' + "}"
