@@ -60,6 +60,7 @@ REPRESENT_SETS = (
 TYPE_ALIASES = {
     "all_error_injection": "all_error_perturbation",
     "all_equivalence_rewriting": "llm_representational_perturbation",
+    "to_formula": "llm_to_formula", "to_name": "llm_to_name", "to_iupac": "llm_to_iupac",
 }
 ERROR_TYPES = frozenset({"all_error_perturbation", "element_substitution", "numerical_perturbation",
                          "equipment_substitution", "action_antonym"})
