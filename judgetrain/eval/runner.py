@@ -1,0 +1,97 @@
+"""Run suites through a `ScoringEngine`, sharded over processes; used by the callback and by `judgetrain eval`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from judgetrain.eval.scoring import ScoringEngine, score_sharded
+from judgetrain.eval.suites import SuiteSpec, build_record, build_request, load_suite_rows, suite_metrics
+from judgetrain.metrics import flatten_eval_metrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SuiteResult:
+    """One suite's outcome: ``metrics`` (nested, from judgetrain.metrics plus counts), per-row ``records`` in row
+    order, and ``stats`` (engine work for this suite: sequences, real/padded tokens, forwards, seconds)."""
+
+    name: str
+    metrics: dict[str, Any]
+    records: list[dict]
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def flat(self, prefix: str = "eval/") -> dict[str, float]:
+        """Logged keys (DESIGN.md names) of this suite, e.g. ``eval/rmbench/hard_acc``."""
+        return flatten_eval_metrics(self.name, self.metrics, prefix=prefix)
+
+
+def evaluate(
+    engine: ScoringEngine,
+    specs: list[SuiteSpec],
+    *,
+    state: Any | None = None,
+) -> dict[str, SuiteResult]:
+    """Score every suite (all processes must call this together when ``state`` has several processes).
+
+    Rows are loaded once per spec and kept on it (``spec.rows``) so later calls score the same rows. Returns
+    {suite name: SuiteResult}; every process gets the full results.
+    """
+    results: dict[str, SuiteResult] = {}
+    for spec in specs:
+        if spec.rows is None:
+            spec.rows = load_suite_rows(spec)  # the cap is applied here once; later calls keep these rows
+            spec.max_rows = None
+        rows = list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
+        requests = [build_request(spec.name, row, engine.scoring) for row in rows]
+        before = engine.stats.as_dict()
+        t0 = time.perf_counter()
+        scores = score_sharded(engine, requests, state)
+        seconds = time.perf_counter() - t0
+        records = [build_record(spec.name, i, row, s, engine.scoring) for i, (row, s) in enumerate(zip(rows, scores))]
+        metrics = suite_metrics(spec.name, records, engine.scoring)
+        metrics["runtime"] = seconds
+        after = engine.stats.as_dict()
+        stats = {k: after[k] - before[k] for k in after}  # this process's share of the work
+        stats["seconds"] = seconds
+        results[spec.name] = SuiteResult(spec.name, metrics, records, stats)
+        logger.info("eval %s: %d rows (%d skipped, %d truncated) in %.1fs", spec.name, len(rows),
+                    metrics["n_skipped"], metrics["n_truncated"], seconds)
+    return results
+
+
+def flat_metrics(results: dict[str, SuiteResult], prefix: str = "eval/") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for res in results.values():
+        out.update(res.flat(prefix))
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_records(results: dict[str, SuiteResult], directory: str | Path) -> list[Path]:
+    """Write <directory>/<suite>.jsonl (one record per row). Call on the main process only."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, res in results.items():
+        path = directory / f"{name}.jsonl"
+        with path.open("w") as f:
+            for rec in res.records:
+                f.write(json.dumps(_jsonable(rec)) + "\n")
+        paths.append(path)
+    return paths

@@ -1,0 +1,536 @@
+"""The scoring engine shared by the training callback and `judgetrain eval`.
+
+A suite turns each of its rows into a `Request`: one prompt and several responses to score (RM-Bench: 3 chosen +
+3 rejected; JudgeBias and Ideation: chosen + rejected), or several judge prompts (judge mode). The engine turns the
+requests into token sequences, batches them by length and returns one float per response:
+
+- ``implicit``: sum over the response tokens of log pi(y|x) - log pi_ref(y|x), prompt tokens masked, chat template
+  applied exactly as TRL 1.16's DPOTrainer tokenizes (prompt = chat template with ``add_generation_prompt=True``,
+  completion = the rest of prompt+completion after their common prefix). With a peft model the reference is the
+  same model under ``model.disable_adapter()``; otherwise a separate ``ref_model``; with neither, the score is the
+  plain log-likelihood (logged as a warning). Reference log-probs depend only on the token ids and the reference
+  weights, which never change, so they are cached by sequence and computed once per eval set.
+- ``loglik``: sum of log pi(y|x) over the response tokens, no reference (used for forced verdicts in judge mode).
+- ``judge``: the judge prompt is rendered with the chat template and followed by a forced answer prefix (by default
+  the JSON up to ``"overall_score": ``); the score is the expectation of the score over the next-token
+  probabilities of the score tokens ("1".."5", plus the half steps the tokenizer has as single tokens), one forward
+  pass. ``generate_samples`` > 0 additionally generates that many full evaluations and parses their overall score
+  with ``judgetrain.scoreparse.parse_overall_score``.
+
+Inputs longer than ``max_length`` are never dropped silently: ``long_inputs="truncate_prompt"`` cuts the prompt from
+the left (the response end, where the verdict is, stays), ``"skip"`` leaves the whole row unscored; both are counted.
+Sharding: each process scores rows ``rank, rank + world, ...`` and the results are gathered in row order, so every
+row is counted once whatever the process count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+SCORING_MODES = ("implicit", "judge")
+LONG_INPUT_MODES = ("truncate_prompt", "skip")
+DEFAULT_JUDGE_PREFIX = '```json\n{\n  "overall_score": '
+DEFAULT_SCORE_VALUES = tuple(x / 2 for x in range(2, 11))  # 1, 1.5, ..., 5
+
+
+@dataclass
+class Request:
+    """What one row asks the engine to score.
+
+    kind ``implicit``/``loglik``: ``prompt`` (messages list or plain string) and ``responses`` (each an assistant
+    message list, or a string). kind ``judge``: ``judge_prompts``, each a messages list that a judge answers.
+    """
+
+    kind: str
+    prompt: Any = None
+    responses: Sequence[Any] = ()
+    judge_prompts: Sequence[Any] = ()
+    row_index: int | None = None  # global row index (set by score_sharded; caps generate_samples)
+
+
+@dataclass
+class RowScore:
+    """The engine's answer for one row: ``scores`` (one float per response, None when the row was skipped)."""
+
+    scores: list[float] | None
+    truncated: bool = False
+    skipped: bool = False
+    generated: list[float | None] | None = None  # judge mode with generate_samples: parsed overall scores
+
+
+@dataclass
+class _Seq:
+    row: int
+    slot: int
+    ids: list[int]
+    start: int  # first scored token (implicit/loglik); judge: len(ids) (the score is read after the last token)
+    key: str = ""
+
+
+def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _as_ids(encoded: Any) -> list[int]:
+    ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):  # a batch dimension
+        ids = ids[0]
+    return list(ids)
+
+
+@dataclass
+class EngineStats:
+    """Counters over the engine's life (the callback reuses one engine every epoch)."""
+
+    policy_batches: int = 0
+    ref_batches: int = 0  # reference forwards run; 0 on an epoch whose eval set was already cached
+    ref_sequences_computed: int = 0
+    ref_cache_hits: int = 0
+    real_tokens: int = 0  # tokens of the sequences fed to the model
+    padded_tokens: int = 0  # batch slots (batch size x longest sequence) actually computed
+    sequences: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+class ScoringEngine:
+    """Scores `Request`s with a policy (and reference) model; reuse one instance to reuse the reference cache.
+
+    Args:
+        model: a causal LM, optionally a peft model (then the reference is the model with the adapter disabled).
+        tokenizer: its tokenizer (chat template used when it has one).
+        ref_model: a separate reference model for implicit scoring without peft.
+        scoring: ``implicit`` or ``judge`` (recorded; the requests carry their own kind).
+        max_length: longest sequence fed to the model (None: the model's ``max_position_embeddings``).
+        long_inputs: ``truncate_prompt`` or ``skip`` (see module doc).
+        batch_tokens: budget of padded tokens per forward batch.
+        max_batch_size: cap on sequences per batch.
+        judge_prefix: forced answer prefix for judge scoring.
+        score_values: candidate scores for judge scoring (kept when the tokenizer has them as one token).
+        generate_samples: judge mode: how many rows (lowest row indices of a suite) also get a generated
+            evaluation whose ``overall_score`` is parsed; ``max_new_tokens`` caps each generation.
+        ref_key: names the reference weights in the cache key (defaults to the model's name_or_path).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        ref_model: torch.nn.Module | None = None,
+        scoring: str = "implicit",
+        max_length: int | None = None,
+        long_inputs: str = "truncate_prompt",
+        batch_tokens: int = 8192,
+        max_batch_size: int = 64,
+        judge_prefix: str = DEFAULT_JUDGE_PREFIX,
+        score_values: Sequence[float] = DEFAULT_SCORE_VALUES,
+        generate_samples: int = 0,
+        max_new_tokens: int = 512,
+        ref_key: str | None = None,
+    ) -> None:
+        if scoring not in SCORING_MODES:
+            raise ValueError(f"scoring must be one of {SCORING_MODES}, got {scoring!r}")
+        if long_inputs not in LONG_INPUT_MODES:
+            raise ValueError(f"long_inputs must be one of {LONG_INPUT_MODES}, got {long_inputs!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.ref_model = ref_model
+        self.scoring = scoring
+        self.long_inputs = long_inputs
+        self.batch_tokens = int(batch_tokens)
+        self.max_batch_size = int(max_batch_size)
+        self.judge_prefix = judge_prefix
+        self.score_values = tuple(score_values)
+        self.generate_samples = int(generate_samples)
+        self.max_new_tokens = int(max_new_tokens)
+        if max_length is None:
+            max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
+        self.max_length = int(max_length)
+        self.stats = EngineStats()
+        self._ref_cache: dict[str, float] = {}
+        self._ref_key = ref_key
+        self._score_tokens: tuple[list[int], list[float]] | None = None
+        self._warned_no_ref = False
+
+    # ------------------------------------------------------------------------------------------ model access
+    def set_model(self, model: torch.nn.Module) -> None:
+        """Point the engine at the (possibly re-wrapped) policy; the reference cache stays valid."""
+        self.model = model
+
+    @property
+    def has_adapter_reference(self) -> bool:
+        return hasattr(self.model, "disable_adapter") and bool(getattr(self.model, "peft_config", None))
+
+    def _reference_namespace(self) -> str:
+        if self._ref_key is not None:
+            return self._ref_key
+        if self.ref_model is not None:
+            return "ref:" + str(getattr(self.ref_model, "name_or_path", id(self.ref_model)))
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return "base:" + str(getattr(base, "name_or_path", id(base)))
+
+    @property
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        for cand in (tok.pad_token_id, tok.eos_token_id, 0):
+            if cand is not None:
+                return int(cand)
+        return 0
+
+    # ------------------------------------------------------------------------------------------ tokenization
+    def _has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def _chat_ids(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, add_generation_prompt=add_generation_prompt
+        )
+        return _as_ids(out)
+
+    def _pair_sequences(self, prompt: Any, responses: Sequence[Any]) -> tuple[list[int], list[list[int]]]:
+        """TRL 1.16 DPOTrainer tokenization of one prompt with several completions."""
+        chat = self._has_chat_template()
+        if isinstance(prompt, str) and chat:
+            prompt = [{"role": "user", "content": prompt}]
+        responses = [
+            ([{"role": "assistant", "content": r}] if isinstance(r, str) and chat else r) for r in responses
+        ]
+        if isinstance(prompt, list):
+            if not chat:  # a conversational row but no template: render as plain text
+                prompt = "\n".join(m["content"] for m in prompt)
+                responses = [r if isinstance(r, str) else "\n".join(m["content"] for m in r) for r in responses]
+        if isinstance(prompt, list):
+            prompt_ids = self._chat_ids(prompt, add_generation_prompt=True)
+            full = [self._chat_ids(prompt + list(r)) for r in responses]
+        else:
+            eos = self.tokenizer.eos_token or ""
+            prompt_ids = _as_ids(self.tokenizer(text=prompt))
+            full = [
+                _as_ids(self.tokenizer(text=prompt + (r if r.endswith(eos) else r + eos))) for r in responses
+            ]
+        prompt_len = min(_common_prefix_length(prompt_ids, f) for f in full) if full else len(prompt_ids)
+        return prompt_ids[:prompt_len], [f[prompt_len:] for f in full]
+
+    def _judge_ids(self, messages: Any) -> list[int]:
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        if self._has_chat_template():
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "\n".join(m["content"] for m in messages) + "\n"
+        return _as_ids(self.tokenizer(text=text + self.judge_prefix, add_special_tokens=False))
+
+    def score_token_ids(self) -> tuple[list[int], list[float]]:
+        """(token ids, score values) of the candidate score tokens after the judge prefix."""
+        if self._score_tokens is None:
+            self._score_tokens = self._find_score_tokens()
+        return self._score_tokens
+
+    def _find_score_tokens(self) -> tuple[list[int], list[float]]:
+        tok = self.tokenizer
+
+        def encode(text: str) -> list[int]:
+            return _as_ids(tok(text=text, add_special_tokens=False))
+
+        for prefix, lead in ((self.judge_prefix, ""), (self.judge_prefix.rstrip(), " ")):
+            base = encode(prefix)
+            ids, values = [], []
+            for value in self.score_values:
+                text = f"{value:g}"
+                full = encode(prefix + lead + text)
+                if full[: len(base)] == base and len(full) == len(base) + 1 and full[-1] not in ids:
+                    ids.append(full[-1])
+                    values.append(float(value))
+            if len(ids) >= 2:
+                if prefix != self.judge_prefix:
+                    self.judge_prefix = prefix  # the score token carries the space
+                logger.info("judge scoring: %d score tokens %s", len(ids), values)
+                return ids, values
+        raise ValueError(
+            f"the tokenizer has no single-token scores after the judge prefix {self.judge_prefix!r}; "
+            "pass other score_values or judge_prefix"
+        )
+
+    def _build_sequences(self, requests: Sequence[Request]) -> tuple[list[_Seq], list[RowScore]]:
+        seqs: list[_Seq] = []
+        rows: list[RowScore] = []
+        for r, req in enumerate(requests):
+            row_seqs: list[_Seq] = []
+            truncated = skipped = False
+            if req.kind == "judge":
+                n = len(req.judge_prompts)
+                for slot, prompt in enumerate(req.judge_prompts):
+                    ids = self._judge_ids(prompt)
+                    if len(ids) > self.max_length:
+                        if self.long_inputs == "skip":
+                            skipped = True
+                            break
+                        ids, truncated = ids[-self.max_length :], True
+                    row_seqs.append(_Seq(r, slot, ids, len(ids)))
+            elif req.kind in ("implicit", "loglik"):
+                n = len(req.responses)
+                prompt_ids, completions = self._pair_sequences(req.prompt, req.responses)
+                for slot, comp in enumerate(completions):
+                    ids, start = prompt_ids + comp, len(prompt_ids)
+                    if len(ids) > self.max_length:
+                        if self.long_inputs == "skip":
+                            skipped = True
+                            break
+                        truncated = True
+                        cut = len(ids) - self.max_length
+                        ids = ids[cut:]
+                        start = max(start - cut, 1)  # the first kept token has no context to be scored from
+                    if not comp:
+                        logger.warning("row %d response %d tokenizes to nothing; its score is 0", r, slot)
+                    row_seqs.append(_Seq(r, slot, ids, start))
+            else:
+                raise ValueError(f"unknown request kind {req.kind!r}")
+            if skipped:
+                rows.append(RowScore(None, truncated=False, skipped=True))
+                continue
+            rows.append(RowScore([math.nan] * n, truncated=truncated))
+            seqs.extend(row_seqs)
+        return seqs, rows
+
+    # ------------------------------------------------------------------------------------------ batching
+    def _batches(self, seqs: list[_Seq]) -> list[list[_Seq]]:
+        """Sorted length buckets: longest first, a batch grows while batch size x longest <= batch_tokens."""
+        order = sorted(seqs, key=lambda s: (-len(s.ids), s.row, s.slot))
+        batches: list[list[_Seq]] = []
+        current: list[_Seq] = []
+        for s in order:
+            longest = len(current[0].ids) if current else len(s.ids)
+            if current and ((len(current) + 1) * longest > self.batch_tokens or len(current) >= self.max_batch_size):
+                batches.append(current)
+                current = []
+            current.append(s)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _collate(self, batch: list[_Seq], device: torch.device):
+        longest = max(len(s.ids) for s in batch)
+        ids = torch.full((len(batch), longest), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for i, s in enumerate(batch):  # left padding: every sequence ends at the last column
+            ids[i, longest - len(s.ids) :] = torch.tensor(s.ids, dtype=torch.long)
+            mask[i, longest - len(s.ids) :] = 1
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.stats.real_tokens += int(mask.sum())
+        self.stats.padded_tokens += ids.numel()
+        return ids.to(device), mask.to(device), position_ids.to(device)
+
+    @staticmethod
+    def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        try:
+            return "logits_to_keep" in inspect.signature(inner.forward).parameters
+        except (TypeError, ValueError):
+            return False
+
+    def _forward(self, model: torch.nn.Module, batch: list[_Seq], keep: int) -> torch.Tensor:
+        device = next(model.parameters()).device
+        ids, mask, pos = self._collate(batch, device)
+        kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        if self._supports_logits_to_keep(model):
+            kwargs["logits_to_keep"] = keep
+        logits = model(**kwargs).logits
+        return logits[:, -keep:, :], ids
+
+    def _sequence_logps(self, model: torch.nn.Module, batch: list[_Seq]) -> list[float]:
+        """Sum of log-probs of each sequence's scored tokens (positions >= start)."""
+        keep = max(len(s.ids) - s.start for s in batch) + 1
+        logits, ids = self._forward(model, batch, keep)
+        longest = ids.shape[1]
+        targets = ids[:, longest - keep + 1 :]
+        logps = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
+        token_logps = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, keep-1)
+        out = []
+        for i, s in enumerate(batch):
+            n_scored = len(s.ids) - s.start
+            vals = token_logps[i, token_logps.shape[1] - n_scored :] if n_scored else token_logps[i, :0]
+            out.append(float(vals.double().sum()))
+        return out
+
+    def _judge_scores(self, model: torch.nn.Module, batch: list[_Seq]) -> list[float]:
+        token_ids, values = self.score_token_ids()
+        logits, _ = self._forward(model, batch, 1)
+        probs = torch.softmax(logits[:, -1, :].float(), dim=-1)[:, token_ids]
+        vals = torch.tensor(values, dtype=probs.dtype, device=probs.device)
+        expected = (probs * vals).sum(-1) / probs.sum(-1).clamp_min(1e-30)
+        return [float(x) for x in expected]
+
+    def _run(self, batches: list[list[_Seq]], fn, sync: bool) -> list[list[float]]:
+        """Run fn on every batch; with sharded weights all ranks must run the same number of forwards."""
+        n_total = len(batches)
+        if sync:
+            from accelerate.utils import gather_object
+
+            n_total = max(gather_object([len(batches)]))
+        outs = []
+        for i in range(n_total):
+            if i < len(batches):
+                outs.append(fn(batches[i]))
+            else:  # padding forward for FSDP / ZeRO-3: its result is thrown away
+                fn([_Seq(-1, 0, [self._pad_id, self._pad_id], 1)])
+        return outs
+
+    # ------------------------------------------------------------------------------------------ scoring
+    @torch.inference_mode()
+    def score_requests(self, requests: Sequence[Request], *, sync: bool = False) -> list[RowScore]:
+        """Score the requests held by this process (no communication unless ``sync``)."""
+        t0 = time.perf_counter()
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            seqs, rows = self._build_sequences(requests)
+            self.stats.sequences += len(seqs)
+            kinds = {r: req.kind for r, req in enumerate(requests)}
+            judge = [s for s in seqs if kinds[s.row] == "judge"]
+            lik = [s for s in seqs if kinds[s.row] != "judge"]
+            implicit = [s for s in lik if kinds[s.row] == "implicit"]
+            # under sync every rank runs each stage (collectives), even with nothing of its own to score
+            if sync or judge:
+                judge_batches = self._batches(judge)
+                self.stats.policy_batches += len(judge_batches)
+                outs = self._run(judge_batches, lambda b: self._judge_scores(model, b), sync)
+                for batch, vals in zip(judge_batches, outs):
+                    self._fill(rows, batch, vals)
+            if sync or lik:
+                policy_batches = self._batches(lik)
+                self.stats.policy_batches += len(policy_batches)
+                outs = self._run(policy_batches, lambda b: self._sequence_logps(model, b), sync)
+                for batch, vals in zip(policy_batches, outs):
+                    self._fill(rows, batch, vals)
+            if sync or implicit:
+                ref = self._reference_logps(implicit, sync)
+                for s in implicit:
+                    rows[s.row].scores[s.slot] -= ref[s.key]
+            if self.generate_samples:
+                self._generate(requests, rows)
+        finally:
+            if was_training:
+                model.train()
+        self.stats.seconds += time.perf_counter() - t0
+        return rows
+
+    @staticmethod
+    def _fill(rows: list[RowScore], batch: list[_Seq], vals: list[float]) -> None:
+        for s, v in zip(batch, vals):
+            rows[s.row].scores[s.slot] = v
+
+    def _reference_logps(self, seqs: list[_Seq], sync: bool) -> dict[str, float]:
+        namespace = self._reference_namespace()
+        for s in seqs:
+            h = hashlib.blake2b(np.asarray(s.ids, dtype=np.int64).tobytes(), digest_size=16)
+            h.update(f"|{s.start}|{namespace}".encode())
+            s.key = h.hexdigest()
+        todo, seen = [], set()
+        for s in seqs:
+            if s.key in self._ref_cache or s.key in seen:
+                self.stats.ref_cache_hits += 1
+            else:
+                seen.add(s.key)
+                todo.append(s)
+        batches = self._batches(todo)
+        if self.ref_model is not None:
+            ref, ctx = self.ref_model, None
+            ref.eval()
+        elif self.has_adapter_reference:
+            ref, ctx = self.model, self.model.disable_adapter
+        else:
+            if not self._warned_no_ref:
+                logger.warning("implicit scoring without a reference (no peft adapter, no ref_model): log-likelihood")
+                self._warned_no_ref = True
+            return {s.key: 0.0 for s in seqs}
+
+        def run(batch):
+            if ctx is None:
+                return self._sequence_logps(ref, batch)
+            with ctx():
+                return self._sequence_logps(ref, batch)
+
+        self.stats.ref_batches += len(batches)
+        self.stats.ref_sequences_computed += len(todo)
+        for batch, vals in zip(batches, self._run(batches, run, sync)):
+            for s, v in zip(batch, vals):
+                self._ref_cache[s.key] = v
+        return self._ref_cache
+
+    def clear_reference_cache(self) -> None:
+        self._ref_cache.clear()
+
+    # ------------------------------------------------------------------------------------------ generation
+    def _generate(self, requests: Sequence[Request], rows: list[RowScore]) -> None:
+        try:
+            from judgetrain.scoreparse import parse_overall_score
+        except ImportError:  # the pairs engineer's parser is not installed yet
+            logger.warning("generate_samples needs judgetrain.scoreparse; skipped")
+            return
+        device = next(self.model.parameters()).device
+        for r, req in enumerate(requests):
+            index = r if req.row_index is None else req.row_index
+            if req.kind != "judge" or rows[r].skipped or index >= self.generate_samples:
+                continue
+            parsed = []
+            for prompt in req.judge_prompts:
+                if isinstance(prompt, str):
+                    prompt = [{"role": "user", "content": prompt}]
+                ids = self._chat_ids(prompt, add_generation_prompt=True)[-self.max_length :]
+                inp = torch.tensor([ids], device=device)
+                out = self.model.generate(
+                    input_ids=inp, attention_mask=torch.ones_like(inp), max_new_tokens=self.max_new_tokens,
+                    do_sample=False, pad_token_id=self._pad_id,
+                )
+                parsed.append(parse_overall_score(self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)))
+            rows[r].generated = parsed
+
+
+def shard_indices(n_rows: int, rank: int, world: int) -> list[int]:
+    """Rows this process scores: rank, rank + world, ... (every row exactly once over the processes)."""
+    return list(range(rank, n_rows, world))
+
+
+def score_sharded(engine: ScoringEngine, requests: Sequence[Request], state: Any | None = None) -> list[RowScore]:
+    """Score all requests split over the processes of ``state`` (accelerate PartialState); every process gets all
+    row results back, in row order."""
+    if state is None or state.num_processes == 1:
+        return engine.score_requests(requests)
+    from accelerate.utils import gather_object
+
+    mine = shard_indices(len(requests), state.process_index, state.num_processes)
+    local = [requests[i] for i in mine]
+    for i, req in zip(mine, local):
+        req.row_index = i
+    scored = engine.score_requests(local, sync=True)
+    gathered = gather_object([(i, s) for i, s in zip(mine, scored)])
+    out: list[RowScore | None] = [None] * len(requests)
+    for i, s in gathered:
+        out[i] = s
+    missing = [i for i, s in enumerate(out) if s is None]
+    if missing:
+        raise RuntimeError(f"sharded scoring lost rows {missing[:10]}")
+    return out  # type: ignore[return-value]
