@@ -67,6 +67,11 @@ class CheckpointMarkerCallback(TrainerCallback):
     """Write ``judgetrain_complete.json`` (file names and sizes) into a checkpoint once every process has finished
     saving it. A checkpoint without a valid marker is half-written and never resumed from."""
 
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # Checkpoints every save_steps *and* at each epoch end (Trainer's save_strategy offers one or the other).
+        if args.save_strategy == "steps":
+            control.should_save = True
+
     def on_save(self, args, state, control, **kwargs):
         from accelerate import PartialState
 

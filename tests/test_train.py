@@ -1,0 +1,175 @@
+"""Training end to end on the tiny judge: the quickstart (1 and 2 processes), learning, resume, logging backends."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
+
+
+def read_metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def launch(args, *, processes=1, env=None, timeout=900, check=True):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(processes)]
+    if processes == 1:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "judgetrain.train", *args]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+    return proc
+
+
+def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> str:
+    path = tmp_path / "small.yaml"
+    path.write_text(
+        (REPO / "recipes" / "quickstart.yaml").read_text()
+        + f"\n# test overrides\n"
+    )
+    text = path.read_text()
+    text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
+    text = text.replace("eval_suites: [rmbench, judgebias, ideation]", f"eval_suites: {eval_suites}")
+    text = text.replace("report_to: none", f"report_to: {report_to}")
+    path.write_text(text + extra)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory):
+    """The README's main command, as written, in one process (the DDP variant is its own test)."""
+    out = tmp_path_factory.mktemp("quickstart")
+    launch([QUICKSTART, "--output_dir", str(out), "--eval_suites_on_start"])
+    return out
+
+
+def test_quickstart_writes_train_and_eval_keys_checkpoints_and_final_adapter(quickstart_run):
+    out = quickstart_run
+    records = read_metrics(out)
+    train_records = [r for r in records if "train/loss" in r]
+    assert train_records, "no train/loss logged"
+    assert {"train/rewards/margins", "train/rewards/accuracies", "train/learning_rate"} <= set(train_records[0])
+    eval_records = [r for r in records if "eval/rmbench/total_avg_acc" in r]
+    # baseline before training + one per epoch
+    assert len(eval_records) == 3, [r["step"] for r in eval_records]
+    for r in eval_records:
+        for key in ("eval/rmbench/hard_acc", "eval/rmbench/normal_acc", "eval/rmbench/easy_acc",
+                    "eval/judgebias/error/accuracy", "eval/judgebias/represent/accuracy",
+                    "eval/judgebias/error/margin", "eval/ideation/accuracy"):
+            assert key in r, key
+        assert any(k.startswith("eval/judgebias/type/") for k in r)
+        assert any(k.startswith("eval/rmbench/chat/") for k in r)
+    steps = [r["step"] for r in records if "train/loss" in r]
+    assert steps == sorted(set(steps)), "a step was logged twice"
+    assert list(out.glob("checkpoint-*/judgetrain_complete.json")), "no complete checkpoint"
+    assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
+    assert (out / "recipe.yaml").is_file() and (out / "data_audit.json").is_file()
+    assert not list(out.glob("**/*.bin")), "weights must be safetensors"
+    for suite in ("rmbench", "judgebias", "ideation"):
+        assert list(out.glob(f"eval/*/{suite}.jsonl")), suite
+
+
+def test_quickstart_judge_learns_the_bundled_judgebias_signal(quickstart_run):
+    evals = [r for r in read_metrics(quickstart_run) if "eval/judgebias/error/accuracy" in r]
+    def acc(r):  # preference accuracy on the JudgeBias validation rows, both categories
+        return (r["eval/judgebias/error/accuracy"] + r["eval/judgebias/represent/accuracy"]) / 2
+    before, after = acc(evals[0]), acc(evals[-1])
+    assert 0.3 <= before <= 0.7, f"an untrained judge should be near chance, got {before}"
+    assert after >= 0.8, f"validation preference accuracy after training: {after} (before {before})"
+    assert acc(evals[-1]) >= acc(evals[1]) - 0.05
+
+
+@pytest.mark.slow
+def test_quickstart_runs_to_the_end_under_two_process_ddp(tmp_path):
+    out = tmp_path / "ddp"
+    proc = launch([QUICKSTART, "--output_dir", str(out), "--eval_max_rows", "24"], processes=2)
+    records = read_metrics(out)
+    assert (out / "adapter_model.safetensors").is_file()
+    evals = [r for r in records if "eval/rmbench/total_avg_acc" in r]
+    assert len(evals) == 2
+    # every logging event once (main process only)
+    assert len({(r["step"], tuple(sorted(r))) for r in records}) == len(records)
+    assert "Traceback" not in proc.stderr
+
+
+def _adapter(run_dir):
+    return load_file(str(Path(run_dir) / "adapter_model.safetensors"))
+
+
+def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
+    recipe = small_recipe(tmp_path, extra="max_steps: 12\nsave_steps: 4\nlogging_steps: 1\n")
+    ref = tmp_path / "uninterrupted"
+    launch([recipe, "--output_dir", str(ref)])
+
+    run = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "judgetrain.train", recipe, "--output_dir", str(run)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and not (run / "checkpoint-4" / "judgetrain_complete.json").exists():
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (run / "checkpoint-4" / "judgetrain_complete.json").exists()
+    assert not (run / "adapter_model.safetensors").exists(), "the run finished before it was killed"
+
+    launch([recipe, "--output_dir", str(run), "--resume", "auto"])
+    a, b = _adapter(ref), _adapter(run)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    steps_ref = [r["step"] for r in read_metrics(ref) if "train/loss" in r]
+    steps_run = [r["step"] for r in read_metrics(run) if "train/loss" in r]
+    assert steps_run == steps_ref == list(range(1, 13))
+    losses_ref = [r["train/loss"] for r in read_metrics(ref) if "train/loss" in r]
+    losses_run = [r["train/loss"] for r in read_metrics(run) if "train/loss" in r]
+    assert losses_run == pytest.approx(losses_ref, rel=1e-4)
+
+
+def test_half_written_checkpoint_is_skipped(tmp_path, caplog):
+    from judgetrain.callbacks import find_resume_checkpoint, write_marker
+
+    good, torn, unmarked = tmp_path / "checkpoint-4", tmp_path / "checkpoint-8", tmp_path / "checkpoint-12"
+    for d in (good, torn, unmarked):
+        d.mkdir()
+        (d / "adapter_model.safetensors").write_bytes(b"x" * 100)
+    write_marker(good, 4)
+    write_marker(torn, 8)
+    (torn / "adapter_model.safetensors").write_bytes(b"x" * 10)  # truncated after the marker: not complete
+    with caplog.at_level("WARNING"):
+        assert find_resume_checkpoint(str(tmp_path)) == str(good)
+    assert "checkpoint-12" in caplog.text and "checkpoint-8" in caplog.text
+
+
+def test_wandb_offline_and_tensorboard_receive_the_eval_keys(tmp_path):
+    recipe = small_recipe(
+        tmp_path, eval_suites="[rmbench, judgebias]", report_to="[wandb, tensorboard]",
+        extra="max_steps: 4\neval_every_n_steps: 4\neval_max_rows: 8\nlogging_steps: 2\n",
+    )
+    out = tmp_path / "run"
+    launch([recipe, "--output_dir", str(out)], env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list(out.glob("runs/**/events.out.tfevents.*")) + list(out.glob("**/events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    tags = set()
+    for ev in set(events):
+        acc = EventAccumulator(str(ev))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert "eval/rmbench/total_avg_acc" in tags and "eval/judgebias/error/accuracy" in tags, sorted(tags)
+    assert "train/loss" in tags
+
+    summaries = list(tmp_path.glob("wandb/offline-run-*/files/wandb-summary.json"))
+    assert summaries, "no offline W&B run"
+    summary = json.loads(summaries[0].read_text())
+    assert "eval/rmbench/total_avg_acc" in summary and "eval/judgebias/error/accuracy" in summary, sorted(summary)
