@@ -261,3 +261,28 @@ def test_cli_refuses_a_table_without_required_columns(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"sample_id": 1, "evaluation": "x"}) + "\n")
     assert cli_main(["pairs", "build", "--evaluations", str(bad), "--out", str(tmp_path / "o")]) == 2
+
+
+@pytest.mark.slow
+def test_built_pairs_train_a_tiny_judge_with_dpo(built, tmp_path):
+    """The output goes through load_judgebias into TRL's DPOTrainer (LoRA, the quickstart's max_length)."""
+    import math
+
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from judgetrain.data.judgebias import load_judgebias
+    from judgetrain.tiny import ensure_tiny_judge
+
+    out, _, _, _ = built
+    path = ensure_tiny_judge()
+    dataset = load_judgebias(str(out), split="train", max_rows=4)
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, max_length=1024,
+                     report_to="none", logging_steps=1, save_strategy="no", use_cpu=True)
+    trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=args, train_dataset=dataset,
+                         processing_class=AutoTokenizer.from_pretrained(path),
+                         peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    result = trainer.train()
+    assert math.isfinite(result.training_loss)
+    assert "rewards/accuracies" in trainer.state.log_history[0]
