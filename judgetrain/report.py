@@ -1,0 +1,872 @@
+"""Draw one or more runs: RM-Bench matrices, training and eval curves, the style-bias gap, an offline HTML page.
+
+    judgetrain report outputs/quickstart                       # -> outputs/quickstart/report/
+    judgetrain report outputs/run_a outputs/run_b --out cmp/   # overlaid figures + a comparison table
+
+Reads what a run writes (docs/DESIGN.md, notes/CONTRACT.md): ``metrics.jsonl`` (a torn last line of a killed run
+is ignored, a step logged twice after a resume keeps its later values, a run still going is drawn as far as it
+got), ``eval/<step>/<suite>.jsonl`` (per-row scores: the RM-Bench matrices are recomputed from them with
+`judgetrain.metrics`) and ``recipe.yaml``. Writes PNGs, ``report.html`` (images embedded, opens offline),
+``report.md`` (images linked) and ``summary.json``; the CLI also prints the summary table.
+
+matplotlib is imported only when a figure is drawn, so importing this module (e.g. from the eval callback, for
+`log_matrix_images`) costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+DPI = 100
+CURVE_PANEL = (4.0, 3.0)  # inches per curve panel: 400 x 300 px at DPI
+MATRIX_PANEL = (4.0, 4.0)  # inches per heatmap panel: 400 x 400 px
+MAX_COLS = 4
+STYLE_NAMES = ("concise", "detailed plain", "detailed markdown")
+STYLE_TICKS = ("concise", "detailed\nplain", "detailed\nmarkdown")
+LEVELS = ("hard", "normal", "easy")
+LINESTYLES = ("-", "--", ":", "-.")
+TRAIN_KEYS = (
+    ("train/loss", "train loss"),
+    ("train/rewards/margins", "reward margin (chosen - rejected)"),
+    ("train/rewards/accuracies", "reward accuracy"),
+)
+SUITE_RANK = {"rmbench": 0, "judgebias": 1, "ideation": 2}
+METRIC_RANK = {"hard_acc": 0, "normal_acc": 1, "easy_acc": 2, "avg_acc": 3, "total_avg_acc": 3, "style_gap": 4,
+               "accuracy": 0, "margin": 1, "detect_rate": 2, "anchor_mae": 3, "position_consistency": 1}
+# engine counters and timings logged under eval/: not quality metrics, kept out of tables and curves
+_NOT_A_METRIC = re.compile(r"(^|/)(n_|num_|long_)[^/]*$|runtime|per_second")
+
+
+# ------------------------------------------------------------------------------------------------ reading runs
+@dataclass
+class Run:
+    """What a run directory holds, as far as it got."""
+
+    path: Path
+    name: str
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> merged logging events
+    eval_rows: dict[int, dict[str, list[dict]]] = field(default_factory=dict)  # step -> suite -> rows
+    recipe: dict | None = None
+    recipe_text: str | None = None
+    notes: list[str] = field(default_factory=list)  # what was missing or repaired, for the reader
+
+    @property
+    def last_step(self) -> int | None:
+        return max(self.records) if self.records else None
+
+    def epoch_at(self, step: int) -> float | None:
+        value = self.records.get(step, {}).get("epoch")
+        return float(value) if _is_num(value) else None
+
+    @property
+    def status(self) -> str:
+        if any((self.path / f).is_file() for f in ("adapter_model.safetensors", "model.safetensors",
+                                                    "model.safetensors.index.json")):
+            return "finished"
+        return "in progress or stopped (no final model in the run dir)"
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _salvage(line: str) -> Any:
+    """The whole JSON object at the end of ``line`` when it starts with a torn one, else None."""
+    for match in re.finditer(r"\{", line):
+        if match.start() == 0:
+            continue
+        try:
+            return json.loads(line[match.start():])
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def _read_jsonl(path: Path, what: str, notes: list[str]) -> list[dict]:
+    """JSON objects of a .jsonl file; a torn last line (killed or still-writing process) is dropped with a note."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    out, bad = [], 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            obj = _salvage(line)
+            if i == last and obj is None:
+                notes.append(f"{what}: the last line is cut off (run killed or still writing); ignored")
+                continue
+            if obj is None:
+                bad += 1
+                continue
+            # a killed process left a torn record without newline and the resumed one appended to it
+            notes.append(f"{what}: a torn record (killed run) was glued to the next one; the torn part is ignored")
+        if isinstance(obj, dict):
+            out.append(obj)
+        else:
+            bad += 1
+    if bad:
+        notes.append(f"{what}: {bad} unreadable line(s) skipped")
+    return out
+
+
+def read_metrics(path: str | Path, notes: list[str] | None = None) -> dict[int, dict[str, Any]]:
+    """metrics.jsonl -> {step: record}. Events of one step are merged in file order, so a key logged again at the
+    same step (a resumed run re-logging steps after its checkpoint) keeps the later value."""
+    notes = [] if notes is None else notes
+    path = Path(path)
+    merged: dict[int, dict[str, Any]] = {}
+    relogged: set[int] = set()
+    max_step = None
+    for rec in _read_jsonl(path, path.name, notes):
+        step = rec.get("step")
+        if not _is_num(step) or step != int(step):
+            continue
+        step = int(step)
+        seen = merged.get(step, {})
+        if (max_step is not None and step < max_step) or any(k in seen for k in rec if k not in ("step", "epoch")):
+            relogged.add(step)
+        max_step = step if max_step is None else max(max_step, step)
+        merged.setdefault(step, {}).update(rec)
+        merged[step]["step"] = step
+    if relogged:
+        notes.append(f"{path.name}: {len(relogged)} step(s) logged again after a resume "
+                     f"(steps {min(relogged)}-{max(relogged)}); the later values are used")
+    return dict(sorted(merged.items()))
+
+
+def _row_key(suite: str, row: Mapping[str, Any]) -> Any:
+    if suite == "rmbench":
+        return row.get("id")
+    if suite == "judgebias":
+        return (row.get("sample_id"), row.get("perturbation_type"), row.get("perturbation_category"))
+    return (row.get("pair_id"), row.get("sample_id"), row.get("order"))
+
+
+def load_run(run_dir: str | Path, name: str | None = None) -> Run:
+    """Read a run directory. Raises FileNotFoundError when it does not exist; anything missing inside is noted."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"run directory {path} does not exist")
+    run = Run(path=path, name=name or path.resolve().name)
+    recipe_path = path / "recipe.yaml"
+    if recipe_path.is_file():
+        import yaml
+
+        run.recipe_text = recipe_path.read_text(encoding="utf-8", errors="replace")
+        try:
+            loaded = yaml.safe_load(run.recipe_text)
+            run.recipe = loaded if isinstance(loaded, dict) else None
+        except yaml.YAMLError as err:
+            run.notes.append(f"recipe.yaml does not parse: {err}")
+    else:
+        run.notes.append("no recipe.yaml")
+    metrics_path = path / "metrics.jsonl"
+    if metrics_path.is_file():
+        run.records = read_metrics(metrics_path, run.notes)
+    else:
+        run.notes.append("no metrics.jsonl yet")
+    eval_root = path / "eval"
+    if eval_root.is_dir():
+        for step_dir in sorted(eval_root.iterdir()):
+            if not (step_dir.is_dir() and step_dir.name.isdigit()):
+                continue
+            suites: dict[str, list[dict]] = {}
+            for f in sorted(step_dir.glob("*.jsonl")):
+                rows = _read_jsonl(f, f"eval/{step_dir.name}/{f.name}", run.notes)
+                unique = {}
+                for i, row in enumerate(rows):
+                    key = _row_key(f.stem, row)
+                    unique[key if key is not None and key != (None, None, None) else ("#", i)] = row
+                if len(unique) < len(rows):
+                    run.notes.append(f"eval/{step_dir.name}/{f.name}: {len(rows) - len(unique)} row(s) written "
+                                     "twice; the later ones are used")
+                suites[f.stem] = list(unique.values())
+            if suites:
+                run.eval_rows[int(step_dir.name)] = suites
+    eval_steps = set(eval_steps_of(run))
+    for step in run.eval_rows:
+        if step not in eval_steps:
+            run.notes.append(f"eval/{step}/ has per-row scores but metrics.jsonl has no eval event at step {step} "
+                             "(killed during eval, or still evaluating): drawn as heatmaps only")
+    if not eval_steps and not run.eval_rows:
+        run.notes.append("no evaluation yet: only training curves are drawn")
+    return run
+
+
+# ------------------------------------------------------------------------------------------------- metric access
+def metric_keys(run: Run) -> list[str]:
+    """Logged eval metric names of a run, in reading order (RM-Bench, JudgeBias, Ideation, others)."""
+    keys = {k for rec in run.records.values() for k, v in rec.items()
+            if k.startswith("eval/") and _is_num(v) and not _NOT_A_METRIC.search(k)}
+    return sorted(keys, key=_metric_order)
+
+
+def _metric_order(key: str) -> tuple:
+    parts = key.split("/")
+    suite = parts[1] if len(parts) > 1 else ""
+    middle = parts[2:-1]
+    domain_rank = {"chat": 0, "math": 1, "code": 2, "safety": 3}
+    group = (0, "") if not middle else (1 + (middle[0] == "type"), domain_rank.get(middle[-1], 9), "/".join(middle))
+    return (SUITE_RANK.get(suite, 9), suite, group, METRIC_RANK.get(parts[-1], 9), key)
+
+
+def eval_steps_of(run: Run) -> list[int]:
+    return [s for s, rec in run.records.items()
+            if any(k.startswith("eval/") and _is_num(v) and not _NOT_A_METRIC.search(k) for k, v in rec.items())]
+
+
+def series(run: Run, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one logged key, finite numbers only."""
+    pts = [(s, float(rec[key])) for s, rec in run.records.items() if _is_num(rec.get(key))]
+    return np.array([p[0] for p in pts], dtype=float), np.array([p[1] for p in pts], dtype=float)
+
+
+def gap_series(run: Run, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+    """easy_acc - hard_acc at each eval point: how much the judge prefers the more styled response."""
+    xs, ys = [], []
+    for s, rec in run.records.items():
+        easy, hard = rec.get(f"{prefix}/easy_acc"), rec.get(f"{prefix}/hard_acc")
+        if _is_num(easy) and _is_num(hard):
+            xs.append(s)
+            ys.append(float(easy) - float(hard))
+    return np.array(xs, dtype=float), np.array(ys, dtype=float)
+
+
+def _better(key: str) -> str:
+    last = key.rsplit("/", 1)[-1]
+    if last == "style_gap":
+        return "closer to 0"
+    if "mae" in last or "loss" in last:
+        return "lower"
+    return "higher"
+
+
+def summary_rows(run: Run) -> list[dict[str, Any]]:
+    """One row per eval metric: last value (with its step/epoch), best value and the step/epoch it was reached.
+
+    Derived rows ``eval/rmbench[/<domain>]/style_gap`` (easy - hard) are added and flagged ``derived``."""
+    keys = metric_keys(run)
+    out = []
+    rm_prefixes = [k[: -len("/easy_acc")] for k in keys
+                   if k.startswith("eval/rmbench") and k.endswith("/easy_acc") and k.replace("easy", "hard") in keys]
+    for key in sorted(keys + [p + "/style_gap" for p in rm_prefixes], key=_metric_order):
+        derived = key.endswith("/style_gap")
+        xs, ys = gap_series(run, key[: -len("/style_gap")]) if derived else series(run, key)
+        if not len(xs):
+            continue
+        better = _better(key)
+        score = -np.abs(ys) if better == "closer to 0" else (-ys if better == "lower" else ys)
+        best = int(np.argmax(score))  # first occurrence: the earliest step reaching the best value
+        last_step, best_step = int(xs[-1]), int(xs[best])
+        out.append({"metric": key, "last": float(ys[-1]), "last_step": last_step,
+                    "last_epoch": run.epoch_at(last_step), "best": float(ys[best]), "best_step": best_step,
+                    "best_epoch": run.epoch_at(best_step), "better": better, "n_evals": int(len(xs)),
+                    "derived": derived})
+    return out
+
+
+def rmbench_matrices(rows: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """{"overall": 3x3, <domain>: 3x3, ...} from RM-Bench per-row scores (safety-refuse/-response pooled).
+
+    The overall matrix is the unweighted mean of the domain matrices (chat/math/code/safety present), so its
+    triangle means equal the logged ``eval/rmbench/{hard,normal,easy}_acc``."""
+    from judgetrain.metrics import rmbench_results
+
+    res = rmbench_results(list(rows))
+    domains = list(res.get("domains", [])) + list(res.get("other_domains", []))
+    out: dict[str, np.ndarray] = {}
+    if res.get("domains"):
+        out["overall"] = np.mean([np.asarray(res[d]["matrix"], dtype=float) for d in res["domains"]], axis=0)
+    for d in domains:
+        out[d] = np.asarray(res[d]["matrix"], dtype=float)
+    return out
+
+
+def _levels(matrix: np.ndarray) -> tuple[float, float, float]:
+    m = np.asarray(matrix, dtype=float)
+    return float(np.mean(m[np.triu_indices(3, 1)])), float(np.mean(np.diag(m))), float(np.mean(m[np.tril_indices(3, -1)]))
+
+
+# ------------------------------------------------------------------------------------------------------ figures
+def _figure(n_panels: int, panel: tuple[float, float] = CURVE_PANEL, max_cols: int = MAX_COLS):
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend, Agg when saving
+
+    ncols = min(n_panels, max_cols)
+    nrows = math.ceil(n_panels / ncols)
+    fig = Figure(figsize=(panel[0] * ncols, panel[1] * nrows), dpi=DPI, layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
+    for ax in axes[n_panels:]:
+        fig.delaxes(ax)
+    return fig, axes[:n_panels]
+
+
+def _draw_matrix(ax, matrix: Any, title: str) -> None:
+    m = np.asarray(matrix, dtype=float)
+    ax.imshow(np.nan_to_num(m, nan=0.5), vmin=0.0, vmax=1.0, cmap="RdYlGn")
+    for i in range(3):
+        for j in range(3):
+            level = "normal" if i == j else ("hard" if j > i else "easy")
+            v = m[i, j]
+            color = "white" if (math.isfinite(v) and (v < 0.15 or v > 0.85)) else "black"
+            ax.text(j, i - 0.08, "n/a" if not math.isfinite(v) else f"{v:.2f}", ha="center", va="center",
+                    fontsize=13, fontweight="bold", color=color)
+            ax.text(j, i + 0.3, level, ha="center", va="center", fontsize=7, color=color, style="italic")
+    # the diagonal (normal) boxed; hard above it, easy below it
+    from matplotlib.patches import Rectangle
+
+    for i in range(3):
+        ax.add_patch(Rectangle((i - 0.5, i - 0.5), 1, 1, fill=False, lw=1.5, ls="--", ec="black"))
+    ax.set_xticks(range(3), STYLE_TICKS, fontsize=8)
+    ax.set_yticks(range(3), STYLE_TICKS, fontsize=8)
+    ax.set_xlabel("rejected style", fontsize=9)
+    ax.set_ylabel("chosen style", fontsize=9)
+    hard, normal, easy = _levels(m)
+    ax.set_title(f"{title}\nhard {hard:.2f} · normal {normal:.2f} · easy {easy:.2f}", fontsize=10)
+
+
+def matrix_figure(matrix: Any, title: str = "RM-Bench"):
+    """One RM-Bench 3x3 accuracy heatmap (rows chosen style, columns rejected style) as a matplotlib Figure."""
+    fig, (ax,) = _figure(1, MATRIX_PANEL)
+    _draw_matrix(ax, matrix, title)
+    return fig
+
+
+def matrices_figure(matrices: Mapping[str, Any], title: str):
+    fig, axes = _figure(len(matrices), MATRIX_PANEL)
+    for ax, (name, m) in zip(axes, matrices.items()):
+        _draw_matrix(ax, m, name)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+SeriesFn = Callable[[Run], tuple[np.ndarray, np.ndarray]]
+
+
+def _curves_figure(runs: Sequence[Run], panels: Sequence[tuple[str, Sequence[tuple[str, SeriesFn]]]], *,
+                   markers: bool, unit: str | None = None, zero_line: bool = False, title: str = ""):
+    """Panels of curves over steps. One run: colour per series. Several: colour per run, line style per series.
+    Panels without data in any run are dropped; None when nothing is left."""
+    from matplotlib.lines import Line2D
+
+    kept = []
+    for ptitle, specs in panels:
+        data = [[fn(run) for _, fn in specs] for run in runs]
+        if any(len(xs) for per_run in data for xs, _ in per_run):
+            kept.append((ptitle, specs, data))
+    if not kept:
+        return None
+    fig, axes = _figure(len(kept))
+    many = len(runs) > 1
+    labels = list(dict.fromkeys(label for _, specs, _ in kept for label, _ in specs))
+    for ax, (ptitle, specs, data) in zip(axes, kept):
+        for r, per_run in enumerate(data):
+            for (label, _), (xs, ys) in zip(specs, per_run):
+                if not len(xs):
+                    continue
+                s = labels.index(label)
+                color = f"C{r % 10}" if many else f"C{s % 10}"
+                ax.plot(xs, ys, color=color, ls=LINESTYLES[s % 4] if many else "-",
+                        marker="o" if markers else None, ms=3.5, lw=1.5)
+        if unit == "accuracy":
+            ax.set_ylim(-0.02, 1.02)
+        if zero_line:
+            ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_title(ptitle, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    handles, names = [], []
+    if many:
+        handles += [Line2D([], [], color=f"C{r % 10}", lw=2) for r in range(len(runs))]
+        names += [run.name for run in runs]
+        if len(labels) > 1:
+            handles += [Line2D([], [], color="black", ls=LINESTYLES[s % 4]) for s in range(len(labels))]
+            names += labels
+    elif len(labels) > 1:
+        handles += [Line2D([], [], color=f"C{s % 10}", lw=2) for s in range(len(labels))]
+        names += labels
+    if handles:
+        fig.legend(handles, names, loc="outside lower center", ncols=min(len(names), 6), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def _key_fn(key: str) -> SeriesFn:
+    return lambda run: series(run, key)
+
+
+def _rmbench_groups(runs: Sequence[Run]) -> list[tuple[str, str]]:
+    """(panel title, key prefix): overall, then each domain logged by any run."""
+    found = set()
+    for run in runs:
+        for key in metric_keys(run):
+            parts = key.split("/")
+            if len(parts) == 4 and parts[1] == "rmbench" and parts[3] in ("hard_acc", "easy_acc", "normal_acc"):
+                found.add(parts[2])
+    order = {"chat": 0, "math": 1, "code": 2, "safety": 3}
+    groups = [("overall", "eval/rmbench")]
+    groups += [(d, f"eval/rmbench/{d}") for d in sorted(found, key=lambda d: (order.get(d, 9), d))]
+    return groups
+
+
+def _type_categories(runs: Sequence[Run]) -> dict[str, str]:
+    out = {}
+    for run in runs:
+        for suites in run.eval_rows.values():
+            for row in suites.get("judgebias", []):
+                if row.get("perturbation_type") is not None:
+                    out[str(row["perturbation_type"])] = str(row.get("perturbation_category", ""))
+    return out
+
+
+def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
+    """(file name, caption, Figure) of every overlaid figure that has data."""
+    figs = []
+    label = "" if len(runs) == 1 else " (colour = run)"
+
+    def add(name, caption, fig):
+        if fig is not None:
+            figs.append((name, caption, fig))
+
+    add("train_curves.png", "Training: DPO loss, reward margin and reward accuracy per logged step" + label,
+        _curves_figure(runs, [(title, [(key, _key_fn(key))]) for key, title in TRAIN_KEYS], markers=False,
+                       title="training"))
+    groups = _rmbench_groups(runs)
+    add("rmbench_curves.png", "RM-Bench hard / normal / easy accuracy per eval point, overall and per domain" + label,
+        _curves_figure(runs, [(f"RM-Bench {g}", [(lvl, _key_fn(f"{p}/{lvl}_acc")) for lvl in LEVELS])
+                              for g, p in groups], markers=True, unit="accuracy", title="RM-Bench accuracy"))
+    add("style_bias.png", "Style bias: RM-Bench easy minus hard accuracy per eval point (0 = the judge ignores "
+        "style; a debiased judge closes this gap)" + label,
+        _curves_figure(runs, [(f"{g}: easy - hard", [("easy - hard", (lambda p: lambda run: gap_series(run, p))(p))])
+                              for g, p in groups], markers=True, zero_line=True, title="style bias (easy - hard)"))
+    keys = sorted({k for run in runs for k in metric_keys(run)}, key=_metric_order)
+    cat_keys = [k for k in keys if k.startswith("eval/judgebias/") and k.split("/")[2] != "type"]
+    add("judgebias_categories.png", "JudgeBias validation per perturbation category: accuracy (chosen scored above "
+        "rejected) and mean margin" + label,
+        _curves_figure(runs, [(k[len("eval/judgebias/"):], [(k, _key_fn(k))]) for k in cat_keys], markers=True,
+                       title="JudgeBias per category"))
+    cats = _type_categories(runs)
+    type_keys = [k for k in keys if k.startswith("eval/judgebias/type/") and k.endswith("/accuracy")]
+    type_keys.sort(key=lambda k: (cats.get(k.split("/")[3], "~"), k))
+    add("judgebias_types.png", "JudgeBias accuracy per perturbation type (category in brackets)" + label,
+        _curves_figure(runs, [(k.split("/")[3] + (f" ({cats[k.split('/')[3]]})" if k.split("/")[3] in cats else ""),
+                               [(k, _key_fn(k))]) for k in type_keys],
+                       markers=True, unit="accuracy", title="JudgeBias accuracy per perturbation type"))
+    idea_keys = [k for k in keys if k.startswith("eval/ideation/")]
+    add("ideation.png", "Research-ideation test accuracy (and position consistency in pairwise mode)" + label,
+        _curves_figure(runs, [(k[len("eval/"):], [(k, _key_fn(k))]) for k in idea_keys], markers=True,
+                       unit="accuracy", title="Ideation"))
+    other = [k for k in keys if k.split("/")[1] not in SUITE_RANK]
+    add("eval_other.png", "Other logged eval metrics" + label,
+        _curves_figure(runs, [(k, [(k, _key_fn(k))]) for k in other], markers=True, title="other eval metrics"))
+    return figs
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "run"
+
+
+def _matrix_figures(runs: Sequence[Run]) -> list[tuple[str, str, Any, str]]:
+    """(file name, caption, Figure, run name) of each run's heatmaps per eval point, plus a last-eval comparison."""
+    out = []
+    last = {}
+    for run in runs:
+        prefix = "rmbench_matrix_" + ("" if len(runs) == 1 else _slug(run.name) + "_")
+        for step, suites in sorted(run.eval_rows.items()):
+            rows = suites.get("rmbench")
+            if not rows:
+                continue
+            mats = rmbench_matrices(rows)
+            if not mats:
+                continue
+            epoch = run.epoch_at(step)
+            when = f"step {step}" + (f", epoch {epoch:g}" if epoch is not None else "")
+            fig = matrices_figure(mats, f"{run.name}: RM-Bench accuracy matrix, {when}")
+            out.append((f"{prefix}step{step}.png", f"RM-Bench matrix of {run.name} at {when}: share of prompts whose "
+                        "chosen response (row style) outscores the rejected one (column style); hard = above the "
+                        "diagonal, normal = diagonal, easy = below", fig, run.name))
+            last[run.name] = (mats.get("overall", next(iter(mats.values()))), when)
+    if len(runs) > 1 and last:
+        fig = matrices_figure({f"{name}\n{when}": m for name, (m, when) in last.items()},
+                              "RM-Bench overall matrix at each run's last eval")
+        out.append(("rmbench_matrix_last.png", "Overall RM-Bench matrix of each run at its last eval point", fig, ""))
+    return out
+
+
+def _save(fig, path: Path) -> None:
+    fig.savefig(path, dpi=DPI, format="png")  # no bbox_inches="tight": the pixel size stays figsize * DPI
+
+
+# ----------------------------------------------------------------------------------------------------- tables
+def _fmt(value: Any) -> str:
+    return f"{value:.4f}" if _is_num(value) else ("nan" if isinstance(value, float) else "-")
+
+
+def _fmt_epoch(epoch: float | None) -> str:
+    return "-" if epoch is None else f"{epoch:.2f}".rstrip("0").rstrip(".")
+
+
+def _recipe_headline(recipe: Mapping[str, Any] | None) -> dict[str, Any]:
+    wanted = ("model_name_or_path", "model", "learning_rate", "beta", "loss_type", "num_train_epochs", "max_steps",
+              "per_device_train_batch_size", "gradient_accumulation_steps", "lora_r", "r", "max_length", "scoring",
+              "seed")
+    found: dict[str, Any] = {}
+
+    def walk(obj: Any, prefix: str) -> None:
+        if isinstance(obj, Mapping):
+            for k, v in obj.items():
+                key = f"{prefix}{k}"
+                if isinstance(v, Mapping):
+                    walk(v, key + ".")
+                elif str(k) in wanted and isinstance(v, (str, int, float)) and not isinstance(v, bool):
+                    found.setdefault(key, v)
+
+    walk(recipe or {}, "")
+    return found
+
+
+def _run_info(run: Run) -> dict[str, Any]:
+    loss = series(run, "train/loss")
+    return {"name": run.name, "path": str(run.path), "status": run.status, "last_step": run.last_step,
+            "last_epoch": run.epoch_at(run.last_step) if run.last_step is not None else None,
+            "eval_points": eval_steps_of(run), "final_train_loss": float(loss[1][-1]) if len(loss[0]) else None,
+            "checkpoints": sorted(p.name for p in run.path.glob("checkpoint-*") if p.is_dir()),
+            "recipe": _recipe_headline(run.recipe), "notes": list(run.notes)}
+
+
+SUMMARY_HEADER = ("metric", "last", "step", "epoch", "best", "best step", "best epoch", "better")
+
+
+def _summary_cells(row: Mapping[str, Any]) -> list[str]:
+    return [row["metric"] + (" (derived)" if row["derived"] else ""), _fmt(row["last"]), str(row["last_step"]),
+            _fmt_epoch(row["last_epoch"]), _fmt(row["best"]), str(row["best_step"]), _fmt_epoch(row["best_epoch"]),
+            row["better"]]
+
+
+def _comparison(runs: Sequence[Run], tables: Mapping[str, list[dict]]) -> list[dict[str, Any]]:
+    """metric -> per run {last, best, best_epoch}; rows in reading order."""
+    by_metric: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for row in tables[run.name]:
+            by_metric.setdefault(row["metric"], {"metric": row["metric"], "better": row["better"], "runs": {}})
+            by_metric[row["metric"]]["runs"][run.name] = {k: row[k] for k in ("last", "last_step", "best",
+                                                                            "best_step", "best_epoch")}
+    return [by_metric[k] for k in sorted(by_metric, key=_metric_order)]
+
+
+def _cmp_cell(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "-"
+    return f"{_fmt(entry['last'])} (best {_fmt(entry['best'])} @ ep {_fmt_epoch(entry['best_epoch'])})"
+
+
+# ------------------------------------------------------------------------------------------------ html / md
+_CSS = """body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;max-width:1700px;
+color:#222;padding:0 1em}h1{font-size:1.5em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;font-size:13px;margin:.8em 0}th,td{border:1px solid #ccc;padding:3px 8px;
+text-align:right}th{background:#f3f3f3}td.metric,td.text{text-align:left;font-family:ui-monospace,monospace}
+img{max-width:100%;border:1px solid #eee}figure{margin:1.2em 0}figcaption{font-size:13px;color:#555}
+.note{color:#8a4b00}pre{background:#f7f7f7;padding:.8em;overflow:auto;font-size:12px}"""
+
+
+def _html_table(header: Sequence[str], body: Iterable[str], attrs: str = "") -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
+
+
+def _html_summary(run: Run, rows: list[dict]) -> str:
+    body = []
+    for row in rows:
+        c = _summary_cells(row)
+        body.append(
+            f'<tr data-metric="{html.escape(row["metric"])}"><td class="metric">{html.escape(c[0])}</td>'
+            f'<td class="last" data-value="{row["last"]!r}">{c[1]}</td><td>{c[2]}</td><td>{c[3]}</td>'
+            f'<td class="best" data-value="{row["best"]!r}">{c[4]}</td><td>{c[5]}</td><td>{c[6]}</td>'
+            f'<td class="text">{c[7]}</td></tr>')
+    return _html_table(SUMMARY_HEADER, body, f' class="metrics" id="summary-{html.escape(_slug(run.name))}"')
+
+
+def _img_tag(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+
+
+def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) -> None:
+    names = ", ".join(run.name for run in runs)
+    parts = [f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<title>judgetrain report: {html.escape(names)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>judgetrain report: {html.escape(names)}</h1>"]
+    info_body = []
+    for info in infos:
+        recipe = ", ".join(f"{k}={v}" for k, v in info["recipe"].items()) or "-"
+        info_body.append(
+            f'<tr><td class="text">{html.escape(info["name"])}</td><td class="text">{html.escape(info["status"])}</td>'
+            f'<td>{info["last_step"] if info["last_step"] is not None else "-"}</td>'
+            f'<td>{_fmt_epoch(info["last_epoch"])}</td><td>{len(info["eval_points"])}</td>'
+            f'<td>{_fmt(info["final_train_loss"])}</td><td class="text">{html.escape(recipe)}</td></tr>')
+    parts.append("<h2>Runs</h2>" + _html_table(
+        ("run", "status", "last step", "epoch", "eval points", "last train loss", "recipe"), info_body,
+        ' class="runs"'))
+    for run in runs:
+        if run.notes:
+            items = "".join(f"<li>{html.escape(n)}</li>" for n in run.notes)
+            parts.append(f'<p class="note"><b>{html.escape(run.name)}</b>: what is missing or was repaired</p>'
+                         f'<ul class="note">{items}</ul>')
+    if len(runs) > 1 and comparison:
+        body = []
+        for row in comparison:
+            cells = "".join(
+                f'<td data-run="{html.escape(run.name)}" data-value="{row["runs"][run.name]["last"]!r}">'
+                f'{_cmp_cell(row["runs"][run.name])}</td>' if run.name in row["runs"] else "<td>-</td>"
+                for run in runs)
+            body.append(f'<tr data-metric="{html.escape(row["metric"])}"><td class="metric">'
+                        f'{html.escape(row["metric"])}</td>{cells}<td class="text">{row["better"]}</td></tr>')
+        parts.append("<h2>Comparison: last eval (best, at epoch)</h2>" + _html_table(
+            ["metric", *[run.name for run in runs], "better"], body, ' class="comparison"'))
+    for run in runs:
+        parts.append(f"<h2>Summary: {html.escape(run.name)}</h2>")
+        if tables[run.name]:
+            parts.append(_html_summary(run, tables[run.name]))
+        else:
+            parts.append('<p class="note">No evaluation logged yet.</p>')
+    parts.append("<h2>Curves</h2>")
+    for name, caption in figures:
+        parts.append(f"<figure>{_img_tag(path.parent / name, caption)}<figcaption>{html.escape(name)}: "
+                     f"{html.escape(caption)}</figcaption></figure>")
+    if matrices:
+        parts.append("<h2>RM-Bench matrices</h2>")
+        for name, caption in matrices:
+            parts.append(f"<figure>{_img_tag(path.parent / name, caption)}<figcaption>{html.escape(name)}: "
+                         f"{html.escape(caption)}</figcaption></figure>")
+    for run in runs:
+        if run.recipe_text is not None:
+            parts.append(f"<details><summary>recipe.yaml of {html.escape(run.name)}</summary>"
+                         f"<pre>{html.escape(run.recipe_text)}</pre></details>")
+    parts.append("</body></html>\n")
+    path.write_text("\n".join(parts), encoding="utf-8")
+
+
+def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    def esc(cell: str) -> str:
+        return str(cell).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) -> None:
+    out = [f"# judgetrain report: {', '.join(run.name for run in runs)}", "", "## Runs", ""]
+    out.append(_md_table(("run", "status", "last step", "epoch", "eval points", "last train loss"),
+                         [(i["name"], i["status"], str(i["last_step"] if i["last_step"] is not None else "-"),
+                           _fmt_epoch(i["last_epoch"]), str(len(i["eval_points"])), _fmt(i["final_train_loss"]))
+                          for i in infos]))
+    for run in runs:
+        if run.notes:
+            out += ["", f"**{run.name}**: what is missing or was repaired", ""] + [f"- {n}" for n in run.notes]
+    if len(runs) > 1 and comparison:
+        out += ["", "## Comparison: last eval (best, at epoch)", "",
+                _md_table(["metric", *[run.name for run in runs], "better"],
+                          [[row["metric"], *[_cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"]]
+                           for row in comparison])]
+    for run in runs:
+        out += ["", f"## Summary: {run.name}", ""]
+        out.append(_md_table(SUMMARY_HEADER, [_summary_cells(r) for r in tables[run.name]])
+                   if tables[run.name] else "_No evaluation logged yet._")
+    out += ["", "## Curves", ""]
+    for name, caption in figures:
+        out += [f"![{caption}]({name})", "", f"*{name}*: {caption}", ""]
+    if matrices:
+        out += ["## RM-Bench matrices", ""]
+        for name, caption in matrices:
+            out += [f"![{caption}]({name})", "", f"*{name}*: {caption}", ""]
+    path.write_text("\n".join(out) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------------ report
+def _unique_names(paths: Sequence[Path]) -> list[str]:
+    names = [p.resolve().name for p in paths]
+    for i, p in enumerate(paths):
+        if names.count(names[i]) > 1:
+            names[i] = f"{p.resolve().parent.name}/{p.resolve().name}"
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):
+        seen[n] = seen.get(n, 0) + 1
+        if seen[n] > 1:
+            names[i] = f"{n}#{seen[n]}"
+    return names
+
+
+def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Everything `make_report` writes, plus the runs and tables (for the CLI's terminal summary)."""
+    if not run_dirs:
+        raise ValueError("no run directory given")
+    paths = [Path(p) for p in run_dirs]
+    runs = [load_run(p, name) for p, name in zip(paths, _unique_names(paths))]
+    if out_dir is None:
+        out_dir = paths[0] / "report" if len(paths) == 1 else Path("judgetrain_report")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        for note in run.notes:
+            logger.warning("%s: %s", run.name, note)
+
+    written: dict[str, Path] = {}
+    figures = []
+    for name, caption, fig in _figures(runs):
+        _save(fig, out / name)
+        written[name] = out / name
+        figures.append((name, caption))
+    matrices = []
+    for name, caption, fig, _ in _matrix_figures(runs):
+        _save(fig, out / name)
+        written[name] = out / name
+        matrices.append((name, caption))
+
+    tables = {run.name: summary_rows(run) for run in runs}
+    infos = [_run_info(run) for run in runs]
+    comparison = _comparison(runs, tables)
+    summary = {"runs": infos, "tables": tables, "comparison": comparison if len(runs) > 1 else [],
+               "figures": dict(figures), "matrices": dict(matrices)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True), encoding="utf-8")
+    written["summary.json"] = out / "summary.json"
+    _write_html(out / "report.html", runs, infos, tables, comparison, figures, matrices)
+    written["report.html"] = out / "report.html"
+    _write_md(out / "report.md", runs, infos, tables, comparison, figures, matrices)
+    written["report.md"] = out / "report.md"
+    logger.info("report of %d run(s) written to %s (%d figures)", len(runs), out, len(figures) + len(matrices))
+    return {"paths": written, "runs": runs, "tables": tables, "comparison": comparison, "infos": infos}
+
+
+def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None) -> dict[str, Path]:
+    """Draw ``run_dirs`` into ``out_dir`` (default: ``<run>/report`` for one run, ``./judgetrain_report`` for
+    several). Returns {file name: path} of every file written (PNGs, summary.json, report.html, report.md)."""
+    return build_report(run_dirs, out_dir)["paths"]
+
+
+# ------------------------------------------------------------------------------------- live logging (callback)
+def _callbacks_of(obj: Any) -> list[Any]:
+    if hasattr(obj, "callback_handler"):
+        obj = obj.callback_handler
+    if hasattr(obj, "callbacks"):
+        obj = obj.callbacks
+    return list(obj) if isinstance(obj, Iterable) else [obj]
+
+
+def _is_a(obj: Any, class_name: str) -> bool:
+    return any(cls.__name__ == class_name for cls in type(obj).__mro__)
+
+
+def figure_to_array(fig) -> np.ndarray:
+    """RGB uint8 (H, W, 3) pixels of a matplotlib Figure, rendered with Agg."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def log_matrix_images(trainer_or_callbacks: Any, matrices: Mapping[str, Any], step: int,
+                      prefix: str = "eval/rmbench") -> list[str]:
+    """Log RM-Bench heatmaps as images to the active W&B / TensorBoard callbacks of a Trainer.
+
+    ``trainer_or_callbacks``: a Trainer, its ``callback_handler`` or a list of callbacks. ``matrices``:
+    {"overall" | <domain>: 3x3} (see `rmbench_matrices`). Tags: ``eval/rmbench/matrix`` and
+    ``eval/rmbench/<domain>/matrix``. Only backends set up on this process are used (transformers sets them up on
+    the main process only); nothing is rendered when none is. Returns the backends logged to.
+    """
+    callbacks = _callbacks_of(trainer_or_callbacks)
+    wandb_cbs = [cb for cb in callbacks if _is_a(cb, "WandbCallback")
+                 and getattr(cb, "_wandb", None) is not None and getattr(cb._wandb, "run", None) is not None]
+    tb_cbs = [cb for cb in callbacks if _is_a(cb, "TensorBoardCallback") and getattr(cb, "tb_writer", None)]
+    if not (wandb_cbs or tb_cbs):
+        return []
+    images = {}
+    for name, matrix in matrices.items():
+        tag = f"{prefix}/matrix" if name == "overall" else f"{prefix}/{name}/matrix"
+        images[tag] = figure_to_array(matrix_figure(matrix, f"RM-Bench {name}, step {step}"))
+    logged = []
+    for cb in wandb_cbs:
+        wandb = cb._wandb
+        # the same x axis as WandbCallback.on_log (define_metric step_metric="train/global_step")
+        wandb.log({**{tag: wandb.Image(arr, caption=tag) for tag, arr in images.items()},
+                   "train/global_step": step})
+        logged.append("wandb")
+    for cb in tb_cbs:
+        for tag, arr in images.items():
+            cb.tb_writer.add_image(tag, arr, global_step=step, dataformats="HWC")
+        cb.tb_writer.flush()
+        logged.append("tensorboard")
+    return logged
+
+
+# --------------------------------------------------------------------------------------------------------- CLI
+def _print_tables(result: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    runs = result["runs"]
+    for info in result["infos"]:
+        console.print(f"[bold]{info['name']}[/bold]: {info['status']}; last step {info['last_step']}, epoch "
+                      f"{_fmt_epoch(info['last_epoch'])}, {len(info['eval_points'])} eval point(s)")
+    if len(runs) > 1 and result["comparison"]:
+        table = Table(title="last eval (best @ epoch)")
+        table.add_column("metric", style="cyan")
+        for run in runs:
+            table.add_column(run.name, justify="right")
+        table.add_column("better")
+        for row in result["comparison"]:
+            table.add_row(row["metric"], *[_cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"])
+        console.print(table)
+    else:
+        for run in runs:
+            rows = result["tables"][run.name]
+            if not rows:
+                console.print(f"{run.name}: no evaluation logged yet")
+                continue
+            table = Table(title=f"{run.name}: last eval and best epoch")
+            for i, h in enumerate(SUMMARY_HEADER):
+                table.add_column(h, justify="left" if i in (0, 7) else "right", style="cyan" if i == 0 else None)
+            for row in rows:
+                table.add_row(*_summary_cells(row))
+            console.print(table)
+    console.print(f"report: {result['paths']['report.html']}  ({len(result['paths'])} files)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="judgetrain report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run output directories (one or more)")
+    parser.add_argument("--out", default=None, help="where to write (default: RUN_DIR/report for one run, "
+                                                    "./judgetrain_report for several)")
+    args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
+    if missing:
+        logger.error("not a run directory: %s", ", ".join(missing))
+        return 2
+    result = build_report(args.run_dirs, args.out)
+    _print_tables(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,341 @@
+"""`judgetrain report`: run directories as the trainer writes them (metrics.jsonl, eval/<step>/<suite>.jsonl,
+recipe.yaml, checkpoints), drawn to PNGs, report.html (self-contained) and report.md."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from judgetrain import cli
+from judgetrain.metrics import flatten_eval_metrics, ideation_accuracy, judgebias_checks, rmbench_results
+from judgetrain.report import (
+    build_report,
+    load_run,
+    log_matrix_images,
+    make_report,
+    matrix_figure,
+    read_metrics,
+    rmbench_matrices,
+)
+
+DOMAINS = ("chat", "code", "safety-refuse", "safety-response")
+TYPES = {"element_substitution": "error", "numerical_perturbation": "error",
+         "llm_to_formula": "represent", "llm_to_name": "represent"}
+STEPS_PER_EPOCH = 6
+
+
+# ------------------------------------------------------------------------------------------- synthetic runs
+def _eval_rows(rng: np.random.Generator, epoch: float) -> dict[str, list[dict]]:
+    """Scores of a judge whose preference for styled answers shrinks as it trains."""
+    style = np.array([0.0, 0.6, 1.2]) / epoch
+    rmbench = []
+    for domain in DOMAINS:
+        for i in range(12):
+            base = rng.normal(size=3)
+            chosen = base + 0.4 * epoch + style + rng.normal(0, 0.7, 3)
+            rejected = base + style + rng.normal(0, 0.7, 3)
+            rmbench.append({"id": f"{domain}/{i}", "domain": domain,
+                            "score_chosen": chosen.round(4).tolist(), "score_rejected": rejected.round(4).tolist()})
+    judgebias = []
+    for j, (ptype, cat) in enumerate(TYPES.items()):
+        for i in range(8):
+            delta = rng.normal(0.3 * epoch - (0.2 if cat == "represent" else 0.0), 1.0)
+            judgebias.append({"sample_id": 100 * j + i, "perturbation_category": cat, "perturbation_type": ptype,
+                              "score_chosen": round(float(delta), 4), "score_rejected": 0.0, "anchor_score": 3.5})
+    ideation = [{"sample_id": i, "pair_id": f"p{i}", "score_chosen": round(float(rng.normal(0.2 * epoch)), 4),
+                 "score_rejected": 0.0} for i in range(10)]
+    return {"rmbench": rmbench, "judgebias": judgebias, "ideation": ideation}
+
+
+def _train_event(rng: np.random.Generator, step: int) -> dict:
+    epoch = step / STEPS_PER_EPOCH
+    margin = 0.05 * step + float(rng.normal(0, 0.02))
+    return {"step": step, "epoch": round(epoch, 4), "train/loss": round(0.6931 - 0.02 * step + float(rng.normal(0, 0.01)), 6),
+            "train/rewards/chosen": margin / 2, "train/rewards/rejected": -margin / 2, "train/rewards/margins": margin,
+            "train/rewards/accuracies": min(1.0, 0.5 + 0.04 * step), "train/learning_rate": 5e-5 * (1 - step / 20),
+            "train/grad_norm": 1.0 + float(rng.random())}
+
+
+def _eval_event(run: Path, rng: np.random.Generator, step: int) -> dict:
+    epoch = step / STEPS_PER_EPOCH
+    rows = _eval_rows(rng, epoch)
+    out = run / "eval" / str(step)
+    out.mkdir(parents=True, exist_ok=True)
+    for suite, suite_rows in rows.items():
+        (out / f"{suite}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in suite_rows))
+    event = {"step": step, "epoch": epoch}
+    event.update(flatten_eval_metrics("rmbench", rmbench_results(rows["rmbench"])))
+    event.update(flatten_eval_metrics("judgebias", judgebias_checks(rows["judgebias"])))
+    event.update(flatten_eval_metrics("ideation", ideation_accuracy(rows["ideation"])))
+    event["eval/rmbench_runtime"] = 1.25
+    return event
+
+
+def _events(run: Path, rng: np.random.Generator, steps: range, eval_at: set[int]) -> list[dict]:
+    events = []
+    for step in steps:
+        if step % 2 == 0:
+            events.append(_train_event(rng, step))
+        if step in eval_at:
+            events.append(_eval_event(run, rng, step))
+    return events
+
+
+def _write(run: Path, events: list[dict], tail: str = "") -> None:
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in events) + tail)
+
+
+def make_run(root: Path, name: str, seed: int = 0, finished: bool = True) -> tuple[Path, list[dict]]:
+    """A finished 2-epoch run: train logs every 2 steps, eval at each epoch end (steps 6 and 12)."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "recipe.yaml").write_text(yaml.safe_dump({
+        "model": {"model_name_or_path": "tiny-judge"},
+        "training": {"learning_rate": 5e-5, "beta": 0.1, "num_train_epochs": 2, "seed": seed},
+        "lora": {"r": 8}}))
+    events = _events(run, np.random.default_rng(seed), range(1, 2 * STEPS_PER_EPOCH + 1), {6, 12})
+    _write(run, events)
+    for step in (6, 12):
+        (run / f"checkpoint-{step}").mkdir()
+    if finished:
+        (run / "adapter_model.safetensors").write_bytes(b"")
+    return run, events
+
+
+def last_values(events: list[dict]) -> dict[str, tuple[int, float]]:
+    """key -> (step, value) of its last logged finite value, steps merged in order (a later line wins)."""
+    merged: dict[int, dict] = {}
+    for e in events:
+        merged.setdefault(e["step"], {}).update(e)
+    out = {}
+    for step in sorted(merged):
+        for k, v in merged[step].items():
+            if k.startswith("eval/") and isinstance(v, float):
+                out[k] = (step, v)
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    root = tmp_path_factory.mktemp("single")
+    run, events = make_run(root, "quick")
+    paths = make_report([run], root / "out")
+    return run, events, paths, root / "out"
+
+
+def _size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as im:
+        im.load()  # decodes every pixel: a broken PNG raises here
+        return im.size
+
+
+def _html_cells(html_text: str, table_id: str, cls: str) -> dict[str, float]:
+    table = re.search(rf'<table class="metrics" id="{table_id}">(.*?)</table>', html_text, re.S).group(1)
+    return {m: float(v) for m, v in re.findall(
+        rf'<tr data-metric="([^"]+)">.*?<td class="{cls}" data-value="([^"]+)">', table)}
+
+
+# ------------------------------------------------------------------------------------------------------ tests
+def test_report_draws_each_figure_at_its_pixel_size(single):
+    _, _, paths, out = single
+    expected = {  # (width, height): 400 x 300 px per curve panel, 400 x 400 per heatmap, 4 panels a row
+        "train_curves.png": (1200, 300),  # loss, margins, accuracies
+        "rmbench_curves.png": (1600, 300),  # overall, chat, code, safety
+        "style_bias.png": (1600, 300),
+        "judgebias_categories.png": (1600, 300),  # error/accuracy, error/margin, represent/accuracy, represent/margin
+        "judgebias_types.png": (1600, 300),  # 4 perturbation types
+        "ideation.png": (400, 300),
+        "rmbench_matrix_step6.png": (1600, 400),  # overall + chat, code, safety (refuse/response pooled)
+        "rmbench_matrix_step12.png": (1600, 400),
+    }
+    pngs = {p.name for p in out.glob("*.png")}
+    assert pngs == set(expected)
+    for name, size in expected.items():
+        assert paths[name] == out / name
+        assert _size(out / name) == size, name
+    assert {"report.html", "report.md", "summary.json"} <= set(paths)
+
+
+def test_html_is_self_contained_and_embeds_every_png(single):
+    _, _, _, out = single
+    text = (out / "report.html").read_text()
+    embedded = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
+    pngs = sorted(out.glob("*.png"))
+    assert len(embedded) == len(pngs) == 8
+    assert sorted(base64.b64decode(e) for e in embedded) == sorted(p.read_bytes() for p in pngs)
+    assert not re.search(r'(src|href)="(https?:)?//', text)
+    assert "<script" not in text and "<link" not in text
+
+
+def test_summary_table_shows_the_last_eval_and_best_epoch_of_metrics_jsonl(single):
+    _, events, _, out = single
+    text = (out / "report.html").read_text()
+    last = last_values(events)
+    shown = _html_cells(text, "summary-quick", "last")
+    metrics = {k for k in last if "runtime" not in k and not k.rsplit("/", 1)[1].startswith("n_")}
+    assert set(shown) - {k for k in shown if k.endswith("style_gap")} == metrics
+    for key in metrics:
+        assert shown[key] == last[key][1], key
+    best = _html_cells(text, "summary-quick", "best")
+    evals = [e for e in events if "eval/rmbench/hard_acc" in e]
+    assert best["eval/rmbench/hard_acc"] == max(e["eval/rmbench/hard_acc"] for e in evals)
+    gap = [e["eval/rmbench/easy_acc"] - e["eval/rmbench/hard_acc"] for e in evals]
+    assert shown["eval/rmbench/style_gap"] == pytest.approx(gap[-1])
+    assert "eval/rmbench_runtime" not in shown and "eval/rmbench/n_rows" not in shown
+    md = (out / "report.md").read_text()
+    assert f"| eval/rmbench/hard_acc | {last['eval/rmbench/hard_acc'][1]:.4f} | 12 | 2 |" in md
+    for png in out.glob("*.png"):
+        assert f"]({png.name})" in md
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runs"][0]["status"] == "finished"
+    assert summary["runs"][0]["eval_points"] == [6, 12]
+    assert summary["runs"][0]["recipe"]["model.model_name_or_path"] == "tiny-judge"
+
+
+def test_heatmap_matrices_come_from_the_rows_and_match_the_logged_levels(single):
+    run, events, _, _ = single
+    rows = [json.loads(line) for line in (run / "eval" / "12" / "rmbench.jsonl").read_text().splitlines()]
+    mats = rmbench_matrices(rows)
+    assert list(mats) == ["overall", "chat", "code", "safety"]
+    overall = mats["overall"]
+    logged = [e for e in events if e["step"] == 12 and "eval/rmbench/hard_acc" in e][0]
+    assert overall[np.triu_indices(3, 1)].mean() == pytest.approx(logged["eval/rmbench/hard_acc"])
+    assert np.diag(overall).mean() == pytest.approx(logged["eval/rmbench/normal_acc"])
+    assert overall[np.tril_indices(3, -1)].mean() == pytest.approx(logged["eval/rmbench/easy_acc"])
+    assert mats["safety"][np.tril_indices(3, -1)].mean() == pytest.approx(logged["eval/rmbench/safety/easy_acc"])
+    fig = matrix_figure(overall, "overall")
+    assert tuple(fig.get_size_inches() * fig.dpi) == (400, 400)
+    assert [t.get_text() for t in fig.axes[0].texts][:2] == [f"{overall[0, 0]:.2f}", "normal"]
+
+
+def test_killed_then_resumed_run_keeps_the_later_values(tmp_path):
+    run = tmp_path / "resumed"
+    run.mkdir()
+    first = _events(run, np.random.default_rng(1), range(1, 9), {6})
+    # killed while writing step 10: a torn record without newline
+    _write(run, first, tail='{"step": 10, "epoch": 1.6667, "train/lo')
+    (run / "checkpoint-6").mkdir()
+    # resumed from checkpoint-6 without cleaning the log: steps 8 and 10 come again, glued to the torn line
+    second = _events(run, np.random.default_rng(2), range(7, 13), {12})
+    _write(run, second, tail='{"step": 13, "epoch": 2.1')  # and killed again
+    notes: list[str] = []
+    merged = read_metrics(run / "metrics.jsonl", notes)
+    assert sorted(merged) == [2, 4, 6, 8, 10, 12]
+    assert merged[8]["train/loss"] == second[0]["train/loss"] != first[-1]["train/loss"]
+    assert merged[10]["train/loss"] == second[1]["train/loss"]
+    assert merged[6]["eval/rmbench/hard_acc"] == first[-2]["eval/rmbench/hard_acc"]
+    assert any("glued" in n for n in notes) and any("cut off" in n for n in notes)
+    assert any("logged again after a resume" in n for n in notes)
+
+    result = build_report([run], tmp_path / "out")
+    paths = result["paths"]
+    assert {"train_curves.png", "rmbench_matrix_step6.png", "rmbench_matrix_step12.png"} <= set(paths)
+    text = paths["report.html"].read_text()
+    shown = _html_cells(text, "summary-resumed", "last")
+    assert shown["eval/rmbench/total_avg_acc"] == second[-1]["eval/rmbench/total_avg_acc"]
+    assert "logged again after a resume" in text
+    assert result["infos"][0]["status"].startswith("in progress")
+    assert len(re.findall(r'<img src="data:image/png;base64,', text)) == len(list((tmp_path / "out").glob("*.png")))
+
+
+def test_run_still_going_without_eval_gets_training_curves_and_says_what_is_missing(tmp_path):
+    run = tmp_path / "going"
+    run.mkdir()
+    _write(run, _events(run, np.random.default_rng(3), range(1, 6), set()), tail='{"step": 6, "ep')
+    paths = make_report([run], tmp_path / "out")
+    assert sorted(p for p in paths if p.endswith(".png")) == ["train_curves.png"]
+    assert _size(paths["train_curves.png"]) == (1200, 300)
+    text = paths["report.html"].read_text()
+    assert "No evaluation logged yet" in text and "no recipe.yaml" in text and "no evaluation yet" in text
+
+    # killed during the first eval: rows on disk, no eval event: heatmap only, and a note saying so
+    rows = _eval_rows(np.random.default_rng(4), 1.0)
+    (run / "eval" / "6").mkdir(parents=True)
+    (run / "eval" / "6" / "rmbench.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows["rmbench"]) + '{"id": "code/99", "dom')
+    loaded = load_run(run)
+    assert len(loaded.eval_rows[6]["rmbench"]) == len(rows["rmbench"])
+    paths = make_report([run], tmp_path / "out2")
+    assert sorted(p for p in paths if p.endswith(".png")) == ["rmbench_matrix_step6.png", "train_curves.png"]
+    assert "no eval event at step 6" in paths["report.md"].read_text()
+
+
+def test_two_runs_are_overlaid_and_compared(tmp_path):
+    run_a, events_a = make_run(tmp_path, "base", seed=0)
+    run_b, events_b = make_run(tmp_path, "debiased", seed=5, finished=False)
+    out = tmp_path / "cmp"
+    paths = make_report([run_a, run_b], out)
+    for name in ("train_curves.png", "rmbench_curves.png", "style_bias.png", "judgebias_types.png", "ideation.png"):
+        assert name in paths  # one figure per kind, every run drawn in it
+    assert _size(paths["rmbench_curves.png"]) == (1600, 300)
+    assert {f"rmbench_matrix_{r}_step{s}.png" for r in ("base", "debiased") for s in (6, 12)} <= set(paths)
+    assert _size(paths["rmbench_matrix_last.png"]) == (800, 400)
+    text = paths["report.html"].read_text()
+    table = re.search(r'<table class="comparison">(.*?)</table>', text, re.S).group(1)
+    for name, events in (("base", events_a), ("debiased", events_b)):
+        cells = dict(re.findall(rf'<tr data-metric="([^"]+)">.*?<td data-run="{name}" data-value="([^"]+)">',
+                                table))
+        last = last_values(events)
+        assert float(cells["eval/ideation/accuracy"]) == last["eval/ideation/accuracy"][1]
+        assert float(cells["eval/rmbench/chat/avg_acc"]) == last["eval/rmbench/chat/avg_acc"][1]
+    assert len(re.findall(r'<img src="data:image/png;base64,', text)) == len(list(out.glob("*.png")))
+    md = paths["report.md"].read_text()
+    assert "## Comparison" in md and "| metric | base | debiased | better |" in md
+
+
+def test_cli_report_prints_the_summary_and_exits_zero(single, tmp_path, capsys, monkeypatch):
+    run, events, _, _ = single
+    monkeypatch.setenv("COLUMNS", "200")  # rich sizes the table to the terminal; pytest's capture has none
+    assert cli.main(["report", str(run), "--out", str(tmp_path / "cli")]) == 0
+    printed = capsys.readouterr().out
+    assert "eval/rmbench/hard_acc" in printed
+    assert f"{last_values(events)['eval/rmbench/hard_acc'][1]:.4f}" in printed
+    assert (tmp_path / "cli" / "report.html").is_file()
+    assert cli.main(["report", str(tmp_path / "nope")]) == 2
+
+
+def test_matrix_images_reach_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    callback = TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tmp_path / "tb")))
+    mats = {"overall": np.eye(3), "chat": np.full((3, 3), 0.5)}
+    assert log_matrix_images([callback], mats, step=6) == ["tensorboard"]
+    callback.tb_writer.close()
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    acc.Reload()
+    assert sorted(acc.Tags()["images"]) == ["eval/rmbench/chat/matrix", "eval/rmbench/matrix"]
+    image = acc.Images("eval/rmbench/matrix")[0]
+    assert (image.step, image.width, image.height) == (6, 400, 400)
+
+
+def test_matrix_images_reach_wandb_offline(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from transformers.integrations import WandbCallback
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(mode="offline", dir=str(tmp_path), project="judgetrain-test")
+    try:
+        assert log_matrix_images([WandbCallback()], {"overall": np.eye(3)}, step=12) == ["wandb"]
+        images = list(Path(run.dir).rglob("*.png"))
+    finally:
+        wandb.finish()
+    assert [p for p in images if "matrix" in p.name]
+
+
+def test_no_active_backend_logs_nothing_and_import_stays_light():
+    assert log_matrix_images([], {"overall": np.eye(3)}, step=1) == []
+    code = "import sys, judgetrain.report; print('matplotlib' in sys.modules, 'rich' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
