@@ -1,0 +1,183 @@
+"""Per-epoch judge evaluation inside a transformers / TRL Trainer.
+
+    cb = JudgeEvalCallback([SuiteSpec("rmbench", max_rows=200), SuiteSpec("judgebias")], tokenizer=tok)
+    trainer = DPOTrainer(..., callbacks=[cb])
+    cb.attach(trainer)          # required: the callback logs through trainer.log and reads trainer.accelerator
+    trainer.train()
+
+At each epoch end (and every ``every_n_steps`` optimizer steps, and before the first step with ``on_start``) every
+process scores its shard of each suite with the same `ScoringEngine` (reference log-probs cached from the first
+eval on), the results are gathered, and the metrics are logged with ``trainer.log`` under ``eval_<suite>/...``
+keys: transformers' report_to callbacks (and the run's metrics.jsonl writer) apply ``rewrite_logs``, which turns
+them into the DESIGN.md names ``eval/<suite>/...`` (a key already spelled ``eval/...`` would become
+``train/eval/...``). The main process writes per-row scores to ``<output_dir>/eval/<step>/<suite>.jsonl`` and
+the full nested results (RM-Bench matrix, counts, engine stats) to ``<output_dir>/eval/<step>/metrics.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from judgetrain.eval.runner import _jsonable, evaluate, flat_metrics, write_records
+from judgetrain.eval.scoring import ScoringEngine
+from judgetrain.eval.suites import SuiteSpec
+from judgetrain.metrics import to_trainer_log_keys
+
+logger = logging.getLogger(__name__)
+
+
+class JudgeEvalCallback(TrainerCallback):
+    """Score eval suites during training and log them through the trainer.
+
+    Args:
+        suites: the suites (`SuiteSpec`), or suite names (bundled sources).
+        tokenizer: the tokenizer (default: the trainer's processing_class, read at `attach`).
+        scoring: ``implicit`` (DPO implicit reward; reference = adapter disabled, or the trainer's ref_model) or
+            ``judge`` (expected overall score).
+        every_n_steps: also evaluate every N optimizer steps (0: epoch ends only).
+        on_start: evaluate once before the first step (the baseline, logged at step 0).
+        max_length, long_inputs, batch_tokens, generate_samples: passed to `ScoringEngine`.
+        output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
+        ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
+        trainer: the trainer, or call `attach` after building it.
+    """
+
+    def __init__(
+        self,
+        suites: list[SuiteSpec | str],
+        *,
+        tokenizer: Any = None,
+        scoring: str = "implicit",
+        every_n_steps: int = 0,
+        on_start: bool = False,
+        max_length: int | None = None,
+        long_inputs: str = "truncate_prompt",
+        batch_tokens: int = 8192,
+        generate_samples: int = 0,
+        output_dir: str | None = None,
+        ref_model: Any = None,
+        trainer: Any = None,
+    ) -> None:
+        self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
+        self.tokenizer = tokenizer
+        self.scoring = scoring
+        self.every_n_steps = int(every_n_steps or 0)
+        self.on_start = on_start
+        self.engine_kwargs = dict(scoring=scoring, max_length=max_length, long_inputs=long_inputs,
+                                  batch_tokens=batch_tokens, generate_samples=generate_samples)
+        self.output_dir = output_dir
+        self.ref_model = ref_model
+        self.trainer = None
+        self.engine: ScoringEngine | None = None
+        self.last_step: int | None = None
+        self.history: list[dict[str, float]] = []  # flat metrics of every eval, in order (handy in tests)
+        if trainer is not None:
+            self.attach(trainer)
+
+    @classmethod
+    def from_recipe(cls, script_args: Any, training_args: Any, model_args: Any, tokenizer: Any) -> JudgeEvalCallback:
+        """Build from judgetrain's recipe dataclasses (JudgeTrainArguments, DPOConfig, ModelConfig)."""
+        sources = {
+            "rmbench": script_args.eval_rmbench_source,
+            "judgebias": script_args.eval_judgebias_source,
+            "ideation": script_args.eval_ideation_source,
+        }
+        ideation_mode = "implicit"
+        for comp in getattr(script_args, "train_datasets", None) or []:
+            if comp.get("dataset") == "ideation" and comp.get("mode"):
+                ideation_mode = comp["mode"]  # evaluate in the format the judge is trained on
+        suites = [
+            SuiteSpec(name, source=sources[name], max_rows=script_args.eval_max_rows,
+                      seed=getattr(training_args, "seed", 0) or 0, mode=ideation_mode if name == "ideation" else "implicit")
+            for name in script_args.eval_suites
+        ]
+        return cls(
+            suites,
+            tokenizer=tokenizer,
+            scoring=script_args.eval_scoring,
+            every_n_steps=script_args.eval_every_n_steps,
+            on_start=script_args.eval_suites_on_start,
+            max_length=getattr(training_args, "max_length", None),
+            long_inputs="skip" if getattr(script_args, "long_rows", "") == "skip" else "truncate_prompt",
+            batch_tokens=script_args.eval_batch_tokens,
+            output_dir=training_args.output_dir,
+        )
+
+    def attach(self, trainer: Any) -> JudgeEvalCallback:
+        """Give the callback its trainer (for trainer.log, the accelerator and the reference model)."""
+        self.trainer = trainer
+        if self.tokenizer is None:
+            self.tokenizer = getattr(trainer, "processing_class", None)
+        if self.output_dir is None:
+            self.output_dir = trainer.args.output_dir
+        return self
+
+    # ---------------------------------------------------------------------------------------------- events
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.on_start and state.global_step == 0:
+            self.run(state)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
+            self.run(state)
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.run(state)
+        return control
+
+    # ---------------------------------------------------------------------------------------------- eval
+    def _model(self):
+        trainer = self.trainer
+        return trainer.accelerator.unwrap_model(trainer.model)
+
+    def _reference(self, model):
+        if self.ref_model is not None:
+            return self.ref_model
+        if hasattr(model, "disable_adapter") and getattr(model, "peft_config", None):
+            return None  # same weights, adapter disabled
+        ref = getattr(self.trainer, "ref_model", None)
+        return self.trainer.accelerator.unwrap_model(ref) if ref is not None else None
+
+    def _log(self, logs: dict[str, float]) -> None:
+        # transformers.Trainer.log, not the trainer's override: TRL's DPOTrainer.log merges (and clears) its pending
+        # train-mode reward metrics into whatever it logs, which would move them into this eval event.
+        from transformers import Trainer
+
+        if isinstance(self.trainer, Trainer):
+            Trainer.log(self.trainer, logs)
+        else:
+            self.trainer.log(logs)
+
+    def run(self, state: Any) -> dict[str, float]:
+        """Evaluate now (all processes), log and write the per-row scores. Returns the flat metrics."""
+        if self.trainer is None:
+            raise RuntimeError("JudgeEvalCallback needs its trainer: call callback.attach(trainer) after building it")
+        step = int(state.global_step)
+        if self.last_step == step:  # already evaluated at this step (epoch end on an every_n_steps step)
+            return self.history[-1] if self.history else {}
+        self.last_step = step
+        from accelerate import PartialState
+
+        model = self._model()
+        if self.engine is None:
+            self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), **self.engine_kwargs)
+        else:
+            self.engine.set_model(model)
+        results = evaluate(self.engine, self.suites, state=PartialState())
+        flat = flat_metrics(results)
+        self.history.append(flat)
+        self._log(to_trainer_log_keys(flat))
+        if self.trainer.is_world_process_zero():
+            out = Path(self.output_dir) / "eval" / str(step)
+            write_records(results, out)
+            summary = {name: {"metrics": r.metrics, "stats": r.stats} for name, r in results.items()}
+            summary["step"], summary["epoch"] = step, state.epoch
+            (out / "metrics.json").write_text(json.dumps(_jsonable(summary), indent=1))
+        return flat
