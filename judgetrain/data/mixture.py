@@ -1,0 +1,79 @@
+"""Mixtures of preference datasets, as a recipe names them.
+
+    load_mixture([
+        {"dataset": "judgebias", "source": "bundled", "split": "train", "weight": 1.0, "categories": ["error"]},
+        {"dataset": "ideation", "source": "bundled", "split": "train", "rows": 40, "mode": "pairwise"},
+    ], seed=0)
+
+``weight`` is the fraction of that component's (filtered) rows to use, as alignment-handbook's dataset_mixer
+reads it (above 1 repeats whole passes, then a seeded remainder); ``rows`` is an exact row count. Every other key
+goes to the adapter (categories, types, mode, on_bad_row, ...). The result keeps prompt / chosen / rejected and
+adds ``dataset`` (the component's name, or its ``name`` key when given), shuffled with the seed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import datasets
+
+from .io import message_feature
+from .sampling import deterministic_subset
+
+logger = logging.getLogger(__name__)
+
+
+def _adapters():
+    from .ideation import load_ideation
+    from .judgebias import load_judgebias
+
+    return {"judgebias": load_judgebias, "ideation": load_ideation}
+
+
+def mixture_features() -> datasets.Features:
+    msgs = message_feature()
+    return datasets.Features({"prompt": msgs, "chosen": msgs, "rejected": msgs, "dataset": datasets.Value("string")})
+
+
+def load_component(component: dict, seed: int = 0) -> datasets.Dataset:
+    comp = dict(component)
+    name = comp.pop("dataset", None)
+    adapters = _adapters()
+    if name not in adapters:
+        raise ValueError(f"mixture component needs dataset in {sorted(adapters)}, got {name!r}")
+    label = comp.pop("name", name)
+    weight, rows = comp.pop("weight", None), comp.pop("rows", None)
+    if (weight is None) == (rows is None):
+        raise ValueError(f"mixture component {label!r} needs exactly one of weight or rows")
+    comp.setdefault("seed", seed)
+    ds = adapters[name](**comp)
+    n = len(ds)
+    if rows is not None:
+        if int(rows) != rows or rows < 0:
+            raise ValueError(f"rows must be a non-negative integer, got {rows!r}")
+        k = int(rows)
+    else:
+        if not isinstance(weight, (int, float)) or weight < 0:
+            raise ValueError(f"weight must be a non-negative number, got {weight!r}")
+        k = round(weight * n)
+    if n == 0 and k:
+        raise ValueError(f"mixture component {label!r} has no rows to draw {k} from")
+    if k > n:
+        logger.info("mixture component %s: %d rows drawn from %d (rows repeat)", label, k, n)
+    idx = deterministic_subset(n, k, seed) if k != n else list(range(n))
+    ds = ds.select(idx).select_columns(["prompt", "chosen", "rejected"])
+    ds = ds.add_column("dataset", [label] * len(ds))
+    return ds.cast(mixture_features())
+
+
+def load_mixture(components: list[dict], *, seed: int = 0) -> datasets.Dataset:
+    """Concatenate and shuffle (with ``seed``) the components; see the module docstring."""
+    if not components:
+        raise ValueError("a mixture needs at least one component")
+    parts = [load_component(c, seed) for c in components]
+    mixed = datasets.concatenate_datasets(parts).shuffle(seed=seed)
+    counts = {}
+    for p in parts:
+        counts[p[0]["dataset"] if len(p) else "?"] = counts.get(p[0]["dataset"] if len(p) else "?", 0) + len(p)
+    logger.info("mixture: %d rows (%s)", len(mixed), ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return mixed.flatten_indices()
