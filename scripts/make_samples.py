@@ -72,10 +72,14 @@ Made by scripts/make_samples.py from judgetrain/data/synth.py (seeded; rerunning
 """
 
 
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def write_parquet(rows: list[dict], schema: pa.Schema, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, compression="zstd")
-    logger.info("wrote %s (%d rows, %d bytes)", path.relative_to(REPO), len(rows), path.stat().st_size)
+    logger.info("wrote %s (%d rows, %d bytes)", _rel(path), len(rows), path.stat().st_size)
 
 
 def judgebias_rows(sample_ids: list[int], seed: int) -> list[dict]:
@@ -127,7 +131,7 @@ def make_rmbench(src: Path, out: Path, n_rows: int) -> None:
             raise SystemExit(f"{f} is not serialised as json.dumps(indent=4, ensure_ascii=False); refusing to re-serialise")
         text = json.dumps(rows[:n_rows], indent=4, ensure_ascii=False)
         (out / f.name).write_text(text, encoding="utf-8")
-        logger.info("wrote %s (%d of %d rows, %d bytes)", (out / f.name).relative_to(REPO), min(n_rows, len(rows)),
+        logger.info("wrote %s (%d of %d rows, %d bytes)", _rel(out / f.name), min(n_rows, len(rows)),
                     len(rows), len(text.encode()))
     files = ", ".join(sorted(p.name for p in out.glob("*_filtered.json")))
     (out / "NOTICE").write_text(RMBENCH_NOTICE.format(n=n_rows, files=files), encoding="utf-8")
