@@ -373,13 +373,16 @@ def _curves_figure(runs: Sequence[Run], panels: Sequence[tuple[str, Sequence[tup
         return None
     fig, axes = _figure(len(kept))
     many = len(runs) > 1
+    # series told apart inside a panel (hard/normal/easy) get a legend; one series per panel: the title says it
     labels = list(dict.fromkeys(label for _, specs, _ in kept for label, _ in specs))
+    if all(len(specs) == 1 for _, specs, _ in kept):
+        labels = []
     for ax, (ptitle, specs, data) in zip(axes, kept):
         for r, per_run in enumerate(data):
             for (label, _), (xs, ys) in zip(specs, per_run):
                 if not len(xs):
                     continue
-                s = labels.index(label)
+                s = labels.index(label) if labels else 0
                 color = f"C{r % 10}" if many else f"C{s % 10}"
                 ax.plot(xs, ys, color=color, ls=LINESTYLES[s % 4] if many else "-",
                         marker="o" if markers else None, ms=3.5, lw=1.5)

@@ -4,6 +4,8 @@ recipe.yaml, checkpoints), drawn to PNGs, report.html (self-contained) and repor
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import re
 import subprocess
@@ -127,10 +129,15 @@ def last_values(events: list[dict]) -> dict[str, tuple[int, float]]:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
+    """A finished run drawn once through the CLI: (run dir, its events, {file name: path}, out dir, stdout)."""
     root = tmp_path_factory.mktemp("single")
     run, events = make_run(root, "quick")
-    paths = make_report([run], root / "out")
-    return run, events, paths, root / "out"
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+        mp.setenv("COLUMNS", "200")  # rich sizes its table to the terminal; captured output has none
+        assert cli.main(["report", str(run), "--out", str(root / "out")]) == 0
+    paths = {p.name: p for p in (root / "out").iterdir()}
+    return run, events, paths, root / "out", printed.getvalue()
 
 
 def _size(path: Path) -> tuple[int, int]:
@@ -147,7 +154,7 @@ def _html_cells(html_text: str, table_id: str, cls: str) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------------ tests
 def test_report_draws_each_figure_at_its_pixel_size(single):
-    _, _, paths, out = single
+    _, _, paths, out, _ = single
     expected = {  # (width, height): 400 x 300 px per curve panel, 400 x 400 per heatmap, 4 panels a row
         "train_curves.png": (1200, 300),  # loss, margins, accuracies
         "rmbench_curves.png": (1600, 300),  # overall, chat, code, safety
@@ -167,7 +174,7 @@ def test_report_draws_each_figure_at_its_pixel_size(single):
 
 
 def test_html_is_self_contained_and_embeds_every_png(single):
-    _, _, _, out = single
+    _, _, _, out, _ = single
     text = (out / "report.html").read_text()
     embedded = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
     pngs = sorted(out.glob("*.png"))
@@ -178,7 +185,7 @@ def test_html_is_self_contained_and_embeds_every_png(single):
 
 
 def test_summary_table_shows_the_last_eval_and_best_epoch_of_metrics_jsonl(single):
-    _, events, _, out = single
+    _, events, _, out, _ = single
     text = (out / "report.html").read_text()
     last = last_values(events)
     shown = _html_cells(text, "summary-quick", "last")
@@ -203,7 +210,7 @@ def test_summary_table_shows_the_last_eval_and_best_epoch_of_metrics_jsonl(singl
 
 
 def test_heatmap_matrices_come_from_the_rows_and_match_the_logged_levels(single):
-    run, events, _, _ = single
+    run, events, _, _, _ = single
     rows = [json.loads(line) for line in (run / "eval" / "12" / "rmbench.jsonl").read_text().splitlines()]
     mats = rmbench_matrices(rows)
     assert list(mats) == ["overall", "chat", "code", "safety"]
@@ -270,11 +277,15 @@ def test_run_still_going_without_eval_gets_training_curves_and_says_what_is_miss
     assert "no eval event at step 6" in paths["report.md"].read_text()
 
 
-def test_two_runs_are_overlaid_and_compared(tmp_path):
+def test_two_runs_are_overlaid_and_compared(tmp_path, capsys, monkeypatch):
     run_a, events_a = make_run(tmp_path, "base", seed=0)
     run_b, events_b = make_run(tmp_path, "debiased", seed=5, finished=False)
     out = tmp_path / "cmp"
-    paths = make_report([run_a, run_b], out)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["report", str(run_a), str(run_b), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "last eval (best @ epoch)" in printed and "debiased" in printed
+    paths = {p.name: p for p in out.iterdir()}
     for name in ("train_curves.png", "rmbench_curves.png", "style_bias.png", "judgebias_types.png", "ideation.png"):
         assert name in paths  # one figure per kind, every run drawn in it
     assert _size(paths["rmbench_curves.png"]) == (1600, 300)
@@ -293,14 +304,12 @@ def test_two_runs_are_overlaid_and_compared(tmp_path):
     assert "## Comparison" in md and "| metric | base | debiased | better |" in md
 
 
-def test_cli_report_prints_the_summary_and_exits_zero(single, tmp_path, capsys, monkeypatch):
-    run, events, _, _ = single
-    monkeypatch.setenv("COLUMNS", "200")  # rich sizes the table to the terminal; pytest's capture has none
-    assert cli.main(["report", str(run), "--out", str(tmp_path / "cli")]) == 0
-    printed = capsys.readouterr().out
+def test_cli_report_prints_the_summary_and_exits_zero(single, tmp_path):
+    _, events, _, out, printed = single
+    assert "quick: finished; last step 12, epoch 2, 2 eval point(s)" in printed
     assert "eval/rmbench/hard_acc" in printed
     assert f"{last_values(events)['eval/rmbench/hard_acc'][1]:.4f}" in printed
-    assert (tmp_path / "cli" / "report.html").is_file()
+    assert str(out / "report.html") in printed.replace("\n", "")
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
 
 
