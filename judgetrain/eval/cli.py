@@ -1,0 +1,241 @@
+"""`judgetrain eval`: score a model, an adapter, a checkpoint or every checkpoint of a run on the eval suites.
+
+    judgetrain eval --model runs/quickstart --suites rmbench --rmbench-source ../shared/data/rm-bench
+    accelerate launch --num_processes 8 -m judgetrain.eval.cli --model Qwen/Qwen2.5-7B-Instruct \
+        --adapter runs/x/checkpoint-500 --suites rmbench,judgebias,ideation --scoring implicit
+
+``--model`` is a hub id, a model directory, an adapter directory (adapter_config.json: its base model is loaded and
+the adapter applied), or a run directory: then every ``checkpoint-*/`` inside (by step) and the run's final
+model/adapter are evaluated in turn. Rows are split over the processes of ``accelerate launch`` and gathered;
+every row is scored once. Implicit scoring of an adapter uses the base model (adapter disabled) as the reference;
+of a full model it needs ``--ref-model`` (without one the score is the plain log-likelihood). The reference
+log-probs are cached across the checkpoints of one run when they share the reference.
+
+Writes, per evaluated model, ``<output-dir>/<name>/results.json`` (flat DESIGN.md keys, nested metrics, engine
+stats) and ``<suite>.jsonl`` (per-row scores); prints the RM-Bench table (domains x hard/normal/easy/avg).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="judgetrain eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="hub id, model/adapter dir, run dir with checkpoint-*/, or tiny-judge")
+    p.add_argument("--adapter", help="peft adapter directory applied on --model")
+    p.add_argument("--ref-model", help="reference model for implicit scoring of a full (non-adapter) model")
+    p.add_argument("--suites", default="rmbench,judgebias,ideation", help="comma list of rmbench, judgebias, ideation")
+    p.add_argument("--scoring", choices=("implicit", "judge"), default="implicit")
+    p.add_argument("--rmbench-source", default="bundled", help="RM-Bench source (hub id, file, folder) or 'bundled'")
+    p.add_argument("--judgebias-source", default="bundled", help="JudgeBias source; --judgebias-split is scored")
+    p.add_argument("--judgebias-split", default="validation")
+    p.add_argument("--ideation-source", default="bundled", help="Ideation source; --ideation-split is scored")
+    p.add_argument("--ideation-split", default="test")
+    p.add_argument("--ideation-mode", choices=("implicit", "pairwise"), default="implicit")
+    p.add_argument("--max-rows", type=int, help="row cap per suite, sampled evenly across domains / types")
+    p.add_argument("--seed", type=int, default=0, help="seed of the row cap sample")
+    p.add_argument("--max-length", type=int, help="longest scored sequence (default: the model's context)")
+    p.add_argument("--long-inputs", choices=("truncate_prompt", "skip"), default="truncate_prompt",
+                   help="longer inputs: cut the prompt from the left (response end kept) or skip the row; counted")
+    p.add_argument("--batch-tokens", type=int, default=8192, help="padded-token budget of one forward batch")
+    p.add_argument("--generate-samples", type=int, default=0,
+                   help="judge mode: also generate and parse overall_score for the first N rows of each suite")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--output-dir", default="judgetrain_eval", help="where results.json and per-row scores go")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off by default)")
+    return p
+
+
+# ----------------------------------------------------------------------------------------------- targets
+def _is_model_dir(path: Path) -> bool:
+    return (path / "adapter_config.json").is_file() or (path / "config.json").is_file()
+
+
+def _step(path: Path) -> int:
+    m = re.search(r"checkpoint-(\d+)$", path.name)
+    return int(m.group(1)) if m else -1
+
+
+def find_targets(model: str) -> list[str]:
+    """The model(s) to evaluate: a run dir gives its checkpoints by step, then its final model if it has one."""
+    path = Path(model)
+    if not path.is_dir():
+        return [model]
+    ckpts = sorted((p for p in path.glob("checkpoint-*") if p.is_dir() and _is_model_dir(p)), key=_step)
+    if not ckpts:
+        return [str(path)]
+    return [str(p) for p in ckpts] + ([str(path)] if _is_model_dir(path) else [])
+
+
+def _resolve(name: str) -> str:
+    try:
+        from judgetrain.tiny import resolve_model
+    except ImportError:
+        return name
+    return resolve_model(name)
+
+
+def _dtype(name: str):
+    import torch
+
+    return "auto" if name == "auto" else getattr(torch, name)
+
+
+def load_target(target: str, adapter: str | None, args: argparse.Namespace):
+    """(model, tokenizer, base name) for one target; an adapter dir loads its base and applies the adapter."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = dict(dtype=_dtype(args.dtype), trust_remote_code=args.trust_remote_code)
+    target = _resolve(target)
+    adapter_dir = adapter
+    base = target
+    if adapter_dir is None and (Path(target) / "adapter_config.json").is_file():
+        adapter_dir = target
+        base = json.loads((Path(target) / "adapter_config.json").read_text())["base_model_name_or_path"]
+        base = _resolve(base)
+    model = AutoModelForCausalLM.from_pretrained(base, **kw)
+    tok_dir = adapter_dir if adapter_dir and (Path(adapter_dir) / "tokenizer_config.json").is_file() else base
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if adapter_dir:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter_dir)
+    return model, tokenizer, base
+
+
+def _name(target: str, root: str, n_targets: int) -> str:
+    """Output folder name: the checkpoint's name, "final" for a run dir's own model, else the model's name."""
+    if target != root:
+        return Path(target).name
+    if n_targets > 1:
+        return "final"
+    return Path(target).name if Path(target).is_dir() else target.replace("/", "__")
+
+
+# ----------------------------------------------------------------------------------------------- output
+def print_table(name: str, results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if "rmbench" in results:
+        m = results["rmbench"].metrics
+        table = Table(title=f"RM-Bench: {name}")
+        for col in ("domain", "rows", "hard", "normal", "easy", "avg"):
+            table.add_column(col, justify="right" if col != "domain" else "left")
+        for d in m["domains"] + m.get("other_domains", []):
+            v = m[d]
+            table.add_row(d, str(v["n_rows"]), *(f"{v[k]:.3f}" for k in ("hard_acc", "normal_acc", "easy_acc", "avg_acc")))
+        for d in m["missing_domains"]:
+            table.add_row(d, "0", "missing", "", "", "")
+        table.add_row("overall", str(m["n_rows"]),
+                      *(f"{m[k]:.3f}" for k in ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc")), style="bold")
+        console.print(table)
+        if m.get("n_skipped") or m.get("n_truncated"):
+            console.print(f"rmbench: {m['n_skipped']} rows skipped, {m['n_truncated']} truncated (long inputs)")
+    other = {k: v for name_, r in results.items() if name_ != "rmbench" for k, v in r.flat().items()}
+    if other:
+        table = Table(title=f"Checks: {name}")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for k, v in other.items():
+            table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+        console.print(table)
+
+
+def _cpu_only() -> bool:
+    """True without an accelerator: accelerate then needs ``cpu=True`` to join the processes of a multi-process
+    launch (``accelerate launch --multi_gpu --num_processes 2`` or ``torchrun`` on a CPU box) over gloo."""
+    import os
+
+    import torch
+
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    xpu = getattr(torch, "xpu", None)
+    return not torch.cuda.is_available() and not (xpu is not None and xpu.is_available())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from accelerate import PartialState
+
+    from judgetrain.eval.runner import _jsonable, evaluate, flat_metrics, write_records
+    from judgetrain.eval.scoring import ScoringEngine
+    from judgetrain.eval.suites import SUITES, SuiteSpec
+
+    state = PartialState(cpu=_cpu_only())
+    logging.basicConfig(level=logging.INFO if state.is_main_process else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        print(f"judgetrain eval: unknown suites {unknown}; valid: {', '.join(SUITES)}", file=sys.stderr)
+        return 2
+    sources = {"rmbench": args.rmbench_source, "judgebias": args.judgebias_source, "ideation": args.ideation_source}
+    splits = {"judgebias": args.judgebias_split, "ideation": args.ideation_split}
+    specs = [SuiteSpec(s, source=sources[s], split=splits.get(s), max_rows=args.max_rows, seed=args.seed,
+                       mode=args.ideation_mode if s == "ideation" else "implicit") for s in suites]
+    try:
+        from judgetrain.eval.suites import load_suite_rows
+
+        for spec in specs:  # load once: every checkpoint is scored on the same rows
+            spec.rows = load_suite_rows(spec)
+            spec.max_rows = None
+    except (ValueError, FileNotFoundError) as err:  # DataValidationError is a ValueError
+        print(f"judgetrain eval: cannot load eval data: {err}", file=sys.stderr)
+        return 2
+
+    ref_model = None
+    if args.ref_model:
+        from transformers import AutoModelForCausalLM
+
+        ref_model = AutoModelForCausalLM.from_pretrained(_resolve(args.ref_model), dtype=_dtype(args.dtype),
+                                                         trust_remote_code=args.trust_remote_code).to(state.device)
+    root = _resolve(args.model)
+    targets = find_targets(root)
+    ref_cache: dict[str, float] = {}  # shared by the targets: keys name the reference weights and the tokens
+    summary = {}
+    for target in targets:
+        name = _name(target, root, len(targets))
+        model, tokenizer, base = load_target(target, args.adapter, args)
+        model.to(state.device)
+        engine = ScoringEngine(model, tokenizer, ref_model=ref_model, scoring=args.scoring, max_length=args.max_length,
+                               long_inputs=args.long_inputs, batch_tokens=args.batch_tokens,
+                               generate_samples=args.generate_samples,
+                               ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base)
+        engine._ref_cache = ref_cache
+        results = evaluate(engine, specs, state=state)
+        flat = flat_metrics(results)
+        summary[name] = flat
+        if state.is_main_process:
+            out = Path(args.output_dir) / name
+            write_records(results, out)
+            doc = {"model": target, "adapter": args.adapter, "scoring": args.scoring, "metrics": flat,
+                   "results": {n: r.metrics for n, r in results.items()},
+                   "stats": {n: r.stats for n, r in results.items()}, "engine": engine.stats.as_dict(),
+                   "num_processes": state.num_processes}
+            (out / "results.json").write_text(json.dumps(_jsonable(doc), indent=1))
+            print_table(name, results)
+        del model, engine
+    if state.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))
+    state.wait_for_everyone()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""`judgetrain eval` on real RM-Bench rows: 1 process vs 2 processes (accelerate launch --cpu), run dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+RMBENCH = Path("/work/shared/data/rm-bench")
+if not RMBENCH.is_dir():  # the repository's layout: ../shared next to the checkout
+    RMBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "rm-bench"
+SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=1024)
+
+pytestmark = pytest.mark.skipif(not RMBENCH.is_dir(), reason="the shared RM-Bench rows are not present")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run directory with two LoRA checkpoints (different adapters on one base) and a final adapter."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from judgetrain.tiny import build_tiny_judge
+
+    root = tmp_path_factory.mktemp("evalcli")
+    base = build_tiny_judge(root / "base", seed=0, config=SMALL)
+    run = root / "run"
+    for step, seed in ((2, 1), (4, 2), (None, 2)):
+        torch.manual_seed(seed)
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
+                               LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        model.save_pretrained(run / f"checkpoint-{step}" if step else run)
+    return run
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ARGS = ["--suites", "rmbench", "--rmbench-source", str(RMBENCH), "--max-rows", "7", "--max-length", "384",
+        "--batch-tokens", "2048"]
+
+
+def _rows(out: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (out / name / "rmbench.jsonl").read_text().splitlines()]
+
+
+def test_two_processes_give_the_same_metrics_and_rows_as_one(run_dir, tmp_path):
+    ckpt = str(run_dir / "checkpoint-2")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "judgetrain.eval.cli", "--model", ckpt, *ARGS,
+                          "--output-dir", str(tmp_path / "one")], env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    # `accelerate launch --cpu --num_processes 2` starts ONE process in accelerate 1.15 (multi-CPU needs mpirun);
+    # the torchrun-based launcher starts two, which join over gloo (judgetrain.eval.cli passes cpu=True)
+    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                          "--main_process_port", str(_free_port()), "-m", "judgetrain.eval.cli",
+                          "--model", ckpt, *ARGS, "--output-dir", str(tmp_path / "two")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    res1 = json.loads((tmp_path / "one" / "checkpoint-2" / "results.json").read_text())
+    res2 = json.loads((tmp_path / "two" / "checkpoint-2" / "results.json").read_text())
+    assert res1["num_processes"] == 1 and res2["num_processes"] == 2
+    rows1, rows2 = _rows(tmp_path / "one", "checkpoint-2"), _rows(tmp_path / "two", "checkpoint-2")
+    assert len(rows1) == len(rows2) == 7  # 7 rows over 2 processes: every row once, none padded in
+    assert [r["id"] for r in rows1] == [r["id"] for r in rows2]
+    for a, b in zip(rows1, rows2):
+        assert a["score_chosen"] == pytest.approx(b["score_chosen"], abs=1e-4)
+        assert a["score_rejected"] == pytest.approx(b["score_rejected"], abs=1e-4)
+    assert res1["metrics"].keys() == res2["metrics"].keys()
+    for key, value in res1["metrics"].items():
+        if not key.endswith("runtime"):
+            assert res2["metrics"][key] == pytest.approx(value, abs=1e-9), key
+    assert res1["results"]["rmbench"]["domains"] == ["chat", "code", "safety"]  # math is not in the shared copy
+    assert "RM-Bench" in one.stdout and "overall" in one.stdout
+
+
+def test_run_dir_evaluates_each_checkpoint_and_reuses_the_reference(run_dir, tmp_path):
+    from judgetrain.eval.cli import main
+
+    assert main(["--model", str(run_dir), *ARGS, "--output-dir", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary) == ["checkpoint-2", "checkpoint-4", "final"]
+    engines = [json.loads((tmp_path / n / "results.json").read_text())["engine"] for n in summary]
+    assert engines[0]["ref_sequences_computed"] == 42 and engines[1]["ref_sequences_computed"] == 0
+    assert engines[1]["ref_batches"] == 0 and engines[2]["ref_batches"] == 0
+    # checkpoint-4 and the final adapter hold the same weights (same seed), checkpoint-2 others
+    assert summary["checkpoint-4"] == pytest.approx({**summary["final"], **{k: summary["checkpoint-4"][k]
+                                                     for k in summary["final"] if k.endswith("runtime")}})
+    assert _rows(tmp_path, "checkpoint-2")[0]["score_chosen"] != _rows(tmp_path, "checkpoint-4")[0]["score_chosen"]
