@@ -151,11 +151,13 @@ def read_metrics(path: str | Path, notes: list[str] | None = None) -> dict[int, 
 
 
 def _row_key(suite: str, row: Mapping[str, Any]) -> Any:
-    if suite == "rmbench":
-        return row.get("id")
-    if suite == "judgebias":
-        return (row.get("sample_id"), row.get("perturbation_type"), row.get("perturbation_category"))
-    return (row.get("pair_id"), row.get("sample_id"), row.get("order"))
+    """Identity of a per-row record, to drop rows written twice (an eval re-run after a resume appending to the
+    same file): the suite's row index, else the RM-Bench id; None (keep every row) when neither is there."""
+    if row.get("row_index") is not None:
+        return ("row_index", row["row_index"])
+    if suite == "rmbench" and row.get("id") is not None:
+        return ("id", row["id"])
+    return None
 
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
@@ -192,7 +194,7 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
                 unique = {}
                 for i, row in enumerate(rows):
                     key = _row_key(f.stem, row)
-                    unique[key if key is not None and key != (None, None, None) else ("#", i)] = row
+                    unique[key if key is not None else ("#", i)] = row
                 if len(unique) < len(rows):
                     run.notes.append(f"eval/{step_dir.name}/{f.name}: {len(rows) - len(unique)} row(s) written "
                                      "twice; the later ones are used")
@@ -204,6 +206,11 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
         if step not in eval_steps:
             run.notes.append(f"eval/{step}/ has per-row scores but metrics.jsonl has no eval event at step {step} "
                              "(killed during eval, or still evaluating): drawn as heatmaps only")
+    for step in sorted(eval_steps)[-1:]:
+        counts = [f"{k.split('/')[1]} {k.rsplit('/n_', 1)[1]} {int(v)}" for k, v in run.records[step].items()
+                  if re.fullmatch(r"eval/[^/]+/n_(skipped|truncated)", k) and _is_num(v) and v > 0]
+        if counts:
+            run.notes.append(f"last eval (step {step}) scored fewer rows than asked: " + ", ".join(counts))
     if not eval_steps and not run.eval_rows:
         run.notes.append("no evaluation yet: only training curves are drawn")
     return run
@@ -288,7 +295,10 @@ def rmbench_matrices(rows: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]
     triangle means equal the logged ``eval/rmbench/{hard,normal,easy}_acc``."""
     from judgetrain.metrics import rmbench_results
 
-    res = rmbench_results(list(rows))
+    # skipped rows (score None) are left out, as the eval engine's own metrics do
+    rows = [r for r in rows if not r.get("skipped") and _is_triple(r.get("score_chosen"))
+            and _is_triple(r.get("score_rejected"))]
+    res = rmbench_results(rows)
     domains = list(res.get("domains", [])) + list(res.get("other_domains", []))
     out: dict[str, np.ndarray] = {}
     if res.get("domains"):
@@ -298,9 +308,14 @@ def rmbench_matrices(rows: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]
     return out
 
 
+def _is_triple(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == 3
+
+
 def _levels(matrix: np.ndarray) -> tuple[float, float, float]:
     m = np.asarray(matrix, dtype=float)
-    return float(np.mean(m[np.triu_indices(3, 1)])), float(np.mean(np.diag(m))), float(np.mean(m[np.tril_indices(3, -1)]))
+    hard, easy = m[np.triu_indices(3, 1)], m[np.tril_indices(3, -1)]
+    return float(np.mean(hard)), float(np.mean(np.diag(m))), float(np.mean(easy))
 
 
 # ------------------------------------------------------------------------------------------------------ figures
@@ -568,10 +583,15 @@ def _comparison(runs: Sequence[Run], tables: Mapping[str, list[dict]]) -> list[d
     by_metric: dict[str, dict[str, Any]] = {}
     for run in runs:
         for row in tables[run.name]:
-            by_metric.setdefault(row["metric"], {"metric": row["metric"], "better": row["better"], "runs": {}})
+            by_metric.setdefault(row["metric"], {"metric": row["metric"], "better": row["better"],
+                                                 "derived": row["derived"], "runs": {}})
             by_metric[row["metric"]]["runs"][run.name] = {k: row[k] for k in ("last", "last_step", "best",
                                                                             "best_step", "best_epoch")}
     return [by_metric[k] for k in sorted(by_metric, key=_metric_order)]
+
+
+def _cmp_label(row: Mapping[str, Any]) -> str:
+    return row["metric"] + (" (derived)" if row["derived"] else "")
 
 
 def _cmp_cell(entry: Mapping[str, Any] | None) -> str:
@@ -640,7 +660,8 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
                 f'{_cmp_cell(row["runs"][run.name])}</td>' if run.name in row["runs"] else "<td>-</td>"
                 for run in runs)
             body.append(f'<tr data-metric="{html.escape(row["metric"])}"><td class="metric">'
-                        f'{html.escape(row["metric"])}</td>{cells}<td class="text">{row["better"]}</td></tr>')
+                        f'{html.escape(_cmp_label(row))}</td>{cells}'
+                        f'<td class="text">{row["better"]}</td></tr>')
         parts.append("<h2>Comparison: last eval (best, at epoch)</h2>" + _html_table(
             ["metric", *[run.name for run in runs], "better"], body, ' class="comparison"'))
     for run in runs:
@@ -687,7 +708,7 @@ def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) ->
     if len(runs) > 1 and comparison:
         out += ["", "## Comparison: last eval (best, at epoch)", "",
                 _md_table(["metric", *[run.name for run in runs], "better"],
-                          [[row["metric"], *[_cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"]]
+                          [[_cmp_label(row), *[_cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"]]
                            for row in comparison])]
     for run in runs:
         out += ["", f"## Summary: {run.name}", ""]
@@ -837,7 +858,7 @@ def _print_tables(result: Mapping[str, Any]) -> None:
             table.add_column(run.name, justify="right")
         table.add_column("better")
         for row in result["comparison"]:
-            table.add_row(row["metric"], *[_cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"])
+            table.add_row(_cmp_label(row), *[_cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"])
         console.print(table)
     else:
         for run in runs:

@@ -18,7 +18,8 @@ import yaml
 from PIL import Image
 
 from judgetrain import cli
-from judgetrain.metrics import flatten_eval_metrics, ideation_accuracy, judgebias_checks, rmbench_results
+from judgetrain.eval.suites import suite_metrics
+from judgetrain.metrics import flatten_eval_metrics
 from judgetrain.report import (
     build_report,
     load_run,
@@ -55,13 +56,20 @@ def _eval_rows(rng: np.random.Generator, epoch: float) -> dict[str, list[dict]]:
                               "score_chosen": round(float(delta), 4), "score_rejected": 0.0, "anchor_score": 3.5})
     ideation = [{"sample_id": i, "pair_id": f"p{i}", "score_chosen": round(float(rng.normal(0.2 * epoch)), 4),
                  "score_rejected": 0.0} for i in range(10)]
-    return {"rmbench": rmbench, "judgebias": judgebias, "ideation": ideation}
+    # a prompt the engine could not score (longer than max_length with long_inputs=skip)
+    rmbench.append({"id": "code/999", "domain": "code", "score_chosen": None, "score_rejected": None, "skipped": True})
+    suites = {"rmbench": rmbench, "judgebias": judgebias, "ideation": ideation}
+    for rows in suites.values():
+        for i, row in enumerate(rows):
+            row["row_index"] = i
+    return suites
 
 
 def _train_event(rng: np.random.Generator, step: int) -> dict:
     epoch = step / STEPS_PER_EPOCH
     margin = 0.05 * step + float(rng.normal(0, 0.02))
-    return {"step": step, "epoch": round(epoch, 4), "train/loss": round(0.6931 - 0.02 * step + float(rng.normal(0, 0.01)), 6),
+    loss = round(0.6931 - 0.02 * step + float(rng.normal(0, 0.01)), 6)
+    return {"step": step, "epoch": round(epoch, 4), "train/loss": loss,
             "train/rewards/chosen": margin / 2, "train/rewards/rejected": -margin / 2, "train/rewards/margins": margin,
             "train/rewards/accuracies": min(1.0, 0.5 + 0.04 * step), "train/learning_rate": 5e-5 * (1 - step / 20),
             "train/grad_norm": 1.0 + float(rng.random())}
@@ -75,9 +83,8 @@ def _eval_event(run: Path, rng: np.random.Generator, step: int) -> dict:
     for suite, suite_rows in rows.items():
         (out / f"{suite}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in suite_rows))
     event = {"step": step, "epoch": epoch}
-    event.update(flatten_eval_metrics("rmbench", rmbench_results(rows["rmbench"])))
-    event.update(flatten_eval_metrics("judgebias", judgebias_checks(rows["judgebias"])))
-    event.update(flatten_eval_metrics("ideation", ideation_accuracy(rows["ideation"])))
+    for suite, suite_rows in rows.items():  # what JudgeEvalCallback logs
+        event.update(flatten_eval_metrics(suite, suite_metrics(suite, suite_rows, "implicit")))
     event["eval/rmbench_runtime"] = 1.25
     return event
 
@@ -243,6 +250,7 @@ def test_killed_then_resumed_run_keeps_the_later_values(tmp_path):
     assert merged[6]["eval/rmbench/hard_acc"] == first[-2]["eval/rmbench/hard_acc"]
     assert any("glued" in n for n in notes) and any("cut off" in n for n in notes)
     assert any("logged again after a resume" in n for n in notes)
+    assert "last eval (step 12) scored fewer rows than asked: rmbench skipped 1" in load_run(run).notes
 
     result = build_report([run], tmp_path / "out")
     paths = result["paths"]
