@@ -138,3 +138,30 @@ def test_row_cap_samples_evenly_across_groups_and_is_deterministic():
     assert picked == even_sample(keys, 12, seed=3) and picked == sorted(picked)
     counts = {k: sum(keys[i] == k for i in picked) for k in set(keys)}
     assert counts == {"chat": 4, "code": 4, "safety": 4}
+
+
+def test_judge_mode_on_bundled_suites_reports_anchor_mae_detect_rate_and_position_consistency(peft_model, tokenizer):
+    from judgetrain.metrics import flatten_eval_metrics
+
+    engine = ScoringEngine(peft_model, tokenizer, scoring="judge", max_length=384, generate_samples=1, max_new_tokens=8)
+    specs = [SuiteSpec("judgebias", max_rows=8), SuiteSpec("ideation", max_rows=4, mode="pairwise")]
+    results = evaluate(engine, specs)
+    jb = results["judgebias"]
+    assert len(jb.records) == 8
+    values = engine.score_token_ids()[1]
+    assert all(min(values) <= r["judge_score"] <= max(values) for r in jb.records)
+    # score_chosen / score_rejected of a judge-mode record are the dataset's recorded verdicts
+    assert all(r["score_chosen"] in {x / 2 for x in range(1, 12)} for r in jb.records)
+    flat = jb.flat()
+    assert "eval/judgebias/represent/anchor_mae" in flat and "eval/judgebias/error/detect_rate" in flat
+    mae = sum(abs(r["judge_score"] - r["anchor_score"]) for r in jb.records if r["perturbation_category"] == "represent")
+    n_rep = sum(r["perturbation_category"] == "represent" for r in jb.records)
+    assert flat["eval/judgebias/represent/anchor_mae"] == pytest.approx(mae / n_rep)
+    # generate-and-parse ran on the first row only, and its parse rate is reported
+    assert "generated_overall_score" in jb.records[0] and "generated_overall_score" not in jb.records[1]
+    assert 0.0 <= jb.metrics["generated_parse_rate"] <= 1.0
+    ide = results["ideation"]
+    assert len(ide.records) == 4 and {r["order"] for r in ide.records} == {"AB", "BA"}
+    assert ide.metrics["n_pairs_both_orders"] == 2
+    assert "eval/ideation/position_consistency" in flatten_eval_metrics("ideation", ide.metrics)
+    assert engine.stats.ref_batches == 0  # judge mode never needs the reference

@@ -499,7 +499,8 @@ class ScoringEngine:
             for prompt in req.judge_prompts:
                 if isinstance(prompt, str):
                     prompt = [{"role": "user", "content": prompt}]
-                ids = self._chat_ids(prompt, add_generation_prompt=True)[-self.max_length :]
+                room = max(self.max_length - self.max_new_tokens, 1)
+                ids = self._chat_ids(prompt, add_generation_prompt=True)[-room:]
                 inp = torch.tensor([ids], device=device)
                 out = self.model.generate(
                     input_ids=inp, attention_mask=torch.ones_like(inp), max_new_tokens=self.max_new_tokens,

@@ -114,7 +114,17 @@ def load_suite_rows(spec: SuiteSpec) -> list[dict]:
         else:
             ds = data.load_ideation(source, split=spec.split or DEFAULT_SPLITS["ideation"], mode=spec.mode)
         rows = [dict(r) for r in ds]
-    keep = even_sample([_group_key(spec.name, r) for r in rows], spec.max_rows, spec.seed)
+    if spec.name == "ideation" and spec.max_rows is not None and spec.max_rows < len(rows):
+        # whole pairs: a pairwise row's two orders stay together (position consistency needs both)
+        units: dict[Any, list[int]] = defaultdict(list)
+        for i, r in enumerate(rows):
+            units[r.get("pair_id", i)].append(i)
+        per_unit = max(1, round(len(rows) / len(units)))
+        picked = even_sample([None] * len(units), max(1, spec.max_rows // per_unit), spec.seed)
+        unit_rows = list(units.values())
+        keep = sorted(i for u in picked for i in unit_rows[u])
+    else:
+        keep = even_sample([_group_key(spec.name, r) for r in rows], spec.max_rows, spec.seed)
     return [rows[i] for i in keep]
 
 
