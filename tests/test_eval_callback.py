@@ -41,6 +41,7 @@ def _suites():
     return [SuiteSpec("rmbench", rows=rmbench), SuiteSpec("judgebias", rows=judgebias), SuiteSpec("ideation", rows=ideation)]
 
 
+@pytest.mark.slow
 def test_callback_logs_eval_keys_each_epoch_in_a_dpo_run(tiny_dir, tmp_path):
     from datasets import Dataset
     from peft import LoraConfig

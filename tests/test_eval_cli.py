@@ -54,6 +54,7 @@ def _rows(out: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (out / name / "rmbench.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_same_metrics_and_rows_as_one(run_dir, tmp_path):
     ckpt = str(run_dir / "checkpoint-2")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
