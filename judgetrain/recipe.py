@@ -41,7 +41,7 @@ class JudgeTrainArguments:
     )
     eval_suites: list[str] = field(
         default_factory=lambda: list(SUITES),
-        metadata={"help": "Suites scored by the evaluation callback: any of rmbench, judgebias, ideation. [] = none."},
+        metadata={"help": "Suites scored by the evaluation callback: any of rmbench, judgebias, ideation; [] or none: no evaluation."},
     )
     eval_rmbench_source: str = field(default="bundled", metadata={"help": "RM-Bench source (hub id, file or folder)."})
     eval_judgebias_source: str = field(default="bundled", metadata={"help": "JudgeBias source; its validation split is scored."})
@@ -70,6 +70,8 @@ class JudgeTrainArguments:
     nonfinite: str = field(default="stop", metadata={"help": "NaN/inf loss or grad norm: stop (keep last checkpoint) or skip the batch."})
 
     def __post_init__(self):
+        if [str(s).lower() for s in self.eval_suites] in (["none"], ["[]"], [""]):
+            self.eval_suites = []  # `--eval_suites none` on the command line turns evaluation off
         for suite in self.eval_suites:
             if suite not in SUITES:
                 raise RecipeError(f"eval_suites: unknown suite {suite!r}; valid: {', '.join(SUITES)}")

@@ -63,6 +63,19 @@ def _lengths(example, tokenizer):
     return {"_prompt_len": prompt, "_full_len": max(chosen, rejected)}
 
 
+def _lengths_batched(batch, tokenizer):
+    """Token counts as TRL will see them: prompt with generation prompt, prompt + each completion."""
+    def count(conversations, gen):
+        texts = tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=gen)
+        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    prompts = batch["prompt"]
+    p = count(prompts, True)
+    c = count([a + b for a, b in zip(prompts, batch["chosen"])], False)
+    r = count([a + b for a, b in zip(prompts, batch["rejected"])], False)
+    return {"_prompt_len": p, "_full_len": [max(x, y) for x, y in zip(c, r)]}
+
+
 def _shorten_prompt(example, tokenizer, max_length: int):
     """Cut the middle of the last user message so prompt + the longer completion fits ``max_length``."""
     over = example["_full_len"] - max_length
@@ -89,7 +102,8 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     if max_length is None:
         return dataset, {"max_length": None}
     with_len = dataset.map(
-        _lengths, fn_kwargs={"tokenizer": tokenizer}, num_proc=num_proc, desc="Auditing sequence lengths"
+        _lengths_batched, fn_kwargs={"tokenizer": tokenizer}, batched=True, batch_size=256, num_proc=num_proc,
+        desc="Auditing sequence lengths",
     )
     names = with_len["dataset"] if "dataset" in with_len.column_names else ["train"] * len(with_len)
     prompt_lens, full_lens = with_len["_prompt_len"], with_len["_full_len"]
@@ -159,7 +173,7 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
 
 
 def model_init_kwargs(model_args, training_args) -> dict:
-    from trl import get_kbit_device_map, get_quantization_config
+    from trl import get_quantization_config
 
     kwargs = dict(
         revision=model_args.model_revision,
@@ -169,7 +183,10 @@ def model_init_kwargs(model_args, training_args) -> dict:
     )
     quantization_config = get_quantization_config(model_args)
     if quantization_config is not None:
-        kwargs["device_map"] = get_kbit_device_map()
+        from accelerate import PartialState
+
+        # k-bit weights cannot move after loading: put each process's copy on its own device
+        kwargs["device_map"] = {"": PartialState().local_process_index}
         kwargs["quantization_config"] = quantization_config
     if training_args.model_init_kwargs:
         kwargs.update(training_args.model_init_kwargs)
@@ -381,9 +398,25 @@ def _is_offline_error(e: Exception) -> bool:
     )
 
 
+def init_process_state():
+    """Join the launcher's process group before anything reads the device.
+
+    On a machine without a GPU, `accelerate launch --multi_gpu --num_processes N` (or accelerate_configs/cpu.yaml)
+    starts N processes, but accelerate only groups them (gloo) when the state is created with cpu=True; Trainer
+    would otherwise run N independent copies."""
+    import torch
+    from accelerate import PartialState
+
+    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    if not has_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        os.environ["ACCELERATE_USE_CPU"] = "true"
+    return PartialState(cpu=not has_gpu)
+
+
 def run(argv: list[str] | None = None) -> dict:
     """The `accelerate launch -m judgetrain.train` entry point (runs in each process)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    init_process_state()
     script_args, training_args, model_args, resolved = parse_recipe(argv)
     setup_logging(training_args)
     command = "accelerate launch -m judgetrain.train " + " ".join(shlex.quote(a) for a in argv)

@@ -20,15 +20,25 @@ def read_metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def launch(args, *, processes=1, env=None, timeout=900, check=True):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(processes)]
-    if processes == 1:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1"]
-    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "judgetrain.train", *args]
+def _run(cmd, env=None, timeout=900):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
-    if check and proc.returncode != 0:
+    if proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
     return proc
+
+
+def launch(args, *, env=None, timeout=900):
+    """One process through accelerate launch."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "judgetrain.train", *args]
+    return _run(cmd, env, timeout)
+
+
+def launch_config(config, args, *, env=None, timeout=900):
+    """Through one of the shipped accelerate configs, as the README launches."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs" / config),
+           "-m", "judgetrain.train", *args]
+    return _run(cmd, env, timeout)
 
 
 def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> str:
@@ -47,9 +57,10 @@ def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> s
 
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory):
-    """The README's main command, as written, in one process (the DDP variant is its own test)."""
+    """The README's main command as written: 2 processes, real DDP (gloo on CPU), plus a baseline eval at step 0."""
     out = tmp_path_factory.mktemp("quickstart")
-    launch([QUICKSTART, "--output_dir", str(out), "--eval_suites_on_start"])
+    proc = launch_config("cpu.yaml", [QUICKSTART, "--output_dir", str(out), "--eval_suites_on_start"])
+    assert "Traceback" not in proc.stderr
     return out
 
 
@@ -79,27 +90,38 @@ def test_quickstart_writes_train_and_eval_keys_checkpoints_and_final_adapter(qui
         assert list(out.glob(f"eval/*/{suite}.jsonl")), suite
 
 
+def _judgebias_rows(run_dir, step):
+    return [json.loads(l) for l in (Path(run_dir) / "eval" / str(step) / "judgebias.jsonl").read_text().splitlines()]
+
+
 def test_quickstart_judge_learns_the_bundled_judgebias_signal(quickstart_run):
     evals = [r for r in read_metrics(quickstart_run) if "eval/judgebias/error/accuracy" in r]
-    def acc(r):  # preference accuracy on the JudgeBias validation rows, both categories
-        return (r["eval/judgebias/error/accuracy"] + r["eval/judgebias/represent/accuracy"]) / 2
-    before, after = acc(evals[0]), acc(evals[-1])
-    assert 0.3 <= before <= 0.7, f"an untrained judge should be near chance, got {before}"
-    assert after >= 0.8, f"validation preference accuracy after training: {after} (before {before})"
-    assert acc(evals[-1]) >= acc(evals[1]) - 0.05
+    assert [r["step"] for r in evals] == [0, 31, 62]
+    # Before training the LoRA adapter is the identity: policy == reference, every implicit margin is exactly 0,
+    # i.e. chance (0.5 when ties split evenly; the strict metric counts ties as wrong).
+    before = _judgebias_rows(quickstart_run, 0)
+    assert len(before) == 96
+    margins = [r["score_chosen"] - r["score_rejected"] for r in before]
+    assert max(abs(m) for m in margins) < 1e-4
+    tie_half = sum(1.0 if m > 1e-4 else 0.5 if abs(m) <= 1e-4 else 0.0 for m in margins) / len(margins)
+    assert tie_half == pytest.approx(0.5)
+    # After: validation preference accuracy (implicit reward margin > 0), held-out samples, both categories
+    after = _judgebias_rows(quickstart_run, 62)
+    acc = sum(r["score_chosen"] > r["score_rejected"] for r in after) / len(after)
+    assert acc >= 0.9, acc
+    final = evals[-1]
+    assert final["eval/judgebias/error/accuracy"] >= 0.9 and final["eval/judgebias/represent/accuracy"] >= 0.9
+    assert final["eval/judgebias/error/margin"] > 0 and final["eval/judgebias/represent/margin"] > 0
+    # accuracy rises over the epochs
+    acc_by_epoch = [(r["eval/judgebias/error/accuracy"] + r["eval/judgebias/represent/accuracy"]) / 2 for r in evals]
+    assert acc_by_epoch[0] < acc_by_epoch[1] <= acc_by_epoch[2] + 1e-9
 
 
-@pytest.mark.slow
-def test_quickstart_runs_to_the_end_under_two_process_ddp(tmp_path):
-    out = tmp_path / "ddp"
-    proc = launch([QUICKSTART, "--output_dir", str(out), "--eval_max_rows", "24"], processes=2)
-    records = read_metrics(out)
-    assert (out / "adapter_model.safetensors").is_file()
-    evals = [r for r in records if "eval/rmbench/total_avg_acc" in r]
-    assert len(evals) == 2
-    # every logging event once (main process only)
-    assert len({(r["step"], tuple(sorted(r))) for r in records}) == len(records)
-    assert "Traceback" not in proc.stderr
+def test_quickstart_ran_as_two_process_ddp_and_logged_once(quickstart_run):
+    records = read_metrics(quickstart_run)
+    # 482 bundled rows, 2 processes x batch 8: 31 optimizer steps per epoch (one process would take 61)
+    assert max(r["step"] for r in records) == 62
+    assert len({json.dumps(r, sort_keys=True) for r in records}) == len(records), "an event was logged twice"
 
 
 def _adapter(run_dir):

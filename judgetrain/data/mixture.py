@@ -43,8 +43,10 @@ def load_component(component: dict, seed: int = 0) -> datasets.Dataset:
         raise ValueError(f"mixture component needs dataset in {sorted(adapters)}, got {name!r}")
     label = comp.pop("name", name)
     weight, rows = comp.pop("weight", None), comp.pop("rows", None)
-    if (weight is None) == (rows is None):
-        raise ValueError(f"mixture component {label!r} needs exactly one of weight or rows")
+    if weight is not None and rows is not None:
+        raise ValueError(f"mixture component {label!r} takes weight or rows, not both")
+    if weight is None and rows is None:
+        weight = 1.0  # the whole component, once
     comp.setdefault("seed", seed)
     ds = adapters[name](**comp)
     n = len(ds)
