@@ -1,6 +1,6 @@
 """Build anchor-consensus, direction-aware DPO pairs from a judge panel's scored evaluations.
 
-    judgetrain pairs build --evaluations judgetrain/data/samples/panel/evaluations.jsonl --out pairs_out
+    judgetrain pairs build --evaluations judgetrain/data/samples/panel/evaluations.jsonl.gz --out pairs_out
 
 Input: one row per (sample, perturbation set, judge) with ``sample_id``, ``perturbation_set`` (e.g.
 ``element_substitution_100pct``), ``perturbation_category`` (``error`` / ``represent``; derived from the set
@@ -25,6 +25,7 @@ The construction is the one of iknow-lab/JudgeBias-DPO-RefFree:
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import logging
@@ -38,33 +39,16 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Iterable
 
+from judgetrain.data.judgebias import PERTURBATION_SETS, TYPE_ALIASES, TYPE_CATEGORY, perturbation_set
 from judgetrain.scoreparse import parse_overall_score_result
 
 logger = logging.getLogger(__name__)
 
-# The 17 perturbation sets of the source dataset (combined sets in their canonical spelling).
-ERROR_SETS = (
-    *(f"all_error_perturbation_{r}pct" for r in (1, 2, 5, 10, 15)),
-    "element_substitution_100pct",
-    "numerical_perturbation_100pct",
-    "equipment_substitution_100pct",
-    "action_antonym_100pct",
-)
-REPRESENT_SETS = (
-    *(f"llm_representational_perturbation_{r}pct" for r in (1, 2, 5, 10, 15)),
-    "llm_to_formula_100pct",
-    "llm_to_name_100pct",
-    "llm_to_iupac_100pct",
-)
-# other spelling of the combined sets -> canonical perturbation_type
-TYPE_ALIASES = {
-    "all_error_injection": "all_error_perturbation",
-    "all_equivalence_rewriting": "llm_representational_perturbation",
-    "to_formula": "llm_to_formula", "to_name": "llm_to_name", "to_iupac": "llm_to_iupac",
-}
-ERROR_TYPES = frozenset({"all_error_perturbation", "element_substitution", "numerical_perturbation",
-                         "equipment_substitution", "action_antonym"})
-REPRESENT_TYPES = frozenset({"llm_representational_perturbation", "llm_to_formula", "llm_to_name", "llm_to_iupac"})
+# The perturbation vocabulary is the JudgeBias adapter's: one table for the data we read and the data we build.
+ERROR_SETS = tuple(perturbation_set(t, r) for t, r in PERTURBATION_SETS if TYPE_CATEGORY[t] == "error")
+REPRESENT_SETS = tuple(perturbation_set(t, r) for t, r in PERTURBATION_SETS if TYPE_CATEGORY[t] == "represent")
+ERROR_TYPES = frozenset(t for t, c in TYPE_CATEGORY.items() if c == "error")
+REPRESENT_TYPES = frozenset(t for t, c in TYPE_CATEGORY.items() if c == "represent")
 CATEGORY_ALIASES = {"error": "error", "represent": "represent", "representational": "represent",
                     "representation": "represent"}
 
@@ -129,7 +113,8 @@ def read_evaluations(source: str | Path | Iterable[dict]) -> list[dict]:
         if isinstance(loaded, list):
             return loaded
     rows = []
-    with path.open(encoding="utf-8") as handle:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
                 continue

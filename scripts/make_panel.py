@@ -1,4 +1,4 @@
-"""Write the bundled judge-panel sample: judgetrain/data/samples/panel/evaluations.jsonl.
+"""Write the bundled judge-panel sample: judgetrain/data/samples/panel/evaluations.jsonl.gz (gzip, mtime 0).
 
     python scripts/make_panel.py            # rewrites the file; the output is byte-for-byte deterministic
 
@@ -12,12 +12,13 @@ below the anchor (anchor filter). All text is synthetic, written for this sample
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import re
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "judgetrain" / "data" / "samples" / "panel" / "evaluations.jsonl"
+OUT = Path(__file__).resolve().parents[1] / "judgetrain" / "data" / "samples" / "panel" / "evaluations.jsonl.gz"
 
 JUDGES = ("Qwen3-8B", "Qwen3-32B", "Llama-3.1-8B-Instruct", "gemini-2.5-flash")
 RATES = (1, 2, 5, 10, 15)
@@ -286,9 +287,10 @@ def rows() -> list[dict]:
 def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     data = rows()
-    with OUT.open("w", encoding="utf-8") as handle:
-        for row in data:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    # gzip with a fixed mtime: the 400 evaluations repeat a lot (860 KB -> 16 KB) and the bytes stay reproducible
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in data)
+    with OUT.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz:
+        gz.write(text.encode("utf-8"))
     print(f"wrote {len(data)} evaluations to {OUT}")
 
 

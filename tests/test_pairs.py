@@ -17,7 +17,7 @@ from judgetrain.cli import main as cli_main
 from judgetrain.pairs import build_pairs, output_schema, parse_set_name, read_evaluations
 from judgetrain.scoreparse import parse_overall_score
 
-PANEL = Path(judgetrain.__file__).parent / "data" / "samples" / "panel" / "evaluations.jsonl"
+PANEL = Path(judgetrain.__file__).parent / "data" / "samples" / "panel" / "evaluations.jsonl.gz"
 # medians of the 20 (4 judges x 5 representational rates) scores per sample, computed by hand from the panel
 HAND_ANCHORS = {0: 4.5, 1: 3.75, 2: 3.0, 3: 3.75, 4: 3.0, 5: 3.25}
 PLANTED_REJECTS = {
