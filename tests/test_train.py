@@ -175,7 +175,7 @@ def test_half_written_checkpoint_is_skipped(tmp_path, caplog):
 def test_wandb_offline_and_tensorboard_receive_the_eval_keys(tmp_path):
     recipe = small_recipe(
         tmp_path, eval_suites="[rmbench, judgebias]", report_to="[wandb, tensorboard]",
-        extra="max_steps: 4\neval_every_n_steps: 4\neval_max_rows: 8\nlogging_steps: 2\n",
+        extra="max_steps: 4\neval_every_n_steps: 4\neval_max_rows: 8\nlogging_steps: 2\nlog_matrix_images: true\n",
     )
     out = tmp_path / "run"
     launch([recipe, "--output_dir", str(out)], env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
@@ -183,15 +183,50 @@ def test_wandb_offline_and_tensorboard_receive_the_eval_keys(tmp_path):
 
     events = list(out.glob("runs/**/events.out.tfevents.*")) + list(out.glob("**/events.out.tfevents.*"))
     assert events, "no TensorBoard event file"
-    tags = set()
+    tags, images = set(), set()
     for ev in set(events):
         acc = EventAccumulator(str(ev))
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
+        images |= set(acc.Tags()["images"])
+    assert "eval/rmbench/matrix" in images, sorted(images)  # log_matrix_images: true
     assert "eval/rmbench/total_avg_acc" in tags and "eval/judgebias/error/accuracy" in tags, sorted(tags)
     assert "train/loss" in tags
 
-    summaries = list(tmp_path.glob("wandb/offline-run-*/files/wandb-summary.json"))
-    assert summaries, "no offline W&B run"
-    summary = json.loads(summaries[0].read_text())
-    assert "eval/rmbench/total_avg_acc" in summary and "eval/judgebias/error/accuracy" in summary, sorted(summary)
+    logs = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(logs) == 1, "no offline W&B run"
+    keys = set()
+    for record in wandb_records(logs[0]):
+        if record.WhichOneof("record_type") == "history":
+            keys |= {item.key or "/".join(item.nested_key) for item in record.history.item}
+    assert {"eval/rmbench/total_avg_acc", "eval/judgebias/error/accuracy", "train/loss"} <= keys, sorted(keys)
+    assert list(tmp_path.glob("wandb/offline-run-*/files/media/images/eval/rmbench/matrix_*.png"))
+
+
+def wandb_records(path):
+    """Records of an offline W&B transaction log (.wandb): leveldb-log framing, 32 KiB blocks, 7-byte headers
+    (crc32, length, type FULL=1 / FIRST=2 / MIDDLE=3 / LAST=4), after a 7-byte ':W&B' file header."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, buf = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # block trailer padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(buf)
+            yield record
+            buf = b""

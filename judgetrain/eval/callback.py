@@ -45,6 +45,7 @@ class JudgeEvalCallback(TrainerCallback):
         output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
         trainer: the trainer, or call `attach` after building it.
+        log_matrix_images: also log the RM-Bench 3x3 heatmaps as images to the active W&B / TensorBoard callbacks.
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class JudgeEvalCallback(TrainerCallback):
         output_dir: str | None = None,
         ref_model: Any = None,
         trainer: Any = None,
+        log_matrix_images: bool = False,
     ) -> None:
         self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
         self.tokenizer = tokenizer
@@ -72,6 +74,7 @@ class JudgeEvalCallback(TrainerCallback):
                                   batch_tokens=batch_tokens, generate_samples=generate_samples)
         self.output_dir = output_dir
         self.ref_model = ref_model
+        self.log_matrix_images = log_matrix_images
         self.trainer = None
         self.engine: ScoringEngine | None = None
         self.last_step: int | None = None
@@ -106,6 +109,7 @@ class JudgeEvalCallback(TrainerCallback):
             long_inputs="skip" if getattr(script_args, "long_rows", "") == "skip" else "truncate_prompt",
             batch_tokens=script_args.eval_batch_tokens,
             output_dir=training_args.output_dir,
+            log_matrix_images=getattr(script_args, "log_matrix_images", False),
         )
 
     def attach(self, trainer: Any) -> JudgeEvalCallback:
@@ -180,4 +184,8 @@ class JudgeEvalCallback(TrainerCallback):
             summary = {name: {"metrics": r.metrics, "stats": r.stats} for name, r in results.items()}
             summary["step"], summary["epoch"] = step, state.epoch
             (out / "metrics.json").write_text(json.dumps(_jsonable(summary), indent=1))
+            if self.log_matrix_images and "rmbench" in results:
+                from judgetrain.report import log_matrix_images, rmbench_matrices
+
+                log_matrix_images(self.trainer, rmbench_matrices(results["rmbench"].records), step)
         return flat
