@@ -19,6 +19,16 @@ COMPLETE_MARKER = "judgetrain_complete.json"
 METRICS_FILE = "metrics.jsonl"
 
 
+class RunStopped(Exception):
+    """Raised from a callback to leave ``trainer.train()`` at once, skipping the epoch-end evaluation and save that
+    Trainer would otherwise run after ``should_training_stop`` (an eval of a NaN model, or minutes of eval after a
+    SIGTERM, and a checkpoint of the bad state). ``reason`` is "signal" or "nonfinite"."""
+
+    def __init__(self, reason: str, step: int, message: str, checkpoint: str | None = None):
+        super().__init__(message)
+        self.reason, self.step, self.checkpoint = reason, step, checkpoint
+
+
 class MetricsJsonlCallback(TrainerCallback):
     """Append every logging event to ``<output_dir>/metrics.jsonl`` on the main process, with the same key names
     (``train/...``, ``eval/...``) that the W&B and TensorBoard callbacks produce."""
@@ -67,10 +77,28 @@ class CheckpointMarkerCallback(TrainerCallback):
     """Write ``judgetrain_complete.json`` (file names and sizes) into a checkpoint once every process has finished
     saving it. A checkpoint without a valid marker is half-written and never resumed from."""
 
+    def __init__(self):
+        self.saved_step: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self._invalidate(args, state)
+
     def on_epoch_end(self, args, state, control, **kwargs):
-        # Checkpoints every save_steps *and* at each epoch end (Trainer's save_strategy offers one or the other).
-        if args.save_strategy == "steps":
+        # Checkpoints every save_steps *and* at each epoch end (Trainer's save_strategy offers one or the other),
+        # but not twice at one step (a save_steps step that ends the epoch or the run).
+        if args.save_strategy == "steps" and self.saved_step != state.global_step:
             control.should_save = True
+        if control.should_save:
+            self._invalidate(args, state)
+
+    def _invalidate(self, args, state):
+        """A save about to rewrite checkpoint-N (a resumed run reaching a step whose checkpoint was torn) must not
+        leave the old marker vouching for half-rewritten files."""
+        if state.is_world_process_zero:
+            marker = Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE_MARKER
+            if marker.is_file():
+                marker.unlink()
 
     def on_save(self, args, state, control, **kwargs):
         from accelerate import PartialState
@@ -80,6 +108,7 @@ class CheckpointMarkerCallback(TrainerCallback):
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if ckpt.is_dir():
                 write_marker(ckpt, state.global_step)
+        self.saved_step = state.global_step
         PartialState().wait_for_everyone()
 
 
@@ -127,40 +156,65 @@ def find_resume_checkpoint(output_dir: str) -> str | None:
 
 
 class NonFiniteGuard(TrainerCallback):
-    """Stop the run (or count and go on, with ``policy='skip'``) when the logged loss or grad norm is NaN or inf.
+    """Stop the run (or skip the batch and count it, with ``policy='skip'``) on a NaN or inf gradient or loss.
 
-    Trainer logs averages over the logging interval, so with logging_steps=1 the step named is exact. On stop, no
-    checkpoint is written from the bad state: the last good checkpoint stays the newest complete one.
+    The gradients are checked before every optimizer step (after clipping, whatever ``logging_steps`` is), so the
+    step named is exact and a non-finite update never reaches the weights:
+    - ``stop``: raise `RunStopped` before the optimizer step. No checkpoint, eval or final model is written from
+      that point on, so the last good checkpoint stays the newest complete one (``--resume auto`` picks it).
+    - ``skip``: drop the gradients of that batch (the optimizer does not update; the scheduler still advances),
+      count the step in ``skipped_steps`` and log it.
+    A non-finite loss or grad norm in a logging event (Trainer's average over the logging interval) stops the run
+    the same way under ``stop``.
     """
 
     def __init__(self, policy: str = "stop"):
         self.policy = policy
         self.bad_steps: list[int] = []
+        self.skipped_steps: list[int] = []
         self.stopped_at: int | None = None
+
+    def _stop(self, step: int, what: str):
+        self.stopped_at = step
+        message = (
+            f"Non-finite {what} at step {step}: stopping. No checkpoint of this state is written; the last good "
+            "checkpoint is kept; resume with --resume auto after lowering the learning rate or checking the data."
+        )
+        logger.error(message)
+        raise RunStopped("nonfinite", step, message)
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if model is None:
+            return
+        import torch
+
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if not grads or all(bool(torch.isfinite(g).all()) for g in grads):
+            return
+        step = state.global_step + 1  # the step this update would complete
+        self.bad_steps.append(step)
+        if self.policy == "stop":
+            self._stop(step, "gradient")
+        optimizer.zero_grad(set_to_none=True)  # no gradient, no update: Adam(W) leaves the weights as they were
+        self.skipped_steps.append(step)
+        logger.warning("Non-finite gradient at step %d: batch skipped, weights not updated (%d skipped so far).",
+                       step, len(self.skipped_steps))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         bad = [k for k in ("loss", "grad_norm") if isinstance(logs.get(k), float) and not math.isfinite(logs[k])]
-        if not bad:
+        if not bad or self.policy == "skip":
             return
         self.bad_steps.append(state.global_step)
-        if self.policy == "stop":
-            self.stopped_at = state.global_step
-            control.should_training_stop = True
-            control.should_save = False
-            logger.error(
-                "Non-finite %s at step %d: stopping. The last good checkpoint is kept; resume with --resume auto "
-                "after lowering the learning rate or checking the data.",
-                " and ".join(bad), state.global_step,
-            )
-        else:
-            logger.warning("Non-finite %s at step %d (%d so far): continuing.", " and ".join(bad), state.global_step, len(self.bad_steps))
+        self._stop(state.global_step, " and ".join(bad))
 
 
 class GracefulStop(TrainerCallback):
-    """On SIGTERM (spot instances) or Ctrl-C, finish the current step, save a checkpoint and stop.
+    """On SIGTERM (spot instances) or Ctrl-C, finish the current step, save a checkpoint, say where, and stop.
 
-    The flag is reduced over processes each step so that every rank saves and stops at the same step."""
+    The flag is reduced over processes each step so that every rank saves and stops at the same step. Once the
+    checkpoint is complete (its marker written) `RunStopped` leaves ``trainer.train()`` at once: no epoch-end
+    evaluation or second save runs after the signal. A second Ctrl-C gives up at once."""
 
     def __init__(self):
         self.requested = False
@@ -176,12 +230,21 @@ class GracefulStop(TrainerCallback):
                 pass
         return self
 
+    def uninstall(self):
+        for sig, previous in self._previous.items():
+            try:
+                signal.signal(sig, previous)
+            except (ValueError, TypeError):
+                pass
+        self._previous = {}
+
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:  # second Ctrl-C: give up at once
             raise KeyboardInterrupt
+        if not self.requested:
+            self.signal_name = signal.Signals(signum).name
+            logger.warning("%s received: saving a checkpoint after this step, then stopping.", self.signal_name)
         self.requested = True
-        self.signal_name = signal.Signals(signum).name
-        logger.warning("%s received: saving a checkpoint after this step, then stopping.", self.signal_name)
 
     def _any_requested(self) -> bool:
         import torch.distributed as dist
@@ -198,7 +261,21 @@ class GracefulStop(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._any_requested():
+            if not self.requested or self.signal_name is None:
+                self.signal_name = self.signal_name or "stop request of another process"
             self.requested = True
             control.should_save = True
             control.should_training_stop = True
-            self.saved_step = state.global_step
+            if state.is_world_process_zero:
+                marker = Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE_MARKER
+                if marker.is_file():
+                    marker.unlink()  # about to be rewritten: the old marker must not vouch for it
+
+    def on_save(self, args, state, control, **kwargs):
+        if not self.requested:
+            return
+        self.saved_step = state.global_step
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        message = f"Stopped by {self.signal_name} at step {state.global_step}: checkpoint saved to {ckpt}; continue with --resume auto"
+        logger.warning(message)
+        raise RunStopped("signal", state.global_step, message, checkpoint=str(ckpt))

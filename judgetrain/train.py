@@ -260,6 +260,7 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
         GracefulStop,
         MetricsJsonlCallback,
         NonFiniteGuard,
+        RunStopped,
         truncate_metrics,
     )
     from judgetrain.tiny import resolve_model
@@ -314,24 +315,31 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
     if eval_cb is not None and hasattr(eval_cb, "attach"):
         eval_cb.attach(trainer)
 
-    result = trainer.train(resume_from_checkpoint=resume_from)
-    summary = {"output_dir": str(out), "resumed_from": resume_from, "audit": audit, "global_step": trainer.state.global_step}
-    if stopper.requested:
-        ckpt = out / f"checkpoint-{trainer.state.global_step}"
-        summary["stopped"] = f"{stopper.signal_name}: checkpoint saved to {ckpt}; continue with --resume auto"
-        logger.warning("Stopped by %s. Checkpoint: %s. Continue with --resume auto.", stopper.signal_name, ckpt)
-    elif guard.stopped_at is not None:
-        summary["stopped"] = f"non-finite loss at step {guard.stopped_at}"
-    else:
+    summary = {"output_dir": str(out), "resumed_from": resume_from, "audit": audit}
+    try:
+        result = trainer.train(resume_from_checkpoint=resume_from)
+    except RunStopped as stop:  # SIGTERM / Ctrl-C after its checkpoint, or a non-finite step: nothing more is written
+        result = None
+        summary["stopped"] = str(stop)
+        summary["stop_reason"], summary["stopped_at"] = stop.reason, stop.step
+        if stop.checkpoint:
+            summary["checkpoint"] = stop.checkpoint
+    summary["global_step"] = trainer.state.global_step
+    if guard.skipped_steps:
+        summary["nonfinite_skipped_steps"] = list(guard.skipped_steps)
+        logger.warning("nonfinite: skip: %d batches with a non-finite gradient were skipped (steps %s)",
+                       len(guard.skipped_steps), guard.skipped_steps)
+    if result is not None:
         trainer.save_model(training_args.output_dir)
         if state.is_main_process:
             tokenizer.save_pretrained(training_args.output_dir)
             logger.info("Final %s saved to %s (safetensors) with recipe.yaml", "adapter" if model_args.use_peft else "model", out)
-    summary["train_metrics"] = result.metrics
+        summary["train_metrics"] = result.metrics
     if hasattr(trainer, "end"):
         trainer.end()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+    stopper.uninstall()  # after the final save: a SIGTERM during it only sets the flag
     return summary
 
 
@@ -457,7 +465,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     try:
-        run()
+        outcome = run()
     except RecipeError as e:
         print(f"judgetrain.train: {e}", file=sys.stderr)
         sys.exit(2)
+    if isinstance(outcome, dict) and outcome.get("stop_reason") == "nonfinite":
+        print(f"judgetrain.train: {outcome['stopped']}", file=sys.stderr)
+        sys.exit(3)
