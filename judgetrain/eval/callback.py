@@ -169,6 +169,8 @@ class JudgeEvalCallback(TrainerCallback):
         self.last_step = step
         from accelerate import PartialState
 
+        logger.info("Evaluating %s at step %d", ", ".join(s.name for s in self.suites), step)
+
         model = self._model()
         if self.engine is None:
             self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), **self.engine_kwargs)
