@@ -376,6 +376,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
         dataset = build_train_dataset(script_args, training_args, max_rows_each=n)
         report["rows_audited"] = len(dataset)
     model = model_args.model_name_or_path
+    action = script_args.long_rows
     try:
         tokenizer = load_tokenizer(resolve_model(model) if model == TINY_ALIAS else model, training_args)
         report["tokenizer"] = model
@@ -384,9 +385,14 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
             raise
         from judgetrain.tiny import ensure_tiny_judge
 
-        report["notes"].append(f"tokenizer of {model} unreachable offline; lengths measured with the tiny judge's tokenizer")
+        report["notes"].append(
+            f"tokenizer of {model} unreachable offline; lengths measured with the tiny judge's tokenizer (approximate, "
+            "so long rows are counted, not acted on)"
+        )
         tokenizer = load_tokenizer(ensure_tiny_judge(), training_args)
-    _, audit = audit_lengths(dataset, tokenizer, training_args.max_length, "skip", None)
+        action = "truncate"  # count only
+    # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
+    _, audit = audit_lengths(dataset, tokenizer, training_args.max_length, action, None)
     report["audit"] = audit
     return report
 

@@ -129,7 +129,7 @@ def _adapter(run_dir):
 
 
 def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
-    recipe = small_recipe(tmp_path, extra="max_steps: 12\nsave_steps: 4\nlogging_steps: 1\n")
+    recipe = small_recipe(tmp_path, extra="max_steps: 8\nsave_steps: 3\nlogging_steps: 1\nper_device_train_batch_size: 4\n")
     ref = tmp_path / "uninterrupted"
     launch([recipe, "--output_dir", str(ref)])
 
@@ -137,11 +137,11 @@ def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
     cmd = [sys.executable, "-m", "judgetrain.train", recipe, "--output_dir", str(run)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
-    while time.time() < deadline and not (run / "checkpoint-4" / "judgetrain_complete.json").exists():
+    while time.time() < deadline and not (run / "checkpoint-3" / "judgetrain_complete.json").exists():
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert (run / "checkpoint-4" / "judgetrain_complete.json").exists()
+    assert (run / "checkpoint-3" / "judgetrain_complete.json").exists()
     assert not (run / "adapter_model.safetensors").exists(), "the run finished before it was killed"
 
     launch([recipe, "--output_dir", str(run), "--resume", "auto"])
@@ -151,7 +151,7 @@ def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
     steps_ref = [r["step"] for r in read_metrics(ref) if "train/loss" in r]
     steps_run = [r["step"] for r in read_metrics(run) if "train/loss" in r]
-    assert steps_run == steps_ref == list(range(1, 13))
+    assert steps_run == steps_ref == list(range(1, 9))
     losses_ref = [r["train/loss"] for r in read_metrics(ref) if "train/loss" in r]
     losses_run = [r["train/loss"] for r in read_metrics(run) if "train/loss" in r]
     assert losses_run == pytest.approx(losses_ref, rel=1e-4)
