@@ -228,3 +228,10 @@ def test_mixture_weights_and_rows_are_deterministic_and_labelled():
 def test_mixture_rejects_component_without_exactly_one_size():
     with pytest.raises(ValueError, match="exactly one of weight or rows"):
         load_mixture([{"dataset": "judgebias", "source": "bundled", "split": "train"}])
+
+
+def test_rmbench_folder_given_as_a_relative_path_with_dotdot(rmbench_real_dir, monkeypatch):
+    # `--rmbench-source ../shared/data/rm-bench` from the repository root: ".." is not a hidden folder
+    monkeypatch.chdir(rmbench_real_dir)
+    ds = load_rmbench("../rm-bench")
+    assert len(ds) == 129 + 228 + 284 + 157

@@ -64,7 +64,9 @@ def resolve_local(source: str | os.PathLike, dataset: str) -> Path | None:
 def data_files(directory: Path) -> list[Path]:
     """All parquet / jsonl / json files below ``directory`` (sorted; README and hidden files ignored)."""
     return sorted(p for p in directory.rglob("*")
-                  if p.is_file() and p.suffix in DATA_EXTS and not any(part.startswith(".") for part in p.parts))
+                  if p.is_file() and p.suffix in DATA_EXTS
+                  # hidden below the folder itself (a source may well be ../data)
+                  and not any(part.startswith(".") for part in p.relative_to(directory).parts))
 
 
 def split_files(directory: Path, split: str) -> list[Path]:
