@@ -225,9 +225,11 @@ def test_mixture_weights_and_rows_are_deterministic_and_labelled():
     assert isinstance(a.features["prompt"], datasets.List)
 
 
-def test_mixture_rejects_component_without_exactly_one_size():
-    with pytest.raises(ValueError, match="exactly one of weight or rows"):
-        load_mixture([{"dataset": "judgebias", "source": "bundled", "split": "train"}])
+def test_mixture_component_takes_weight_or_rows_and_defaults_to_all_rows():
+    with pytest.raises(ValueError, match="weight or rows, not both"):
+        load_mixture([{"dataset": "judgebias", "source": "bundled", "split": "train", "weight": 1.0, "rows": 5}])
+    whole = load_mixture([{"dataset": "judgebias", "source": "bundled", "split": "train"}])
+    assert len(whole) == len(load_judgebias("bundled", split="train"))
 
 
 def test_rmbench_folder_given_as_a_relative_path_with_dotdot(rmbench_real_dir, monkeypatch):
