@@ -154,10 +154,16 @@ class JudgeEvalCallback(TrainerCallback):
         # train-mode reward metrics into whatever it logs, which would move them into this eval event.
         from transformers import Trainer
 
+        # Logging resets control.should_log (CallbackHandler.on_log): an eval run from on_step_end on a logging step
+        # would swallow that step's train record (merged into the next one). Keep the flag as the step set it.
+        control = getattr(self.trainer, "control", None)
+        should_log = getattr(control, "should_log", None)
         if isinstance(self.trainer, Trainer):
             Trainer.log(self.trainer, logs)
         else:
             self.trainer.log(logs)
+        if should_log is not None and getattr(self.trainer, "control", None) is not None:
+            self.trainer.control.should_log = should_log
 
     def run(self, state: Any) -> dict[str, float]:
         """Evaluate now (all processes), log and write the per-row scores. Returns the flat metrics."""
