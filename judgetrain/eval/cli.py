@@ -108,6 +108,10 @@ def load_target(target: str, adapter: str | None, args: argparse.Namespace):
     tokenizer = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=args.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if not getattr(tokenizer, "chat_template", None):
+        logger.warning("the tokenizer of %s has no chat template: conversational rows are scored as plain text (message "
+                       "contents joined, roles dropped), as for a base model. Use an instruct model's tokenizer to score "
+                       "in chat format.", tok_dir)
     if adapter_dir:
         from peft import PeftModel
 
@@ -210,7 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for target in targets:
         name = _name(target, root, len(targets))
-        model, tokenizer, base = load_target(target, args.adapter, args)
+        try:
+            model, tokenizer, base = load_target(target, args.adapter, args)
+        except (OSError, ValueError, KeyError) as err:  # missing dir, no weights, bad adapter_config: say which
+            print(f"judgetrain eval: cannot load model {target}"
+                  + (f" with adapter {args.adapter}" if args.adapter else "") + f": {type(err).__name__}: {err}",
+                  file=sys.stderr)
+            return 2
         model.to(state.device)
         engine = ScoringEngine(model, tokenizer, ref_model=ref_model, scoring=args.scoring, max_length=args.max_length,
                                long_inputs=args.long_inputs, batch_tokens=args.batch_tokens,
