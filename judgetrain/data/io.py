@@ -137,10 +137,19 @@ def build_dataset(tables: Sequence[Table], goods: Sequence[Sequence[int]], norma
             parts.append(ds.map(lambda r: normalise(r, table), remove_columns=ds.column_names, features=features,
                                 desc=f"normalising {Path(table.source).name}"))
         else:
-            parts.append(datasets.Dataset.from_list([normalise(table.rows[i], table) for i in good], features=features))
+            rows = [normalise(table.rows[i], table) for i in good]
+            parts.append(datasets.Dataset.from_list(rows, features=features) if rows else _empty(features))
     if not parts:
-        return datasets.Dataset.from_list([], features=features)
+        return _empty(features)
     return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+
+
+def _empty(features):
+    """A 0-row dataset with the adapter's columns (``Dataset.from_list([])`` fails with 'Keys mismatch' when every
+    row of a source was rejected)."""
+    import datasets
+
+    return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
 
 
 def message_feature():

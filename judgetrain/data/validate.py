@@ -93,8 +93,12 @@ def check_number(value: Any, lo: float | None = None, hi: float | None = None) -
 def check_int(value: Any) -> str | None:
     if value is None:
         return "missing value"
-    if isinstance(value, bool) or not (isinstance(value, int) or (is_number(value) and value.dtype.kind in "iu")):
+    dtype = getattr(value, "dtype", None)  # numpy integer scalars
+    is_int = isinstance(value, int) or (is_number(value) and dtype is not None and dtype.kind in "iu")
+    if isinstance(value, bool) or not is_int:
         return f"wrong type: expected an integer, got {type(value).__name__}"
+    if not -(2**63) <= int(value) < 2**63:
+        return f"out of range: {value} does not fit a 64-bit integer"
     return None
 
 
