@@ -1,0 +1,270 @@
+"""Fault injection on real runs of the tiny judge: SIGKILL at several points then --resume auto, SIGTERM to the
+training process and to the `accelerate launch` parent, NaN/inf gradients from a real (absurd) learning rate.
+
+Every run here is one process started as users start it (`python -m judgetrain.train` / `accelerate launch`), on a
+small recipe (judgebias only, batch 2, 6 steps, checkpoints every 2, eval of 4 rows at step 4 and at the end)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_STEPS = 6
+
+
+def small_recipe(path: Path, extra: str = "") -> str:
+    text = (REPO / "recipes" / "quickstart.yaml").read_text()
+    text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
+    text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [judgebias]")
+    text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
+    text += f"\nmax_steps: {MAX_STEPS}\nsave_steps: 2\nlogging_steps: 1\neval_every_n_steps: 4\neval_max_rows: 4\n" + extra
+    path.write_text(text)
+    return str(path)
+
+
+def records(run_dir) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line being written right now
+    return out
+
+
+def train_steps(run_dir) -> list[int]:
+    return [r["step"] for r in records(run_dir) if "train/loss" in r]
+
+
+def start(args, log: Path, *, launcher=None) -> subprocess.Popen:
+    cmd = (launcher or [sys.executable]) + ["-m", "judgetrain.train", *args]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_to_end(args, log: Path, timeout=600) -> str:
+    proc = start(args, log)
+    rc = proc.wait(timeout=timeout)
+    text = log.read_text(errors="replace")
+    assert rc == 0, text[-6000:]
+    return text
+
+
+def wait_for(cond, proc, timeout=300, poll=0.002):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(poll)
+    return False
+
+
+def kill(proc):
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def adapter(run_dir):
+    return load_file(str(Path(run_dir) / "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    return small_recipe(tmp_path_factory.mktemp("recipe") / "small.yaml")
+
+
+@pytest.fixture(scope="module")
+def reference(recipe, tmp_path_factory):
+    """The one uninterrupted run every interrupted run must reproduce."""
+    out = tmp_path_factory.mktemp("reference")
+    run_to_end([recipe, "--output_dir", str(out)], out.parent / "reference.log")
+    assert train_steps(out) == list(range(1, MAX_STEPS + 1))
+    return out
+
+
+def test_sigkill_mid_step_during_eval_and_during_checkpoint_save_then_resume_matches_uninterrupted(
+    recipe, reference, tmp_path
+):
+    run = tmp_path / "run"
+    args = [recipe, "--output_dir", str(run)]
+    resume = args + ["--resume", "auto"]
+    kills = []
+
+    # 1. mid-step: checkpoint-2 is complete, step 3 is being computed
+    log1 = tmp_path / "1.log"
+    proc = start(args, log1)
+    assert wait_for(lambda: (run / "checkpoint-2" / "judgetrain_complete.json").exists(), proc), log1.read_text()[-3000:]
+    time.sleep(0.3)
+    kill(proc)
+    assert not (run / "checkpoint-4").exists()
+    kills.append("mid-step 3")
+
+    # 2. during the step-4 evaluation (its start is logged; the scoring of 4 rows takes a few seconds)
+    log2 = tmp_path / "2.log"
+    proc = start(resume, log2)
+    assert wait_for(lambda: "Evaluating judgebias at step 4" in log2.read_text(errors="replace"), proc), log2.read_text()[-3000:]
+    time.sleep(0.2)
+    kill(proc)
+    assert "Resuming from" in log2.read_text() and "checkpoint-2" in log2.read_text()
+    assert not (run / "checkpoint-4").exists(), "the kill came after the eval"
+    kills.append("eval at step 4")
+
+    # 3. during the checkpoint-4 save: the folder exists, its completion marker does not yet
+    log3 = tmp_path / "3.log"
+    proc = start(resume, log3)
+    ckpt4 = run / "checkpoint-4"
+    assert wait_for(lambda: ckpt4.is_dir(), proc, poll=0.0005), log3.read_text()[-3000:]
+    kill(proc)
+    assert not (ckpt4 / "judgetrain_complete.json").exists(), "the save finished before the kill (window missed)"
+    kills.append("checkpoint-4 save")
+
+    # resume: the torn checkpoint-4 is reported and passed over; the run finishes
+    log4 = tmp_path / "4.log"
+    text = run_to_end(resume, log4)
+    assert "Skipping incomplete checkpoint" in text and "checkpoint-4" in text, text[-4000:]
+    assert "no completion marker" in text
+    assert f"Resuming from {run / 'checkpoint-2'}" in text
+
+    a, b = adapter(reference), adapter(run)
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6, msg=k)
+    # every step logged exactly once, with the reference's losses; each eval once
+    assert train_steps(run) == list(range(1, MAX_STEPS + 1))
+    ref_loss = [r["train/loss"] for r in records(reference) if "train/loss" in r]
+    run_loss = [r["train/loss"] for r in records(run) if "train/loss" in r]
+    assert run_loss == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
+    evals = [r["step"] for r in records(run) if "eval/judgebias/error/accuracy" in r]
+    assert evals == [r["step"] for r in records(reference) if "eval/judgebias/error/accuracy" in r] == [4, MAX_STEPS]
+    assert len(records(run)) == len(records(reference))
+    assert all((run / f"checkpoint-{s}" / "judgetrain_complete.json").is_file() for s in (4, 6))
+    assert len(kills) == 3
+
+
+def _wait_exit(proc, timeout):
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill(proc)
+        raise AssertionError(f"the run did not stop within {timeout}s of the signal")
+
+
+def _assert_stopped_with_checkpoint(run, text):
+    assert "SIGTERM received" in text, text[-4000:]
+    line = next(l for l in text.splitlines() if "Stopped by SIGTERM at step" in l)
+    ckpt = Path(line.split("checkpoint saved to ")[1].split(";")[0])
+    assert ckpt.parent == run and (ckpt / "judgetrain_complete.json").is_file(), line
+    step = int(ckpt.name.split("-")[1])
+    assert max(train_steps(run)) == step  # stopped at the checkpointed step
+    assert not (run / "adapter_model.safetensors").exists(), "a stopped run must not pose as finished"
+    assert not (run / "eval").exists(), "no evaluation after the signal"
+    return step
+
+
+def test_sigterm_to_the_training_process_saves_a_checkpoint_and_says_where(tmp_path):
+    recipe = small_recipe(tmp_path / "r.yaml", extra="max_steps: 40\nsave_steps: 100\neval_every_n_steps: 0\n")
+    run, log = tmp_path / "run", tmp_path / "term.log"
+    proc = start([recipe, "--output_dir", str(run)], log)
+    assert wait_for(lambda: train_steps(run), proc, poll=0.05), log.read_text()[-3000:]
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    assert _wait_exit(proc, 120) == 0
+    stopped_in = time.time() - t0
+    step = _assert_stopped_with_checkpoint(run, log.read_text())
+    assert step < 40 and stopped_in < 90
+
+
+def test_sigterm_to_the_accelerate_launch_parent_reaches_the_training_process(tmp_path):
+    """accelerate's one-process launcher does not forward signals: without judgetrain's parent-death signal the
+    training process ran on, orphaned, to the end of the run."""
+    recipe = small_recipe(tmp_path / "r.yaml", extra="max_steps: 40\nsave_steps: 100\neval_every_n_steps: 0\n")
+    run, log = tmp_path / "run", tmp_path / "term.log"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    parent = start([recipe, "--output_dir", str(run)], log, launcher=launcher)
+    assert wait_for(lambda: train_steps(run), parent, poll=0.05), log.read_text()[-3000:]
+    os.kill(parent.pid, signal.SIGTERM)  # the parent only, as a scheduler does
+    parent.wait(timeout=60)
+    # the child writes its stop message to the same log once its checkpoint is complete
+    deadline = time.time() + 120
+    while time.time() < deadline and "Stopped by SIGTERM" not in log.read_text(errors="replace"):
+        time.sleep(0.2)
+    time.sleep(1)
+    try:
+        step = _assert_stopped_with_checkpoint(run, log.read_text(errors="replace"))
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL) if _group_alive(parent.pid) else None
+    assert step < 40
+
+
+def _group_alive(pgid) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_nan_gradient_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    """Real fault: learning_rate 1e30 (warmup 5 steps: lr 0 at step 1, 2e29 at step 2) with clipping off blows the
+    LoRA weights up at step 2; the gradient of step 3 is NaN."""
+    recipe = small_recipe(tmp_path / "r.yaml", extra="eval_every_n_steps: 0\n")
+    run, log = tmp_path / "run", tmp_path / "nan.log"
+    proc = start([recipe, "--output_dir", str(run), "--learning_rate", "1e30", "--max_grad_norm", "1e38"], log)
+    rc = _wait_exit(proc, 300)
+    text = log.read_text(errors="replace")
+    assert rc == 3, text[-4000:]
+    assert "Non-finite gradient at step 3: stopping" in text
+    assert "Traceback" not in text
+    # the last good checkpoint is complete and finite; nothing was written from the bad state
+    good = run / "checkpoint-2"
+    assert (good / "judgetrain_complete.json").is_file()
+    assert all(torch.isfinite(t).all() for t in load_file(str(good / "adapter_model.safetensors")).values())
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert not (run / "adapter_model.safetensors").exists() and not (run / "eval").exists()
+    assert train_steps(run) == [1, 2]
+    from judgetrain.callbacks import find_resume_checkpoint
+
+    assert find_resume_checkpoint(str(run)) == str(good)
+
+
+def test_nonfinite_skip_drops_and_counts_the_bad_batches_and_keeps_the_weights_finite(tmp_path):
+    recipe = small_recipe(tmp_path / "r.yaml", extra="eval_every_n_steps: 0\nnonfinite: skip\nmax_steps: 4\nsave_steps: 100\n")
+    run, log = tmp_path / "run", tmp_path / "skip.log"
+    text = run_to_end([recipe, "--output_dir", str(run), "--learning_rate", "1e30", "--max_grad_norm", "1e38",
+                       "--eval_suites", "none"], log)
+    assert "Non-finite gradient at step 3: batch skipped" in text
+    assert "2 batches with a non-finite gradient were skipped (steps [3, 4])" in text
+    weights = adapter(run)
+    assert weights and all(torch.isfinite(t).all() for t in weights.values())
+    grad_norms = {r["step"]: r["train/grad_norm"] for r in records(run) if "train/grad_norm" in r}
+    assert grad_norms[1] == pytest.approx(grad_norms[1]) and grad_norms[3] != grad_norms[3]  # step 3 logged NaN
+
+
+def test_nonfinite_guard_stops_on_a_logged_nan_loss():
+    """The logging path (a NaN loss with finite gradients): Trainer's real state/control objects."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from judgetrain.callbacks import NonFiniteGuard, RunStopped
+
+    args = TrainingArguments(output_dir="/tmp/unused", report_to=[])
+    state = TrainerState()
+    state.global_step = 7
+    guard = NonFiniteGuard("stop")
+    guard.on_log(args, state, TrainerControl(), logs={"loss": 0.5, "grad_norm": 1.0})
+    with pytest.raises(RunStopped, match="Non-finite loss at step 7"):
+        guard.on_log(args, state, TrainerControl(), logs={"loss": float("nan"), "grad_norm": 1.0})
+    with pytest.raises(RunStopped, match="grad_norm at step 7"):
+        NonFiniteGuard("stop").on_log(args, state, TrainerControl(), logs={"loss": 1.0, "grad_norm": float("inf")})
