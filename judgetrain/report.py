@@ -125,6 +125,10 @@ def _read_jsonl(path: Path, what: str, notes: list[str]) -> list[dict]:
     return out
 
 
+# present in every logging event (Trainer.log adds the epoch), so two events of one step share them
+_EVENT_KEYS = ("step", "epoch", "train/epoch")
+
+
 def read_metrics(path: str | Path, notes: list[str] | None = None) -> dict[int, dict[str, Any]]:
     """metrics.jsonl -> {step: record}. Events of one step are merged in file order, so a key logged again at the
     same step (a resumed run re-logging steps after its checkpoint) keeps the later value."""
@@ -139,7 +143,7 @@ def read_metrics(path: str | Path, notes: list[str] | None = None) -> dict[int, 
             continue
         step = int(step)
         seen = merged.get(step, {})
-        if (max_step is not None and step < max_step) or any(k in seen for k in rec if k not in ("step", "epoch")):
+        if (max_step is not None and step < max_step) or any(k in seen for k in rec if k not in _EVENT_KEYS):
             relogged.add(step)
         max_step = step if max_step is None else max(max_step, step)
         merged.setdefault(step, {}).update(rec)
@@ -847,13 +851,15 @@ def _print_tables(result: Mapping[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:  # piped or logged: rich would fold the metric names into 80 columns
+        console = Console(width=160)
     runs = result["runs"]
     for info in result["infos"]:
         console.print(f"[bold]{info['name']}[/bold]: {info['status']}; last step {info['last_step']}, epoch "
                       f"{_fmt_epoch(info['last_epoch'])}, {len(info['eval_points'])} eval point(s)")
     if len(runs) > 1 and result["comparison"]:
         table = Table(title="last eval (best @ epoch)")
-        table.add_column("metric", style="cyan")
+        table.add_column("metric", style="cyan", no_wrap=True)
         for run in runs:
             table.add_column(run.name, justify="right")
         table.add_column("better")
@@ -868,7 +874,8 @@ def _print_tables(result: Mapping[str, Any]) -> None:
                 continue
             table = Table(title=f"{run.name}: last eval and best epoch")
             for i, h in enumerate(SUMMARY_HEADER):
-                table.add_column(h, justify="left" if i in (0, 7) else "right", style="cyan" if i == 0 else None)
+                table.add_column(h, justify="left" if i in (0, 7) else "right", style="cyan" if i == 0 else None,
+                                 no_wrap=i == 0)
             for row in rows:
                 table.add_row(*_summary_cells(row))
             console.print(table)
