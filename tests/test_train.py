@@ -178,7 +178,10 @@ def test_wandb_offline_and_tensorboard_receive_the_eval_keys(tmp_path):
         extra="max_steps: 4\neval_every_n_steps: 4\neval_max_rows: 8\nlogging_steps: 2\nlog_matrix_images: true\n",
     )
     out = tmp_path / "run"
-    launch([recipe, "--output_dir", str(out)], env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    # through the CLI, which hands over to `accelerate launch -m judgetrain.train`
+    proc = _run([sys.executable, "-m", "judgetrain.cli", "train", recipe, "--output_dir", str(out)],
+                env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    assert "Launching: " in proc.stderr and "accelerate.commands.launch" in proc.stderr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = list(out.glob("runs/**/events.out.tfevents.*")) + list(out.glob("**/events.out.tfevents.*"))
