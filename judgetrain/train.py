@@ -503,10 +503,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from judgetrain.data import DataValidationError
+
     try:
         outcome = run()
-    except RecipeError as e:
-        print(f"judgetrain.train: {e}", file=sys.stderr)
+    except (RecipeError, DataValidationError, FileNotFoundError) as e:  # bad recipe, bad rows, missing data: one message
+        print(f"judgetrain.train: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)
     if isinstance(outcome, dict) and outcome.get("stop_reason") == "nonfinite":
         print(f"judgetrain.train: {outcome['stopped']}", file=sys.stderr)
