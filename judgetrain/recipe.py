@@ -9,6 +9,7 @@ line as ``--key value``. Unknown keys are an error that names the nearest valid 
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import logging
 import os
@@ -145,6 +146,29 @@ def _check_flags(overrides: list[str]) -> None:
                 raise RecipeError(f"unknown option --{name}{hint}")
 
 
+def _check_values(parser, config: dict, recipe_path) -> None:
+    """Type-check recipe values the way argparse checks flags, naming the key (argparse would only exit)."""
+    for action in parser._actions:
+        if action.dest not in config:
+            continue
+        key, value = action.dest, config[action.dest]
+        values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
+        for v in values:
+            if action.choices is not None and v not in action.choices and str(v) not in map(str, action.choices):
+                raise RecipeError(f"recipe {recipe_path}: {key}: {v!r} is not one of {list(action.choices)}")
+            if callable(action.type) and isinstance(v, (str, int, float)) and not isinstance(v, bool):
+                try:
+                    converted = action.type(v) if isinstance(v, str) else v
+                    if isinstance(converted, float) and action.type is int:
+                        raise ValueError
+                except (TypeError, ValueError, OverflowError, argparse.ArgumentTypeError):
+                    kind = getattr(action.type, "__name__", str(action.type))
+                    raise RecipeError(f"recipe {recipe_path}: {key}: {v!r} is not a valid {kind}") from None
+            if action.type is int and isinstance(v, float):
+                if v != v or v in (float("inf"), float("-inf")) or v != int(v):
+                    raise RecipeError(f"recipe {recipe_path}: {key}: {v!r} is not a whole number")
+
+
 def parse_recipe(argv: list[str]):
     """Parse ``[recipe.yaml] [--key value ...]`` into (JudgeTrainArguments, DPOConfig, ModelConfig, recipe_dict).
 
@@ -167,14 +191,15 @@ def parse_recipe(argv: list[str]):
                 logger.info("dry run without a GPU: checking with %s: false", key)
             config[key] = False
     parser = TrlParser(dataclass_types())
+    _check_values(parser, config, recipe_path)
     remaining = parser.set_defaults_with_config(**config)
     if remaining:
         raise RecipeError(f"recipe {recipe_path}: unknown keys {remaining[::2]}")
     try:
         script_args, training_args, model_args = parser.parse_args_into_dataclasses(args=overrides)
-    except SystemExit as e:  # argparse prints its own message
-        raise RecipeError(f"could not parse the recipe options {overrides}") from e
-    except (TypeError, ValueError) as e:
+    except SystemExit as e:  # argparse printed which flag and why
+        raise RecipeError(f"could not parse the command-line options {overrides} (see the line above)") from e
+    except (TypeError, ValueError, OverflowError) as e:
         raise RecipeError(f"recipe {recipe_path}: {e}") from e
     resolved = dict(data)
     resolved.pop("env", None)

@@ -282,8 +282,6 @@ def test_recipe_with_a_wrong_typed_value_parses_or_raises_a_recipe_error(tmp_pat
         pass  # a RecipeError, never a TypeError/ValueError/SystemExit from argparse or TRL
 
 
-@pytest.mark.xfail(strict=True, reason="recipe.py (lead): a wrong-typed value in the file says 'could not parse the "
-                   "recipe options []' without the key; argparse's own line on stderr names it")
 def test_recipe_wrong_typed_value_error_names_the_key(tmp_path):
     """Found by the property test above."""
     (tmp_path / "r.yaml").write_text(BASE_RECIPE + "learning_rate: abc\n")
@@ -397,8 +395,6 @@ def test_train_with_a_missing_data_file_is_a_clear_error(tmp_path):
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason="recipe.py (lead): parse_recipe catches TypeError/ValueError "
-                   "but not OverflowError: `save_steps: 1e400` escapes as a traceback from TrainingArguments")
 def test_recipe_with_an_infinite_step_count_is_a_recipe_error(tmp_path):
     """Found by the property test above (value 1e400 for logging_steps / save_steps)."""
     (tmp_path / "r.yaml").write_text(BASE_RECIPE + "save_steps: 1e400\n")
