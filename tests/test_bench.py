@@ -1,0 +1,90 @@
+"""`judgetrain bench` at its smallest size: bench.json's structure (keys, types, positive numbers), not timings."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from judgetrain import bench
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    rc = bench.main(["--quick", "--output", str(out)])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_quick_bench_writes_every_summary_ratio_as_a_positive_number(quick_report):
+    summary = quick_report["summary"]
+    for key in bench.SUMMARY_KEYS:
+        assert _positive(summary[key]), (key, summary[key])
+    assert isinstance(summary["targets_missed"], list)
+
+
+def test_quick_bench_records_versions_machine_and_config(quick_report):
+    for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets"):
+        assert isinstance(quick_report["versions"][name], str) and quick_report["versions"][name]
+    machine = quick_report["machine"]
+    assert machine["cpu_count"] >= 1 and isinstance(machine["platform"], str)
+    assert "gpu" in machine
+    assert quick_report["config"]["quick"] is True
+    assert quick_report["config"]["repeats"] == 1
+
+
+def test_quick_bench_train_sides_share_one_trainer_config(quick_report):
+    train = quick_report["train"]
+    assert train["config_match"] is True, train["config_diff"]
+    for side in ("judgetrain", "bare_trl"):
+        for key in ("samples_per_s", "tokens_per_s", "peak_rss_mb", "train_runtime_s", "wall_s"):
+            assert _positive(train[side][key]), (side, key)
+        assert len(train[side]["samples_per_s_runs"]) == 1
+    for opt in ("precompute_ref_log_probs", "activation_checkpointing"):
+        assert _positive(train["options"][opt]["samples_per_s_ratio"])
+
+
+def test_quick_bench_engine_and_naive_scores_agree_and_cache_holds(quick_report):
+    ev = quick_report["eval"]
+    assert ev["checks"]["engine_vs_naive_max_abs_diff"] < 1e-2
+    assert ev["checks"]["rows_compared"] == ev["rows"] == 4
+    assert ev["engine_later_epoch"]["stats"]["ref_batches"] == 0
+    assert ev["engine_first_epoch"]["stats"]["ref_batches"] > 0
+    assert 0 < ev["naive"]["padding_efficiency"] <= 1
+    assert set(ev["scale"]["seconds"]) == {"1x", "2x", "4x"}
+    assert set(quick_report["train_scale"]["train_runtime_s"]) == {"1x", "2x", "4x"}
+    assert quick_report["quickstart"]["evals"], "the quickstart run logged no eval runtime"
+
+
+def test_cuda_without_a_gpu_exits_with_a_clear_message(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert bench.main(["--device", "cuda", "--output", "/nonexistent/never-written.json"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_real_shape_flops_follow_the_documented_formula():
+    fl = bench.flops_per_token(bench.REAL_SHAPES["qwen3-8b"], 2048)
+    # Qwen3-8B: ~6.95e9 matmul params in the layers + 0.62e9 in the LM head
+    assert 7.4e9 < fl["params_matmul"] < 7.7e9
+    attn = 4 * 36 * 4096 * 2048
+    assert fl["forward"] == 2 * fl["params_matmul"] + attn
+    assert fl["dpo_lora_step"] == 2 * fl["forward"] + 2 * fl["params_matmul"] + 2 * attn
+
+
+def test_device_code_path_runs_on_a_tiny_shape_on_cpu():
+    import torch
+
+    rate = bench.measure_matmul_rate("cpu", torch.float32, n=128, seconds=0.05)
+    r = bench.device_bench_shape("tiny", "cpu", torch.float32, seq_len=32, pairs=1, steps=1, warmup=0,
+                                 eval_batch=2, peak_flops=rate)
+    for key in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu"):
+        assert _positive(r[key]), key
