@@ -54,36 +54,44 @@ def _rows(out: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (out / name / "rmbench.jsonl").read_text().splitlines()]
 
 
+@pytest.fixture(scope="module")
+def one_process(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "judgetrain.eval.cli", "--model", str(run_dir / "checkpoint-2"), *ARGS,
+                          "--output-dir", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "RM-Bench" in one.stdout and "overall" in one.stdout
+    return out
+
+
 @pytest.mark.slow
-def test_two_processes_give_the_same_metrics_and_rows_as_one(run_dir, tmp_path):
+@pytest.mark.parametrize("processes", [2, 3])
+def test_n_processes_give_the_same_metrics_and_rows_as_one(run_dir, one_process, tmp_path, processes):
     ckpt = str(run_dir / "checkpoint-2")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "judgetrain.eval.cli", "--model", ckpt, *ARGS,
-                          "--output-dir", str(tmp_path / "one")], env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    # `accelerate launch --cpu --num_processes 2` starts ONE process in accelerate 1.15 (multi-CPU needs mpirun);
-    # the torchrun-based launcher starts two, which join over gloo (judgetrain.eval.cli passes cpu=True)
-    two = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                          "--main_process_port", str(_free_port()), "-m", "judgetrain.eval.cli",
-                          "--model", ckpt, *ARGS, "--output-dir", str(tmp_path / "two")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    res1 = json.loads((tmp_path / "one" / "checkpoint-2" / "results.json").read_text())
-    res2 = json.loads((tmp_path / "two" / "checkpoint-2" / "results.json").read_text())
-    assert res1["num_processes"] == 1 and res2["num_processes"] == 2
-    rows1, rows2 = _rows(tmp_path / "one", "checkpoint-2"), _rows(tmp_path / "two", "checkpoint-2")
-    assert len(rows1) == len(rows2) == 7  # 7 rows over 2 processes: every row once, none padded in
-    assert [r["id"] for r in rows1] == [r["id"] for r in rows2]
-    for a, b in zip(rows1, rows2):
+    # `accelerate launch --cpu --num_processes N` starts ONE process in accelerate 1.15 (multi-CPU needs mpirun);
+    # the torchrun-based launcher starts N, which join over gloo (judgetrain.eval.cli passes cpu=True)
+    many = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                           str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           "--main_process_port", str(_free_port()), "-m", "judgetrain.eval.cli",
+                           "--model", ckpt, *ARGS, "--output-dir", str(tmp_path / "many")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert many.returncode == 0, many.stderr[-3000:]
+    res1 = json.loads((one_process / "checkpoint-2" / "results.json").read_text())
+    resn = json.loads((tmp_path / "many" / "checkpoint-2" / "results.json").read_text())
+    assert res1["num_processes"] == 1 and resn["num_processes"] == processes
+    rows1, rowsn = _rows(one_process, "checkpoint-2"), _rows(tmp_path / "many", "checkpoint-2")
+    assert len(rows1) == len(rowsn) == 7  # 7 rows over 2 or 3 processes: every row once, none padded in
+    assert [r["id"] for r in rows1] == [r["id"] for r in rowsn]
+    for a, b in zip(rows1, rowsn):
         assert a["score_chosen"] == pytest.approx(b["score_chosen"], abs=1e-4)
         assert a["score_rejected"] == pytest.approx(b["score_rejected"], abs=1e-4)
-    assert res1["metrics"].keys() == res2["metrics"].keys()
+    assert res1["metrics"].keys() == resn["metrics"].keys()
     for key, value in res1["metrics"].items():
         if not key.endswith("runtime"):
-            assert res2["metrics"][key] == pytest.approx(value, abs=1e-9), key
+            assert resn["metrics"][key] == pytest.approx(value, abs=1e-9), key
     assert res1["results"]["rmbench"]["domains"] == ["chat", "code", "safety"]  # math is not in the shared copy
-    assert "RM-Bench" in one.stdout and "overall" in one.stdout
 
 
 def test_run_dir_evaluates_each_checkpoint_and_reuses_the_reference(run_dir, tmp_path):
