@@ -1030,7 +1030,7 @@ def summarize(report: dict) -> dict:
 
 SIZES = {
     "default": dict(repeats=3, warmup=1, train_steps=6, train_batch_size=None, option_repeats=1, skip_options=False,
-                    scale_repeats=2, scale_train_steps=3, eval_rows=12, scale_eval_rows=6, quickstart_steps=4,
+                    scale_repeats=2, scale_train_steps=3, eval_rows=None, scale_eval_rows=12, quickstart_steps=4,
                     quickstart_overrides={}),
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
@@ -1051,15 +1051,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only these parts (default: all that apply to --device)")
     p.add_argument("--repeats", type=int, help="timed rounds per comparison (default 3; quick 1)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1; quick 0)")
-    p.add_argument("--train-steps", type=int, help="optimizer steps per train run (default 12)")
+    p.add_argument("--train-steps", type=int, help="optimizer steps per train run (default 6; quick 1)")
     p.add_argument("--train-batch-size", type=int, default=None, help="per-device batch (default: the recipe's; quick 2)")
     p.add_argument("--option-repeats", type=int, help="rounds per speed option (default 2)")
     p.add_argument("--skip-options", action="store_true", default=None, help="skip the speed-option runs (quick: skipped)")
     p.add_argument("--scale-repeats", type=int, help="rounds of the scale runs (default 2)")
     p.add_argument("--scale-train-steps", type=int, help="steps of the 1x train scale run (default 6)")
     p.add_argument("--rmbench-source", default="bundled", help="RM-Bench rows: bundled, or a file/folder (e.g. ../shared/data/rm-bench)")
-    p.add_argument("--eval-rows", type=int, help="RM-Bench rows scored (default: all of the source)")
-    p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 24)")
+    p.add_argument("--eval-rows", type=int, help="RM-Bench rows scored (default: all of the source; quick 2)")
+    p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 12)")
     p.add_argument("--naive-batch-size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
     p.add_argument("--eval-batch-tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
     p.add_argument("--eval-max-length", type=int, default=4096, help="longest scored sequence (both evaluators)")
