@@ -564,6 +564,24 @@ def _grow(pool: list[dict], n: int) -> list[dict]:
     return out
 
 
+def _interleave_domains(rows: list[dict]) -> list[dict]:
+    """Rows round robin over their domains (RM-Bench files are sorted by domain, whose response lengths differ), so
+    the first n rows are a fair draw for any n."""
+    from judgetrain.metrics import rmbench_domain
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(rmbench_domain(r.get("domain") or r.get("id", "")), []).append(r)
+    queues = [groups[k] for k in sorted(groups)]
+    out, depth = [], 0
+    while len(out) < len(rows):
+        for q in queues:
+            if depth < len(q):
+                out.append(q[depth])
+        depth += 1
+    return out
+
+
 def _engine_epoch(engine, rows: list[dict]) -> tuple[float, list[list[float]], dict]:
     from judgetrain.eval import SuiteSpec, evaluate
 
@@ -645,7 +663,10 @@ def bench_eval(cfg: argparse.Namespace, model_path: str) -> dict:
     }
     # ---- scale: a fresh engine (first epoch) on 1x, 2x, 4x distinct rows
     base = cfg.scale_eval_rows or len(rows)
-    scale_rows = {f: _grow(pool, base * f) for f in (1, 2, 4)}
+    mixed = _interleave_domains(pool)
+    scale_rows = {f: _grow(mixed, base * f) for f in (1, 2, 4)}
+    scale_tokens = {f: sum(len(ids) for ids, _ in NaiveEvaluator(model, tokenizer, max_length=cfg.eval_max_length)
+                           .sequences(scale_rows[f])) for f in (1, 2, 4)}
     times: dict[int, list[float]] = {1: [], 2: [], 4: []}
     for i, warm, order in _alternating(0, cfg.scale_repeats, [1, 2, 4]):
         for f in order:
@@ -653,7 +674,12 @@ def bench_eval(cfg: argparse.Namespace, model_path: str) -> dict:
             times[f].append(t)
     med = {f: median(v) for f, v in times.items()}
     out["scale"] = {"base_rows": base, "seconds": {f"{f}x": med[f] for f in med},
-                    "scale_2x": ratio(med[2], med[1]), "scale_4x": ratio(med[4], med[1])}
+                    "scale_2x": ratio(med[2], med[1]), "scale_4x": ratio(med[4], med[1]),
+                    "row_order": "round robin over domains", "tokens": {f"{f}x": scale_tokens[f] for f in scale_tokens},
+                    "tokens_ratio_2x": ratio(scale_tokens[2], scale_tokens[1]),
+                    "tokens_ratio_4x": ratio(scale_tokens[4], scale_tokens[1]),
+                    "per_token_scale_2x": ratio(med[2] / scale_tokens[2], med[1] / scale_tokens[1]),
+                    "per_token_scale_4x": ratio(med[4] / scale_tokens[4], med[1] / scale_tokens[1])}
     return out
 
 
