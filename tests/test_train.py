@@ -124,6 +124,42 @@ def test_quickstart_ran_as_two_process_ddp_and_logged_once(quickstart_run):
     assert len({json.dumps(r, sort_keys=True) for r in records}) == len(records), "an event was logged twice"
 
 
+def _check_report(run_dir, out):
+    """judgetrain report on a real run: the files, decodable PNGs, every image embedded, table values == metrics.jsonl."""
+    import base64
+    import re
+
+    from matplotlib.image import imread
+
+    from judgetrain.report import make_report
+
+    paths = make_report([run_dir], out)
+    html = (out / "report.html").read_text()
+    pngs = sorted(p for name, p in paths.items() if name.endswith(".png"))
+    assert pngs and "train_curves.png" in paths
+    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(embedded) == len(pngs)
+    for png in pngs:
+        img = imread(png)
+        assert img.shape[0] >= 300 and img.shape[1] >= 400 and img.shape[2] in (3, 4), png
+        assert base64.b64encode(png.read_bytes()).decode() in embedded, png
+    last = {}
+    for record in read_metrics(run_dir):
+        last.update({k: v for k, v in record.items() if k.startswith("eval/")})
+    summary = json.loads((out / "summary.json").read_text())
+    return paths, html, summary, last
+
+
+def test_report_on_the_quickstart_run(quickstart_run, tmp_path):
+    paths, html, summary, last = _check_report(quickstart_run, tmp_path / "report")
+    for name in ("rmbench_matrix_step0.png", "rmbench_matrix_step31.png", "rmbench_matrix_step62.png", "style_bias.png",
+                 "rmbench_curves.png", "judgebias_categories.png", "judgebias_types.png", "ideation.png"):
+        assert name in paths, name
+    assert "eval/rmbench/total_avg_acc" in html and "eval/judgebias/error/accuracy" in html
+    assert f"{last['eval/rmbench/total_avg_acc']:.4f}" in html
+    assert f"{last['eval/judgebias/represent/accuracy']:.4f}" in html
+
+
 def _adapter(run_dir):
     return load_file(str(Path(run_dir) / "adapter_model.safetensors"))
 
@@ -155,6 +191,9 @@ def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
     losses_ref = [r["train/loss"] for r in read_metrics(ref) if "train/loss" in r]
     losses_run = [r["train/loss"] for r in read_metrics(run) if "train/loss" in r]
     assert losses_run == pytest.approx(losses_ref, rel=1e-4)
+    # and the report of the killed-then-resumed run draws the same train curve, each step once
+    paths, html, summary, _ = _check_report(run, tmp_path / "report")
+    assert "train_curves.png" in paths and "status" in html
 
 
 def test_half_written_checkpoint_is_skipped(tmp_path, caplog):
