@@ -335,12 +335,22 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
             tokenizer.save_pretrained(training_args.output_dir)
             logger.info("Final %s saved to %s (safetensors) with recipe.yaml", "adapter" if model_args.use_peft else "model", out)
         summary["train_metrics"] = result.metrics
+    _finish_wandb(trainer)
     if hasattr(trainer, "end"):
         trainer.end()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
     stopper.uninstall()  # after the final save: a SIGTERM during it only sets the flag
     return summary
+
+
+def _finish_wandb(trainer) -> None:
+    """Close the W&B run now: its history is otherwise flushed by an exit hook, which a busy machine can cut short
+    (an offline run then holds no history at all)."""
+    for cb in trainer.callback_handler.callbacks:
+        wandb = getattr(cb, "_wandb", None)
+        if wandb is not None and getattr(wandb, "run", None) is not None:
+            wandb.finish()
 
 
 def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
