@@ -2,7 +2,7 @@
 training process and to the `accelerate launch` parent, NaN/inf gradients from a real (absurd) learning rate.
 
 Every run here is one process started as users start it (`python -m judgetrain.train` / `accelerate launch`), on a
-small recipe (judgebias only, batch 2, 6 steps, checkpoints every 2, eval of 4 rows at step 4 and at the end)."""
+small recipe (judgebias only, batch 2, 6 steps, checkpoints every 2, eval of 32 rows at step 4 and at the end)."""
 
 import json
 import os
@@ -25,7 +25,7 @@ def small_recipe(path: Path, extra: str = "") -> str:
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [judgebias]")
     text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
-    text += f"\nmax_steps: {MAX_STEPS}\nsave_steps: 2\nlogging_steps: 1\neval_every_n_steps: 4\neval_max_rows: 4\n" + extra
+    text += f"\nmax_steps: {MAX_STEPS}\nsave_steps: 2\nlogging_steps: 1\neval_every_n_steps: 4\neval_max_rows: 32\n" + extra
     path.write_text(text)
     return str(path)
 
@@ -106,16 +106,16 @@ def test_sigkill_mid_step_during_eval_and_during_checkpoint_save_then_resume_mat
     log1 = tmp_path / "1.log"
     proc = start(args, log1)
     assert wait_for(lambda: (run / "checkpoint-2" / "judgetrain_complete.json").exists(), proc), log1.read_text()[-3000:]
-    time.sleep(0.3)
+    time.sleep(0.1)
     kill(proc)
     assert not (run / "checkpoint-4").exists()
     kills.append("mid-step 3")
 
-    # 2. during the step-4 evaluation (its start is logged; the scoring of 4 rows takes a few seconds)
+    # 2. during the step-4 evaluation (its start is logged; scoring 32 rows, 64 responses, takes a second or more
+    # even on a quiet machine, and the kill follows the log line at once)
     log2 = tmp_path / "2.log"
     proc = start(resume, log2)
     assert wait_for(lambda: "Evaluating judgebias at step 4" in log2.read_text(errors="replace"), proc), log2.read_text()[-3000:]
-    time.sleep(0.2)
     kill(proc)
     assert "Resuming from" in log2.read_text() and "checkpoint-2" in log2.read_text()
     assert not (run / "checkpoint-4").exists(), "the kill came after the eval"
