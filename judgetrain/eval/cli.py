@@ -115,6 +115,11 @@ def load_target(target: str, adapter: str | None, args: argparse.Namespace):
     if adapter_dir:
         from peft import PeftModel
 
+        trained_on = json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if trained_on and Path(str(trained_on)).name != Path(str(base)).name:
+            # e.g. a tiny-judge build with another fingerprint: the adapter's deltas mean nothing on other weights
+            logger.warning("adapter %s was trained on %s, but is applied to %s: scores are not those of the trained "
+                           "model", adapter_dir, trained_on, base)
         model = PeftModel.from_pretrained(model, adapter_dir)
     return model, tokenizer, base
 
