@@ -49,20 +49,6 @@ def build_train_dataset(script_args, training_args, *, max_rows_each: int | None
     return load_mixture(components, seed=training_args.seed)
 
 
-def _ids(tokenizer, messages, add_generation_prompt=False) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=True
-    )
-    return list(out["input_ids"])
-
-
-def _lengths(example, tokenizer):
-    prompt = len(_ids(tokenizer, example["prompt"], add_generation_prompt=True))
-    chosen = len(_ids(tokenizer, example["prompt"] + example["chosen"]))
-    rejected = len(_ids(tokenizer, example["prompt"] + example["rejected"]))
-    return {"_prompt_len": prompt, "_full_len": max(chosen, rejected)}
-
-
 def _lengths_batched(batch, tokenizer):
     """Token counts as TRL will see them: prompt with generation prompt, prompt + each completion."""
     def count(conversations, gen):
@@ -84,16 +70,20 @@ def _shorten_prompt(example, tokenizer, max_length: int):
     if user is None:
         return example, False
     content_ids = tokenizer(prompt[user]["content"], add_special_tokens=False)["input_ids"]
-    cut = over + 16  # the marker and re-tokenisation at the seams cost a few tokens
-    if cut >= len(content_ids) - 16:
-        return example, False
-    keep = (len(content_ids) - cut) // 2
-    prompt[user]["content"] = (
-        tokenizer.decode(content_ids[:keep]) + "\n[... shortened to fit max_length ...]\n" + tokenizer.decode(content_ids[-keep:])
-    )
-    new = dict(example, prompt=prompt)
-    new.update(_lengths(new, tokenizer))
-    return new, new["_full_len"] <= max_length
+    marker = "\n[... shortened to fit max_length ...]\n"
+    cut = over + len(tokenizer(marker, add_special_tokens=False)["input_ids"]) + 4
+    for _ in range(4):  # re-tokenising at the two seams can cost a few tokens more than counted: cut again
+        if cut >= len(content_ids) - 16:
+            return example, False
+        keep = (len(content_ids) - cut) // 2
+        prompt[user]["content"] = tokenizer.decode(content_ids[:keep]) + marker + tokenizer.decode(content_ids[-keep:])
+        new = dict(example, prompt=[dict(m) for m in prompt])
+        counted = _lengths_batched({k: [new[k]] for k in ("prompt", "chosen", "rejected")}, tokenizer)
+        new.update({k: v[0] for k, v in counted.items()})
+        if new["_full_len"] <= max_length:
+            return new, True
+        cut += new["_full_len"] - max_length + 2
+    return example, False
 
 
 def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejects_path: str | None, num_proc=None):
