@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from judgetrain.data.judgebias import PERTURBATION_SETS, TYPE_ALIASES, TYPE_CATEGORY, perturbation_set
+from judgetrain.metrics import nan_to_none
 from judgetrain.scoreparse import parse_overall_score_result
 
 logger = logging.getLogger(__name__)
@@ -415,20 +416,10 @@ def build_pairs(
                     "min_represent_evals": min_represent_evals, "validation_fraction": validation_fraction,
                     "seed": seed, "scale": list(scale), "score_key": score_key, "anchor_sets": anchor_sets},
     }
-    (out / "stats.json").write_text(json.dumps(_json_safe(stats), indent=2) + "\n", encoding="utf-8")
+    (out / "stats.json").write_text(json.dumps(nan_to_none(stats), indent=2) + "\n", encoding="utf-8")
     logger.info("wrote %s (%d rows), %s (%d rows), stats.json", out / "train.parquet", len(train_rows),
                 out / "validation.parquet", len(val_rows))
     return stats
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 def output_schema():

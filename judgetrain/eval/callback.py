@@ -23,10 +23,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from judgetrain.eval.runner import _jsonable, evaluate, flat_metrics, write_records
+from judgetrain.eval.runner import evaluate, flat_metrics, write_records
 from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.eval.suites import SuiteSpec
-from judgetrain.metrics import to_trainer_log_keys
+from judgetrain.metrics import nan_to_none, to_trainer_log_keys
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class JudgeEvalCallback(TrainerCallback):
             write_records(results, out)
             summary = {name: {"metrics": r.metrics, "stats": r.stats} for name, r in results.items()}
             summary["step"], summary["epoch"] = step, state.epoch
-            (out / "metrics.json").write_text(json.dumps(_jsonable(summary), indent=1))
+            (out / "metrics.json").write_text(json.dumps(nan_to_none(summary), indent=1))
             if self.log_matrix_images and "rmbench" in results:
                 from judgetrain.report import log_matrix_images, rmbench_matrices
 

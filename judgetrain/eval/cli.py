@@ -181,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from accelerate import PartialState
 
-    from judgetrain.eval.runner import _jsonable, evaluate, flat_metrics, write_records
+    from judgetrain.eval.runner import evaluate, flat_metrics, write_records
     from judgetrain.eval.scoring import ScoringEngine
     from judgetrain.eval.suites import SUITES, SuiteSpec
+    from judgetrain.metrics import nan_to_none
 
     state = PartialState(cpu=_cpu_only())
     logging.basicConfig(level=logging.INFO if state.is_main_process else logging.WARNING,
@@ -242,12 +243,12 @@ def main(argv: list[str] | None = None) -> int:
                    "results": {n: r.metrics for n, r in results.items()},
                    "stats": {n: r.stats for n, r in results.items()}, "engine": engine.stats.as_dict(),
                    "num_processes": state.num_processes}
-            (out / "results.json").write_text(json.dumps(_jsonable(doc), indent=1))
+            (out / "results.json").write_text(json.dumps(nan_to_none(doc), indent=1))
             print_table(name, results)
         del model, engine
     if state.is_main_process:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))
+        (Path(args.output_dir) / "summary.json").write_text(json.dumps(nan_to_none(summary), indent=1))
     state.wait_for_everyone()
     return 0
 

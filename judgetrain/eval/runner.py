@@ -12,7 +12,7 @@ from typing import Any
 
 from judgetrain.eval.scoring import ScoringEngine, score_sharded
 from judgetrain.eval.suites import SuiteSpec, build_record, build_request, load_suite_rows, suite_metrics
-from judgetrain.metrics import flatten_eval_metrics
+from judgetrain.metrics import flatten_eval_metrics, nan_to_none
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +73,6 @@ def flat_metrics(results: dict[str, SuiteResult], prefix: str = "eval/") -> dict
     return out
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def write_records(results: dict[str, SuiteResult], directory: str | Path) -> list[Path]:
     """Write <directory>/<suite>.jsonl (one record per row). Call on the main process only."""
     directory = Path(directory)
@@ -92,6 +82,6 @@ def write_records(results: dict[str, SuiteResult], directory: str | Path) -> lis
         path = directory / f"{name}.jsonl"
         with path.open("w") as f:
             for rec in res.records:
-                f.write(json.dumps(_jsonable(rec)) + "\n")
+                f.write(json.dumps(nan_to_none(rec)) + "\n")
         paths.append(path)
     return paths
