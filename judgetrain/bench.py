@@ -303,7 +303,7 @@ class TrainBench:
 
     def __init__(self, recipe: str, workdir: Path, steps: int, batch_size: int | None, device: str):
         from judgetrain.recipe import parse_recipe
-        from judgetrain.tiny import resolve_model
+        from judgetrain.aliases import resolve_model
         from judgetrain.train import audit_lengths, build_train_dataset, load_tokenizer, model_init_kwargs
 
         self.recipe, self.workdir, self.steps, self.device = recipe, workdir, steps, device
@@ -1149,7 +1149,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["train_scale"] = bench_train_scale(args, tb, workdir / "train")
         if "eval" in parts or "scale" in parts:
             from judgetrain.recipe import parse_recipe
-            from judgetrain.tiny import resolve_model
+            from judgetrain.aliases import resolve_model
 
             _, _, model_args, _ = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")])
             report["eval"] = bench_eval(args, resolve_model(model_args.model_name_or_path))

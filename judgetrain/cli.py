@@ -14,6 +14,7 @@ COMMANDS = {
     "pairs build": ("judgetrain.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
     "bench": ("judgetrain.bench", "benchmark training and evaluation against baselines"),
     "tiny build": ("judgetrain.tiny", "build the embedded tiny judge into a model directory"),
+    "cache": ("judgetrain.cache", "list or clear the models judgetrain built into its cache"),
 }
 
 

@@ -7,7 +7,8 @@ The directory it writes is an ordinary model directory (config.json, model.safet
 tokenizer_config.json, chat_template.jinja) that `AutoModelForCausalLM.from_pretrained` and
 `AutoTokenizer.from_pretrained` load. The tokenizer is trained on the bundled sample data, so a judge evaluation of
 a few hundred words is a few hundred tokens and a CPU step takes well under a second. Recipes and `judgetrain eval`
-accept the alias ``tiny-judge`` for it (see `resolve_model`).
+accept the alias ``tiny-judge`` for it (`judgetrain.aliases`); it is built once per machine into the judgetrain
+cache (`judgetrain.cache`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from judgetrain.cache import cache_root, cached_folder, save_model_folder  # noqa: F401 (cache_root re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -134,44 +135,32 @@ def build_tiny_judge(out_dir: str | os.PathLike, *, seed: int = 0, config: dict 
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    save_model_folder(model, tokenizer, out)  # every caller's rank writes (save_pretrained would skip rank != 0)
     (out / "judgetrain_tiny.json").write_text(
         json.dumps({"seed": seed, "config": cfg, "fingerprint": _fingerprint(cfg, seed, texts)}, indent=1)
     )
     return str(out)
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("JUDGETRAIN_CACHE", Path.home() / ".cache" / "judgetrain"))
-
-
 def ensure_tiny_judge(*, seed: int = 0) -> str:
-    """Return the path of the tiny judge, building it once into the cache (safe when several processes race)."""
+    """Return the folder of the tiny judge, building it once per machine into the judgetrain cache (one process
+    builds, the others wait for it; a broken entry is rebuilt)."""
     cfg = dict(DEFAULT_CONFIG)
     key = _fingerprint(cfg, seed, _corpus_texts())
-    target = cache_root() / f"tiny-judge-{key}"
-    if (target / "judgetrain_tiny.json").is_file():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-judge-", dir=target.parent))
-    try:
-        logger.info("Building the tiny judge into %s", target)
-        build_tiny_judge(tmp, seed=seed, config=cfg)
-        try:
-            os.replace(tmp, target)  # atomic: another process either sees nothing or the whole directory
-        except OSError:
-            if not (target / "judgetrain_tiny.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
+    return cached_folder(
+        f"{TINY_ALIAS}-{key}",
+        lambda out: build_tiny_judge(out, seed=seed, config=cfg),
+        info={"alias": TINY_ALIAS, "seed": seed, "fingerprint": key},
+        required=("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "judgetrain_tiny.json"),
+        description="the tiny judge",
+    )
 
 
 def resolve_model(name_or_path: str) -> str:
-    """Map the ``tiny-judge`` alias to the built directory; anything else (hub id or path) passes through."""
-    return ensure_tiny_judge() if name_or_path == TINY_ALIAS else name_or_path
+    """Kept for callers of earlier versions: see `judgetrain.aliases.resolve_model`."""
+    from judgetrain.aliases import resolve_model as resolve
+
+    return resolve(name_or_path)
 
 
 def main(argv: list[str] | None = None) -> int:

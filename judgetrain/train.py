@@ -253,7 +253,7 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
         RunStopped,
         truncate_metrics,
     )
-    from judgetrain.tiny import resolve_model
+    from judgetrain.aliases import resolve_model
 
     state = PartialState()
     out = Path(training_args.output_dir)
@@ -346,7 +346,7 @@ def _finish_wandb(trainer) -> None:
 def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     """Check a recipe without loading weights: schema (already parsed), files, accelerate config, data and lengths
     on the first ``audit_rows`` rows. Hub sources and tokenizers unreachable offline are reported, not fatal."""
-    from judgetrain.tiny import TINY_ALIAS, resolve_model
+    from judgetrain.aliases import is_alias, resolve_model
 
     report: dict = {"recipe": "ok", "problems": [], "notes": []}
     if script_args.accelerate_config:
@@ -378,7 +378,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     model = model_args.model_name_or_path
     action = script_args.long_rows
     try:
-        tokenizer = load_tokenizer(resolve_model(model) if model == TINY_ALIAS else model, training_args)
+        tokenizer = load_tokenizer(resolve_model(model) if is_alias(model) else model, training_args)
         report["tokenizer"] = model
     except Exception as e:
         if isinstance(e, RecipeError) or not _is_offline_error(e):

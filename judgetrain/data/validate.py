@@ -170,12 +170,23 @@ def default_rejects_path(dataset: str, split: str) -> Path:
 
 
 def write_rejects(path: str | os.PathLike, records: Iterable[dict]) -> Path:
+    """Write the rejects jsonl through a temporary file and a rename (a reader never sees half a file). In a
+    multi-process launch every process validates the same rows; only global rank 0 writes."""
     path = Path(path)
+    if not is_global_main_process():
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as fh:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
         for rec in records:
             fh.write(json.dumps(json_safe(rec), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
     return path
+
+
+def is_global_main_process() -> bool:
+    """Rank 0 of a torchrun / accelerate launch (RANK is set by the launcher), or a process that was not launched."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
 
 
 @dataclass

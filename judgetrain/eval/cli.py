@@ -78,7 +78,7 @@ def find_targets(model: str) -> list[str]:
 
 def _resolve(name: str) -> str:
     try:
-        from judgetrain.tiny import resolve_model
+        from judgetrain.aliases import resolve_model
     except ImportError:
         return name
     return resolve_model(name)

@@ -1,0 +1,43 @@
+"""Model aliases: short names that recipes and `judgetrain eval --model` accept in place of a hub id or a folder.
+
+Each alias names a model folder that judgetrain builds itself into its cache (`judgetrain.cache`), once per machine,
+race-free across the processes of a launch. Anything that is not an alias (a hub id, a local folder) passes through.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+_ALIASES: dict[str, tuple[str, Callable[[], str]]] = {}
+
+
+def register_alias(name: str, ensure: Callable[[], str], description: str) -> None:
+    """``ensure()`` returns the folder of the alias's model, building it into the cache when needed."""
+    _ALIASES[name] = (description, ensure)
+
+
+def _load_builtin() -> None:
+    if _ALIASES:
+        return
+    from judgetrain import tiny
+
+    register_alias(tiny.TINY_ALIAS, tiny.ensure_tiny_judge, "the embedded tiny judge (Qwen2, random init, built from a seed)")
+
+
+def aliases() -> dict[str, str]:
+    """Alias -> one-line description."""
+    _load_builtin()
+    return {name: desc for name, (desc, _) in _ALIASES.items()}
+
+
+def is_alias(name_or_path: str) -> bool:
+    _load_builtin()
+    return name_or_path in _ALIASES
+
+
+def resolve_model(name_or_path: str) -> str:
+    """The model folder of an alias (built on first use); any other name or path unchanged."""
+    _load_builtin()
+    if name_or_path in _ALIASES:
+        return _ALIASES[name_or_path][1]()
+    return name_or_path
