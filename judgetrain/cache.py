@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 logger = logging.getLogger(__name__)
 
 MANIFEST = "judgetrain_manifest.json"
-_VERIFIED: dict[str, float] = {}  # folder -> manifest mtime, verified in this process
+_VERIFIED: dict[str, tuple] = {}  # folder -> stat signature of its files when this process verified it
 
 
 def cache_root() -> Path:
@@ -172,7 +172,7 @@ def cached_folder(entry: str, build: Callable[[Path], None], *, info: dict | Non
     with file_lock(root / f"{entry}.lock", wait_message=f"Waiting for another process to build {what} in {target}"):
         problem = manifest_problem(target, required=required)
         if problem is None:
-            _VERIFIED[str(target)] = (target / MANIFEST).stat().st_mtime
+            _VERIFIED[str(target)] = _signature(target)
             return str(target)
         if target.exists():
             logger.warning("Cache entry %s is incomplete or corrupt (%s): rebuilding it", target, problem)
@@ -191,21 +191,28 @@ def cached_folder(entry: str, build: Callable[[Path], None], *, info: dict | Non
             logger.info("Built %s in %.1f s", what, time.time() - started)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        _VERIFIED[str(target)] = (target / MANIFEST).stat().st_mtime
+        _VERIFIED[str(target)] = _signature(target)
     return str(target)
 
 
-def _trusted(target: Path, required: tuple[str, ...]) -> bool:
-    """Already verified by this process (and unchanged since), or verified now without the lock."""
-    marker = target / MANIFEST
+def _signature(folder: Path) -> tuple:
+    """Names, sizes and modification times of the files of ``folder``: a rewrite changes it, reading does not."""
     try:
-        mtime = marker.stat().st_mtime
+        return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file())
     except OSError:
+        return ()
+
+
+def _trusted(target: Path, required: tuple[str, ...]) -> bool:
+    """Verified by this process and unchanged since (hashing a large model on every call would cost seconds), or
+    verified now without taking the lock."""
+    if not (target / MANIFEST).is_file():
         return False
-    if _VERIFIED.get(str(target)) == mtime:
+    signature = _signature(target)
+    if signature and _VERIFIED.get(str(target)) == signature:
         return True
     if manifest_problem(target, required=required) is None:
-        _VERIFIED[str(target)] = mtime
+        _VERIFIED[str(target)] = signature
         return True
     return False
 
@@ -218,6 +225,7 @@ def save_model_folder(model, tokenizer, out: str | os.PathLike) -> None:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records it (TRL picks the class by it)
     model.config.save_pretrained(out)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(out)
