@@ -2,7 +2,8 @@
 once per machine and trusted only when complete.
 
 Layout: ``$JUDGETRAIN_CACHE`` (default ``~/.cache/judgetrain``) holds one folder per entry, e.g.
-``tiny-judge-<fingerprint>/``, and a ``<entry>.lock`` file beside it.
+``tiny-judge-<fingerprint>/``, a ``<entry>.lock`` file beside it, and ``builds.jsonl`` (one line per build: entry,
+time, seconds, host, process and rank).
 
 - One process builds. Every process that needs an entry takes an exclusive file lock on ``<entry>.lock``; the first
   builds into a temporary folder and moves it into place, the others wait on the lock and then load the finished
@@ -26,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +36,7 @@ from typing import Callable, Iterator
 logger = logging.getLogger(__name__)
 
 MANIFEST = "judgetrain_manifest.json"
+_NOT_ENTRIES = {"rejects"}  # default rejects folder of `judgetrain data check` (judgetrain.data.validate)
 _VERIFIED: dict[str, tuple] = {}  # folder -> stat signature of its files when this process verified it
 
 
@@ -188,11 +191,22 @@ def cached_folder(entry: str, build: Callable[[Path], None], *, info: dict | Non
                 raise RuntimeError(f"building {what} produced an incomplete folder: {problem}")
             os.replace(tmp, target)
             _fsync_path(root)
-            logger.info("Built %s in %.1f s", what, time.time() - started)
+            seconds = time.time() - started
+            _record_build(root, entry, seconds)
+            logger.info("Built %s in %.1f s", what, seconds)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         _VERIFIED[str(target)] = _signature(target)
     return str(target)
+
+
+def _record_build(root: Path, entry: str, seconds: float) -> None:
+    """Append one line to ``builds.jsonl`` (under the entry's lock): which process built what, when, how long."""
+    record = {"entry": entry, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 2),
+              "host": socket.gethostname(), "pid": os.getpid(), "rank": os.environ.get("RANK"),
+              "local_rank": os.environ.get("LOCAL_RANK")}
+    with (root / "builds.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def _signature(folder: Path) -> tuple:
@@ -245,7 +259,7 @@ def list_entries() -> list[dict]:
     rows = []
     if not root.is_dir():
         return rows
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in _NOT_ENTRIES):
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         problem = manifest_problem(folder, hashes=False)
         rows.append({"entry": folder.name, "path": str(folder), "bytes": size, "state": problem or "complete"})
@@ -269,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         n = 0
         if root.is_dir():
             for p in root.iterdir():
-                if p.is_dir():
+                if p.is_dir() and p.name not in _NOT_ENTRIES:
                     shutil.rmtree(p, ignore_errors=True)
                     n += 1
                 elif p.suffix == ".lock":

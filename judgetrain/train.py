@@ -283,6 +283,9 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
         )
     if state.is_main_process:
         (out / "data_audit.json").write_text(json.dumps(audit, indent=1))
+    if len(dataset) == 0:
+        raise RecipeError(f"no training rows left after validation and the length audit (see {out / 'rejects'} and "
+                          f"{out / 'data_audit.json'}): raise max_length or change long_rows / on_bad_row")
     # TRL's own length filter must find nothing left to drop silently: error/skip/shorten_prompt removed such rows.
     train_dataset = dataset.select_columns(["prompt", "chosen", "rejected"])
 

@@ -165,8 +165,9 @@ def json_safe(value: Any) -> Any:
 
 def default_rejects_path(dataset: str, split: str) -> Path:
     """``$JUDGETRAIN_CACHE/rejects/<dataset>-<split>.jsonl`` (default cache ~/.cache/judgetrain)."""
-    root = Path(os.environ.get("JUDGETRAIN_CACHE") or Path.home() / ".cache" / "judgetrain")
-    return root / "rejects" / f"{dataset}-{split}.jsonl"
+    from judgetrain.cache import cache_root
+
+    return cache_root() / "rejects" / f"{dataset}-{split}.jsonl"
 
 
 def write_rejects(path: str | os.PathLike, records: Iterable[dict]) -> Path:

@@ -1,0 +1,41 @@
+"""Shared test helpers: the repository root, the shared data folder, and launching judgetrain as a user does."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "recipes" / "quickstart.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, *, env=None, timeout=900, check=True, cwd=REPO) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}: {cmd}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n"
+                             f"{proc.stderr[-8000:]}")
+    return proc
+
+
+def accelerate_launch(config: str, module_args, *, port: int | None = None, **kw) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file accelerate_configs/<config> -m judgetrain.train ...`, as the README writes it
+    (a free rendezvous port is added so that launches of parallel test runs do not meet on the default one)."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", REPO / "accelerate_configs" / config]
+    if port is not None or config != "single_gpu.yaml":
+        cmd += ["--main_process_port", port or free_port()]
+    return run(cmd + ["-m", "judgetrain.train", *module_args], **kw)
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
