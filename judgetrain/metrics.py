@@ -26,6 +26,7 @@ __all__ = [
     "rmbench_accuracy",
     "rmbench_domain",
     "rmbench_results",
+    "rmbench_matrices",
     "judgebias_checks",
     "ideation_accuracy",
     "flatten_eval_metrics",
@@ -114,6 +115,28 @@ def rmbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- JudgeBias
+def rmbench_matrices(rows: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """{"overall": 3x3, <domain>: 3x3, ...} from RM-Bench per-row scores (safety-refuse/-response pooled).
+
+    The overall matrix is the unweighted mean of the domain matrices (chat/math/code/safety present), so its
+    triangle means equal the logged ``eval/rmbench/{hard,normal,easy}_acc``."""
+    # skipped rows (score None) are left out, as the eval engine's own metrics do
+    rows = [r for r in rows if not r.get("skipped") and _is_triple(r.get("score_chosen"))
+            and _is_triple(r.get("score_rejected"))]
+    res = rmbench_results(rows)
+    domains = list(res.get("domains", [])) + list(res.get("other_domains", []))
+    out: dict[str, np.ndarray] = {}
+    if res.get("domains"):
+        out["overall"] = np.mean([np.asarray(res[d]["matrix"], dtype=float) for d in res["domains"]], axis=0)
+    for d in domains:
+        out[d] = np.asarray(res[d]["matrix"], dtype=float)
+    return out
+
+
+def _is_triple(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == 3
+
+
 def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else math.nan
 

@@ -19,16 +19,9 @@ from PIL import Image
 
 from judgetrain import cli
 from judgetrain.eval.suites import suite_metrics
-from judgetrain.metrics import flatten_eval_metrics
-from judgetrain.report import (
-    build_report,
-    load_run,
-    log_matrix_images,
-    make_report,
-    matrix_figure,
-    read_metrics,
-    rmbench_matrices,
-)
+from judgetrain.metrics import flatten_eval_metrics, rmbench_matrices
+from judgetrain.plots import log_matrix_images, matrix_figure
+from judgetrain.report import build_report, load_run, make_report, read_metrics
 
 DOMAINS = ("chat", "code", "safety-refuse", "safety-response")
 TYPES = {"element_substitution": "error", "numerical_perturbation": "error",
