@@ -173,8 +173,9 @@ def _device_peak(result: dict) -> None:
 
 def _worker_train_judgetrain(spec: dict) -> dict:
     """judgetrain's own trainer path, exactly as `accelerate launch -m judgetrain.train` runs it."""
-    from judgetrain.train import init_process_state, train
+    from judgetrain.launch import init_process_state
     from judgetrain.recipe import parse_recipe
+    from judgetrain.train import train
 
     init_process_state()
     script_args, training_args, model_args, resolved = parse_recipe(spec["argv"])
@@ -304,7 +305,8 @@ class TrainBench:
     def __init__(self, recipe: str, workdir: Path, steps: int, batch_size: int | None, device: str):
         from judgetrain.recipe import parse_recipe
         from judgetrain.aliases import resolve_model
-        from judgetrain.train import audit_lengths, build_train_dataset, load_tokenizer, model_init_kwargs
+        from judgetrain.data.lengths import audit_lengths
+        from judgetrain.train import build_train_dataset, load_tokenizer, model_init_kwargs
 
         self.recipe, self.workdir, self.steps, self.device = recipe, workdir, steps, device
         self.base = {"eval_suites": "none", "save_strategy": "no", "report_to": "none", "logging_steps": 1_000_000,

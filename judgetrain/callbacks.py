@@ -1,5 +1,6 @@
 """Trainer callbacks that make a run readable and resumable: metrics.jsonl, complete-checkpoint markers,
-non-finite loss guards and a graceful stop on SIGTERM / Ctrl-C."""
+non-finite loss guards and a graceful stop on SIGTERM / Ctrl-C. The checkpoint files they write and read back
+are described in `judgetrain.checkpoints`."""
 
 from __future__ import annotations
 
@@ -13,11 +14,9 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
+from judgetrain.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_dir, write_marker
+
 logger = logging.getLogger(__name__)
-
-COMPLETE_MARKER = "judgetrain_complete.json"
-METRICS_FILE = "metrics.jsonl"
-
 
 class RunStopped(Exception):
     """Raised from a callback to leave ``trainer.train()`` at once, skipping the epoch-end evaluation and save that
@@ -50,29 +49,6 @@ class MetricsJsonlCallback(TrainerCallback):
             os.fsync(f.fileno())
 
 
-def truncate_metrics(output_dir: str, last_step: int) -> int:
-    """Drop metrics.jsonl records after ``last_step`` (logged after the checkpoint a run resumes from) and a torn
-    last line, so a resumed run continues without duplicated or missing steps. Returns how many lines were dropped."""
-    path = Path(output_dir) / METRICS_FILE
-    if not path.is_file():
-        return 0
-    kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            dropped += 1  # torn write of a killed process
-            continue
-        if record.get("step", 0) <= last_step:
-            kept.append(line)
-        else:
-            dropped += 1
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
-    return dropped
-
-
 class CheckpointMarkerCallback(TrainerCallback):
     """Write ``judgetrain_complete.json`` (file names and sizes) into a checkpoint once every process has finished
     saving it. A checkpoint without a valid marker is half-written and never resumed from."""
@@ -96,7 +72,7 @@ class CheckpointMarkerCallback(TrainerCallback):
         """A save about to rewrite checkpoint-N (a resumed run reaching a step whose checkpoint was torn) must not
         leave the old marker vouching for half-rewritten files."""
         if state.is_world_process_zero:
-            marker = Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE_MARKER
+            marker = checkpoint_dir(args.output_dir, state.global_step) / COMPLETE_MARKER
             if marker.is_file():
                 marker.unlink()
 
@@ -105,54 +81,11 @@ class CheckpointMarkerCallback(TrainerCallback):
 
         PartialState().wait_for_everyone()
         if state.is_world_process_zero:
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            ckpt = checkpoint_dir(args.output_dir, state.global_step)
             if ckpt.is_dir():
                 write_marker(ckpt, state.global_step)
         self.saved_step = state.global_step
         PartialState().wait_for_everyone()
-
-
-def write_marker(ckpt: Path, step: int) -> None:
-    files = {p.name: p.stat().st_size for p in sorted(ckpt.iterdir()) if p.is_file() and p.name != COMPLETE_MARKER}
-    tmp = ckpt / (COMPLETE_MARKER + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
-    os.replace(tmp, ckpt / COMPLETE_MARKER)
-
-
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """None when ``ckpt`` is complete, else why not."""
-    marker = ckpt / COMPLETE_MARKER
-    if not marker.is_file():
-        return "no completion marker (the save was interrupted)"
-    try:
-        files = json.loads(marker.read_text())["files"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return "unreadable completion marker"
-    for name, size in files.items():
-        path = ckpt / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} were written"
-    return None
-
-
-def find_resume_checkpoint(output_dir: str) -> str | None:
-    """The newest complete ``checkpoint-N`` in ``output_dir``; incomplete newer ones are skipped with a warning."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return None
-    ckpts = []
-    for p in root.glob("checkpoint-*"):
-        suffix = p.name.split("-", 1)[1]
-        if p.is_dir() and suffix.isdigit():
-            ckpts.append((int(suffix), p))
-    for _, ckpt in sorted(ckpts, reverse=True):
-        problem = checkpoint_problem(ckpt)
-        if problem is None:
-            return str(ckpt)
-        logger.warning("Skipping incomplete checkpoint %s: %s", ckpt, problem)
-    return None
 
 
 class NonFiniteGuard(TrainerCallback):
@@ -267,7 +200,7 @@ class GracefulStop(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
             if state.is_world_process_zero:
-                marker = Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE_MARKER
+                marker = checkpoint_dir(args.output_dir, state.global_step) / COMPLETE_MARKER
                 if marker.is_file():
                     marker.unlink()  # about to be rewritten: the old marker must not vouch for it
 
@@ -275,7 +208,7 @@ class GracefulStop(TrainerCallback):
         if not self.requested:
             return
         self.saved_step = state.global_step
-        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        ckpt = checkpoint_dir(args.output_dir, state.global_step)
         message = f"Stopped by {self.signal_name} at step {state.global_step}: checkpoint saved to {ckpt}; continue with --resume auto"
         logger.warning(message)
         raise RunStopped("signal", state.global_step, message, checkpoint=str(ckpt))

@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from judgetrain.data import load_judgebias
 from judgetrain.recipe import RecipeError
-from judgetrain.train import _lengths_batched, audit_lengths
+from judgetrain.data.lengths import _lengths_batched, audit_lengths
 
 
 @pytest.fixture(scope="module")

@@ -56,12 +56,12 @@ def test_callback_logs_eval_keys_each_epoch_in_a_dpo_run(tiny_dir, tmp_path):
     out = tmp_path / "run"
     args = DPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_train_epochs=2, learning_rate=1e-2,
                      logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", max_length=128)
-    cb = JudgeEvalCallback(_suites(), batch_tokens=512, on_start=True)
     torch.manual_seed(0)
     trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_dir), args=args, train_dataset=train,
                          processing_class=tok, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
-                         callbacks=[MetricsJsonlCallback(str(out)), cb])
-    cb.attach(trainer)
+                         callbacks=[MetricsJsonlCallback(str(out))])
+    cb = JudgeEvalCallback(_suites(), batch_tokens=512, on_start=True, trainer=trainer)
+    trainer.add_callback(cb)  # as TRL's own callbacks are added
     trainer.train()
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -80,6 +80,8 @@ def test_callback_logs_eval_keys_each_epoch_in_a_dpo_run(tiny_dir, tmp_path):
     assert cb.engine.stats.ref_sequences_computed == 6 * 6 + 4 * 2 + 3 * 2  # reference computed once, for 3 evals
     rows = [json.loads(line) for line in (out / "eval" / "2" / "rmbench.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and len(rows[0]["score_chosen"]) == 3 and rows[0]["id"] == "chat/0"
-    summary = json.loads((out / "eval" / "2" / "metrics.json").read_text())
-    assert summary["rmbench"]["metrics"]["missing_domains"] == ["math"]
+    summary = json.loads((out / "eval" / "2" / "results.json").read_text())  # the shape `judgetrain eval` writes
+    assert summary["results"]["rmbench"]["missing_domains"] == ["math"]
+    assert summary["step"] == 2 and summary["scoring"] == "implicit"
+    assert summary["metrics"]["eval/rmbench/hard_acc"] == evals[-1]["eval/rmbench/hard_acc"]
     assert trainer.model.training  # the callback gave the model back in train mode

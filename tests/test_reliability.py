@@ -235,7 +235,7 @@ def test_nan_gradient_stops_naming_the_step_and_keeps_the_last_good_checkpoint(t
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
     assert not (run / "adapter_model.safetensors").exists() and not (run / "eval").exists()
     assert train_steps(run) == [1, 2]
-    from judgetrain.callbacks import find_resume_checkpoint
+    from judgetrain.checkpoints import find_resume_checkpoint
 
     assert find_resume_checkpoint(str(run)) == str(good)
 

@@ -199,7 +199,7 @@ def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
 
 
 def test_half_written_checkpoint_is_skipped(tmp_path, caplog):
-    from judgetrain.callbacks import find_resume_checkpoint, write_marker
+    from judgetrain.checkpoints import find_resume_checkpoint, write_marker
 
     good, torn, unmarked = tmp_path / "checkpoint-4", tmp_path / "checkpoint-8", tmp_path / "checkpoint-12"
     for d in (good, torn, unmarked):

@@ -1,32 +1,33 @@
 """Per-epoch judge evaluation inside a transformers / TRL Trainer.
 
-    cb = JudgeEvalCallback([SuiteSpec("rmbench", max_rows=200), SuiteSpec("judgebias")], tokenizer=tok)
-    trainer = DPOTrainer(..., callbacks=[cb])
-    cb.attach(trainer)          # required: the callback logs through trainer.log and reads trainer.accelerator
+    trainer = DPOTrainer(...)
+    trainer.add_callback(JudgeEvalCallback([SuiteSpec("rmbench", max_rows=200), SuiteSpec("judgebias")], trainer=trainer))
     trainer.train()
+
+Like TRL's own evaluation callbacks (``WinRateCallback(judge, trainer)``) it is given its trainer: it logs through
+``trainer.log`` and scores ``trainer.model`` with ``trainer.accelerator``.
 
 At each epoch end (and every ``every_n_steps`` optimizer steps, and before the first step with ``on_start``) every
 process scores its shard of each suite with the same `ScoringEngine` (reference log-probs cached from the first
 eval on), the results are gathered, and the metrics are logged with ``trainer.log`` under ``eval_<suite>/...``
 keys: transformers' report_to callbacks (and the run's metrics.jsonl writer) apply ``rewrite_logs``, which turns
-them into the DESIGN.md names ``eval/<suite>/...`` (a key already spelled ``eval/...`` would become
-``train/eval/...``). The main process writes per-row scores to ``<output_dir>/eval/<step>/<suite>.jsonl`` and
-the full nested results (RM-Bench matrix, counts, engine stats) to ``<output_dir>/eval/<step>/metrics.json``.
+them into the names ``eval/<suite>/...`` (a key already spelled ``eval/...`` would become ``train/eval/...``). The
+main process writes ``<output_dir>/eval/<step>/``: per-row scores ``<suite>.jsonl`` and ``results.json``, the same
+files `judgetrain eval` writes (`judgetrain.eval.runner.evaluate_and_write`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from judgetrain.eval.runner import evaluate, flat_metrics, write_records
+from judgetrain.eval.runner import evaluate_and_write
 from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.eval.suites import SuiteSpec
-from judgetrain.metrics import nan_to_none, to_trainer_log_keys
+from judgetrain.metrics import to_trainer_log_keys
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class JudgeEvalCallback(TrainerCallback):
         max_length, long_inputs, batch_tokens, generate_samples: passed to `ScoringEngine`.
         output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
-        trainer: the trainer, or call `attach` after building it.
+        trainer: the trainer (or call `attach` once it is built); add the callback with ``trainer.add_callback``.
         log_matrix_images: also log the RM-Bench 3x3 heatmaps as images to the active W&B / TensorBoard callbacks.
     """
 
@@ -83,7 +84,7 @@ class JudgeEvalCallback(TrainerCallback):
             self.attach(trainer)
 
     @classmethod
-    def from_recipe(cls, script_args: Any, training_args: Any, model_args: Any, tokenizer: Any) -> JudgeEvalCallback:
+    def from_recipe(cls, script_args: Any, training_args: Any, tokenizer: Any, *, trainer: Any = None) -> JudgeEvalCallback:
         """Build from judgetrain's recipe dataclasses (JudgeTrainArguments, DPOConfig, ModelConfig)."""
         sources = {
             "rmbench": script_args.eval_rmbench_source,
@@ -110,6 +111,7 @@ class JudgeEvalCallback(TrainerCallback):
             batch_tokens=script_args.eval_batch_tokens,
             output_dir=training_args.output_dir,
             log_matrix_images=getattr(script_args, "log_matrix_images", False),
+            trainer=trainer,
         )
 
     def attach(self, trainer: Any) -> JudgeEvalCallback:
@@ -168,7 +170,7 @@ class JudgeEvalCallback(TrainerCallback):
     def run(self, state: Any) -> dict[str, float]:
         """Evaluate now (all processes), log and write the per-row scores. Returns the flat metrics."""
         if self.trainer is None:
-            raise RuntimeError("JudgeEvalCallback needs its trainer: call callback.attach(trainer) after building it")
+            raise RuntimeError("JudgeEvalCallback needs its trainer: JudgeEvalCallback(..., trainer=trainer), or callback.attach(trainer)")
         step = int(state.global_step)
         if self.last_step == step:  # already evaluated at this step (epoch end on an every_n_steps step)
             return self.history[-1] if self.history else {}
@@ -182,18 +184,15 @@ class JudgeEvalCallback(TrainerCallback):
             self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), **self.engine_kwargs)
         else:
             self.engine.set_model(model)
-        results = evaluate(self.engine, self.suites, state=PartialState())
-        flat = flat_metrics(results)
+        out = Path(self.output_dir) / "eval" / str(step)
+        results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), step=step,
+                                              epoch=state.epoch)
+        flat = summary["metrics"]
         self.history.append(flat)
         self._log(to_trainer_log_keys(flat))
-        if self.trainer.is_world_process_zero():
-            out = Path(self.output_dir) / "eval" / str(step)
-            write_records(results, out)
-            summary = {name: {"metrics": r.metrics, "stats": r.stats} for name, r in results.items()}
-            summary["step"], summary["epoch"] = step, state.epoch
-            (out / "metrics.json").write_text(json.dumps(nan_to_none(summary), indent=1))
-            if self.log_matrix_images and "rmbench" in results:
-                from judgetrain.report import log_matrix_images, rmbench_matrices
+        if self.log_matrix_images and "rmbench" in results and self.trainer.is_world_process_zero():
+            from judgetrain.metrics import rmbench_matrices
+            from judgetrain.plots import log_matrix_images
 
-                log_matrix_images(self.trainer, rmbench_matrices(results["rmbench"].records), step)
+            log_matrix_images(self.trainer, rmbench_matrices(results["rmbench"].records), step)
         return flat

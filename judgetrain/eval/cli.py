@@ -11,8 +11,9 @@ every row is scored once. Implicit scoring of an adapter uses the base model (ad
 of a full model it needs ``--ref-model`` (without one the score is the plain log-likelihood). The reference
 log-probs are cached across the checkpoints of one run when they share the reference.
 
-Writes, per evaluated model, ``<output-dir>/<name>/results.json`` (flat DESIGN.md keys, nested metrics, engine
-stats) and ``<suite>.jsonl`` (per-row scores); prints the RM-Bench table (domains x hard/normal/easy/avg).
+Writes, per evaluated model, ``<output-dir>/<name>/results.json`` (flat logged keys, nested metrics, engine stats)
+and ``<suite>.jsonl`` (per-row scores), the files the training callback writes per eval step
+(`judgetrain.eval.runner.evaluate_and_write`); prints the RM-Bench table (domains x hard/normal/easy/avg).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from judgetrain.checkpoints import checkpoint_step
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +63,8 @@ def _is_model_dir(path: Path) -> bool:
 
 
 def _step(path: Path) -> int:
-    m = re.search(r"checkpoint-(\d+)$", path.name)
-    return int(m.group(1)) if m else -1
+    step = checkpoint_step(path)
+    return -1 if step is None else step
 
 
 def find_targets(model: str) -> list[str]:
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from accelerate import PartialState
 
-    from judgetrain.eval.runner import evaluate, flat_metrics, write_records
+    from judgetrain.eval.runner import evaluate_and_write
     from judgetrain.eval.scoring import ScoringEngine
     from judgetrain.eval.suites import SUITES, SuiteSpec
     from judgetrain.metrics import nan_to_none
@@ -231,19 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         engine = ScoringEngine(model, tokenizer, ref_model=ref_model, scoring=args.scoring, max_length=args.max_length,
                                long_inputs=args.long_inputs, batch_tokens=args.batch_tokens,
                                generate_samples=args.generate_samples,
-                               ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base)
-        engine._ref_cache = ref_cache
-        results = evaluate(engine, specs, state=state)
-        flat = flat_metrics(results)
-        summary[name] = flat
+                               ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base,
+                               ref_cache=ref_cache)
+        results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, model=target,
+                                          adapter=args.adapter)
+        summary[name] = doc["metrics"]
         if state.is_main_process:
-            out = Path(args.output_dir) / name
-            write_records(results, out)
-            doc = {"model": target, "adapter": args.adapter, "scoring": args.scoring, "metrics": flat,
-                   "results": {n: r.metrics for n, r in results.items()},
-                   "stats": {n: r.stats for n, r in results.items()}, "engine": engine.stats.as_dict(),
-                   "num_processes": state.num_processes}
-            (out / "results.json").write_text(json.dumps(nan_to_none(doc), indent=1))
             print_table(name, results)
         del model, engine
     if state.is_main_process:

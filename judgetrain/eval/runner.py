@@ -1,10 +1,13 @@
-"""Run suites through a `ScoringEngine`, sharded over processes; used by the callback and by `judgetrain eval`."""
+"""Run suites through a `ScoringEngine`, sharded over processes, and write what they found.
+
+`evaluate_and_write` is the one evaluation path: the per-epoch callback and `judgetrain eval` both call it, so both
+write the same files: ``<suite>.jsonl`` (one record per row) and ``results.json`` (see `eval_summary`).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,3 +88,39 @@ def write_records(results: dict[str, SuiteResult], directory: str | Path) -> lis
                 f.write(json.dumps(nan_to_none(rec)) + "\n")
         paths.append(path)
     return paths
+
+
+RESULTS_FILE = "results.json"
+
+
+def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_processes: int = 1,
+                 **about: Any) -> dict[str, Any]:
+    """The results.json document: ``about`` (what was scored: model / adapter, or step / epoch), the logged flat
+    ``metrics``, the nested ``results`` and per-suite ``stats`` of each suite, and the engine's totals."""
+    return {
+        **about,
+        "scoring": engine.scoring,
+        "metrics": flat_metrics(results),
+        "results": {name: r.metrics for name, r in results.items()},
+        "stats": {name: r.stats for name, r in results.items()},
+        "engine": engine.stats.as_dict(),
+        "num_processes": num_processes,
+    }
+
+
+def evaluate_and_write(
+    engine: ScoringEngine,
+    specs: list[SuiteSpec],
+    directory: str | Path,
+    *,
+    state: Any | None = None,
+    **about: Any,
+) -> tuple[dict[str, SuiteResult], dict[str, Any]]:
+    """`evaluate` on every process, then, on the main process, ``<directory>/<suite>.jsonl`` and
+    ``<directory>/results.json``. Returns (results, summary); every process gets both."""
+    results = evaluate(engine, specs, state=state)
+    summary = eval_summary(results, engine, num_processes=getattr(state, "num_processes", 1), **about)
+    if state is None or state.is_main_process:
+        write_records(results, directory)
+        (Path(directory) / RESULTS_FILE).write_text(json.dumps(nan_to_none(summary), indent=1))
+    return results, summary

@@ -131,6 +131,8 @@ class ScoringEngine:
         generate_samples: judge mode: how many rows (lowest row indices of a suite) also get a generated
             evaluation whose ``overall_score`` is parsed; ``max_new_tokens`` caps each generation.
         ref_key: names the reference weights in the cache key (defaults to the model's name_or_path).
+        ref_cache: the reference log-prob cache, shared by engines that score with the same reference (e.g. the
+            checkpoints of one run); its keys name the reference and the tokens. Default: a new, private cache.
     """
 
     def __init__(
@@ -149,6 +151,7 @@ class ScoringEngine:
         generate_samples: int = 0,
         max_new_tokens: int = 512,
         ref_key: str | None = None,
+        ref_cache: dict[str, float] | None = None,
     ) -> None:
         if scoring not in SCORING_MODES:
             raise ValueError(f"scoring must be one of {SCORING_MODES}, got {scoring!r}")
@@ -169,7 +172,7 @@ class ScoringEngine:
             max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
         self.max_length = int(max_length)
         self.stats = EngineStats()
-        self._ref_cache: dict[str, float] = {}
+        self._ref_cache: dict[str, float] = {} if ref_cache is None else ref_cache
         self._ref_key = ref_key
         self._score_tokens: tuple[list[int], list[float]] | None = None
         self._warned_no_ref = False

@@ -1,0 +1,84 @@
+"""`judgetrain train RECIPE --dry-run`: check a recipe without loading weights."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from judgetrain.data.lengths import audit_lengths
+from judgetrain.recipe import RecipeError
+from judgetrain.train import build_train_dataset, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_AUDIT_ROWS = 64
+
+
+def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
+    """Check a recipe without loading weights: schema (already parsed), files, accelerate config, data and lengths
+    on the first ``audit_rows`` rows. Hub sources and tokenizers unreachable offline are reported, not fatal."""
+    from judgetrain.aliases import is_alias, resolve_model
+
+    report: dict = {"recipe": "ok", "problems": [], "notes": []}
+    if script_args.accelerate_config:
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        if not Path(script_args.accelerate_config).is_file():
+            raise RecipeError(f"accelerate_config {script_args.accelerate_config}: file not found")
+        cfg = load_config_from_file(script_args.accelerate_config)
+        report["accelerate"] = {"distributed_type": str(cfg.distributed_type), "num_processes": cfg.num_processes}
+    n = script_args.audit_rows or DEFAULT_AUDIT_ROWS
+    for i, comp in enumerate(script_args.train_datasets):
+        src = comp.get("source", "bundled")
+        if src != "bundled" and (src.startswith((".", "/")) or os.path.sep in src and not _looks_like_hub_id(src)):
+            if not Path(src).exists():
+                raise RecipeError(f"train_datasets[{i}].source {src}: file or folder not found")
+    try:
+        dataset = build_train_dataset(script_args, training_args, max_rows_each=n)
+        report["rows_audited"] = len(dataset)
+    except RecipeError:
+        raise
+    except Exception as e:  # the hub is unreachable offline: audit the bundled samples of the same datasets
+        if not _is_offline_error(e):
+            raise
+        report["notes"].append(f"a hub source is unreachable ({type(e).__name__}); audited the bundled samples instead")
+        logger.warning("Dry run: %s; auditing the bundled samples of the same datasets in its place", e)
+        script_args.train_datasets = [dict(c, source="bundled") for c in script_args.train_datasets]
+        dataset = build_train_dataset(script_args, training_args, max_rows_each=n)
+        report["rows_audited"] = len(dataset)
+    model = model_args.model_name_or_path
+    action = script_args.long_rows
+    try:
+        tokenizer = load_tokenizer(resolve_model(model) if is_alias(model) else model, training_args)
+        report["tokenizer"] = model
+    except Exception as e:
+        if isinstance(e, RecipeError) or not _is_offline_error(e):
+            raise
+        from judgetrain.tiny import ensure_tiny_judge
+
+        report["notes"].append(
+            f"tokenizer of {model} unreachable offline; lengths measured with the tiny judge's tokenizer (approximate, "
+            "so long rows are counted, not acted on)"
+        )
+        tokenizer = load_tokenizer(ensure_tiny_judge(), training_args)
+        action = "truncate"  # count only
+    # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
+    _, audit = audit_lengths(dataset, tokenizer, training_args.max_length, action, None)
+    report["audit"] = audit
+    return report
+
+
+def _looks_like_hub_id(src: str) -> bool:
+    parts = src.split("/")
+    return len(parts) == 2 and all(parts) and not src.startswith((".", "/"))
+
+
+def _is_offline_error(e: Exception) -> bool:
+    text = f"{type(e).__name__}: {e}".lower()
+    return any(
+        s in text
+        for s in ("offline", "connection", "couldn't reach", "could not reach", "not found on the hub",
+                  "does not appear to have", "is not a local folder", "repository not found", "huggingface.co",
+                  "localentrynotfound", "cannot find the requested files", "doesn't exist on the hub")
+    )

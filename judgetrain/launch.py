@@ -1,0 +1,71 @@
+"""What every process of an `accelerate launch` does first: join the process group (gloo on a machine without a
+GPU), follow the launcher if it dies, and log from the main process only."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _die_with_launcher() -> None:
+    """Ask Linux to send this process SIGTERM when its `accelerate launch` / torchrun parent dies.
+
+    accelerate's single-process launcher does not forward signals: a SIGTERM to `accelerate launch` (what a
+    scheduler or spot reclaim sends to the command it started) killed the launcher and left the training process
+    running on, orphaned, to the end of the run. With the parent-death signal the child gets SIGTERM too and
+    GracefulStop saves a checkpoint and stops. Only when the parent is a launcher: a shell parent exiting must not
+    stop a `nohup python -m judgetrain.train` run."""
+    if not sys.platform.startswith("linux"):
+        return
+    ppid = os.getppid()
+    try:
+        cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return
+    if not any(s in cmdline for s in ("accelerate", "torchrun", "torch.distributed.run")):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+        if os.getppid() != ppid:  # the launcher died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def init_process_state():
+    """Join the launcher's process group before anything reads the device.
+
+    On a machine without a GPU, `accelerate launch --multi_gpu --num_processes N` (or accelerate_configs/cpu.yaml)
+    starts N processes, but accelerate only groups them (gloo) when the state is created with cpu=True; Trainer
+    would otherwise run N independent copies."""
+    import torch
+    from accelerate import PartialState
+
+    _die_with_launcher()
+    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    if not has_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        os.environ["ACCELERATE_USE_CPU"] = "true"
+    return PartialState(cpu=not has_gpu)
+
+
+def setup_logging() -> None:
+    """INFO on the main process, warnings only elsewhere: one copy of each message, no duplicate progress bars."""
+    from accelerate import PartialState
+
+    is_main = PartialState().is_main_process
+    level = logging.INFO if is_main else logging.WARNING
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level, force=True)
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity(logging.WARNING if is_main else logging.ERROR)
+    if not is_main:
+        datasets.utils.logging.disable_progress_bar()
