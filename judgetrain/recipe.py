@@ -85,10 +85,33 @@ class JudgeTrainArguments:
         if self.nonfinite not in ("stop", "skip"):
             raise RecipeError(f"nonfinite: {self.nonfinite!r} is not one of stop, skip")
         for i, comp in enumerate(self.train_datasets):
-            if not isinstance(comp, dict) or comp.get("dataset") not in ("judgebias", "ideation"):
-                raise RecipeError(
-                    f"train_datasets[{i}]: each component needs `dataset: judgebias` or `dataset: ideation`, got {comp!r}"
-                )
+            _check_component(i, comp)
+
+
+def _check_component(i: int, comp: Any) -> None:
+    """A `train_datasets` entry names its adapter and only keys that adapter (or the mixture) takes: a typo fails
+    here, with a hint, before anything is written to output_dir, not as a TypeError inside the loader."""
+    from judgetrain.data.mixture import component_keys
+
+    if not isinstance(comp, dict) or comp.get("dataset") not in ("judgebias", "ideation"):
+        raise RecipeError(
+            f"train_datasets[{i}]: each component needs `dataset: judgebias` or `dataset: ideation`, got {comp!r}"
+        )
+    valid = component_keys(comp["dataset"])
+    for key in comp:
+        if key not in valid:
+            raise RecipeError(
+                f"train_datasets[{i}] (dataset {comp['dataset']}): unknown key {key!r}{_did_you_mean(key, valid)}; "
+                f"valid: {', '.join(valid)}"
+            )
+
+
+def _did_you_mean(key: str, valid, flag: bool = False) -> str:
+    """The hint after an unknown key (``'name'``) or flag (``--name``): the nearest valid name, if one is near."""
+    near = difflib.get_close_matches(str(key), sorted(valid), n=1)
+    if not near:
+        return ""
+    return f"; did you mean --{near[0]}?" if flag else f"; did you mean {near[0]!r}?"
 
 
 def dataclass_types():
@@ -115,9 +138,7 @@ def load_recipe_file(path: str | os.PathLike) -> dict[str, Any]:
     keys = valid_keys() | {"env"}
     for key in data:
         if key not in keys:
-            near = difflib.get_close_matches(str(key), sorted(keys), n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            raise RecipeError(f"recipe {path}: unknown key {key!r}{hint}")
+            raise RecipeError(f"recipe {path}: unknown key {key!r}{_did_you_mean(key, keys)}")
     return data
 
 
@@ -141,9 +162,7 @@ def _check_flags(overrides: list[str]) -> None:
             if name.startswith("no_") and name[3:] in keys:
                 continue
             if name not in keys and name not in {"help"}:
-                near = difflib.get_close_matches(name, sorted(keys), n=1)
-                hint = f"; did you mean --{near[0]}?" if near else ""
-                raise RecipeError(f"unknown option --{name}{hint}")
+                raise RecipeError(f"unknown option --{name}{_did_you_mean(name, keys, flag=True)}")
 
 
 def _check_values(parser, config: dict, recipe_path) -> None:

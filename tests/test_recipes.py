@@ -50,6 +50,34 @@ def test_unknown_recipe_key_names_the_nearest_valid_key(tmp_path):
         parse_recipe([str(bad)])
 
 
+@pytest.mark.parametrize("dataset, typo, nearest", [("judgebias", "min_score_detla", "min_score_delta"),
+                                                    ("ideation", "mdoe", "mode")])
+def test_unknown_train_dataset_key_names_the_adapter_parameter_before_anything_is_written(tmp_path, dataset, typo,
+                                                                                          nearest):
+    from judgetrain.train import run
+
+    out = tmp_path / "out"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"model_name_or_path: tiny-judge\noutput_dir: {out}\n"
+                   f"train_datasets:\n  - dataset: {dataset}\n    source: bundled\n    {typo}: 1\n")
+    with pytest.raises(RecipeError, match=rf"train_datasets\[0\] \(dataset {dataset}\): unknown key '{typo}'; "
+                                          rf"did you mean '{nearest}'\?"):
+        run([str(bad)])
+    assert not out.exists()  # no recipe.yaml, no rejects: the check runs at parse
+
+
+def test_train_dataset_keys_are_the_mixture_keys_and_the_adapter_parameters():
+    import inspect
+
+    from judgetrain.data import load_ideation, load_judgebias
+    from judgetrain.data.mixture import component_keys
+
+    for name, adapter in (("judgebias", load_judgebias), ("ideation", load_ideation)):
+        keys = component_keys(name)
+        assert set(keys) == {"dataset", "name", "weight", "rows", *inspect.signature(adapter).parameters}
+    assert "min_score_delta" in component_keys("judgebias") and "min_score_delta" not in component_keys("ideation")
+
+
 def test_unknown_command_line_option_names_the_nearest(tmp_path):
     with pytest.raises(RecipeError, match=r"unknown option --num_train_epoch; did you mean --num_train_epochs"):
         parse_recipe([str(REPO / "recipes" / "quickstart.yaml"), "--num_train_epoch", "3"])

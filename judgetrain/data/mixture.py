@@ -30,6 +30,17 @@ def _adapters():
     return {"judgebias": load_judgebias, "ideation": load_ideation}
 
 
+MIXTURE_KEYS = ("dataset", "name", "weight", "rows")  # read by the mixture; every other key goes to the adapter
+
+
+def component_keys(dataset: str) -> list[str]:
+    """The keys a ``dataset`` component takes: the mixture's own and the keyword parameters of its adapter."""
+    import inspect
+
+    adapter = _adapters()[dataset]
+    return [*MIXTURE_KEYS, *inspect.signature(adapter).parameters]
+
+
 def mixture_features() -> datasets.Features:
     msgs = message_feature()
     return datasets.Features({"prompt": msgs, "chosen": msgs, "rejected": msgs, "dataset": datasets.Value("string")})
