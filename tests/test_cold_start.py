@@ -179,13 +179,13 @@ def assert_written_once(out: Path) -> None:
     assert eval_steps == [2, 4]
     for step in (2, 4):
         folder = out / "eval" / str(step)
-        assert sorted(p.name for p in folder.iterdir()) == ["ideation.jsonl", "judgebias.jsonl", "metrics.json",
-                                                            "rmbench.jsonl"]
+        assert sorted(p.name for p in folder.iterdir()) == ["ideation.jsonl", "judgebias.jsonl", "rmbench.jsonl",
+                                                            "results.json"]
         for suite in ("rmbench", "judgebias", "ideation"):
             rows = read_jsonl(folder / f"{suite}.jsonl")
             ids = [r.get("id", r.get("row_id", json.dumps(r, sort_keys=True))) for r in rows]
             assert len(rows) == 6 and len(set(ids)) == 6, (suite, step, len(rows))
-        json.loads((folder / "metrics.json").read_text())
+        assert json.loads((folder / "results.json").read_text())["step"] == step
     events = list((out / "runs").rglob("events.out.tfevents.*")) if (out / "runs").exists() else []
     events += [p for p in out.rglob("events.out.tfevents.*") if p not in events]
     assert len(events) == 1, events  # one TensorBoard writer
