@@ -189,7 +189,7 @@ def _pct(rate: float) -> str:
     return str(int(round(pct))) if abs(pct - round(pct)) < 1e-9 else f"{pct:g}"
 
 
-# ---- construction --------------------------------------------------------------------------------------------
+# ---- anchors and hashes ------------------------------------------------------------------------------------
 
 def compute_anchors(evals: list[Evaluation], *, anchor_sets: str = "rates") -> tuple[dict[int, list[float]], str]:
     """sample_id -> the scores its anchor is the median of, and the anchor set mode actually used.
@@ -227,6 +227,241 @@ def _assistant(text: str) -> str:
     return json.dumps([{"role": "assistant", "content": text}], ensure_ascii=False)
 
 
+# ---- the pipeline: scores -> anchors -> pairs -> filters -> split ---------------------------------------------
+
+def check_options(max_pairs: int, validation_fraction: float) -> None:
+    if max_pairs < 1:
+        raise ValueError("max_pairs must be >= 1")
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError("validation_fraction must be in [0, 1)")
+
+
+def load_table(evaluations: str | Path | Iterable[dict]) -> list[dict]:
+    """The evaluation rows; :class:`PanelDataError` when the table is empty or lacks a required column."""
+    rows = read_evaluations(evaluations)
+    if not rows:
+        raise PanelDataError("the evaluations table is empty")
+    columns = set().union(*(row.keys() for row in rows))
+    absent = [col for col in REQUIRED_COLUMNS if col not in columns]
+    if absent:
+        raise PanelDataError(f"the evaluations table lacks column(s) {', '.join(absent)}; has {sorted(columns)}")
+    logger.info("read %d evaluations", len(rows))
+    return rows
+
+
+def score_evaluations(rows: list[dict], *, score_key: str = "overall_score",
+                      scale: tuple[float, float] = (0.5, 5.5)) -> tuple[list[Evaluation], list[dict]]:
+    """Stage 1: every row scored, or a reject record (with its row index) saying why not.
+
+    A second evaluation of the same (sample, set, judge) is a reject too: it would count twice in the anchor.
+    """
+    evals: list[Evaluation] = []
+    rejects: list[dict] = []
+    seen: set[tuple[int, str, str]] = set()
+    for index, row in enumerate(rows):
+        ev, reject = _normalise(row, score_key, scale)
+        if ev is not None:
+            key = (ev.sample_id, ev.perturbation_set, ev.judge_model)
+            if key in seen:
+                ev, reject = None, {"sample_id": ev.sample_id, "perturbation_set": ev.perturbation_set,
+                                    "judge_model": ev.judge_model, "reason": "duplicate",
+                                    "detail": "second evaluation of the same sample, set and judge"}
+            else:
+                seen.add(key)
+        if reject is not None:
+            rejects.append({"row": index, **reject})
+        else:
+            evals.append(ev)
+    return evals, rejects
+
+
+def count_rejects(rejects: list[dict], judges: Iterable[str]) -> dict[str, dict[str, int]]:
+    """judge -> reason -> count; every judge of the table appears, with ``{}`` when none of its rows failed."""
+    by_judge: dict[str, dict[str, int]] = {judge: {} for judge in sorted(judges)}
+    for reject in rejects:
+        counts = by_judge.setdefault(str(reject["judge_model"]), {})
+        counts[reject["reason"]] = counts.get(reject["reason"], 0) + 1
+    return by_judge
+
+
+def sample_anchors(evals: list[Evaluation], *, anchor_sets: str = "rates",
+                   min_represent_evals: int = 3) -> tuple[dict[int, float], list[int], str]:
+    """Stage 2: sample_id -> anchor (median of its representational scores), the skipped samples (too few such
+    scores to trust a median) and the anchor set mode used."""
+    anchor_scores, used = compute_anchors(evals, anchor_sets=anchor_sets)
+    all_samples = sorted({e.sample_id for e in evals})
+    anchors = {sid: float(statistics.median(anchor_scores[sid])) for sid in all_samples
+               if len(anchor_scores.get(sid, ())) >= min_represent_evals}
+    skipped = [sid for sid in all_samples if sid not in anchors]
+    if skipped:
+        logger.warning("%d sample(s) skipped: fewer than %d representational scores for the anchor: %s",
+                       len(skipped), min_represent_evals, skipped[:20])
+    return anchors, skipped, used
+
+
+def group_evaluations(evals: list[Evaluation], anchors: dict[int, float]) -> dict[tuple[int, str], list[Evaluation]]:
+    """(sample_id, perturbation set) -> its judges' evaluations, sorted by judge; anchored samples only."""
+    groups: dict[tuple[int, str], list[Evaluation]] = defaultdict(list)
+    for e in evals:
+        if e.sample_id in anchors:
+            groups[(e.sample_id, e.perturbation_set)].append(e)
+    for members in groups.values():
+        members.sort(key=lambda e: e.judge_model)
+    return dict(sorted(groups.items()))
+
+
+def direct(a: Evaluation, b: Evaluation) -> tuple[Evaluation, Evaluation]:
+    """(chosen, rejected) by the category's direction: ``represent`` keeps the higher score (no penalty for a
+    harmless rewrite), ``error`` the lower one (the injected error was caught). Ties are the caller's to drop."""
+    high, low = (a, b) if a.score > b.score else (b, a)
+    return (high, low) if a.perturbation_category == "represent" else (low, high)
+
+
+def anchor_ok(chosen: Evaluation, rejected: Evaluation, anchor: float, *, represent_anchor_margin: float,
+              error_anchor_margin: float) -> bool:
+    """The anchor filter: a represent pair's chosen score, an error pair's rejected score, may sit at most the
+    margin below the sample's anchor (a judge far below consensus is not a trustworthy side of a pair)."""
+    if chosen.perturbation_category == "represent":
+        return chosen.score >= anchor - represent_anchor_margin - _EPS
+    return rejected.score >= anchor - error_anchor_margin - _EPS
+
+
+def candidate_pairs(members: list[Evaluation], anchor: float, dropped: Counter, *, min_delta: float,
+                    represent_anchor_margin: float, error_anchor_margin: float
+                    ) -> list[tuple[Evaluation, Evaluation, float]]:
+    """Stage 3 and its filters for one group: every pair of judges, directed, as (chosen, rejected, gap); ties,
+    gaps below ``min_delta`` and anchor-filtered pairs are counted in ``dropped`` by reason."""
+    kept = []
+    for a, b in combinations(members, 2):
+        dropped["candidates"] += 1
+        if abs(a.score - b.score) < _EPS:
+            dropped["tie"] += 1
+            continue
+        chosen, rejected = direct(a, b)
+        delta = abs(a.score - b.score)
+        if delta < min_delta - _EPS:
+            dropped["min_delta"] += 1
+            continue
+        if not anchor_ok(chosen, rejected, anchor, represent_anchor_margin=represent_anchor_margin,
+                         error_anchor_margin=error_anchor_margin):
+            dropped["anchor_filter"] += 1
+            continue
+        kept.append((chosen, rejected, delta))
+    return kept
+
+
+def cap_pairs(kept: list[tuple[Evaluation, Evaluation, float]], max_pairs: int, rng: random.Random
+              ) -> list[tuple[Evaluation, Evaluation, float]]:
+    """At most ``max_pairs``: the clearest pairs (largest gap) first, equal gaps ordered by ``rng``'s shuffle."""
+    kept = list(kept)
+    rng.shuffle(kept)
+    kept.sort(key=lambda item: -item[2])
+    return kept[:max_pairs]
+
+
+def pair_row(chosen: Evaluation, rejected: Evaluation, delta: float, anchor: float) -> dict:
+    """One output row in the JudgeBias-DPO-RefFree schema; the chosen judge's prompt is the pair's prompt."""
+    return {
+        "prompt": chosen.prompt,
+        "chosen": _assistant(chosen.evaluation),
+        "rejected": _assistant(rejected.evaluation),
+        "score_chosen": float(chosen.score),
+        "score_rejected": float(rejected.score),
+        "score_delta": float(delta),
+        "anchor_score": anchor,
+        "sample_id": chosen.sample_id,
+        "perturbation_type": chosen.perturbation_type,
+        "perturbation_category": chosen.perturbation_category,
+        "perturbation_rate": float(chosen.perturbation_rate),
+        "chosen_model": chosen.judge_model,
+        "rejected_model": rejected.judge_model,
+    }
+
+
+def make_pairs(evals: list[Evaluation], anchors: dict[int, float], dropped: Counter, *, min_delta: float = 0.5,
+               represent_anchor_margin: float = 1.5, error_anchor_margin: float = 2.0, max_pairs: int = 5,
+               seed: int = 0) -> list[dict]:
+    """Stage 3: the capped, filtered pairs of every (sample, set) group as output rows, in group order."""
+    pairs: list[dict] = []
+    prompt_mismatch = 0
+    for (sid, set_name), members in group_evaluations(evals, anchors).items():
+        kept = candidate_pairs(members, anchors[sid], dropped, min_delta=min_delta,
+                               represent_anchor_margin=represent_anchor_margin,
+                               error_anchor_margin=error_anchor_margin)
+        capped = cap_pairs(kept, max_pairs, random.Random(f"{seed}/{sid}/{set_name}"))
+        dropped["cap"] += len(kept) - len(capped)
+        for chosen, rejected, delta in capped:
+            prompt_mismatch += chosen.prompt != rejected.prompt
+            pairs.append(pair_row(chosen, rejected, delta, anchors[sid]))
+    dropped["prompt_mismatch"] += prompt_mismatch
+    if prompt_mismatch:
+        logger.warning("%d pair(s) joined judges that saw different prompts; the chosen judge's prompt is kept",
+                       prompt_mismatch)
+    return pairs
+
+
+def deduplicate(pairs: list[dict], dropped: Counter) -> list[dict]:
+    """Filter: the first of every byte-identical (prompt, chosen, rejected) triple (SHA-256), order kept."""
+    unique, hashes = [], set()
+    for row in pairs:
+        digest = pair_hash(row)
+        if digest in hashes:
+            dropped["duplicate"] += 1
+            continue
+        hashes.add(digest)
+        unique.append(row)
+    return unique
+
+
+def validation_samples(sample_ids: Iterable[int], validation_fraction: float, seed: int) -> set[int]:
+    """Stage 5: the held-out sample ids, a seeded share of the samples (at least one when asked for any and
+    there are two or more), so that no sample is on both sides of the split."""
+    order = sorted(set(sample_ids))
+    random.Random(seed).shuffle(order)
+    n_val = round(len(order) * validation_fraction)
+    if validation_fraction > 0 and n_val == 0 and len(order) >= 2:
+        n_val = 1
+    return set(order[:n_val])
+
+
+def split_by_sample(rows: list[dict], validation_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train rows, validation rows), split by sample_id with :func:`validation_samples`."""
+    held_out = validation_samples((row["sample_id"] for row in rows), validation_fraction, seed)
+    return ([row for row in rows if row["sample_id"] not in held_out],
+            [row for row in rows if row["sample_id"] in held_out])
+
+
+def pair_statistics(train_rows: list[dict], val_rows: list[dict]) -> dict[str, Any]:
+    """The card's statistics table: counts, category shares, samples per split, score gaps, pairs per type."""
+    rows = train_rows + val_rows
+    deltas = [row["score_delta"] for row in rows]
+    n_error = sum(row["perturbation_category"] == "error" for row in rows)
+    n_repr = len(rows) - n_error
+    n_samples = len({row["sample_id"] for row in rows})
+    n_val_samples = len({row["sample_id"] for row in val_rows})
+    return {
+        "total_pairs": len(rows),
+        "train_pairs": len(train_rows),
+        "validation_pairs": len(val_rows),
+        "error_pairs": n_error,
+        "represent_pairs": n_repr,
+        "error_share": n_error / len(rows) if rows else 0.0,
+        "represent_share": n_repr / len(rows) if rows else 0.0,
+        "unique_samples": n_samples,
+        "train_samples": n_samples - n_val_samples,
+        "validation_samples": n_val_samples,
+        "score_delta_mean": statistics.fmean(deltas) if deltas else math.nan,
+        "score_delta_median": float(statistics.median(deltas)) if deltas else math.nan,
+        "pairs_by_type": dict(sorted(Counter(row["perturbation_type"] for row in rows).items())),
+    }
+
+
+def write_rejects(rejects: list[dict], path: Path) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for reject in rejects:
+            handle.write(json.dumps(reject, ensure_ascii=False) + "\n")
+
+
 def build_pairs(
     evaluations: str | Path | Iterable[dict],
     out_dir: str | Path,
@@ -244,173 +479,40 @@ def build_pairs(
 ) -> dict[str, Any]:
     """Build the pairs, write ``train.parquet``, ``validation.parquet``, ``rejects.jsonl``, ``stats.json`` to
     ``out_dir`` and return the statistics. Raises :class:`PanelDataError` when the table has no usable shape."""
-    if max_pairs < 1:
-        raise ValueError("max_pairs must be >= 1")
-    if not 0.0 <= validation_fraction < 1.0:
-        raise ValueError("validation_fraction must be in [0, 1)")
+    check_options(max_pairs, validation_fraction)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = read_evaluations(evaluations)
-    if not rows:
-        raise PanelDataError("the evaluations table is empty")
-    columns = set().union(*(row.keys() for row in rows))
-    absent = [col for col in REQUIRED_COLUMNS if col not in columns]
-    if absent:
-        raise PanelDataError(f"the evaluations table lacks column(s) {', '.join(absent)}; has {sorted(columns)}")
-    logger.info("read %d evaluations", len(rows))
+    rows = load_table(evaluations)
 
-    # 1. scores -------------------------------------------------------------------------------------------
-    evals: list[Evaluation] = []
-    rejects: list[dict] = []
-    seen: set[tuple[int, str, str]] = set()
-    judges: Counter = Counter()
-    for index, row in enumerate(rows):
-        judges[str(row.get("judge_model"))] += 1
-        ev, reject = _normalise(row, score_key, scale)
-        if ev is not None:
-            key = (ev.sample_id, ev.perturbation_set, ev.judge_model)
-            if key in seen:
-                ev, reject = None, {"sample_id": ev.sample_id, "perturbation_set": ev.perturbation_set,
-                                    "judge_model": ev.judge_model, "reason": "duplicate",
-                                    "detail": "second evaluation of the same sample, set and judge"}
-            else:
-                seen.add(key)
-        if reject is not None:
-            rejects.append({"row": index, **reject})
-        else:
-            evals.append(ev)
-    rejects_by_judge: dict[str, dict[str, int]] = {judge: {} for judge in sorted(judges)}
-    for reject in rejects:
-        counts = rejects_by_judge.setdefault(str(reject["judge_model"]), {})
-        counts[reject["reason"]] = counts.get(reject["reason"], 0) + 1
-    with (out / "rejects.jsonl").open("w", encoding="utf-8") as handle:
-        for reject in rejects:
-            handle.write(json.dumps(reject, ensure_ascii=False) + "\n")
+    evals, rejects = score_evaluations(rows, score_key=score_key, scale=scale)
+    write_rejects(rejects, out / "rejects.jsonl")
     logger.info("scored %d evaluations, rejected %d (see %s)", len(evals), len(rejects), out / "rejects.jsonl")
-
-    # 2. anchors ------------------------------------------------------------------------------------------
-    anchor_scores, anchor_sets_used = compute_anchors(evals, anchor_sets=anchor_sets)
-    all_samples = sorted({e.sample_id for e in evals})
-    anchors = {sid: float(statistics.median(anchor_scores[sid])) for sid in all_samples
-               if len(anchor_scores.get(sid, ())) >= min_represent_evals}
-    skipped = [sid for sid in all_samples if sid not in anchors]
-    if skipped:
-        logger.warning("%d sample(s) skipped: fewer than %d representational scores for the anchor: %s",
-                       len(skipped), min_represent_evals, skipped[:20])
-
-    # 3. pairs per (sample, set) ----------------------------------------------------------------------------
-    groups: dict[tuple[int, str], list[Evaluation]] = defaultdict(list)
-    for e in evals:
-        if e.sample_id in anchors:
-            groups[(e.sample_id, e.perturbation_set)].append(e)
-    dropped = Counter()
-    prompt_mismatch = 0
-    pairs: list[dict] = []
-    for (sid, set_name), members in sorted(groups.items()):
-        anchor = anchors[sid]
-        members.sort(key=lambda e: e.judge_model)
-        kept = []
-        for a, b in combinations(members, 2):
-            dropped["candidates"] += 1
-            if abs(a.score - b.score) < _EPS:
-                dropped["tie"] += 1
-                continue
-            high, low = (a, b) if a.score > b.score else (b, a)
-            if a.perturbation_category == "represent":
-                chosen, rejected = high, low
-                anchor_ok = chosen.score >= anchor - represent_anchor_margin - _EPS
-            else:
-                chosen, rejected = low, high
-                anchor_ok = rejected.score >= anchor - error_anchor_margin - _EPS
-            delta = abs(a.score - b.score)
-            if delta < min_delta - _EPS:
-                dropped["min_delta"] += 1
-                continue
-            if not anchor_ok:
-                dropped["anchor_filter"] += 1
-                continue
-            kept.append((chosen, rejected, delta))
-        # the cap keeps the clearest pairs (largest gap); a seeded shuffle orders equal gaps
-        rng = random.Random(f"{seed}/{sid}/{set_name}")
-        rng.shuffle(kept)
-        kept.sort(key=lambda item: -item[2])
-        dropped["cap"] += max(0, len(kept) - max_pairs)
-        for chosen, rejected, delta in kept[:max_pairs]:
-            if chosen.prompt != rejected.prompt:
-                prompt_mismatch += 1
-            pairs.append({
-                "prompt": chosen.prompt,
-                "chosen": _assistant(chosen.evaluation),
-                "rejected": _assistant(rejected.evaluation),
-                "score_chosen": float(chosen.score),
-                "score_rejected": float(rejected.score),
-                "score_delta": float(delta),
-                "anchor_score": anchor,
-                "sample_id": sid,
-                "perturbation_type": chosen.perturbation_type,
-                "perturbation_category": chosen.perturbation_category,
-                "perturbation_rate": float(chosen.perturbation_rate),
-                "chosen_model": chosen.judge_model,
-                "rejected_model": rejected.judge_model,
-            })
-    if prompt_mismatch:
-        logger.warning("%d pair(s) joined judges that saw different prompts; the chosen judge's prompt is kept",
-                       prompt_mismatch)
-
-    # 4. dedup ----------------------------------------------------------------------------------------------
-    unique, hashes = [], set()
-    for row in pairs:
-        digest = pair_hash(row)
-        if digest in hashes:
-            dropped["duplicate"] += 1
-            continue
-        hashes.add(digest)
-        unique.append(row)
+    anchors, skipped, anchor_sets_used = sample_anchors(evals, anchor_sets=anchor_sets,
+                                                         min_represent_evals=min_represent_evals)
+    dropped: Counter = Counter()
+    pairs = make_pairs(evals, anchors, dropped, min_delta=min_delta, represent_anchor_margin=represent_anchor_margin,
+                       error_anchor_margin=error_anchor_margin, max_pairs=max_pairs, seed=seed)
+    unique = deduplicate(pairs, dropped)
     logger.info("%d pairs from %d samples (%d candidates)", len(unique), len(anchors), dropped["candidates"])
-
-    # 5. split by sample ------------------------------------------------------------------------------------
-    samples = sorted({row["sample_id"] for row in unique})
-    order = list(samples)
-    random.Random(seed).shuffle(order)
-    n_val = round(len(order) * validation_fraction)
-    if validation_fraction > 0 and n_val == 0 and len(order) >= 2:
-        n_val = 1
-    val_samples = set(order[:n_val])
-    train_rows = [row for row in unique if row["sample_id"] not in val_samples]
-    val_rows = [row for row in unique if row["sample_id"] in val_samples]
+    train_rows, val_rows = split_by_sample(unique, validation_fraction, seed)
     write_pairs(train_rows, out / "train.parquet")
     write_pairs(val_rows, out / "validation.parquet")
 
-    deltas = [row["score_delta"] for row in unique]
-    n_error = sum(row["perturbation_category"] == "error" for row in unique)
-    n_repr = len(unique) - n_error
     stats = {
-        "total_pairs": len(unique),
-        "train_pairs": len(train_rows),
-        "validation_pairs": len(val_rows),
-        "error_pairs": n_error,
-        "represent_pairs": n_repr,
-        "error_share": n_error / len(unique) if unique else 0.0,
-        "represent_share": n_repr / len(unique) if unique else 0.0,
-        "unique_samples": len(samples),
-        "train_samples": len(samples) - len(val_samples),
-        "validation_samples": len(val_samples),
-        "score_delta_mean": statistics.fmean(deltas) if deltas else math.nan,
-        "score_delta_median": float(statistics.median(deltas)) if deltas else math.nan,
-        "pairs_by_type": dict(sorted(Counter(row["perturbation_type"] for row in unique).items())),
+        **pair_statistics(train_rows, val_rows),
         "input_rows": len(rows),
         "scored_rows": len(evals),
         "rejected_rows": len(rejects),
-        "rejects_by_judge": rejects_by_judge,
+        "rejects_by_judge": count_rejects(rejects, {str(row.get("judge_model")) for row in rows}),
         "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
-        "judges": sorted(judges),
+        "judges": sorted({str(row.get("judge_model")) for row in rows}),
         "anchored_samples": len(anchors),
         "skipped_samples": len(skipped),
         "skipped_sample_ids": skipped,
         "anchor_sets": anchor_sets_used,
         "candidate_pairs": dropped["candidates"],
         "dropped": {k: dropped[k] for k in ("tie", "min_delta", "anchor_filter", "cap", "duplicate")},
-        "prompt_mismatch_pairs": prompt_mismatch,
+        "prompt_mismatch_pairs": dropped["prompt_mismatch"],
         "options": {"min_delta": min_delta, "represent_anchor_margin": represent_anchor_margin,
                     "error_anchor_margin": error_anchor_margin, "max_pairs": max_pairs,
                     "min_represent_evals": min_represent_evals, "validation_fraction": validation_fraction,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 from collections import Counter, defaultdict
 from itertools import combinations
@@ -14,7 +15,10 @@ import pytest
 
 import judgetrain
 from judgetrain.cli import main as cli_main
-from judgetrain.pairs import build_pairs, output_schema, parse_set_name, read_evaluations
+from judgetrain.pairs import (Evaluation, PanelDataError, build_pairs, candidate_pairs, cap_pairs, count_rejects,
+                              deduplicate, direct, load_table, make_pairs, output_schema, pair_statistics,
+                              parse_set_name, read_evaluations, sample_anchors, score_evaluations, split_by_sample,
+                              validation_samples)
 from judgetrain.scoreparse import parse_overall_score
 
 PANEL = Path(judgetrain.__file__).parent / "data" / "samples" / "panel" / "evaluations.jsonl.gz"
@@ -263,11 +267,119 @@ def test_cli_refuses_a_table_without_required_columns(tmp_path):
     assert cli_main(["pairs", "build", "--evaluations", str(bad), "--out", str(tmp_path / "o")]) == 2
 
 
+# ------------------------------------------------------------------ the stages, one by one
+
+def _ev(judge: str, score: float, *, sample_id: int = 0, category: str = "error", rate: float = 1.0,
+        text: str | None = None) -> Evaluation:
+    ptype = "element_substitution" if category == "error" else "llm_to_name"
+    return Evaluation(sample_id, f"{ptype}_{round(rate * 100)}pct", ptype, category, rate, judge, '[{"role": "user"}]',
+                      text or f"{judge} says {score}", score)
+
+
+def _row(judge: str, evaluation: str, sample_id: int = 0, perturbation_set: str = "llm_to_name_100pct") -> dict:
+    return {"sample_id": sample_id, "perturbation_set": perturbation_set, "judge_model": judge,
+            "prompt": [{"role": "user", "content": "rate it"}], "evaluation": evaluation}
+
+
+def test_load_table_names_the_missing_columns_and_refuses_an_empty_table():
+    with pytest.raises(PanelDataError, match="lacks column.*judge_model, prompt"):
+        load_table([{"sample_id": 1, "perturbation_set": "x", "evaluation": "y"}])
+    with pytest.raises(PanelDataError, match="empty"):
+        load_table([])
+
+
+def test_score_evaluations_scores_rows_and_rejects_unreadable_out_of_range_and_repeated_ones():
+    rows = [_row("a", '{"overall_score": 4.5}'), _row("b", "no score here"), _row("c", '{"overall_score": 9}'),
+            _row("a", '{"overall_score": 3.0}'), _row("d", '{"overall_score": 2}', sample_id="x")]
+    evals, rejects = score_evaluations(rows)
+    assert [(e.judge_model, e.score, e.perturbation_category, e.perturbation_rate) for e in evals] == \
+        [("a", 4.5, "represent", 1.0)]
+    assert [(r["row"], r["reason"]) for r in rejects] == \
+        [(1, "unparseable"), (2, "out_of_range"), (3, "duplicate"), (4, "bad_row")]
+    assert count_rejects(rejects, ["a", "b", "c", "d", "e"]) == {
+        "a": {"duplicate": 1}, "b": {"unparseable": 1}, "c": {"out_of_range": 1}, "d": {"bad_row": 1}, "e": {}}
+
+
+def test_sample_anchors_take_the_median_of_the_rate_sets_and_skip_thin_samples():
+    evals = [_ev(j, s, category="represent", rate=0.05) for j, s in (("a", 2.0), ("b", 4.0), ("c", 5.0))]
+    evals += [_ev("a", 1.0, category="represent"), _ev("b", 3.0, sample_id=1, category="represent", rate=0.05)]
+    anchors, skipped, used = sample_anchors(evals, min_represent_evals=3)
+    assert anchors == {0: 4.0} and skipped == [1] and used == "rates"
+    anchors, _, used = sample_anchors(evals, anchor_sets="represent", min_represent_evals=3)
+    assert anchors == {0: 3.0} and used == "represent"  # the 100% set (1.0) now counts too
+
+
+def test_direct_orders_pairs_by_category():
+    assert [e.judge_model for e in direct(_ev("a", 2.0), _ev("b", 4.0))] == ["a", "b"]  # error: lower is chosen
+    assert [e.judge_model for e in direct(_ev("a", 2.0, category="represent"), _ev("b", 4.0, category="represent"))
+            ] == ["b", "a"]
+
+
+def test_candidate_pairs_drop_ties_small_gaps_and_pairs_below_the_anchor():
+    dropped = Counter()
+    members = [_ev("a", 4.0), _ev("b", 4.0), _ev("c", 3.5), _ev("d", 1.0)]
+    kept = candidate_pairs(members, 4.0, dropped, min_delta=1.0, represent_anchor_margin=1.5,
+                           error_anchor_margin=2.0)
+    assert [(c.judge_model, r.judge_model, d) for c, r, d in kept] == [("d", "a", 3.0), ("d", "b", 3.0),
+                                                                     ("d", "c", 2.5)]
+    assert dropped == {"candidates": 6, "tie": 1, "min_delta": 2}
+    represent = [_ev("a", 2.0, category="represent"), _ev("b", 1.0, category="represent")]
+    assert candidate_pairs(represent, 4.0, dropped, min_delta=0.5, represent_anchor_margin=1.5,
+                           error_anchor_margin=2.0) == []
+    assert dropped["anchor_filter"] == 1  # chosen 2.0 sits 2.0 below the anchor 4.0
+
+
+def test_cap_pairs_keeps_the_largest_gaps_and_is_seeded():
+    import random
+
+    kept = [(_ev("a", 1), _ev("b", 2), d) for d in (0.5, 2.0, 1.0, 2.0, 1.5)]
+    capped = cap_pairs(kept, 3, random.Random(0))
+    assert [d for _, _, d in capped] == [2.0, 2.0, 1.5]
+    assert capped == cap_pairs(kept, 3, random.Random(0)) and len(kept) == 5
+
+
+def test_make_pairs_builds_schema_rows_and_counts_the_cap():
+    dropped = Counter()
+    evals = [_ev(j, s) for j, s in (("a", 1.0), ("b", 2.0), ("c", 3.0), ("d", 4.5))]
+    rows = make_pairs(evals, {0: 4.0}, dropped, max_pairs=2)
+    assert [(r["chosen_model"], r["rejected_model"], r["score_delta"]) for r in rows] == [("a", "d", 3.5),
+                                                                                          ("b", "d", 2.5)]
+    assert set(rows[0]) == set(output_schema().names) and rows[0]["anchor_score"] == 4.0
+    assert json.loads(rows[0]["chosen"]) == [{"role": "assistant", "content": "a says 1.0"}]
+    assert dropped["cap"] == 4 and dropped["candidates"] == 6
+    assert make_pairs(evals, {}, Counter()) == []  # unanchored samples give no pairs
+
+
+def test_deduplicate_keeps_the_first_of_identical_triples():
+    dropped = Counter()
+    rows = [{"prompt": "p", "chosen": "c", "rejected": r, "n": n} for n, r in enumerate(("r1", "r2", "r1"))]
+    assert [r["n"] for r in deduplicate(rows, dropped)] == [0, 1] and dropped["duplicate"] == 1
+
+
+def test_split_by_sample_holds_out_whole_samples():
+    rows = [{"sample_id": sid, "n": n} for n, sid in enumerate((0, 1, 1, 2, 3, 3, 4))]
+    held = validation_samples([r["sample_id"] for r in rows], 0.2, seed=0)
+    train, validation = split_by_sample(rows, 0.2, seed=0)
+    assert len(held) == 1 and {r["sample_id"] for r in validation} == held
+    assert not {r["sample_id"] for r in train} & held and len(train) + len(validation) == len(rows)
+    assert validation_samples([0, 1], 0.1, seed=0) != set()  # at least one held out when asked for any
+    assert validation_samples([0, 1], 0.0, seed=0) == set()
+
+
+def test_pair_statistics_count_categories_samples_and_gaps():
+    train = [{"sample_id": 0, "perturbation_category": "error", "perturbation_type": "x", "score_delta": 1.0},
+             {"sample_id": 1, "perturbation_category": "represent", "perturbation_type": "y", "score_delta": 2.0}]
+    validation = [{"sample_id": 2, "perturbation_category": "error", "perturbation_type": "x", "score_delta": 3.0}]
+    stats = pair_statistics(train, validation)
+    assert (stats["total_pairs"], stats["error_pairs"], stats["represent_pairs"]) == (3, 2, 1)
+    assert (stats["unique_samples"], stats["train_samples"], stats["validation_samples"]) == (3, 2, 1)
+    assert stats["score_delta_mean"] == 2.0 and stats["pairs_by_type"] == {"x": 2, "y": 1}
+    assert math.isnan(pair_statistics([], [])["score_delta_mean"])
+
+
 @pytest.mark.slow
 def test_built_pairs_train_a_tiny_judge_with_dpo(built, tmp_path):
     """The output goes through load_judgebias into TRL's DPOTrainer (LoRA, the quickstart's max_length)."""
-    import math
-
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
