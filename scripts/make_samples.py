@@ -4,7 +4,7 @@
     python scripts/make_samples.py --only judgebias ideation
     python scripts/make_samples.py --rmbench-dir ../shared/data/rm-bench --rmbench-rows 12
 
-judgebias/: synthetic rows in the exact JudgeBias-DPO-RefFree schema from judgetrain.data.synth (all 17
+judgebias/: synthetic rows in the exact JudgeBias-DPO-RefFree schema from scripts/synth.py (all 17
 perturbation sets, validation on other sample_ids). ideation/: synthetic rows in the research-ideation-arena-si-rm
 schema. rmbench/: the first N rows of each real per-domain RM-Bench file, re-serialised exactly as upstream
 (json.dumps indent=4, ensure_ascii=False), with the ODC-By attribution.
@@ -22,9 +22,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from judgetrain.data import synth
 from judgetrain.data.judgebias import PERTURBATION_SETS
 from judgetrain.data.rmbench import DOMAINS, domain_file
+
+import synth  # scripts/synth.py, beside this script
 
 logger = logging.getLogger("make_samples")
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ Files here: {files}. Not included: math_filtered.json (not available to the gene
 SYNTH_README = """\
 {title}: synthetic sample in the real schema (generated, not real data)
 
-Made by scripts/make_samples.py from judgetrain/data/synth.py (seeded; rerunning it writes identical files).
+Made by scripts/make_samples.py from scripts/synth.py (seeded; rerunning it writes identical files).
 {body}
 """
 

@@ -1,6 +1,7 @@
 """Deterministic synthetic materials-synthesis judge data (JudgeBias-style) and research proposals (Ideation-style).
 
-Used by ``scripts/make_samples.py`` to build the bundled samples, and reusable to make a judge-panel sample:
+Used by ``scripts/make_samples.py`` to build the bundled samples and by ``scripts/make_panel.py`` for the judge-panel
+sample; not part of the installed package (a user trains on real data, or on the samples these scripts wrote):
 
     recipe = make_recipe(sample_id=3)
     perturbed, changes = apply_perturbation(recipe, "element_substitution", 1.0, seed=3)
@@ -20,6 +21,8 @@ import copy
 import json
 import random
 from dataclasses import dataclass, field
+
+from judgetrain.data.judgebias import ERROR_TYPES, REPRESENT_TYPES, TYPE_CATEGORY, canonical_type
 
 # ------------------------------------------------------------------ vocabulary
 
@@ -64,10 +67,11 @@ TARGETS = (  # name, formula, use, key element, precursors (name, formula), furn
 CHARACTERIZATION = ("XRD for phase purity", "SEM for particle morphology", "TEM for particle size",
                     "BET for surface area", "Raman spectroscopy for bonding", "TGA for thermal stability")
 
-ERROR_OPERATORS = ("element_substitution", "numerical_perturbation", "equipment_substitution", "action_antonym")
-REPRESENT_OPERATORS = ("llm_to_formula", "llm_to_name", "llm_to_iupac")
-COMBINED = {"all_error_perturbation": ERROR_OPERATORS, "llm_representational_perturbation": REPRESENT_OPERATORS}
-_ALIASES = {"all_error_injection": "all_error_perturbation", "all_equivalence_rewriting": "llm_representational_perturbation"}
+# The perturbation vocabulary is the JudgeBias adapter's: the first type of each category is the combined set,
+# the others are single operators.
+ERROR_OPERATORS = ERROR_TYPES[1:]
+REPRESENT_OPERATORS = REPRESENT_TYPES[1:]
+COMBINED = {ERROR_TYPES[0]: ERROR_OPERATORS, REPRESENT_TYPES[0]: REPRESENT_OPERATORS}
 
 
 # ------------------------------------------------------------------ recipe model
@@ -290,6 +294,8 @@ OPERATORS = {
     "llm_to_name": _to_name,
     "llm_to_iupac": _to_iupac,
 }
+if set(OPERATORS) != {*ERROR_OPERATORS, *REPRESENT_OPERATORS}:
+    raise ImportError("every single perturbation type of the JudgeBias adapter needs an operator here")
 
 
 def n_edits(rate: float) -> int:
@@ -305,7 +311,7 @@ def apply_perturbation(recipe: Recipe, perturbation_type: str, rate: float = 1.0
     llm_representational_perturbation / all_equivalence_rewriting) apply :func:`n_edits` (rate) edits, each one
     a different operator drawn with the seed. The 17 perturbation sets are these types at their rates.
     """
-    ptype = _ALIASES.get(perturbation_type, perturbation_type)
+    ptype = canonical_type(perturbation_type)
     rng = random.Random(f"perturb-{seed}-{recipe.sample_id}-{ptype}-{rate}")
     out = copy.deepcopy(recipe)
     if ptype in COMBINED:
@@ -317,8 +323,6 @@ def apply_perturbation(recipe: Recipe, perturbation_type: str, rate: float = 1.0
                 break
             changes += OPERATORS[op](out, rng, 1) if op in REPRESENT_OPERATORS else OPERATORS[op](out, rng)
         return out, changes
-    if ptype not in OPERATORS:
-        raise ValueError(f"unknown perturbation type {perturbation_type!r}; known: {sorted(OPERATORS) + sorted(COMBINED)}")
     return out, OPERATORS[ptype](out, rng)
 
 
@@ -342,10 +346,11 @@ def criteria_scores(overall: float, changes: list[Change] = (), lowered: bool = 
 
 
 VERDICTS = ("detect", "miss", "equivalent", "penalize")
+LOWERING_VERDICTS = ("detect", "penalize")  # the verdicts whose criteria sit lower
 
 
-def judge_evaluation(recipe: Recipe, changes: list[Change], overall: float, verdict: str) -> str:
-    """A judge's evaluation text ending in a fenced ```json block with the five criteria and overall_score.
+def judge_reasoning(recipe: Recipe, changes: list[Change], verdict: str) -> list[str]:
+    """The reasoning lines of a judge's evaluation, before its scores.
 
     verdict: ``detect`` (names each injected error, scores low), ``miss`` (finds no error), ``equivalent``
     (names each rewrite as an equivalent representation, keeps the score), ``penalize`` (treats a rewrite as a
@@ -371,7 +376,14 @@ def judge_evaluation(recipe: Recipe, changes: list[Change], overall: float, verd
     else:
         lines += [f"Penalty: {ch.new} is not the expected {ch.old}, so it looks like a wrong material." for ch in changes]
         lines.append("The unfamiliar notation is treated as a mistake and the score is lowered.")
-    scores = criteria_scores(overall, changes, lowered=verdict in ("detect", "penalize"))
+    return lines
+
+
+def judge_evaluation(recipe: Recipe, changes: list[Change], overall: float, verdict: str) -> str:
+    """A judge's evaluation text (:func:`judge_reasoning`) ending in a fenced ```json block with the five criteria
+    and overall_score."""
+    lines = judge_reasoning(recipe, changes, verdict)
+    scores = criteria_scores(overall, changes, lowered=verdict in LOWERING_VERDICTS)
     block = json.dumps(scores, indent=2)
     return "\n".join(lines) + f"\n\n```json\n{block}\n```"
 
@@ -387,8 +399,7 @@ def judgebias_row(sample_id: int, perturbation_type: str, rate: float, *, seed: 
     rng = random.Random(f"row-{seed}-{sample_id}-{perturbation_type}-{rate}")
     recipe = make_recipe(sample_id, seed)
     perturbed, changes = apply_perturbation(recipe, perturbation_type, rate, seed=seed)
-    category = "represent" if _ALIASES.get(perturbation_type, perturbation_type) in (
-        "llm_representational_perturbation", *REPRESENT_OPERATORS) else "error"
+    category = TYPE_CATEGORY[canonical_type(perturbation_type)]
     anchor = rng.choice((3.5, 4.0, 4.0, 4.5))
     delta = rng.choice((1.0, 1.5, 2.0))
     if category == "error":
