@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import statistics
+import sys
 from collections import Counter, defaultdict
 from itertools import combinations
 from pathlib import Path
@@ -20,6 +21,8 @@ from judgetrain.pairs import (Evaluation, PanelDataError, build_pairs, candidate
                               parse_set_name, read_evaluations, sample_anchors, score_evaluations, split_by_sample,
                               validation_samples)
 from judgetrain.scoreparse import parse_overall_score
+
+from helpers import REPO, run
 
 PANEL = Path(judgetrain.__file__).parent / "data" / "samples" / "panel" / "evaluations.jsonl.gz"
 # medians of the 20 (4 judges x 5 representational rates) scores per sample, computed by hand from the panel
@@ -60,6 +63,11 @@ def test_panel_covers_17_sets_4_judges_6_samples(panel_rows):
     assert len({r["perturbation_set"] for r in panel_rows}) == 17
     assert len({r["judge_model"] for r in panel_rows}) == 4
     assert Counter(r["perturbation_category"] for r in panel_rows) == {"error": 6 * 9 * 4, "represent": 6 * 8 * 4}
+
+
+def test_panel_regenerates_identically_from_the_sample_generators(tmp_path):
+    run([sys.executable, REPO / "scripts" / "make_panel.py", "--out", tmp_path / "panel.jsonl.gz"])
+    assert (tmp_path / "panel.jsonl.gz").read_bytes() == PANEL.read_bytes()
 
 
 def test_output_has_exactly_the_judgebias_schema(built):
