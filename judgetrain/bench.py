@@ -459,12 +459,12 @@ def load_eval_model(model_path: str, recipe: str, seed: int = 0):
     and the implicit scores are not all zero."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from judgetrain.modeling import load_tokenizer
 
     _, model_keys, _ = _recipe_parts(recipe)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     torch.manual_seed(seed)
     config = LoraConfig(r=model_keys.get("lora_r", 16), lora_alpha=model_keys.get("lora_alpha", 32),

@@ -1,0 +1,24 @@
+"""Shared model-loading helpers: the tokenizer always has a pad token; the accelerator check agrees with torch."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoTokenizer
+
+from judgetrain.modeling import has_accelerator, load_tokenizer
+
+
+def test_load_tokenizer_keeps_a_pad_token_and_gives_eos_to_one_without(tiny_judge, tmp_path):
+    assert load_tokenizer(tiny_judge).pad_token == AutoTokenizer.from_pretrained(tiny_judge).pad_token
+    bare = AutoTokenizer.from_pretrained(tiny_judge)
+    bare.pad_token = None
+    bare.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).pad_token is None
+    tokenizer = load_tokenizer(tmp_path)
+    assert tokenizer.pad_token == tokenizer.eos_token is not None
+    assert tokenizer(["a", "a b c"], padding=True)["input_ids"][0][-1] == tokenizer.eos_token_id
+
+
+def test_has_accelerator_matches_torch():
+    xpu = getattr(torch, "xpu", None)
+    assert has_accelerator() == (torch.cuda.is_available() or bool(xpu and xpu.is_available()))
