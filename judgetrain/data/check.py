@@ -1,7 +1,7 @@
 """`judgetrain data check`: validate a dataset source and print its statistics.
 
     judgetrain data check --dataset judgebias --source bundled --tokenizer path/to/model
-    judgetrain data check --dataset rmbench --source ../shared/data/rm-bench
+    judgetrain data check --dataset rmbench --source RM-Bench/data
     judgetrain data check --dataset ideation --source data/ideation --split test --on-bad-row skip --rejects bad.jsonl
 
 Prints row counts per split, category, perturbation type and domain, and (with --tokenizer) the token-length

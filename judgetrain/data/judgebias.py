@@ -1,7 +1,8 @@
 """JudgeBias-DPO-RefFree adapter: materials-synthesis judge evaluations, direction-aware pairs.
 
-Hub schema (``../shared/data/judgebias-dpo-reffree/README.md``): prompt / chosen / rejected are JSON strings of
-message lists; TRL would read them as plain text, so they are decoded here. Already-decoded lists are accepted too.
+Hub schema (the dataset card of ``iknow-lab/JudgeBias-DPO-RefFree``; ``COLUMNS`` below): prompt / chosen /
+rejected are JSON strings of message lists; TRL would read them as plain text, so they are decoded here.
+Already-decoded lists are accepted too.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def load_judgebias(
     on_bad_row: str = "error",
     rejects_path: str | os.PathLike | None = None,
 ) -> datasets.Dataset:
-    """JudgeBias rows in TRL conversational format (see the module docstring and the contract for columns).
+    """JudgeBias rows in TRL conversational format: the hub columns, prompt/chosen/rejected as message lists.
 
     Every row is validated before anything else; ``categories`` / ``types`` / ``min_score_delta`` filter the
     valid rows, then ``max_rows`` samples evenly across perturbation types (deterministic for a ``seed``).

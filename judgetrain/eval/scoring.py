@@ -492,7 +492,7 @@ class ScoringEngine:
     def _generate(self, requests: Sequence[Request], rows: list[RowScore]) -> None:
         try:
             from judgetrain.scoreparse import parse_overall_score
-        except ImportError:  # the pairs engineer's parser is not installed yet
+        except ImportError:  # a partial install without the score parser
             logger.warning("generate_samples needs judgetrain.scoreparse; skipped")
             return
         device = next(self.model.parameters()).device

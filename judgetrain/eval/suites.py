@@ -164,7 +164,7 @@ def build_request(name: str, row: dict, scoring: str) -> Request:
 
 
 def build_record(name: str, index: int, row: dict, score: RowScore, scoring: str) -> dict:
-    """The per-row record written to <output_dir>/eval/<step>/<suite>.jsonl (layout of the team contract)."""
+    """The per-row record written to <output_dir>/eval/<step>/<suite>.jsonl (read back by `judgetrain report`)."""
     s = score.scores
     rec: dict[str, Any] = {"row_index": index}
     if name == "rmbench":
