@@ -10,7 +10,6 @@ import copy
 import json
 import logging
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from judgetrain.data import DataValidationError, load_judgebias, load_rmbench, s
 from judgetrain.recipe import RecipeError, parse_recipe, valid_keys
 from judgetrain.scoreparse import parse_overall_score_result, parse_scores
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import QUICKSTART, run
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 # how many generated cases each property tried, read by RELIABILITY.md's figures (printed with -s)
@@ -339,7 +338,7 @@ def test_score_parser_on_a_huge_text_answers_quickly():
 # ------------------------------------------------------------------------------------------ the CLIs
 
 def _cli(args, timeout=180):
-    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return run([sys.executable, "-m", *args], timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -380,7 +379,7 @@ def test_eval_cli_with_a_tokenizer_without_chat_template_says_so_and_scores_plai
 
 
 def test_train_with_a_tokenizer_without_chat_template_stops_before_training_with_a_clear_error(no_template_model, tmp_path):
-    p = _cli(["judgetrain.train", str(REPO / "recipes" / "quickstart.yaml"), "--model_name_or_path", str(no_template_model),
+    p = _cli(["judgetrain.train", QUICKSTART, "--model_name_or_path", no_template_model,
               "--output_dir", str(tmp_path / "run")])
     assert p.returncode == 2 and "has no chat template" in p.stderr, p.stderr[-3000:]
     assert "Traceback" not in p.stderr
@@ -388,7 +387,7 @@ def test_train_with_a_tokenizer_without_chat_template_stops_before_training_with
 
 def test_train_with_a_missing_data_file_is_a_clear_error(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text((REPO / "recipes" / "quickstart.yaml").read_text().replace(
+    recipe.write_text(QUICKSTART.read_text().replace(
         "source: bundled, split: train}", f"source: {tmp_path / 'none.jsonl'}, split: train}}"))
     p = _cli(["judgetrain.train", str(recipe), "--output_dir", str(tmp_path / "run")])
     assert p.returncode != 0 and "none.jsonl" in p.stderr, p.stderr[-3000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 from judgetrain.data import load_ideation, load_judgebias, load_mixture, load_rmbench, sample_source
 from judgetrain.data.judgebias import PERTURBATION_SETS, perturbation_set
 from judgetrain.data.rmbench import DOMAINS
+
+from helpers import REPO, run
 
 REAL_ROWS = {"chat": 129, "code": 228, "safety-refuse": 284, "safety-response": 157}
 JUDGEBIAS_DTYPES = {"prompt": "string", "chosen": "string", "rejected": "string", "score_chosen": "double",
@@ -90,12 +93,7 @@ def test_judgebias_accepts_both_combined_spellings_and_decoded_lists(tmp_path):
 
 
 def test_synthetic_samples_regenerate_identically(tmp_path):
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, str(repo / "scripts" / "make_samples.py"), "--only", "judgebias", "ideation",
-                    "--out", str(tmp_path)], check=True, capture_output=True)
+    run([sys.executable, REPO / "scripts" / "make_samples.py", "--only", "judgebias", "ideation", "--out", tmp_path])
     for name in ("judgebias/train.parquet", "judgebias/validation.parquet", "ideation/train.parquet", "ideation/test.parquet"):
         assert (tmp_path / name).read_bytes() == (Path(sample_source(name.split("/")[0])) / name.split("/")[1]).read_bytes(), name
 

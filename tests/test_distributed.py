@@ -2,39 +2,26 @@
 
 (Eval across 1, 2 and 3 processes on a row count that does not divide evenly: tests/test_eval_cli.py.)"""
 
-import json
-import os
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import QUICKSTART, free_port, read_jsonl, run
 
 
 def _train(out, processes, batch):
     recipe = out.parent / f"r{processes}.yaml"
-    text = (REPO / "recipes" / "quickstart.yaml").read_text()
+    text = QUICKSTART.read_text()
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     recipe.write_text(text)
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
                 "--dynamo_backend", "no", "--num_processes", str(processes)]
-    launcher += ["--multi_gpu", "--main_process_port", str(_port())] if processes > 1 else ["--cpu"]
+    launcher += ["--multi_gpu", "--main_process_port", str(free_port())] if processes > 1 else ["--cpu"]
     cmd = launcher + ["-m", "judgetrain.train", str(recipe), "--output_dir", str(out), "--eval_suites", "none",
                       "--max_steps", "4", "--logging_steps", "1", "--save_strategy", "no",
                       "--per_device_train_batch_size", str(batch), "--lr_scheduler_type", "constant", "--warmup_steps", "0"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    run(cmd, env={"OMP_NUM_THREADS": "1"}, timeout=600)
+    return read_jsonl(out / "metrics.jsonl")
 
 
 @pytest.mark.slow

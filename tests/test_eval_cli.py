@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-RMBENCH = Path("/work/shared/data/rm-bench")
-if not RMBENCH.is_dir():  # the repository's layout: ../shared next to the checkout
-    RMBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "rm-bench"
+from helpers import free_port, read_jsonl, run
+
 SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=1024)
-
-pytestmark = pytest.mark.skipif(not RMBENCH.is_dir(), reason="the shared RM-Bench rows are not present")
+ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -31,53 +26,44 @@ def run_dir(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("evalcli")
     base = build_tiny_judge(root / "base", seed=0, config=SMALL)
-    run = root / "run"
+    run_path = root / "run"
     for step, seed in ((2, 1), (4, 2), (None, 2)):
         torch.manual_seed(seed)
         model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
                                LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-        model.save_pretrained(run / f"checkpoint-{step}" if step else run)
-    return run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-ARGS = ["--suites", "rmbench", "--rmbench-source", str(RMBENCH), "--max-rows", "7", "--max-length", "384",
-        "--batch-tokens", "2048"]
-
-
-def _rows(out: Path, name: str) -> list[dict]:
-    return [json.loads(line) for line in (out / name / "rmbench.jsonl").read_text().splitlines()]
+        model.save_pretrained(run_path / f"checkpoint-{step}" if step else run_path)
+    return run_path
 
 
 @pytest.fixture(scope="module")
-def one_process(run_dir, tmp_path_factory):
+def eval_args(rmbench_real_dir) -> list[str]:
+    """The real RM-Bench rows (skipped when ../shared is not beside the repository), 7 rows, short sequences."""
+    return ["--suites", "rmbench", "--rmbench-source", str(rmbench_real_dir), "--max-rows", "7", "--max-length", "384",
+            "--batch-tokens", "2048"]
+
+
+def _rows(out: Path, name: str) -> list[dict]:
+    return read_jsonl(out / name / "rmbench.jsonl")
+
+
+@pytest.fixture(scope="module")
+def one_process(run_dir, eval_args, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "judgetrain.eval.cli", "--model", str(run_dir / "checkpoint-2"), *ARGS,
-                          "--output-dir", str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
+    one = run([sys.executable, "-m", "judgetrain.eval.cli", "--model", run_dir / "checkpoint-2", *eval_args,
+               "--output-dir", out], env=ENV, timeout=300)
     assert "RM-Bench" in one.stdout and "overall" in one.stdout
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [2, 3])
-def test_n_processes_give_the_same_metrics_and_rows_as_one(run_dir, one_process, tmp_path, processes):
-    ckpt = str(run_dir / "checkpoint-2")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+def test_n_processes_give_the_same_metrics_and_rows_as_one(run_dir, eval_args, one_process, tmp_path, processes):
     # `accelerate launch --cpu --num_processes N` starts ONE process in accelerate 1.15 (multi-CPU needs mpirun);
     # the torchrun-based launcher starts N, which join over gloo (judgetrain.eval.cli passes cpu=True)
-    many = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                           str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                           "--main_process_port", str(_free_port()), "-m", "judgetrain.eval.cli",
-                           "--model", ckpt, *ARGS, "--output-dir", str(tmp_path / "many")],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert many.returncode == 0, many.stderr[-3000:]
+    run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", processes,
+         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port(),
+         "-m", "judgetrain.eval.cli", "--model", run_dir / "checkpoint-2", *eval_args, "--output-dir", tmp_path / "many"],
+        env=ENV, timeout=300)
     res1 = json.loads((one_process / "checkpoint-2" / "results.json").read_text())
     resn = json.loads((tmp_path / "many" / "checkpoint-2" / "results.json").read_text())
     assert res1["num_processes"] == 1 and resn["num_processes"] == processes
@@ -94,10 +80,10 @@ def test_n_processes_give_the_same_metrics_and_rows_as_one(run_dir, one_process,
     assert res1["results"]["rmbench"]["domains"] == ["chat", "code", "safety"]  # math is not in the shared copy
 
 
-def test_run_dir_evaluates_each_checkpoint_and_reuses_the_reference(run_dir, tmp_path):
+def test_run_dir_evaluates_each_checkpoint_and_reuses_the_reference(run_dir, eval_args, tmp_path):
     from judgetrain.eval.cli import main
 
-    assert main(["--model", str(run_dir), *ARGS, "--output-dir", str(tmp_path)]) == 0
+    assert main(["--model", str(run_dir), *eval_args, "--output-dir", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary) == ["checkpoint-2", "checkpoint-4", "final"]
     engines = [json.loads((tmp_path / n / "results.json").read_text())["engine"] for n in summary]

@@ -1,15 +1,13 @@
 """Every recipe parses, passes --dry-run without the hub, and bad recipes fail before any weights load."""
 
-import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from judgetrain.recipe import RecipeError, parse_recipe
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import QUICKSTART, REPO, run
+
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
 
@@ -22,10 +20,10 @@ def test_there_are_real_recipes_and_a_quickstart():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_every_recipe_passes_dry_run(recipe, tmp_path, monkeypatch):
-    from judgetrain.train import run
+    from judgetrain.train import run as train_run
 
     monkeypatch.chdir(REPO)
-    report = run([str(recipe), "--dry_run", "--output_dir", str(tmp_path), "--audit_rows", "16"])
+    report = train_run([str(recipe), "--dry_run", "--output_dir", str(tmp_path), "--audit_rows", "16"])
     assert report["recipe"] == "ok"
     assert report["rows_audited"] > 0
     audit = report["audit"]
@@ -80,7 +78,7 @@ def test_train_dataset_keys_are_the_mixture_keys_and_the_adapter_parameters():
 
 def test_unknown_command_line_option_names_the_nearest(tmp_path):
     with pytest.raises(RecipeError, match=r"unknown option --num_train_epoch; did you mean --num_train_epochs"):
-        parse_recipe([str(REPO / "recipes" / "quickstart.yaml"), "--num_train_epoch", "3"])
+        parse_recipe([str(QUICKSTART), "--num_train_epoch", "3"])
 
 
 def test_recipe_must_be_a_mapping_and_is_read_with_safe_yaml(tmp_path):
@@ -97,7 +95,7 @@ def test_recipe_must_be_a_mapping_and_is_read_with_safe_yaml(tmp_path):
 def test_command_line_overrides_win_and_are_saved(tmp_path):
     from judgetrain.recipe import save_recipe
 
-    s, t, m, resolved = parse_recipe([str(REPO / "recipes" / "quickstart.yaml"), "--learning_rate", "3e-4", "--beta", "0.2"])
+    s, t, m, resolved = parse_recipe([str(QUICKSTART), "--learning_rate", "3e-4", "--beta", "0.2"])
     assert t.learning_rate == pytest.approx(3e-4) and t.beta == pytest.approx(0.2)
     save_recipe(resolved, tmp_path / "recipe.yaml")
     s2, t2, _, _ = parse_recipe([str(tmp_path / "recipe.yaml")])
@@ -106,7 +104,7 @@ def test_command_line_overrides_win_and_are_saved(tmp_path):
 
 
 def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
-    _, t, _, _ = parse_recipe([str(REPO / "recipes" / "quickstart.yaml")])
+    _, t, _, _ = parse_recipe([str(QUICKSTART)])
     assert t.trust_remote_code is False
     for recipe in RECIPES:
         assert "trust_remote_code: true" not in recipe.read_text()
@@ -118,9 +116,7 @@ def test_cli_dry_run_exits_nonzero_on_a_missing_data_file(tmp_path):
         "model_name_or_path: tiny-judge\nbf16: false\ntrain_datasets:\n"
         f"  - {{dataset: judgebias, source: {tmp_path}/nope.parquet, split: train}}\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "judgetrain.cli", "train", str(bad), "--dry-run", "--output_dir", str(tmp_path / "o")],
-        capture_output=True, text=True, cwd=REPO,
-    )
+    proc = run([sys.executable, "-m", "judgetrain.cli", "train", bad, "--dry-run", "--output_dir", tmp_path / "o"],
+               check=False)
     assert proc.returncode != 0
     assert "nope.parquet" in proc.stderr

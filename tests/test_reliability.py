@@ -16,12 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import QUICKSTART, REPO
+
 MAX_STEPS = 6
 
 
 def small_recipe(path: Path, extra: str = "") -> str:
-    text = (REPO / "recipes" / "quickstart.yaml").read_text()
+    text = QUICKSTART.read_text()
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [judgebias]")
     text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
@@ -253,13 +254,13 @@ def test_nonfinite_skip_drops_and_counts_the_bad_batches_and_keeps_the_weights_f
     assert grad_norms[1] == pytest.approx(grad_norms[1]) and grad_norms[3] != grad_norms[3]  # step 3 logged NaN
 
 
-def test_nonfinite_guard_stops_on_a_logged_nan_loss():
+def test_nonfinite_guard_stops_on_a_logged_nan_loss(tmp_path):
     """The logging path (a NaN loss with finite gradients): Trainer's real state/control objects."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     from judgetrain.callbacks import NonFiniteGuard, RunStopped
 
-    args = TrainingArguments(output_dir="/tmp/unused", report_to=[])
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     state = TrainerState()
     state.global_step = 7
     guard = NonFiniteGuard("stop")

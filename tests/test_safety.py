@@ -4,7 +4,6 @@ a user path (safetensors; torch.load only with weights_only=True), a score parse
 import ast
 import logging
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -12,9 +11,9 @@ import yaml
 from judgetrain.recipe import RecipeError, parse_recipe
 from judgetrain.scoreparse import parse_overall_score_result, safe_arithmetic
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import QUICKSTART, REPO
+
 PACKAGE = REPO / "judgetrain"
-QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
 
 
 def _sources():
@@ -22,7 +21,7 @@ def _sources():
 
 
 def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
-    _, training_args, _, _ = parse_recipe([QUICKSTART])
+    _, training_args, _, _ = parse_recipe([str(QUICKSTART)])
     assert training_args.trust_remote_code is False
     for recipe in sorted((REPO / "recipes").glob("*.yaml")):
         assert "trust_remote_code: true" not in recipe.read_text().lower(), recipe
@@ -31,7 +30,7 @@ def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
     assert build_parser().parse_args(["--model", "x"]).trust_remote_code is False
     from judgetrain.train import model_init_kwargs
 
-    _, training_args, model_args, _ = parse_recipe([QUICKSTART])
+    _, training_args, model_args, _ = parse_recipe([str(QUICKSTART)])
     assert model_init_kwargs(model_args, training_args)["trust_remote_code"] is False
 
 
@@ -39,7 +38,7 @@ def test_a_recipe_that_sets_trust_remote_code_logs_a_warning(tmp_path, tiny_judg
     from judgetrain.train import train
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(Path(QUICKSTART).read_text().replace("source: bundled, split: train}", "source: /nonexistent/none.jsonl}")
+    recipe.write_text(QUICKSTART.read_text().replace("source: bundled, split: train}", "source: /nonexistent/none.jsonl}")
                       + "\ntrust_remote_code: true\n")
     script_args, training_args, model_args, resolved = parse_recipe([str(recipe), "--output_dir", str(tmp_path / "run")])
     assert training_args.trust_remote_code is True

@@ -12,41 +12,23 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parent.parent
-QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
+from helpers import QUICKSTART, REPO, accelerate_launch, read_jsonl, run
 
 
 def read_metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _run(cmd, env=None, timeout=900):
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
-    if proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
-    return proc
+    return read_jsonl(Path(run_dir) / "metrics.jsonl")
 
 
 def launch(args, *, env=None, timeout=900):
     """One process through accelerate launch."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "judgetrain.train", *args]
-    return _run(cmd, env, timeout)
-
-
-def launch_config(config, args, *, env=None, timeout=900):
-    """Through one of the shipped accelerate configs, as the README launches."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs" / config),
-           "-m", "judgetrain.train", *args]
-    return _run(cmd, env, timeout)
+    return run(cmd, env=env, timeout=timeout)
 
 
 def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> str:
     path = tmp_path / "small.yaml"
-    path.write_text(
-        (REPO / "recipes" / "quickstart.yaml").read_text()
-        + f"\n# test overrides\n"
-    )
+    path.write_text(QUICKSTART.read_text() + "\n# test overrides\n")
     text = path.read_text()
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", f"eval_suites: {eval_suites}")
@@ -59,7 +41,7 @@ def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> s
 def quickstart_run(tmp_path_factory):
     """The README's main command as written: 2 processes, real DDP (gloo on CPU), plus a baseline eval at step 0."""
     out = tmp_path_factory.mktemp("quickstart")
-    proc = launch_config("cpu.yaml", [QUICKSTART, "--output_dir", str(out), "--eval_suites_on_start"])
+    proc = accelerate_launch("cpu.yaml", [QUICKSTART, "--output_dir", str(out), "--eval_suites_on_start"])
     assert "Traceback" not in proc.stderr
     return out
 
@@ -93,7 +75,7 @@ def test_quickstart_writes_train_and_eval_keys_checkpoints_and_final_adapter(qui
 
 
 def _judgebias_rows(run_dir, step):
-    return [json.loads(l) for l in (Path(run_dir) / "eval" / str(step) / "judgebias.jsonl").read_text().splitlines()]
+    return read_jsonl(Path(run_dir) / "eval" / str(step) / "judgebias.jsonl")
 
 
 def test_quickstart_judge_learns_the_bundled_judgebias_signal(quickstart_run):
@@ -171,30 +153,30 @@ def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
     ref = tmp_path / "uninterrupted"
     launch([recipe, "--output_dir", str(ref)])
 
-    run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "judgetrain.train", recipe, "--output_dir", str(run)]
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "judgetrain.train", recipe, "--output_dir", str(killed)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 600
-    while time.time() < deadline and not (run / "checkpoint-3" / "judgetrain_complete.json").exists():
+    while time.time() < deadline and not (killed / "checkpoint-3" / "judgetrain_complete.json").exists():
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert (run / "checkpoint-3" / "judgetrain_complete.json").exists()
-    assert not (run / "adapter_model.safetensors").exists(), "the run finished before it was killed"
+    assert (killed / "checkpoint-3" / "judgetrain_complete.json").exists()
+    assert not (killed / "adapter_model.safetensors").exists(), "the run finished before it was killed"
 
-    launch([recipe, "--output_dir", str(run), "--resume", "auto"])
-    a, b = _adapter(ref), _adapter(run)
+    launch([recipe, "--output_dir", str(killed), "--resume", "auto"])
+    a, b = _adapter(ref), _adapter(killed)
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
     steps_ref = [r["step"] for r in read_metrics(ref) if "train/loss" in r]
-    steps_run = [r["step"] for r in read_metrics(run) if "train/loss" in r]
+    steps_run = [r["step"] for r in read_metrics(killed) if "train/loss" in r]
     assert steps_run == steps_ref == list(range(1, 9))
     losses_ref = [r["train/loss"] for r in read_metrics(ref) if "train/loss" in r]
-    losses_run = [r["train/loss"] for r in read_metrics(run) if "train/loss" in r]
+    losses_run = [r["train/loss"] for r in read_metrics(killed) if "train/loss" in r]
     assert losses_run == pytest.approx(losses_ref, rel=1e-4)
     # and the report of the killed-then-resumed run draws the same train curve, each step once
-    paths, html, summary, _ = _check_report(run, tmp_path / "report")
+    paths, html, summary, _ = _check_report(killed, tmp_path / "report")
     assert "train_curves.png" in paths and "status" in html
 
 
@@ -220,8 +202,8 @@ def test_wandb_offline_and_tensorboard_receive_the_eval_keys(tmp_path):
     )
     out = tmp_path / "run"
     # through the CLI, which hands over to `accelerate launch -m judgetrain.train`
-    proc = _run([sys.executable, "-m", "judgetrain.cli", "train", recipe, "--output_dir", str(out)],
-                env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    proc = run([sys.executable, "-m", "judgetrain.cli", "train", recipe, "--output_dir", str(out)],
+               env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
     assert "Launching: " in proc.stderr and "accelerate.commands.launch" in proc.stderr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
