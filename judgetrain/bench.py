@@ -2,7 +2,7 @@
 
     judgetrain bench                          # CPU defaults: a few minutes on 2 cores, writes bench.json
     judgetrain bench --quick                  # smallest sizes (the test runs this)
-    judgetrain bench --rmbench-source ../shared/data/rm-bench --repeats 5
+    judgetrain bench --rmbench-source RM-Bench/data --repeats 5
     judgetrain bench --device cuda            # real shapes (Qwen3-0.6B / Qwen3-8B, random init, bf16), MFU
 
 Every comparison runs side by side in one invocation: ``--warmup`` untimed rounds, then ``--repeats`` rounds that
@@ -1085,7 +1085,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-options", action="store_true", default=None, help="skip the speed-option runs (quick: skipped)")
     p.add_argument("--scale-repeats", type=int, help="rounds of the scale runs (default 2)")
     p.add_argument("--scale-train-steps", type=int, help="steps of the 1x train scale run (default 6)")
-    p.add_argument("--rmbench-source", default="bundled", help="RM-Bench rows: bundled, or a file/folder (e.g. ../shared/data/rm-bench)")
+    p.add_argument("--rmbench-source", default="bundled",
+                   help="RM-Bench rows: bundled, or a file/folder (e.g. RM-Bench/data in a clone of THU-KEG/RM-Bench)")
     p.add_argument("--eval-rows", type=int, help="RM-Bench rows scored (default: all of the source; quick 2)")
     p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 12)")
     p.add_argument("--naive-batch-size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
