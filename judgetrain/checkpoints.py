@@ -29,6 +29,15 @@ def checkpoint_step(path: str | os.PathLike) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The ``checkpoint-N`` folders of a run directory, by step (``checkpoint-10`` after ``checkpoint-9``)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [(step, p) for p in root.glob("checkpoint-*") if p.is_dir() and (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found)]
+
+
 def write_marker(ckpt: Path, step: int) -> None:
     files = {p.name: p.stat().st_size for p in sorted(ckpt.iterdir()) if p.is_file() and p.name != COMPLETE_MARKER}
     tmp = ckpt / (COMPLETE_MARKER + ".tmp")
@@ -56,11 +65,7 @@ def checkpoint_problem(ckpt: Path) -> str | None:
 
 def find_resume_checkpoint(output_dir: str) -> str | None:
     """The newest complete ``checkpoint-N`` in ``output_dir``; incomplete newer ones are skipped with a warning."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return None
-    ckpts = [(step, p) for p in root.glob("checkpoint-*") if p.is_dir() and (step := checkpoint_step(p)) is not None]
-    for _, ckpt in sorted(ckpts, reverse=True):
+    for ckpt in reversed(list_checkpoints(output_dir)):
         problem = checkpoint_problem(ckpt)
         if problem is None:
             return str(ckpt)

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from judgetrain.modeling import has_accelerator
+
 
 def _die_with_launcher() -> None:
     """Ask Linux to send this process SIGTERM when its `accelerate launch` / torchrun parent dies.
@@ -46,11 +48,10 @@ def init_process_state():
     On a machine without a GPU, `accelerate launch --multi_gpu --num_processes N` (or accelerate_configs/cpu.yaml)
     starts N processes, but accelerate only groups them (gloo) when the state is created with cpu=True; Trainer
     would otherwise run N independent copies."""
-    import torch
     from accelerate import PartialState
 
     _die_with_launcher()
-    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    has_gpu = has_accelerator()
     if not has_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         os.environ["ACCELERATE_USE_CPU"] = "true"
     return PartialState(cpu=not has_gpu)

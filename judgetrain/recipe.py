@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from judgetrain.modeling import has_accelerator
+
 logger = logging.getLogger(__name__)
 
 SUITES = ("rmbench", "judgebias", "ideation")
@@ -203,7 +205,7 @@ def parse_recipe(argv: list[str]):
         os.environ[key] = str(value)
     config = dict(data)
     dry = any(t in ("--dry_run", "--dry-run") for t in overrides) or config.get("dry_run")
-    if dry and not _has_accelerator():
+    if dry and not has_accelerator():
         # A GPU recipe is still checked on a CPU machine: mixed precision is the one thing that cannot parse there.
         for key in ("bf16", "fp16", "tf32"):
             if config.get(key, key == "bf16"):  # TRL turns bf16 on when the recipe leaves it unset
@@ -232,12 +234,6 @@ def parse_recipe(argv: list[str]):
                     resolved[name] = value.value if hasattr(value, "value") else value
                     break
     return script_args, training_args, model_args, resolved
-
-
-def _has_accelerator() -> bool:
-    import torch
-
-    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
 def save_recipe(resolved: dict, path: str | os.PathLike, command: str | None = None) -> None:

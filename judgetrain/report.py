@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from judgetrain.checkpoints import list_checkpoints
 from judgetrain.metrics import rmbench_matrices
 from judgetrain.plots import DPI, figure_grid, matrices_figure
 
@@ -484,7 +485,7 @@ def _run_info(run: Run) -> dict[str, Any]:
     return {"name": run.name, "path": str(run.path), "status": run.status, "last_step": run.last_step,
             "last_epoch": run.epoch_at(run.last_step) if run.last_step is not None else None,
             "eval_points": eval_steps_of(run), "final_train_loss": float(loss[1][-1]) if len(loss[0]) else None,
-            "checkpoints": sorted(p.name for p in run.path.glob("checkpoint-*") if p.is_dir()),
+            "checkpoints": [p.name for p in list_checkpoints(run.path)],
             "recipe": _recipe_headline(run.recipe), "notes": list(run.notes)}
 
 

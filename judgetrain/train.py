@@ -68,16 +68,15 @@ def model_init_kwargs(model_args, training_args) -> dict:
 
 
 def load_tokenizer(model_path: str, training_args):
-    from transformers import AutoTokenizer
+    """The model's tokenizer with a pad token; a tokenizer without a chat template stops the run here."""
+    from judgetrain import modeling
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=training_args.trust_remote_code)
+    tokenizer = modeling.load_tokenizer(model_path, trust_remote_code=training_args.trust_remote_code)
     if tokenizer.chat_template is None:
         raise RecipeError(
             f"the tokenizer of {model_path} has no chat template; judgetrain's data is conversational. Use an "
             "instruct model or set one with `chat_template_path`."
         )
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 

@@ -62,8 +62,8 @@ def test_n_processes_give_the_same_metrics_and_rows_as_one(run_dir, eval_args, o
     # the torchrun-based launcher starts N, which join over gloo (judgetrain.eval.cli passes cpu=True)
     run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", processes,
          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", free_port(),
-         "-m", "judgetrain.eval.cli", "--model", run_dir / "checkpoint-2", *eval_args, "--output-dir", tmp_path / "many"],
-        env=ENV, timeout=300)
+         "-m", "judgetrain.eval.cli", "--model", run_dir / "checkpoint-2", *eval_args,
+         "--output-dir", tmp_path / "many"], env=ENV, timeout=300)
     res1 = json.loads((one_process / "checkpoint-2" / "results.json").read_text())
     resn = json.loads((tmp_path / "many" / "checkpoint-2" / "results.json").read_text())
     assert res1["num_processes"] == 1 and resn["num_processes"] == processes

@@ -195,6 +195,19 @@ def test_half_written_checkpoint_is_skipped(tmp_path, caplog):
     assert "checkpoint-12" in caplog.text and "checkpoint-8" in caplog.text
 
 
+def test_checkpoints_are_listed_by_step_and_only_checkpoint_n_folders_count(tmp_path):
+    from judgetrain.checkpoints import list_checkpoints
+    from judgetrain.eval.cli import find_targets
+
+    for name in ("checkpoint-10", "checkpoint-9", "checkpoint-100", "checkpoint-best", "checkpoint-2.tmp"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_text("{}")
+    (tmp_path / "checkpoint-3").write_text("a file, not a checkpoint")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-9", "checkpoint-10", "checkpoint-100"]
+    assert [Path(p).name for p in find_targets(str(tmp_path))] == ["checkpoint-9", "checkpoint-10", "checkpoint-100"]
+    assert list_checkpoints(tmp_path / "missing") == []
+
+
 def test_wandb_offline_and_tensorboard_receive_the_eval_keys(tmp_path):
     recipe = small_recipe(
         tmp_path, eval_suites="[rmbench, judgebias]", report_to="[wandb, tensorboard]",

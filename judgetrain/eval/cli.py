@@ -1,6 +1,6 @@
 """`judgetrain eval`: score a model, an adapter, a checkpoint or every checkpoint of a run on the eval suites.
 
-    judgetrain eval --model runs/quickstart --suites rmbench --rmbench-source ../shared/data/rm-bench
+    judgetrain eval --model runs/quickstart --suites rmbench --rmbench-source RM-Bench/data
     accelerate launch --num_processes 8 -m judgetrain.eval.cli --model Qwen/Qwen2.5-7B-Instruct \
         --adapter runs/x/checkpoint-500 --suites rmbench,judgebias,ideation --scoring implicit
 
@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from judgetrain.checkpoints import checkpoint_step
+from judgetrain.checkpoints import list_checkpoints
+from judgetrain.modeling import has_accelerator, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +63,12 @@ def _is_model_dir(path: Path) -> bool:
     return (path / "adapter_config.json").is_file() or (path / "config.json").is_file()
 
 
-def _step(path: Path) -> int:
-    step = checkpoint_step(path)
-    return -1 if step is None else step
-
-
 def find_targets(model: str) -> list[str]:
     """The model(s) to evaluate: a run dir gives its checkpoints by step, then its final model if it has one."""
     path = Path(model)
     if not path.is_dir():
         return [model]
-    ckpts = sorted((p for p in path.glob("checkpoint-*") if p.is_dir() and _is_model_dir(p)), key=_step)
+    ckpts = [p for p in list_checkpoints(path) if _is_model_dir(p)]
     if not ckpts:
         return [str(path)]
     return [str(p) for p in ckpts] + ([str(path)] if _is_model_dir(path) else [])
@@ -95,7 +91,7 @@ def _dtype(name: str):
 def load_target(target: str, adapter: str | None, args: argparse.Namespace):
     """(model, tokenizer, base name) for one target; an adapter dir loads its base and applies the adapter."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     kw = dict(dtype=_dtype(args.dtype), trust_remote_code=args.trust_remote_code)
     target = _resolve(target)
@@ -107,9 +103,7 @@ def load_target(target: str, adapter: str | None, args: argparse.Namespace):
         base = _resolve(base)
     model = AutoModelForCausalLM.from_pretrained(base, **kw)
     tok_dir = adapter_dir if adapter_dir and (Path(adapter_dir) / "tokenizer_config.json").is_file() else base
-    tokenizer = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=args.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(tok_dir, trust_remote_code=args.trust_remote_code)
     if not getattr(tokenizer, "chat_template", None):
         logger.warning("the tokenizer of %s has no chat template: conversational rows are scored as plain text (message "
                        "contents joined, roles dropped), as for a base model. Use an instruct model's tokenizer to score "
@@ -171,12 +165,9 @@ def _cpu_only() -> bool:
     launch (``accelerate launch --multi_gpu --num_processes 2`` or ``torchrun`` on a CPU box) over gloo."""
     import os
 
-    import torch
-
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return True
-    xpu = getattr(torch, "xpu", None)
-    return not torch.cuda.is_available() and not (xpu is not None and xpu.is_available())
+    return not has_accelerator()
 
 
 def main(argv: list[str] | None = None) -> int:
