@@ -225,3 +225,51 @@ def test_out_of_scale_numbers_are_never_accepted(score):
 )
 def test_mean_of_two_half_steps_is_evaluated(a, b):
     assert parse_overall_score(_evaluation(f'{{"overall_score": ({a}+{b})/2}}')) == pytest.approx((a + b) / 2)
+
+
+# ---- hostile sizes and shapes: the parser reads in linear time and never raises ------------------------------
+# (speed is measured by scripts/bench_scoreparse.py, not asserted here: every family at the 200,000-character cap)
+
+CAP = 200_000
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("{" + "a" * CAP + "} overall_score", None),  # was quadratic in the key: value scan (21 s at 20,000 chars)
+        ("{" + "a:" * (CAP // 2) + "overall_score}", None),
+        ("{" * CAP + " overall_score", None),
+        ('{"' * (CAP // 2) + " overall_score", None),
+        ("```json\n\"overall_score\": " + "x" * CAP, None),
+        ("```\n" * (CAP // 4) + '"overall_score"', None),
+        ("reasoning " * (CAP // 10) + '```json\n{"overall_score": 4}\n```', 4.0),
+        ("{'overall_score': " + "(" * 100 + "4" + ")" * 100 + ", " + "b" * CAP + "}", None),
+    ],
+    ids=["identifier-run", "colons", "open-braces", "open-quotes", "unclosed-fence", "empty-fences", "padded-real",
+         "deep-parens"],
+)
+def test_inputs_at_the_200k_cap_give_their_result(text, expected):
+    assert len(text) >= CAP
+    assert parse_overall_score(text) == expected
+    scores = parse_scores(text)
+    assert scores.get("overall_score") == expected
+
+
+def test_a_1200_deep_nested_json_object_is_read_not_raised():
+    deep = '{"overall_score": 3, "detail": ' + '{"a": ' * 1200 + "1" + "}" * 1200 + "}"
+    result = parse_overall_score_result("```json\n" + deep + "\n```")
+    assert (result.score, result.reason) == (3.0, "ok")
+    bare = parse_overall_score_result("Verdict: " + deep)
+    assert bare.score == 3.0
+
+
+def test_flattening_a_5000_deep_dict_does_not_recurse():
+    # json.loads on Python 3.12 decodes objects deeper than the recursion limit; the flattening must not recurse
+    from judgetrain.scoreparse import _flatten
+
+    deep: dict = {"leaf": 1}
+    for _ in range(5000):
+        deep = {"a": deep}
+    out: dict = {}
+    _flatten({"overall_score": 2, "n": deep}, out)
+    assert out == {"overall_score": 2, "leaf": 1}
