@@ -25,7 +25,6 @@ The construction is the one of iknow-lab/JudgeBias-DPO-RefFree:
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import logging
@@ -39,7 +38,9 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Iterable
 
+from judgetrain.data.io import UnreadableFile, read_file
 from judgetrain.data.judgebias import PERTURBATION_SETS, TYPE_ALIASES, TYPE_CATEGORY, perturbation_set
+from judgetrain.data.validate import MALFORMED
 from judgetrain.metrics import nan_to_none
 from judgetrain.scoreparse import parse_overall_score_result
 
@@ -96,42 +97,36 @@ class Evaluation:
 # ---- input ---------------------------------------------------------------------------------------------------
 
 def read_evaluations(source: str | Path | Iterable[dict]) -> list[dict]:
-    """Rows of a jsonl / json / parquet file (or an iterable of dicts, e.g. a datasets.Dataset)."""
+    """Rows of a jsonl / json / parquet file, optionally gzipped (or an iterable of dicts, e.g. a datasets.Dataset).
+
+    The file is read by the data loaders' reader: a file or line that is not UTF-8, not JSON (including numbers of
+    over 4,300 digits and nesting past the recursion limit) or a torn parquet file is a one-line PanelDataError
+    naming the file and line."""
     if not isinstance(source, (str, Path)):
         return [dict(row) for row in source]
     path = Path(source)
     if not path.is_file():
         raise PanelDataError(f"evaluations file not found: {path}")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    if path.suffix == ".json":
-        try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            loaded = None
-        if isinstance(loaded, list):
-            return loaded
-    rows = []
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PanelDataError(f"{path}: line {lineno} is not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise PanelDataError(f"{path}: line {lineno} is not a JSON object")
-            rows.append(row)
+    try:
+        rows = read_file(path).rows
+    except UnreadableFile as err:
+        raise PanelDataError(str(err)) from None
+    if not isinstance(rows, list):  # parquet: a datasets.Dataset
+        rows = rows.to_list()
+    for i, row in enumerate(rows):
+        if isinstance(row, dict) and MALFORMED in row:
+            raise PanelDataError(f"{path}: {row[MALFORMED]}")
+        if not isinstance(row, dict):
+            raise PanelDataError(f"{path}: row {i} is not a JSON object")
     return rows
 
 
 def _messages_json(prompt: Any) -> str:
     """The prompt as the JSON string of a [{"role", "content"}] list; ValueError when it is not one."""
-    messages = json.loads(prompt) if isinstance(prompt, str) else prompt
+    try:
+        messages = json.loads(prompt) if isinstance(prompt, str) else prompt
+    except RecursionError:
+        raise ValueError("prompt is nested too deep to read") from None
     if not isinstance(messages, list) or not messages:
         raise ValueError("prompt is not a non-empty message list")
     clean = []

@@ -157,8 +157,8 @@ def load_ideation(
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     raw_split = "test" if split == "test" else "train"
-    tables = read_split(source, "ideation", raw_split)
     rejects = Rejects("ideation", split, on_bad_row, rejects_path)
+    tables = read_split(source, "ideation", raw_split, rejects)
     rows = []
     for table in tables:
         if isinstance(table.rows, datasets.Dataset):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .validate import MALFORMED, DataValidationError, RowProblem
+from .validate import JSON_ERRORS, MALFORMED, DataValidationError, RowProblem, json_problem
 
 logger = logging.getLogger(__name__)
 
@@ -80,30 +80,89 @@ def split_files(directory: Path, split: str) -> list[Path]:
     return chosen
 
 
-def read_file(path: Path) -> Table:
-    """Read one file into a Table. json: a JSON array of objects (or JSON lines); jsonl: one object per line."""
-    if path.suffix == ".parquet":
-        import datasets
+class UnreadableFile(DataValidationError):
+    """A data file that cannot be read at all (not UTF-8, not JSON, a torn parquet file): one line naming the file.
 
-        return Table(str(path), datasets.Dataset.from_parquet(str(path)))
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
+    A subclass of DataValidationError, so every caller that reports bad data reports it; with ``on_bad_row: skip``
+    the adapters skip the file and write it to the rejects file instead."""
+
+    def __init__(self, path: str | os.PathLike, reason: str, split: str = "-"):
+        problem = RowProblem(str(path), split, None, "<file>", reason)
+        ValueError.__init__(self, f"{path}: unreadable: {reason}")
+        self.problems, self.n_bad_rows, self.n_rows = [problem], 1, None
+        self.source, self.split, self.row, self.field, self.problem = str(path), split, None, "<file>", reason
+
+
+def _decode(data: bytes, path: Path, line: int | None = None) -> str:
+    """UTF-8 text of ``data``; UnreadableFile naming the line and column of the first bad byte otherwise."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = line if line is not None else data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise UnreadableFile(path, f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {where} column {column}") \
+            from None
+
+
+def read_file(path: Path) -> Table:
+    """Read one file into a Table. json: a JSON array of objects (or JSON lines); jsonl: one object per line.
+
+    A file that cannot be read at all raises UnreadableFile; a jsonl line that is not UTF-8 or not JSON becomes a
+    placeholder row the validator reports (with its line number), so ``on_bad_row: skip`` can drop just that line."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return Table(str(path), _read_parquet(path))
+    data, suffix = path.read_bytes(), path.suffix
+    if suffix == ".gz":  # evaluations.jsonl.gz
+        data, suffix = _gunzip(data, path), Path(path.stem).suffix
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not content
+    if suffix == ".json" and data.lstrip().startswith(b"["):
+        text = _decode(data, path)
         try:
             rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataValidationError([RowProblem(str(path), "-", None, "<file>",
-                                                  f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")],
-                                      n_bad_rows=1) from exc
+        except JSON_ERRORS as exc:
+            raise UnreadableFile(path, json_problem(exc)) from None
         return Table(str(path), rows)
     rows = []
-    for line in text.splitlines():
-        if not line.strip():
+    # split on bytes, not str.splitlines(): U+2028 inside a JSON string is not a line end
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        raw = raw.removesuffix(b"\r")
+        if not raw.strip():
+            continue
+        try:
+            line = _decode(raw, path, lineno)
+        except UnreadableFile as exc:
+            rows.append({MALFORMED: exc.problem, "line": raw.decode("utf-8", "replace")})
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            rows.append({MALFORMED: f"malformed JSON: {exc.msg} at char {exc.pos}", "line": line})
+        except JSON_ERRORS as exc:
+            rows.append({MALFORMED: f"{json_problem(exc)} (line {lineno})", "line": line})
     return Table(str(path), rows)
+
+
+def _gunzip(data: bytes, path: Path) -> bytes:
+    import gzip
+    import zlib
+
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError; a torn file ends in EOFError
+        raise UnreadableFile(path, f"not a readable gzip file: {exc or type(exc).__name__}") from None
+
+
+def _read_parquet(path: Path):
+    """The parquet file as a datasets.Dataset; UnreadableFile for a torn or corrupt file (any reader failure)."""
+    import datasets
+
+    try:
+        import pyarrow.parquet as pq
+
+        pq.read_metadata(str(path))  # a torn file has no footer: fail here, before datasets logs a traceback
+        return datasets.Dataset.from_parquet(str(path))
+    except Exception as exc:  # noqa: BLE001 - pyarrow / datasets raise many types; each means "unreadable"
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnreadableFile(path, f"not a readable parquet file: {type(exc).__name__}: {cause}") from None
 
 
 def load_hub(repo_id: str, split: str, **kwargs) -> Table:
@@ -113,14 +172,28 @@ def load_hub(repo_id: str, split: str, **kwargs) -> Table:
     return Table(f"hub:{repo_id}", datasets.load_dataset(repo_id, split=split, **kwargs))
 
 
-def read_split(source: str | os.PathLike, dataset: str, split: str, **hub_kwargs) -> list[Table]:
-    """Tables of one split: a hub split, a single file (taken as that split), or the split's files in a directory."""
+def read_split(source: str | os.PathLike, dataset: str, split: str, rejects=None, **hub_kwargs) -> list[Table]:
+    """Tables of one split: a hub split, a single file (taken as that split), or the split's files in a directory.
+
+    An unreadable file raises UnreadableFile, or, when ``rejects`` (a validate.Rejects) skips bad rows, is
+    recorded there and left out."""
     path = resolve_local(source, dataset)
     if path is None:
         return [load_hub(str(source), split, **hub_kwargs)]
-    if path.is_file():
-        return [read_file(path)]
-    return [read_file(p) for p in split_files(path, split)]
+    files = [path] if path.is_file() else split_files(path, split)
+    return [t for t in (read_or_reject(p, rejects, split) for p in files) if t is not None]
+
+
+def read_or_reject(path: Path, rejects=None, split: str = "-") -> Table | None:
+    """read_file, except that an unreadable file goes to ``rejects`` (None returned) when it skips bad rows."""
+    try:
+        return read_file(path)
+    except UnreadableFile as exc:
+        if rejects is None or rejects.on_bad_row != "skip":
+            raise UnreadableFile(path, exc.problem, split) from None
+        logger.warning("%s: skipped the whole file: %s", path, exc.problem)
+        rejects.add_problem(RowProblem(str(path), split, None, "<file>", exc.problem), n_rows=0)
+        return None
 
 
 def build_dataset(tables: Sequence[Table], goods: Sequence[Sequence[int]], normalise, features):

@@ -163,8 +163,8 @@ def load_judgebias(
             raise ValueError(f"unknown categories {sorted(unknown)}; choose from {CATEGORIES}")
     if types is not None:
         types = [canonical_type(t) for t in types]
-    tables = read_split(source, "judgebias", split)
     rejects = Rejects("judgebias", split, on_bad_row, rejects_path)
+    tables = read_split(source, "judgebias", split, rejects)
     goods = []
     for table in tables:
         missing = _missing_columns(table)

@@ -16,7 +16,7 @@ from typing import Iterable
 
 import datasets
 
-from .io import Table, build_dataset, data_files, load_hub, read_file, resolve_local
+from .io import Table, build_dataset, data_files, load_hub, read_or_reject, resolve_local
 from .sampling import balanced_sample
 from .validate import DataValidationError, Rejects, RowProblem, check_text, validate_rows
 
@@ -93,7 +93,7 @@ def normalise_row(row: dict, table: Table) -> dict:
             "chosen": list(row["chosen"]), "rejected": list(row["rejected"])}
 
 
-def _tables(source: str | os.PathLike) -> list[Table]:
+def _tables(source: str | os.PathLike, rejects=None) -> list[Table]:
     path = resolve_local(source, "rmbench")
     if path is None:
         return [load_hub(str(source), "train", data_files=HUB_FILE)]
@@ -108,7 +108,9 @@ def _tables(source: str | os.PathLike) -> list[Table]:
                                 f"{', '.join(domain_file(d) for d in DOMAINS)}")
     tables = []
     for p in (total or per_domain or files):
-        table = read_file(Path(p))
+        table = read_or_reject(Path(p), rejects, SPLIT)
+        if table is None:
+            continue
         stem = Path(p).name.removesuffix("_filtered.json")
         table.domain_hint = stem if stem in DOMAINS else None
         tables.append(table)
@@ -133,10 +135,10 @@ def load_rmbench(
         unknown = set(domains) - set(DOMAINS)
         if unknown:
             raise ValueError(f"unknown RM-Bench domains {sorted(unknown)}; choose from {DOMAINS}")
-    tables = _tables(source)
+    rejects = Rejects("rmbench", SPLIT, on_bad_row, rejects_path)
+    tables = _tables(source, rejects)
     if domains is not None:
         tables = [t for t in tables if t.domain_hint is None or t.domain_hint in domains]
-    rejects = Rejects("rmbench", SPLIT, on_bad_row, rejects_path)
     goods, seen = [], {}
     for table in tables:
         verdict, bad = validate_rows(table.rows, make_check(table), source=table.source, split=SPLIT)

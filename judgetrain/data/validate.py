@@ -66,6 +66,20 @@ def _reason_key(problem: str) -> str:
     return problem.split(":", 1)[0]
 
 
+# Everything json.loads raises on hostile text: JSONDecodeError (a ValueError), a number of over 4,300 digits
+# (ValueError from int max str digits), bracket nesting deeper than the interpreter's recursion limit.
+JSON_ERRORS = (ValueError, RecursionError)
+
+
+def json_problem(exc: BaseException) -> str:
+    """One line saying why a JSON text could not be read."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, RecursionError):
+        return "malformed JSON: nested deeper than can be read (RecursionError)"
+    return f"malformed JSON: {str(exc).split(';')[0]}"  # "Exceeds the limit (4300 digits) for integer string ..."
+
+
 # ---------------------------------------------------------------- field checks (return a problem or None)
 
 def is_number(value: Any) -> bool:
@@ -119,8 +133,8 @@ def parse_messages(value: Any) -> tuple[list | None, str | None]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            return None, f"malformed JSON: {exc.msg} at char {exc.pos}"
+        except JSON_ERRORS as exc:
+            return None, json_problem(exc)
     if not isinstance(value, (list, tuple)):
         return None, f"wrong type: expected a list of messages, got {type(value).__name__}"
     return list(value), None
