@@ -111,12 +111,15 @@ def load_audited_dataset(script_args, training_args, tokenizer):
     report (also written to data_audit.json). The main process prepares it first; the others reuse its cache."""
     from accelerate import PartialState
 
+    from judgetrain.chat import neutralise_dataset
     from judgetrain.data.lengths import audit_lengths
 
     state = PartialState()
     out = Path(training_args.output_dir)
     with state.main_process_first():
         dataset = build_train_dataset(script_args, training_args)
+        # Content is text (judgetrain.chat): a control string in a row cannot fake a turn, here or in TRL.
+        dataset = neutralise_dataset(dataset, tokenizer)
         dataset, audit = audit_lengths(
             dataset, tokenizer, training_args.max_length, script_args.long_rows,
             str(out / "rejects" / "long_rows.jsonl") if state.is_main_process else None,

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from judgetrain.chat import chat_ids, text_ids
+
 from .io import resolve_local, split_files
 from .validate import DataValidationError
 
@@ -77,11 +79,10 @@ def _texts(dataset: str, ds, tokenizer):
 
 
 def _n_tokens(tokenizer, messages) -> int:
+    """Tokens of a conversation as training sees them (content as text; judgetrain.chat)."""
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-    else:
-        text = "\n".join(m["content"] for m in messages)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(chat_ids(tokenizer, messages))
+    return len(text_ids(tokenizer, "\n".join(m["content"] for m in messages)))
 
 
 def token_lengths(dataset: str, ds, tokenizer) -> dict[str, np.ndarray]:

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from judgetrain.chat import chat_ids, chat_text, text_ids
+
 logger = logging.getLogger(__name__)
 
 SCORING_MODES = ("implicit", "judge")
@@ -207,10 +209,8 @@ class ScoringEngine:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def _chat_ids(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, add_generation_prompt=add_generation_prompt
-        )
-        return _as_ids(out)
+        """The conversation's ids; control strings inside message content are text (judgetrain.chat)."""
+        return chat_ids(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
 
     def _pair_sequences(self, prompt: Any, responses: Sequence[Any]) -> tuple[list[int], list[list[int]]]:
         """TRL 1.16 DPOTrainer tokenization of one prompt with several completions."""
@@ -227,23 +227,22 @@ class ScoringEngine:
         if isinstance(prompt, list):
             prompt_ids = self._chat_ids(prompt, add_generation_prompt=True)
             full = [self._chat_ids(prompt + list(r)) for r in responses]
-        else:
-            eos = self.tokenizer.eos_token or ""
-            prompt_ids = _as_ids(self.tokenizer(text=prompt))
-            full = [
-                _as_ids(self.tokenizer(text=prompt + (r if r.endswith(eos) else r + eos))) for r in responses
-            ]
+        else:  # TRL's plain-text path (prompt + completion + EOS), the text encoded as text
+            tok = self.tokenizer
+            eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+            prompt_ids = text_ids(tok, prompt, add_special_tokens=True)
+            full = [text_ids(tok, prompt + r, add_special_tokens=True) + eos for r in responses]
         prompt_len = min(_common_prefix_length(prompt_ids, f) for f in full) if full else len(prompt_ids)
         return prompt_ids[:prompt_len], [f[prompt_len:] for f in full]
 
     def _judge_ids(self, messages: Any) -> list[int]:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        if self._has_chat_template():
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = "\n".join(m["content"] for m in messages) + "\n"
-        return _as_ids(self.tokenizer(text=text + self.judge_prefix, add_special_tokens=False))
+        if self._has_chat_template():  # content neutralised; the template and the prefix are ours
+            text = chat_text(self.tokenizer, messages, add_generation_prompt=True)
+            return _as_ids(self.tokenizer(text=text + self.judge_prefix, add_special_tokens=False))
+        text = "\n".join(m["content"] for m in messages) + "\n"
+        return text_ids(self.tokenizer, text + self.judge_prefix)
 
     def score_token_ids(self) -> tuple[list[int], list[float]]:
         """(token ids, score values) of the candidate score tokens after the judge prefix."""
