@@ -6,8 +6,9 @@ import logging
 import os
 from pathlib import Path
 
+from judgetrain.chat import neutralise_dataset
 from judgetrain.data.lengths import audit_lengths
-from judgetrain.recipe import RecipeError
+from judgetrain.recipe import RecipeError, remote_code_routes, remote_code_warning
 from judgetrain.train import build_train_dataset, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -21,6 +22,10 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     from judgetrain.aliases import is_alias, resolve_model
 
     report: dict = {"recipe": "ok", "problems": [], "notes": []}
+    warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
+    if warning:
+        logger.warning(warning)
+        report["notes"].append(warning)
     if script_args.accelerate_config:
         from accelerate.commands.config.config_args import load_config_from_file
 
@@ -64,7 +69,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
         tokenizer = load_tokenizer(ensure_tiny_judge(), training_args)
         action = "truncate"  # count only
     # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
-    _, audit = audit_lengths(dataset, tokenizer, training_args.max_length, action, None)
+    _, audit = audit_lengths(neutralise_dataset(dataset, tokenizer), tokenizer, training_args.max_length, action, None)
     report["audit"] = audit
     return report
 

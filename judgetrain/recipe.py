@@ -13,6 +13,7 @@ import argparse
 import difflib
 import logging
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,102 @@ LONG_ROW_ACTIONS = ("error", "skip", "truncate", "shorten_prompt")
 
 class RecipeError(ValueError):
     """A recipe that cannot run: unknown key, bad value, missing file. Raised before any weights load."""
+
+
+# A recipe is a file that may come from someone else (README: "What a recipe can do"). Its `env:` mapping is applied
+# to this process and inherited by every launched process, so it may not set a variable that makes a process load
+# code from a place the value names: the dynamic loader (LD_*, DYLD_*), the Python interpreter (PYTHON*, except the
+# harmless switches below), shells and other runtimes, compiled-extension and remote-module caches. The person who
+# runs the recipe may allow one by name on the command line: --allow_env PYTHONPATH (repeatable or comma-separated);
+# a recipe cannot allow anything for itself.
+LOADER_ENV = frozenset({
+    "PATH", "BASH_ENV", "ENV", "SHELLOPTS", "PS4", "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYLIB", "RUBYOPT",
+    "NODE_OPTIONS", "NODE_PATH", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "GCONV_PATH", "HOSTALIASES", "LOCPATH",
+    "NLSPATH", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "HF_MODULES_CACHE", "GIT_SSH_COMMAND", "GIT_EXEC_PATH",
+})
+LOADER_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON")
+HARMLESS_PYTHON_ENV = frozenset({
+    "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
+    "PYTHONUTF8", "PYTHONNOUSERSITE", "PYTHONSAFEPATH",
+})
+ALLOW_ENV_FLAG = "--allow_env"
+
+
+def is_loader_env(name: str) -> bool:
+    """True for an environment variable that can make a process load or run code named by its value."""
+    upper = name.upper()
+    if upper in HARMLESS_PYTHON_ENV:
+        return False
+    return upper in LOADER_ENV or upper.startswith(LOADER_ENV_PREFIXES)
+
+
+def pop_allow_env(argv: list[str]) -> tuple[frozenset[str], list[str]]:
+    """(names allowed with --allow_env, the other arguments). ``--allow_env A,B``, ``--allow_env=A``, repeatable."""
+    allowed: set[str] = set()
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token in (ALLOW_ENV_FLAG, "--allow-env"):
+            if i + 1 >= len(argv):
+                raise RecipeError(f"{ALLOW_ENV_FLAG} needs a variable name")
+            allowed.update(n.strip() for n in argv[i + 1].split(",") if n.strip())
+            i += 2
+            continue
+        if token.startswith((ALLOW_ENV_FLAG + "=", "--allow-env=")):
+            allowed.update(n.strip() for n in token.split("=", 1)[1].split(",") if n.strip())
+        else:
+            rest.append(token)
+        i += 1
+    return frozenset(allowed), rest
+
+
+def checked_env(env: Any, allowed: frozenset[str], recipe_path) -> dict[str, str]:
+    """The recipe's `env:` mapping as strings; RecipeError for a malformed entry or a loader variable not allowed."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise RecipeError(f"recipe {recipe_path}: env must be a mapping of VARIABLE: value, got {type(env).__name__}")
+    out = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise RecipeError(f"recipe {recipe_path}: env: {key!r} is not an environment variable name")
+        if isinstance(value, (dict, list)) or value is None:
+            raise RecipeError(f"recipe {recipe_path}: env: {key}: the value must be a string or number")
+        if is_loader_env(key) and key not in allowed:
+            raise RecipeError(
+                f"recipe {recipe_path}: env: {key} would make the launched processes load code from the place it "
+                f"names; a recipe may not set it. If you trust this recipe, allow it on the command line: "
+                f"{ALLOW_ENV_FLAG} {key}"
+            )
+        out[key] = str(value)
+    return out
+
+
+def remote_code_routes(training_args, model_args=None) -> list[str]:
+    """Every setting of this run that loads Python code shipped with a model or fetched from the Hub."""
+    routes = []
+    if getattr(training_args, "trust_remote_code", False):
+        routes.append("trust_remote_code: true")
+    init = getattr(training_args, "model_init_kwargs", None)
+    init = init if isinstance(init, dict) else {}
+    if init.get("trust_remote_code"):
+        routes.append("model_init_kwargs: {trust_remote_code: true}")
+    if init.get("use_kernels"):
+        routes.append("model_init_kwargs: {use_kernels: true} (kernels from the Hub)")
+    for where, attn in (("attn_implementation", getattr(model_args, "attn_implementation", None)),
+                        ("model_init_kwargs: {attn_implementation}", init.get("attn_implementation"))):
+        if isinstance(attn, str) and "/" in attn:  # "kernels-community/flash-attn": a kernel repository on the Hub
+            routes.append(f"{where}: {attn} (a kernel from the Hub)")
+    return routes
+
+
+def remote_code_warning(routes: list[str], model: str) -> str | None:
+    """The one warning every route to remote code gives (None when there is none)."""
+    if not routes:
+        return None
+    return (f"Remote code is ON ({'; '.join(routes)}): loading {model} runs Python code that comes with it, with your "
+            "rights on this machine. Use it only for code you have read.")
 
 
 @dataclass
@@ -133,8 +230,14 @@ def load_recipe_file(path: str | os.PathLike) -> dict[str, Any]:
         raise RecipeError(f"recipe {path}: file not found")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        from judgetrain.data.io import utf8_problem
+
+        raise RecipeError(f"recipe {path}: {utf8_problem(e.object, e)}") from None
     except yaml.YAMLError as e:
         raise RecipeError(f"recipe {path}: not valid YAML: {e}") from None
+    except RecursionError:
+        raise RecipeError(f"recipe {path}: not valid YAML: nested deeper than can be read") from None
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {path}: must be a YAML mapping of option: value, got {type(data).__name__}")
     keys = valid_keys() | {"env"}
@@ -199,10 +302,11 @@ def parse_recipe(argv: list[str]):
     from trl import TrlParser
 
     recipe_path, overrides = split_recipe_argv(argv)
+    allowed_env, overrides = pop_allow_env(overrides)
     data = load_recipe_file(recipe_path) if recipe_path else {}
     _check_flags(overrides)
-    for key, value in (data.pop("env", None) or {}).items():  # as TrlParser does with an `env` mapping
-        os.environ[key] = str(value)
+    for key, value in checked_env(data.pop("env", None), allowed_env, recipe_path).items():  # as TrlParser does
+        os.environ[key] = value
     config = dict(data)
     dry = any(t in ("--dry_run", "--dry-run") for t in overrides) or config.get("dry_run")
     if dry and not has_accelerator():

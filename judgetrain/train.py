@@ -218,8 +218,13 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
     """Run one recipe to the end. Returns a summary (output_dir, final metrics, audit, resumed_from, stop reason)."""
     from judgetrain.aliases import resolve_model
 
-    if training_args.trust_remote_code:
-        logger.warning("trust_remote_code is ON: this recipe runs Python code shipped with %s", model_args.model_name_or_path)
+    from accelerate import PartialState
+
+    from judgetrain.recipe import remote_code_routes, remote_code_warning
+
+    warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
+    if warning and PartialState().is_main_process:
+        logger.warning(warning)
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = load_tokenizer(model_path, training_args)
     resume_from = prepare_output_dir(script_args, training_args, resolved, command)

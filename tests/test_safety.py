@@ -44,7 +44,7 @@ def test_a_recipe_that_sets_trust_remote_code_logs_a_warning(tmp_path, tiny_judg
     assert training_args.trust_remote_code is True
     with caplog.at_level(logging.WARNING, logger="judgetrain.train"), pytest.raises(Exception, match="none.jsonl"):
         train(script_args, training_args, model_args, resolved)  # stops at the missing data, after the warning
-    assert "trust_remote_code is ON" in caplog.text
+    assert "Remote code is ON (trust_remote_code: true)" in caplog.text
 
 
 def test_recipes_load_with_safe_yaml_only(tmp_path):

@@ -140,3 +140,19 @@ def test_train_with_a_torn_parquet_file_stops_with_one_line_naming_it(tmp_path):
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("judgetrain.train: UnreadableFile: ") and str(torn) in last and "parquet" in last, last
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b"learning_rate: 1e-4\nrun_name: caf\xe9\n", "not UTF-8 text: byte 0xe9 at line 2 column 14"),
+    (b"a: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "not valid YAML"),
+])
+def test_an_unreadable_recipe_is_one_line_naming_it(data, expected, tmp_path):
+    from judgetrain.recipe import RecipeError, load_recipe_file
+
+    path = tmp_path / "r.yaml"
+    path.write_bytes(data)
+    with pytest.raises(RecipeError) as err:
+        load_recipe_file(path)
+    message = str(err.value)
+    assert message.startswith(f"recipe {path}: ") and expected in message, message[:300]
+    assert len(message) < 600

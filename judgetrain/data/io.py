@@ -98,10 +98,14 @@ def _decode(data: bytes, path: Path, line: int | None = None) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        where = line if line is not None else data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise UnreadableFile(path, f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {where} column {column}") \
-            from None
+        raise UnreadableFile(path, utf8_problem(data, exc, line)) from None
+
+
+def utf8_problem(data: bytes, exc: UnicodeDecodeError, line: int | None = None) -> str:
+    """Where the first byte that is not UTF-8 sits, as a line and column (``line`` when data is one line)."""
+    where = line if line is not None else data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    return f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {where} column {column}"
 
 
 def read_file(path: Path) -> Table:

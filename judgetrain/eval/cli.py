@@ -182,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     state = PartialState(cpu=_cpu_only())
     logging.basicConfig(level=logging.INFO if state.is_main_process else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from judgetrain.recipe import remote_code_warning
+
+    warning = remote_code_warning(["--trust-remote-code"] if args.trust_remote_code else [], args.model)
+    if warning and state.is_main_process:
+        logger.warning(warning)
     suites = [s.strip() for s in args.suites.split(",") if s.strip()]
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
