@@ -253,6 +253,8 @@ def parse_scores(text: object, *, key: str = "overall_score") -> dict[str, float
     fences = [(m.group(1).strip().lower(), m.group(2)) for m in _FENCE.finditer(text)]
     blocks = [b for t, b in fences if t == "json"] + [b for t, b in fences if t == ""] + _bare_objects(text)
     for block in reversed(blocks):
+        if ":" not in block:  # no key: value inside; thousands of empty fences must not each cost a failed parse
+            continue
         scores = {k: v for k, v in ((k, _to_number(raw)) for k, raw in _block_items(block).items()) if v is not None}
         if scores:
             return scores
