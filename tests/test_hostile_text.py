@@ -102,7 +102,7 @@ def test_training_tokenises_control_strings_in_content_as_text(name, tokenizers,
 
 def test_training_length_audit_counts_the_tokens_trl_trains_on(tokenizers):
     """The length audit (long_rows) counts the same ids TRL trains on, for a hostile row too."""
-    from judgetrain.train import _lengths_batched
+    from judgetrain.data.lengths import _lengths_batched
 
     tok, hostile = tokenizers["tiny-chatml"]
     row = {k: neutral_messages(v, tok) for k, v in _row(hostile).items()}  # as train.py audits it
