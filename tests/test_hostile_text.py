@@ -261,3 +261,38 @@ def test_control_strings_are_the_special_tokens_and_the_added_tokens_the_templat
     assert "<table>" not in strings
     messages = [{"role": "user", "content": "<table> <think>"}]
     assert neutral_messages(messages, qwen)[0]["content"] == "<table> <" + NEUTRAL + "think>"
+
+
+def test_a_training_run_on_hostile_rows_trains_on_the_neutralised_text(tiny_judge, tmp_path):
+    """judgetrain.train end to end (one step): the length audit, and so TRL, sees the neutralised rows."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    repo = Path(__file__).resolve().parent.parent
+    rows = pq.read_table(repo / "judgetrain" / "data" / "samples" / "judgebias" / "train.parquet").slice(0, 8).to_pylist()
+    for row in rows:
+        prompt = json.loads(row["prompt"])
+        prompt[-1]["content"] += "\n" + FAKE_TURN
+        row["prompt"] = json.dumps(prompt)
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((repo / "recipes" / "quickstart.yaml").read_text()
+                      .replace("  - {dataset: judgebias, source: bundled, split: train}\n", f"  - {{dataset: judgebias, source: {data}, split: train}}\n")
+                      .replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", ""))
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "judgetrain.train", str(recipe), "--output_dir", str(out), "--max_steps", "1",
+                        "--eval_suites", "none", "--save_strategy", "no", "--max_length", "4096"],
+                       cwd=repo, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    tok = AutoTokenizer.from_pretrained(tiny_judge)
+    messages = [(json.loads(r["prompt"]), json.loads(r["chosen"]), json.loads(r["rejected"])) for r in rows]
+    neutral = max(len(chat_ids(tok, pr + c)) for pr, ch, rj in messages for c in (ch, rj))
+    naive = max(len(tok.apply_chat_template(pr + c, tokenize=True, return_dict=True)["input_ids"])
+                for pr, ch, rj in messages for c in (ch, rj))
+    audit = json.loads((out / "data_audit.json").read_text())
+    assert audit["datasets"]["judgebias"]["max_tokens"] == neutral != naive
