@@ -82,6 +82,10 @@ def _is_num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# what json.loads raises on a damaged line: bad JSON, a number of over 4,300 digits, nesting past the recursion limit
+_JSON_ERRORS = (ValueError, RecursionError)
+
+
 def _salvage(line: str) -> Any:
     """The whole JSON object at the end of ``line`` when it starts with a torn one, else None."""
     for match in re.finditer(r"\{", line):
@@ -89,7 +93,7 @@ def _salvage(line: str) -> Any:
             continue
         try:
             return json.loads(line[match.start():])
-        except json.JSONDecodeError:
+        except _JSON_ERRORS:
             continue
     return None
 
@@ -104,7 +108,7 @@ def _read_jsonl(path: Path, what: str, notes: list[str]) -> list[dict]:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except _JSON_ERRORS:
             obj = _salvage(line)
             if i == last and obj is None:
                 notes.append(f"{what}: the last line is cut off (run killed or still writing); ignored")

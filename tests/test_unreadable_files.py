@@ -156,3 +156,18 @@ def test_an_unreadable_recipe_is_one_line_naming_it(data, expected, tmp_path):
     message = str(err.value)
     assert message.startswith(f"recipe {path}: ") and expected in message, message[:300]
     assert len(message) < 600
+
+
+def test_the_report_reads_a_damaged_metrics_file_with_notes_not_a_traceback(tmp_path):
+    from judgetrain.report import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "train/loss": 0.5}\n'
+                     + b'{"step": 2, "train/loss": ' + b"9" * 5000 + b"}\n"
+                     + b"[" * 100_000 + b"]" * 100_000 + b"\n"
+                     + b'{"step": 3, "train/loss": 0.\xff4}\n'
+                     + b'{"step": 4, "train/loss": 0.3}\n')
+    notes: list[str] = []
+    records = read_metrics(path, notes)
+    assert sorted(records) == [1, 4] and records[4]["train/loss"] == 0.3
+    assert notes == ["metrics.jsonl: 3 unreadable line(s) skipped"]
