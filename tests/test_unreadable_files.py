@@ -171,3 +171,9 @@ def test_the_report_reads_a_damaged_metrics_file_with_notes_not_a_traceback(tmp_
     records = read_metrics(path, notes)
     assert sorted(records) == [1, 4] and records[4]["train/loss"] == 0.3
     assert notes == ["metrics.jsonl: 3 unreadable line(s) skipped"]
+
+
+def test_a_malformed_json_line_names_its_own_line_and_column(good_lines, tmp_path):
+    path = _jsonl(tmp_path, good_lines, b'{"prompt": "x",, }')
+    (row,) = [r for r in read_file(path).rows if "__malformed_json__" in r]
+    assert row["__malformed_json__"] == "malformed JSON: Expecting property name enclosed in double quotes at line 3 column 16"

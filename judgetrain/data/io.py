@@ -141,7 +141,7 @@ def read_file(path: Path) -> Table:
         try:
             rows.append(json.loads(line))
         except JSON_ERRORS as exc:
-            rows.append({MALFORMED: f"{json_problem(exc)} (line {lineno})", "line": line})
+            rows.append({MALFORMED: json_problem(exc, lineno), "line": line})
     return Table(str(path), rows)
 
 

@@ -71,13 +71,14 @@ def _reason_key(problem: str) -> str:
 JSON_ERRORS = (ValueError, RecursionError)
 
 
-def json_problem(exc: BaseException) -> str:
-    """One line saying why a JSON text could not be read."""
+def json_problem(exc: BaseException, line: int | None = None) -> str:
+    """One line saying why a JSON text could not be read (``line``: the file line the text was, for JSON lines)."""
     if isinstance(exc, json.JSONDecodeError):
-        return f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        return f"malformed JSON: {exc.msg} at line {line or exc.lineno} column {exc.colno}"
+    where = f" (line {line})" if line is not None else ""
     if isinstance(exc, RecursionError):
-        return "malformed JSON: nested deeper than can be read (RecursionError)"
-    return f"malformed JSON: {str(exc).split(';')[0]}"  # "Exceeds the limit (4300 digits) for integer string ..."
+        return f"malformed JSON: nested deeper than can be read (RecursionError){where}"
+    return f"malformed JSON: {str(exc).split(';')[0]}{where}"  # "Exceeds the limit (4300 digits) for integer ..."
 
 
 # ---------------------------------------------------------------- field checks (return a problem or None)
