@@ -8,8 +8,6 @@ import os
 import sys
 from pathlib import Path
 
-from judgetrain.modeling import has_accelerator
-
 
 def _die_with_launcher() -> None:
     """Ask Linux to send this process SIGTERM when its `accelerate launch` / torchrun parent dies.
@@ -43,18 +41,14 @@ def _die_with_launcher() -> None:
 
 
 def init_process_state():
-    """Join the launcher's process group before anything reads the device.
-
-    On a machine without a GPU, `accelerate launch --multi_gpu --num_processes N` (or accelerate_configs/cpu.yaml)
-    starts N processes, but accelerate only groups them (gloo) when the state is created with cpu=True; Trainer
-    would otherwise run N independent copies."""
-    from accelerate import PartialState
+    """Join the launcher's process group before anything reads the device, refusing a parallelism this machine
+    would silently downgrade (judgetrain.parallelism.join_process_group: on a machine without a GPU the processes
+    join over gloo; Trainer would otherwise run N independent copies)."""
+    from judgetrain.parallelism import join_process_group
 
     _die_with_launcher()
-    has_gpu = has_accelerator()
-    if not has_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        os.environ["ACCELERATE_USE_CPU"] = "true"
-    return PartialState(cpu=not has_gpu)
+    state, _ = join_process_group()
+    return state
 
 
 def setup_logging() -> None:

@@ -141,17 +141,25 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
 
     from judgetrain.callbacks import CheckpointMarkerCallback, GracefulStop, MetricsJsonlCallback, NonFiniteGuard
 
+    from judgetrain.parallelism import ParallelismReport, allow_fsdp_on_cpu, requested_parallelism
+
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     stopper = GracefulStop().install()
     guard = NonFiniteGuard(script_args.nonfinite)
+    request = requested_parallelism()
+    logger.info("Launch asks for %s (what is in effect is checked at the first step)", request.describe())
+    _ = training_args.device  # TrainingArguments re-creates Accelerate's process state here ...
+    allow_fsdp_on_cpu(request)  # ... so an FSDP2 request on CPU is let through again, checked at the first step
+    report = ParallelismReport(request, training_args.output_dir)
     trainer = DPOTrainer(
         model=model_path,
         args=training_args,
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
-        callbacks=[MetricsJsonlCallback(training_args.output_dir), CheckpointMarkerCallback(), guard, stopper],
+        callbacks=[report, MetricsJsonlCallback(training_args.output_dir), CheckpointMarkerCallback(), guard, stopper],
     )
+    report.attach(trainer)
     if script_args.eval_suites:
         from judgetrain.eval.callback import JudgeEvalCallback
 
@@ -289,10 +297,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     from judgetrain.data import DataValidationError
+    from judgetrain.parallelism import ParallelismError
 
     try:
         outcome = run()
-    except (RecipeError, DataValidationError, FileNotFoundError) as e:  # bad recipe, bad rows, missing data: one message
+    except (RecipeError, DataValidationError, FileNotFoundError, ParallelismError) as e:  # bad recipe, bad rows, missing data: one message
         print(f"judgetrain.train: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)
     if isinstance(outcome, dict) and outcome.get("stop_reason") == "nonfinite":

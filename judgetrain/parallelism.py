@@ -1,0 +1,247 @@
+"""What parallelism a launch asked for, what it got, and a refusal when the two differ.
+
+`accelerate launch --config_file X.yaml` tells each process what to do through environment variables
+(ACCELERATE_USE_FSDP, FSDP_VERSION, ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_ZERO_STAGE, WORLD_SIZE, ...).
+Accelerate honours them only on some devices and says nothing when it does not: on a machine without a GPU an FSDP
+config becomes plain data parallelism over gloo (Accelerate promotes MULTI_GPU-like states to FSDP, never
+MULTI_CPU) and a DeepSpeed config is ignored when the state is a CPU one. judgetrain therefore
+
+* reads the request (`requested_parallelism`),
+* joins the processes (`join_process_group`): over gloo on a CPU machine, and for an FSDP2 request on CPU it lets
+  Accelerate's own FSDP2 path run (torch's ``fully_shard`` works over gloo; only Accelerate's type check stood in
+  the way),
+* refuses a request it cannot honour before any data or weights load (`check_request`),
+* and at the first training step checks and logs what is really in effect: type, processes, machines, backend and
+  which tensors are sharded (`ParallelismReport`, written to ``<output_dir>/parallelism.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+
+class ParallelismError(RuntimeError):
+    """The launch asked for a parallelism (FSDP, DeepSpeed, several processes) that this run would not give."""
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return str(env.get(name, "false")).lower() in ("1", "true", "yes")
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        return int(env.get(name, default))
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass
+class Request:
+    """The parallelism the launcher asked for, from the environment it gave this process."""
+
+    kind: str  # "single" | "ddp" | "fsdp" | "deepspeed"
+    processes: int
+    machines: int
+    machine_rank: int
+    fsdp_version: int | None = None
+    zero_stage: int | None = None
+    fsdp_options: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        extra = f" v{self.fsdp_version}" if self.kind == "fsdp" else f" ZeRO-{self.zero_stage}" if self.kind == "deepspeed" else ""
+        return f"{self.kind}{extra} over {self.processes} process(es) on {self.machines} machine(s)"
+
+
+def requested_parallelism(env: Mapping[str, str] | None = None) -> Request:
+    """Read what `accelerate launch` (or torchrun + the ACCELERATE_* variables) asked this process to do."""
+    env = os.environ if env is None else env
+    world = _int(env, "WORLD_SIZE", 1)
+    local_world = max(_int(env, "LOCAL_WORLD_SIZE", world), 1)
+    machines = max(world // local_world, 1)
+    machine_rank = _int(env, "GROUP_RANK", _int(env, "NODE_RANK", 0))
+    if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
+        stage = _int(env, "ACCELERATE_DEEPSPEED_ZERO_STAGE", 2)
+        return Request("deepspeed", world, machines, machine_rank, zero_stage=stage)
+    if _flag(env, "ACCELERATE_USE_FSDP"):
+        options = {k[5:].lower(): v for k, v in env.items() if k.startswith("FSDP_") and k != "FSDP_VERSION"}
+        return Request("fsdp", world, machines, machine_rank, fsdp_version=_int(env, "FSDP_VERSION", 1),
+                       fsdp_options=options)
+    return Request("ddp" if world > 1 else "single", world, machines, machine_rank)
+
+
+def check_request(request: Request, *, gpu: bool) -> None:
+    """Refuse, with the reason and the way out, a request this machine / install would silently downgrade."""
+    if request.kind == "deepspeed":
+        if not gpu:
+            raise ParallelismError(
+                f"the launch asks for DeepSpeed ZeRO-{request.zero_stage}, but this machine has no GPU: Accelerate "
+                "ignores DeepSpeed on a CPU state and would train as plain data parallelism. Run the DeepSpeed configs "
+                "on GPUs; on CPU use accelerate_configs/fsdp2_cpu.yaml (sharded) or accelerate_configs/cpu.yaml (DDP)."
+            )
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ParallelismError("the launch asks for DeepSpeed but the deepspeed package is not installed "
+                                   "(pip install deepspeed)")
+    if request.kind == "fsdp":
+        if request.processes < 2:
+            raise ParallelismError(
+                "the launch asks for FSDP with a single process: there is nothing to shard over and Accelerate would "
+                "run it unsharded. Launch 2 or more processes (--num_processes) or use a single-device config."
+            )
+        if not gpu and request.fsdp_version != 2:
+            raise ParallelismError(
+                f"the launch asks for FSDP version {request.fsdp_version} on a machine without a GPU; judgetrain "
+                "shards on CPU only with FSDP2 (fsdp_version: 2, e.g. accelerate_configs/fsdp2_cpu.yaml)."
+            )
+
+
+def join_process_group(env: Mapping[str, str] | None = None):
+    """Create Accelerate's process state for this launch (before anything reads the device) and return
+    (PartialState, Request).
+
+    Without a GPU, `accelerate launch` starts N processes but Accelerate only joins them (gloo) when the state is
+    created with cpu=True; and it promotes a state to FSDP only from a GPU-like type, so an FSDP2 request on CPU
+    would fall back to DDP. For that request the joined CPU state is presented to Accelerate as a multi-device one
+    (devices stay CPU, backend stays gloo); `ParallelismReport` then checks at the first step that the model really
+    is sharded, so the shim cannot fail silently."""
+    from accelerate import PartialState
+
+    from judgetrain.modeling import has_accelerator
+
+    env = os.environ if env is None else env
+    request = requested_parallelism(env)
+    gpu = has_accelerator()
+    check_request(request, gpu=gpu)
+    if not gpu and request.processes > 1:
+        os.environ["ACCELERATE_USE_CPU"] = "true"
+    state = PartialState(cpu=not gpu)
+    if request.processes > 1 and state.num_processes != request.processes:
+        raise ParallelismError(
+            f"the launch asks for {request.processes} processes but this one joined a group of {state.num_processes} "
+            f"(type {state.distributed_type}); refusing to train {request.processes} independent copies"
+        )
+    allow_fsdp_on_cpu(request)
+    return state, request
+
+
+def allow_fsdp_on_cpu(request: Request) -> bool:
+    """For an FSDP2 request on a CPU process group, present the joined state to Accelerate as a multi-device one so
+    that `Accelerator()` builds its FSDP2 plugin (devices stay CPU, backend stays gloo). Call it again after
+    `TrainingArguments` set up its devices: that resets and re-creates Accelerate's state. Returns whether it did."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    if request.kind != "fsdp" or request.fsdp_version != 2:
+        return False
+    if PartialState._shared_state.get("distributed_type") != DistributedType.MULTI_CPU:
+        return False
+    PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+    return True
+
+
+# ----------------------------------------------------------------------------------------------- in effect
+
+
+def sharding_of(model) -> dict[str, Any]:
+    """Parameters held by this rank vs. the full model (DTensor shards under FSDP2, ZeRO-3 partitions)."""
+    local = full = sharded = 0
+    for p in model.parameters():
+        n_full = p.numel()
+        if hasattr(p, "to_local"):  # torch DTensor (FSDP2)
+            n_local, is_sharded = p.to_local().numel(), True
+        elif hasattr(p, "ds_numel"):  # DeepSpeed ZeRO-3 partitioned parameter
+            n_full, n_local, is_sharded = p.ds_numel, getattr(p, "ds_tensor", p).numel(), True
+        else:
+            n_local, is_sharded = n_full, False
+        local, full, sharded = local + n_local, full + n_full, sharded + int(is_sharded)
+    return {"parameters_full": full, "parameters_on_this_rank": local, "sharded_tensors": sharded,
+            "fraction_on_this_rank": round(local / full, 4) if full else 1.0}
+
+
+def in_effect(accelerator, model, request: Request) -> dict[str, Any]:
+    """What this run actually does (from the prepared Accelerator and model), beside what was asked."""
+    import torch.distributed as dist
+
+    state = accelerator.state
+    kind = str(state.distributed_type).split(".")[-1]
+    shards = sharding_of(model)
+    sharded: list[str] = []
+    if kind == "FSDP":
+        sharded = ["parameters", "gradients", "optimizer state"]
+    elif kind == "DEEPSPEED":
+        stage = accelerator.deepspeed_plugin.zero_stage
+        sharded = ["optimizer state", "gradients", "parameters"][: {1: 1, 2: 2, 3: 3}.get(stage, 0)]
+    return {
+        "requested": asdict(request),
+        "distributed_type": kind,
+        "fsdp_version": getattr(state.fsdp_plugin, "fsdp_version", None) if kind == "FSDP" else None,
+        "processes": state.num_processes,
+        "machines": request.machines,
+        "machine_rank": request.machine_rank,
+        "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
+        "device": str(accelerator.device),
+        "sharded": sharded,
+        "replicated": [t for t in ("parameters", "gradients", "optimizer state") if t not in sharded],
+        **shards,
+    }
+
+
+def honoured(request: Request, effect: dict[str, Any]) -> str | None:
+    """None when the run gives what was asked; otherwise the mismatch in words."""
+    expected = {"single": ("NO",), "ddp": ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU"), "fsdp": ("FSDP",),
+                "deepspeed": ("DEEPSPEED",)}[request.kind]
+    if effect["distributed_type"] not in expected:
+        return f"asked for {request.describe()}, Accelerate runs {effect['distributed_type']}"
+    if effect["processes"] != request.processes:
+        return f"asked for {request.processes} processes, the group has {effect['processes']}"
+    if request.kind == "fsdp" and effect["sharded_tensors"] == 0:
+        return "asked for FSDP, but no parameter of the prepared model is sharded"
+    if request.kind == "fsdp" and effect["fsdp_version"] != request.fsdp_version:
+        return f"asked for FSDP{request.fsdp_version}, Accelerate runs FSDP{effect['fsdp_version']}"
+    return None
+
+
+def describe(effect: dict[str, Any]) -> str:
+    kind = effect["distributed_type"] + (f"{effect['fsdp_version']}" if effect.get("fsdp_version") else "")
+    return (
+        f"Parallelism in effect: {kind}, {effect['processes']} process(es) on {effect['machines']} machine(s), "
+        f"backend {effect['backend']}, device {effect['device']}; sharded: {', '.join(effect['sharded']) or 'nothing'}"
+        f" (this rank holds {effect['parameters_on_this_rank']:,} of {effect['parameters_full']:,} parameters)"
+    )
+
+
+class ParallelismReport(TrainerCallback):
+    """At the first step (the model is prepared by then) log and record what is in effect, and stop the run when
+    it is not what the launch asked for. Needs `attach(trainer)` for the accelerator."""
+
+    def __init__(self, request: Request, output_dir: str | os.PathLike):
+        self.request = request
+        self.output_dir = Path(output_dir)
+        self.trainer = None
+        self.effect: dict[str, Any] | None = None
+
+    def attach(self, trainer) -> ParallelismReport:
+        self.trainer = trainer
+        return self
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        model = self.trainer.model_wrapped if self.trainer is not None else model
+        self.effect = in_effect(self.trainer.accelerator, model, self.request)
+        problem = honoured(self.request, self.effect)
+        logger.info(describe(self.effect))
+        if self.trainer.accelerator.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "parallelism.json").write_text(json.dumps(self.effect, indent=1, default=str))
+        if problem:
+            raise ParallelismError(f"refusing to train: {problem}")
+        return control

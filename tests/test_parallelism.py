@@ -1,0 +1,93 @@
+"""The parallelism a launch asks for is the one it gets, or the run stops with the reason (judgetrain.parallelism)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from judgetrain.parallelism import ParallelismError, Request, check_request, honoured, requested_parallelism
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_request_is_read_from_what_accelerate_launch_exports():
+    fsdp = requested_parallelism({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+                                  "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "false"})
+    assert (fsdp.kind, fsdp.fsdp_version, fsdp.processes, fsdp.machines, fsdp.machine_rank) == ("fsdp", 2, 4, 2, 1)
+    assert fsdp.fsdp_options == {"offload_params": "false"}
+    ds = requested_parallelism({"WORLD_SIZE": "8", "ACCELERATE_USE_DEEPSPEED": "true",
+                                "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
+    assert (ds.kind, ds.zero_stage, ds.machines) == ("deepspeed", 3, 1)
+    assert requested_parallelism({"WORLD_SIZE": "2"}).kind == "ddp"
+    assert requested_parallelism({}).kind == "single"
+
+
+@pytest.mark.parametrize("request_, gpu, message", [
+    (Request("deepspeed", 2, 1, 0, zero_stage=3), False, "DeepSpeed ZeRO-3, but this machine has no GPU"),
+    (Request("fsdp", 1, 1, 0, fsdp_version=2), True, "FSDP with a single process"),
+    (Request("fsdp", 2, 1, 0, fsdp_version=1), False, "FSDP version 1 on a machine without a GPU"),
+])
+def test_requests_this_machine_would_downgrade_are_refused_before_loading(request_, gpu, message):
+    with pytest.raises(ParallelismError, match=message):
+        check_request(request_, gpu=gpu)
+
+
+def test_fsdp_that_shards_nothing_is_not_honoured():
+    req = Request("fsdp", 2, 1, 0, fsdp_version=2)
+    ddp_like = {"distributed_type": "MULTI_CPU", "processes": 2, "sharded_tensors": 0, "fsdp_version": None}
+    assert "Accelerate runs MULTI_CPU" in honoured(req, ddp_like)
+    assert "no parameter" in honoured(req, dict(ddp_like, distributed_type="FSDP", fsdp_version=2))
+    assert honoured(req, dict(ddp_like, distributed_type="FSDP", fsdp_version=2, sharded_tensors=54)) is None
+
+
+def _recipe(tmp_path) -> Path:
+    text = (REPO / "recipes" / "quickstart.yaml").read_text()
+    recipe = tmp_path / "quick.yaml"
+    recipe.write_text(text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", ""))
+    return recipe
+
+
+def test_a_deepspeed_launch_on_a_cpu_machine_exits_with_the_reason(tmp_path):
+    """accelerate launch itself stops a DeepSpeed config without the package; torchrun with Accelerate's variables
+    (what a SLURM script may do) reaches judgetrain, which must not train it as DDP."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_DEEPSPEED": "true",
+           "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_port()),
+           "-m", "judgetrain.train", str(_recipe(tmp_path)), "--output_dir", str(tmp_path / "out"),
+           "--eval_suites", "none", "--max_steps", "1"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode != 0
+    assert "ParallelismError: the launch asks for DeepSpeed ZeRO-3, but this machine has no GPU" in proc.stderr
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_the_fsdp2_config_on_cpu_really_shards_the_model(tmp_path):
+    """The GPU config (fsdp_version: 2, use_cpu: false) on 2 CPU processes: before judgetrain.parallelism this
+    trained as plain DDP and exited 0. Now the model is sharded (half of every parameter on each rank)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/fsdp2.yaml",
+           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_port()),
+           "-m", "judgetrain.train", str(_recipe(tmp_path)), "--output_dir", str(out), "--eval_suites", "none",
+           "--max_steps", "1", "--save_strategy", "no", "--logging_steps", "1", "--bf16", "false"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    effect = json.loads((out / "parallelism.json").read_text())
+    assert (effect["distributed_type"], effect["fsdp_version"], effect["processes"], effect["backend"]) == \
+        ("FSDP", 2, 2, "gloo")
+    assert effect["sharded"] == ["parameters", "gradients", "optimizer state"]
+    assert effect["sharded_tensors"] > 0
+    assert effect["parameters_on_this_rank"] < effect["parameters_full"]
+    assert effect["fraction_on_this_rank"] == pytest.approx(0.5, abs=0.02)
+    assert "Parallelism in effect: FSDP2, 2 process(es) on 1 machine(s), backend gloo" in proc.stderr
