@@ -1,0 +1,66 @@
+#!/bin/bash
+# Train a judgetrain recipe on several machines under SLURM: one task per machine, each task runs one
+# `accelerate launch` that starts one process per GPU of its machine. Submit from the repository root:
+#
+#   sbatch --nodes 2 scripts/slurm_train.sh recipes/judgebias_qwen3_8b_lora.yaml accelerate_configs/multinode_ddp.yaml
+#   sbatch --nodes 4 scripts/slurm_train.sh recipes/judgebias_qwen3_8b_full_zero3.yaml accelerate_configs/multinode_zero3.yaml
+#
+# Extra arguments after the accelerate config are recipe overrides (--learning_rate 1e-6 ...). output_dir must be on
+# a filesystem every machine sees: checkpoints are written there and `--resume auto` finds them after a requeue.
+#
+#SBATCH --job-name=judgetrain
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1          # one `accelerate launch` per machine; it starts the per-GPU processes
+#SBATCH --gres=gpu:8
+#SBATCH --cpus-per-task=64
+#SBATCH --exclusive
+#SBATCH --requeue                    # a preempted job goes back to the queue and resumes from its last checkpoint
+#SBATCH --signal=B:TERM@120          # SIGTERM 2 minutes before the time limit: judgetrain saves, then stops
+#SBATCH --output=logs/%x-%j.out
+
+set -euo pipefail
+
+RECIPE=${1:?usage: sbatch scripts/slurm_train.sh RECIPE ACCELERATE_CONFIG [overrides...]}
+ACCELERATE_CONFIG=${2:?usage: sbatch scripts/slurm_train.sh RECIPE ACCELERATE_CONFIG [overrides...]}
+shift 2
+
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-29500}
+# The exit status judgetrain.train gives a run it stopped on SIGTERM after saving a checkpoint (preemption, time
+# limit). Until that status is defined, leave it empty: every non-zero exit then ends the job without a requeue.
+PREEMPTED_EXIT_CODE=${PREEMPTED_EXIT_CODE:-}   # TODO: set to judgetrain's documented "stopped on SIGTERM" status
+
+# The head node (machine rank 0) hosts the rendezvous: the first host of the allocation.
+HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+HEAD_NODE_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD_NODE" hostname --ip-address | awk '{print $1}')
+
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+export NCCL_ASYNC_ERROR_HANDLING=1
+mkdir -p logs
+
+echo "judgetrain: $SLURM_NNODES machines x $GPUS_PER_NODE GPUs, head $HEAD_NODE ($HEAD_NODE_IP:$MAIN_PROCESS_PORT)," \
+     "recipe $RECIPE, config $ACCELERATE_CONFIG, restart ${SLURM_RESTART_COUNT:-0}"
+
+# The single quotes keep $SLURM_PROCID for each task: the machine rank is the task's own.
+set +e
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c '
+  exec accelerate launch \
+    --config_file "'"$ACCELERATE_CONFIG"'" \
+    --num_machines "$SLURM_NNODES" \
+    --num_processes $(( SLURM_NNODES * '"$GPUS_PER_NODE"' )) \
+    --machine_rank "$SLURM_PROCID" \
+    --main_process_ip "'"$HEAD_NODE_IP"'" \
+    --main_process_port '"$MAIN_PROCESS_PORT"' \
+    --rdzv_backend static \
+    --same_network \
+    -m judgetrain.train "'"$RECIPE"'" --resume auto '"$*"'
+'
+status=$?
+set -e
+
+if [[ -n "$PREEMPTED_EXIT_CODE" && $status -eq $PREEMPTED_EXIT_CODE ]]; then
+  echo "judgetrain: stopped on SIGTERM after a checkpoint; requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+exit $status
