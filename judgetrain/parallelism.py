@@ -153,9 +153,11 @@ def allow_fsdp_on_cpu(request: Request) -> bool:
 
 
 def sharding_of(model) -> dict[str, Any]:
-    """Parameters held by this rank vs. the full model (DTensor shards under FSDP2, ZeRO-3 partitions)."""
+    """Parameters held by this rank vs. the full model (DTensor shards under FSDP2, ZeRO-3 partitions), and, in a
+    sharded model, the parameters gathered whole right now (FSDP2 keeps its root module's gathered after a forward)."""
     local = full = sharded = 0
-    for p in model.parameters():
+    whole = []
+    for name, p in model.named_parameters():
         n_full = p.numel()
         if hasattr(p, "to_local"):  # torch DTensor (FSDP2)
             n_local, is_sharded = p.to_local().numel(), True
@@ -163,9 +165,11 @@ def sharding_of(model) -> dict[str, Any]:
             n_full, n_local, is_sharded = p.ds_numel, getattr(p, "ds_tensor", p).numel(), True
         else:
             n_local, is_sharded = n_full, False
+            whole.append(name)
         local, full, sharded = local + n_local, full + n_full, sharded + int(is_sharded)
     return {"parameters_full": full, "parameters_on_this_rank": local, "sharded_tensors": sharded,
-            "fraction_on_this_rank": round(local / full, 4) if full else 1.0}
+            "fraction_on_this_rank": round(local / full, 4) if full else 1.0,
+            "gathered_whole": whole if sharded else []}
 
 
 def in_effect(accelerator, model, request: Request) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def evaluate(
         rows = list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
         requests = [build_request(spec.name, row, engine.scoring) for row in rows]
         before = engine.stats.as_dict()
+        engine.rows_per_rank = None
         t0 = time.perf_counter()
         scores = score_sharded(engine, requests, state)
         seconds = time.perf_counter() - t0
@@ -63,6 +64,8 @@ def evaluate(
         after = engine.stats.as_dict()
         stats = {k: after[k] - before[k] for k in after}  # this process's share of the work
         stats["seconds"] = seconds
+        if engine.rows_per_rank is not None:
+            stats["rows_per_rank"] = list(engine.rows_per_rank)
         results[spec.name] = SuiteResult(spec.name, metrics, records, stats)
         logger.info("eval %s: %d rows (%d skipped, %d truncated) in %.1fs", spec.name, len(rows),
                     metrics["n_skipped"], metrics["n_truncated"], seconds)
@@ -105,7 +108,16 @@ def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_
         "stats": {name: r.stats for name, r in results.items()},
         "engine": engine.stats.as_dict(),
         "num_processes": num_processes,
+        **_model_sharding(engine.model),
     }
+
+
+def _model_sharding(model) -> dict[str, Any]:
+    """Under FSDP2 / ZeRO-3, what this rank held once scoring was done (never the whole model)."""
+    from judgetrain.parallelism import sharding_of
+
+    held = sharding_of(model)
+    return {"model_sharding": dict(held, module=type(model).__name__)} if held["sharded_tensors"] else {}
 
 
 def evaluate_and_write(

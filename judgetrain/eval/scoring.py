@@ -174,6 +174,7 @@ class ScoringEngine:
             max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
         self.max_length = int(max_length)
         self.stats = EngineStats()
+        self.rows_per_rank: list[int] | None = None  # rows each process scored in the last sharded call
         self._ref_cache: dict[str, float] = {} if ref_cache is None else ref_cache
         self._ref_key = ref_key
         self._score_tokens: tuple[list[int], list[float]] | None = None
@@ -531,10 +532,14 @@ def score_sharded(engine: ScoringEngine, requests: Sequence[Request], state: Any
     for i, req in zip(mine, local):
         req.row_index = i
     scored = engine.score_requests(local, sync=True)
-    gathered = gather_object([(i, s) for i, s in zip(mine, scored)])
+    gathered = gather_object([(i, s, state.process_index) for i, s in zip(mine, scored)])
     out: list[RowScore | None] = [None] * len(requests)
-    for i, s in gathered:
+    engine.rows_per_rank = [0] * state.num_processes
+    for i, s, rank in gathered:
+        if out[i] is not None:
+            raise RuntimeError(f"sharded scoring scored row {i} twice")
         out[i] = s
+        engine.rows_per_rank[rank] += 1
     missing = [i for i, s in enumerate(out) if s is None]
     if missing:
         raise RuntimeError(f"sharded scoring lost rows {missing[:10]}")
