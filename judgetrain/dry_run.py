@@ -33,6 +33,10 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
             raise RecipeError(f"accelerate_config {script_args.accelerate_config}: file not found")
         cfg = load_config_from_file(script_args.accelerate_config)
         report["accelerate"] = {"distributed_type": str(cfg.distributed_type), "num_processes": cfg.num_processes}
+        if str(cfg.distributed_type).endswith("DEEPSPEED"):
+            report["accelerate"]["deepspeed"] = deepspeed_plugin_config(cfg, report["notes"])
+    else:
+        cfg = None
     n = script_args.audit_rows or DEFAULT_AUDIT_ROWS
     for i, comp in enumerate(script_args.train_datasets):
         src = comp.get("source", "bundled")
@@ -71,7 +75,45 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
     _, audit = audit_lengths(neutralise_dataset(dataset, tokenizer), tokenizer, training_args.max_length, action, None)
     report["audit"] = audit
+    report["memory"] = _memory(script_args, training_args, model_args, resolved, cfg, report)
     return report
+
+
+def _memory(script_args, training_args, model_args, resolved, cfg, report) -> dict | None:
+    """The per-device memory estimate (judgetrain.memory); a model whose shape is unknown offline is a note."""
+    from judgetrain.memory import dry_run_memory
+
+    try:
+        return dry_run_memory(script_args, training_args, model_args, resolved, cfg)
+    except ValueError as e:
+        if script_args.gpu:
+            raise RecipeError(f"--gpu {script_args.gpu}: cannot estimate memory: {e}") from None
+        report["notes"].append(f"memory estimate skipped: {e}")
+        return None
+
+
+def deepspeed_plugin_config(cfg, notes: list[str]) -> dict:
+    """The DeepSpeed config Accelerate's DeepSpeedPlugin builds from an accelerate config's deepspeed_config (the
+    plugin needs no deepspeed package; training does)."""
+    import importlib.util
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    ds = dict(cfg.deepspeed_config or {})
+    if ds.get("deepspeed_config_file"):
+        plugin = DeepSpeedPlugin(hf_ds_config=ds["deepspeed_config_file"])
+    else:
+        plugin = DeepSpeedPlugin(
+            zero_stage=int(ds.get("zero_stage", 2)),
+            offload_optimizer_device=ds.get("offload_optimizer_device", "none"),
+            offload_param_device=ds.get("offload_param_device", "none"),
+            zero3_init_flag=bool(ds.get("zero3_init_flag", False)),
+            zero3_save_16bit_model=bool(ds.get("zero3_save_16bit_model", False)),
+        )
+    if importlib.util.find_spec("deepspeed") is None:
+        notes.append("the accelerate config is DeepSpeed but the deepspeed package is not installed here "
+                     "(pip install deepspeed on the GPU machines)")
+    return plugin.deepspeed_config
 
 
 def _looks_like_hub_id(src: str) -> bool:

@@ -167,6 +167,16 @@ class JudgeTrainArguments:
     resume: str | None = field(default=None, metadata={"help": "auto: newest complete checkpoint in output_dir; or a checkpoint path."})
     dry_run: bool = field(default=False, metadata={"help": "Validate recipe, files, accelerate config and data; load no weights."})
     accelerate_config: str | None = field(default=None, metadata={"help": "Accelerate config used by `judgetrain train`."})
+    gpu: str | None = field(
+        default=None,
+        metadata={"help": "Dry run: the GPU the memory estimate is checked against (H100-80GB, A100-40GB, ...; "
+                  "judgetrain.memory.GPUS)."},
+    )
+    num_processes: int | None = field(
+        default=None,
+        metadata={"help": "Processes in all (default: the accelerate config's): used by the dry run's memory estimate "
+                  "and passed to `accelerate launch` by `judgetrain train`."},
+    )
     nonfinite: str = field(default="stop", metadata={"help": "NaN/inf loss or grad norm: stop (keep last checkpoint) or skip the batch."})
 
     def __post_init__(self):

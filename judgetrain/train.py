@@ -289,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     if script_args.accelerate_config:
         launch += ["--config_file", script_args.accelerate_config]
+    if script_args.num_processes:
+        launch += ["--num_processes", str(script_args.num_processes)]
     recipe, overrides = split_recipe_argv(argv)
     cmd = launch + ["-m", "judgetrain.train"] + ([recipe] if recipe else []) + overrides
     logging.getLogger(__name__).info("Launching: %s", " ".join(shlex.quote(c) for c in cmd))

@@ -1,0 +1,487 @@
+"""Per-device peak memory of a DPO recipe, estimated before any weights load (`judgetrain train RECIPE --dry-run`).
+
+The estimate adds, per device:
+
+* static state: weights (sharded by FSDP / ZeRO-3), the LoRA adapter, gradients and AdamW state of what is trained
+  (sharded by FSDP / ZeRO-2/3), fp32 master weights where mixed precision keeps them;
+* the largest transient of one optimizer step: the policy forward + backward over the 2 x batch chosen / rejected
+  sequences (activations saved for backward, or only the layer inputs with activation checkpointing plus one layer
+  recomputed), TRL's chunked LM-head log-prob (never the full logits), and the reference pass (the same model with
+  the adapter disabled, or a frozen copy, under no_grad; nothing with precompute_ref_log_probs);
+* the eval callback's scoring pass (no_grad, ``eval_batch_tokens`` tokens, logits of scored positions only).
+
+The formulas (MEMORY.md) count bytes per token per layer for a Llama / Qwen decoder layer (RMSNorm, GQA
+attention through SDPA, SwiGLU MLP). Their constants were checked against peaks measured on CPU with torch's
+MemTracker (`measure_dpo_step`); GPU kernels (flash attention, fused norms) save somewhat less, so on a GPU the
+estimate should err on the safe side. Model shapes come from the model's config.json (a local folder, a cached hub
+snapshot), else from a small built-in table of the recipes' models (`BUILTIN_SHAPES`), and the report says which.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+GIB = 1024**3
+
+# Usable memory of common GPUs (what torch can allocate: the card's memory less the CUDA context, ~0.5-1 GiB).
+GPUS = {
+    "H100-80GB": 79.1 * GIB, "H200-141GB": 139.8 * GIB, "A100-80GB": 79.1 * GIB, "A100-40GB": 39.4 * GIB,
+    "L40S-48GB": 44.3 * GIB, "A10-24GB": 22.0 * GIB, "RTX4090-24GB": 23.0 * GIB, "B200-180GB": 178.0 * GIB,
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a decoder-only transformer that memory depends on (from its config.json)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        h, q = self.hidden, self.heads * self.head_dim
+        attn = h * q + 2 * h * self.kv_dim + q * h
+        mlp = 3 * h * self.intermediate
+        return attn + mlp + 2 * h  # + the two RMSNorm weights (q/k norms of Qwen3 are a few hundred numbers)
+
+    def params(self) -> int:
+        emb = self.vocab * self.hidden
+        return emb * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
+
+    def lora_params(self, r: int, targets: list[str] | None) -> int:
+        """LoRA A (in x r) and B (r x out) on each targeted projection of every layer."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_dim, self.intermediate
+        dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        if not targets or targets in ("all-linear", ["all-linear"]):
+            targets = list(dims)
+        per_layer = sum(r * (a + b) for name, (a, b) in dims.items() if name in targets)
+        return self.layers * per_layer
+
+
+# The recipes' models, for dry runs on a machine that cannot read their config.json (no hub, nothing cached).
+BUILTIN_SHAPES = {
+    "Qwen/Qwen3-8B": ModelShape(4096, 12288, 36, 32, 8, 128, 151936, False),
+    "meta-llama/Llama-3.1-8B-Instruct": ModelShape(4096, 14336, 32, 32, 8, 128, 128256, False),
+    "meta-llama/Llama-3.1-8B": ModelShape(4096, 14336, 32, 32, 8, 128, 128256, False),
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelShape(576, 1536, 30, 9, 3, 64, 49152, True),
+}
+
+
+def shape_from_config(cfg: dict) -> ModelShape:
+    cfg = cfg.get("text_config", cfg)
+    heads = cfg["num_attention_heads"]
+    return ModelShape(
+        hidden=cfg["hidden_size"], intermediate=cfg["intermediate_size"], layers=cfg["num_hidden_layers"],
+        heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
+        tied=bool(cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def model_shape(name_or_path: str) -> tuple[ModelShape, str]:
+    """(shape, where it came from): a local folder's or a cached hub snapshot's config.json, else the built-in
+    table. Never downloads."""
+    from judgetrain.aliases import is_alias, resolve_model
+
+    path = resolve_model(name_or_path) if is_alias(name_or_path) else name_or_path
+    local = Path(path) / "config.json"
+    if local.is_file():
+        return shape_from_config(json.loads(local.read_text())), f"config.json of {path}"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json")
+        if isinstance(cached, str):
+            return shape_from_config(json.loads(Path(cached).read_text())), f"cached hub config of {path}"
+    except Exception:  # not a hub id
+        pass
+    if path in BUILTIN_SHAPES:
+        return BUILTIN_SHAPES[path], f"judgetrain's built-in table ({path}'s config is not readable offline)"
+    raise ValueError(f"no config.json for {name_or_path} offline and it is not in the built-in table "
+                     f"({', '.join(BUILTIN_SHAPES)}); pass a local model folder")
+
+
+@dataclass
+class Plan:
+    """How the recipe runs: what it trains, on what parallelism, with what batch."""
+
+    processes: int = 1
+    parallelism: str = "ddp"  # single | ddp | fsdp | zero2 | zero3
+    weight_bytes: int = 2  # bf16 / fp16 weights: 2, fp32: 4
+    mixed_precision_master: bool = False  # fp32 master weights (DeepSpeed bf16, FSDP mixed precision)
+    lora_r: int | None = None
+    lora_targets: list[str] | None = None
+    batch: int = 1  # pairs per device per micro-step: 2 x batch sequences
+    seq_len: int = 1024
+    grad_accum: int = 1
+    checkpointing: bool = False
+    precompute_ref: bool = False
+    eval_batch_tokens: int = 8192
+    optimizer_state_per_param: int = 2  # AdamW: exp_avg, exp_avg_sq
+    device: str = "cuda"  # "cpu": TRL's LM head runs its torch fallback (checks on this machine)
+
+
+# Bytes saved for backward per token per layer, in units of the activation dtype: c_h x hidden + c_kv x kv_dim +
+# c_i x intermediate. Counted from the autograd graph of a Llama / Qwen2 decoder layer under SDPA: norm in/out and
+# fp32 variance (~3h), q, k, v, rotated q, k (2h + 4kv), attention out + logsumexp (~1h), o_proj in (1h), residual
+# and post-norm (2h), gate, up, act(gate), act*up (4i). LoRA adds its r-dim intermediates (negligible) and keeps
+# the inputs of the frozen projections (already counted).
+ACT_H, ACT_KV, ACT_I = 9, 4, 4
+
+
+def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int) -> int:
+    return act_bytes * (ACT_H * shape.hidden + ACT_KV * shape.kv_dim + ACT_I * shape.intermediate)
+
+
+def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
+    """Per-device peak memory in bytes by component, the peak, and the tokens one optimizer step sees."""
+    n = plan.processes
+    params = shape.params()
+    shard_w = n if plan.parallelism in ("fsdp", "zero3") else 1
+    shard_g = n if plan.parallelism in ("fsdp", "zero2", "zero3") else 1
+    shard_o = n if plan.parallelism in ("fsdp", "zero2", "zero3") else 1
+    wb = plan.weight_bytes
+    lora = plan.lora_r is not None
+    trainable = shape.lora_params(plan.lora_r, plan.lora_targets) if lora else params
+    tb = 4 if lora or plan.mixed_precision_master else wb  # PEFT keeps adapters in fp32; masters are fp32
+    out: dict[str, Any] = {}
+    out["weights"] = params * wb / shard_w
+    out["adapter"] = trainable * 4 / shard_w if lora else 0
+    out["master_weights"] = params * 4 / shard_o if (plan.mixed_precision_master and not lora) else 0
+    out["gradients"] = trainable * tb / shard_g
+    out["optimizer_state"] = trainable * 4 * plan.optimizer_state_per_param / shard_o if tb == 4 or lora else \
+        trainable * tb * plan.optimizer_state_per_param / shard_o
+
+    seqs, t = 2 * plan.batch, plan.seq_len
+    tokens = seqs * t
+    per_layer = activation_bytes_per_token_layer(shape, wb)
+    if plan.checkpointing:  # layer inputs kept, one layer recomputed at a time during backward
+        act = tokens * (shape.layers * shape.hidden * wb + per_layer)
+    else:
+        act = tokens * shape.layers * per_layer
+    act += tokens * shape.hidden * wb * 3  # embeddings out, final norm in / out
+    lm_head = lm_head_bytes(shape, tokens, wb, device=plan.device, trains_head=not lora)
+    # unsharded layers in flight under FSDP / ZeRO-3: the current layer and the prefetched next one
+    gathered = 2 * shape.layer_params() * wb + (shape.vocab * shape.hidden * wb if shard_w > 1 else 0)
+    out["activations"] = act
+    out["lm_head_logprobs"] = lm_head
+    out["gathered_layers"] = gathered if shard_w > 1 else 0
+    if plan.precompute_ref:
+        ref_static, ref_pass = 0, 0
+    else:
+        ref_static = 0 if lora else params * wb / shard_w  # full fine-tune: TRL's frozen copy
+        ref_pass = tokens * (per_layer + shape.hidden * wb * 2) + lm_head_bytes(shape, tokens, wb, device=plan.device)
+    out["reference_weights"] = ref_static
+    out["reference_pass"] = ref_pass
+    eval_tokens = plan.eval_batch_tokens
+    # judgetrain's scoring engine keeps the logits of scored positions only (the responses: EVAL_SCORED_FRACTION of
+    # a batch's tokens, assumed): the logits in the weights' dtype, their fp32 copy and the logsumexp temporary
+    scored = int(eval_tokens * EVAL_SCORED_FRACTION)
+    out["eval_pass"] = eval_tokens * (per_layer + shape.hidden * wb * 2) + scored * shape.vocab * (wb + 8)
+
+    static = sum(out[k] for k in ("weights", "adapter", "master_weights", "optimizer_state", "reference_weights"))
+    # backward starts at the LM head: its tiles and temporaries are gone before the layers' gradients accumulate
+    train_peak = static + act + max(lm_head, out["gradients"]) + out["gathered_layers"]
+    ref_peak = static + ref_pass + out["gathered_layers"]
+    eval_peak = static + out["eval_pass"] + out["gathered_layers"]
+    out["peak"] = max(train_peak, ref_peak, eval_peak)
+    out["peak_phase"] = {train_peak: "policy forward/backward", ref_peak: "reference pass",
+                         eval_peak: "eval scoring"}[out["peak"]]
+    out["tokens_per_step"] = tokens * plan.grad_accum * n
+    out["tokens_per_micro_step_per_device"] = tokens
+    out["parameters"] = params
+    out["trainable_parameters"] = trainable
+    return out
+
+
+def lm_head_bytes(shape: ModelShape, tokens: int, wb: int, *, device: str = "cuda", trains_head: bool = False) -> int:
+    """TRL's fused LM head (trl.kernels.chunked_logprob) never builds the full logits: it multiplies
+    [4096 tokens x 32768 vocab] tiles into one buffer. On CUDA a Triton kernel folds each tile in place (and only
+    completion positions are scored: ``tokens`` is then an upper bound); elsewhere torch code makes ~TILE_TEMPS fp32
+    temporaries of the tile (measured: the backward's fold is the peak). Backward rebuilds the tiles and accumulates
+    fp32 gradients of the hidden states (and of the head's weight when it is trained)."""
+    rows = min(tokens, 4096)
+    buf = rows * 32768 * wb
+    temps = 0 if device == "cuda" else TILE_TEMPS * rows * min(shape.vocab, 32768) * 4
+    grads = tokens * shape.hidden * 4 + (shape.vocab * shape.hidden * 4 if trains_head else 0)
+    return buf + temps + grads + tokens * 4 * 8
+
+
+TILE_TEMPS = 7
+EVAL_SCORED_FRACTION = 0.5
+
+
+# ----------------------------------------------------------------------------------------------- recipe -> plan
+
+
+def plan_from_recipe(script_args, training_args, model_args, resolved: dict, *, processes: int = 1,
+                     parallelism: str = "single", mixed_precision: str | None = None) -> Plan:
+    """The recipe's plan: LoRA or full, dtype, batch, max_length, checkpointing, reference, eval batch. ``resolved``
+    (the recipe as written) gives bf16: a dry run on a CPU machine parses it as false."""
+    dtype = str(resolved.get("dtype") or getattr(model_args, "dtype", None) or "auto")
+    bf16 = bool(resolved.get("bf16", True) or resolved.get("fp16")) or mixed_precision in ("bf16", "fp16")
+    half = dtype in ("bfloat16", "float16") or (dtype == "auto" and bf16)
+    lora = bool(getattr(model_args, "use_peft", False))
+    targets = getattr(model_args, "lora_target_modules", None)
+    return Plan(
+        processes=processes,
+        parallelism=parallelism,
+        weight_bytes=2 if half else 4,
+        mixed_precision_master=(not lora) and bf16 and parallelism in ("fsdp", "zero2", "zero3"),
+        lora_r=getattr(model_args, "lora_r", 16) if lora else None,
+        lora_targets=list(targets) if isinstance(targets, (list, tuple)) else targets,
+        batch=training_args.per_device_train_batch_size,
+        seq_len=training_args.max_length or 1024,
+        grad_accum=training_args.gradient_accumulation_steps,
+        checkpointing=bool(getattr(training_args, "activation_checkpointing", False)
+                           or getattr(training_args, "gradient_checkpointing", False)),
+        precompute_ref=bool(training_args.precompute_ref_log_probs),
+        eval_batch_tokens=script_args.eval_batch_tokens if script_args.eval_suites else 0,
+    )
+
+
+def dry_run_memory(script_args, training_args, model_args, resolved: dict, accelerate_cfg=None) -> dict[str, Any]:
+    """The dry run's memory section for the recipe under its accelerate config (or --num_processes) and --gpu."""
+    parallelism, processes = parallelism_of_config(accelerate_cfg) if accelerate_cfg is not None else ("single", 1)
+    if script_args.num_processes:
+        processes = script_args.num_processes
+        if parallelism == "single" and processes > 1:
+            parallelism = "ddp"
+    shape, source = model_shape(model_args.model_name_or_path)
+    plan = plan_from_recipe(script_args, training_args, model_args, resolved, processes=processes,
+                            parallelism=parallelism, mixed_precision=getattr(accelerate_cfg, "mixed_precision", None))
+    out = report(shape, source, plan, script_args.gpu)
+    verdict = "" if "fits" not in out else (
+        f": fits {out['gpu']} ({out['headroom_gib']} GiB to spare)" if out["fits"] else
+        f": does NOT fit {out['gpu']} ({-out['headroom_gib']} GiB over); try {'; '.join(out['advice'])}")
+    logger.info("Memory per device, %s over %d process(es): peak %.1f GiB in the %s%s; %s tokens per optimizer step",
+                plan.parallelism, plan.processes, out["peak_gib"], out["peak_phase"], verdict,
+                f"{out['tokens_per_step']:,}")
+    return out
+
+
+def parallelism_of_config(cfg) -> tuple[str, int]:
+    """(parallelism, total processes) of a loaded accelerate config."""
+    kind = str(cfg.distributed_type).split(".")[-1]
+    n = int(cfg.num_processes or 1)
+    if kind == "DEEPSPEED":
+        stage = int((cfg.deepspeed_config or {}).get("zero_stage", 2))
+        return {1: "zero2", 2: "zero2", 3: "zero3"}.get(stage, "zero2"), n
+    if kind == "FSDP":
+        return "fsdp", n
+    return ("single" if n == 1 else "ddp"), n
+
+
+def report(shape: ModelShape, source: str, plan: Plan, gpu: str | None) -> dict[str, Any]:
+    """The dry run's memory section: figures in GiB, the peak, whether it fits the stated GPU."""
+    est = estimate(shape, plan)
+    gib = {k: round(v / GIB, 2) for k, v in est.items() if isinstance(v, (int, float)) and k not in
+           ("tokens_per_step", "tokens_per_micro_step_per_device", "parameters", "trainable_parameters")}
+    out = {"model_shape": asdict(shape), "shape_from": source, "plan": asdict(plan), "per_device_gib": gib,
+           "peak_gib": gib["peak"], "peak_phase": est["peak_phase"], "tokens_per_step": est["tokens_per_step"],
+           "parameters": est["parameters"], "trainable_parameters": est["trainable_parameters"]}
+    if gpu:
+        if gpu not in GPUS:
+            raise ValueError(f"--gpu {gpu}: unknown; one of {', '.join(GPUS)}")
+        usable = GPUS[gpu]
+        out["gpu"], out["gpu_usable_gib"] = gpu, round(usable / GIB, 1)
+        out["fits"] = est["peak"] <= usable
+        out["headroom_gib"] = round((usable - est["peak"]) / GIB, 2)
+        if not out["fits"]:
+            out["advice"] = advice(shape, plan, usable)
+    return out
+
+
+def advice(shape: ModelShape, plan: Plan, usable: float) -> list[str]:
+    """What would make it fit, tried one change at a time."""
+    tries = []
+    if not plan.checkpointing:
+        tries.append(("activation_checkpointing: true", Plan(**{**asdict(plan), "checkpointing": True})))
+    if plan.batch > 1:
+        half = max(plan.batch // 2, 1)
+        tries.append((f"per_device_train_batch_size: {half}, gradient_accumulation_steps: {plan.grad_accum * plan.batch // half}",
+                      Plan(**{**asdict(plan), "batch": half, "grad_accum": plan.grad_accum * plan.batch // half})))
+    if plan.lora_r is None and not plan.precompute_ref:
+        tries.append(("precompute_ref_log_probs: true", Plan(**{**asdict(plan), "precompute_ref": True})))
+    if plan.eval_batch_tokens > 2048:
+        tries.append(("eval_batch_tokens: 2048", Plan(**{**asdict(plan), "eval_batch_tokens": 2048})))
+    if plan.parallelism in ("ddp", "single", "zero2") and plan.processes > 1:
+        tries.append(("accelerate_configs/zero3.yaml or fsdp2.yaml (shard the weights)",
+                      Plan(**{**asdict(plan), "parallelism": "zero3"})))
+    return [f"{what}: {estimate(shape, p)['peak'] / GIB:.1f} GiB" + (" (fits)" if estimate(shape, p)["peak"] <= usable else "")
+            for what, p in tries]
+
+
+# ----------------------------------------------------------------------------------------------- measurement
+
+
+def _pairs(n: int, words: int) -> list[dict]:
+    """n conversational pairs of equal length (so no padding blurs the token count)."""
+    body = " ".join(["score"] * words)
+    return [{"prompt": [{"role": "user", "content": f"Rate {i}: {body}"}],
+             "chosen": [{"role": "assistant", "content": f"good {body}"}],
+             "rejected": [{"role": "assistant", "content": f"bad {body}"}]} for i in range(n)]
+
+
+def measure_dpo_step(model_dir: str, *, lora_r: int | None, checkpointing: bool, batch: int = 1, words: int = 100,
+                     steps: int = 2, output_dir: str) -> dict[str, Any]:
+    """Peak live tensor memory of `steps` real DPOTrainer optimizer steps on this process's CPU, tracked by torch's
+    MemTracker (every tensor storage, parameters, gradients, optimizer state, activations, temporaries), with the
+    token count per sequence as TRL tokenised it. For checking `estimate` on CPU; GPU peaks need a GPU."""
+    import datasets
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = DPOConfig(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch, max_length=None,
+                     activation_checkpointing=checkpointing, report_to="none", save_strategy="no", logging_steps=1,
+                     learning_rate=1e-4, bf16=False, use_cpu=True, dataloader_num_workers=0, seed=0)
+    peft = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM") if lora_r else None
+    trainer = DPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(_pairs(batch * steps, words)),
+                         processing_class=tok, peft_config=peft)
+    row = trainer.train_dataset[0]
+    seq_len = len(row["input_ids"]) if "input_ids" in row else len(row["prompt_ids"]) + len(row["chosen_ids"])
+    tracker = LiveTensorBytes()
+    for m in (trainer.model, trainer.ref_model):
+        if m is not None:
+            for t in list(m.parameters()) + list(m.buffers()):
+                tracker.track(t)
+    with tracker:
+        trainer.train()
+    return {"peak_bytes": int(tracker.peak), "seq_len": seq_len, "batch": batch}
+
+
+class LiveTensorBytes:
+    """Bytes of live tensor storages, and their peak, while active: every tensor an operator returns is counted once
+    per storage until the storage is freed (the accounting torch's MemTracker does, without its module hooks, which
+    fail on frozen parameters). Tensors made before entering must be passed to `track`."""
+
+    def __init__(self):
+        import weakref
+
+        self._weakref = weakref
+        self.live: dict[int, int] = {}
+        self._refs: dict[int, Any] = {}
+        self.current = 0
+        self.peak = 0
+        self._mode = None
+
+    def track(self, t) -> None:
+        import torch
+
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self.live:
+            return
+        n = st.nbytes()
+        self.live[key] = n
+        self._refs[key] = self._weakref.ref(st, lambda _, k=key: self._free(k))
+        self.current += n
+        self.peak = max(self.peak, self.current)
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+        self._refs.pop(key, None)
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_map_only
+        import torch
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tree_map_only(torch.Tensor, tracker.track, out)
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        return False
+
+
+def random_model_folder(shape: ModelShape, out: str | Path, tokenizer_from: str, *, layers: int | None = None) -> str:
+    """A randomly initialised Llama-architecture model of ``shape`` (optionally with fewer layers) with the tokenizer
+    of ``tokenizer_from``: a real architecture to measure on a machine that cannot download one."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                      num_hidden_layers=layers or shape.layers, num_attention_heads=shape.heads,
+                      num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, vocab_size=shape.vocab,
+                      tie_word_embeddings=shape.tied, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(out)
+    return str(out)
+
+
+def check(model_dir: str, *, lora_r: int | None, checkpointing: bool, words: int = 100, steps: int = 2,
+          output_dir: str) -> dict[str, Any]:
+    """Measured peak of real DPO steps on this CPU beside the estimate for the same shape, tokens and options."""
+    shape, source = model_shape(model_dir)
+    measured = measure_dpo_step(model_dir, lora_r=lora_r, checkpointing=checkpointing, words=words, steps=steps,
+                                output_dir=output_dir)
+    plan = Plan(weight_bytes=4, lora_r=lora_r, batch=1, seq_len=measured["seq_len"], checkpointing=checkpointing,
+                eval_batch_tokens=0, device="cpu")
+    est = estimate(shape, plan)
+    return {"model": model_dir, "lora_r": lora_r, "checkpointing": checkpointing, "seq_len": measured["seq_len"],
+            "measured_mib": round(measured["peak_bytes"] / 2**20, 1), "estimated_mib": round(est["peak"] / 2**20, 1),
+            "error": round(est["peak"] / measured["peak_bytes"] - 1, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m judgetrain.memory check MODEL_DIR [--lora_r 16] [--checkpointing] [--layers N --arch NAME]"""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m judgetrain.memory", description=main.__doc__)
+    parser.add_argument("command", choices=["check"])
+    parser.add_argument("model", help="a model folder, or with --arch the tokenizer folder for a random model")
+    parser.add_argument("--lora_r", type=int, default=None)
+    parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--words", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--arch", choices=sorted(BUILTIN_SHAPES), help="measure a random model of this shape")
+    parser.add_argument("--layers", type=int, default=None, help="with --arch: fewer layers")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if args.arch:
+            model = random_model_folder(BUILTIN_SHAPES[args.arch], Path(tmp) / "model", args.model, layers=args.layers)
+        print(json.dumps(check(model, lora_r=args.lora_r, checkpointing=args.checkpointing, words=args.words,
+                               steps=args.steps, output_dir=str(Path(tmp) / "run"))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
