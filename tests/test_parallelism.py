@@ -91,3 +91,23 @@ def test_the_fsdp2_config_on_cpu_really_shards_the_model(tmp_path):
     assert effect["parameters_on_this_rank"] < effect["parameters_full"]
     assert effect["fraction_on_this_rank"] == pytest.approx(0.5, abs=0.02)
     assert "Parallelism in effect: FSDP2, 2 process(es) on 1 machine(s), backend gloo" in proc.stderr
+
+
+@pytest.mark.parametrize("config, stage", [("zero2.yaml", 2), ("zero3.yaml", 3), ("multinode_zero3.yaml", 3)])
+def test_deepspeed_configs_load_into_accelerates_deepspeed_plugin(config, stage):
+    """What can be checked without CUDA or the deepspeed package: the plugin Accelerate builds from each config."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from judgetrain.dry_run import deepspeed_plugin_config
+
+    cfg = load_config_from_file(str(REPO / "accelerate_configs" / config))
+    ds = deepspeed_plugin_config(cfg, [])
+    zero = ds["zero_optimization"]
+    assert zero["stage"] == stage
+    assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "none"
+    # batch sizes, accumulation and clipping come from the recipe (TrainingArguments fills "auto")
+    assert ds["train_micro_batch_size_per_gpu"] == ds["gradient_accumulation_steps"] == "auto"
+    if stage == 3:  # the save path gathers the partitioned weights into one 16-bit model
+        assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    if config.startswith("multinode"):
+        assert (cfg.num_machines, cfg.rdzv_backend, cfg.same_network) == (2, "static", True)
