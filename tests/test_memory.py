@@ -2,16 +2,12 @@
 (real DPOTrainer steps, every live tensor storage counted), and the verdict `judgetrain train --dry-run` gives."""
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import run
 
 from judgetrain.memory import BUILTIN_SHAPES, GIB, check, random_model_folder
-
-REPO = Path(__file__).resolve().parent.parent
 WITHIN = 0.15
 
 
@@ -40,10 +36,9 @@ def test_estimate_is_within_15_percent_on_a_real_architecture(tiny_judge, tmp_pa
     _check(model, tmp_path, lora_r, True)
 
 
-def _dry_run(recipe, *flags):
-    proc = subprocess.run([sys.executable, "-m", "judgetrain.cli", "train", recipe, "--dry-run", *flags], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return proc
+def _dry_run(recipe, *flags, check=True):
+    return run([sys.executable, "-m", "judgetrain.cli", "train", recipe, "--dry-run", *flags], check=check,
+               env={"OMP_NUM_THREADS": "1"}, timeout=600)
 
 
 def _report(proc) -> dict:
@@ -81,6 +76,6 @@ def test_dry_run_says_a_full_fine_tune_without_sharding_does_not_fit_and_what_wo
 
 
 def test_an_unknown_gpu_is_a_clear_error():
-    proc = _dry_run("recipes/quickstart.yaml", "--gpu", "H100-81GB")
+    proc = _dry_run("recipes/quickstart.yaml", "--gpu", "H100-81GB", check=False)
     assert proc.returncode == 2
     assert "--gpu H100-81GB: unknown; one of H100-80GB" in proc.stderr

@@ -2,22 +2,14 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import QUICKSTART, REPO, free_port
 
 from judgetrain.parallelism import ParallelismError, Request, check_request, honoured, requested_parallelism
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_request_is_read_from_what_accelerate_launch_exports():
@@ -51,7 +43,7 @@ def test_fsdp_that_shards_nothing_is_not_honoured():
 
 
 def _recipe(tmp_path) -> Path:
-    text = (REPO / "recipes" / "quickstart.yaml").read_text()
+    text = QUICKSTART.read_text()
     recipe = tmp_path / "quick.yaml"
     recipe.write_text(text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", ""))
     return recipe
@@ -62,7 +54,7 @@ def test_a_deepspeed_launch_on_a_cpu_machine_exits_with_the_reason(tmp_path):
     (what a SLURM script may do) reaches judgetrain, which must not train it as DDP."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_DEEPSPEED": "true",
            "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "judgetrain.train", str(_recipe(tmp_path)), "--output_dir", str(tmp_path / "out"),
            "--eval_suites", "none", "--max_steps", "1"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
@@ -77,7 +69,7 @@ def test_the_fsdp2_config_on_cpu_really_shards_the_model(tmp_path):
     trained as plain DDP and exited 0. Now the model is sharded (half of every parameter on each rank)."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/fsdp2.yaml",
-           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_port()),
+           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
            "-m", "judgetrain.train", str(_recipe(tmp_path)), "--output_dir", str(out), "--eval_suites", "none",
            "--max_steps", "1", "--save_strategy", "no", "--logging_steps", "1", "--bf16", "false"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,

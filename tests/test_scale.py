@@ -13,27 +13,19 @@ equal. The SLURM script is checked with stand-ins for srun / scontrol that print
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from helpers import QUICKSTART, REPO, free_port, read_jsonl
 STEPS, EVERY = 6, 3
 TOL = dict(rel=2e-3, abs=2e-3)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _recipe(path: Path, full: bool = False) -> str:
-    text = (REPO / "recipes" / "quickstart.yaml").read_text()
+    text = QUICKSTART.read_text()
     if full:  # a full fine-tune: no adapter, a learning rate for all weights
         text = text.replace("use_peft: true", "use_peft: false").replace("learning_rate: 2.0e-3", "learning_rate: 1.0e-4")
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
@@ -54,7 +46,7 @@ def _launch(config: str, recipe: str, out: Path, log: Path, *extra: str) -> subp
 
 
 def _two_machines(recipe: str, out: Path, logs: Path) -> list[subprocess.Popen]:
-    port = _port()
+    port = free_port()
     return [
         _launch("accelerate_configs/multinode_ddp.yaml", recipe, out, logs / f"machine{rank}.log",
                 "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
@@ -92,7 +84,7 @@ def _kill_machines(procs) -> None:
 
 
 def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(out / "metrics.jsonl")
 
 
 def _by_step(records, key_prefix):
@@ -100,7 +92,7 @@ def _by_step(records, key_prefix):
 
 
 def _run(config: str, recipe: str, out: Path, log: Path) -> Path:
-    proc = _launch(config, recipe, out, log, "--main_process_port", str(_port()))
+    proc = _launch(config, recipe, out, log, "--main_process_port", str(free_port()))
     assert proc.wait(timeout=600) == 0, log.read_text(errors="replace")[-5000:]
     return out
 
@@ -191,7 +183,7 @@ def test_fsdp2_on_cpu_lora_killed_and_resumed_matches_ddp(ddp_lora, tmp_path):
     recipe, ddp = ddp_lora
     out, log = tmp_path / "fsdp", tmp_path / "fsdp.log"
     _kill_after_first_checkpoint([_launch("accelerate_configs/fsdp2_cpu.yaml", recipe, out, log,
-                                          "--main_process_port", str(_port()))], out, log)
+                                          "--main_process_port", str(free_port()))], out, log)
     _run("accelerate_configs/fsdp2_cpu.yaml", recipe, out, log)
     assert f"Resuming from {out / f'checkpoint-{EVERY}'}" in log.read_text(errors="replace")
     _assert_sharded(out)
