@@ -154,8 +154,7 @@ def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
     n = plan.processes
     params = shape.params()
     shard_w = n if plan.parallelism in ("fsdp", "zero3") else 1
-    shard_g = n if plan.parallelism in ("fsdp", "zero2", "zero3") else 1
-    shard_o = n if plan.parallelism in ("fsdp", "zero2", "zero3") else 1
+    shard_o = n if plan.parallelism in ("fsdp", "zero2", "zero3") else 1  # gradients and optimizer state
     wb = plan.weight_bytes
     lora = plan.lora_r is not None
     trainable = shape.lora_params(plan.lora_r, plan.lora_targets) if lora else params
@@ -164,9 +163,8 @@ def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
     out["weights"] = params * wb / shard_w
     out["adapter"] = trainable * 4 / shard_w if lora else 0
     out["master_weights"] = params * 4 / shard_o if (plan.mixed_precision_master and not lora) else 0
-    out["gradients"] = trainable * tb / shard_g
-    out["optimizer_state"] = trainable * 4 * plan.optimizer_state_per_param / shard_o if tb == 4 or lora else \
-        trainable * tb * plan.optimizer_state_per_param / shard_o
+    out["gradients"] = trainable * tb / shard_o
+    out["optimizer_state"] = trainable * tb * plan.optimizer_state_per_param / shard_o
 
     seqs, t = 2 * plan.batch, plan.seq_len
     tokens = seqs * t
