@@ -17,6 +17,11 @@ requests into token sequences, batches them by length and returns one float per 
   pass. ``generate_samples`` > 0 additionally generates that many full evaluations and parses their overall score
   with ``judgetrain.scoreparse.parse_overall_score``.
 
+Shared prompts (``prefix_sharing``, on by default): a row's prompt runs once and its key/value cache serves all of
+the row's responses, and the token prefix common to a whole call (the chat template's opening, a judge rubric) runs
+once; see `judgetrain.eval.sharing` for how, and for the models where the engine warns and scores every sequence
+whole instead. Both paths give the same scores (float summation order aside).
+
 Inputs longer than ``max_length`` are never dropped silently: ``long_inputs="truncate_prompt"`` cuts the prompt from
 the left (the response end, where the verdict is, stays), ``"skip"`` leaves the whole row unscored; both are counted.
 Sharding: each process scores rows ``rank, rank + world, ...`` and the results are gathered in row order, so every
@@ -25,6 +30,7 @@ row is counted once whatever the process count.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import logging
@@ -107,6 +113,8 @@ class EngineStats:
     ref_batches: int = 0  # reference forwards run; 0 on an epoch whose eval set was already cached
     ref_sequences_computed: int = 0
     ref_cache_hits: int = 0
+    shared_rows: int = 0  # rows scored with their prompt run once (policy and reference passes counted apart)
+    unshared_rows: int = 0  # rows scored sequence by sequence (prefix sharing off, not applicable, or prompts differ)
     real_tokens: int = 0  # tokens of the sequences fed to the model
     padded_tokens: int = 0  # batch slots (batch size x longest sequence) actually computed
     sequences: int = 0
@@ -135,6 +143,8 @@ class ScoringEngine:
         ref_key: names the reference weights in the cache key (defaults to the model's name_or_path).
         ref_cache: the reference log-prob cache, shared by engines that score with the same reference (e.g. the
             checkpoints of one run); its keys name the reference and the tokens. Default: a new, private cache.
+        prefix_sharing: run each row's prompt (and the call's common prefix) once for all its sequences; False
+            scores every sequence whole (the reference path the shared one is tested against).
     """
 
     def __init__(
@@ -154,6 +164,7 @@ class ScoringEngine:
         max_new_tokens: int = 512,
         ref_key: str | None = None,
         ref_cache: dict[str, float] | None = None,
+        prefix_sharing: bool = True,
     ) -> None:
         if scoring not in SCORING_MODES:
             raise ValueError(f"scoring must be one of {SCORING_MODES}, got {scoring!r}")
@@ -179,6 +190,8 @@ class ScoringEngine:
         self._ref_key = ref_key
         self._score_tokens: tuple[list[int], list[float]] | None = None
         self._warned_no_ref = False
+        self.prefix_sharing = bool(prefix_sharing)
+        self._sharing_problems: dict[int, str | None] = {}
 
     # ------------------------------------------------------------------------------------------ model access
     def set_model(self, model: torch.nn.Module) -> None:
@@ -370,8 +383,7 @@ class ScoringEngine:
         targets = ids[:, longest - keep + 1 :]
         # log p(target) = logit[target] - logsumexp(logits): no (B, positions, vocab) log-softmax tensor to build
         # only to read one value per position (24% of engine time went there; judgetrain bench)
-        lg = logits[:, :-1, :].float()
-        token_logps = lg.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, dim=-1)  # (B, keep-1)
+        token_logps = self._token_logps(logits[:, :-1, :], targets)  # (B, keep-1)
         out = []
         for i, s in enumerate(batch):
             n_scored = len(s.ids) - s.start
@@ -379,28 +391,66 @@ class ScoringEngine:
             out.append(float(vals.double().sum()))
         return out
 
-    def _judge_scores(self, model: torch.nn.Module, batch: list[_Seq]) -> list[float]:
-        token_ids, values = self.score_token_ids()
-        logits, _ = self._forward(model, batch, 1)
-        probs = torch.softmax(logits[:, -1, :].float(), dim=-1)[:, token_ids]
-        vals = torch.tensor(values, dtype=probs.dtype, device=probs.device)
-        expected = (probs * vals).sum(-1) / probs.sum(-1).clamp_min(1e-30)
-        return [float(x) for x in expected]
+    @staticmethod
+    def _token_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log p(target) per position = logit[target] - logsumexp(logits): no (B, positions, vocab) log-softmax tensor
+        built only to read one value per position (24% of engine time went there; judgetrain bench)."""
+        lg = logits.float()
+        return lg.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(lg, dim=-1)
 
-    def _run(self, batches: list[list[_Seq]], fn, sync: bool) -> list[list[float]]:
-        """Run fn on every batch; with sharded weights all ranks must run the same number of forwards."""
-        n_total = len(batches)
+    def _judge_value(self, last_logits: torch.Tensor) -> torch.Tensor:
+        """Expected score from the logits after a judge prompt (B, vocab) -> (B,)."""
+        token_ids, values = self.score_token_ids()
+        probs = torch.softmax(last_logits.float(), dim=-1)[:, token_ids]
+        vals = torch.tensor(values, dtype=probs.dtype, device=probs.device)
+        return (probs * vals).sum(-1) / probs.sum(-1).clamp_min(1e-30)
+
+    def _judge_scores(self, model: torch.nn.Module, batch: list[_Seq]) -> list[float]:
+        logits, _ = self._forward(model, batch, 1)
+        return [float(x) for x in self._judge_value(logits[:, -1, :])]
+
+    # ------------------------------------------------------------------------------------------ shared or whole
+    def _sharing_problem(self, model: torch.nn.Module) -> str | None:
+        """Why prefix sharing cannot run on this model (checked once per model, warned once)."""
+        if id(model) not in self._sharing_problems:
+            from judgetrain.eval.sharing import sharing_problem
+
+            problem = sharing_problem(model)
+            self._sharing_problems[id(model)] = problem
+            if problem is not None:
+                logger.warning("prefix sharing off for %s: %s; every sequence is scored whole (slower, same scores)",
+                               type(model).__name__, problem)
+        return self._sharing_problems[id(model)]
+
+    def _score_sequences(self, model: torch.nn.Module, seqs: list[_Seq], judge: bool, sync: bool) -> tuple[dict, int]:
+        """Score sequences ({(row, slot): value}) and return how many forwards ran. Rows whose sequences share their
+        prompt go through `judgetrain.eval.sharing`; the rest in length buckets. With sharded weights (``sync``) every
+        rank runs as many forwards as the busiest one (padding forwards, results thrown away)."""
+        from judgetrain.eval.sharing import SharedScorer, count_forwards, plan_rows
+
+        shared_rows, whole = [], list(seqs)
+        if self.prefix_sharing and seqs and self._sharing_problem(model) is None:
+            shared_rows, whole = plan_rows(seqs, judge)
+        self.stats.shared_rows += len(shared_rows)
+        self.stats.unshared_rows += len({s.row for s in whole})
+        batches = self._batches(whole)
+        n_forwards = count_forwards(shared_rows, self.batch_tokens, self.max_batch_size) + len(batches)
+        n_total = n_forwards
         if sync:
             from accelerate.utils import gather_object
 
-            n_total = max(gather_object([len(batches)]))
-        outs = []
-        for i in range(n_total):
-            if i < len(batches):
-                outs.append(fn(batches[i]))
-            else:  # padding forward for FSDP / ZeRO-3: its result is thrown away
-                fn([_Seq(-1, 0, [self._pad_id, self._pad_id], 1)])
-        return outs
+            n_total = max(gather_object([n_forwards]))
+        out: dict[tuple[int, int], float] = {}
+        if shared_rows:
+            scorer = SharedScorer(model, self._pad_id, self.stats, self._token_logps, self._judge_value,
+                                  self._supports_logits_to_keep(model))
+            out.update(scorer.score(shared_rows, judge, self.batch_tokens, self.max_batch_size))
+        fn = self._judge_scores if judge else self._sequence_logps
+        for batch in batches:
+            out.update(((s.row, s.slot), v) for s, v in zip(batch, fn(model, batch)))
+        for _ in range(n_total - n_forwards):  # padding forward for FSDP / ZeRO-3
+            self._sequence_logps(model, [_Seq(-1, 0, [self._pad_id, self._pad_id], 1)])
+        return out, n_forwards
 
     # ------------------------------------------------------------------------------------------ scoring
     @torch.inference_mode()
@@ -418,18 +468,12 @@ class ScoringEngine:
             lik = [s for s in seqs if kinds[s.row] != "judge"]
             implicit = [s for s in lik if kinds[s.row] == "implicit"]
             # under sync every rank runs each stage (collectives), even with nothing of its own to score
-            if sync or judge:
-                judge_batches = self._batches(judge)
-                self.stats.policy_batches += len(judge_batches)
-                outs = self._run(judge_batches, lambda b: self._judge_scores(model, b), sync)
-                for batch, vals in zip(judge_batches, outs):
-                    self._fill(rows, batch, vals)
-            if sync or lik:
-                policy_batches = self._batches(lik)
-                self.stats.policy_batches += len(policy_batches)
-                outs = self._run(policy_batches, lambda b: self._sequence_logps(model, b), sync)
-                for batch, vals in zip(policy_batches, outs):
-                    self._fill(rows, batch, vals)
+            for group, is_judge in ((judge, True), (lik, False)):
+                if sync or group:
+                    values, n_forwards = self._score_sequences(model, group, is_judge, sync)
+                    self.stats.policy_batches += n_forwards
+                    for (r, slot), v in values.items():
+                        rows[r].scores[slot] = v
             if sync or implicit:
                 ref = self._reference_logps(implicit, sync)
                 for s in implicit:
@@ -441,11 +485,6 @@ class ScoringEngine:
                 model.train()
         self.stats.seconds += time.perf_counter() - t0
         return rows
-
-    @staticmethod
-    def _fill(rows: list[RowScore], batch: list[_Seq], vals: list[float]) -> None:
-        for s, v in zip(batch, vals):
-            rows[s.row].scores[s.slot] = v
 
     def _reference_logps(self, seqs: list[_Seq], sync: bool) -> dict[str, float]:
         namespace = self._reference_namespace()
@@ -460,9 +499,8 @@ class ScoringEngine:
             else:
                 seen.add(s.key)
                 todo.append(s)
-        batches = self._batches(todo)
         if self.ref_model is not None:
-            ref, ctx = self.ref_model, None
+            ref, ctx = self.ref_model, contextlib.nullcontext
             ref.eval()
         elif self.has_adapter_reference:
             ref, ctx = self.model, self.model.disable_adapter
@@ -472,17 +510,12 @@ class ScoringEngine:
                 self._warned_no_ref = True
             return {s.key: 0.0 for s in seqs}
 
-        def run(batch):
-            if ctx is None:
-                return self._sequence_logps(ref, batch)
-            with ctx():
-                return self._sequence_logps(ref, batch)
-
-        self.stats.ref_batches += len(batches)
+        with ctx():
+            values, n_forwards = self._score_sequences(ref, todo, False, sync)
+        self.stats.ref_batches += n_forwards
         self.stats.ref_sequences_computed += len(todo)
-        for batch, vals in zip(batches, self._run(batches, run, sync)):
-            for s, v in zip(batch, vals):
-                self._ref_cache[s.key] = v
+        for s in todo:
+            self._ref_cache[s.key] = values[(s.row, s.slot)]
         return self._ref_cache
 
     def clear_reference_cache(self) -> None:

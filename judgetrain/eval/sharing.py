@@ -1,0 +1,290 @@
+"""Prefix-shared scoring: each shared prompt runs once and its key/value cache serves every sequence built on it.
+
+Every scored sequence of one engine call is split at two token boundaries into three segments:
+
+- the *suite prefix*: the longest token prefix common to all rows of the call (the chat template's opening, the
+  judge rubric every JudgeBias prompt repeats); one forward of batch 1;
+- the *row segment*: the rest of the tokens all of a row's sequences share (implicit scoring: the row's prompt, as
+  TRL tokenises it); one forward per group of rows, on the suite prefix's cache expanded to the group;
+- the *leaf*: what is left of each sequence (a response; in judge mode the end of the judge prompt); forwards in
+  token-budget chunks, each on its rows' cache expanded to one entry per leaf.
+
+Padding: every segment is left-padded within its batch and the attention masks are concatenated, so a batch entry
+reads ``[suite prefix][pads][row segment][pads][leaf]`` with the pads masked and the position ids counting real
+tokens only. Each token sees the same tokens at the same positions as in the unshared sequence, so the scores equal
+the unshared engine's up to float summation order. The split is made on the token ids the unshared path builds
+(TRL's tokenisation of prompt + response, cut at their common prefix), never by tokenising the prompt alone; a row
+whose sequences do not share their scored-from prefix token for token (a prompt cut differently for each response by
+``truncate_prompt``) is scored unshared.
+
+Where the cache cannot be reused this way, `sharing_problem` names the reason and the engine warns and scores
+unshared: a forward without ``cache``/``past_key_values`` or ``position_ids``, an attention implementation other than
+``sdpa`` / ``eager`` (flash-attention kernels read padding differently; flex attention untested), and cache layers
+other than full attention (sliding-window or chunked attention: the hole left by padding would move the window;
+linear / recurrent state and KV-sharing layers cannot be expanded per sequence).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+MIN_SUITE_PREFIX = 8  # a shorter common prefix is not worth a forward of its own
+
+
+@dataclass
+class SharedRow:
+    """One row's sequences sharing ``prefix`` (token ids); ``leaves[i]`` is sequence ``seqs[i]`` after it.
+
+    ``mode`` ``logps``: each leaf is scored from ``first_scored`` (= len(prefix): the leaf's first token, predicted from
+    the prefix's last). ``judge``: the score is read after a leaf's last token; a row with one sequence has no leaf and
+    is read after the prefix (``terminal``)."""
+
+    row: int
+    prefix: list[int]
+    seqs: list[Any]
+    leaves: list[list[int]] = field(default_factory=list)
+    terminal: bool = False
+
+
+def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def sharing_problem(model: torch.nn.Module) -> str | None:
+    """Why this model's key/value cache cannot serve prefix-shared scoring (None: it can)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        params = inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return f"{type(inner).__name__}.forward has no inspectable signature"
+    if "cache" not in params and "past_key_values" not in params:
+        return f"{type(inner).__name__}.forward takes no cache / past_key_values"
+    if "position_ids" not in params:
+        return f"{type(inner).__name__}.forward takes no position_ids (masked padding would shift positions)"
+    config = getattr(inner, "config", None)
+    attn = getattr(config, "_attn_implementation", None)
+    if attn not in SUPPORTED_ATTENTION:
+        return f"attention implementation {attn!r} (prefix sharing runs on {' / '.join(SUPPORTED_ATTENTION)})"
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+
+        layers = DynamicCache(config=config).layers
+    except Exception as e:  # noqa: BLE001 - any failure to build the cache means: do not share
+        return f"no DynamicCache for {type(inner).__name__}: {e}"
+    odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    if odd:
+        return f"cache layers {', '.join(odd)} (sliding-window, chunked, recurrent or shared layers)"
+    return None
+
+
+def plan_rows(seqs: Sequence[Any], judge: bool) -> tuple[list[SharedRow], list[Any]]:
+    """Group sequences (``_Seq``: row, slot, ids, start) into shareable rows; return (rows, sequences left unshared).
+
+    logps mode: a row shares ``ids[:start]`` when every sequence has the same start and the same tokens there.
+    judge mode: a row shares the common token prefix of its judge prompts (at least one token left per sequence)."""
+    by_row: dict[int, list[Any]] = {}
+    for s in seqs:
+        by_row.setdefault(s.row, []).append(s)
+    rows: list[SharedRow] = []
+    unshared: list[Any] = []
+    for r, group in by_row.items():
+        if judge:
+            if len(group) == 1:
+                rows.append(SharedRow(r, list(group[0].ids), group, terminal=True))
+                continue
+            n = min(len(s.ids) for s in group) - 1
+            for s in group[1:]:
+                n = min(n, _common_prefix_length(group[0].ids, s.ids))
+        else:
+            n = group[0].start
+            if any(s.start != n or s.ids[:n] != group[0].ids[:n] for s in group):
+                unshared.extend(group)
+                continue
+        if n < 1:
+            unshared.extend(group)
+            continue
+        rows.append(SharedRow(r, list(group[0].ids[:n]), group, [list(s.ids[n:]) for s in group]))
+    return rows, unshared
+
+
+def suite_prefix(rows: Sequence[SharedRow]) -> int:
+    """Length of the token prefix common to every row's prefix, leaving each row at least one token of its own."""
+    if len(rows) < 2:
+        return 0
+    n = min(len(r.prefix) for r in rows) - 1
+    first = rows[0].prefix
+    for r in rows[1:]:
+        n = min(n, _common_prefix_length(first, r.prefix))
+        if n < MIN_SUITE_PREFIX:
+            return 0
+    return n if n >= MIN_SUITE_PREFIX else 0
+
+
+def group_rows(rows: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> list[list[SharedRow]]:
+    """Rows in groups whose row forward fits the budget (rows x longest prefix, suite prefix included); longest
+    prefixes first so a group pads little."""
+    order = sorted(rows, key=lambda r: (-len(r.prefix), -max((len(x) for x in r.leaves), default=0), r.row))
+    groups: list[list[SharedRow]] = []
+    current: list[SharedRow] = []
+    for r in order:
+        longest = len(current[0].prefix) if current else len(r.prefix)
+        if current and ((len(current) + 1) * longest > batch_tokens or len(current) >= max_batch):
+            groups.append(current)
+            current = []
+        current.append(r)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def leaf_chunks(group: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> list[list[tuple[int, int]]]:
+    """(row position in group, leaf index) chunks: longest leaves first, a chunk grows while
+    entries x (longest row prefix + longest leaf) fits the budget (the key/value length each leaf attends over)."""
+    past = max(len(r.prefix) for r in group)
+    items = [(g, i) for g, r in enumerate(group) for i, leaf in enumerate(r.leaves) if leaf]
+    items.sort(key=lambda gi: -len(group[gi[0]].leaves[gi[1]]))
+    chunks: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    for g, i in items:
+        longest = len(group[current[0][0]].leaves[current[0][1]]) if current else len(group[g].leaves[i])
+        if current and ((len(current) + 1) * (past + longest) > batch_tokens or len(current) >= max_batch):
+            chunks.append(current)
+            current = []
+        current.append((g, i))
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def count_forwards(rows: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> int:
+    """Forwards `SharedScorer.score` will run for these rows (every rank must run as many under sharded weights)."""
+    if not rows:
+        return 0
+    shared = suite_prefix(rows)
+    groups = group_rows(rows, batch_tokens, max_batch)
+    return int(shared > 0) + len(groups) + sum(len(leaf_chunks(g, batch_tokens, max_batch)) for g in groups)
+
+
+class SharedScorer:
+    """Runs the three-level forward for a list of `SharedRow`s and returns {(row, slot): value}.
+
+    ``token_logps(logits, targets)`` gives log p(target) per position; ``judge_value(last_logits)`` turns the logits
+    after a judge prompt into its expected score. ``stats`` (an ``EngineStats``) gets real and padded tokens."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, stats: Any, token_logps: Callable, judge_value: Callable,
+                 logits_to_keep: bool):
+        self.model = model
+        self.pad_id = pad_id
+        self.stats = stats
+        self.token_logps = token_logps
+        self.judge_value = judge_value
+        self.logits_to_keep = logits_to_keep
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.cache_kw = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+        self.device = next(model.parameters()).device
+
+    # -------------------------------------------------------------------------------------------- one forward
+    def _forward(self, segments: list[list[int]], past: Any, past_mask: torch.Tensor | None,
+                 next_pos: torch.Tensor | None, keep: int):
+        """Left-padded segments on top of ``past`` (one entry per segment). Returns (logits of the last ``keep``
+        columns, the cache now holding past + segments, the full attention mask, the next position per entry)."""
+        from transformers.cache_utils import DynamicCache
+
+        longest = max(len(s) for s in segments)
+        ids = torch.full((len(segments), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(segments), longest), dtype=torch.long)
+        for i, s in enumerate(segments):
+            ids[i, longest - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, longest - len(s):] = 1
+        self.stats.real_tokens += int(mask.sum())
+        self.stats.padded_tokens += ids.numel()
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        start = next_pos if next_pos is not None else torch.zeros(len(segments), dtype=torch.long, device=self.device)
+        pos = start[:, None] + (mask.cumsum(-1) - 1).clamp(min=0)
+        full_mask = mask if past_mask is None else torch.cat([past_mask, mask], dim=-1)
+        kwargs = {"input_ids": ids, "attention_mask": full_mask, "position_ids": pos, "use_cache": True,
+                  self.cache_kw: past if past is not None else DynamicCache()}
+        if self.logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(**kwargs)
+        cache = getattr(out, "cache", None)
+        if cache is None:
+            cache = out.past_key_values
+        return out.logits[:, -keep:, :], cache, full_mask, start + mask.sum(-1), ids
+
+    @staticmethod
+    def _select(cache: Any, index: torch.Tensor):
+        """A new cache with one entry per ``index`` (repeats allowed); ``cache`` itself is left as it is."""
+        from transformers.cache_utils import DynamicCache
+
+        return DynamicCache(ddp_cache_data=[(layer.keys[index], layer.values[index]) for layer in cache.layers])
+
+    # -------------------------------------------------------------------------------------------- all rows
+    def score(self, rows: Sequence[SharedRow], judge: bool, batch_tokens: int, max_batch: int) -> dict:
+        out: dict[tuple[int, int], float] = {}
+        for r in rows:  # empty leaves (a response that tokenizes to nothing) score 0 without a forward
+            for s, leaf in zip(r.seqs, r.leaves):
+                if not leaf:
+                    out[(s.row, s.slot)] = 0.0
+        if not rows:
+            return out
+        shared = suite_prefix(rows)
+        root = root_mask = root_pos = None
+        if shared:
+            _, root, root_mask, root_pos, _ = self._forward([rows[0].prefix[:shared]], None, None, None, 1)
+        for group in group_rows(rows, batch_tokens, max_batch):
+            self._score_group(group, shared, (root, root_mask, root_pos), judge, batch_tokens, max_batch, out)
+        return out
+
+    def _score_group(self, group, shared, root, judge, batch_tokens, max_batch, out) -> None:
+        root_cache, root_mask, root_pos = root
+        n = len(group)
+        past = past_mask = next_pos = None
+        if root_cache is not None:
+            zeros = torch.zeros(n, dtype=torch.long, device=self.device)
+            past, past_mask, next_pos = self._select(root_cache, zeros), root_mask[zeros], root_pos[zeros]
+        logits, cache, mask, pos, _ = self._forward([r.prefix[shared:] for r in group], past, past_mask, next_pos, 1)
+        last = logits[:, -1, :].float()
+        if judge:
+            values = self.judge_value(last)
+            for g, r in enumerate(group):
+                if r.terminal:
+                    out[(r.seqs[0].row, r.seqs[0].slot)] = float(values[g])
+        else:  # each leaf's first token is predicted from the row's last prompt token
+            lse = torch.logsumexp(last, dim=-1)
+            for g, r in enumerate(group):
+                for s, leaf in zip(r.seqs, r.leaves):
+                    if leaf:
+                        out[(s.row, s.slot)] = float(last[g, leaf[0]] - lse[g])
+        for chunk in leaf_chunks(group, batch_tokens, max_batch):
+            self._score_chunk(group, chunk, (cache, mask, pos), judge, out)
+
+    def _score_chunk(self, group, chunk, parent, judge, out) -> None:
+        cache, mask, pos = parent
+        index = torch.tensor([g for g, _ in chunk], dtype=torch.long, device=self.device)
+        leaves = [group[g].leaves[i] for g, i in chunk]
+        keep = 1 if judge else max(len(x) for x in leaves)
+        logits, _, _, _, ids = self._forward(leaves, self._select(cache, index), mask[index], pos[index], keep)
+        seqs = [group[g].seqs[i] for g, i in chunk]
+        if judge:
+            for s, v in zip(seqs, self.judge_value(logits[:, -1, :].float())):
+                out[(s.row, s.slot)] = float(v)
+            return
+        if keep < 2:
+            return
+        token_logps = self.token_logps(logits[:, :-1, :], ids[:, ids.shape[1] - keep + 1:])  # (B, keep - 1)
+        for b, (s, leaf) in enumerate(zip(seqs, leaves)):
+            rest = len(leaf) - 1
+            if rest:
+                out[(s.row, s.slot)] += float(token_logps[b, token_logps.shape[1] - rest:].double().sum())
