@@ -1,0 +1,185 @@
+"""Prefix-shared scoring equals whole-sequence scoring (tiny Qwen2 + LoRA), and falls back loudly where it cannot run.
+
+Multi-process equality (1, 2, 3 processes against the whole-sequence engine): tests/test_eval_cli.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from judgetrain.eval.runner import evaluate
+from judgetrain.eval.scoring import Request, ScoringEngine
+from judgetrain.eval.sharing import plan_rows, sharing_problem
+from judgetrain.eval.suites import SuiteSpec
+
+SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512)
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from judgetrain.tiny import build_tiny_judge
+
+    return build_tiny_judge(tmp_path_factory.mktemp("tiny"), seed=0, config=SMALL)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+def _model(tiny_dir, peft=True, **load):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32, **load)
+    if not peft:
+        return base
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    return get_peft_model(base, cfg)
+
+
+@pytest.fixture()
+def peft_model(tiny_dir):
+    return _model(tiny_dir)
+
+
+# RM-Bench-shaped rows: a short prompt, 3 chosen + 3 rejected responses of unequal lengths (one empty)
+RMBENCH = [{"id": f"chat/{i}", "domain": "chat", "prompt": f"Question {i}: " + "why is the sky blue? " * (i % 3 + 1),
+            "chosen": [f"Answer {i}.", "Because of Rayleigh scattering. " * (i + 1), f"**Answer** {i}."],
+            "rejected": [f"Wrong {i}." if i else "", "Because the sea reflects. " * (i + 2), f"**Wrong** {i}."]}
+           for i in range(5)]
+
+
+def _judgebias_rows(n: int) -> list[dict]:
+    """JudgeBias-shaped rows: a long shared rubric + a per-row recipe (2-4x the evaluation), short evaluations."""
+    rubric = "You grade synthesis recipes for materials appropriateness, equipment and procedure. " * 6
+    rows = []
+    for i in range(n):
+        recipe = f"Recipe {i}: mix Li2CO3 and Co3O4, heat at {800 + 10 * i} C for {i + 2} h. " * (2 + i % 3)
+        rows.append({"sample_id": f"s{i}", "perturbation_category": "represent", "perturbation_type": f"t{i % 2}",
+                     "anchor_score": 4.0, "score_chosen": 4.0, "score_rejected": 2.0,
+                     "prompt": [{"role": "system", "content": rubric}, {"role": "user", "content": recipe}],
+                     "chosen": [{"role": "assistant", "content": f'{{"overall_score": 4.0}} fine {i}'}],
+                     "rejected": [{"role": "assistant", "content": f'{{"overall_score": 2.0}} bad {i} ' * 2}]})
+    return rows
+
+
+def _scores(model, tokenizer, specs, share, **kw):
+    engine = ScoringEngine(model, tokenizer, prefix_sharing=share, **kw)
+    results = evaluate(engine, specs)
+    out = {}
+    for name, res in results.items():
+        for rec in res.records:
+            for key in ("score_chosen", "score_rejected", "judge_score"):
+                if key in rec and not (name == "judgebias" and engine.scoring == "judge" and key != "judge_score"):
+                    out[(name, rec["row_index"], key)] = rec[key]
+    return out, engine
+
+
+def _assert_same(shared, whole):
+    assert shared.keys() == whole.keys() and shared
+    for k in whole:
+        assert shared[k] == pytest.approx(whole[k], rel=RTOL, abs=1e-5), k
+
+
+@pytest.mark.parametrize("batch_tokens", [8192, 300])
+def test_implicit_scores_with_adapter_reference_equal_whole_sequence_scores(peft_model, tokenizer, batch_tokens):
+    specs = [SuiteSpec("rmbench", rows=RMBENCH), SuiteSpec("judgebias", rows=_judgebias_rows(6))]
+    whole, whole_engine = _scores(peft_model, tokenizer, specs, False, batch_tokens=batch_tokens)
+    shared, engine = _scores(peft_model, tokenizer, specs, True, batch_tokens=batch_tokens)
+    _assert_same(shared, whole)
+    # every row shared its prompt, policy and reference pass; fewer tokens were computed
+    assert engine.stats.shared_rows == 2 * 11 and engine.stats.unshared_rows == 0
+    assert whole_engine.stats.shared_rows == 0
+    assert engine.stats.real_tokens < whole_engine.stats.real_tokens
+    if batch_tokens == 300:  # a small budget splits rows into groups and leaves into chunks: still equal
+        assert engine.stats.policy_batches > 4
+
+
+def test_judge_scores_equal_whole_sequence_scores_and_run_the_rubric_once(peft_model, tokenizer):
+    specs = [SuiteSpec("rmbench", rows=RMBENCH), SuiteSpec("judgebias", rows=_judgebias_rows(6))]
+    whole, whole_engine = _scores(peft_model, tokenizer, specs, False, scoring="judge")
+    shared, engine = _scores(peft_model, tokenizer, specs, True, scoring="judge")
+    _assert_same(shared, whole)
+    # JudgeBias: the rubric (~100 tokens) runs once instead of once per row
+    saved = whole_engine.stats.real_tokens - engine.stats.real_tokens
+    rubric = len(tokenizer(_judgebias_rows(1)[0]["prompt"][0]["content"])["input_ids"])
+    assert saved > 4 * rubric
+    assert engine.stats.ref_batches == whole_engine.stats.ref_batches == 0
+
+
+def test_separate_reference_model_equals_whole_sequence_scores(tiny_dir, tokenizer):
+    policy = _model(tiny_dir, peft=False)
+    ref = _model(tiny_dir, peft=False)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    specs = [SuiteSpec("rmbench", rows=RMBENCH[:3])]
+    whole, _ = _scores(policy, tokenizer, specs, False, ref_model=ref)
+    shared, engine = _scores(policy, tokenizer, specs, True, ref_model=ref)
+    _assert_same(shared, whole)
+    assert engine.stats.shared_rows == 6 and abs(shared[("rmbench", 1, "score_chosen")][1]) > 1e-3
+
+
+def test_eager_attention_shares_too(tiny_dir, tokenizer):
+    model = _model(tiny_dir, attn_implementation="eager")
+    assert sharing_problem(model) is None
+    specs = [SuiteSpec("rmbench", rows=RMBENCH[:2])]
+    _assert_same(_scores(model, tokenizer, specs, True)[0], _scores(model, tokenizer, specs, False)[0])
+
+
+def test_rows_whose_prompt_was_cut_differently_per_response_are_scored_whole(peft_model, tokenizer):
+    long_prompt = [{"role": "user", "content": "word " * 60}]
+    requests = [
+        Request("implicit", prompt=long_prompt, responses=[[{"role": "assistant", "content": "ok"}],
+                                                           [{"role": "assistant", "content": "ok " * 20}]]),
+        Request("implicit", prompt=[{"role": "user", "content": "Is water wet?"}],
+                responses=[[{"role": "assistant", "content": "Yes."}], [{"role": "assistant", "content": "No."}]]),
+    ]
+    whole = ScoringEngine(peft_model, tokenizer, max_length=48, prefix_sharing=False).score_requests(requests)
+    engine = ScoringEngine(peft_model, tokenizer, max_length=48)
+    shared = engine.score_requests(requests)
+    assert shared[0].truncated and not shared[1].truncated
+    for a, b in zip(shared, whole):
+        assert a.scores == pytest.approx(b.scores, rel=RTOL, abs=1e-5)
+    # row 0's responses cut different prompt tokens: that row went whole (policy and reference), row 1 shared
+    assert engine.stats.unshared_rows == 2 and engine.stats.shared_rows == 2
+
+
+def test_plan_splits_at_the_token_ids_of_the_whole_sequence():
+    from judgetrain.eval.scoring import _Seq
+
+    seqs = [_Seq(0, 0, [1, 2, 3, 7, 8], 3), _Seq(0, 1, [1, 2, 3, 9], 3),  # same prompt tokens: shared
+            _Seq(1, 0, [1, 2, 4, 7], 3), _Seq(1, 1, [1, 2, 5, 7], 3)]  # prompt tokens differ: whole
+    rows, whole = plan_rows(seqs, judge=False)
+    assert [(r.row, r.prefix, r.leaves) for r in rows] == [(0, [1, 2, 3], [[7, 8], [9]])]
+    assert [(s.row, s.slot) for s in whole] == [(1, 0), (1, 1)]
+    judge_rows, _ = plan_rows([_Seq(0, 0, [1, 2, 3], 3), _Seq(0, 1, [1, 2, 3, 4], 4), _Seq(1, 0, [5, 6], 2)],
+                              judge=True)
+    assert [(r.prefix, r.leaves, r.terminal) for r in judge_rows] == [([1, 2], [[3], [3, 4]], False),
+                                                                       ([5, 6], [], True)]
+
+
+def test_sliding_window_model_falls_back_loudly_with_the_same_scores(tiny_dir, tokenizer, caplog):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_dir, use_sliding_window=True, sliding_window=16,
+                                        layer_types=["sliding_attention"] * SMALL["num_hidden_layers"])
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, config=config, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+    assert "DynamicSlidingWindowLayer" in sharing_problem(model)
+    specs = [SuiteSpec("rmbench", rows=RMBENCH[:2])]
+    with caplog.at_level(logging.WARNING, logger="judgetrain.eval.scoring"):
+        shared, engine = _scores(model, tokenizer, specs, True)
+    assert any("prefix sharing off" in r.message and "DynamicSlidingWindowLayer" in r.message for r in caplog.records)
+    assert engine.stats.shared_rows == 0 and engine.stats.unshared_rows == 4
+    _assert_same(shared, _scores(model, tokenizer, specs, False)[0])
