@@ -152,6 +152,11 @@ class JudgeTrainArguments:
     eval_scoring: str = field(default="implicit", metadata={"help": "implicit (DPO reward) or judge (expected score)."})
     eval_every_n_steps: int = field(default=0, metadata={"help": "Also evaluate every N optimizer steps (0: epochs only)."})
     eval_batch_tokens: int = field(default=8192, metadata={"help": "Token budget of one scoring batch."})
+    eval_prefix_sharing: bool = field(
+        default=True,
+        metadata={"help": "Run each row's prompt (and a suite's common prefix) once for all its responses; false: "
+                  "score every sequence whole (same scores, slower)."},
+    )
     eval_suites_on_start: bool = field(default=False, metadata={"help": "Score the suites once before the first step (the baseline)."})
     log_matrix_images: bool = field(default=False, metadata={"help": "Log the RM-Bench 3x3 heatmap as an image each eval."})
     on_bad_row: str = field(default="error", metadata={"help": "error: stop on the first bad row; skip: drop, count, write rejects."})

@@ -96,8 +96,8 @@ def test_implicit_scores_with_adapter_reference_equal_whole_sequence_scores(peft
     shared, engine = _scores(peft_model, tokenizer, specs, True, batch_tokens=batch_tokens)
     _assert_same(shared, whole)
     # every row shared its prompt, policy and reference pass; fewer tokens were computed
-    assert engine.stats.shared_rows == 2 * 11 and engine.stats.unshared_rows == 0
-    assert whole_engine.stats.shared_rows == 0
+    assert engine.stats.shared_prompts == 2 * 11 and engine.stats.whole_sequences == 0
+    assert whole_engine.stats.shared_prompts == 0
     assert engine.stats.real_tokens < whole_engine.stats.real_tokens
     if batch_tokens == 300:  # a small budget splits rows into groups and leaves into chunks: still equal
         assert engine.stats.policy_batches > 4
@@ -125,7 +125,7 @@ def test_separate_reference_model_equals_whole_sequence_scores(tiny_dir, tokeniz
     whole, _ = _scores(policy, tokenizer, specs, False, ref_model=ref)
     shared, engine = _scores(policy, tokenizer, specs, True, ref_model=ref)
     _assert_same(shared, whole)
-    assert engine.stats.shared_rows == 6 and abs(shared[("rmbench", 1, "score_chosen")][1]) > 1e-3
+    assert engine.stats.shared_prompts == 6 and abs(shared[("rmbench", 1, "score_chosen")][1]) > 1e-3
 
 
 def test_eager_attention_shares_too(tiny_dir, tokenizer):
@@ -149,18 +149,19 @@ def test_rows_whose_prompt_was_cut_differently_per_response_are_scored_whole(pef
     assert shared[0].truncated and not shared[1].truncated
     for a, b in zip(shared, whole):
         assert a.scores == pytest.approx(b.scores, rel=RTOL, abs=1e-5)
-    # row 0's responses cut different prompt tokens: that row went whole (policy and reference), row 1 shared
-    assert engine.stats.unshared_rows == 2 and engine.stats.shared_rows == 2
+    # row 0's responses cut different prompt tokens: they went whole (policy and reference), row 1 shared
+    assert engine.stats.whole_sequences == 4 and engine.stats.shared_prompts == 2
 
 
 def test_plan_splits_at_the_token_ids_of_the_whole_sequence():
     from judgetrain.eval.scoring import _Seq
 
     seqs = [_Seq(0, 0, [1, 2, 3, 7, 8], 3), _Seq(0, 1, [1, 2, 3, 9], 3),  # same prompt tokens: shared
-            _Seq(1, 0, [1, 2, 4, 7], 3), _Seq(1, 1, [1, 2, 5, 7], 3)]  # prompt tokens differ: whole
+            _Seq(1, 0, [1, 2, 4, 7], 3), _Seq(1, 1, [1, 2, 5, 7], 3),  # prompt tokens differ: whole
+            _Seq(2, 0, [1, 6, 7], 2), _Seq(2, 1, [1, 6, 8, 9], 2), _Seq(2, 2, [6, 6, 8], 2)]  # 2 share, 1 was cut
     rows, whole = plan_rows(seqs, judge=False)
-    assert [(r.row, r.prefix, r.leaves) for r in rows] == [(0, [1, 2, 3], [[7, 8], [9]])]
-    assert [(s.row, s.slot) for s in whole] == [(1, 0), (1, 1)]
+    assert [(r.row, r.prefix, r.leaves) for r in rows] == [(0, [1, 2, 3], [[7, 8], [9]]), (2, [1, 6], [[7], [8, 9]])]
+    assert [(s.row, s.slot) for s in whole] == [(1, 0), (1, 1), (2, 2)]
     judge_rows, _ = plan_rows([_Seq(0, 0, [1, 2, 3], 3), _Seq(0, 1, [1, 2, 3, 4], 4), _Seq(1, 0, [5, 6], 2)],
                               judge=True)
     assert [(r.prefix, r.leaves, r.terminal) for r in judge_rows] == [([1, 2], [[3], [3, 4]], False),
@@ -181,5 +182,5 @@ def test_sliding_window_model_falls_back_loudly_with_the_same_scores(tiny_dir, t
     with caplog.at_level(logging.WARNING, logger="judgetrain.eval.scoring"):
         shared, engine = _scores(model, tokenizer, specs, True)
     assert any("prefix sharing off" in r.message and "DynamicSlidingWindowLayer" in r.message for r in caplog.records)
-    assert engine.stats.shared_rows == 0 and engine.stats.unshared_rows == 4
+    assert engine.stats.shared_prompts == 0 and engine.stats.whole_sequences == 24
     _assert_same(shared, _scores(model, tokenizer, specs, False)[0])

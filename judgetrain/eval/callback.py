@@ -42,7 +42,7 @@ class JudgeEvalCallback(TrainerCallback):
             ``judge`` (expected overall score).
         every_n_steps: also evaluate every N optimizer steps (0: epoch ends only).
         on_start: evaluate once before the first step (the baseline, logged at step 0).
-        max_length, long_inputs, batch_tokens, generate_samples: passed to `ScoringEngine`.
+        max_length, long_inputs, batch_tokens, generate_samples, prefix_sharing: passed to `ScoringEngine`.
         output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
         trainer: the trainer (or call `attach` once it is built); add the callback with ``trainer.add_callback``.
@@ -61,6 +61,7 @@ class JudgeEvalCallback(TrainerCallback):
         long_inputs: str = "truncate_prompt",
         batch_tokens: int = 8192,
         generate_samples: int = 0,
+        prefix_sharing: bool = True,
         output_dir: str | None = None,
         ref_model: Any = None,
         trainer: Any = None,
@@ -72,7 +73,8 @@ class JudgeEvalCallback(TrainerCallback):
         self.every_n_steps = int(every_n_steps or 0)
         self.on_start = on_start
         self.engine_kwargs = dict(scoring=scoring, max_length=max_length, long_inputs=long_inputs,
-                                  batch_tokens=batch_tokens, generate_samples=generate_samples)
+                                  batch_tokens=batch_tokens, generate_samples=generate_samples,
+                                  prefix_sharing=prefix_sharing)
         self.output_dir = output_dir
         self.ref_model = ref_model
         self.log_matrix_images = log_matrix_images
@@ -109,6 +111,7 @@ class JudgeEvalCallback(TrainerCallback):
             max_length=getattr(training_args, "max_length", None),
             long_inputs="skip" if getattr(script_args, "long_rows", "") == "skip" else "truncate_prompt",
             batch_tokens=script_args.eval_batch_tokens,
+            prefix_sharing=getattr(script_args, "eval_prefix_sharing", True),
             output_dir=training_args.output_dir,
             log_matrix_images=getattr(script_args, "log_matrix_images", False),
             trainer=trainer,

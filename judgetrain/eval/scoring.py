@@ -113,8 +113,8 @@ class EngineStats:
     ref_batches: int = 0  # reference forwards run; 0 on an epoch whose eval set was already cached
     ref_sequences_computed: int = 0
     ref_cache_hits: int = 0
-    shared_rows: int = 0  # rows scored with their prompt run once (policy and reference passes counted apart)
-    unshared_rows: int = 0  # rows scored sequence by sequence (prefix sharing off, not applicable, or prompts differ)
+    shared_prompts: int = 0  # prompts run once for all their sequences (policy and reference passes counted apart)
+    whole_sequences: int = 0  # sequences scored whole (prefix sharing off or not applicable, a prompt cut alone)
     real_tokens: int = 0  # tokens of the sequences fed to the model
     padded_tokens: int = 0  # batch slots (batch size x longest sequence) actually computed
     sequences: int = 0
@@ -431,8 +431,8 @@ class ScoringEngine:
         shared_rows, whole = [], list(seqs)
         if self.prefix_sharing and seqs and self._sharing_problem(model) is None:
             shared_rows, whole = plan_rows(seqs, judge)
-        self.stats.shared_rows += len(shared_rows)
-        self.stats.unshared_rows += len({s.row for s in whole})
+        self.stats.shared_prompts += len(shared_rows)
+        self.stats.whole_sequences += len(whole)
         batches = self._batches(whole)
         n_forwards = count_forwards(shared_rows, self.batch_tokens, self.max_batch_size) + len(batches)
         n_total = n_forwards

@@ -14,8 +14,8 @@ reads ``[suite prefix][pads][row segment][pads][leaf]`` with the pads masked and
 tokens only. Each token sees the same tokens at the same positions as in the unshared sequence, so the scores equal
 the unshared engine's up to float summation order. The split is made on the token ids the unshared path builds
 (TRL's tokenisation of prompt + response, cut at their common prefix), never by tokenising the prompt alone; a row
-whose sequences do not share their scored-from prefix token for token (a prompt cut differently for each response by
-``truncate_prompt``) is scored unshared.
+sequence whose scored-from prefix differs from its row's other sequences (a prompt that ``truncate_prompt`` cut for
+that response alone) is scored unshared.
 
 Where the cache cannot be reused this way, `sharing_problem` names the reason and the engine warns and scores
 unshared: a forward without ``cache``/``past_key_values`` or ``position_ids``, an attention implementation other than
@@ -91,30 +91,30 @@ def sharing_problem(model: torch.nn.Module) -> str | None:
 def plan_rows(seqs: Sequence[Any], judge: bool) -> tuple[list[SharedRow], list[Any]]:
     """Group sequences (``_Seq``: row, slot, ids, start) into shareable rows; return (rows, sequences left unshared).
 
-    logps mode: a row shares ``ids[:start]`` when every sequence has the same start and the same tokens there.
-    judge mode: a row shares the common token prefix of its judge prompts (at least one token left per sequence)."""
-    by_row: dict[int, list[Any]] = {}
+    logps mode: the sequences of a row that have the same start and the same tokens before it share them (a
+    response whose prompt ``truncate_prompt`` cut on its own is scored whole). judge mode: a row shares the common
+    token prefix of its judge prompts (at least one token left per sequence); a single judge prompt runs as one
+    segment."""
+    by_key: dict[tuple, list[Any]] = {}
     for s in seqs:
-        by_row.setdefault(s.row, []).append(s)
+        key = (s.row,) if judge else (s.row, s.start, tuple(s.ids[: s.start]))
+        by_key.setdefault(key, []).append(s)
     rows: list[SharedRow] = []
     unshared: list[Any] = []
-    for r, group in by_row.items():
+    for key, group in by_key.items():
+        if judge and len(group) == 1:
+            rows.append(SharedRow(key[0], list(group[0].ids), group, terminal=True))
+            continue
         if judge:
-            if len(group) == 1:
-                rows.append(SharedRow(r, list(group[0].ids), group, terminal=True))
-                continue
             n = min(len(s.ids) for s in group) - 1
             for s in group[1:]:
                 n = min(n, _common_prefix_length(group[0].ids, s.ids))
         else:
             n = group[0].start
-            if any(s.start != n or s.ids[:n] != group[0].ids[:n] for s in group):
-                unshared.extend(group)
-                continue
-        if n < 1:
+        if n < 1 or len(group) < 2:
             unshared.extend(group)
             continue
-        rows.append(SharedRow(r, list(group[0].ids[:n]), group, [list(s.ids[n:]) for s in group]))
+        rows.append(SharedRow(key[0], list(group[0].ids[:n]), group, [list(s.ids[n:]) for s in group]))
     return rows, unshared
 
 
