@@ -15,7 +15,7 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   activation_checkpointing; use_liger_kernel only on a GPU) as ratios to the plain judgetrain run.
 - **eval**: the `ScoringEngine` against a naive evaluator written as the public RM-Bench / RewardBench DPO scripts
   do it (rows in file order, fixed batch size, right padding to the longest in the batch, policy and reference
-  forward on every call, no cache), and against the engine with prefix sharing off (every sequence whole), on two
+  forward on every call, no cache), and against the plain engine (prefix sharing and merged LoRA off), on two
   eval sets: RM-Bench rows (a short prompt, 6 long responses) and JudgeBias-shaped rows (a long judge rubric +
   recipe, 2 short evaluations); first epoch (fresh engine) and a later epoch (same engine, reference cache warm),
   with the tokens each side computes per response. All sides must give the same scores: the bench fails if not.
@@ -689,17 +689,18 @@ def _per_response(stats: dict, n_resp: int) -> dict:
 
 
 def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: list[dict]) -> dict:
-    """Naive evaluator, engine (prefix sharing on) and engine with every sequence whole, side by side on one set."""
+    """Naive evaluator, engine (defaults: prefix sharing, merged LoRA) and the plain engine (every sequence whole,
+    PEFT's unmerged forward), side by side on one set."""
     from judgetrain.eval import ScoringEngine
 
     items = naive_items(name, rows)
     n_resp = sum(len(r) for _, r in items)
     engine_kwargs = dict(scoring="implicit", batch_tokens=cfg.eval_batch_tokens, max_length=cfg.eval_max_length)
-    times: dict[str, list[float]] = {k: [] for k in ("naive", "first", "later", "whole_first", "whole_later")}
+    times: dict[str, list[float]] = {k: [] for k in ("naive", "first", "later", "plain_first", "plain_later")}
     stats: dict[str, dict] = {}
     scores: dict[str, list] = {}
     checks: dict[str, Any] = {}
-    for i, warm, order in _alternating(cfg.warmup, cfg.repeats, ["naive", "engine", "whole"]):
+    for i, warm, order in _alternating(cfg.warmup, cfg.repeats, ["naive", "engine", "plain"]):
         for side in order:
             if side == "naive":
                 naive = NaiveEvaluator(model, tokenizer, cfg.naive_batch_size, cfg.eval_max_length)
@@ -710,8 +711,9 @@ def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: l
                 if not warm:
                     times["naive"].append(t)
                 continue
-            prefix = "" if side == "engine" else "whole_"
-            engine = ScoringEngine(model, tokenizer, prefix_sharing=side == "engine", **engine_kwargs)
+            prefix = "" if side == "engine" else "plain_"
+            engine = ScoringEngine(model, tokenizer, prefix_sharing=side == "engine", merge_lora=side == "engine",
+                                   **engine_kwargs)
             t1, s1, st1 = _engine_epoch(engine, rows, name)
             t2, s2, st2 = _engine_epoch(engine, rows, name)  # a later epoch: reference cache warm
             if st2["ref_batches"] != 0:
@@ -724,8 +726,8 @@ def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: l
             checks[f"{side}_later_vs_first_max_abs_diff"] = _check_same(s1, s2, f"{name}: {side} later vs first epoch")
         if i == 0:  # every side has run once: same scores or no figure
             checks["engine_vs_naive_max_abs_diff"] = _check_same(scores["engine"], scores["naive"], f"{name}: engine vs naive")
-            checks["engine_vs_whole_max_abs_diff"] = _check_same(scores["engine"], scores["whole"],
-                                                                 f"{name}: shared vs whole-sequence engine", atol=1e-4)
+            checks["engine_vs_plain_max_abs_diff"] = _check_same(scores["engine"], scores["plain"],
+                                                                 f"{name}: engine vs plain engine", atol=1e-4)
             checks["rows_compared"] = len(rows)
     med = {k: median(v) for k, v in times.items()}
     seqs = NaiveEvaluator(model, tokenizer, max_length=cfg.eval_max_length).sequences(items)
@@ -744,11 +746,11 @@ def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: l
         "naive_batch_size": cfg.naive_batch_size, "engine_batch_tokens": cfg.eval_batch_tokens,
         "naive": side("naive"),
         "engine_first_epoch": side("first"), "engine_later_epoch": side("later"),
-        "whole_first_epoch": side("whole_first"), "whole_later_epoch": side("whole_later"),
+        "plain_first_epoch": side("plain_first"), "plain_later_epoch": side("plain_later"),
         "speedup_first_epoch": ratio(med["naive"], med["first"]),
         "speedup_later_epoch": ratio(med["naive"], med["later"]),
-        "sharing_speedup_first_epoch": ratio(med["whole_first"], med["first"]),
-        "sharing_speedup_later_epoch": ratio(med["whole_later"], med["later"]),
+        "speedup_vs_plain_first_epoch": ratio(med["plain_first"], med["first"]),
+        "speedup_vs_plain_later_epoch": ratio(med["plain_later"], med["later"]),
         "checks": checks,
     }
 
@@ -1088,11 +1090,11 @@ def print_table(report: dict) -> None:
             continue
         nv = part["naive"]
         for key, label in (("engine_first_epoch", "first"), ("engine_later_epoch", "later")):
-            e, w = part[key], part[key.replace("engine", "whole")]
+            e, w = part[key], part[key.replace("engine", "plain")]
             row(f"eval {name} {label} epoch responses/s (engine / naive)", f"{e['responses_per_s']:.1f}",
                 f"{nv['responses_per_s']:.1f}", part[f"speedup_{label}_epoch"], f"eval_{name}_speedup_{label}_epoch")
-            row(f"eval {name} {label} epoch responses/s (engine / engine unshared)", f"{e['responses_per_s']:.1f}",
-                f"{w['responses_per_s']:.1f}", part[f"sharing_speedup_{label}_epoch"])
+            row(f"eval {name} {label} epoch responses/s (engine / plain engine)", f"{e['responses_per_s']:.1f}",
+                f"{w['responses_per_s']:.1f}", part[f"speedup_vs_plain_{label}_epoch"])
             row(f"eval {name} {label} epoch tokens computed per response (engine / naive)",
                 f"{e['tokens_per_response']['computed']:.0f}", f"{nv['tokens_per_response']['computed']:.0f}",
                 ratio(e["tokens_per_response"]["computed"], nv["tokens_per_response"]["computed"]))
@@ -1161,7 +1163,7 @@ def summarize(report: dict) -> dict:
         part = ev.get(name) or {}
         for epoch in ("first", "later"):
             s[f"eval_{name}_speedup_{epoch}_epoch"] = part.get(f"speedup_{epoch}_epoch")
-            s[f"eval_{name}_sharing_speedup_{epoch}_epoch"] = part.get(f"sharing_speedup_{epoch}_epoch")
+            s[f"eval_{name}_speedup_vs_plain_engine_{epoch}_epoch"] = part.get(f"speedup_vs_plain_{epoch}_epoch")
         for side in ("naive", "engine_first_epoch", "engine_later_epoch"):
             tokens = (part.get(side) or {}).get("tokens_per_response") or {}
             s[f"eval_{name}_tokens_per_response_{side.replace('_epoch', '')}"] = tokens.get("computed")

@@ -51,21 +51,21 @@ def test_quick_bench_train_sides_share_one_trainer_config(quick_report):
 
 
 @pytest.mark.parametrize("name", ["rmbench", "judgebias"])
-def test_quick_bench_engine_naive_and_unshared_scores_agree_and_cache_holds(quick_report, name):
+def test_quick_bench_engine_naive_and_plain_engine_scores_agree_and_cache_holds(quick_report, name):
     part = quick_report["eval"][name]
     assert part["checks"]["engine_vs_naive_max_abs_diff"] < 1e-2
-    assert part["checks"]["engine_vs_whole_max_abs_diff"] < 1e-4
+    assert part["checks"]["engine_vs_plain_max_abs_diff"] < 1e-4
     assert part["checks"]["rows_compared"] == part["rows"] == quick_report["config"][f"{'eval' if name == 'rmbench' else name}_rows"]
     assert part["responses"] == part["rows"] * (6 if name == "rmbench" else 2)
     assert part["engine_later_epoch"]["stats"]["ref_batches"] == 0
     assert part["engine_first_epoch"]["stats"]["ref_batches"] > 0
-    # the shared engine ran each prompt once: fewer tokens per response than the unshared engine and the naive one
+    # the engine ran each prompt once: fewer tokens per response than the plain engine and the naive evaluator
     shared = part["engine_first_epoch"]["tokens_per_response"]["real"]
-    assert shared < part["whole_first_epoch"]["tokens_per_response"]["real"]
+    assert shared < part["plain_first_epoch"]["tokens_per_response"]["real"]
     assert shared < part["naive"]["tokens_per_response"]["real"]
     assert part["engine_first_epoch"]["stats"]["shared_prompts"] > 0
     assert 0 < part["naive"]["padding_efficiency"] <= 1
-    for key in ("speedup_first_epoch", "speedup_later_epoch", "sharing_speedup_first_epoch"):
+    for key in ("speedup_first_epoch", "speedup_later_epoch", "speedup_vs_plain_first_epoch"):
         assert _positive(part[key]) and _positive(quick_report["summary"][f"eval_{name}_{key}"])
 
 

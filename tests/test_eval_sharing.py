@@ -72,7 +72,7 @@ def _judgebias_rows(n: int) -> list[dict]:
 
 
 def _scores(model, tokenizer, specs, share, **kw):
-    engine = ScoringEngine(model, tokenizer, prefix_sharing=share, **kw)
+    engine = ScoringEngine(model, tokenizer, prefix_sharing=share, merge_lora=share, **kw)
     results = evaluate(engine, specs)
     out = {}
     for name, res in results.items():
@@ -143,7 +143,8 @@ def test_rows_whose_prompt_was_cut_differently_per_response_are_scored_whole(pef
         Request("implicit", prompt=[{"role": "user", "content": "Is water wet?"}],
                 responses=[[{"role": "assistant", "content": "Yes."}], [{"role": "assistant", "content": "No."}]]),
     ]
-    whole = ScoringEngine(peft_model, tokenizer, max_length=48, prefix_sharing=False).score_requests(requests)
+    whole = ScoringEngine(peft_model, tokenizer, max_length=48, prefix_sharing=False,
+                          merge_lora=False).score_requests(requests)
     engine = ScoringEngine(peft_model, tokenizer, max_length=48)
     shared = engine.score_requests(requests)
     assert shared[0].truncated and not shared[1].truncated
@@ -184,3 +185,29 @@ def test_sliding_window_model_falls_back_loudly_with_the_same_scores(tiny_dir, t
     assert any("prefix sharing off" in r.message and "DynamicSlidingWindowLayer" in r.message for r in caplog.records)
     assert engine.stats.shared_prompts == 0 and engine.stats.whole_sequences == 24
     _assert_same(shared, _scores(model, tokenizer, specs, False)[0])
+
+
+def test_merged_lora_forward_equals_peft_forward_and_leaves_the_model_untouched(peft_model):
+    from judgetrain.eval.merged import merged_lora
+
+    ids = torch.randint(0, SMALL["vocab_size"], (3, 40))
+    before = {k: v.clone() for k, v in peft_model.state_dict().items()}
+    peft_model.eval()
+    with torch.no_grad():
+        plain = peft_model(input_ids=ids).logits
+        with merged_lora(peft_model) as n:
+            merged = peft_model(input_ids=ids).logits
+        after = peft_model(input_ids=ids).logits
+    assert n == 2 * 3  # q_proj, v_proj, up_proj in each of the 2 layers
+    assert torch.allclose(merged, plain, rtol=1e-4, atol=1e-5) and not torch.equal(merged, plain)  # it really ran
+    assert torch.equal(after, plain)  # PEFT's forward is back
+    assert all(torch.equal(v, before[k]) for k, v in peft_model.state_dict().items())
+    assert not any("forward" in vars(m) for m in peft_model.modules())
+
+
+def test_merged_lora_leaves_half_precision_layers_to_peft(tiny_dir):
+    from judgetrain.eval.merged import merged_lora
+
+    model = _model(tiny_dir).to(torch.bfloat16)
+    with merged_lora(model) as n:
+        assert n == 0

@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-tokens", type=int, default=8192, help="padded-token budget of one forward batch")
     p.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
                    help="score every sequence whole instead of running each shared prompt once (same scores, slower)")
+    p.add_argument("--no-merge-lora", dest="merge_lora", action="store_false",
+                   help="run the adapter's LoRA layers unmerged (PEFT's own forward; same scores up to rounding)")
     p.add_argument("--generate-samples", type=int, default=0,
                    help="judge mode: also generate and parse overall_score for the first N rows of each suite")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = ScoringEngine(model, tokenizer, ref_model=ref_model, scoring=args.scoring, max_length=args.max_length,
                                long_inputs=args.long_inputs, batch_tokens=args.batch_tokens,
                                generate_samples=args.generate_samples, prefix_sharing=args.prefix_sharing,
+                               merge_lora=args.merge_lora,
                                ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base,
                                ref_cache=ref_cache)
         results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, model=target,

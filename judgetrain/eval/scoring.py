@@ -20,7 +20,8 @@ requests into token sequences, batches them by length and returns one float per 
 Shared prompts (``prefix_sharing``, on by default): a row's prompt runs once and its key/value cache serves all of
 the row's responses, and the token prefix common to a whole call (the chat template's opening, a judge rubric) runs
 once; see `judgetrain.eval.sharing` for how, and for the models where the engine warns and scores every sequence
-whole instead. Both paths give the same scores (float summation order aside).
+whole instead. The policy's LoRA layers run merged (``merge_lora``, `judgetrain.eval.merged`). Both give the same
+scores as the plain path up to float rounding.
 
 Inputs longer than ``max_length`` are never dropped silently: ``long_inputs="truncate_prompt"`` cuts the prompt from
 the left (the response end, where the verdict is, stays), ``"skip"`` leaves the whole row unscored; both are counted.
@@ -145,6 +146,8 @@ class ScoringEngine:
             checkpoints of one run); its keys name the reference and the tokens. Default: a new, private cache.
         prefix_sharing: run each row's prompt (and the call's common prefix) once for all its sequences; False
             scores every sequence whole (the reference path the shared one is tested against).
+        merge_lora: the policy's LoRA layers run as one merged matmul each (`judgetrain.eval.merged`; nothing is
+            written into the model); False runs PEFT's two-path forward.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class ScoringEngine:
         ref_key: str | None = None,
         ref_cache: dict[str, float] | None = None,
         prefix_sharing: bool = True,
+        merge_lora: bool = True,
     ) -> None:
         if scoring not in SCORING_MODES:
             raise ValueError(f"scoring must be one of {SCORING_MODES}, got {scoring!r}")
@@ -191,6 +195,7 @@ class ScoringEngine:
         self._score_tokens: tuple[list[int], list[float]] | None = None
         self._warned_no_ref = False
         self.prefix_sharing = bool(prefix_sharing)
+        self.merge_lora = bool(merge_lora)
         self._sharing_problems: dict[int, str | None] = {}
 
     # ------------------------------------------------------------------------------------------ model access
@@ -422,6 +427,14 @@ class ScoringEngine:
                                type(model).__name__, problem)
         return self._sharing_problems[id(model)]
 
+    def _policy_forwards(self, model: torch.nn.Module):
+        """LoRA layers run merged for the policy's forwards (`judgetrain.eval.merged`) unless ``merge_lora`` is off."""
+        if not self.merge_lora:
+            return contextlib.nullcontext(0)
+        from judgetrain.eval.merged import merged_lora
+
+        return merged_lora(model)
+
     def _score_sequences(self, model: torch.nn.Module, seqs: list[_Seq], judge: bool, sync: bool) -> tuple[dict, int]:
         """Score sequences ({(row, slot): value}) and return how many forwards ran. Rows whose sequences share their
         prompt go through `judgetrain.eval.sharing`; the rest in length buckets. With sharded weights (``sync``) every
@@ -468,12 +481,13 @@ class ScoringEngine:
             lik = [s for s in seqs if kinds[s.row] != "judge"]
             implicit = [s for s in lik if kinds[s.row] == "implicit"]
             # under sync every rank runs each stage (collectives), even with nothing of its own to score
-            for group, is_judge in ((judge, True), (lik, False)):
-                if sync or group:
-                    values, n_forwards = self._score_sequences(model, group, is_judge, sync)
-                    self.stats.policy_batches += n_forwards
-                    for (r, slot), v in values.items():
-                        rows[r].scores[slot] = v
+            with self._policy_forwards(model):
+                for group, is_judge in ((judge, True), (lik, False)):
+                    if sync or group:
+                        values, n_forwards = self._score_sequences(model, group, is_judge, sync)
+                        self.stats.policy_batches += n_forwards
+                        for (r, slot), v in values.items():
+                            rows[r].scores[slot] = v
             if sync or implicit:
                 ref = self._reference_logps(implicit, sync)
                 for s in implicit:
