@@ -14,23 +14,9 @@ from judgetrain.eval.scoring import Request, ScoringEngine
 from judgetrain.eval.sharing import plan_rows, sharing_problem
 from judgetrain.eval.suites import SuiteSpec
 
-SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512)
+from test_eval_scoring import SMALL, tiny_dir, tokenizer  # noqa: F401 (the same small tiny judge and fixtures)
+
 RTOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from judgetrain.tiny import build_tiny_judge
-
-    return build_tiny_judge(tmp_path_factory.mktemp("tiny"), seed=0, config=SMALL)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
 
 
 def _model(tiny_dir, peft=True, **load):

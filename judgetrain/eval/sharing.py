@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from judgetrain.eval.scoring import _common_prefix_length
+
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 MIN_SUITE_PREFIX = 8  # a shorter common prefix is not worth a forward of its own
 
@@ -50,15 +52,6 @@ class SharedRow:
     seqs: list[Any]
     leaves: list[list[int]] = field(default_factory=list)
     terminal: bool = False
-
-
-def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def sharing_problem(model: torch.nn.Module) -> str | None:
