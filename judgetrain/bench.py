@@ -1014,6 +1014,68 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
     return out
 
 
+# eval sets of the device bench as (rows, prompt tokens, responses per row, tokens per response)
+DEVICE_EVAL_SETS = {"judgebias": (32, 768, 2, 256), "rmbench": (16, 128, 6, 512)}
+
+
+def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, sets: dict | None = None) -> dict:
+    """The scoring engine's first-epoch work (policy + reference with the adapter disabled) on a random-init model of
+    a real shape, prefix sharing on against off, on JudgeBias-shaped rows (prompt 3x each evaluation) and RM-Bench-
+    shaped rows (a short prompt, 6 long responses); random token ids, so no tokenizer is needed."""
+    import types
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from judgetrain.eval.scoring import ScoringEngine, _Seq
+
+    shape = REAL_SHAPES[name]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(Qwen3Config(**shape, attn_implementation="sdpa"), dtype=dtype)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                             target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    pad = types.SimpleNamespace(pad_token_id=0, eos_token_id=0)
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {}
+    for set_name, (rows, prompt_len, n_resp, resp_len) in (sets or DEVICE_EVAL_SETS).items():
+        seqs = []
+        for r in range(rows):
+            prompt = torch.randint(1, shape["vocab_size"], (prompt_len,), generator=gen).tolist()
+            for slot in range(n_resp):
+                resp = torch.randint(1, shape["vocab_size"], (resp_len,), generator=gen).tolist()
+                seqs.append(_Seq(r, slot, prompt + resp, prompt_len))
+        times: dict[bool, list[float]] = {True: [], False: []}
+        values, tokens = {}, {}
+        for i, warm, order in _alternating(1, repeats, [True, False]):
+            for share in order:
+                engine = ScoringEngine(model, pad, prefix_sharing=share, max_length=prompt_len + resp_len + 1)
+                sync()
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    with engine._policy_forwards(model):
+                        policy, _ = engine._score_sequences(model, seqs, False, False)
+                    with model.disable_adapter():
+                        ref, _ = engine._score_sequences(model, seqs, False, False)
+                sync()
+                if not warm:
+                    times[share].append(time.perf_counter() - t0)
+                values[share] = [policy[k] - ref[k] for k in sorted(policy)]
+                tokens[share] = engine.stats.padded_tokens / len(seqs)
+        diffs = [abs(a - b) / max(abs(b), 1.0) for a, b in zip(values[True], values[False])]
+        shared_s, whole_s = median(times[True]), median(times[False])
+        out[set_name] = {"rows": rows, "prompt_tokens": prompt_len, "responses_per_row": n_resp,
+                         "tokens_per_response": resp_len, "shared_s": shared_s, "whole_s": whole_s,
+                         "speedup": ratio(whole_s, shared_s), "responses_per_s": len(seqs) / shared_s,
+                         "computed_tokens_per_response": {"shared": tokens[True], "whole": tokens[False]},
+                         "max_rel_score_diff": max(diffs)}
+    del model
+    return out
+
+
 def bench_device(cfg: argparse.Namespace) -> dict:
     import torch
 
@@ -1029,6 +1091,9 @@ def bench_device(cfg: argparse.Namespace) -> dict:
         logger.info("%s: train %.0f tok/s (MFU %.1f%%), eval %.0f tok/s (MFU %.1f%%)", name,
                     out["shapes"][name]["train_tokens_per_s"], 100 * out["shapes"][name]["train_mfu"],
                     out["shapes"][name]["eval_tokens_per_s"], 100 * out["shapes"][name]["eval_mfu"])
+        out["shapes"][name]["eval_sharing"] = device_bench_eval_sharing(name, cfg.device, dtype)
+        logger.info("%s: eval first epoch, prefix sharing on / off: %s", name,
+                    {k: round(v["speedup"], 2) for k, v in out["shapes"][name]["eval_sharing"].items()})
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -1175,6 +1240,8 @@ def summarize(report: dict) -> dict:
         for name, r in dev["shapes"].items():
             s[f"gpu_{name}_train_mfu"] = r["train_mfu"]
             s[f"gpu_{name}_eval_mfu"] = r["eval_mfu"]
+            for set_name, e in (r.get("eval_sharing") or {}).items():
+                s[f"gpu_{name}_eval_{set_name}_sharing_speedup"] = e["speedup"]
     s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
     return s
 

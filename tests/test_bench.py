@@ -103,3 +103,14 @@ def test_device_code_path_runs_on_a_tiny_shape_on_cpu():
                                  eval_batch=2, peak_flops=rate)
     for key in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu"):
         assert _positive(r[key]), key
+
+
+def test_device_eval_sharing_path_runs_on_a_tiny_shape_on_cpu():
+    import torch
+
+    r = bench.device_bench_eval_sharing("tiny", "cpu", torch.float32, repeats=1,
+                                        sets={"judgebias": (2, 24, 2, 8), "rmbench": (1, 6, 6, 16)})
+    for name, part in r.items():
+        assert _positive(part["speedup"]) and _positive(part["responses_per_s"]), name
+        assert part["computed_tokens_per_response"]["shared"] < part["computed_tokens_per_response"]["whole"]
+        assert part["max_rel_score_diff"] < 1e-4  # fp32 on CPU: the shared scores equal the whole ones
