@@ -65,8 +65,11 @@ def test_quick_bench_engine_naive_and_plain_engine_scores_agree_and_cache_holds(
     assert shared < part["naive"]["tokens_per_response"]["real"]
     assert part["engine_first_epoch"]["stats"]["shared_prompts"] > 0
     assert 0 < part["naive"]["padding_efficiency"] <= 1
-    for key in ("speedup_first_epoch", "speedup_later_epoch", "speedup_vs_plain_first_epoch"):
-        assert _positive(part[key]) and _positive(quick_report["summary"][f"eval_{name}_{key}"])
+    summary = quick_report["summary"]
+    for epoch in ("first", "later"):
+        assert _positive(part[f"speedup_{epoch}_epoch"]) and _positive(summary[f"eval_{name}_speedup_{epoch}_epoch"])
+        assert _positive(summary[f"eval_{name}_speedup_vs_plain_engine_{epoch}_epoch"])
+        assert _positive(summary[f"eval_{name}_tokens_per_response_engine_{epoch}"])
 
 
 def test_quick_bench_scale_and_quickstart_parts(quick_report):
