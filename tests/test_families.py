@@ -134,7 +134,7 @@ def test_no_doubled_bos_in_training_scoring_or_generation_prompts(case):
 
 
 def test_length_audit_counts_equal_the_lengths_trl_tokenises(case):
-    from judgetrain.train import _lengths_batched
+    from judgetrain.data.lengths import _lengths_batched
 
     counted = _lengths_batched({k: [r[k] for r in ROWS] for k in ("prompt", "chosen", "rejected")}, case.tokenizer)
     for i, ex in enumerate(case.trainer.train_dataset):
