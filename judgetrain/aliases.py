@@ -19,9 +19,13 @@ def register_alias(name: str, ensure: Callable[[], str], description: str) -> No
 def _load_builtin() -> None:
     if _ALIASES:
         return
-    from judgetrain import tiny
+    from judgetrain import smollm2, tiny
 
     register_alias(tiny.TINY_ALIAS, tiny.ensure_tiny_judge, "the embedded tiny judge (Qwen2, random init, built from a seed)")
+    register_alias(
+        smollm2.SMOLLM2_ALIAS, smollm2.ensure_smollm2,
+        f"SmolLM2-135M-Instruct, pretrained, converted from the GGUF in {smollm2.PACKAGE} ({smollm2.INSTALL_HINT})",
+    )
 
 
 def aliases() -> dict[str, str]:

@@ -216,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
 
         ref_model = AutoModelForCausalLM.from_pretrained(_resolve(args.ref_model), dtype=_dtype(args.dtype),
                                                          trust_remote_code=args.trust_remote_code).to(state.device)
-    root = _resolve(args.model)
+    try:
+        root = _resolve(args.model)
+    except ValueError as err:  # an alias that cannot be had here (e.g. its package is not installed): say how
+        print(f"judgetrain eval: {err}", file=sys.stderr)
+        return 2
     targets = find_targets(root)
     ref_cache: dict[str, float] = {}  # shared by the targets: keys name the reference weights and the tokens
     summary = {}

@@ -11,8 +11,9 @@ requests into token sequences, batches them by length and returns one float per 
   plain log-likelihood (logged as a warning). Reference log-probs depend only on the token ids and the reference
   weights, which never change, so they are cached by sequence and computed once per eval set.
 - ``loglik``: sum of log pi(y|x) over the response tokens, no reference (used for forced verdicts in judge mode).
-- ``judge``: the judge prompt is rendered with the chat template and followed by a forced answer prefix (by default
-  the JSON up to ``"overall_score": ``); the score is the expectation of the score over the next-token
+- ``judge``: the judge prompt is rendered with the chat template up to where an assistant turn's content starts as
+  training renders it (Qwen3: after the empty think block, `judgetrain.templates.assistant_prefix`) and followed by a
+  forced answer prefix (by default the JSON up to ``"overall_score": ``); the score is the expectation of the score over the next-token
   probabilities of the score tokens ("1".."5", plus the half steps the tokenizer has as single tokens), one forward
   pass. ``generate_samples`` > 0 additionally generates that many full evaluations and parses their overall score
   with ``judgetrain.scoreparse.parse_overall_score``.
@@ -45,6 +46,7 @@ import numpy as np
 import torch
 
 from judgetrain.chat import chat_ids, chat_text, text_ids
+from judgetrain.templates import assistant_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -254,11 +256,17 @@ class ScoringEngine:
         prompt_len = min(_common_prefix_length(prompt_ids, f) for f in full) if full else len(prompt_ids)
         return prompt_ids[:prompt_len], [f[prompt_len:] for f in full]
 
+    def _turn_ids(self, messages: list[dict]) -> list[int]:
+        """Prompt tokens up to where the assistant's content starts, as training renders the turn."""
+        if not self._has_chat_template():
+            return self._chat_ids(messages, add_generation_prompt=True)
+        return _as_ids(self.tokenizer(text=assistant_prefix(self.tokenizer, messages), add_special_tokens=False))
+
     def _judge_ids(self, messages: Any) -> list[int]:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         if self._has_chat_template():  # content neutralised; the template and the prefix are ours
-            text = chat_text(self.tokenizer, messages, add_generation_prompt=True)
+            text = assistant_prefix(self.tokenizer, messages)  # where a DPO-trained judge writes (Qwen3: after </think>)
             return _as_ids(self.tokenizer(text=text + self.judge_prefix, add_special_tokens=False))
         text = "\n".join(m["content"] for m in messages) + "\n"
         return text_ids(self.tokenizer, text + self.judge_prefix)
@@ -552,7 +560,7 @@ class ScoringEngine:
                 if isinstance(prompt, str):
                     prompt = [{"role": "user", "content": prompt}]
                 room = max(self.max_length - self.max_new_tokens, 1)
-                ids = self._chat_ids(prompt, add_generation_prompt=True)[-room:]
+                ids = self._turn_ids(prompt)[-room:]
                 inp = torch.tensor([ids], device=device)
                 out = self.model.generate(
                     input_ids=inp, attention_mask=torch.ones_like(inp), max_new_tokens=self.max_new_tokens,
