@@ -1,0 +1,308 @@
+"""Prefix sharing for DPO: each pair's prompt runs once, its chosen and rejected completions on top of it.
+
+TRL's DPOTrainer scores a pair as two sequences, prompt + chosen and prompt + rejected, for the policy and again for
+the reference, so every prompt token is computed twice per model. Judge data has long prompts (a rubric and the
+evaluation being judged) and short completions (a verdict), so most of that work is repeated. `PrefixSharingDPOTrainer`
+keeps TRL's loss, metrics, collator and reference handling untouched and changes one thing: the model call that
+returns per-token log-probabilities. For a batch laid out as TRL lays it out ([chosen rows; rejected rows], right
+padded), the call runs instead one packed row per pair,
+
+    prompt[:-1] | prompt[-1] chosen[:-1] | prompt[-1] rejected[:-1]
+
+with position ids restarting at the prompt end for each completion segment and a 4D attention mask in which the
+rejected segment sees the shared prompt and itself, never the chosen segment. The last prompt token is repeated at
+the head of each segment because its hidden state predicts the first completion token of both. The per-token results
+are scattered back into TRL's (2 x batch, length - 1) layout, so everything downstream (loss types, ld_alpha, WPO
+weights, rewards, logged metrics) reads exactly what TRL's own forward would give, within float rounding.
+
+It applies to the policy, the reference (a LoRA model with its adapter disabled, or a separate reference model) and
+`precompute_ref_log_probs`. Where it cannot apply it falls back to TRL's forward with a warning naming why: attention
+implementations that take no custom 4D mask (flash-attention varlen kernels, flex attention), sliding-window or
+chunked attention layers, ALiBi or multimodal rotary positions, vision data, prompt-learning PEFT, MoE auxiliary
+losses, context parallelism, and a model whose packed result disagrees with its two-sequence result on a probe pair
+at start-up. A batch whose two rows of a pair do not share their prompt (``truncation_mode: keep_end`` cutting them
+differently) runs TRL's forward for that batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+import types
+from dataclasses import dataclass
+
+import torch
+from trl import DPOTrainer
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
+PROBE_RTOL, PROBE_ATOL = 1e-4, 1e-5
+
+# Set while DPOTrainer computes a loss or reference log-probs: only those calls carry the [chosen; rejected] layout.
+_PAIR_CALL = contextvars.ContextVar("judgetrain_pair_call", default=False)
+
+
+@contextlib.contextmanager
+def _pair_call():
+    token = _PAIR_CALL.set(True)
+    try:
+        yield
+    finally:
+        _PAIR_CALL.reset(token)
+
+
+# ----------------------------------------------------------------------------------------------- packing
+
+
+@dataclass
+class PackedPairs:
+    """One row per pair; `gather` maps each position of TRL's (2B, L-1) per-token layout to a flat packed index."""
+
+    input_ids: torch.Tensor  # (B, Lp)
+    position_ids: torch.Tensor  # (B, Lp)
+    segment: torch.Tensor  # (B, Lp): 0 prompt, 1 chosen, 2 rejected, -1 padding
+    shift_labels: torch.Tensor  # (B, Lp): the token each position predicts, -100 where none is scored
+    gather: torch.Tensor  # (2B, L-1), -1 where TRL's layout holds no scored token
+
+    @property
+    def tokens(self) -> int:
+        return int((self.segment >= 0).sum())
+
+    def attention_mask(self, dtype: torch.dtype | None) -> torch.Tensor:
+        """(B, 1, Lp, Lp): causal, no padding keys, and the rejected segment blind to the chosen one. Boolean for
+        sdpa; additive (0 / dtype min) when `dtype` is given, as eager attention adds the mask to the scores."""
+        n = self.segment.size(1)
+        idx = torch.arange(n, device=self.segment.device)
+        causal = idx[None, :] <= idx[:, None]
+        q_seg, k_seg = self.segment[:, :, None], self.segment[:, None, :]
+        allowed = causal[None] & (k_seg >= 0) & ~((q_seg == 2) & (k_seg == 1))
+        allowed = allowed[:, None]
+        if dtype is None:
+            return allowed
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def pack_pairs(input_ids: torch.Tensor, labels: torch.Tensor, pad_token_id: int = 0) -> PackedPairs | str:
+    """Pack TRL's [chosen; rejected] batch (labels -100 outside the completions) into one row per pair, or return why
+    it cannot be packed (the caller then runs the batch as TRL does)."""
+    two_b, length = input_ids.shape
+    if two_b % 2:
+        return "the batch does not hold chosen and rejected rows in two halves"
+    b = two_b // 2
+    ids, lab = input_ids.tolist(), labels.tolist()
+    rows, gathers = [], []
+    for i in range(b):
+        ci = [t for t, v in enumerate(lab[i]) if v != -100]
+        ri = [t for t, v in enumerate(lab[b + i]) if v != -100]
+        if not ci or not ri:
+            return "a completion with no tokens left"
+        n = ci[0]
+        if n < 1 or ri[0] != n or ids[i][:n] != ids[b + i][:n]:
+            return "the chosen and rejected rows of a pair do not share their prompt"
+        if ci[-1] - n + 1 != len(ci) or ri[-1] - n + 1 != len(ri):
+            return "a completion is not one contiguous span"
+        chosen, rejected, last = ids[i][n : n + len(ci)], ids[b + i][n : n + len(ri)], ids[i][n - 1]
+        a, r = len(chosen), len(rejected)
+        rows.append((
+            ids[i][: n - 1] + [last] + chosen[:-1] + [last] + rejected[:-1],
+            list(range(n - 1)) + list(range(n - 1, n - 1 + a)) + list(range(n - 1, n - 1 + r)),
+            [0] * (n - 1) + [1] * a + [2] * r,
+            [-100] * (n - 1) + chosen + rejected,
+        ))
+        gathers.append((n, a, r))
+    width = max(len(row[0]) for row in rows)
+    fill = (pad_token_id, 0, -1, -100)
+    cols = [[row[k] + [fill[k]] * (width - len(row[k])) for row in rows] for k in range(4)]
+    gather = [[-1] * (length - 1) for _ in range(two_b)]
+    for i, (n, a, r) in enumerate(gathers):
+        base = i * width + n - 1
+        gather[i][n - 1 : n - 1 + a] = range(base, base + a)
+        gather[b + i][n - 1 : n - 1 + r] = range(base + a, base + a + r)
+    dev = input_ids.device
+    t = functools.partial(torch.tensor, dtype=torch.long, device=dev)
+    return PackedPairs(t(cols[0]), t(cols[1]), t(cols[2]), t(cols[3]), t(gather))
+
+
+def unpack_output(output, packed: PackedPairs):
+    """Scatter the packed per-token fields back into TRL's (2B, L-1) layout (zero where no token is scored)."""
+    valid = packed.gather >= 0
+    index = packed.gather.clamp(min=0)
+    fields = {}
+    for name in PER_TOKEN_FIELDS:
+        value = getattr(output, name, None)
+        if value is not None:
+            value = value.reshape(-1)[index]
+            fields[name] = torch.where(valid, value, torch.zeros((), dtype=value.dtype, device=value.device))
+    log_probs = fields["log_probs"]
+    mask = fields.get("label_mask", valid)
+    fields["loss"] = -log_probs.sum() / mask.sum().clamp(min=1)
+    return type(output)(**fields, aux_loss=getattr(output, "aux_loss", None))
+
+
+# ----------------------------------------------------------------------------------------------- the model call
+
+
+def install_pair_forward(model, stats: dict) -> None:
+    """Wrap `model.forward` (already patched with TRL's fused LM head) so that a DPO pair call runs packed."""
+    if getattr(model, "_judgetrain_pair_forward", False):
+        return
+    inner = model.forward
+    additive = model.config._attn_implementation == "eager"
+    pad_id = getattr(model.config, "pad_token_id", None) or 0
+
+    @functools.wraps(inner)
+    def forward(self, *args, **kwargs):
+        if not (_PAIR_CALL.get() and kwargs.get("fused_lm_head") and not args and kwargs.get("labels") is not None):
+            return inner(*args, **kwargs)
+        extra = set(kwargs) - {"input_ids", "attention_mask", "labels", "fused_lm_head", "use_cache",
+                               "output_attentions", "output_hidden_states", "return_dict"}
+        packed = "inputs the packed forward does not handle: " + ", ".join(sorted(extra)) if extra else None
+        if packed is None:
+            packed = pack_pairs(kwargs["input_ids"], kwargs["labels"], pad_id)
+        if isinstance(packed, str):
+            stats["batches_fallback"] += 1
+            if stats["batches_fallback"] == 1:
+                logger.warning("prefix_sharing: a batch runs TRL's two-sequence forward: %s", packed)
+            stats["tokens_computed"] += int(kwargs["attention_mask"].sum()) if kwargs.get("attention_mask") is not None else 0
+            return inner(*args, **kwargs)
+        stats["batches_packed"] += 1
+        stats["tokens_computed"] += packed.tokens
+        stats["tokens_unshared"] += int(kwargs["attention_mask"].sum())
+        dtype = self.dtype if additive else None
+        rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask", "labels")}
+        out = inner(input_ids=packed.input_ids, attention_mask=packed.attention_mask(dtype),
+                    position_ids=packed.position_ids, shift_labels=packed.shift_labels, **rest)
+        return unpack_output(out, packed)
+
+    model.forward = types.MethodType(forward, model)
+    model._judgetrain_pair_forward = True
+
+
+def unsupported_reason(model) -> str | None:
+    """Why prefix sharing cannot run on this model (None when it can), judged from its config."""
+    config = model.config.get_text_config()
+    attn = model.config._attn_implementation
+    if attn not in SUPPORTED_ATTENTION:
+        return (f"attn_implementation={attn!r} takes no custom 4D attention mask (prefix sharing needs one of "
+                f"{', '.join(SUPPORTED_ATTENTION)})")
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    if layer_types - {"full_attention"}:
+        return f"{config.model_type} has {sorted(layer_types)} layers: sliding-window/chunked attention is not expressed in the shared mask"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"{config.model_type} uses sliding-window attention (sliding_window={config.sliding_window})"
+    if getattr(config, "alibi", False) or "alibi" in str(getattr(config, "position_embedding_type", "")):
+        return f"{config.model_type} uses ALiBi positions, computed from a 2D mask"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and "mrope_section" in rope:
+        return f"{config.model_type} uses multimodal rotary positions"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- the trainer
+
+
+class PrefixSharingDPOTrainer(DPOTrainer):
+    """TRL's DPOTrainer with each pair's prompt computed once per model (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        self.prefix_sharing_stats = {"batches_packed": 0, "batches_fallback": 0, "tokens_computed": 0, "tokens_unshared": 0}
+        self.prefix_sharing: bool | None = None  # decided once the models carry TRL's fused head
+        super().__init__(*args, **kwargs)
+        self._setup_prefix_sharing()
+
+    # -- the smallest overrides: mark the calls that carry a [chosen; rejected] batch
+    def _compute_loss(self, model, inputs, return_outputs):
+        with _pair_call() if self.prefix_sharing else contextlib.nullcontext():
+            return super()._compute_loss(model, inputs, return_outputs)
+
+    def compute_ref_log_probs(self, model, inputs):
+        with _pair_call() if self.prefix_sharing else contextlib.nullcontext():
+            return super().compute_ref_log_probs(model, inputs)
+
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        self._setup_prefix_sharing()  # runs inside DPOTrainer.__init__, after the fused head is added
+        return super()._precompute_ref_logps(dataset, name, batch_size)
+
+    # -- deciding and installing
+    def _models(self) -> list:
+        from peft import PeftModel
+
+        policy = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        models = [policy]
+        if self.ref_model is not None:
+            models.append(self.accelerator.unwrap_model(self.ref_model))
+        return models
+
+    def _trainer_reason(self) -> str | None:
+        from peft import PeftModel
+
+        if getattr(self, "_is_vision_dataset", False):
+            return "vision datasets"
+        if isinstance(self.model, PeftModel) and self.model.active_peft_config.is_prompt_learning:
+            return "prompt-learning PEFT prepends virtual tokens"
+        if getattr(self, "aux_loss_enabled", False):
+            return "the MoE load-balancing loss is computed over the unpacked 2D mask"
+        pc = self.accelerator.parallelism_config
+        if pc is not None and (getattr(pc, "cp_size", 1) > 1 or getattr(pc, "sp_size", 1) > 1):
+            return "context/sequence parallelism shards the sequence"
+        return None
+
+    def _setup_prefix_sharing(self) -> None:
+        if self.prefix_sharing is not None:
+            return
+        models = self._models()
+        reason = self._trainer_reason() or next(filter(None, (unsupported_reason(m) for m in models)), None)
+        if reason is None:
+            for m in models:
+                install_pair_forward(m, self.prefix_sharing_stats)
+            reason = self._probe()
+        self.prefix_sharing = reason is None
+        if reason:
+            for m in models:
+                _uninstall_pair_forward(m)
+            logger.warning("prefix_sharing: OFF for this run: %s. Training uses TRL's two-sequence forward (same "
+                           "results, each prompt computed twice).", reason)
+        else:
+            logger.info("prefix_sharing: on (%s, attn_implementation=%s): each prompt is computed once per pair",
+                        models[0].config.model_type, models[0].config._attn_implementation)
+
+    def _probe(self) -> str | None:
+        """Run two synthetic pairs through TRL's forward and the packed one; they must agree (per-token log-probs,
+        rtol 1e-4). Catches a model family whose attention ignores position ids or the custom mask."""
+        policy = self._models()[0]
+        vocab = policy.config.get_text_config().vocab_size
+        g = torch.Generator().manual_seed(0)
+        tok = lambda n: torch.randint(3, min(vocab, 1000), (n,), generator=g).tolist()  # noqa: E731
+        examples = [{"prompt_ids": tok(9), "chosen_ids": tok(4), "rejected_ids": tok(6)},
+                    {"prompt_ids": tok(5), "chosen_ids": tok(7), "rejected_ids": tok(3)}]
+        batch = self.data_collator(examples)
+        device = next(policy.parameters()).device
+        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        labels = ids.masked_fill(batch["completion_mask"].to(device) == 0, -100)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                plain = self.model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False)
+                with _pair_call():
+                    shared = self.model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False)
+        except Exception as e:  # a model whose forward rejects position ids or a 4D mask
+            return f"the packed forward failed on a probe pair ({type(e).__name__}: {e})"
+        finally:
+            self.model.train(was_training)
+        self.prefix_sharing_stats.update(batches_packed=0, tokens_computed=0, tokens_unshared=0)
+        if not torch.allclose(shared.log_probs.float(), plain.log_probs.float(), rtol=PROBE_RTOL, atol=PROBE_ATOL):
+            diff = (shared.log_probs.float() - plain.log_probs.float()).abs().max().item()
+            return (f"{policy.config.model_type} gives different log-probs packed (max abs diff {diff:.2e} on a probe "
+                    "pair): its attention does not honour the custom mask or position ids")
+        return None
+
+
+def _uninstall_pair_forward(model) -> None:
+    if getattr(model, "_judgetrain_pair_forward", False):
+        model.forward = model.forward.__func__.__wrapped__  # TRL's fused forward, bound to the model
+        model._judgetrain_pair_forward = False
