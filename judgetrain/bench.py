@@ -49,6 +49,9 @@ SCHEMA_VERSION = 1
 SUMMARY_KEYS = (
     "train_samples_per_s_ratio",
     "train_peak_memory_ratio",
+    "train_prefix_sharing_peak_memory_ratio",
+    "train_prefix_sharing_speedup_judgebias",
+    "train_prefix_sharing_speedup_rmbench",
     "eval_rmbench_speedup_first_epoch",
     "eval_rmbench_speedup_later_epoch",
     "eval_judgebias_speedup_first_epoch",
@@ -60,7 +63,10 @@ SUMMARY_KEYS = (
 )
 TARGETS = {
     "train_samples_per_s_ratio": (">=", 0.97),
-    "train_peak_memory_ratio": ("<=", 1.05),
+    "train_peak_memory_ratio": ("<=", 1.02),  # judgetrain with prefix_sharing off / bare TRL
+    "train_prefix_sharing_peak_memory_ratio": ("<=", 1.0),  # judgetrain as run (prefix sharing on) / bare TRL
+    "train_prefix_sharing_speedup_judgebias": (">=", 1.3),
+    "train_prefix_sharing_speedup_rmbench": (">=", 1.0),
     "eval_rmbench_speedup_first_epoch": (">=", 2.5),
     "eval_rmbench_speedup_later_epoch": (">=", 5.0),
     "eval_judgebias_speedup_first_epoch": (">=", 3.0),
@@ -199,6 +205,7 @@ def _worker_train_judgetrain(spec: dict) -> dict:
         "wall": wall,
         "args_digest": digest,
         "args": args_dict,
+        "prefix_sharing": summary.get("prefix_sharing"),
     }
 
 
@@ -216,8 +223,11 @@ def _worker_train_bare(spec: dict) -> dict:
         tokenizer.pad_token = tokenizer.eos_token
     args = DPOConfig(**spec["dpo"])
     peft_config = LoraConfig(**spec["lora"]) if spec.get("lora") else None
-    trainer = DPOTrainer(model=spec["model"], args=args, train_dataset=dataset, processing_class=tokenizer,
-                         peft_config=peft_config)
+    trainer_cls = DPOTrainer
+    if spec.get("trainer") == "prefix_sharing":  # the same script with judgetrain's prefix-sharing subclass
+        from judgetrain.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
+    trainer = trainer_cls(model=spec["model"], args=args, train_dataset=dataset, processing_class=tokenizer,
+                          peft_config=peft_config)
     result = trainer.train()
     trainer.save_model(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
@@ -230,6 +240,8 @@ def _worker_train_bare(spec: dict) -> dict:
         "wall": wall,
         "args_digest": digest,
         "args": args_dict,
+        "prefix_sharing": ({"on": trainer.prefix_sharing, **trainer.prefix_sharing_stats}
+                           if hasattr(trainer, "prefix_sharing_stats") else None),
     }
 
 
@@ -330,6 +342,8 @@ class TrainBench:
         tokenizer = load_tokenizer(self.model_path, training_args)
         dataset = build_train_dataset(script_args, training_args)
         dataset, _ = audit_lengths(dataset, tokenizer, training_args.max_length, script_args.long_rows, None)
+        self.tokenizer = tokenizer
+        self.components = dataset["dataset"] if "dataset" in dataset.column_names else ["train"] * len(dataset)
         self.dataset = dataset.select_columns(["prompt", "chosen", "rejected"])
         self.data_path = str(workdir / "train_rows.parquet")
         self.dataset.to_parquet(self.data_path)
@@ -365,8 +379,10 @@ class TrainBench:
         if side == "judgetrain":
             over = {**self.base, **options, "output_dir": out, "max_steps": steps}
             return {"kind": "train_judgetrain", "argv": [self.recipe, *_overrides_argv(over)], "output_dir": out}
+        trainer = options.pop("trainer", "trl")
         dpo = {**self.dpo, **options, "output_dir": out, "max_steps": steps}
-        return {"kind": "train_bare", "data": self.data_path, "model": self.model_path, "dpo": dpo, "lora": self.lora}
+        return {"kind": "train_bare", "data": self.data_path, "model": self.model_path, "dpo": dpo, "lora": self.lora,
+                "trainer": trainer}
 
 
 def _train_figures(runs: list[dict], tokens_per_sample: float, batch: int) -> dict:
@@ -393,11 +409,15 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
     tb = TrainBench(cfg.recipe, workdir, cfg.train_steps, cfg.train_batch_size, cfg.device)
     out: dict[str, Any] = {"rows": tb.rows, "steps": cfg.train_steps, "batch": tb.batch,
                            "tokens_per_sample": tb.tokens_per_sample, "model": tb.model_path}
-    runs: dict[str, list[dict]] = {"judgetrain": [], "bare_trl": []}
-    sides = {"judgetrain": "judgetrain", "bare_trl": "bare"}
+    # judgetrain as a recipe runs it (prefix_sharing on, the default), judgetrain with prefix_sharing off (its own
+    # overhead over TRL: adapters, audit, callbacks), and the bare TRL script
+    runs: dict[str, list[dict]] = {"judgetrain": [], "judgetrain_unshared": [], "bare_trl": []}
+    sides = {"judgetrain": ("judgetrain", None), "judgetrain_unshared": ("judgetrain", {"prefix_sharing": False}),
+             "bare_trl": ("bare", None)}
     for i, warm, order in _alternating(cfg.warmup, cfg.repeats, list(runs)):
         for name in order:
-            res = run_worker(tb.spec(sides[name], f"{name}-{i}"), workdir, f"{name}-{i}")
+            side, options = sides[name]
+            res = run_worker(tb.spec(side, f"{name}-{i}", options=options), workdir, f"{name}-{i}")
             logger.info("train %s round %d%s: %.2f samples/s, peak %.0f MB", name, i, " (warm-up)" if warm else "",
                         res["train_samples_per_second"], res["peak_rss_mb"])
             if not warm:
@@ -408,13 +428,18 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
     out["config_diff"] = diff
     if diff:
         logger.warning("judgetrain and bare TRL trainer arguments differ in %s", sorted(diff))
-    out["judgetrain"] = _train_figures(runs["judgetrain"], tb.tokens_per_sample, tb.batch)
-    out["bare_trl"] = _train_figures(runs["bare_trl"], tb.tokens_per_sample, tb.batch)
-    out["samples_per_s_ratio"] = ratio(out["judgetrain"]["samples_per_s"], out["bare_trl"]["samples_per_s"])
-    out["peak_memory_ratio"] = ratio(out["judgetrain"]["peak_rss_mb"], out["bare_trl"]["peak_rss_mb"])
-    out["wall_ratio"] = ratio(out["judgetrain"]["wall_s"], out["bare_trl"]["wall_s"])
-    if "peak_gpu_mb" in out["judgetrain"]:
-        out["peak_gpu_memory_ratio"] = ratio(out["judgetrain"]["peak_gpu_mb"], out["bare_trl"]["peak_gpu_mb"])
+    for name in runs:
+        out[name] = _train_figures(runs[name], tb.tokens_per_sample, tb.batch)
+    jt, un, bare = out["judgetrain"], out["judgetrain_unshared"], out["bare_trl"]
+    jt["prefix_sharing"] = runs["judgetrain"][-1].get("prefix_sharing")
+    out["samples_per_s_ratio"] = ratio(jt["samples_per_s"], bare["samples_per_s"])
+    out["unshared_samples_per_s_ratio"] = ratio(un["samples_per_s"], bare["samples_per_s"])
+    out["peak_memory_ratio"] = ratio(un["peak_rss_mb"], bare["peak_rss_mb"])
+    out["prefix_sharing_peak_memory_ratio"] = ratio(jt["peak_rss_mb"], bare["peak_rss_mb"])
+    out["wall_ratio"] = ratio(jt["wall_s"], bare["wall_s"])
+    if "peak_gpu_mb" in jt:
+        out["peak_gpu_memory_ratio"] = ratio(un["peak_gpu_mb"], bare["peak_gpu_mb"])
+        out["prefix_sharing_peak_gpu_memory_ratio"] = ratio(jt["peak_gpu_mb"], bare["peak_gpu_mb"])
 
     # ---- speed options (TRL DPOConfig switches), each against the same run without it. One epoch over exactly
     # steps x batch rows, so a one-off cost (precompute_ref_log_probs scores the whole train set before step 1) is
@@ -457,6 +482,82 @@ def bench_train_scale(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) ->
     times = {f: median([r["train_runtime"] for r in runs[f]]) for f in factors}
     return {"base_steps": base, "train_runtime_s": {f"{f}x": t for f, t in times.items()},
             "scale_2x": ratio(times[2], times[1]), "scale_4x": ratio(times[4], times[1])}
+
+
+# ============================================================================================== train shapes
+
+TRAIN_SHAPES = ("judgebias", "rmbench")
+
+
+def _shape_rows(tb: TrainBench, shape: str, n: int, rmbench_source: str) -> list[dict]:
+    """n preference pairs of one shape: JudgeBias (the recipe's judgebias rows through judgetrain's adapter: a long
+    judge prompt, completions a third to a half of it) or RM-Bench (a short question, long responses; the three
+    style-matched chosen/rejected pairs of each row)."""
+    if shape == "judgebias":
+        pool = [tb.dataset[i] for i, c in enumerate(tb.components) if c == "judgebias"]
+    else:
+        pool = [
+            {"prompt": [{"role": "user", "content": r["prompt"]}], "chosen": [{"role": "assistant", "content": c}],
+             "rejected": [{"role": "assistant", "content": j}]}
+            for r in _rmbench_rows(rmbench_source, None) for c, j in zip(r["chosen"], r["rejected"])
+        ]
+    if not pool:
+        raise BenchError(f"no {shape} rows to build the {shape}-shaped train set from (recipe {tb.recipe})")
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def _tokens_per_response(tb: TrainBench, rows: list[dict], max_length: int | None) -> dict:
+    """Real tokens one response costs a forward: TRL runs prompt + completion for each response; prefix sharing runs
+    the prompt once per pair (so half of it per response) plus the completion, as TRL truncates (keep_start)."""
+    tok, cap = tb.tokenizer, max_length or 10**9
+    trl_tokens, shared_tokens, prompt_tokens, completion_tokens = 0, 0, 0, 0
+    for row in rows:
+        p = len(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        full = [min(cap, len(tok.apply_chat_template(row["prompt"] + row[k], tokenize=True, return_dict=True)["input_ids"]))
+                for k in ("chosen", "rejected")]
+        trl_tokens += sum(full)
+        shared_tokens += p - 1 + sum(f - p for f in full) + 2  # prompt[:-1] + (prompt[-1] + completion[:-1]) x 2
+        prompt_tokens += 2 * p
+        completion_tokens += sum(f - p for f in full)
+    per = 2 * len(rows)
+    return {"trl": trl_tokens / per, "prefix_sharing": shared_tokens / per, "prompt": prompt_tokens / per,
+            "completion": completion_tokens / per, "ratio": shared_tokens / trl_tokens,
+            "prompt_to_completion": prompt_tokens / max(completion_tokens, 1)}
+
+
+def bench_train_shapes(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) -> dict:
+    """The bare TRL script against the same script with `PrefixSharingDPOTrainer`, on JudgeBias- and RM-Bench-shaped
+    rows: samples/s, peak memory and tokens computed per response."""
+    out: dict[str, Any] = {}
+    n = cfg.train_steps * tb.batch
+    for shape in TRAIN_SHAPES:
+        rows = _shape_rows(tb, shape, n, cfg.rmbench_source)
+        path = str(workdir / f"shape_{shape}.parquet")
+        from datasets import Dataset
+
+        Dataset.from_list(rows).to_parquet(path)
+        runs: dict[str, list[dict]] = {"trl": [], "prefix_sharing": []}
+        for i, warm, order in _alternating(cfg.warmup, cfg.repeats, list(runs)):
+            for name in order:
+                spec = tb.spec("bare", f"shape-{shape}-{name}-{i}", options={"trainer": name})
+                spec["data"] = path
+                res = run_worker(spec, workdir, f"shape-{shape}-{name}-{i}")
+                logger.info("train %s-shaped %s round %d%s: %.2f samples/s, peak %.0f MB", shape, name, i,
+                            " (warm-up)" if warm else "", res["train_samples_per_second"], res["peak_rss_mb"])
+                if not warm:
+                    runs[name].append(res)
+        tokens = _tokens_per_response(tb, rows, tb.dpo.get("max_length"))
+        figs = {name: _train_figures(r, 2 * tokens[name], tb.batch) for name, r in runs.items()}
+        stats = runs["prefix_sharing"][-1].get("prefix_sharing") or {}
+        out[shape] = {
+            "rows": n, **figs, "tokens_per_response": tokens,
+            "prefix_sharing_stats": stats,
+            "measured_token_ratio": (stats["tokens_computed"] / stats["tokens_unshared"]
+                                     if stats.get("tokens_unshared") else None),
+            "samples_per_s_ratio": ratio(figs["prefix_sharing"]["samples_per_s"], figs["trl"]["samples_per_s"]),
+            "peak_memory_ratio": ratio(figs["prefix_sharing"]["peak_rss_mb"], figs["trl"]["peak_rss_mb"]),
+        }
+    return out
 
 
 # ============================================================================================== eval bench
@@ -1140,14 +1241,26 @@ def print_table(report: dict) -> None:
         row("train samples/s (judgetrain / bare TRL)", f"{jt['samples_per_s']:.2f}", f"{bt['samples_per_s']:.2f}",
             tr["samples_per_s_ratio"], "train_samples_per_s_ratio")
         row("train tokens/s", f"{jt['tokens_per_s']:.0f}", f"{bt['tokens_per_s']:.0f}", tr["samples_per_s_ratio"])
-        row("train peak RSS MB", f"{jt['peak_rss_mb']:.0f}", f"{bt['peak_rss_mb']:.0f}", tr["peak_memory_ratio"],
-            "train_peak_memory_ratio")
+        un = tr["judgetrain_unshared"]
+        row("train samples/s (judgetrain prefix_sharing off / bare)", f"{un['samples_per_s']:.2f}",
+            f"{bt['samples_per_s']:.2f}", tr["unshared_samples_per_s_ratio"])
+        row("train peak RSS MB (judgetrain prefix_sharing off / bare)", f"{un['peak_rss_mb']:.0f}",
+            f"{bt['peak_rss_mb']:.0f}", tr["peak_memory_ratio"], "train_peak_memory_ratio")
+        row("train peak RSS MB (judgetrain / bare)", f"{jt['peak_rss_mb']:.0f}", f"{bt['peak_rss_mb']:.0f}",
+            tr["prefix_sharing_peak_memory_ratio"], "train_prefix_sharing_peak_memory_ratio")
         row("train call wall s (setup incl.)", f"{jt['wall_s']:.1f}", f"{bt['wall_s']:.1f}", tr["wall_ratio"])
         for opt, o in tr.get("options", {}).items():
             row(f"option {opt}: samples/s (on / off)", f"{o['on']['samples_per_s']:.2f}", f"{o['plain']['samples_per_s']:.2f}",
                 o["samples_per_s_ratio"])
             row(f"option {opt}: wall, peak RSS (on / off)", f"{o['on']['wall_s']:.1f}s {o['on']['peak_rss_mb']:.0f}MB",
                 f"{o['plain']['wall_s']:.1f}s {o['plain']['peak_rss_mb']:.0f}MB", o["peak_memory_ratio"])
+    for shape, sh in (report.get("train_shapes") or {}).items():
+        a, b, t = sh["prefix_sharing"], sh["trl"], sh["tokens_per_response"]
+        row(f"train {shape}-shaped samples/s (prefix sharing / TRL)", f"{a['samples_per_s']:.2f}",
+            f"{b['samples_per_s']:.2f}", sh["samples_per_s_ratio"], f"train_prefix_sharing_speedup_{shape}")
+        row(f"train {shape}-shaped tokens per response", f"{t['prefix_sharing']:.0f}", f"{t['trl']:.0f}", t["ratio"])
+        row(f"train {shape}-shaped peak RSS MB", f"{a['peak_rss_mb']:.0f}", f"{b['peak_rss_mb']:.0f}",
+            sh["peak_memory_ratio"])
     ev = report.get("eval") or {}
     for name in EVAL_SETS:
         part = ev.get(name)
@@ -1210,9 +1323,14 @@ def _jsonable(value):
 
 def summarize(report: dict) -> dict:
     tr, ev, qs, ts = (report.get(k) or {} for k in ("train", "eval", "quickstart", "train_scale"))
+    shapes = report.get("train_shapes") or {}
     s = {
         "train_samples_per_s_ratio": tr.get("samples_per_s_ratio"),
+        "train_unshared_samples_per_s_ratio": tr.get("unshared_samples_per_s_ratio"),
         "train_peak_memory_ratio": tr.get("peak_memory_ratio"),
+        "train_prefix_sharing_peak_memory_ratio": tr.get("prefix_sharing_peak_memory_ratio"),
+        **{f"train_prefix_sharing_speedup_{k}": v["samples_per_s_ratio"] for k, v in shapes.items()},
+        **{f"train_tokens_per_response_ratio_{k}": v["tokens_per_response"]["ratio"] for k, v in shapes.items()},
         "train_wall_ratio": tr.get("wall_ratio"),
         "eval_padding_efficiency": ((ev.get("rmbench") or {}).get("engine_first_epoch") or {}).get("padding_efficiency"),
         "eval_padding_efficiency_naive": ((ev.get("rmbench") or {}).get("naive") or {}).get("padding_efficiency"),
@@ -1269,7 +1387,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpu: the tiny-judge comparisons; cuda: also the real-shape GPU figures (needs CUDA)")
     p.add_argument("--quick", "--smallest", action="store_true", dest="quick", help="smallest sizes (seconds, for tests)")
     p.add_argument("--recipe", default=None, help="recipe both train sides use (default: recipes/quickstart.yaml)")
-    p.add_argument("--only", nargs="+", choices=("train", "eval", "scale", "quickstart", "device"),
+    p.add_argument("--only", nargs="+", choices=("train", "train_shapes", "eval", "scale", "quickstart", "device"),
                    help="run only these parts (default: all that apply to --device)")
     p.add_argument("--repeats", type=int, help="timed rounds per comparison (default 3; quick 1)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1; quick 0)")
@@ -1330,7 +1448,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: no CUDA device is visible to torch "
                          f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); run on a GPU machine")
-    parts = set(args.only or ["train", "eval", "scale", "quickstart", "device"])
+    parts = set(args.only or ["train", "train_shapes", "eval", "scale", "quickstart", "device"])
     if args.device != "cuda":
         parts.discard("device")
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "command": "judgetrain bench " + " ".join(args.argv),
@@ -1344,9 +1462,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         if "train" in parts:
             report["train"] = bench_train(args, workdir / "train")
             tb = report["train"].pop("_bench")
-        if "scale" in parts or "quickstart" in parts:
+        if parts & {"scale", "quickstart", "train_shapes"}:
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
             args.quickstart_rows = tb.rows
+        if "train_shapes" in parts:
+            report["train_shapes"] = bench_train_shapes(args, tb, workdir / "train")
         if "scale" in parts:
             report["train_scale"] = bench_train_scale(args, tb, workdir / "train")
         if "eval" in parts or "scale" in parts:

@@ -183,6 +183,15 @@ class JudgeTrainArguments:
                   "and passed to `accelerate launch` by `judgetrain train`."},
     )
     nonfinite: str = field(default="stop", metadata={"help": "NaN/inf loss or grad norm: stop (keep last checkpoint) or skip the batch."})
+    prefix_sharing: bool = field(
+        default=True,
+        metadata={
+            "help": "DPO forward that computes each pair's prompt once and both completions on top of it (policy and "
+            "reference; same loss, rewards and gradients as TRL's two-sequence forward). Falls back to TRL's forward, "
+            "with a warning naming why, for attention implementations without custom 4D masks (flash-attention, "
+            "flex), sliding-window models, vision data and prompt-learning PEFT. false: always TRL's forward."
+        },
+    )
 
     def __post_init__(self):
         if [str(s).lower() for s in self.eval_suites] in (["none"], ["[]"], [""]):

@@ -79,11 +79,23 @@ def _corpus_texts() -> list[str]:
     return texts
 
 
-def _fingerprint(config: dict, seed: int, texts: list[str]) -> str:
+def _corpus_files() -> list[Path]:
+    root = _samples_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in {".json", ".jsonl", ".md", ".txt", ".parquet"})
+
+
+def _fingerprint(config: dict, seed: int) -> str:
+    """Hash of the builder inputs: config, seed and the bytes of the sample files the tokenizer is trained on.
+    Raw bytes, not parsed text: parsing the parquet samples in every process that resolves the alias held ~40 MB of
+    reader memory for the rest of a training run."""
     h = hashlib.sha256()
-    h.update(json.dumps({"v": _BUILDER_VERSION, "config": config, "seed": seed}, sort_keys=True).encode())
-    for text in texts:
-        h.update(hashlib.sha256(text.encode("utf-8", errors="replace")).digest())
+    h.update(json.dumps({"v": _BUILDER_VERSION, "config": config, "seed": seed, "seed_text": _SEED_TEXT},
+                        sort_keys=True).encode())
+    for path in _corpus_files():
+        h.update(path.relative_to(_samples_dir()).as_posix().encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()[:12]
 
 
@@ -137,7 +149,7 @@ def build_tiny_judge(out_dir: str | os.PathLike, *, seed: int = 0, config: dict 
     out = Path(out_dir)
     save_model_folder(model, tokenizer, out)  # every caller's rank writes (save_pretrained would skip rank != 0)
     (out / "judgetrain_tiny.json").write_text(
-        json.dumps({"seed": seed, "config": cfg, "fingerprint": _fingerprint(cfg, seed, texts)}, indent=1)
+        json.dumps({"seed": seed, "config": cfg, "fingerprint": _fingerprint(cfg, seed)}, indent=1)
     )
     return str(out)
 
@@ -146,7 +158,7 @@ def ensure_tiny_judge(*, seed: int = 0) -> str:
     """Return the folder of the tiny judge, building it once per machine into the judgetrain cache (one process
     builds, the others wait for it; a broken entry is rebuilt)."""
     cfg = dict(DEFAULT_CONFIG)
-    key = _fingerprint(cfg, seed, _corpus_texts())
+    key = _fingerprint(cfg, seed)
     return cached_folder(
         f"{TINY_ALIAS}-{key}",
         lambda out: build_tiny_judge(out, seed=seed, config=cfg),

@@ -131,11 +131,49 @@ def load_audited_dataset(script_args, training_args, tokenizer):
         raise RecipeError(f"no training rows left after validation and the length audit (see {out / 'rejects'} and "
                           f"{out / 'data_audit.json'}): raise max_length or change long_rows / on_bad_row")
     # TRL's own length filter must find nothing left to drop silently: error/skip/shorten_prompt removed such rows.
-    return dataset.select_columns(["prompt", "chosen", "rejected"]), audit
+    return reload_memory_mapped(dataset.select_columns(["prompt", "chosen", "rejected"]), out / "train_rows", state), audit
+
+
+def reload_memory_mapped(dataset, path: Path, state):
+    """The audited rows, written once (main process) and read back memory-mapped, with the adapters' in-memory
+    objects released first. What the adapters and the audit parsed otherwise stays resident for the whole run
+    (~15-30 MB over a bare TRL script that reads one parquet file)."""
+    import gc
+
+    from datasets import load_from_disk
+
+    if state.is_main_process:
+        if path.exists():  # a resumed run writes its rows afresh (and drops the old run's tokenization caches)
+            import shutil
+
+            shutil.rmtree(path)
+        dataset.save_to_disk(str(path))
+    state.wait_for_everyone()
+    del dataset
+    gc.collect()
+    release_freed_memory()
+    return load_from_disk(str(path))
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (Arrow's pool and glibc's arenas keep them otherwise)."""
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except (ImportError, AttributeError):
+        pass
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
 
 
 def build_trainer(script_args, training_args, model_args, model_path: str, tokenizer, train_dataset):
-    """The DPOTrainer with judgetrain's callbacks: metrics.jsonl, checkpoint markers, the non-finite guard, the
+    """The DPOTrainer (`PrefixSharingDPOTrainer` with `prefix_sharing`) with judgetrain's callbacks: metrics.jsonl, checkpoint markers, the non-finite guard, the
     graceful stop (its signal handlers installed) and, when the recipe names suites, the per-epoch evaluation."""
     from trl import DPOTrainer, get_peft_config
 
@@ -151,7 +189,10 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     _ = training_args.device  # TrainingArguments re-creates Accelerate's process state here ...
     allow_fsdp_on_cpu(request)  # ... so an FSDP2 request on CPU is let through again, checked at the first step
     report = ParallelismReport(request, training_args.output_dir)
-    trainer = DPOTrainer(
+    trainer_cls = DPOTrainer
+    if script_args.prefix_sharing:
+        from judgetrain.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
+    trainer = trainer_cls(
         model=model_path,
         args=training_args,
         train_dataset=train_dataset,
@@ -182,6 +223,8 @@ def run_training(trainer, resume_from: str | None, guard) -> tuple[dict, object 
         if stop.checkpoint:
             summary["checkpoint"] = stop.checkpoint
     summary["global_step"] = trainer.state.global_step
+    if getattr(trainer, "prefix_sharing", None) is not None:
+        summary["prefix_sharing"] = {"on": trainer.prefix_sharing, **trainer.prefix_sharing_stats}
     if guard.skipped_steps:
         summary["nonfinite_skipped_steps"] = list(guard.skipped_steps)
         logger.warning("nonfinite: skip: %d batches with a non-finite gradient were skipped (steps %s)",
