@@ -47,8 +47,9 @@ _PAIR_CALL = contextvars.ContextVar("judgetrain_pair_call", default=False)
 
 
 @contextlib.contextmanager
-def _pair_call():
-    token = _PAIR_CALL.set(True)
+def _pair_call(mode: str = "auto"):
+    """auto: pack where it computes less; force: pack every batch that can be packed (the start-up probe)."""
+    token = _PAIR_CALL.set(mode)
     try:
         yield
     finally:
@@ -146,6 +147,27 @@ def unpack_output(output, packed: PackedPairs):
 # ----------------------------------------------------------------------------------------------- the model call
 
 
+def forward_cost(config):
+    """(cost per token, cost per query-key pair) of one forward, in FLOPs: the matmul parameters a token passes
+    through (x2) and the attention scores and values (4 x layers x query width). The packed row's attention is
+    dense over all three segments, so for a short prompt under long completions it costs more than TRL's two rows."""
+    c = config.get_text_config()
+    h, layers = c.hidden_size, c.num_hidden_layers
+    head_dim = getattr(c, "head_dim", None) or h // c.num_attention_heads
+    dq, dkv = c.num_attention_heads * head_dim, (getattr(c, "num_key_value_heads", None) or c.num_attention_heads) * head_dim
+    mlp = 3 * h * (getattr(c, "intermediate_size", None) or 4 * h)
+    params = layers * (2 * h * dq + 2 * h * dkv + mlp) + h * c.vocab_size
+    return 2 * params, 4 * layers * dq
+
+
+def packing_pays(unpacked_shape: tuple[int, int], packed: PackedPairs, cost: tuple[float, float]) -> bool:
+    """Whether the packed batch computes fewer FLOPs than TRL's padded [chosen; rejected] batch."""
+    per_token, per_pair = cost
+    rows, length = unpacked_shape
+    p_rows, p_len = packed.input_ids.shape
+    return p_rows * p_len * (per_token + per_pair * p_len) < rows * length * (per_token + per_pair * length)
+
+
 def install_pair_forward(model, stats: dict) -> None:
     """Wrap `model.forward` (already patched with TRL's fused LM head) so that a DPO pair call runs packed."""
     if getattr(model, "_judgetrain_pair_forward", False):
@@ -153,6 +175,7 @@ def install_pair_forward(model, stats: dict) -> None:
     inner = model.forward
     additive = model.config._attn_implementation == "eager"
     pad_id = getattr(model.config, "pad_token_id", None) or 0
+    cost = forward_cost(model.config)
 
     @functools.wraps(inner)
     def forward(self, *args, **kwargs):
@@ -163,15 +186,20 @@ def install_pair_forward(model, stats: dict) -> None:
         packed = "inputs the packed forward does not handle: " + ", ".join(sorted(extra)) if extra else None
         if packed is None:
             packed = pack_pairs(kwargs["input_ids"], kwargs["labels"], pad_id)
+        real = int(kwargs["attention_mask"].sum()) if kwargs.get("attention_mask") is not None else kwargs["input_ids"].numel()
+        stats["tokens_unshared"] += real
         if isinstance(packed, str):
             stats["batches_fallback"] += 1
             if stats["batches_fallback"] == 1:
                 logger.warning("prefix_sharing: a batch runs TRL's two-sequence forward: %s", packed)
-            stats["tokens_computed"] += int(kwargs["attention_mask"].sum()) if kwargs.get("attention_mask") is not None else 0
+            stats["tokens_computed"] += real
+            return inner(*args, **kwargs)
+        if _PAIR_CALL.get() != "force" and not packing_pays(tuple(kwargs["input_ids"].shape), packed, cost):
+            stats["batches_unpacked_cheaper"] += 1  # short prompt, long completions: TRL's two rows cost less
+            stats["tokens_computed"] += real
             return inner(*args, **kwargs)
         stats["batches_packed"] += 1
         stats["tokens_computed"] += packed.tokens
-        stats["tokens_unshared"] += int(kwargs["attention_mask"].sum())
         dtype = self.dtype if additive else None
         rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask", "labels")}
         out = inner(input_ids=packed.input_ids, attention_mask=packed.attention_mask(dtype),
@@ -209,7 +237,8 @@ class PrefixSharingDPOTrainer(DPOTrainer):
     """TRL's DPOTrainer with each pair's prompt computed once per model (see the module docstring)."""
 
     def __init__(self, *args, **kwargs):
-        self.prefix_sharing_stats = {"batches_packed": 0, "batches_fallback": 0, "tokens_computed": 0, "tokens_unshared": 0}
+        self.prefix_sharing_stats = {"batches_packed": 0, "batches_unpacked_cheaper": 0, "batches_fallback": 0,
+                                     "tokens_computed": 0, "tokens_unshared": 0}
         self.prefix_sharing: bool | None = None  # decided once the models carry TRL's fused head
         super().__init__(*args, **kwargs)
         self._setup_prefix_sharing()
@@ -288,13 +317,15 @@ class PrefixSharingDPOTrainer(DPOTrainer):
         try:
             with torch.no_grad():
                 plain = self.model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False)
-                with _pair_call():
+                with _pair_call("force"):
                     shared = self.model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False)
         except Exception as e:  # a model whose forward rejects position ids or a 4D mask
             return f"the packed forward failed on a probe pair ({type(e).__name__}: {e})"
         finally:
             self.model.train(was_training)
-        self.prefix_sharing_stats.update(batches_packed=0, tokens_computed=0, tokens_unshared=0)
+        if self.prefix_sharing_stats["batches_packed"] != 1:
+            return "the probe pair did not run packed (the model's forward is not the one TRL patched)"
+        self.prefix_sharing_stats.update(batches_packed=0, batches_unpacked_cheaper=0, tokens_computed=0, tokens_unshared=0)
         if not torch.allclose(shared.log_probs.float(), plain.log_probs.float(), rtol=PROBE_RTOL, atol=PROBE_ATOL):
             diff = (shared.log_probs.float() - plain.log_probs.float()).abs().max().item()
             return (f"{policy.config.model_type} gives different log-probs packed (max abs diff {diff:.2e} on a probe "

@@ -40,6 +40,29 @@ def test_pack_pairs_shares_the_prompt_and_restarts_positions_for_each_completion
     assert packed.tokens == 5  # TRL computes 5 + 4 real tokens for this pair
 
 
+def test_packing_is_chosen_only_where_it_computes_less():
+    from transformers import Qwen2Config
+
+    from judgetrain.prefix_sharing import forward_cost, packing_pays
+
+    cost = forward_cost(Qwen2Config(vocab_size=2048, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2))
+
+    def pair(prompt, chosen, rejected):
+        length = prompt + max(chosen, rejected)
+        ids = torch.arange(2 * length).reshape(2, length) % 50 + 3
+        ids[1, :prompt] = ids[0, :prompt]
+        labels = torch.full_like(ids, -100)
+        labels[0, prompt : prompt + chosen] = ids[0, prompt : prompt + chosen]
+        labels[1, prompt : prompt + rejected] = ids[1, prompt : prompt + rejected]
+        return ids, pack_pairs(ids, labels)
+
+    ids, packed = pair(400, 180, 170)  # JudgeBias-shaped: the prompt is twice the completion
+    assert packing_pays(tuple(ids.shape), packed, cost)
+    ids, packed = pair(50, 400, 380)  # RM-Bench-shaped: packed attention over 830 tokens costs more than 2 x 450
+    assert not packing_pays(tuple(ids.shape), packed, cost)
+
+
 def test_pack_pairs_refuses_pairs_whose_prompts_differ():
     input_ids = torch.tensor([[5, 6, 8], [5, 7, 9]])
     labels = torch.tensor([[-100, -100, 8], [-100, -100, 9]])
