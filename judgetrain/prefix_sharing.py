@@ -181,8 +181,9 @@ def install_pair_forward(model, stats: dict) -> None:
     def forward(self, *args, **kwargs):
         if not (_PAIR_CALL.get() and kwargs.get("fused_lm_head") and not args and kwargs.get("labels") is not None):
             return inner(*args, **kwargs)
-        extra = set(kwargs) - {"input_ids", "attention_mask", "labels", "fused_lm_head", "use_cache",
-                               "output_attentions", "output_hidden_states", "return_dict"}
+        extra = {k for k, v in kwargs.items() if v is not None} - {
+            "input_ids", "attention_mask", "labels", "fused_lm_head", "use_cache", "output_attentions",
+            "output_hidden_states", "return_dict"}
         packed = "inputs the packed forward does not handle: " + ", ".join(sorted(extra)) if extra else None
         if packed is None:
             packed = pack_pairs(kwargs["input_ids"], kwargs["labels"], pad_id)
@@ -201,7 +202,7 @@ def install_pair_forward(model, stats: dict) -> None:
         stats["batches_packed"] += 1
         stats["tokens_computed"] += packed.tokens
         dtype = self.dtype if additive else None
-        rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask", "labels")}
+        rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask", "labels") and v is not None}
         out = inner(input_ids=packed.input_ids, attention_mask=packed.attention_mask(dtype),
                     position_ids=packed.position_ids, shift_labels=packed.shift_labels, **rest)
         return unpack_output(out, packed)

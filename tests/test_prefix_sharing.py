@@ -96,7 +96,7 @@ def _random_model(kind: str, vocab: int, attn: str):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
 
 
-def _trainer(cls, model_factory, tokenizer, tmp_path, *, lora: bool, ref_factory=None, **dpo):
+def _trainer(cls, model_factory, tokenizer, tmp_path, *, lora: bool, ref_factory=None, task_type=None, **dpo):
     from datasets import Dataset
     from peft import LoraConfig
     from trl import DPOConfig
@@ -104,7 +104,7 @@ def _trainer(cls, model_factory, tokenizer, tmp_path, *, lora: bool, ref_factory
     args = DPOConfig(output_dir=str(tmp_path / cls.__name__), per_device_train_batch_size=3, max_length=512,
                      report_to="none", use_cpu=True, seed=0, beta=0.1, **dpo)
     peft = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"],
-                      init_lora_weights=False) if lora else None
+                      init_lora_weights=False, task_type=task_type) if lora else None
     torch.manual_seed(0)
     return cls(model=model_factory(), ref_model=ref_factory() if ref_factory else None, args=args,
                train_dataset=Dataset.from_list(_rows()), processing_class=tokenizer, peft_config=peft)
@@ -148,8 +148,9 @@ def test_tiny_judge_lora_matches_trl(tiny_judge, tmp_path):
 
     tok = _tokenizer(tiny_judge)
     factory = lambda: AutoModelForCausalLM.from_pretrained(tiny_judge, dtype=torch.float32)  # noqa: E731
-    ref = _loss_metrics_grads(_trainer(DPOTrainer, factory, tok, tmp_path, lora=True))
-    trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=True)
+    # task_type CAUSAL_LM as recipes set it: PEFT's causal-LM forward passes inputs_embeds=None and friends along
+    ref = _loss_metrics_grads(_trainer(DPOTrainer, factory, tok, tmp_path, lora=True, task_type="CAUSAL_LM"))
+    trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=True, task_type="CAUSAL_LM")
     assert trainer.prefix_sharing is True
     _assert_same(ref, _loss_metrics_grads(trainer))
     stats = trainer.prefix_sharing_stats
