@@ -525,9 +525,11 @@ def _tokens_per_response(tb: TrainBench, rows: list[dict], max_length: int | Non
             "prompt_to_completion": prompt_tokens / max(completion_tokens, 1)}
 
 
-def bench_train_shapes(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) -> dict:
+def bench_train_shapes(cfg: argparse.Namespace, tb: TrainBench, workdir: Path, model_path: str | None = None,
+                       dpo_extra: dict | None = None) -> dict:
     """The bare TRL script against the same script with `PrefixSharingDPOTrainer`, on JudgeBias- and RM-Bench-shaped
-    rows: samples/s, peak memory and tokens computed per response."""
+    rows: samples/s, peak memory and tokens computed per response. ``model_path``: another model than the recipe's
+    (the GPU part's real shape), with ``dpo_extra`` DPOConfig keys (bf16)."""
     out: dict[str, Any] = {}
     n = cfg.train_steps * tb.batch
     for shape in TRAIN_SHAPES:
@@ -539,8 +541,9 @@ def bench_train_shapes(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) -
         runs: dict[str, list[dict]] = {"trl": [], "prefix_sharing": []}
         for i, warm, order in _alternating(cfg.warmup, cfg.repeats, list(runs)):
             for name in order:
-                spec = tb.spec("bare", f"shape-{shape}-{name}-{i}", options={"trainer": name})
+                spec = tb.spec("bare", f"shape-{shape}-{name}-{i}", options={"trainer": name, **(dpo_extra or {})})
                 spec["data"] = path
+                spec["model"] = model_path or spec["model"]
                 res = run_worker(spec, workdir, f"shape-{shape}-{name}-{i}")
                 logger.info("train %s-shaped %s round %d%s: %.2f samples/s, peak %.0f MB", shape, name, i,
                             " (warm-up)" if warm else "", res["train_samples_per_second"], res["peak_rss_mb"])
@@ -1177,6 +1180,33 @@ def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, s
     return out
 
 
+def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
+    """A random-init model of a real shape saved with a small tokenizer (its ids are valid in the larger vocabulary),
+    so the train workers can load it as they load any model folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    if (out / "config.json").is_file():
+        return str(out)
+    torch.manual_seed(0)
+    config = Qwen3Config(**REAL_SHAPES[name])
+    config.architectures = ["Qwen3ForCausalLM"]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(str(out))
+    return str(out)
+
+
+def bench_device_prefix_sharing(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) -> dict:
+    """TRL's DPOTrainer against PrefixSharingDPOTrainer on a real shape (bf16, LoRA, sdpa), both row shapes."""
+    out = {}
+    for name in cfg.prefix_sharing_shapes:
+        folder = random_model_folder(name, tb.model_path, workdir / f"model-{name}")
+        out[name] = bench_train_shapes(cfg, tb, workdir / name, model_path=folder,
+                                       dpo_extra={"bf16": cfg.device == "cuda", "use_cpu": cfg.device != "cuda"})
+    return out
+
+
 def bench_device(cfg: argparse.Namespace) -> dict:
     import torch
 
@@ -1360,6 +1390,12 @@ def summarize(report: dict) -> dict:
             s[f"gpu_{name}_eval_mfu"] = r["eval_mfu"]
             for set_name, e in (r.get("eval_sharing") or {}).items():
                 s[f"gpu_{name}_eval_{set_name}_sharing_speedup"] = e["speedup"]
+        for name, shapes in (dev.get("prefix_sharing") or {}).items():
+            for shape, r in shapes.items():
+                s[f"train_gpu_prefix_sharing_speedup_{shape}_{name}"] = r["samples_per_s_ratio"]
+                gpu = (r["prefix_sharing"].get("peak_gpu_mb"), r["trl"].get("peak_gpu_mb"))
+                if all(gpu):
+                    s[f"train_gpu_prefix_sharing_peak_memory_ratio_{shape}_{name}"] = ratio(*gpu)
     s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
     return s
 
@@ -1421,6 +1457,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-batch", type=int, default=8, help="sequences per eval forward")
     g.add_argument("--matmul-size", type=int, default=8192)
     g.add_argument("--matmul-seconds", type=float, default=3.0)
+    g.add_argument("--prefix-sharing-shapes", nargs="+", default=["qwen3-0.6b"], choices=sorted(REAL_SHAPES),
+                   help="real shapes of the prefix-sharing train comparison (TRL's DPOTrainer vs PrefixSharingDPOTrainer)")
     return p
 
 
@@ -1480,6 +1518,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["quickstart"] = bench_quickstart(args, workdir)
         if "device" in parts:
             report["device_bench"] = bench_device(args)
+            tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
+            report["device_bench"]["prefix_sharing"] = bench_device_prefix_sharing(args, tb, workdir / "device")
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -117,3 +117,30 @@ def test_device_eval_sharing_path_runs_on_a_tiny_shape_on_cpu():
         assert _positive(part["speedup"]) and _positive(part["responses_per_s"]), name
         assert part["computed_tokens_per_response"]["shared"] < part["computed_tokens_per_response"]["whole"]
         assert part["max_rel_score_diff"] < 1e-4  # fp32 on CPU: the shared scores equal the whole ones
+
+
+def test_quick_bench_train_shapes_record_prefix_sharing_against_trl(quick_report):
+    shapes = quick_report["train_shapes"]
+    assert set(shapes) == {"judgebias", "rmbench"}
+    for shape, r in shapes.items():
+        for side in ("trl", "prefix_sharing"):
+            assert _positive(r[side]["samples_per_s"]) and _positive(r[side]["peak_rss_mb"]), (shape, side)
+        tokens = r["tokens_per_response"]
+        assert tokens["prefix_sharing"] < tokens["trl"]  # the prompt is computed once per pair, not per response
+        assert r["prefix_sharing_stats"]["on"] is True and r["prefix_sharing_stats"]["batches_fallback"] == 0
+    jb = shapes["judgebias"]
+    assert jb["tokens_per_response"]["prompt_to_completion"] > 1.3  # JudgeBias-shaped: the prompt outweighs the completion
+    assert jb["prefix_sharing_stats"]["batches_packed"] > 0
+    assert shapes["rmbench"]["tokens_per_response"]["prompt_to_completion"] < 1
+    assert quick_report["train"]["judgetrain"]["prefix_sharing"]["on"] is True  # the recipe default
+
+
+def test_device_prefix_sharing_part_runs_on_a_real_shape_code_path(tmp_path):
+    """The `--device cuda` prefix-sharing comparison, on the CPU with the tiny shape (no GPU figures here)."""
+    args = bench.resolve_config(bench.build_parser().parse_args(["--quick"]))
+    args.prefix_sharing_shapes = ["tiny"]
+    tb = bench.TrainBench(args.recipe, tmp_path / "train", args.train_steps, args.train_batch_size, "cpu")
+    out = bench.bench_device_prefix_sharing(args, tb, tmp_path / "device")
+    for shape in ("judgebias", "rmbench"):
+        r = out["tiny"][shape]
+        assert _positive(r["samples_per_s_ratio"]) and r["prefix_sharing_stats"]["on"] is True
