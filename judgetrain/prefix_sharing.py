@@ -289,7 +289,10 @@ class PrefixSharingDPOTrainer(DPOTrainer):
         if reason is None:
             for m in models:
                 install_pair_forward(m, self.prefix_sharing_stats)
-            reason = self._probe()
+            if self.is_deepspeed_enabled or self.is_fsdp_enabled:  # weights are placed/sharded only in train()
+                logger.info("prefix_sharing: DeepSpeed/FSDP: the start-up probe is skipped (weights not placed yet)")
+            else:
+                reason = self._probe()
         self.prefix_sharing = reason is None
         if reason:
             for m in models:
