@@ -532,7 +532,7 @@ def bench_train_shapes(cfg: argparse.Namespace, tb: TrainBench, workdir: Path, m
     (the GPU part's real shape), with ``dpo_extra`` DPOConfig keys (bf16)."""
     out: dict[str, Any] = {}
     n = cfg.train_steps * tb.batch
-    for shape in TRAIN_SHAPES:
+    for shape in getattr(cfg, "train_shapes", None) or TRAIN_SHAPES:
         rows = _shape_rows(tb, shape, n, cfg.rmbench_source)
         path = str(workdir / f"shape_{shape}.parquet")
         from datasets import Dataset
@@ -1425,6 +1425,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", default=None, help="recipe both train sides use (default: recipes/quickstart.yaml)")
     p.add_argument("--only", nargs="+", choices=("train", "train_shapes", "eval", "scale", "quickstart", "device"),
                    help="run only these parts (default: all that apply to --device)")
+    p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
+                   help="row shapes of the train_shapes part (default: judgebias rmbench)")
     p.add_argument("--repeats", type=int, help="timed rounds per comparison (default 3; quick 1)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1; quick 0)")
     p.add_argument("--train-steps", type=int, help="optimizer steps per train run (default 6; quick 1)")
