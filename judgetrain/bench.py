@@ -1188,12 +1188,13 @@ def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
 
     if (out / "config.json").is_file():
         return str(out)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
-    config = Qwen3Config(**REAL_SHAPES[name])
+    config = Qwen3Config(**{**REAL_SHAPES[name], "vocab_size": max(REAL_SHAPES[name]["vocab_size"], len(tokenizer))})
     config.architectures = ["Qwen3ForCausalLM"]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
     return str(out)
 
 
