@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -142,7 +143,10 @@ def reload_memory_mapped(dataset, path: Path, state):
 
     from datasets import load_from_disk
 
-    if state.is_main_process:
+    # One copy per machine, written by that machine's main process: every process reads its own machine's copy,
+    # whether output_dir is on a shared file system or not.
+    path = path / f"node-{os.environ.get('GROUP_RANK', '0')}"
+    if state.is_local_main_process:
         if path.exists():  # a resumed run writes its rows afresh (and drops the old run's tokenization caches)
             import shutil
 
