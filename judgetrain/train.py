@@ -322,9 +322,13 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
     out = Path(training_args.output_dir)
     plan = record_run(out, identity, plan, resolved, command, resume_from, script_args)
     forced = plan["forced"] if plan["kind"] == "resume" else None
+    keep = training_args.save_total_limit
     trainer, guard, stopper = build_trainer(script_args, training_args, model_args, model_path, tokenizer,
                                             train_dataset, identity, forced)
-    outcome, result = run_training(trainer, resume_from, guard)
+    try:
+        outcome, result = run_training(trainer, resume_from, guard)
+    finally:  # the recipe's value back in the arguments (Trainer's own rotation was off during training)
+        training_args.save_total_limit = keep
     if result is not None:
         save_final(trainer, tokenizer, training_args, model_args)
     finish(trainer, stopper)
