@@ -245,14 +245,27 @@ def hold_output_dir(out: Path) -> None:
     try:
         fd = lock.__enter__()
     except LockBusy:
-        holder = (out / LOCK_FILE).read_text(errors="replace").strip() or "unknown process"
-        raise RecipeError(
-            f"output_dir {out} is in use by another judgetrain run ({holder}); wait for it to end or use another "
-            "output_dir"
-        ) from None
+        raise RecipeError(_in_use(out)) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode(), 0)
     _HELD[key] = lock
+
+
+def _in_use(out: Path) -> str:
+    holder = (out / LOCK_FILE).read_text(errors="replace").strip() or "unknown process"
+    return f"output_dir {out} is in use by another judgetrain run ({holder}); wait for it to end or use another output_dir"
+
+
+def output_dir_in_use(out: Path) -> str | None:
+    """Why a run cannot start in ``out`` now (another process holds its lock), or None. For `judgetrain train`,
+    before it launches anything: a refusal inside the launch would reach the caller as accelerate's 1."""
+    if not (out / LOCK_FILE).exists():
+        return None
+    try:
+        with file_lock(out / LOCK_FILE, wait=False):
+            return None
+    except LockBusy:
+        return _in_use(out)
 
 
 def release_output_dir(out: Path) -> None:
@@ -261,17 +274,25 @@ def release_output_dir(out: Path) -> None:
         lock.__exit__(None, None, None)
 
 
-def wait_for_run_end(out: Path, timeout: float = 900.0) -> bool:
-    """Block until no process holds ``out``'s lock (a training process still saving its stop checkpoint after its
-    launcher returned). False if it is still held after ``timeout`` seconds."""
-    if not (out / LOCK_FILE).exists():
-        return True
-    try:
-        with file_lock(out / LOCK_FILE, timeout=timeout,
-                       wait_message=f"Waiting for the training process to finish writing {out}"):
+def wait_for_launch(out: Path, launch_id: str, timeout: float = 900.0, poll: float = 0.5) -> bool:
+    """After a signal made the launcher return early: block until the training process of launch ``launch_id`` has
+    written its status line (its stop checkpoint is then complete) or no process holds ``out``'s lock any more.
+    False if neither happened within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    told = False
+    while time.monotonic() < deadline:
+        if any(s.get("launch_id") == launch_id for s in read_statuses(out)):
             return True
-    except LockBusy:
-        return False
+        try:
+            with file_lock(out / LOCK_FILE, wait=False):
+                return True
+        except LockBusy:
+            pass
+        if not told:
+            logger.info("Waiting for the training process to finish writing %s", out)
+            told = True
+        time.sleep(poll)
+    return False
 
 
 # --------------------------------------------------------------------------------------------- exit status

@@ -376,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"judgetrain train --dry-run: {e}", file=sys.stderr)
             return 2
         return 0
+    from judgetrain.runstate import EXIT_BAD_INPUT, output_dir_in_use
+
+    busy = output_dir_in_use(Path(training_args.output_dir))
+    if busy:
+        print(f"judgetrain train: {busy}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     if script_args.accelerate_config:
         launch += ["--config_file", script_args.accelerate_config]
@@ -390,28 +396,34 @@ def main(argv: list[str] | None = None) -> int:
 def launch_and_wait(cmd: list[str], output_dir: Path) -> int:
     """Run the launcher and exit with the *run's* code: `accelerate launch` turns any worker failure into 1, and its
     one-process launcher returns as soon as a SIGTERM kills it, while the training process (parent-death signal) is
-    still saving its checkpoint. So SIGTERM is passed on to the launcher, the run's output_dir lock is waited for,
-    and the code comes from the status file the run wrote for this launch (judgetrain.runstate)."""
+    still saving its checkpoint. So a SIGTERM is passed on to the launcher and then the training process is waited
+    for; the code comes from the status line the run wrote for this launch (judgetrain.runstate)."""
     import signal
     import uuid
 
-    from judgetrain.runstate import LAUNCH_ID_ENV, launch_exit_code, wait_for_run_end
+    from judgetrain.runstate import LAUNCH_ID_ENV, launch_exit_code, wait_for_launch
 
     launch_id = uuid.uuid4().hex
     proc = subprocess.Popen(cmd, env={**os.environ, LAUNCH_ID_ENV: launch_id})
+    signalled = []
+
+    def pass_on(signum, frame):
+        signalled.append(signum)
+        proc.send_signal(signum)
+
     previous = {
-        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum)),
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),  # a terminal's Ctrl-C reaches the run itself
+        signal.SIGTERM: signal.signal(signal.SIGTERM, pass_on),
+        # a terminal's Ctrl-C reaches the whole process group, the run included: only wait for it
+        signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: signalled.append(signum)),
     }
     try:
         code = proc.wait()
-        wait_for_run_end(output_dir)
+        if signalled:
+            wait_for_launch(output_dir, launch_id)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return launch_exit_code(output_dir, launch_id, code)
-
-
 
 
 def process_main(argv: list[str] | None = None) -> int:

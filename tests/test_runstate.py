@@ -371,3 +371,20 @@ def test_all_ranks_agree_when_one_rank_sees_a_nonfinite_value(tmp_path):
              for r in (0, 1)]
     outs = [p.communicate(timeout=120)[0].decode().strip().splitlines()[-1] for p in procs]
     assert outs == ["[True, False]", "[True, False]"]
+
+
+def test_judgetrain_train_exits_2_at_once_when_another_run_holds_the_output_dir(tmp_path):
+    """Checked before anything is launched: the refusal reaches the scheduler as 2 (from inside `accelerate launch`
+    it would be 1), and the run that holds the folder is not disturbed."""
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        proc = subprocess.run([sys.executable, "-m", "judgetrain.cli", "train", small_recipe(tmp_path / "r.yaml"),
+                               "--output_dir", str(run)], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert f"is in use by another judgetrain run (pid {holder.pid} on " in proc.stderr
+        assert "Launching" not in proc.stderr and holder.poll() is None
+    finally:
+        holder.kill()
+        holder.wait()
