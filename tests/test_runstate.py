@@ -23,6 +23,7 @@ from judgetrain.checkpoints import (
     write_marker,
 )
 from judgetrain.recipe import RecipeError
+from helpers import QUICKSTART, REPO, read_jsonl
 from judgetrain.runstate import (
     EXIT_PREEMPTED,
     IDENTITY_FILE,
@@ -34,11 +35,9 @@ from judgetrain.runstate import (
     run_identity,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def small_recipe(path: Path, extra: str = "") -> str:
-    text = (REPO / "recipes" / "quickstart.yaml").read_text()
+    text = QUICKSTART.read_text()
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: []")
     text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
@@ -53,7 +52,7 @@ def train(args, log: Path, timeout=600) -> tuple[int, str]:
 
 
 def metrics(run) -> list[dict]:
-    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return read_jsonl(Path(run) / "metrics.jsonl")
 
 
 def identity(lr=0.002, data="d1", n=1):
@@ -278,7 +277,7 @@ def test_judgetrain_train_exits_with_the_preempted_code_on_sigterm(tmp_path):
     wrapper = subprocess.Popen([sys.executable, "-m", "judgetrain.cli", "train", recipe, "--output_dir", str(run)],
                                cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 300
-    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and metrics(run)):
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
         assert wrapper.poll() is None, log.read_text()[-3000:]
         time.sleep(0.05)
     wrapper.send_signal(signal.SIGTERM)
