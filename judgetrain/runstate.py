@@ -370,3 +370,25 @@ def decided_on_main(decide):
 
 def holds_output_dir(out: Path) -> bool:
     return str(Path(out).resolve()) in _HELD
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m judgetrain.runstate RECIPE [overrides]``: print the exit code the run of launch
+    ``$JUDGETRAIN_LAUNCH_ID`` wrote to its output_dir (for scheduler scripts around a bare `accelerate launch`,
+    which turns every worker's code into 1). Exits 1 when that launch wrote none."""
+    import sys
+
+    from judgetrain.recipe import parse_recipe
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _, training_args, _, _ = parse_recipe(argv)
+    launch_id = os.environ.get(LAUNCH_ID_ENV)
+    for status in reversed(read_statuses(Path(training_args.output_dir))):
+        if launch_id and status.get("launch_id") == launch_id and isinstance(status.get("exit_code"), int):
+            print(status["exit_code"])
+            return 0
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -387,3 +387,29 @@ def test_judgetrain_train_exits_2_at_once_when_another_run_holds_the_output_dir(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_slurm_script_requeues_on_the_preempted_code_that_accelerate_hides(tmp_path):
+    """srun / scontrol / accelerate stand in for a cluster (as in test_scale); the stand-in launch writes what a
+    preempted run writes (status line 143 tagged with the launch id) and exits 1, as `accelerate launch` does."""
+    out = tmp_path / "run"
+    out.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ $1 == show ]] && printf "gpu-a\\n" || echo "scontrol $*"\n')
+    (bin_dir / "srun").write_text('#!/bin/bash\nif [[ " $* " == *" hostname "* ]]; then echo 10.1.2.3; exit 0; fi\n'
+                                  'while [[ $1 == --* ]]; do shift; done\nSLURM_PROCID=0 "$@"\n')
+    (bin_dir / "accelerate").write_text(
+        '#!/bin/bash\necho "{\\"status\\": \\"preempted\\", \\"exit_code\\": 143, \\"launch_id\\": \\"$JUDGETRAIN_LAUNCH_ID\\"}"'
+        f' >> {out}/judgetrain_status.jsonl\nexit 1\n')
+    (bin_dir / "python").write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-a",
+           "SLURM_NNODES": "1", "SLURM_JOB_ID": "77", "GPUS_PER_NODE": "8", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm_train.sh"), str(QUICKSTART),
+                           str(REPO / "accelerate_configs" / "multinode_ddp.yaml"), "--output_dir", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "scontrol requeue 77" in proc.stdout
+    assert read_statuses(out)[-1]["launch_id"] == "slurm-77-0"
