@@ -33,7 +33,7 @@ PREEMPTED_EXIT_CODE=${PREEMPTED_EXIT_CODE:-143}
 export JUDGETRAIN_LAUNCH_ID="slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
 
 # The head node (machine rank 0) hosts the rendezvous: the first host of the allocation.
-HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)   # sed reads all: no SIGPIPE under pipefail
 HEAD_NODE_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD_NODE" hostname --ip-address | awk '{print $1}')
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
