@@ -77,12 +77,14 @@ def _listed_files(folder: Path, manifest_name: str) -> list[Path]:
     )
 
 
-def write_manifest(folder: str | os.PathLike, extra: dict | None = None, *, name: str = MANIFEST) -> dict:
+def write_manifest(folder: str | os.PathLike, extra: dict | None = None, *, name: str = MANIFEST,
+                   only: list[Path] | None = None) -> dict:
     """Write ``name`` into ``folder`` listing every file below it (relative path, size, SHA-256), after an fsync of
-    each file, through a temporary file and an atomic rename: the manifest exists only once all files are on disk."""
+    each file, through a temporary file and an atomic rename: the manifest exists only once all files are on disk.
+    ``only``: list these files instead (a model saved into a folder that also holds other things)."""
     folder = Path(folder)
     files = {}
-    for path in _listed_files(folder, name):
+    for path in (sorted(only) if only is not None else _listed_files(folder, name)):
         _fsync_path(path)
         files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
     manifest = {**(extra or {}), "files": files}
@@ -130,13 +132,20 @@ def manifest_problem(folder: str | os.PathLike, *, name: str = MANIFEST, hashes:
 # --------------------------------------------------------------------------------------------- locking
 
 
+class LockBusy(BlockingIOError):
+    """Another process holds the lock (raised by ``file_lock(..., wait=False)`` or when ``timeout`` runs out)."""
+
+
 @contextlib.contextmanager
-def file_lock(path: str | os.PathLike, *, wait_message: str | None = None, poll: float = 0.2) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (created if needed). The kernel releases it when the holder exits, so a
-    killed builder never leaves the lock stuck. Logs ``wait_message`` once if another process holds it."""
+def file_lock(path: str | os.PathLike, *, wait_message: str | None = None, poll: float = 0.2, wait: bool = True,
+              timeout: float | None = None) -> Iterator[int]:
+    """An exclusive ``flock`` on ``path`` (created if needed); yields the open descriptor. The kernel releases it
+    when the holder exits, so a killed holder never leaves the lock stuck. Logs ``wait_message`` once if another
+    process holds it; with ``wait=False`` (or once ``timeout`` seconds have passed) raises `LockBusy` instead."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         told = False
         while True:
@@ -146,11 +155,13 @@ def file_lock(path: str | os.PathLike, *, wait_message: str | None = None, poll:
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
+                if not wait or (deadline is not None and time.monotonic() > deadline):
+                    raise LockBusy(e.errno, f"{path} is locked by another process") from None
                 if not told and wait_message:
                     logger.info(wait_message)
                     told = True
                 time.sleep(poll)
-        yield
+        yield fd
     finally:
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)

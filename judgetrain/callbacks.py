@@ -14,7 +14,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
-from judgetrain.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_dir, write_marker
+from judgetrain.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_dir, rotate_checkpoints, write_marker
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +50,18 @@ class MetricsJsonlCallback(TrainerCallback):
 
 
 class CheckpointMarkerCallback(TrainerCallback):
-    """Write ``judgetrain_complete.json`` (file names and sizes) into a checkpoint once every process has finished
-    saving it. A checkpoint without a valid marker is half-written and never resumed from."""
+    """Write ``judgetrain_complete.json`` into a checkpoint once every process has finished saving it: every file of
+    the checkpoint (shard folders included) with its size and SHA-256, each fsynced first, plus the run identity
+    (``judgetrain_run.json``). A checkpoint without a marker that matches its files is never resumed from.
 
-    def __init__(self):
+    Rotation (``save_total_limit``) is done here, after the marker, instead of by Trainer (which deletes old
+    checkpoints while the new one has no marker yet): it keeps the newest ``keep`` *complete* checkpoints, so a kill
+    during a save can never leave zero complete checkpoints."""
+
+    def __init__(self, keep: int | None = None, identity: dict | None = None):
         self.saved_step: int | None = None
+        self.keep = keep
+        self.identity = identity
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save:
@@ -83,63 +90,188 @@ class CheckpointMarkerCallback(TrainerCallback):
         if state.is_world_process_zero:
             ckpt = checkpoint_dir(args.output_dir, state.global_step)
             if ckpt.is_dir():
-                write_marker(ckpt, state.global_step)
+                write_marker(ckpt, state.global_step, self.identity)
+                rotate_checkpoints(args.output_dir, self.keep, upto=state.global_step,
+                                   protect=state.best_model_checkpoint)
         self.saved_step = state.global_step
         PartialState().wait_for_everyone()
 
 
-class NonFiniteGuard(TrainerCallback):
-    """Stop the run (or skip the batch and count it, with ``policy='skip'``) on a NaN or inf gradient or loss.
+def any_rank(flags: list[bool]) -> list[bool]:
+    """Each flag OR-ed over every process (one small all-reduce), so that all ranks take the same decision; the
+    flags themselves when torch.distributed is not up."""
+    import torch.distributed as dist
 
-    The gradients are checked before every optimizer step (after clipping, whatever ``logging_steps`` is), so the
-    step named is exact and a non-finite update never reaches the weights:
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return list(flags)
+    import torch
+
+    tensor = torch.tensor([1.0 if f else 0.0 for f in flags])
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(v > 0) for v in tensor.tolist()]
+
+
+class NonFiniteGuard(TrainerCallback):
+    """Stop the run (or skip the batch and count it, with ``policy='skip'``) on a NaN or inf loss or gradient.
+
+    Checked before every optimizer step, whatever ``logging_steps`` is, so the step named is exact:
+    - what is checked: each micro-batch's loss and the *global* gradient norm that Trainer computes for clipping
+      (accelerate's: reduced over FSDP shards; DeepSpeed's global norm under ZeRO; the plain gradients when the
+      norm is not available). Both flags are OR-ed over all processes, so every rank stops at the same step.
+    - fp16 loss scaling: a non-finite gradient with a finite loss is the loss scaler's ordinary overflow; the scaler
+      skips that update and lowers its scale. The guard lets it, counts the step (``scaler_skipped_steps``, confirmed
+      by the scale going down) and stops only after ``SCALER_PATIENCE`` such steps in a row (a scale that cannot
+      find a finite range is a diverged run).
     - ``stop``: raise `RunStopped` before the optimizer step. No checkpoint, eval or final model is written from
-      that point on, so the last good checkpoint stays the newest complete one (``--resume auto`` picks it).
+      that point on, so the last good checkpoint stays the newest complete one (``--resume auto`` picks it). Under
+      DeepSpeed the engine has already applied the step inside backward; nothing of it is saved.
     - ``skip``: drop the gradients of that batch (the optimizer does not update; the scheduler still advances),
-      count the step in ``skipped_steps`` and log it.
-    A non-finite loss or grad norm in a logging event (Trainer's average over the logging interval) stops the run
-    the same way under ``stop``.
+      count the step in ``skipped_steps`` and log it. Under DeepSpeed a step cannot be undone: ``skip`` stops.
+    A non-finite loss or grad norm in a logging event stops the run the same way under ``stop`` (a grad norm of a
+    step the loss scaler skipped excepted).
     """
+
+    SCALER_PATIENCE = 32
 
     def __init__(self, policy: str = "stop"):
         self.policy = policy
         self.bad_steps: list[int] = []
         self.skipped_steps: list[int] = []
+        self.scaler_skipped_steps: list[int] = []
         self.stopped_at: int | None = None
+        self._accelerator = None
+        self._loss_bad = False
+        self._grad_norm = None
+        self._scale_before: float | None = None
+        self._scaler_streak = 0
+
+    def attach(self, trainer) -> "NonFiniteGuard":
+        """See each micro-batch's loss and the step's global grad norm: Trainer computes both but gives neither to
+        callbacks. Wraps ``trainer.training_step`` and ``trainer._get_grad_norm`` of this trainer instance."""
+        self._accelerator = trainer.accelerator
+        training_step = trainer.training_step
+
+        def checked_training_step(*args, **kwargs):
+            loss = training_step(*args, **kwargs)
+            if not bool(loss.detach().isfinite().all()):
+                self._loss_bad = True
+            return loss
+
+        trainer.training_step = checked_training_step
+        get_grad_norm = getattr(trainer, "_get_grad_norm", None)
+        if get_grad_norm is not None:
+            def recorded_grad_norm(*args, **kwargs):
+                self._grad_norm = get_grad_norm(*args, **kwargs)
+                return self._grad_norm
+
+            trainer._get_grad_norm = recorded_grad_norm
+        return self
 
     def _stop(self, step: int, what: str):
         self.stopped_at = step
         message = (
             f"Non-finite {what} at step {step}: stopping. No checkpoint of this state is written; the last good "
-            "checkpoint is kept; resume with --resume auto after lowering the learning rate or checking the data."
+            "checkpoint is kept; resume with --resume auto --resume_force --learning_rate <lower> (the new rate "
+            "applies), or check the data."
         )
         logger.error(message)
         raise RunStopped("nonfinite", step, message)
 
-    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
-        if model is None:
-            return
+    def _grad_is_bad(self, model) -> bool:
         import torch
 
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if not grads or all(bool(torch.isfinite(g).all()) for g in grads):
+        norm, self._grad_norm = self._grad_norm, None
+        if norm is not None:
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor norm (FSDP2)
+            return not math.isfinite(float(norm))
+        grads = [p.grad for p in model.parameters() if p.grad is not None] if model is not None else []
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor shards (FSDP2)
+        return not all(bool(torch.isfinite(g).all()) for g in grads)
+
+    def _scaler(self):
+        return getattr(self._accelerator, "scaler", None)
+
+    def _is_deepspeed(self) -> bool:
+        return str(getattr(self._accelerator, "distributed_type", "")).endswith("DEEPSPEED")
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+        loss_bad, self._loss_bad = self._loss_bad, False
+        loss_bad, grad_bad = any_rank([loss_bad, self._grad_is_bad(model)])
+        scaler = self._scaler()
+        self._scale_before = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None
+        if not (loss_bad or grad_bad):
+            self._scaler_streak = 0
             return
         step = state.global_step + 1  # the step this update would complete
+        if self._scale_before is not None and not loss_bad:
+            self._scaler_streak += 1  # the scaler's overflow: it skips this update itself (on_optimizer_step counts)
+            if self._scaler_streak < self.SCALER_PATIENCE:
+                return
+            self.bad_steps.append(step)
+            self._stop(step, f"gradient in {self._scaler_streak} steps in a row (fp16 loss scale down to "
+                             f"{self._scale_before:g})")
+        what = " and ".join(w for w, bad in (("loss", loss_bad), ("gradient", grad_bad)) if bad)
         self.bad_steps.append(step)
-        if self.policy == "stop":
-            self._stop(step, "gradient")
+        if self.policy == "stop" or self._is_deepspeed():
+            self._stop(step, what)
         optimizer.zero_grad(set_to_none=True)  # no gradient, no update: Adam(W) leaves the weights as they were
         self.skipped_steps.append(step)
-        logger.warning("Non-finite gradient at step %d: batch skipped, weights not updated (%d skipped so far).",
-                       step, len(self.skipped_steps))
+        logger.warning("Non-finite %s at step %d: batch skipped, weights not updated (%d skipped so far).",
+                       what, step, len(self.skipped_steps))
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        scaler = self._scaler()
+        if self._scale_before is None or scaler is None:
+            return
+        if float(scaler.get_scale()) < self._scale_before:  # the scaler found inf/NaN and skipped the update
+            step = state.global_step + 1
+            self.scaler_skipped_steps.append(step)
+            logger.info("fp16 loss scaler skipped step %d (overflow; scale %g -> %g)", step, self._scale_before,
+                        float(scaler.get_scale()))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         bad = [k for k in ("loss", "grad_norm") if isinstance(logs.get(k), float) and not math.isfinite(logs[k])]
+        if "grad_norm" in bad and state.global_step in self.scaler_skipped_steps:
+            bad.remove("grad_norm")
         if not bad or self.policy == "skip":
             return
         self.bad_steps.append(state.global_step)
         self._stop(state.global_step, " and ".join(bad))
+
+
+class ForcedResume(TrainerCallback):
+    """``--resume_force``: Trainer restores the optimizer and scheduler state of the checkpoint, and with it the old
+    run's learning rate (the scheduler's base rates) and Adam hyperparameters; this puts the recipe's values back in
+    their place at the restored step, so that a new ``learning_rate`` (what the NaN message advises) really applies."""
+
+    def __init__(self, forced: list[str]):
+        self.forced = forced
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        if optimizer is None:
+            return
+        groups = optimizer.param_groups
+        for group in groups:
+            group["initial_lr"] = args.learning_rate
+            if "betas" in group:
+                group["betas"] = (args.adam_beta1, args.adam_beta2)
+            if "eps" in group:
+                group["eps"] = args.adam_epsilon
+            if group.get("weight_decay"):  # the decayed group (Trainer keeps biases and norms at 0)
+                group["weight_decay"] = args.weight_decay
+        lambdas = getattr(lr_scheduler, "lr_lambdas", None)
+        if lambdas is not None and len(lambdas) == len(groups):
+            lr_scheduler.base_lrs = [args.learning_rate] * len(groups)
+            for group, fn in zip(groups, lambdas):
+                group["lr"] = args.learning_rate * fn(lr_scheduler.last_epoch)
+            lr_scheduler._last_lr = [group["lr"] for group in groups]
+        elif lr_scheduler is not None:
+            logger.warning("--resume_force: %s keeps its restored learning rates", type(lr_scheduler).__name__)
+        logger.warning("--resume_force: learning_rate %g (now %g at step %d), adam betas/epsilon and weight decay "
+                       "from this recipe replace the checkpoint's", args.learning_rate, groups[0]["lr"], state.global_step)
 
 
 class GracefulStop(TrainerCallback):
@@ -180,17 +312,7 @@ class GracefulStop(TrainerCallback):
         self.requested = True
 
     def _any_requested(self) -> bool:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            import torch
-
-            flag = torch.tensor([1.0 if self.requested else 0.0])
-            if dist.get_backend() == "nccl":
-                flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            return bool(flag.item() > 0)
-        return self.requested
+        return any_rank([self.requested])[0]
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._any_requested():

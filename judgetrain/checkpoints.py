@@ -1,5 +1,6 @@
-"""Checkpoints and resume: the completion marker that makes a ``checkpoint-N`` trustworthy, finding the newest
-complete one, and cutting metrics.jsonl back to the step a run resumes from."""
+"""Checkpoints and resume: the completion marker that makes a ``checkpoint-N`` (and the final model) trustworthy
+(every file with its SHA-256), finding the newest complete one, rotation that never leaves none, and cutting
+metrics.jsonl back to the step a run resumes from."""
 
 from __future__ import annotations
 
@@ -38,39 +39,79 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def write_marker(ckpt: Path, step: int) -> None:
-    files = {p.name: p.stat().st_size for p in sorted(ckpt.iterdir()) if p.is_file() and p.name != COMPLETE_MARKER}
-    tmp = ckpt / (COMPLETE_MARKER + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
-    os.replace(tmp, ckpt / COMPLETE_MARKER)
+def write_marker(ckpt: Path, step: int, identity: dict | None = None) -> None:
+    """The completion marker of ``ckpt``, written last: every file of the checkpoint, shard folders included
+    (DeepSpeed ``global_stepN/``, FSDP ``pytorch_model_fsdp_0/``), with its size and SHA-256, each fsynced first
+    (`judgetrain.cache.write_manifest`), plus the identity of the run that wrote it (``judgetrain_run.json``)."""
+    from judgetrain.cache import write_manifest
+    from judgetrain.runstate import IDENTITY_FILE, write_json
+
+    if identity is not None:
+        write_json(Path(ckpt) / IDENTITY_FILE, identity)
+    write_manifest(ckpt, {"step": step}, name=COMPLETE_MARKER)
 
 
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """None when ``ckpt`` is complete, else why not."""
-    marker = ckpt / COMPLETE_MARKER
-    if not marker.is_file():
+# files at the top of output_dir that belong to the run, not to the final model
+_RUN_FILES = (METRICS_FILE, "data_audit.json", "judgetrain_run.json", "judgetrain_status.jsonl", ".judgetrain.lock")
+
+
+def write_final_marker(output_dir: str) -> None:
+    """The same marker for the final model, listing the model files at the top of output_dir (not the run's log,
+    recipes and checkpoints beside them)."""
+    from judgetrain.cache import write_manifest
+
+    out = Path(output_dir)
+    files = [p for p in out.iterdir() if p.is_file() and p.name not in _RUN_FILES + (COMPLETE_MARKER,)
+             and not p.name.endswith(".tmp") and not (p.name.startswith("recipe") and p.suffix == ".yaml")]
+    write_manifest(out, {"final": True}, name=COMPLETE_MARKER, only=files)
+
+
+def checkpoint_problem(ckpt: Path, *, hashes: bool = True) -> str | None:
+    """None when ``ckpt`` is complete (its marker matches every file: size and, with ``hashes``, SHA-256), else
+    why not. A marker of an older judgetrain (sizes only) is checked by size."""
+    from judgetrain.cache import manifest_problem
+
+    if not (Path(ckpt) / COMPLETE_MARKER).is_file():
         return "no completion marker (the save was interrupted)"
-    try:
-        files = json.loads(marker.read_text())["files"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return "unreadable completion marker"
-    for name, size in files.items():
-        path = ckpt / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} were written"
-    return None
+    return manifest_problem(ckpt, name=COMPLETE_MARKER, hashes=hashes)
 
 
 def find_resume_checkpoint(output_dir: str) -> str | None:
-    """The newest complete ``checkpoint-N`` in ``output_dir``; incomplete newer ones are skipped with a warning."""
+    """The newest complete ``checkpoint-N`` in ``output_dir`` (every file verified against its SHA-256); newer ones
+    that fail are skipped, each with a warning saying why."""
+    skipped = []
     for ckpt in reversed(list_checkpoints(output_dir)):
         problem = checkpoint_problem(ckpt)
         if problem is None:
+            if skipped:
+                logger.warning("Falling back to %s, the newest checkpoint that verifies (skipped: %s)",
+                               ckpt, ", ".join(p.name for p in skipped))
             return str(ckpt)
         logger.warning("Skipping incomplete checkpoint %s: %s", ckpt, problem)
+        skipped.append(ckpt)
     return None
+
+
+def rotate_checkpoints(output_dir, keep: int | None, *, upto: int, protect: str | None = None) -> list[Path]:
+    """``save_total_limit``, applied after the marker (Trainer deletes old checkpoints while the new one has none
+    yet, so a kill then left zero complete checkpoints): delete checkpoints up to step ``upto`` beyond the newest
+    ``keep`` complete ones, and torn ones older than the newest complete one. Checkpoints after ``upto`` (a later
+    point of a timeline this run resumed before) are left alone: they are rewritten, marker first removed, when the
+    run gets there. Returns what was deleted."""
+    import shutil
+
+    if not keep or keep <= 0:
+        return []
+    ckpts = [(step, p) for p in list_checkpoints(output_dir) if (step := checkpoint_step(p)) <= upto]
+    complete = [p for _, p in ckpts if checkpoint_problem(p, hashes=False) is None]
+    if not complete:
+        return []
+    kept = set(complete[-keep:]) | ({Path(protect)} if protect else set())
+    newest = checkpoint_step(complete[-1])
+    deleted = [p for step, p in ckpts if p not in kept and step < newest]
+    for p in deleted:
+        shutil.rmtree(p, ignore_errors=True)
+    return deleted
 
 
 def truncate_metrics(output_dir: str, last_step: int) -> int:
@@ -102,7 +143,7 @@ def resolve_resume(resume: str | None, output_dir: str) -> str | None:
     if resume in (None, "", "none", "no"):
         return None
     if resume == "auto":
-        ckpt = find_resume_checkpoint(output_dir)
+        ckpt = find_resume_checkpoint(output_dir)  # verified file by file (SHA-256); falls back past bad ones
         if ckpt is None:
             logger.info("--resume auto: no complete checkpoint in %s, starting from scratch", output_dir)
         return ckpt

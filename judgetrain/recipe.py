@@ -170,6 +170,16 @@ class JudgeTrainArguments:
     )
     audit_rows: int | None = field(default=None, metadata={"help": "Audit only the first N rows per dataset (dry run)."})
     resume: str | None = field(default=None, metadata={"help": "auto: newest complete checkpoint in output_dir; or a checkpoint path."})
+    resume_force: bool = field(
+        default=False,
+        metadata={"help": "Resume even if the checkpoint's run identity (recipe, data, process count, versions) differs; "
+                  "the new values apply from the resumed step on (a new learning_rate replaces the restored one)."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start a fresh run in an output_dir that holds an earlier run (its checkpoints, metrics and "
+                  "evaluations are deleted). Without it such a run refuses to start."},
+    )
     dry_run: bool = field(default=False, metadata={"help": "Validate recipe, files, accelerate config and data; load no weights."})
     accelerate_config: str | None = field(default=None, metadata={"help": "Accelerate config used by `judgetrain train`."})
     gpu: str | None = field(

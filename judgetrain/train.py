@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from judgetrain.recipe import RecipeError, parse_recipe, save_recipe, split_recipe_argv
+from judgetrain.runstate import decided_on_main
 
 logger = logging.getLogger("judgetrain.train")
 
@@ -84,27 +85,63 @@ def load_tokenizer(model_path: str, training_args):
 # ----------------------------------------------------------------------------------------------- the steps of a run
 
 
-def prepare_output_dir(script_args, training_args, resolved: dict, command: str | None) -> str | None:
-    """Pick the checkpoint to resume from (checked before anything is written), then, on the main process, cut
-    metrics.jsonl back to its step (or start a fresh log) and write recipe.yaml. Returns the checkpoint or None."""
+def prepare_output_dir(script_args, training_args, resolved: dict) -> tuple[str | None, dict, dict]:
+    """Before anything is written: take the output_dir lock (one run per folder), pick the checkpoint to resume from
+    (verified), and decide how this run starts there (`judgetrain.runstate.plan_start`: a resume of the same run, a
+    restart, a fresh run; refused with the reason otherwise). Returns (checkpoint or None, identity without the data
+    fingerprint yet, plan)."""
     from accelerate import PartialState
 
-    from judgetrain.checkpoints import METRICS_FILE, checkpoint_step, resolve_resume, truncate_metrics
+    from judgetrain.checkpoints import resolve_resume
+    from judgetrain.runstate import clear_run, hold_output_dir, plan_start, run_identity
 
-    state = PartialState()
     out = Path(training_args.output_dir)
-    resume_from = resolve_resume(script_args.resume, training_args.output_dir)
-    if state.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        if resume_from:
-            step = checkpoint_step(resume_from)
-            dropped = truncate_metrics(training_args.output_dir, step)
+    decided_on_main(lambda: hold_output_dir(out))  # held until this process exits, however it exits
+    resume_from = decided_on_main(lambda: resolve_resume(script_args.resume, training_args.output_dir))
+    identity = run_identity(resolved, num_processes=PartialState().num_processes, data=None)
+
+    def decide():
+        plan = plan_start(out, identity, checkpoint=resume_from, resume_asked=bool(script_args.resume),
+                          force=script_args.resume_force, overwrite=script_args.overwrite_output_dir)
+        if plan["clear"]:
+            clear_run(out, plan["clear"])
+        return plan
+
+    return resume_from, identity, decided_on_main(decide)
+
+
+def record_run(out: Path, identity: dict, plan: dict, resolved: dict, command, resume_from, script_args) -> dict:
+    """Once the rows are known: compare their fingerprint with the resumed run's, then (main process) write the
+    identity, the recipe (recipe.yaml stays the first run's; each resume adds recipe.resume-<step>.yaml) and cut
+    metrics.jsonl back to the resumed step."""
+    from judgetrain.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_step, truncate_metrics
+    from judgetrain.runstate import IDENTITY_FILE, checkpoint_identity, read_json, record_start, recipe_path
+
+    step = checkpoint_step(resume_from) if resume_from else 0
+
+    def decide():
+        if plan["kind"] != "fresh":
+            old = checkpoint_identity(resume_from) if resume_from else (read_json(out / IDENTITY_FILE) or {}).get("current")
+            if old and old.get("data") and old["data"] != identity["data"]:
+                line = f"data: {old['data']!r} -> {identity['data']!r}"
+                if not script_args.resume_force:
+                    raise RecipeError(f"--resume: the training rows differ from the resumed run's ({line}); pass "
+                                      "--resume_force to continue on the new rows, or start a new run in another output_dir")
+                plan["forced"].append(line)
+        if plan["forced"]:
+            logger.warning("--resume_force: continuing with the new values of: %s", "; ".join(plan["forced"]))
+        record_start(out, identity, plan, step=step, checkpoint=resume_from)
+        save_recipe(resolved, recipe_path(out, plan, step), command=command)
+        (out / COMPLETE_MARKER).unlink(missing_ok=True)  # a final model of an earlier segment is not this run's end
+        if plan["kind"] == "resume":
+            dropped = truncate_metrics(str(out), step)
             logger.info("Resuming from %s (step %d); %d metrics.jsonl records after it were dropped", resume_from, step, dropped)
         elif (out / METRICS_FILE).exists():
-            (out / METRICS_FILE).unlink()  # a fresh run in an old directory starts a fresh log
-        save_recipe(resolved, out / "recipe.yaml", command=command)
-    state.wait_for_everyone()
-    return resume_from
+            (out / METRICS_FILE).unlink()  # a restart from step 0 of the same run starts a fresh log
+            logger.info("Restarting %s from step 0 (no complete checkpoint to resume)", out)
+        return plan
+
+    return decided_on_main(decide)
 
 
 def load_audited_dataset(script_args, training_args, tokenizer):
@@ -176,16 +213,26 @@ def release_freed_memory() -> None:
             pass
 
 
-def build_trainer(script_args, training_args, model_args, model_path: str, tokenizer, train_dataset):
-    """The DPOTrainer (`PrefixSharingDPOTrainer` with `prefix_sharing`) with judgetrain's callbacks: metrics.jsonl, checkpoint markers, the non-finite guard, the
-    graceful stop (its signal handlers installed) and, when the recipe names suites, the per-epoch evaluation."""
+def build_trainer(script_args, training_args, model_args, model_path: str, tokenizer, train_dataset,
+                  identity: dict | None = None, forced: list[str] | None = None):
+    """The DPOTrainer (`PrefixSharingDPOTrainer` with `prefix_sharing`) with judgetrain's callbacks: metrics.jsonl,
+    checkpoint markers (with the run identity, and the checkpoint rotation), the non-finite guard, the graceful stop
+    (its signal handlers installed), the recipe's values over a restored optimizer on a forced resume and, when the
+    recipe names suites, the per-epoch evaluation."""
     from trl import DPOTrainer, get_peft_config
 
-    from judgetrain.callbacks import CheckpointMarkerCallback, GracefulStop, MetricsJsonlCallback, NonFiniteGuard
+    from judgetrain.callbacks import (
+        CheckpointMarkerCallback,
+        ForcedResume,
+        GracefulStop,
+        MetricsJsonlCallback,
+        NonFiniteGuard,
+    )
 
     from judgetrain.parallelism import ParallelismReport, allow_fsdp_on_cpu, requested_parallelism
 
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    keep, training_args.save_total_limit = training_args.save_total_limit, None  # rotated after each marker instead
     stopper = GracefulStop().install()
     guard = NonFiniteGuard(script_args.nonfinite)
     request = requested_parallelism()
@@ -193,6 +240,10 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     _ = training_args.device  # TrainingArguments re-creates Accelerate's process state here ...
     allow_fsdp_on_cpu(request)  # ... so an FSDP2 request on CPU is let through again, checked at the first step
     report = ParallelismReport(request, training_args.output_dir)
+    callbacks = [report, MetricsJsonlCallback(training_args.output_dir), CheckpointMarkerCallback(keep, identity), guard,
+                 stopper]
+    if forced:
+        callbacks.append(ForcedResume(forced))
     trainer_cls = DPOTrainer
     if script_args.prefix_sharing:
         from judgetrain.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
@@ -202,9 +253,10 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
-        callbacks=[report, MetricsJsonlCallback(training_args.output_dir), CheckpointMarkerCallback(), guard, stopper],
+        callbacks=callbacks,
     )
     report.attach(trainer)
+    guard.attach(trainer)
     if script_args.eval_suites:
         from judgetrain.eval.callback import JudgeEvalCallback
 
@@ -231,18 +283,26 @@ def run_training(trainer, resume_from: str | None, guard) -> tuple[dict, object 
         summary["prefix_sharing"] = {"on": trainer.prefix_sharing, **trainer.prefix_sharing_stats}
     if guard.skipped_steps:
         summary["nonfinite_skipped_steps"] = list(guard.skipped_steps)
-        logger.warning("nonfinite: skip: %d batches with a non-finite gradient were skipped (steps %s)",
+        logger.warning("nonfinite: skip: %d batches with a non-finite loss or gradient were skipped (steps %s)",
                        len(guard.skipped_steps), guard.skipped_steps)
+    if guard.scaler_skipped_steps:
+        summary["scaler_skipped_steps"] = list(guard.scaler_skipped_steps)
+        logger.info("fp16 loss scaler: %d overflow steps skipped (steps %s)", len(guard.scaler_skipped_steps),
+                    guard.scaler_skipped_steps)
     if result is not None:
         summary["train_metrics"] = result.metrics
     return summary, result
 
 
 def save_final(trainer, tokenizer, training_args, model_args) -> None:
-    """The final model or adapter (safetensors) and its tokenizer, beside recipe.yaml."""
+    """The final model or adapter (safetensors) and its tokenizer, beside recipe.yaml, then its completion marker
+    (the model files with their SHA-256, as for a checkpoint)."""
+    from judgetrain.checkpoints import write_final_marker
+
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(training_args.output_dir)
+        write_final_marker(training_args.output_dir)
         logger.info("Final %s saved to %s (safetensors) with recipe.yaml", "adapter" if model_args.use_peft else "model",
                     training_args.output_dir)
 
@@ -270,8 +330,29 @@ def _finish_wandb(trainer) -> None:
 
 
 def train(script_args, training_args, model_args, resolved: dict, command: str | None = None) -> dict:
-    """Run one recipe to the end. Returns a summary (output_dir, final metrics, audit, resumed_from, stop reason)."""
+    """Run one recipe to the end. Returns a summary (output_dir, final metrics, audit, resumed_from, stop reason,
+    exit_code); ``judgetrain_status.jsonl`` records how it ended, for `judgetrain train` and schedulers."""
+    from judgetrain.data import DataValidationError
+    from judgetrain.parallelism import ParallelismError
+    from judgetrain.runstate import EXIT_BAD_INPUT, EXIT_FAILED, outcome_code, write_status
+
+    out = Path(training_args.output_dir)
+    try:
+        summary = _train(script_args, training_args, model_args, resolved, command)
+    except (RecipeError, DataValidationError, FileNotFoundError, ParallelismError) as e:
+        write_status(out, "refused", EXIT_BAD_INPUT, message=f"{type(e).__name__}: {e}")
+        raise
+    except BaseException as e:
+        write_status(out, "failed", EXIT_FAILED, message=f"{type(e).__name__}: {e}")
+        raise
+    status, summary["exit_code"] = outcome_code(summary)
+    write_status(out, status, summary["exit_code"], step=summary.get("global_step"), message=summary.get("stopped"))
+    return summary
+
+
+def _train(script_args, training_args, model_args, resolved: dict, command: str | None) -> dict:
     from judgetrain.aliases import resolve_model
+    from judgetrain.runstate import data_fingerprint
 
     from accelerate import PartialState
 
@@ -282,14 +363,23 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
         logger.warning(warning)
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = load_tokenizer(model_path, training_args)
-    resume_from = prepare_output_dir(script_args, training_args, resolved, command)
+    resume_from, identity, plan = prepare_output_dir(script_args, training_args, resolved)
     train_dataset, audit = load_audited_dataset(script_args, training_args, tokenizer)
-    trainer, guard, stopper = build_trainer(script_args, training_args, model_args, model_path, tokenizer, train_dataset)
-    outcome, result = run_training(trainer, resume_from, guard)
+    identity["data"] = data_fingerprint(train_dataset)
+    out = Path(training_args.output_dir)
+    plan = record_run(out, identity, plan, resolved, command, resume_from, script_args)
+    forced = plan["forced"] if plan["kind"] == "resume" else None
+    keep = training_args.save_total_limit
+    trainer, guard, stopper = build_trainer(script_args, training_args, model_args, model_path, tokenizer,
+                                            train_dataset, identity, forced)
+    try:
+        outcome, result = run_training(trainer, resume_from, guard)
+    finally:  # the recipe's value back in the arguments (Trainer's own rotation was off during training)
+        training_args.save_total_limit = keep
     if result is not None:
         save_final(trainer, tokenizer, training_args, model_args)
     finish(trainer, stopper)
-    return {"output_dir": str(Path(training_args.output_dir)), "resumed_from": resume_from, "audit": audit, **outcome}
+    return {"output_dir": str(out), "resumed_from": resume_from, "audit": audit, "start": plan["kind"], **outcome}
 
 
 # ----------------------------------------------------------------------------------------------- entry points
@@ -322,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     try:
-        script_args, _, _, _ = parse_recipe(argv)
+        script_args, training_args, _, _ = parse_recipe(argv)
     except RecipeError as e:
         print(f"judgetrain train: {e}", file=sys.stderr)
         return 2
@@ -333,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"judgetrain train --dry-run: {e}", file=sys.stderr)
             return 2
         return 0
+    from judgetrain.runstate import EXIT_BAD_INPUT, output_dir_in_use
+
+    busy = output_dir_in_use(Path(training_args.output_dir))
+    if busy:
+        print(f"judgetrain train: {busy}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     if script_args.accelerate_config:
         launch += ["--config_file", script_args.accelerate_config]
@@ -341,18 +437,57 @@ def main(argv: list[str] | None = None) -> int:
     recipe, overrides = split_recipe_argv(argv)
     cmd = launch + ["-m", "judgetrain.train"] + ([recipe] if recipe else []) + overrides
     logging.getLogger(__name__).info("Launching: %s", " ".join(shlex.quote(c) for c in cmd))
-    return subprocess.call(cmd)
+    return launch_and_wait(cmd, Path(training_args.output_dir))
 
 
-if __name__ == "__main__":
+def launch_and_wait(cmd: list[str], output_dir: Path) -> int:
+    """Run the launcher and exit with the *run's* code: `accelerate launch` turns any worker failure into 1, and its
+    one-process launcher returns as soon as a SIGTERM kills it, while the training process (parent-death signal) is
+    still saving its checkpoint. So a SIGTERM is passed on to the launcher and then the training process is waited
+    for; the code comes from the status line the run wrote for this launch (judgetrain.runstate)."""
+    import signal
+    import uuid
+
+    from judgetrain.runstate import LAUNCH_ID_ENV, launch_exit_code, wait_for_launch
+
+    launch_id = uuid.uuid4().hex
+    proc = subprocess.Popen(cmd, env={**os.environ, LAUNCH_ID_ENV: launch_id})
+    signalled = []
+
+    def pass_on(signum, frame):
+        signalled.append(signum)
+        proc.send_signal(signum)
+
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, pass_on),
+        # a terminal's Ctrl-C reaches the whole process group, the run included: only wait for it
+        signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: signalled.append(signum)),
+    }
+    try:
+        code = proc.wait()
+        if signalled:
+            wait_for_launch(output_dir, launch_id)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return launch_exit_code(output_dir, launch_id, code)
+
+
+def process_main(argv: list[str] | None = None) -> int:
+    """The training process: run, and exit with the run's code (judgetrain.runstate: 0 finished, 1 crashed,
+    2 refused, 3 non-finite stop, 143 preempted after its checkpoint)."""
     from judgetrain.data import DataValidationError
     from judgetrain.parallelism import ParallelismError
 
     try:
-        outcome = run()
+        outcome = run(argv)
     except (RecipeError, DataValidationError, FileNotFoundError, ParallelismError) as e:  # bad recipe, bad rows, missing data: one message
         print(f"judgetrain.train: {type(e).__name__}: {e}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     if isinstance(outcome, dict) and outcome.get("stop_reason") == "nonfinite":
         print(f"judgetrain.train: {outcome['stopped']}", file=sys.stderr)
-        sys.exit(3)
+    return int(outcome.get("exit_code", 0)) if isinstance(outcome, dict) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(process_main())

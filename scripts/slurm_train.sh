@@ -15,7 +15,7 @@
 #SBATCH --cpus-per-task=64
 #SBATCH --exclusive
 #SBATCH --requeue                    # a preempted job goes back to the queue and resumes from its last checkpoint
-#SBATCH --signal=B:TERM@120          # SIGTERM 2 minutes before the time limit: judgetrain saves, then stops
+#SBATCH --signal=TERM@120            # SIGTERM to every task 2 minutes before the time limit: judgetrain saves, stops
 #SBATCH --output=logs/%x-%j.out
 
 set -euo pipefail
@@ -26,12 +26,14 @@ shift 2
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-29500}
-# The exit status judgetrain.train gives a run it stopped on SIGTERM after saving a checkpoint (preemption, time
-# limit). Until that status is defined, leave it empty: every non-zero exit then ends the job without a requeue.
-PREEMPTED_EXIT_CODE=${PREEMPTED_EXIT_CODE:-}   # TODO: set to judgetrain's documented "stopped on SIGTERM" status
+# The exit status judgetrain gives a run it stopped on SIGTERM after saving a checkpoint (preemption, time limit):
+# README, "Exit codes and schedulers".
+PREEMPTED_EXIT_CODE=${PREEMPTED_EXIT_CODE:-143}
+# Tags this launch's line in output_dir/judgetrain_status.jsonl (accelerate launch reports every worker exit as 1).
+export JUDGETRAIN_LAUNCH_ID="slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
 
 # The head node (machine rank 0) hosts the rendezvous: the first host of the allocation.
-HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)   # sed reads all: no SIGPIPE under pipefail
 HEAD_NODE_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD_NODE" hostname --ip-address | awk '{print $1}')
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
@@ -56,6 +58,8 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c '
     -m judgetrain.train "'"$RECIPE"'" --resume auto '"$*"'
 '
 status=$?
+# the run's own exit code, as it wrote it for this launch (0 finished, 2 refused, 3 non-finite, 143 preempted)
+if run_status=$(python -m judgetrain.runstate "$RECIPE" "$@" 2>/dev/null); then status=${run_status##*$'\n'}; fi
 set -e
 
 if [[ -n "$PREEMPTED_EXIT_CODE" && $status -eq $PREEMPTED_EXIT_CODE ]]; then

@@ -3,9 +3,7 @@ left to TRL's truncation or shortened, as the recipe's ``long_rows`` says; nothi
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 from judgetrain.recipe import RecipeError
 
@@ -107,12 +105,14 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
         report["shortened"] = fixed
         logger.info("Data audit: shortened the prompt of %d rows; %d could not be shortened and are skipped", fixed, len(drop))
     if drop:
-        if rejects_path:
-            Path(rejects_path).parent.mkdir(parents=True, exist_ok=True)
-            with open(rejects_path, "a", encoding="utf-8") as f:
-                for i, why in sorted(drop.items()):
-                    row = {k: v for k, v in with_len[i].items() if not k.startswith("_")}
-                    f.write(json.dumps({"row": i, "reason": why, "tokens": full_lens[i], "data": row}, default=str) + "\n")
+        if rejects_path:  # rewritten on each load (a resume loads the same rows): never the same row twice
+            from judgetrain.data.validate import write_rejects
+
+            write_rejects(rejects_path, (
+                {"row": i, "reason": why, "tokens": full_lens[i],
+                 "data": {k: v for k, v in with_len[i].items() if not k.startswith("_")}}
+                for i, why in sorted(drop.items())
+            ))
         keep = [i for i in range(len(with_len)) if i not in drop]
         with_len = with_len.select(keep)
         logger.warning("Data audit: skipped %d rows that do not fit max_length (written to %s)", len(drop), rejects_path)

@@ -1,0 +1,394 @@
+"""What makes a run one run: its identity, the lock on its output_dir, and the exit status a scheduler reads.
+
+- Identity (``judgetrain_run.json`` in output_dir and in every checkpoint): the recipe as run (less the keys that
+  only change how a run is watched: logging, saving, evaluation, output paths), a fingerprint of the training rows,
+  the process count and the judgetrain / library versions. ``--resume`` continues a checkpoint only when its
+  identity equals this run's; otherwise it refuses, naming each differing field. ``--resume_force`` continues anyway
+  and keeps the new values (a new learning rate is applied over the restored optimizer and scheduler state).
+- A fresh run refuses an output_dir that already holds a run unless ``--overwrite_output_dir`` is given.
+- Lock: the main process holds an exclusive ``flock`` on ``output_dir/.judgetrain.lock`` for the whole run; a second
+  run in the same output_dir stops with a message naming the holder. The kernel drops the lock when the holder exits,
+  however it exits, so a killed run never leaves it stuck.
+- Exit status: the main process appends a line to ``judgetrain_status.jsonl`` (outcome, exit code, step) before it
+  exits;
+  `judgetrain train` waits for the run to release its lock and exits with that code, because ``accelerate launch``
+  turns every non-zero exit of its workers into 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from judgetrain.cache import LockBusy, file_lock
+from judgetrain.recipe import RecipeError
+
+logger = logging.getLogger(__name__)
+
+IDENTITY_FILE = "judgetrain_run.json"
+LOCK_FILE = ".judgetrain.lock"
+STATUS_FILE = "judgetrain_status.jsonl"
+LAUNCH_ID_ENV = "JUDGETRAIN_LAUNCH_ID"
+
+# Exit codes (README: "Exit codes").
+EXIT_FINISHED = 0      # trained to the end, final model saved
+EXIT_FAILED = 1        # crashed (a traceback in the log)
+EXIT_BAD_INPUT = 2     # recipe, data, output_dir or resume refused before training
+EXIT_NONFINITE = 3     # stopped on a NaN/inf loss or gradient; the last good checkpoint is kept
+EXIT_PREEMPTED = 143   # stopped by SIGTERM/SIGINT after saving a checkpoint: requeue with --resume auto (128 + 15)
+
+LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
+
+# Recipe keys that change how a run is watched or where it writes, not what it computes.
+OPERATIONAL_KEYS = frozenset({
+    "output_dir", "resume", "resume_force", "overwrite_output_dir", "dry_run", "audit_rows", "accelerate_config",
+    "logging_steps", "logging_strategy", "logging_first_step", "logging_dir", "logging_nan_inf_filter", "report_to",
+    "run_name", "project", "trackio_space_id", "disable_tqdm", "log_level", "log_level_replica",
+    "save_steps", "save_strategy", "save_total_limit", "save_only_model", "save_on_each_node",
+    "eval_suites", "eval_rmbench_source", "eval_judgebias_source", "eval_ideation_source", "eval_max_rows",
+    "eval_scoring", "eval_every_n_steps", "eval_batch_tokens", "eval_suites_on_start", "log_matrix_images",
+    "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+    "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "nonfinite",
+})
+
+
+# --------------------------------------------------------------------------------------------- identity
+
+
+def library_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import judgetrain
+
+    versions = {"judgetrain": judgetrain.__version__}
+    for name in LIBRARIES:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def data_fingerprint(dataset) -> str:
+    """SHA-256 of the training rows as the trainer sees them (after mixture, validation and the length audit): two
+    runs with equal fingerprints train on the same rows in the same order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    h.update(f"{len(dataset)}\n".encode())
+    for batch in dataset.iter(batch_size=1000):
+        h.update(json.dumps(batch, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8"))
+    return h.hexdigest()
+
+
+def run_identity(resolved: dict, *, num_processes: int, data: str) -> dict:
+    """What defines a run (see the module docstring); compared field by field on resume."""
+    from judgetrain.recipe import _plain
+
+    recipe = {k: _plain(v) for k, v in sorted(resolved.items()) if k not in OPERATIONAL_KEYS}
+    return {"recipe": recipe, "data": data, "num_processes": num_processes, "versions": library_versions()}
+
+
+def identity_differences(old: dict, new: dict) -> list[str]:
+    """One line per differing field, ``field: old -> new`` (a recipe key absent on one side is ``(default)``)."""
+    diffs = []  # a ``data`` of None on the new side: not known yet (checked once the rows are loaded)
+    for section in ("recipe", "versions"):
+        a, b = old.get(section) or {}, new.get(section) or {}
+        for key in sorted(set(a) | set(b)):
+            if a.get(key, "(default)") != b.get(key, "(default)"):
+                diffs.append(f"{section}.{key}: {a.get(key, '(default)')!r} -> {b.get(key, '(default)')!r}")
+    for key in ("num_processes", "data"):
+        if key == "data" and new.get(key) is None:
+            continue
+        if old.get(key) != new.get(key):
+            diffs.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return diffs
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write_json(path: Path, value: dict) -> None:
+    """Through a temporary file and a rename: a reader sees the old or the new file, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def checkpoint_identity(checkpoint: str | os.PathLike) -> dict | None:
+    """The identity of the run that wrote ``checkpoint`` (its own copy; else its output_dir's current one)."""
+    ckpt = Path(checkpoint)
+    own = read_json(ckpt / IDENTITY_FILE)
+    if own is not None:
+        return own
+    record = read_json(ckpt.parent / IDENTITY_FILE)
+    return record.get("current") if record else None
+
+
+# --------------------------------------------------------------------------------------------- start decision
+
+RUN_ARTIFACTS = ("metrics.jsonl", "eval", "rejects", "data_audit.json", IDENTITY_FILE, STATUS_FILE)
+FINAL_MARKER = "judgetrain_complete.json"
+
+
+def used_by_a_run(out: Path) -> list[str]:
+    """The names in ``out`` that show an earlier run wrote there (empty: a new or unused folder)."""
+    if not out.is_dir():
+        return []
+    names = [n for n in RUN_ARTIFACTS + (FINAL_MARKER, "recipe.yaml") if (out / n).exists()]
+    names += sorted(p.name for p in out.glob("checkpoint-*") if p.is_dir())
+    return names
+
+
+def plan_start(out: Path, identity: dict, *, checkpoint: str | None, resume_asked: bool, force: bool,
+               overwrite: bool) -> dict:
+    """Decide how this run starts in ``out``: ``{"kind": "fresh" | "resume" | "restart", "forced": [...],
+    "clear": [...]}``, or raise `RecipeError` saying why not and what to pass instead.
+
+    - resume: ``checkpoint`` was written by the same run (equal identity), or ``force``.
+    - restart: ``--resume`` found no complete checkpoint, but ``out`` holds this same run (killed before its first
+      checkpoint): it starts again from step 0 in place.
+    - fresh: ``out`` holds no run, or ``overwrite`` (the earlier run's checkpoints, metrics and evals are removed).
+    """
+    hint = ("pass --resume_force to continue anyway with the new values (they apply from the resumed step on: a new "
+            "learning_rate replaces the restored one), or start a new run in another output_dir")
+    if checkpoint:
+        old = checkpoint_identity(checkpoint)
+        diffs = (["identity: the checkpoint records none (written by an older judgetrain or another program)"]
+                 if old is None else identity_differences(old, identity))
+        if diffs and not force:
+            raise RecipeError(f"--resume {checkpoint}: this is not the run that wrote the checkpoint; differing:\n  "
+                              + "\n  ".join(diffs) + f"\n{hint}")
+        return {"kind": "resume", "forced": diffs, "clear": []}
+    used = used_by_a_run(out)
+    if not used:
+        return {"kind": "fresh", "forced": [], "clear": []}
+    if overwrite:
+        return {"kind": "fresh", "forced": [], "clear": used}
+    record = read_json(out / IDENTITY_FILE)
+    if resume_asked and record is not None:
+        diffs = identity_differences(record.get("current") or {}, identity)
+        if diffs and not force:
+            raise RecipeError(f"--resume: {out} holds another run (no complete checkpoint to resume); differing:\n  "
+                              + "\n  ".join(diffs) + f"\n{hint}")
+        return {"kind": "restart", "forced": diffs, "clear": []}
+    raise RecipeError(
+        f"output_dir {out} already holds a run ({', '.join(used[:6])}{', ...' if len(used) > 6 else ''}): pass "
+        "--resume auto to continue it, --overwrite_output_dir to start a new run there (its checkpoints, metrics and "
+        "evaluations are deleted), or choose another output_dir"
+    )
+
+
+def clear_run(out: Path, names: list[str]) -> None:
+    """Remove an earlier run's artifacts (only judgetrain's own names; other files in output_dir stay)."""
+    import shutil
+
+    for name in names:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    for recipe in out.glob("recipe.resume-*.yaml"):
+        recipe.unlink()
+    logger.warning("--overwrite_output_dir: removed the earlier run's %s from %s", ", ".join(names), out)
+
+
+def record_start(out: Path, identity: dict, plan: dict, *, step: int, checkpoint: str | None) -> dict:
+    """Write ``judgetrain_run.json``: the first identity stays, the current one and a history entry are added."""
+    record = read_json(out / IDENTITY_FILE) if plan["kind"] != "fresh" else None
+    record = record or {"first": identity, "history": []}
+    record["current"] = identity
+    record["history"].append({
+        "event": plan["kind"], "step": step, "checkpoint": checkpoint, "forced": plan["forced"],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname(),
+    })
+    write_json(out / IDENTITY_FILE, record)
+    return record
+
+
+def recipe_path(out: Path, plan: dict, step: int) -> Path:
+    """recipe.yaml for the first start; recipe.resume-<step>.yaml (never overwritten) for each resume/restart."""
+    if plan["kind"] == "fresh":
+        return out / "recipe.yaml"
+    path, n = out / f"recipe.resume-{step}.yaml", 2
+    while path.exists():
+        path, n = out / f"recipe.resume-{step}-{n}.yaml", n + 1
+    return path
+
+
+# --------------------------------------------------------------------------------------------- lock
+
+_HELD: dict[str, object] = {}
+
+
+def hold_output_dir(out: Path) -> None:
+    """Take the output_dir lock for the rest of this process (the kernel releases it at exit, however the process
+    ends). Raises `RecipeError` naming the holder if another run has it."""
+    key = str(out.resolve())
+    if key in _HELD:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    lock = file_lock(out / LOCK_FILE, wait=False)
+    try:
+        fd = lock.__enter__()
+    except LockBusy:
+        raise RecipeError(_in_use(out)) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode(), 0)
+    _HELD[key] = lock
+
+
+def _in_use(out: Path) -> str:
+    holder = (out / LOCK_FILE).read_text(errors="replace").strip() or "unknown process"
+    return f"output_dir {out} is in use by another judgetrain run ({holder}); wait for it to end or use another output_dir"
+
+
+def output_dir_in_use(out: Path) -> str | None:
+    """Why a run cannot start in ``out`` now (another process holds its lock), or None. For `judgetrain train`,
+    before it launches anything: a refusal inside the launch would reach the caller as accelerate's 1."""
+    if not (out / LOCK_FILE).exists():
+        return None
+    try:
+        with file_lock(out / LOCK_FILE, wait=False):
+            return None
+    except LockBusy:
+        return _in_use(out)
+
+
+def release_output_dir(out: Path) -> None:
+    lock = _HELD.pop(str(out.resolve()), None)
+    if lock is not None:
+        lock.__exit__(None, None, None)
+
+
+def wait_for_launch(out: Path, launch_id: str, timeout: float = 900.0, poll: float = 0.5) -> bool:
+    """After a signal made the launcher return early: block until the training process of launch ``launch_id`` has
+    written its status line (its stop checkpoint is then complete) or no process holds ``out``'s lock any more.
+    False if neither happened within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    told = False
+    while time.monotonic() < deadline:
+        if any(s.get("launch_id") == launch_id for s in read_statuses(out)):
+            return True
+        try:
+            with file_lock(out / LOCK_FILE, wait=False):
+                return True
+        except LockBusy:
+            pass
+        if not told:
+            logger.info("Waiting for the training process to finish writing %s", out)
+            told = True
+        time.sleep(poll)
+    return False
+
+
+# --------------------------------------------------------------------------------------------- exit status
+
+
+def outcome_code(outcome: dict | None) -> tuple[str, int]:
+    """(status, exit code) of a finished `train()` summary."""
+    reason = (outcome or {}).get("stop_reason")
+    if reason == "signal":
+        return "preempted", EXIT_PREEMPTED
+    if reason == "nonfinite":
+        return "nonfinite", EXIT_NONFINITE
+    return "finished", EXIT_FINISHED
+
+
+def write_status(out: Path, status: str, code: int, *, step: int | None = None, message: str | None = None) -> None:
+    """Append how this launch ended to ``judgetrain_status.jsonl`` (one line per launch, tagged with the launch id
+    `judgetrain train` set). Only the holder of the output_dir lock writes (a run refused by the lock must not touch
+    the other run's files)."""
+    if not holds_output_dir(out):
+        return
+    line = json.dumps({"status": status, "exit_code": code, "step": step, "message": message,
+                       "launch_id": os.environ.get(LAUNCH_ID_ENV), "pid": os.getpid(),
+                       "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, default=str)
+    with (out / STATUS_FILE).open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_statuses(out: Path) -> list[dict]:
+    try:
+        lines = (out / STATUS_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    statuses = []
+    for line in lines:
+        try:
+            statuses.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line of a killed process
+    return statuses
+
+
+def launch_exit_code(out: Path, launch_id: str, launcher_code: int) -> int:
+    """The exit code of the run `judgetrain train` launched: from its status line, else the launcher's own."""
+    for status in reversed(read_statuses(out)):
+        if status.get("launch_id") == launch_id and isinstance(status.get("exit_code"), int):
+            return status["exit_code"]
+    return launcher_code
+
+
+def decided_on_main(decide):
+    """Run ``decide()`` on the main process only (it reads, hashes or changes output_dir) and give every process its
+    result, or the same `RecipeError`, so that all ranks go on or stop together."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    result = None
+    if state.is_main_process:
+        try:
+            result = ("ok", decide())
+        except RecipeError as e:
+            result = ("error", str(e))
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        box = [result]
+        broadcast_object_list(box, from_process=0)
+        result = box[0]
+    if result[0] == "error":
+        raise RecipeError(result[1])
+    return result[1]
+
+
+def holds_output_dir(out: Path) -> bool:
+    return str(Path(out).resolve()) in _HELD
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m judgetrain.runstate RECIPE [overrides]``: print the exit code the run of launch
+    ``$JUDGETRAIN_LAUNCH_ID`` wrote to its output_dir (for scheduler scripts around a bare `accelerate launch`,
+    which turns every worker's code into 1). Exits 1 when that launch wrote none."""
+    import sys
+
+    from judgetrain.recipe import parse_recipe
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _, training_args, _, _ = parse_recipe(argv)
+    launch_id = os.environ.get(LAUNCH_ID_ENV)
+    for status in reversed(read_statuses(Path(training_args.output_dir))):
+        if launch_id and status.get("launch_id") == launch_id and isinstance(status.get("exit_code"), int):
+            print(status["exit_code"])
+            return 0
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

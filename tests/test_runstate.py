@@ -1,0 +1,415 @@
+"""A resume continues only its own run; one run per output_dir; checkpoints verified by SHA-256 and never all rotated
+away; exit codes a scheduler can act on; the non-finite guard under fp16 loss scaling and over several ranks.
+
+Real components: the tiny judge, DPOTrainer, accelerate, torch's GradScaler and gloo process groups, flock."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from judgetrain.checkpoints import (
+    checkpoint_problem,
+    find_resume_checkpoint,
+    rotate_checkpoints,
+    write_final_marker,
+    write_marker,
+)
+from judgetrain.recipe import RecipeError
+from helpers import QUICKSTART, REPO, read_jsonl
+from judgetrain.runstate import (
+    EXIT_PREEMPTED,
+    IDENTITY_FILE,
+    LOCK_FILE,
+    hold_output_dir,
+    plan_start,
+    read_statuses,
+    release_output_dir,
+    run_identity,
+)
+
+
+def small_recipe(path: Path, extra: str = "") -> str:
+    text = QUICKSTART.read_text()
+    text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
+    text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: []")
+    text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
+    path.write_text(text + "\nmax_steps: 4\nsave_steps: 2\nlogging_steps: 1\n" + extra)
+    return str(path)
+
+
+def train(args, log: Path, timeout=600) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.train", *args], cwd=REPO, stdout=log.open("wb"),
+                          stderr=subprocess.STDOUT, timeout=timeout)
+    return proc.returncode, log.read_text(errors="replace")
+
+
+def metrics(run) -> list[dict]:
+    return read_jsonl(Path(run) / "metrics.jsonl")
+
+
+def identity(lr=0.002, data="d1", n=1):
+    return run_identity({"learning_rate": lr, "output_dir": "x", "logging_steps": 5}, num_processes=n, data=data)
+
+
+# ----------------------------------------------------------------------------------------------- identity (files)
+
+
+def test_resume_of_another_run_is_refused_naming_each_field_and_forcing_keeps_the_new_values(tmp_path):
+    ckpt = tmp_path / "checkpoint-4"
+    ckpt.mkdir()
+    (ckpt / IDENTITY_FILE).write_text(json.dumps(identity()))
+    new = identity(lr=0.5, n=2)
+    new["versions"]["transformers"] = "0.0-other"
+    with pytest.raises(RecipeError) as e:
+        plan_start(tmp_path, new, checkpoint=str(ckpt), resume_asked=True, force=False, overwrite=False)
+    text = str(e.value)
+    assert "recipe.learning_rate: 0.002 -> 0.5" in text and "num_processes: 1 -> 2" in text
+    assert "versions.transformers:" in text and "--resume_force" in text
+    assert "recipe.logging_steps" not in text and "recipe.output_dir" not in text  # operational: not the run
+    plan = plan_start(tmp_path, new, checkpoint=str(ckpt), resume_asked=True, force=True, overwrite=False)
+    assert plan["kind"] == "resume" and len(plan["forced"]) == 3
+    # the same run resumes without force
+    assert plan_start(tmp_path, identity(), checkpoint=str(ckpt), resume_asked=True, force=False,
+                      overwrite=False)["forced"] == []
+
+
+def test_fresh_run_in_a_used_output_dir_refuses_and_overwrite_clears_only_judgetrain_files(tmp_path):
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RecipeError, match="already holds a run .*--overwrite_output_dir"):
+        plan_start(tmp_path, identity(), checkpoint=None, resume_asked=False, force=False, overwrite=False)
+    plan = plan_start(tmp_path, identity(), checkpoint=None, resume_asked=False, force=False, overwrite=True)
+    assert plan["kind"] == "fresh" and set(plan["clear"]) == {"checkpoint-2", "metrics.jsonl"}
+    from judgetrain.runstate import clear_run
+
+    clear_run(tmp_path, plan["clear"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_resume_auto_without_a_checkpoint_restarts_only_its_own_run(tmp_path):
+    """Killed before its first checkpoint: the same run starts again from step 0; another run is refused."""
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / IDENTITY_FILE).write_text(json.dumps({"first": identity(), "current": identity(), "history": []}))
+    plan = plan_start(tmp_path, identity(data=None), checkpoint=None, resume_asked=True, force=False, overwrite=False)
+    assert plan["kind"] == "restart"
+    with pytest.raises(RecipeError, match="holds another run"):
+        plan_start(tmp_path, identity(lr=1.0), checkpoint=None, resume_asked=True, force=False, overwrite=False)
+
+
+# ----------------------------------------------------------------------------------------------- lock
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from judgetrain.runstate import hold_output_dir
+hold_output_dir(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_second_run_meets_the_lock_and_a_killed_holder_leaves_none(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, cwd=REPO)
+    assert holder.stdout.readline().strip() == b"held"
+    with pytest.raises(RecipeError, match=rf"is in use by another judgetrain run \(pid {holder.pid} on "):
+        hold_output_dir(tmp_path)
+    holder.send_signal(signal.SIGKILL)  # no cleanup runs: the kernel drops the flock
+    holder.wait()
+    hold_output_dir(tmp_path)
+    assert (tmp_path / LOCK_FILE).read_text().startswith(f"pid {os.getpid()} ")
+    release_output_dir(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+
+
+def _checkpoint(root: Path, step: int, marker=True) -> Path:
+    ckpt = root / f"checkpoint-{step}"
+    shard = ckpt / f"global_step{step}"  # a DeepSpeed-style shard folder
+    shard.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (ckpt / "optimizer.pt").write_bytes(os.urandom(4096))
+    (shard / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(2048))
+    if marker:
+        write_marker(ckpt, step, identity())
+    return ckpt
+
+
+def test_marker_hashes_every_file_including_shard_folders_and_catches_same_size_corruption(tmp_path, caplog):
+    good, bad = _checkpoint(tmp_path, 2), _checkpoint(tmp_path, 4)
+    listed = json.loads((bad / "judgetrain_complete.json").read_text())["files"]
+    assert set(listed) == {"trainer_state.json", "optimizer.pt", IDENTITY_FILE,
+                           "global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt"}
+    assert all(len(entry["sha256"]) == 64 for entry in listed.values())
+    (bad / "optimizer.pt").write_bytes(b"\0" * 4096)  # zero-filled, right size: the size-only marker trusted it
+    assert checkpoint_problem(bad) == "optimizer.pt does not match its SHA-256 in judgetrain_complete.json"
+    with caplog.at_level("WARNING"):
+        assert find_resume_checkpoint(str(tmp_path)) == str(good)
+    assert "Skipping incomplete checkpoint" in caplog.text and "does not match its SHA-256" in caplog.text
+    assert f"Falling back to {good}" in caplog.text
+    shard = bad / "global_step4" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    (bad / "optimizer.pt").unlink()
+    _checkpoint(tmp_path, 6)
+    shard6 = tmp_path / "checkpoint-6" / "global_step6" / shard.name
+    shard6.write_bytes(shard6.read_bytes()[:-1] + b"x")
+    assert "global_step6/" in checkpoint_problem(tmp_path / "checkpoint-6")
+
+
+def test_rotation_keeps_the_last_complete_checkpoint_while_the_next_one_has_no_marker(tmp_path):
+    _checkpoint(tmp_path, 2)
+    _checkpoint(tmp_path, 4, marker=False)  # being saved (or killed while saving)
+    assert rotate_checkpoints(tmp_path, 1, upto=4) == []
+    assert checkpoint_problem(tmp_path / "checkpoint-2") is None
+    write_marker(tmp_path / "checkpoint-4", 4)
+    assert rotate_checkpoints(tmp_path, 1, upto=4) == [tmp_path / "checkpoint-2"]
+    # a later checkpoint of an abandoned timeline (resumed from before it) is neither kept in place of, nor deleted
+    _checkpoint(tmp_path, 8)
+    _checkpoint(tmp_path, 6)
+    assert rotate_checkpoints(tmp_path, 1, upto=6) == [tmp_path / "checkpoint-4"]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
+
+
+def test_final_model_marker_lists_the_model_files_only(tmp_path):
+    for name in ("adapter_model.safetensors", "adapter_config.json", "metrics.jsonl", "recipe.yaml",
+                 "recipe.resume-4.yaml", IDENTITY_FILE):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "x").write_text("x")
+    write_final_marker(str(tmp_path))
+    marker = json.loads((tmp_path / "judgetrain_complete.json").read_text())
+    assert set(marker["files"]) == {"adapter_model.safetensors", "adapter_config.json"} and marker["final"] is True
+    (tmp_path / "adapter_model.safetensors").write_text("adapter_model.safetensorz")
+    assert "does not match its SHA-256" in checkpoint_problem(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------- real runs
+
+
+def test_real_resume_refuses_a_changed_recipe_forcing_applies_the_new_learning_rate_rejects_kept_once(tmp_path):
+    """lr and max_steps changed on resume: refused naming both; forced: the new lr replaces the restored scheduler's
+    (warmup 5: step 5 at 4/5 of it, step 6 at all of it), recipe.yaml stays the first; rejects are not doubled."""
+    recipe = small_recipe(tmp_path / "r.yaml", "max_length: 600\nlong_rows: skip\n")
+    run = tmp_path / "run"
+    rc, text = train([recipe, "--output_dir", str(run)], tmp_path / "1.log")
+    assert rc == 0, text[-3000:]
+    rejects = (run / "rejects" / "long_rows.jsonl").read_text()
+    assert rejects.count("\n") > 0
+    final = json.loads((run / "judgetrain_complete.json").read_text())
+    assert "adapter_model.safetensors" in final["files"] and "metrics.jsonl" not in final["files"]
+
+    rc, text = train([recipe, "--output_dir", str(run)], tmp_path / "2.log")  # a fresh run in the used folder
+    assert rc == 2 and "already holds a run" in text and "Traceback" not in text
+
+    changed = [recipe, "--output_dir", str(run), "--resume", "auto", "--learning_rate", "0.5", "--max_steps", "6"]
+    rc, text = train(changed, tmp_path / "3.log")
+    assert rc == 2, text[-3000:]
+    assert "recipe.learning_rate: 0.002 -> 0.5" in text and "recipe.max_steps: 4 -> 6" in text
+    assert "--resume_force" in text and "Traceback" not in text
+
+    rc, text = train(changed + ["--resume_force"], tmp_path / "4.log")
+    assert rc == 0, text[-3000:]
+    lrs = {r["step"]: r["train/learning_rate"] for r in metrics(run) if "train/learning_rate" in r}
+    assert lrs[4] == pytest.approx(0.002 * 3 / 5) and lrs[5] == pytest.approx(0.4) and lrs[6] == pytest.approx(0.5)
+    assert "learning_rate: 0.002" in (run / "recipe.yaml").read_text()
+    assert "learning_rate: 0.5" in (run / "recipe.resume-4.yaml").read_text()
+    record = json.loads((run / IDENTITY_FILE).read_text())
+    assert record["first"]["recipe"]["learning_rate"] == 0.002 and record["current"]["recipe"]["learning_rate"] == 0.5
+    assert [h["event"] for h in record["history"]] == ["fresh", "resume"]
+    assert (run / "rejects" / "long_rows.jsonl").read_text() == rejects
+    assert [s["status"] for s in read_statuses(run)] == ["finished", "refused", "refused", "finished"]
+
+
+def test_real_resume_falls_back_past_a_zero_filled_optimizer_file_and_ends_where_the_run_did(tmp_path):
+    recipe = small_recipe(tmp_path / "r.yaml", "max_steps: 6\nsave_total_limit: 2\n")
+    run = tmp_path / "run"
+    rc, text = train([recipe, "--output_dir", str(run)], tmp_path / "1.log")
+    assert rc == 0, text[-3000:]
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]  # rotation: 2 kept
+    reference = load_file(str(run / "adapter_model.safetensors"))
+    optimizer = run / "checkpoint-6" / "optimizer.pt"
+    optimizer.write_bytes(b"\0" * optimizer.stat().st_size)  # the crash of the size-only marker
+
+    rc, text = train([recipe, "--output_dir", str(run), "--resume", "auto"], tmp_path / "2.log")
+    assert rc == 0, text[-3000:]
+    assert f"Skipping incomplete checkpoint {run / 'checkpoint-6'}: optimizer.pt does not match its SHA-256" in text
+    assert f"Falling back to {run / 'checkpoint-4'}" in text and f"Resuming from {run / 'checkpoint-4'}" in text
+    resumed = load_file(str(run / "adapter_model.safetensors"))
+    for key in reference:
+        torch.testing.assert_close(resumed[key], reference[key], rtol=1e-4, atol=1e-6, msg=key)
+    assert checkpoint_problem(run / "checkpoint-6") is None  # rewritten when the run got there again
+    assert [r["step"] for r in metrics(run) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_second_run_is_refused_by_the_lock_and_a_killed_run_resumes(tmp_path):
+    recipe = small_recipe(tmp_path / "r.yaml", "max_steps: 8\n")
+    run, log = tmp_path / "run", tmp_path / "1.log"
+    first = subprocess.Popen([sys.executable, "-m", "judgetrain.train", recipe, "--output_dir", str(run)], cwd=REPO,
+                             stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (run / "checkpoint-2" / "judgetrain_complete.json").exists():
+        assert first.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.05)
+    rc, text = train([recipe, "--output_dir", str(run), "--resume", "auto"], tmp_path / "2.log")
+    assert rc == 2 and f"is in use by another judgetrain run (pid {first.pid} on " in text, text[-3000:]
+    assert first.poll() is None, "the refused run must not disturb the first"
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    rc, text = train([recipe, "--output_dir", str(run), "--resume", "auto"], tmp_path / "3.log")
+    assert rc == 0 and "Resuming from" in text, text[-3000:]
+    assert [r["step"] for r in metrics(run) if "train/loss" in r] == list(range(1, 9))
+
+
+def test_judgetrain_train_exits_with_the_preempted_code_on_sigterm(tmp_path):
+    """SIGTERM to the `judgetrain train` wrapper only: it passes the signal to `accelerate launch`, whose training
+    process saves a checkpoint and exits 143; the wrapper waits for it and exits 143 (accelerate alone gives 1)."""
+    recipe = small_recipe(tmp_path / "r.yaml", "max_steps: 40\nsave_steps: 100\n")
+    run, log = tmp_path / "run", tmp_path / "term.log"
+    wrapper = subprocess.Popen([sys.executable, "-m", "judgetrain.cli", "train", recipe, "--output_dir", str(run)],
+                               cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
+        assert wrapper.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.05)
+    wrapper.send_signal(signal.SIGTERM)
+    rc = wrapper.wait(timeout=300)
+    text = log.read_text(errors="replace")
+    assert rc == EXIT_PREEMPTED, text[-4000:]
+    assert "Stopped by SIGTERM at step" in text
+    status = read_statuses(run)[-1]
+    assert status["status"] == "preempted" and status["exit_code"] == 143 and status["launch_id"]
+    step = status["step"]
+    assert (run / f"checkpoint-{step}" / "judgetrain_complete.json").is_file()
+    assert not (run / "judgetrain_complete.json").exists(), "a preempted run has no final-model marker"
+
+
+# ----------------------------------------------------------------------------------------------- non-finite guard
+
+
+def test_fp16_loss_scaler_overflow_steps_are_skipped_and_counted_not_stopped(tiny_judge, tmp_path):
+    """accelerate enables fp16 loss scaling only on an accelerator; here Trainer's accelerator gets the real
+    torch.amp.GradScaler('cpu') (the model runs fp16 weights, as TRL loads them with fp16: true). An initial scale
+    of 2**24 overflows fp16 gradients for the first steps: the scaler skips them and halves its scale."""
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from judgetrain.callbacks import NonFiniteGuard
+    from judgetrain.data import load_judgebias
+
+    rows = load_judgebias("bundled", split="train").select(range(24)).select_columns(["prompt", "chosen", "rejected"])
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=2, fp16=True, bf16=False,
+                     report_to=[], logging_steps=1, save_strategy="no", learning_rate=1e-3, use_cpu=True)
+    trainer = DPOTrainer(model=tiny_judge, args=args, train_dataset=rows,
+                         processing_class=AutoTokenizer.from_pretrained(tiny_judge),
+                         peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    trainer.accelerator.native_amp = True
+    trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)
+    guard = NonFiniteGuard("stop").attach(trainer)
+    trainer.add_callback(guard)
+    trainer.train()  # no RunStopped
+
+    assert trainer.state.global_step == 8
+    final_scale = trainer.accelerator.scaler.get_scale()
+    halvings = round(torch.log2(torch.tensor(2.0**24 / final_scale)).item())
+    assert 1 <= len(guard.scaler_skipped_steps) == halvings < 8, (guard.scaler_skipped_steps, final_scale)
+    assert guard.scaler_skipped_steps == list(range(1, halvings + 1))  # the first steps, then a scale that fits
+    assert guard.bad_steps == [] and guard.skipped_steps == []
+    grad_norms = {r["step"]: r.get("grad_norm") for r in trainer.state.log_history if "grad_norm" in r}
+    assert all(grad_norms[s] != grad_norms[s] or grad_norms[s] == float("inf") for s in guard.scaler_skipped_steps)
+    weights = [p for n, p in trainer.model.named_parameters() if "lora_" in n]
+    assert weights and all(torch.isfinite(p).all() for p in weights)
+
+
+def test_fp16_a_real_nonfinite_loss_still_stops_under_the_scaler():
+    """The scaler cannot fix a NaN loss: the guard stops, naming it (a real Accelerator with a real GradScaler,
+    Trainer's state/control objects; the step's loss flag and grad norm set as `attach` records them)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from judgetrain.callbacks import NonFiniteGuard, RunStopped
+
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    guard = NonFiniteGuard("stop")
+    guard._accelerator = accelerator
+    state, args = TrainerState(), TrainingArguments(output_dir="unused", report_to=[])
+    state.global_step = 4
+    guard._grad_norm = float("inf")
+    guard.on_pre_optimizer_step(args, state, TrainerControl())  # overflow with a finite loss: the scaler's business
+    assert guard.bad_steps == []
+    guard._loss_bad, guard._grad_norm = True, float("nan")
+    with pytest.raises(RunStopped, match="Non-finite loss and gradient at step 5"):
+        guard.on_pre_optimizer_step(args, state, TrainerControl())
+
+
+AGREE = """
+import os, sys, torch.distributed as dist
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+from judgetrain.callbacks import any_rank
+print(any_rank([rank == 1, False]), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_all_ranks_agree_when_one_rank_sees_a_nonfinite_value(tmp_path):
+    """Under FSDP / ZeRO-3 each rank sees its own micro-batch losses: a NaN on rank 1 stops rank 0 as well."""
+    store = tmp_path / "store"
+    procs = [subprocess.Popen([sys.executable, "-c", AGREE, str(r), str(store)], stdout=subprocess.PIPE, cwd=REPO)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=120)[0].decode().strip().splitlines()[-1] for p in procs]
+    assert outs == ["[True, False]", "[True, False]"]
+
+
+def test_judgetrain_train_exits_2_at_once_when_another_run_holds_the_output_dir(tmp_path):
+    """Checked before anything is launched: the refusal reaches the scheduler as 2 (from inside `accelerate launch`
+    it would be 1), and the run that holds the folder is not disturbed."""
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        proc = subprocess.run([sys.executable, "-m", "judgetrain.cli", "train", small_recipe(tmp_path / "r.yaml"),
+                               "--output_dir", str(run)], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert f"is in use by another judgetrain run (pid {holder.pid} on " in proc.stderr
+        assert "Launching" not in proc.stderr and holder.poll() is None
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_slurm_script_requeues_on_the_preempted_code_that_accelerate_hides(tmp_path):
+    """srun / scontrol / accelerate stand in for a cluster (as in test_scale); the stand-in launch writes what a
+    preempted run writes (status line 143 tagged with the launch id) and exits 1, as `accelerate launch` does."""
+    out = tmp_path / "run"
+    out.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ $1 == show ]] && printf "gpu-a\\n" || echo "scontrol $*"\n')
+    (bin_dir / "srun").write_text('#!/bin/bash\nif [[ " $* " == *" hostname "* ]]; then echo 10.1.2.3; exit 0; fi\n'
+                                  'while [[ $1 == --* ]]; do shift; done\nSLURM_PROCID=0 "$@"\n')
+    (bin_dir / "accelerate").write_text(
+        '#!/bin/bash\necho "{\\"status\\": \\"preempted\\", \\"exit_code\\": 143, \\"launch_id\\": \\"$JUDGETRAIN_LAUNCH_ID\\"}"'
+        f' >> {out}/judgetrain_status.jsonl\nexit 1\n')
+    (bin_dir / "python").write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-a",
+           "SLURM_NNODES": "1", "SLURM_JOB_ID": "77", "GPUS_PER_NODE": "8", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "slurm_train.sh"), str(QUICKSTART),
+                           str(REPO / "accelerate_configs" / "multinode_ddp.yaml"), "--output_dir", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "scontrol requeue 77" in proc.stdout
+    assert read_statuses(out)[-1]["launch_id"] == "slurm-77-0"
