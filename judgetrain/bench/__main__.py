@@ -1,4 +1,5 @@
-"""`python -m judgetrain.bench`: the command, and the entry of the bench's worker subprocesses (`_worker SPEC RESULT`)."""
+"""`python -m judgetrain.bench`: the command, and the entry of the bench's worker subprocesses
+(`_worker SPEC RESULT`)."""
 
 import sys
 

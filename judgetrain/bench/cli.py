@@ -37,13 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from judgetrain.bench.common import BenchError, _load_average, _machine, _versions, default_recipe
+from judgetrain.bench.common import BenchError, default_recipe, load_average, machine_info, package_versions
 from judgetrain.bench.eval import bench_eval, eval_model_location
 from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_sharing
-from judgetrain.bench.report import SCHEMA_VERSION, _jsonable, print_table, summarize
+from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summarize
 from judgetrain.bench.scale import bench_quickstart, bench_train_scale
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
-from judgetrain.bench.workers import _worker_main
+from judgetrain.bench.workers import worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     if args.device != "cuda":
         parts.discard("device")
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "command": "judgetrain bench " + " ".join(args.argv),
-                              "versions": _versions(), "machine": _machine(), "load_average_start": _load_average()}
+                              "versions": package_versions(), "machine": machine_info(), "load_average_start": load_average()}
     report["config"] = {k: v for k, v in vars(args).items() if k != "argv"}
     tmp = tempfile.TemporaryDirectory(prefix="judgetrain-bench-") if args.workdir is None else None
     workdir = Path(args.workdir or tmp.name)
@@ -172,7 +172,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         if tmp is not None:
             tmp.cleanup()
     report["seconds"] = time.perf_counter() - t0
-    report["load_average_end"] = _load_average()
+    report["load_average_end"] = load_average()
     report["load_average"] = report["load_average_end"]
     report["summary"] = summarize(report)
     return report
@@ -181,7 +181,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_worker"]:
-        return _worker_main(argv[1], argv[2])
+        return worker_main(argv[1], argv[2])
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"judgetrain bench: {e}", file=sys.stderr)
         return 2
-    report = _jsonable(report)
+    report = jsonable(report)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=1))
     print_table(report)

@@ -35,13 +35,13 @@ def ratio(a: float, b: float) -> float:
     return float(a / b) if b else math.nan
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     """High-water resident set of this process (Linux: KiB; macOS: bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
@@ -53,7 +53,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _machine() -> dict[str, Any]:
+def machine_info() -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {
@@ -73,14 +73,14 @@ def _machine() -> dict[str, Any]:
     return info
 
 
-def _load_average() -> list[float] | None:
+def load_average() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
 
 
-def _alternating(n_warmup: int, n_repeats: int, sides: list[str]):
+def alternating(n_warmup: int, n_repeats: int, sides: list[str]):
     """(round, is_warmup, order) for every round: warm-up rounds first, then timed rounds whose order rotates so no
     side always runs first (drift and cache effects spread over all sides)."""
     for i in range(n_warmup + n_repeats):
@@ -96,7 +96,7 @@ def default_recipe() -> str:
     raise BenchError("recipes/quickstart.yaml not found next to the package or in the current directory; pass --recipe")
 
 
-def _quiet() -> None:
+def quiet_logging() -> None:
     logging.basicConfig(level=logging.WARNING, force=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import datasets
@@ -106,14 +106,14 @@ def _quiet() -> None:
     transformers.utils.logging.set_verbosity_error()
 
 
-def _args_digest(args) -> tuple[str, dict]:
+def args_digest(args) -> tuple[str, dict]:
     """Hash of the trainer arguments that configure the run (naming keys left out)."""
     d = {k: v for k, v in args.to_dict().items() if k not in _RUN_NAMING_KEYS}
     text = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16], json.loads(text)
 
 
-def _device_peak(result: dict) -> None:
+def device_peak(result: dict) -> None:
     import torch
 
     if torch.cuda.is_available():
@@ -139,7 +139,7 @@ def run_worker(spec: dict, workdir: Path, name: str, timeout: float = 3600) -> d
     return result
 
 
-def _recipe_parts(recipe_path: str) -> tuple[dict, dict, dict]:
+def recipe_parts(recipe_path: str) -> tuple[dict, dict, dict]:
     """(DPOConfig keys, ModelConfig keys, judgetrain keys) of a recipe file."""
     import dataclasses
 
@@ -155,7 +155,7 @@ def _recipe_parts(recipe_path: str) -> tuple[dict, dict, dict]:
     return dpo, model, rest
 
 
-def _overrides_argv(overrides: dict) -> list[str]:
+def overrides_argv(overrides: dict) -> list[str]:
     argv = []
     for k, v in overrides.items():
         argv += [f"--{k}", json.dumps(v) if isinstance(v, (list, dict)) else str(v)]

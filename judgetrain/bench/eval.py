@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from judgetrain.bench.common import BenchError, _alternating, _load_average, _recipe_parts, median, ratio
+from judgetrain.bench.common import BenchError, alternating, load_average, median, ratio, recipe_parts
 
 
 def eval_model_location(name: str) -> tuple[str, dict]:
@@ -46,7 +46,7 @@ def load_eval_model(model_path: str, recipe: str, seed: int = 0, load_kwargs: di
 
     from judgetrain.modeling import load_tokenizer
 
-    _, model_keys, _ = _recipe_parts(recipe)
+    _, model_keys, _ = recipe_parts(recipe)
     load_kwargs = load_kwargs or {}
     if load_kwargs:  # a GGUF file: the tokenizer is read from it too
         from transformers import AutoTokenizer
@@ -139,7 +139,7 @@ class NaiveEvaluator:
         return out
 
 
-def _rmbench_rows(source: str, n: int | None) -> list[dict]:
+def rmbench_rows(source: str, n: int | None) -> list[dict]:
     from judgetrain import data
 
     path = data.sample_source("rmbench") if source in (None, "", "bundled") else source
@@ -147,7 +147,7 @@ def _rmbench_rows(source: str, n: int | None) -> list[dict]:
     return rows[:n] if n else rows
 
 
-def _grow(pool: list[dict], n: int) -> list[dict]:
+def grow_rows(pool: list[dict], n: int) -> list[dict]:
     """n distinct rows: the pool's own rows first; beyond it, copies whose prompt carries a variant tag (distinct
     token ids, so no cache can reuse them; about the same length)."""
     out = list(pool[:n])
@@ -161,7 +161,7 @@ def _grow(pool: list[dict], n: int) -> list[dict]:
     return out
 
 
-def _interleave_domains(rows: list[dict]) -> list[dict]:
+def interleave_domains(rows: list[dict]) -> list[dict]:
     """Rows round robin over their domains (RM-Bench files are sorted by domain, whose response lengths differ), so
     the first n rows are a fair draw for any n."""
     from judgetrain.metrics import rmbench_domain
@@ -209,7 +209,7 @@ def naive_items(name: str, rows: list[dict]) -> list[tuple[list[dict], list[list
     return [(list(r["prompt"]), [list(r["chosen"]), list(r["rejected"])]) for r in rows]
 
 
-def _engine_epoch(engine, rows: list[dict], name: str = "rmbench") -> tuple[float, list[list[float]], dict]:
+def engine_epoch(engine, rows: list[dict], name: str = "rmbench") -> tuple[float, list[list[float]], dict]:
     from judgetrain.eval import SuiteSpec, evaluate
 
     before = engine.stats.as_dict()
@@ -251,7 +251,7 @@ def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: l
     stats: dict[str, dict] = {}
     scores: dict[str, list] = {}
     checks: dict[str, Any] = {}
-    for i, warm, order in _alternating(cfg.warmup, cfg.repeats, ["naive", "engine", "plain"]):
+    for i, warm, order in alternating(cfg.warmup, cfg.repeats, ["naive", "engine", "plain"]):
         for side in order:
             if side == "naive":
                 naive = NaiveEvaluator(model, tokenizer, cfg.naive_batch_size, cfg.eval_max_length)
@@ -265,8 +265,8 @@ def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: l
             prefix = "" if side == "engine" else "plain_"
             engine = ScoringEngine(model, tokenizer, prefix_sharing=side == "engine", merge_lora=side == "engine",
                                    **engine_kwargs)
-            t1, s1, st1 = _engine_epoch(engine, rows, name)
-            t2, s2, st2 = _engine_epoch(engine, rows, name)  # a later epoch: reference cache warm
+            t1, s1, st1 = engine_epoch(engine, rows, name)
+            t2, s2, st2 = engine_epoch(engine, rows, name)  # a later epoch: reference cache warm
             if st2["ref_batches"] != 0:
                 raise BenchError(f"{name}: later epoch ran reference forwards: the reference cache did not hold")
             stats[prefix + "first"], stats[prefix + "later"] = st1, st2
@@ -310,14 +310,14 @@ def bench_eval(cfg: argparse.Namespace, model_path: str, load_kwargs: dict | Non
     import torch
 
     model, tokenizer = load_eval_model(model_path, cfg.recipe, load_kwargs=load_kwargs)
-    pool = _rmbench_rows(cfg.rmbench_source, None)
-    sets = {"rmbench": _grow(pool, cfg.eval_rows) if cfg.eval_rows else pool,
+    pool = rmbench_rows(cfg.rmbench_source, None)
+    sets = {"rmbench": grow_rows(pool, cfg.eval_rows) if cfg.eval_rows else pool,
             "judgebias": _judgebias_rows(cfg.judgebias_rows)}
     out: dict[str, Any] = {"model": cfg.eval_model or model_path, "architecture": type(model.get_base_model()).__name__,
                            "rmbench_source": cfg.rmbench_source, "torch_threads": torch.get_num_threads()}
     for name in EVAL_SETS if cfg.eval_sets else ():
         out[name] = bench_eval_set(cfg, model, tokenizer, name, sets[name])
-        out[name]["load_average"] = _load_average()
+        out[name]["load_average"] = load_average()
     if not cfg.eval_scale:
         return out
     from judgetrain.bench.scale import bench_eval_scale  # scale builds on this module

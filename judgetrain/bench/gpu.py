@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from judgetrain.bench.common import _alternating, median, ratio
+from judgetrain.bench.common import alternating, median, ratio
 from judgetrain.bench.train import TrainBench, bench_train_shapes
 
 logger = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, s
                 seqs.append(_Seq(r, slot, prompt + resp, prompt_len))
         times: dict[bool, list[float]] = {True: [], False: []}
         values, tokens = {}, {}
-        for i, warm, order in _alternating(1, repeats, [True, False]):
+        for i, warm, order in alternating(1, repeats, [True, False]):
             for share in order:
                 engine = ScoringEngine(model, pad, prefix_sharing=share, max_length=prompt_len + resp_len + 1)
                 sync()

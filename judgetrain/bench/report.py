@@ -158,13 +158,13 @@ def print_table(report: dict) -> None:
     console.print(f"summary: {json.dumps(s)}")
 
 
-def _jsonable(value):
+def jsonable(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items() if not str(k).startswith("_")}
+        return {str(k): jsonable(v) for k, v in value.items() if not str(k).startswith("_")}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 

@@ -8,8 +8,8 @@ import argparse
 import math
 from pathlib import Path
 
-from judgetrain.bench.common import _alternating, _overrides_argv, median, ratio, run_worker
-from judgetrain.bench.eval import NaiveEvaluator, _engine_epoch, _grow, _interleave_domains, naive_items
+from judgetrain.bench.common import alternating, median, overrides_argv, ratio, run_worker
+from judgetrain.bench.eval import NaiveEvaluator, engine_epoch, grow_rows, interleave_domains, naive_items
 from judgetrain.bench.train import TrainBench
 
 
@@ -17,7 +17,7 @@ def bench_train_scale(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) ->
     factors = [1, 2, 4]
     base = cfg.scale_train_steps
     runs: dict[int, list[dict]] = {f: [] for f in factors}
-    for i, warm, order in _alternating(0, cfg.scale_repeats, factors):
+    for i, warm, order in alternating(0, cfg.scale_repeats, factors):
         for f in order:
             runs[f].append(run_worker(tb.spec("judgetrain", f"scale-{f}x-{i}", steps=base * f), workdir, f"scale-{f}x-{i}"))
     times = {f: median([r["train_runtime"] for r in runs[f]]) for f in factors}
@@ -31,14 +31,14 @@ def bench_eval_scale(cfg: argparse.Namespace, model, tokenizer, pool: list[dict]
     from judgetrain.eval import ScoringEngine
 
     engine_kwargs = dict(scoring="implicit", batch_tokens=cfg.eval_batch_tokens, max_length=cfg.eval_max_length)
-    mixed = _interleave_domains(pool)
-    scale_rows = {f: _grow(mixed, base * f) for f in (1, 2, 4)}
+    mixed = interleave_domains(pool)
+    scale_rows = {f: grow_rows(mixed, base * f) for f in (1, 2, 4)}
     scale_tokens = {f: sum(len(ids) for ids, _ in NaiveEvaluator(model, tokenizer, max_length=cfg.eval_max_length)
                            .sequences(naive_items("rmbench", scale_rows[f]))) for f in (1, 2, 4)}
     times: dict[int, list[float]] = {1: [], 2: [], 4: []}
-    for i, warm, order in _alternating(0, cfg.scale_repeats, [1, 2, 4]):
+    for i, warm, order in alternating(0, cfg.scale_repeats, [1, 2, 4]):
         for f in order:
-            t, _, _ = _engine_epoch(ScoringEngine(model, tokenizer, **engine_kwargs), scale_rows[f])
+            t, _, _ = engine_epoch(ScoringEngine(model, tokenizer, **engine_kwargs), scale_rows[f])
             times[f].append(t)
     med = {f: median(v) for f, v in times.items()}
     return {"base_rows": base, "seconds": {f"{f}x": med[f] for f in med},
@@ -64,7 +64,7 @@ def bench_quickstart(cfg: argparse.Namespace, workdir: Path) -> dict:
         steps = cfg.quickstart_steps
         over.update(max_steps=steps, eval_every_n_steps=max(steps // 2, 1))
     over.update(cfg.quickstart_overrides)
-    spec = {"kind": "quickstart", "argv": [cfg.recipe, *_overrides_argv(over)], "output_dir": str(out_dir)}
+    spec = {"kind": "quickstart", "argv": [cfg.recipe, *overrides_argv(over)], "output_dir": str(out_dir)}
     res = run_worker(spec, workdir, "quickstart")
     evals = res["evals"]
     eval_total = sum(e["seconds"] for e in evals)

@@ -1,5 +1,6 @@
 """The train part: judgetrain's trainer path against a bare `trl.DPOTrainer` on the same rows, seed and DPOConfig
-(speed, peak memory, the speed options), and the train_shapes part: prefix sharing on JudgeBias- and RM-Bench-shaped rows.
+(speed, peak memory, the speed options), and the train_shapes part: prefix sharing on JudgeBias- and RM-Bench-shaped
+rows.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from judgetrain.bench.common import BenchError, _alternating, _overrides_argv, _recipe_parts, median, ratio, run_worker
-from judgetrain.bench.eval import _rmbench_rows
+from judgetrain.bench.common import BenchError, alternating, median, overrides_argv, ratio, recipe_parts, run_worker
+from judgetrain.bench.eval import rmbench_rows
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class TrainBench:
         if device == "cpu":
             self.base["use_cpu"] = True
         script_args, training_args, model_args, _ = parse_recipe(
-            [recipe, *_overrides_argv({**self.base, "output_dir": str(workdir / "prep"), "max_steps": steps})]
+            [recipe, *overrides_argv({**self.base, "output_dir": str(workdir / "prep"), "max_steps": steps})]
         )
         self.model_path = resolve_model(model_args.model_name_or_path)
         tokenizer = load_tokenizer(self.model_path, training_args)
@@ -52,7 +53,7 @@ class TrainBench:
                 ids = tokenizer.apply_chat_template(row["prompt"] + row[key], tokenize=True, return_dict=True)["input_ids"]
                 lens.append(len(ids))
         self.tokens_per_sample = 2 * sum(lens) / len(lens)
-        dpo, model_keys, _ = _recipe_parts(recipe)
+        dpo, model_keys, _ = recipe_parts(recipe)
         self.dpo = dict(dpo)
         self.dpo.update({k: v for k, v in self.base.items() if k not in ("eval_suites",)})
         self.dpo["model_init_kwargs"] = model_init_kwargs(model_args, training_args)
@@ -74,7 +75,7 @@ class TrainBench:
         options = dict(options or {})
         if side == "judgetrain":
             over = {**self.base, **options, "output_dir": out, "max_steps": steps}
-            return {"kind": "train_judgetrain", "argv": [self.recipe, *_overrides_argv(over)], "output_dir": out}
+            return {"kind": "train_judgetrain", "argv": [self.recipe, *overrides_argv(over)], "output_dir": out}
         trainer = options.pop("trainer", "trl")
         dpo = {**self.dpo, **options, "output_dir": out, "max_steps": steps}
         return {"kind": "train_bare", "data": self.data_path, "model": self.model_path, "dpo": dpo, "lora": self.lora,
@@ -110,7 +111,7 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
     runs: dict[str, list[dict]] = {"judgetrain": [], "judgetrain_unshared": [], "bare_trl": []}
     sides = {"judgetrain": ("judgetrain", None), "judgetrain_unshared": ("judgetrain", {"prefix_sharing": False}),
              "bare_trl": ("bare", None)}
-    for i, warm, order in _alternating(cfg.warmup, cfg.repeats, list(runs)):
+    for i, warm, order in alternating(cfg.warmup, cfg.repeats, list(runs)):
         for name in order:
             side, options = sides[name]
             res = run_worker(tb.spec(side, f"{name}-{i}", options=options), workdir, f"{name}-{i}")
@@ -152,7 +153,7 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
         tb.dataset.select(range(min(tb.rows, cfg.train_steps * tb.batch))).to_parquet(subset)
         for opt, extra in options.items():
             o_runs: dict[str, list[dict]] = {"plain": [], opt: []}
-            for i, warm, order in _alternating(0, cfg.option_repeats, list(o_runs)):
+            for i, warm, order in alternating(0, cfg.option_repeats, list(o_runs)):
                 for name in order:
                     spec = tb.spec("bare", f"{opt}-{name}-{i}", options=extra if name == opt else None)
                     spec["data"] = subset
@@ -181,7 +182,7 @@ def _shape_rows(tb: TrainBench, shape: str, n: int, rmbench_source: str) -> list
         pool = [
             {"prompt": [{"role": "user", "content": r["prompt"]}], "chosen": [{"role": "assistant", "content": c}],
              "rejected": [{"role": "assistant", "content": j}]}
-            for r in _rmbench_rows(rmbench_source, None) for c, j in zip(r["chosen"], r["rejected"])
+            for r in rmbench_rows(rmbench_source, None) for c, j in zip(r["chosen"], r["rejected"])
         ]
     if not pool:
         raise BenchError(f"no {shape} rows to build the {shape}-shaped train set from (recipe {tb.recipe})")
@@ -221,7 +222,7 @@ def bench_train_shapes(cfg: argparse.Namespace, tb: TrainBench, workdir: Path, m
 
         Dataset.from_list(rows).to_parquet(path)
         runs: dict[str, list[dict]] = {"trl": [], "prefix_sharing": []}
-        for i, warm, order in _alternating(cfg.warmup, cfg.repeats, list(runs)):
+        for i, warm, order in alternating(cfg.warmup, cfg.repeats, list(runs)):
             for name in order:
                 spec = tb.spec("bare", f"shape-{shape}-{name}-{i}", options={"trainer": name, **(dpo_extra or {})})
                 spec["data"] = path

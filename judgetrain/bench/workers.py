@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from judgetrain.bench.common import _args_digest, _device_peak, _peak_rss_mb, _quiet
+from judgetrain.bench.common import args_digest, device_peak, peak_rss_mb, quiet_logging
 
 
 def _worker_train_judgetrain(spec: dict) -> dict:
@@ -22,7 +22,7 @@ def _worker_train_judgetrain(spec: dict) -> dict:
     t0 = time.perf_counter()
     summary = train(script_args, training_args, model_args, resolved, command="judgetrain bench")
     wall = time.perf_counter() - t0
-    digest, args_dict = _args_digest(training_args)
+    digest, args_dict = args_digest(training_args)
     m = summary["train_metrics"]
     return {
         "train_runtime": m["train_runtime"],
@@ -58,7 +58,7 @@ def _worker_train_bare(spec: dict) -> dict:
     trainer.save_model(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
     wall = time.perf_counter() - t0
-    digest, args_dict = _args_digest(args)
+    digest, args_dict = args_digest(args)
     return {
         "train_runtime": result.metrics["train_runtime"],
         "train_samples_per_second": result.metrics["train_samples_per_second"],
@@ -90,11 +90,11 @@ _WORKERS = {"train_judgetrain": _worker_train_judgetrain, "train_bare": _worker_
             "quickstart": _worker_quickstart}
 
 
-def _worker_main(spec_path: str, result_path: str) -> int:
+def worker_main(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    _quiet()
+    quiet_logging()
     result = _WORKERS[spec["kind"]](spec)
-    result["peak_rss_mb"] = _peak_rss_mb()
-    _device_peak(result)
+    result["peak_rss_mb"] = peak_rss_mb()
+    device_peak(result)
     Path(result_path).write_text(json.dumps(result, default=str))
     return 0
