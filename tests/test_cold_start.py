@@ -179,8 +179,7 @@ def assert_written_once(out: Path) -> None:
     assert eval_steps == [2, 4]
     for step in (2, 4):
         folder = out / "eval" / str(step)
-        assert sorted(p.name for p in folder.iterdir()) == ["ideation.jsonl", "judgebias.jsonl", "rmbench.jsonl",
-                                                            "results.json"]
+        assert {p.name for p in folder.iterdir()} == {"ideation.jsonl", "judgebias.jsonl", "rmbench.jsonl", "results.json"}
         for suite in ("rmbench", "judgebias", "ideation"):
             rows = read_jsonl(folder / f"{suite}.jsonl")
             ids = [r.get("id", r.get("row_id", json.dumps(r, sort_keys=True))) for r in rows]
