@@ -90,6 +90,21 @@ class _Seq:
     key: str = ""
 
 
+def budget_batches(items: Sequence, cost, batch_tokens: int, max_batch: int) -> list[list]:
+    """Greedy batches over ``items`` sorted most costly first: a batch grows while (its size + 1) x the cost of its
+    first item fits ``batch_tokens`` and it holds fewer than ``max_batch`` items."""
+    batches: list[list] = []
+    current: list = []
+    for item in items:
+        if current and ((len(current) + 1) * cost(current[0]) > batch_tokens or len(current) >= max_batch):
+            batches.append(current)
+            current = []
+        current.append(item)
+    if current:
+        batches.append(current)
+    return batches
+
+
 def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -347,17 +362,7 @@ class ScoringEngine:
     def _batches(self, seqs: list[_Seq]) -> list[list[_Seq]]:
         """Sorted length buckets: longest first, a batch grows while batch size x longest <= batch_tokens."""
         order = sorted(seqs, key=lambda s: (-len(s.ids), s.row, s.slot))
-        batches: list[list[_Seq]] = []
-        current: list[_Seq] = []
-        for s in order:
-            longest = len(current[0].ids) if current else len(s.ids)
-            if current and ((len(current) + 1) * longest > self.batch_tokens or len(current) >= self.max_batch_size):
-                batches.append(current)
-                current = []
-            current.append(s)
-        if current:
-            batches.append(current)
-        return batches
+        return budget_batches(order, lambda s: len(s.ids), self.batch_tokens, self.max_batch_size)
 
     def _collate(self, batch: list[_Seq], device: torch.device):
         longest = max(len(s.ids) for s in batch)

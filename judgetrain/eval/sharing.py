@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from judgetrain.eval.scoring import _common_prefix_length
+from judgetrain.eval.scoring import _common_prefix_length, budget_batches
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 MIN_SUITE_PREFIX = 8  # a shorter common prefix is not worth a forward of its own
@@ -128,17 +128,7 @@ def group_rows(rows: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> 
     """Rows in groups whose row forward fits the budget (rows x longest prefix, suite prefix included); longest
     prefixes first so a group pads little."""
     order = sorted(rows, key=lambda r: (-len(r.prefix), -max((len(x) for x in r.leaves), default=0), r.row))
-    groups: list[list[SharedRow]] = []
-    current: list[SharedRow] = []
-    for r in order:
-        longest = len(current[0].prefix) if current else len(r.prefix)
-        if current and ((len(current) + 1) * longest > batch_tokens or len(current) >= max_batch):
-            groups.append(current)
-            current = []
-        current.append(r)
-    if current:
-        groups.append(current)
-    return groups
+    return budget_batches(order, lambda r: len(r.prefix), batch_tokens, max_batch)
 
 
 def leaf_chunks(group: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> list[list[tuple[int, int]]]:
@@ -147,17 +137,7 @@ def leaf_chunks(group: Sequence[SharedRow], batch_tokens: int, max_batch: int) -
     past = max(len(r.prefix) for r in group)
     items = [(g, i) for g, r in enumerate(group) for i, leaf in enumerate(r.leaves) if leaf]
     items.sort(key=lambda gi: -len(group[gi[0]].leaves[gi[1]]))
-    chunks: list[list[tuple[int, int]]] = []
-    current: list[tuple[int, int]] = []
-    for g, i in items:
-        longest = len(group[current[0][0]].leaves[current[0][1]]) if current else len(group[g].leaves[i])
-        if current and ((len(current) + 1) * (past + longest) > batch_tokens or len(current) >= max_batch):
-            chunks.append(current)
-            current = []
-        current.append((g, i))
-    if current:
-        chunks.append(current)
-    return chunks
+    return budget_batches(items, lambda gi: past + len(group[gi[0]].leaves[gi[1]]), batch_tokens, max_batch)
 
 
 def count_forwards(rows: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> int:
