@@ -20,7 +20,7 @@ import logging
 import os
 from pathlib import Path
 
-from judgetrain.cache import cache_root, cached_folder, save_model_folder  # noqa: F401 (cache_root re-exported)
+from judgetrain.cache import cached_folder, save_model_folder
 
 logger = logging.getLogger(__name__)
 
@@ -166,13 +166,6 @@ def ensure_tiny_judge(*, seed: int = 0) -> str:
         required=("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "judgetrain_tiny.json"),
         description="the tiny judge",
     )
-
-
-def resolve_model(name_or_path: str) -> str:
-    """Kept for callers of earlier versions: see `judgetrain.aliases.resolve_model`."""
-    from judgetrain.aliases import resolve_model as resolve
-
-    return resolve(name_or_path)
 
 
 def main(argv: list[str] | None = None) -> int:
