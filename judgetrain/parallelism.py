@@ -4,12 +4,13 @@
 (ACCELERATE_USE_FSDP, FSDP_VERSION, ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_ZERO_STAGE, WORLD_SIZE, ...).
 Accelerate honours them only on some devices and says nothing when it does not: on a machine without a GPU an FSDP
 config becomes plain data parallelism over gloo (Accelerate promotes MULTI_GPU-like states to FSDP, never
-MULTI_CPU) and a DeepSpeed config is ignored when the state is a CPU one. judgetrain therefore
+MULTI_CPU), and a DeepSpeed config either runs each process as "rank 0 of 1" (no CPU state: DeepSpeed then stops at
+its batch-size check) or is ignored (a CPU state). judgetrain therefore
 
 * reads the request (`requested_parallelism`),
-* joins the processes (`join_process_group`): over gloo on a CPU machine, and for an FSDP2 request on CPU it lets
-  Accelerate's own FSDP2 path run (torch's ``fully_shard`` works over gloo; only Accelerate's type check stood in
-  the way),
+* joins the processes (`join_process_group`): over gloo on a CPU machine, and for an FSDP2 or DeepSpeed request on
+  CPU it lets Accelerate's own FSDP2 / DeepSpeed path run on the joined group (torch's ``fully_shard`` and DeepSpeed's
+  ZeRO-1/2/3 with its CPU accelerator work over gloo; only Accelerate's type checks stood in the way),
 * refuses a request it cannot honour before any data or weights load (`check_request`),
 * and at the first training step checks and logs what is really in effect: type, processes, machines, backend and
   which tensors are sharded (`ParallelismReport`, written to ``<output_dir>/parallelism.json``).
@@ -27,6 +28,12 @@ from typing import Any, Mapping
 from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
+
+
+DEEPSPEED_INSTALL = (
+    "pip install --no-build-isolation deepspeed, into an environment that already has torch (DeepSpeed's setup "
+    "imports torch: under pip's build isolation it would fetch a second, CUDA build of torch to build with)"
+)
 
 
 class ParallelismError(RuntimeError):
@@ -81,17 +88,16 @@ def requested_parallelism(env: Mapping[str, str] | None = None) -> Request:
 def check_request(request: Request, *, gpu: bool) -> None:
     """Refuse, with the reason and the way out, a request this machine / install would silently downgrade."""
     if request.kind == "deepspeed":
-        if not gpu:
-            raise ParallelismError(
-                f"the launch asks for DeepSpeed ZeRO-{request.zero_stage}, but this machine has no GPU: Accelerate "
-                "ignores DeepSpeed on a CPU state and would train as plain data parallelism. Run the DeepSpeed configs "
-                "on GPUs; on CPU use accelerate_configs/fsdp2_cpu.yaml (sharded) or accelerate_configs/cpu.yaml (DDP)."
-            )
         import importlib.util
 
         if importlib.util.find_spec("deepspeed") is None:
-            raise ParallelismError("the launch asks for DeepSpeed but the deepspeed package is not installed "
-                                   "(pip install deepspeed)")
+            raise ParallelismError(f"the launch asks for DeepSpeed ZeRO-{request.zero_stage} but the deepspeed package "
+                                   f"is not installed: {DEEPSPEED_INSTALL}")
+        if not gpu and request.processes < 2:
+            raise ParallelismError(
+                f"the launch asks for DeepSpeed ZeRO-{request.zero_stage} in a single process on a machine without a "
+                "GPU: there is nothing to partition over. Launch 2 or more processes (--num_processes 2)."
+            )
     if request.kind == "fsdp":
         if request.processes < 2:
             raise ParallelismError(
@@ -124,6 +130,8 @@ def join_process_group(env: Mapping[str, str] | None = None):
     check_request(request, gpu=gpu)
     if not gpu and request.processes > 1:
         os.environ["ACCELERATE_USE_CPU"] = "true"
+    if not gpu and request.kind == "deepspeed":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo, no CUDA probing
     state = PartialState(cpu=not gpu)
     if request.processes > 1 and state.num_processes != request.processes:
         raise ParallelismError(
@@ -146,6 +154,24 @@ def allow_fsdp_on_cpu(request: Request) -> bool:
     if PartialState._shared_state.get("distributed_type") != DistributedType.MULTI_CPU:
         return False
     PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+    return True
+
+
+def allow_deepspeed_on_cpu(request: Request) -> bool:
+    """For a DeepSpeed request on a CPU process group, present the joined state (gloo, CPU devices) to Accelerate as
+    a DeepSpeed one, so that `Accelerator()` builds its DeepSpeed plugin and `prepare` hands the model to
+    ``deepspeed.initialize``. Call it after `TrainingArguments` set up its devices (which re-creates the state as a
+    CPU one from ``ACCELERATE_USE_CPU``) and before the Trainer builds its Accelerator (which must not see
+    ``ACCELERATE_USE_CPU``: Accelerate skips DeepSpeed on a CPU state). Returns whether it did."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    if request.kind != "deepspeed":
+        return False
+    if PartialState._shared_state.get("distributed_type") != DistributedType.MULTI_CPU:
+        return False
+    os.environ.pop("ACCELERATE_USE_CPU", None)
+    PartialState._shared_state["distributed_type"] = DistributedType.DEEPSPEED
     return True
 
 
@@ -172,6 +198,20 @@ def sharding_of(model) -> dict[str, Any]:
             "gathered_whole": whole if sharded else []}
 
 
+def zero_partition(engine) -> dict[str, Any]:
+    """The ZeRO stage the DeepSpeed engine really runs and the optimizer state this rank holds: its fp32 partition of
+    the trainable parameters (ZeRO-1/2 keep ``single_partition_of_fp32_groups``, ZeRO-3 ``fp32_partitioned_groups_flat``)
+    beside the trainable parameters of the whole model."""
+    stage = engine.zero_optimization_stage() if hasattr(engine, "zero_optimization_stage") else 0
+    optimizer = getattr(engine, "optimizer", None)
+    flat = getattr(optimizer, "single_partition_of_fp32_groups", None) or \
+        getattr(optimizer, "fp32_partitioned_groups_flat", None) or []
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in engine.parameters() if p.requires_grad)
+    held = sum(t.numel() for t in flat)
+    return {"zero_stage": stage, "trainable_full": trainable, "optimizer_state_on_this_rank": held,
+            "optimizer_fraction_on_this_rank": round(held / trainable, 4) if trainable else 1.0}
+
+
 def in_effect(accelerator, model, request: Request) -> dict[str, Any]:
     """What this run actually does (from the prepared Accelerator and model), beside what was asked."""
     import torch.distributed as dist
@@ -183,8 +223,9 @@ def in_effect(accelerator, model, request: Request) -> dict[str, Any]:
     if kind == "FSDP":
         sharded = ["parameters", "gradients", "optimizer state"]
     elif kind == "DEEPSPEED":
-        stage = accelerator.deepspeed_plugin.zero_stage
-        sharded = ["optimizer state", "gradients", "parameters"][: {1: 1, 2: 2, 3: 3}.get(stage, 0)]
+        zero = zero_partition(model)
+        shards.update(zero)
+        sharded = ["optimizer state", "gradients", "parameters"][: {1: 1, 2: 2, 3: 3}.get(zero["zero_stage"], 0)]
     return {
         "requested": asdict(request),
         "distributed_type": kind,
@@ -212,11 +253,27 @@ def honoured(request: Request, effect: dict[str, Any]) -> str | None:
         return "asked for FSDP, but no parameter of the prepared model is sharded"
     if request.kind == "fsdp" and effect["fsdp_version"] != request.fsdp_version:
         return f"asked for FSDP{request.fsdp_version}, Accelerate runs FSDP{effect['fsdp_version']}"
+    if request.kind == "deepspeed":
+        return _zero_problem(request, effect)
+    return None
+
+
+def _zero_problem(request: Request, effect: dict[str, Any]) -> str | None:
+    """A DeepSpeed run must run the requested stage and partition what that stage partitions."""
+    if effect["zero_stage"] != request.zero_stage:
+        return f"asked for ZeRO-{request.zero_stage}, DeepSpeed runs ZeRO-{effect['zero_stage']}"
+    if request.processes > 1 and effect["optimizer_fraction_on_this_rank"] >= 1.0:
+        return f"asked for ZeRO-{request.zero_stage}, but this rank holds the optimizer state of every parameter"
+    if request.zero_stage == 3 and effect["sharded_tensors"] == 0:
+        return "asked for ZeRO-3, but no parameter of the prepared model is partitioned"
     return None
 
 
 def describe(effect: dict[str, Any]) -> str:
     kind = effect["distributed_type"] + (f"{effect['fsdp_version']}" if effect.get("fsdp_version") else "")
+    if effect.get("zero_stage") is not None:
+        kind += (f" ZeRO-{effect['zero_stage']} (optimizer state on this rank: "
+                 f"{effect['optimizer_state_on_this_rank']:,} of {effect['trainable_full']:,} trainable)")
     return (
         f"Parallelism in effect: {kind}, {effect['processes']} process(es) on {effect['machines']} machine(s), "
         f"backend {effect['backend']}, device {effect['device']}; sharded: {', '.join(effect['sharded']) or 'nothing'}"

@@ -229,7 +229,12 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
         NonFiniteGuard,
     )
 
-    from judgetrain.parallelism import ParallelismReport, allow_fsdp_on_cpu, requested_parallelism
+    from judgetrain.parallelism import (
+        ParallelismReport,
+        allow_deepspeed_on_cpu,
+        allow_fsdp_on_cpu,
+        requested_parallelism,
+    )
 
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     keep, training_args.save_total_limit = training_args.save_total_limit, None  # rotated after each marker instead
@@ -239,6 +244,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     logger.info("Launch asks for %s (what is in effect is checked at the first step)", request.describe())
     _ = training_args.device  # TrainingArguments re-creates Accelerate's process state here ...
     allow_fsdp_on_cpu(request)  # ... so an FSDP2 request on CPU is let through again, checked at the first step
+    allow_deepspeed_on_cpu(request)  # and a DeepSpeed one (on CPU: DeepSpeed's CPU accelerator over gloo)
     report = ParallelismReport(request, training_args.output_dir)
     callbacks = [report, MetricsJsonlCallback(training_args.output_dir), CheckpointMarkerCallback(keep, identity), guard,
                  stopper]
