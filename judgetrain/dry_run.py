@@ -111,8 +111,9 @@ def deepspeed_plugin_config(cfg, notes: list[str]) -> dict:
             zero3_save_16bit_model=bool(ds.get("zero3_save_16bit_model", False)),
         )
     if importlib.util.find_spec("deepspeed") is None:
-        notes.append("the accelerate config is DeepSpeed but the deepspeed package is not installed here "
-                     "(pip install deepspeed on the GPU machines)")
+        from judgetrain.parallelism import DEEPSPEED_INSTALL
+
+        notes.append(f"the accelerate config is DeepSpeed but the deepspeed package is not installed here: {DEEPSPEED_INSTALL}")
     return plugin.deepspeed_config
 
 

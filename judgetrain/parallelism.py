@@ -90,14 +90,14 @@ def check_request(request: Request, *, gpu: bool) -> None:
     if request.kind == "deepspeed":
         import importlib.util
 
-        if importlib.util.find_spec("deepspeed") is None:
-            raise ParallelismError(f"the launch asks for DeepSpeed ZeRO-{request.zero_stage} but the deepspeed package "
-                                   f"is not installed: {DEEPSPEED_INSTALL}")
         if not gpu and request.processes < 2:
             raise ParallelismError(
                 f"the launch asks for DeepSpeed ZeRO-{request.zero_stage} in a single process on a machine without a "
                 "GPU: there is nothing to partition over. Launch 2 or more processes (--num_processes 2)."
             )
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ParallelismError(f"the launch asks for DeepSpeed ZeRO-{request.zero_stage} but the deepspeed package "
+                                   f"is not installed: {DEEPSPEED_INSTALL}")
     if request.kind == "fsdp":
         if request.processes < 2:
             raise ParallelismError(
@@ -109,6 +109,21 @@ def check_request(request: Request, *, gpu: bool) -> None:
                 f"the launch asks for FSDP version {request.fsdp_version} on a machine without a GPU; judgetrain "
                 "shards on CPU only with FSDP2 (fsdp_version: 2, e.g. accelerate_configs/fsdp2_cpu.yaml)."
             )
+
+
+def deepspeed_missing(accelerate_config: str | None) -> str | None:
+    """Before `judgetrain train` hands over to `accelerate launch`: a DeepSpeed config without the deepspeed package,
+    in words with the way to install it (accelerate's own refusal says only `pip3 install deepspeed`, which builds
+    against a second, downloaded torch)."""
+    import importlib.util
+
+    if not accelerate_config or importlib.util.find_spec("deepspeed") is not None:
+        return None
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    if not str(load_config_from_file(accelerate_config).distributed_type).endswith("DEEPSPEED"):
+        return None
+    return f"{accelerate_config} is a DeepSpeed config but the deepspeed package is not installed: {DEEPSPEED_INSTALL}"
 
 
 def join_process_group(env: Mapping[str, str] | None = None):

@@ -7,6 +7,10 @@
 
 A recipe holds `JudgeTrainArguments` (judgetrain/recipe.py), `trl.DPOConfig` and `trl.ModelConfig` keys; any key can
 be overridden as ``--key value``.
+
+DeepSpeed (accelerate_configs/zero2.yaml, zero3.yaml) is installed apart, into the environment that has torch:
+``pip install --no-build-isolation deepspeed``. Without a GPU the ZeRO configs run on DeepSpeed's CPU accelerator:
+    judgetrain train recipes/quickstart.yaml --accelerate_config accelerate_configs/zero3.yaml --num_processes 2 --mixed_precision no
 """
 
 from __future__ import annotations
@@ -434,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     busy = output_dir_in_use(Path(training_args.output_dir))
     if busy:
         print(f"judgetrain train: {busy}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from judgetrain.parallelism import deepspeed_missing
+
+    missing = deepspeed_missing(script_args.accelerate_config)
+    if missing:
+        print(f"judgetrain train: {missing}", file=sys.stderr)
         return EXIT_BAD_INPUT
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     if script_args.accelerate_config:

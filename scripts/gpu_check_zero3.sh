@@ -1,15 +1,21 @@
 #!/bin/bash
-# On a machine with 2 or more CUDA GPUs and `pip install deepspeed`: run the ZeRO-3 full fine-tune recipe with the
-# tiny judge for a few steps, kill it after its first checkpoint, resume with --resume auto, and check that
+# On a machine with 2 or more CUDA GPUs and deepspeed installed (README, "DeepSpeed"): run the ZeRO-3 full fine-tune
+# recipe with the tiny judge for a few steps, kill it after its first checkpoint, resume with --resume auto, and check
+# that
 #   - the run was really ZeRO-3 (parallelism.json: DEEPSPEED, parameters partitioned over the GPUs),
 #   - the eval callback scored every row once (results.json rows_per_rank),
 #   - the final model.safetensors is the gathered 16-bit model (full shapes, bf16) and loads as an ordinary model,
 #   - metrics.jsonl has each step once.
-# Usage, from the repository root:  bash scripts/gpu_check_zero3.sh [NUM_GPUS] [OUT_DIR]
+# Usage, from the repository root:  bash scripts/gpu_check_zero3.sh [NUM_GPUS] [OUT_DIR] [TRAIN ARGS...]
+# TRAIN ARGS go to judgetrain.train. The same check runs on a machine without a GPU (DeepSpeed's CPU accelerator, 2
+# processes over gloo; transformers accepts bf16 on CPU only with use_cpu):
+#   bash scripts/gpu_check_zero3.sh 2 runs/cpu-check-zero3 --use_cpu true
 set -euo pipefail
 
 NUM_GPUS=${1:-$(python -c "import torch; print(torch.cuda.device_count())")}
 OUT=${2:-runs/gpu-check-zero3}
+shift $(( $# < 2 ? $# : 2 ))
+TRAIN_ARGS=("$@")
 PORT=${PORT:-29531}
 RECIPE=$OUT.recipe.yaml
 rm -rf "$OUT" && mkdir -p "$(dirname "$OUT")"
@@ -27,7 +33,7 @@ PY
 
 launch() {
   accelerate launch --config_file accelerate_configs/zero3.yaml --num_processes "$NUM_GPUS" --main_process_port "$PORT" \
-    -m judgetrain.train "$RECIPE" --output_dir "$OUT" --resume auto
+    -m judgetrain.train "$RECIPE" --output_dir "$OUT" --resume auto "${TRAIN_ARGS[@]}"
 }
 
 # 1. start, kill the whole launch once checkpoint-3 is complete

@@ -1,5 +1,6 @@
 """The parallelism a launch asks for is the one it gets, or the run stops with the reason (judgetrain.parallelism)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ def test_the_request_is_read_from_what_accelerate_launch_exports():
 
 
 @pytest.mark.parametrize("request_, gpu, message", [
-    (Request("deepspeed", 2, 1, 0, zero_stage=3), False, "DeepSpeed ZeRO-3, but this machine has no GPU"),
+    (Request("deepspeed", 1, 1, 0, zero_stage=3), False, "ZeRO-3 in a single process on a machine without a GPU"),
     (Request("fsdp", 1, 1, 0, fsdp_version=2), True, "FSDP with a single process"),
     (Request("fsdp", 2, 1, 0, fsdp_version=1), False, "FSDP version 1 on a machine without a GPU"),
 ])
@@ -42,6 +43,20 @@ def test_fsdp_that_shards_nothing_is_not_honoured():
     assert honoured(req, dict(ddp_like, distributed_type="FSDP", fsdp_version=2, sharded_tensors=54)) is None
 
 
+def test_deepspeed_that_partitions_nothing_is_not_honoured():
+    req = Request("deepspeed", 2, 1, 0, zero_stage=3)
+    zero3 = {"distributed_type": "DEEPSPEED", "processes": 2, "zero_stage": 3, "sharded_tensors": 54,
+             "optimizer_fraction_on_this_rank": 0.5}
+    assert honoured(req, zero3) is None
+    assert "DeepSpeed runs ZeRO-2" in honoured(req, dict(zero3, zero_stage=2))
+    assert "no parameter of the prepared model is partitioned" in honoured(req, dict(zero3, sharded_tensors=0))
+    zero2 = dict(zero3, zero_stage=2, sharded_tensors=0)
+    assert honoured(Request("deepspeed", 2, 1, 0, zero_stage=2), zero2) is None
+    assert "holds the optimizer state of every parameter" in honoured(
+        Request("deepspeed", 2, 1, 0, zero_stage=2), dict(zero2, optimizer_fraction_on_this_rank=1.0))
+    assert "Accelerate runs MULTI_CPU" in honoured(req, dict(zero3, distributed_type="MULTI_CPU"))
+
+
 def _recipe(tmp_path) -> Path:
     text = QUICKSTART.read_text()
     recipe = tmp_path / "quick.yaml"
@@ -49,9 +64,11 @@ def _recipe(tmp_path) -> Path:
     return recipe
 
 
-def test_a_deepspeed_launch_on_a_cpu_machine_exits_with_the_reason(tmp_path):
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None,
+                    reason="deepspeed is installed here: the launch trains (tests/test_deepspeed.py)")
+def test_a_deepspeed_launch_without_the_package_exits_with_the_reason(tmp_path):
     """accelerate launch itself stops a DeepSpeed config without the package; torchrun with Accelerate's variables
-    (what a SLURM script may do) reaches judgetrain, which must not train it as DDP."""
+    (what a SLURM script may do) reaches judgetrain, which must not train it as DDP, and says how to install."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_DEEPSPEED": "true",
            "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
@@ -59,8 +76,20 @@ def test_a_deepspeed_launch_on_a_cpu_machine_exits_with_the_reason(tmp_path):
            "--eval_suites", "none", "--max_steps", "1"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode != 0
-    assert "ParallelismError: the launch asks for DeepSpeed ZeRO-3, but this machine has no GPU" in proc.stderr
+    assert "ParallelismError: the launch asks for DeepSpeed ZeRO-3 but the deepspeed package is not installed: " \
+        "pip install --no-build-isolation deepspeed" in proc.stderr
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="deepspeed is installed here")
+def test_judgetrain_train_with_a_deepspeed_config_says_how_to_install_deepspeed(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.cli", "train", str(_recipe(tmp_path)), "--accelerate_config",
+                           "accelerate_configs/zero3.yaml", "--output_dir", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert ("judgetrain train: accelerate_configs/zero3.yaml is a DeepSpeed config but the deepspeed package is not "
+            "installed: pip install --no-build-isolation deepspeed") in proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
