@@ -31,23 +31,23 @@ recipe.update(model_name_or_path="tiny-judge", train_datasets=[{"dataset": "judg
 yaml.safe_dump(recipe, open(sys.argv[1], "w"), sort_keys=False)
 PY
 
-launch() {
-  accelerate launch --config_file accelerate_configs/zero3.yaml --num_processes "$NUM_GPUS" --main_process_port "$PORT" \
-    -m judgetrain.train "$RECIPE" --output_dir "$OUT" --resume auto "${TRAIN_ARGS[@]}"
-}
+LAUNCH=(accelerate launch --config_file accelerate_configs/zero3.yaml --num_processes "$NUM_GPUS"
+        --main_process_port "$PORT" -m judgetrain.train "$RECIPE" --output_dir "$OUT" --resume auto "${TRAIN_ARGS[@]}")
 
-# 1. start, kill the whole launch once checkpoint-3 is complete
-launch > "$OUT.log1" 2>&1 &
+# 1. start, stop the launch (SIGTERM to `accelerate launch` itself: the run saves and stops) once checkpoint-3 is
+#    complete, and wait for it to end
+"${LAUNCH[@]}" > "$OUT.log1" 2>&1 &
 LAUNCHER=$!
 until [[ -f "$OUT/checkpoint-3/judgetrain_complete.json" ]]; do
   kill -0 $LAUNCHER 2>/dev/null || { echo "run ended before checkpoint-3"; tail -50 "$OUT.log1"; exit 1; }
-  sleep 1
+  sleep 0.2
 done
 kill -TERM $LAUNCHER; wait $LAUNCHER || true
-echo "killed after checkpoint-3"
+[[ ! -f "$OUT/checkpoint-6/judgetrain_complete.json" ]] || { echo "the run reached its end before the stop"; exit 1; }
+echo "stopped after checkpoint-3"
 
 # 2. resume to the end
-launch > "$OUT.log2" 2>&1 || { tail -80 "$OUT.log2"; exit 1; }
+"${LAUNCH[@]}" > "$OUT.log2" 2>&1 || { tail -80 "$OUT.log2"; exit 1; }
 grep -q "Resuming from .*checkpoint-" "$OUT.log2"
 
 # 3. checks
@@ -78,5 +78,5 @@ with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert t.numel() > 0, f"{name} is an empty ZeRO-3 partition, not the gathered weight"
 model = AutoModelForCausalLM.from_pretrained(out)
 assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in reference.state_dict().items()}
-print("ZeRO-3 check passed: sharded over", n, "GPUs, resumed, 16-bit model gathered on save")
+print("ZeRO-3 check passed: partitioned over", n, "processes, stopped and resumed, 16-bit model gathered on save")
 PY
