@@ -21,11 +21,22 @@ logger = logging.getLogger(__name__)
 class RunStopped(Exception):
     """Raised from a callback to leave ``trainer.train()`` at once, skipping the epoch-end evaluation and save that
     Trainer would otherwise run after ``should_training_stop`` (an eval of a NaN model, or minutes of eval after a
-    SIGTERM, and a checkpoint of the bad state). ``reason`` is "signal" or "nonfinite"."""
+    SIGTERM, and a checkpoint of the bad state). ``reason`` is "signal", "nonfinite" or "complete" (`NoStepsLeft`)."""
 
     def __init__(self, reason: str, step: int, message: str, checkpoint: str | None = None):
         super().__init__(message)
         self.reason, self.step, self.checkpoint = reason, step, checkpoint
+
+
+class NoStepsLeft(TrainerCallback):
+    """Leave ``trainer.train()`` before its first step when the resumed checkpoint is already at ``max_steps`` (a
+    requeued or rerun job whose run had finished): Trainer's loop checks the step count only after a step, so it
+    would train one step past the end. The checkpoint is loaded by then, so the final model can still be saved."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            raise RunStopped("complete", state.global_step,
+                             f"step {state.global_step} is the run's last (max_steps {state.max_steps}): nothing left to train")
 
 
 class MetricsJsonlCallback(TrainerCallback):

@@ -231,6 +231,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
         GracefulStop,
         MetricsJsonlCallback,
         NonFiniteGuard,
+        NoStepsLeft,
     )
 
     from judgetrain.parallelism import (
@@ -250,8 +251,8 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     allow_fsdp_on_cpu(request)  # ... so an FSDP2 request on CPU is let through again, checked at the first step
     allow_deepspeed_on_cpu(request)  # and a DeepSpeed one (on CPU: DeepSpeed's CPU accelerator over gloo)
     report = ParallelismReport(request, training_args.output_dir)
-    callbacks = [report, MetricsJsonlCallback(training_args.output_dir), CheckpointMarkerCallback(keep, identity), guard,
-                 stopper]
+    callbacks = [NoStepsLeft(), report, MetricsJsonlCallback(training_args.output_dir),
+                 CheckpointMarkerCallback(keep, identity), guard, stopper]
     if forced:
         callbacks.append(ForcedResume(forced))
     trainer_cls = DPOTrainer
@@ -283,11 +284,18 @@ def run_training(trainer, resume_from: str | None, guard) -> tuple[dict, object 
     try:
         result = trainer.train(resume_from_checkpoint=resume_from)
     except RunStopped as stop:
-        result = None
-        summary["stopped"] = str(stop)
-        summary["stop_reason"], summary["stopped_at"] = stop.reason, stop.step
-        if stop.checkpoint:
-            summary["checkpoint"] = stop.checkpoint
+        if stop.reason == "complete":  # resumed at max_steps: no step trained; the final model is saved as usual
+            from transformers.trainer_utils import TrainOutput
+
+            logger.info("%s: %s; saving the final model from it", resume_from, stop)
+            summary["nothing_left_to_train"] = True
+            result = TrainOutput(trainer.state.global_step, 0.0, {})
+        else:
+            result = None
+            summary["stopped"] = str(stop)
+            summary["stop_reason"], summary["stopped_at"] = stop.reason, stop.step
+            if stop.checkpoint:
+                summary["checkpoint"] = stop.checkpoint
     summary["global_step"] = trainer.state.global_step
     if getattr(trainer, "prefix_sharing", None) is not None:
         summary["prefix_sharing"] = {"on": trainer.prefix_sharing, **trainer.prefix_sharing_stats}

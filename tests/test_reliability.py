@@ -154,6 +154,30 @@ def test_sigkill_mid_step_during_eval_and_during_checkpoint_save_then_resume_mat
     assert len(kills) == 3
 
 
+def test_resuming_a_finished_run_trains_no_step_past_max_steps(recipe, reference, tmp_path):
+    """A requeued job whose run had finished resumes from the checkpoint at max_steps: Trainer's loop would train one
+    step past it; judgetrain trains none and writes the final model from that checkpoint again."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    before = len(records(run))
+    (run / "judgetrain_complete.json").unlink()  # as if killed between the last checkpoint and the final save
+    (run / "adapter_model.safetensors").unlink()
+    text = run_to_end([recipe, "--output_dir", str(run), "--resume", "auto"], tmp_path / "resume.log")
+    assert f"step {MAX_STEPS} is the run's last (max_steps {MAX_STEPS}): nothing left to train" in text, text[-4000:]
+    assert not (run / f"checkpoint-{MAX_STEPS + 1}").exists()
+    assert train_steps(run) == list(range(1, MAX_STEPS + 1))
+    assert len(records(run)) == before  # no train, eval or summary record added
+    assert (run / "judgetrain_complete.json").is_file()
+    a, b = adapter(reference), adapter(run)
+    assert a.keys() == b.keys() and len(a) > 0
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    status = [json.loads(line) for line in (run / "judgetrain_status.jsonl").read_text().splitlines()]
+    assert status[-1]["status"] == "finished" and status[-1]["exit_code"] == 0 and status[-1]["step"] == MAX_STEPS
+
+
 def _wait_exit(proc, timeout):
     try:
         return proc.wait(timeout=timeout)
