@@ -259,5 +259,6 @@ def test_parse_messages_never_raises_on_arbitrary_strings(text):
 def test_judgebias_delta_is_consistent_only_when_it_equals_the_score_gap(sc, sr, delta):
     row = dict(judgebias_rows()[0], score_chosen=sc, score_rejected=sr, score_delta=delta)
     fields = {f for f, _ in judgebias_check(row)}
-    consistent = math.isfinite(delta) and math.isclose(delta, abs(sc - sr), abs_tol=1e-6)
+    # in range (a difference of two scores: never negative, not even -1e-305) and equal to the score gap within 1e-6
+    consistent = math.isfinite(delta) and delta >= 0 and math.isclose(delta, abs(sc - sr), abs_tol=1e-6)
     assert ("score_delta" not in fields) == consistent
