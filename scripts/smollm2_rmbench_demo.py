@@ -57,9 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--table", metavar="RESULTS_JSON", help="print the tables of a finished run and stop")
     p.add_argument("--out", default="runs/smollm2-rmbench-demo")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--rows-per-domain", type=int, default=9, help="rows per domain in each half (a multiple of 3 "
-                   "balances the latin design exactly)")
-    p.add_argument("--max-tokens", type=int, default=640, help="keep rows whose longest sequence fits (CPU budget)")
+    p.add_argument("--rows-per-domain", type=int, default=4, help="rows per domain in each half")
+    p.add_argument("--max-tokens", type=int, default=512, help="keep rows whose longest sequence fits (CPU budget)")
     p.add_argument("--pair-design", choices=PAIR_DESIGNS, default="latin",
                    help="latin: 3 pairs per row, one cyclic shift of the styles (all 9 cells every 3 rows); "
                         "all: the 9 (chosen style, rejected style) pairs of every row")
@@ -258,21 +257,43 @@ def train(model, tokenizer, pairs: list[dict], args, out: Path):
 
 
 class Phases:
-    """Wall-clock seconds of the named phases, with the 1-minute load average at each phase's end."""
+    """Runs the named phases, timing each (wall and CPU seconds, the 1-minute load average at its end), and keeps
+    each finished phase's result in ``<out>/phases/<name>.json``: a run stopped part way (a shared CPU, a deadline)
+    continues where it stopped when started again with the same settings."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.load: dict[str, float] = {}
+    def __init__(self, out: Path, settings: dict) -> None:
+        self.folder = out / "phases"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        saved = self.folder / "settings.json"
+        if saved.exists() and json.loads(saved.read_text()) != settings:
+            raise SystemExit(f"{out} holds phases of a run with other settings ({saved}); use another --out")
+        saved.write_text(json.dumps(settings, indent=1))
+        self.records: dict[str, dict] = {}
 
-    def run(self, name: str, fn, *a, **kw):
+    def run(self, name: str, fn, *, save=lambda v: None, load=lambda saved: None):
+        """``fn()`` once; ``save(value)`` is what is kept (JSON), ``load(kept)`` rebuilds the value on a later run."""
         import os
 
-        t = time.perf_counter()
-        value = fn(*a, **kw)
-        self.seconds[name] = round(time.perf_counter() - t, 1)
-        self.load[name] = os.getloadavg()[0]
-        logger.info("%s: %.0f s (load average %.2f)", name, self.seconds[name], self.load[name])
+        path = self.folder / f"{name}.json"
+        if path.exists():
+            record = json.loads(path.read_text())
+            logger.info("%s: kept from an earlier run (%s)", name, path)
+            value = load(record.pop("value"))
+        else:
+            wall, cpu = time.perf_counter(), time.process_time()
+            value = fn()
+            record = {"seconds": round(time.perf_counter() - wall, 1), "cpu_seconds": round(time.process_time() - cpu, 1),
+                      "load_average": os.getloadavg()[0]}
+            path.write_text(json.dumps({**record, "value": save(value)}))
+            logger.info("%s: %.0f s wall, %.0f s CPU (load average %.2f)", name, record["seconds"],
+                        record["cpu_seconds"], record["load_average"])
+        self.records[name] = record
         return value
+
+
+def settings(args) -> dict:
+    """The arguments that decide a run's results (not where it is written or how it is summarised)."""
+    return {k: v for k, v in vars(args).items() if k not in ("out", "table", "bootstrap")}
 
 
 def run(args) -> dict:
@@ -287,7 +308,8 @@ def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
-    phases = Phases()
+    phases = Phases(out, settings(args))
+    wall, cpu = time.perf_counter(), time.process_time()
 
     def load():
         path = resolve_model(args.model)
@@ -296,24 +318,35 @@ def run(args) -> dict:
         rows = list(load_rmbench(args.rmbench_source))
         return tokenizer, model, rows, select_rows(rows, chat_length(tokenizer), args.max_tokens, args.rows_per_domain)
 
-    tokenizer, model, rows, (train_rows, eval_rows) = phases.run("load_select", load)
+    tokenizer, model, rows, (train_rows, eval_rows) = load()
     check_halves(train_rows, eval_rows, args)
     pairs = style_pairs(train_rows, args.pair_design)
     logger.info("train half %s, eval half %s (of %d rows); %d training pairs %s",
                 dict(Counter(r["domain"] for r in train_rows)), dict(Counter(r["domain"] for r in eval_rows)),
                 len(rows), len(pairs), dict(Counter(cell_kind(*p["cell"]) for p in pairs)))
+    loaded = {"seconds": round(time.perf_counter() - wall, 1), "cpu_seconds": round(time.process_time() - cpu, 1)}
 
     scorers = ("loglik",) if args.skip_judge else ("loglik", "judge")
     engine = ScoringEngine(model, tokenizer, max_length=args.max_tokens + 512, batch_tokens=4096)
     scores: dict[str, np.ndarray] = {}
+
+    def score_phase(name: str, kind: str) -> None:
+        scores[name] = phases.run(name, lambda: score(engine, eval_rows, kind), save=np.ndarray.tolist, load=np.array)
+        logger.info("%s: %s", name, accuracies(scores[name]))
+
     for kind in scorers:
-        scores[f"{kind}_before"] = phases.run(f"{kind}_before", score, engine, eval_rows, kind)
-        logger.info("%s before: %s", kind, accuracies(scores[f"{kind}_before"]))
-    trained, log = phases.run("train", train, model, tokenizer, pairs, args, out)
+        score_phase(f"{kind}_before", kind)
+
+    def reload_adapter(log):
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(model, str(out / "adapter")), log
+
+    trained, log = phases.run("train", lambda: train(model, tokenizer, pairs, args, out), save=lambda v: v[1],
+                              load=reload_adapter)
     engine.set_model(trained)
     for kind in scorers:
-        scores[f"{kind}_after"] = phases.run(f"{kind}_after", score, engine, eval_rows, kind)
-        logger.info("%s after: %s", kind, accuracies(scores[f"{kind}_after"]))
+        score_phase(f"{kind}_after", kind)
     scores["implicit_after"] = scores["loglik_after"] - scores["loglik_before"]
     logger.info("implicit after: %s", accuracies(scores["implicit_after"]))
     domains = [r["domain"] for r in eval_rows]
@@ -322,7 +355,7 @@ def run(args) -> dict:
         "args": vars(args),
         "train_ids": [r["id"] for r in train_rows], "eval_ids": [r["id"] for r in eval_rows], "eval_domains": domains,
         "train_pairs": len(pairs), "train_cells": dict(Counter(cell_kind(*p["cell"]) for p in pairs)),
-        "train_log": log, "seconds": phases.seconds, "load_average": phases.load,
+        "train_log": log, "phases": {"load_select": loaded, **phases.records},
         "figures": bootstrap(scores, domains, args.bootstrap, args.seed),
         "scores": {k: v.tolist() for k, v in scores.items()},
     }

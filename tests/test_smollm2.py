@@ -35,7 +35,7 @@ def smollm2(_judgetrain_cache):
 
 def short_recipe(tmp_path: Path) -> str:
     text = (REPO / "recipes" / "smollm2_judgebias_lora.yaml").read_text()
-    text = text.replace("  - {dataset: judgebias, source: bundled, split: train, rows: 48}",
+    text = text.replace("  - {dataset: judgebias, source: bundled, split: train, rows: 24}",
                         "  - {dataset: ideation, source: bundled, split: train, mode: pairwise, rows: 8}")
     text = text.replace("eval_suites: [judgebias]", "eval_suites: []").replace("eval_suites_on_start: true", "")
     path = tmp_path / "smollm2_short.yaml"

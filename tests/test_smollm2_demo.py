@@ -133,3 +133,20 @@ def test_tables_print_pooled_and_per_domain(demo):
     text = demo.tables(result)
     assert "### All eval rows (6)" in text and "### chat (3 rows)" in text and "### code (3 rows)" in text
     assert text.count("| log-likelihood, before |") == 3
+
+
+def test_phases_keep_finished_results_and_refuse_other_settings(demo, tmp_path):
+    calls = []
+
+    def work():
+        calls.append(1)
+        return np.arange(3.0)
+
+    first = demo.Phases(tmp_path, {"rows_per_domain": 4})
+    assert first.run("loglik_before", work, save=np.ndarray.tolist, load=np.array).tolist() == [0.0, 1.0, 2.0]
+    again = demo.Phases(tmp_path, {"rows_per_domain": 4})  # a stopped run started again: nothing is recomputed
+    assert again.run("loglik_before", work, save=np.ndarray.tolist, load=np.array).tolist() == [0.0, 1.0, 2.0]
+    assert len(calls) == 1 and again.records["loglik_before"]["seconds"] >= 0
+    assert set(again.records["loglik_before"]) == {"seconds", "cpu_seconds", "load_average"}
+    with pytest.raises(SystemExit, match="other settings"):
+        demo.Phases(tmp_path, {"rows_per_domain": 6})
