@@ -95,8 +95,6 @@ def _memory(script_args, training_args, model_args, resolved, cfg, report) -> di
 def deepspeed_plugin_config(cfg, notes: list[str]) -> dict:
     """The DeepSpeed config Accelerate's DeepSpeedPlugin builds from an accelerate config's deepspeed_config (the
     plugin needs no deepspeed package; training does)."""
-    import importlib.util
-
     from accelerate.utils import DeepSpeedPlugin
 
     ds = dict(cfg.deepspeed_config or {})
@@ -110,10 +108,11 @@ def deepspeed_plugin_config(cfg, notes: list[str]) -> dict:
             zero3_init_flag=bool(ds.get("zero3_init_flag", False)),
             zero3_save_16bit_model=bool(ds.get("zero3_save_16bit_model", False)),
         )
-    if importlib.util.find_spec("deepspeed") is None:
-        from judgetrain.parallelism import DEEPSPEED_INSTALL
+    from judgetrain.parallelism import deepspeed_not_installed
 
-        notes.append(f"the accelerate config is DeepSpeed but the deepspeed package is not installed here: {DEEPSPEED_INSTALL}")
+    missing = deepspeed_not_installed("the accelerate config is DeepSpeed")
+    if missing:
+        notes.append(missing)
     return plugin.deepspeed_config
 
 

@@ -36,6 +36,16 @@ DEEPSPEED_INSTALL = (
 )
 
 
+def deepspeed_not_installed(subject: str) -> str | None:
+    """``<subject> but the deepspeed package is not installed: <how to install it>``; None when it is installed. The
+    one check and wording behind the launch refusal, `judgetrain train`'s pre-launch check and the dry run's note."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        return None
+    return f"{subject} but the deepspeed package is not installed: {DEEPSPEED_INSTALL}"
+
+
 class ParallelismError(RuntimeError):
     """The launch asked for a parallelism (FSDP, DeepSpeed, several processes) that this run would not give."""
 
@@ -88,16 +98,14 @@ def requested_parallelism(env: Mapping[str, str] | None = None) -> Request:
 def check_request(request: Request, *, gpu: bool) -> None:
     """Refuse, with the reason and the way out, a request this machine / install would silently downgrade."""
     if request.kind == "deepspeed":
-        import importlib.util
-
         if not gpu and request.processes < 2:
             raise ParallelismError(
                 f"the launch asks for DeepSpeed ZeRO-{request.zero_stage} in a single process on a machine without a "
                 "GPU: there is nothing to partition over. Launch 2 or more processes (--num_processes 2)."
             )
-        if importlib.util.find_spec("deepspeed") is None:
-            raise ParallelismError(f"the launch asks for DeepSpeed ZeRO-{request.zero_stage} but the deepspeed package "
-                                   f"is not installed: {DEEPSPEED_INSTALL}")
+        missing = deepspeed_not_installed(f"the launch asks for DeepSpeed ZeRO-{request.zero_stage}")
+        if missing:
+            raise ParallelismError(missing)
     if request.kind == "fsdp":
         if request.processes < 2:
             raise ParallelismError(
@@ -115,15 +123,16 @@ def deepspeed_missing(accelerate_config: str | None) -> str | None:
     """Before `judgetrain train` hands over to `accelerate launch`: a DeepSpeed config without the deepspeed package,
     in words with the way to install it (accelerate's own refusal says only `pip3 install deepspeed`, which builds
     against a second, downloaded torch)."""
-    import importlib.util
-
-    if not accelerate_config or importlib.util.find_spec("deepspeed") is not None:
+    if not accelerate_config:
+        return None
+    missing = deepspeed_not_installed(f"{accelerate_config} is a DeepSpeed config")
+    if missing is None:
         return None
     from accelerate.commands.config.config_args import load_config_from_file
 
     if not str(load_config_from_file(accelerate_config).distributed_type).endswith("DEEPSPEED"):
         return None
-    return f"{accelerate_config} is a DeepSpeed config but the deepspeed package is not installed: {DEEPSPEED_INSTALL}"
+    return missing
 
 
 def join_process_group(env: Mapping[str, str] | None = None):

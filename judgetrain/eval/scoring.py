@@ -90,8 +90,10 @@ class _Seq:
     key: str = ""
 
 
-# values per logsumexp block (an accelerator, a CPU): a CPU block of ~2 MB stays in cache between the passes
-LOGSUMEXP_BLOCK = (1 << 26, 1 << 19)
+# values per logsumexp block: on a CPU a block of ~2 MB stays in cache between the passes; an accelerator takes large
+# blocks (fewer kernel launches) and is bounded only by the float32 copy of a bf16 block
+LOGSUMEXP_BLOCK_CPU = 1 << 19
+LOGSUMEXP_BLOCK_ACCELERATOR = 1 << 26
 
 
 def budget_batches(items: Sequence, cost, batch_tokens: int, max_batch: int) -> list[list]:
@@ -418,11 +420,12 @@ class ScoringEngine:
         """log p(target) per position = logit[target] - logsumexp(logits), over blocks of positions.
 
         No (B, positions, vocab) log-softmax tensor is built only to read one value per position, and the
-        logsumexp runs on blocks of about `LOGSUMEXP_BLOCK` values: on a CPU its four passes (max, subtract, exp,
+        logsumexp runs on blocks of about `LOGSUMEXP_BLOCK_CPU` values: on a CPU its four passes (max, subtract, exp,
         sum) then stay in cache, 2.5x faster than one pass over the whole tensor (the same values, bit for bit);
         a bf16 model's logits are made float32 one block at a time."""
         out = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
-        step = max(1, LOGSUMEXP_BLOCK[logits.device.type == "cpu"] // logits.shape[-1])
+        block = LOGSUMEXP_BLOCK_CPU if logits.device.type == "cpu" else LOGSUMEXP_BLOCK_ACCELERATOR
+        step = max(1, block // logits.shape[-1])
         for b in range(logits.shape[0]):  # blocks of one row's positions: views, no copy of a sliced logits tensor
             for i in range(0, logits.shape[1], step):
                 lg = logits[b, i: i + step].float()
