@@ -5,7 +5,7 @@
     judgetrain train recipes/judgebias_qwen3_8b_lora.yaml --dry-run    # validate without loading weights
     ... --resume auto                                                  # continue a killed run
 
-A recipe holds `JudgeTrainArguments` (judgetrain/recipe.py), `trl.DPOConfig` and `trl.ModelConfig` keys; any key can
+A recipe holds `JudgeTrainArguments` (judgetrain/config/recipe.py), `trl.DPOConfig` and `trl.ModelConfig` keys; any key can
 be overridden as ``--key value``.
 
 DeepSpeed (accelerate_configs/zero2.yaml, zero3.yaml) is installed apart, into the environment that has torch:
@@ -23,8 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from judgetrain.recipe import RecipeError, parse_recipe, save_recipe, split_recipe_argv
-from judgetrain.runstate import decided_on_main
+from judgetrain.config.recipe import RecipeError, parse_recipe, save_recipe, split_recipe_argv
+from judgetrain.run.state import decided_on_main
 
 logger = logging.getLogger("judgetrain.train")
 
@@ -75,7 +75,7 @@ def model_init_kwargs(model_args, training_args) -> dict:
 
 def load_tokenizer(model_path: str, training_args):
     """The model's tokenizer with a pad token; a tokenizer without a chat template stops the run here."""
-    from judgetrain import modeling
+    from judgetrain.models import loading as modeling
 
     tokenizer = modeling.load_tokenizer(model_path, trust_remote_code=training_args.trust_remote_code)
     if tokenizer.chat_template is None:
@@ -91,13 +91,13 @@ def load_tokenizer(model_path: str, training_args):
 
 def prepare_output_dir(script_args, training_args, resolved: dict) -> tuple[str | None, dict, dict]:
     """Before anything is written: take the output_dir lock (one run per folder), pick the checkpoint to resume from
-    (verified), and decide how this run starts there (`judgetrain.runstate.plan_start`: a resume of the same run, a
+    (verified), and decide how this run starts there (`judgetrain.run.state.plan_start`: a resume of the same run, a
     restart, a fresh run; refused with the reason otherwise). Returns (checkpoint or None, identity without the data
     fingerprint yet, plan)."""
     from accelerate import PartialState
 
-    from judgetrain.checkpoints import resolve_resume
-    from judgetrain.runstate import clear_run, hold_output_dir, plan_start, run_identity
+    from judgetrain.run.checkpoints import resolve_resume
+    from judgetrain.run.state import clear_run, hold_output_dir, plan_start, run_identity
 
     out = Path(training_args.output_dir)
     decided_on_main(lambda: hold_output_dir(out))  # held until this process exits, however it exits
@@ -118,8 +118,8 @@ def record_run(out: Path, identity: dict, plan: dict, resolved: dict, command, r
     """Once the rows are known: compare their fingerprint with the resumed run's, then (main process) write the
     identity, the recipe (recipe.yaml stays the first run's; each resume adds recipe.resume-<step>.yaml) and cut
     metrics.jsonl back to the resumed step."""
-    from judgetrain.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_step, truncate_metrics
-    from judgetrain.runstate import IDENTITY_FILE, checkpoint_identity, read_json, record_start, recipe_path
+    from judgetrain.run.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_step, truncate_metrics
+    from judgetrain.run.state import IDENTITY_FILE, checkpoint_identity, read_json, record_start, recipe_path
 
     step = checkpoint_step(resume_from) if resume_from else 0
 
@@ -153,14 +153,14 @@ def load_audited_dataset(script_args, training_args, tokenizer):
     report (also written to data_audit.json). The main process prepares it first; the others reuse its cache."""
     from accelerate import PartialState
 
-    from judgetrain.chat import neutralise_dataset
+    from judgetrain.data.chat import neutralise_dataset
     from judgetrain.data.lengths import audit_lengths
 
     state = PartialState()
     out = Path(training_args.output_dir)
     with state.main_process_first():
         dataset = build_train_dataset(script_args, training_args)
-        # Content is text (judgetrain.chat): a control string in a row cannot fake a turn, here or in TRL.
+        # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL.
         dataset = neutralise_dataset(dataset, tokenizer)
         dataset, audit = audit_lengths(
             dataset, tokenizer, training_args.max_length, script_args.long_rows,
@@ -225,7 +225,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     recipe names suites, the per-epoch evaluation."""
     from trl import DPOTrainer, get_peft_config
 
-    from judgetrain.callbacks import (
+    from judgetrain.trainer.callbacks import (
         CheckpointMarkerCallback,
         ForcedResume,
         GracefulStop,
@@ -234,7 +234,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
         NoStepsLeft,
     )
 
-    from judgetrain.parallelism import (
+    from judgetrain.trainer.parallelism import (
         ParallelismReport,
         allow_deepspeed_on_cpu,
         allow_fsdp_on_cpu,
@@ -257,7 +257,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
         callbacks.append(ForcedResume(forced))
     trainer_cls = DPOTrainer
     if script_args.prefix_sharing:
-        from judgetrain.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
+        from judgetrain.trainer.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
     trainer = trainer_cls(
         model=model_path,
         args=training_args,
@@ -278,7 +278,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
 def run_training(trainer, resume_from: str | None, guard) -> tuple[dict, object | None]:
     """``trainer.train()``; a stop (SIGTERM / Ctrl-C after its checkpoint, or a non-finite step) ends it with
     nothing more written. Returns (summary, TrainOutput or None when stopped)."""
-    from judgetrain.callbacks import RunStopped
+    from judgetrain.trainer.callbacks import RunStopped
 
     summary: dict = {}
     try:
@@ -315,7 +315,7 @@ def run_training(trainer, resume_from: str | None, guard) -> tuple[dict, object 
 def save_final(trainer, tokenizer, training_args, model_args) -> None:
     """The final model or adapter (safetensors) and its tokenizer, beside recipe.yaml, then its completion marker
     (the model files with their SHA-256, as for a checkpoint)."""
-    from judgetrain.checkpoints import write_final_marker
+    from judgetrain.run.checkpoints import write_final_marker
 
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
@@ -351,8 +351,8 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
     """Run one recipe to the end. Returns a summary (output_dir, final metrics, audit, resumed_from, stop reason,
     exit_code); ``judgetrain_status.jsonl`` records how it ended, for `judgetrain train` and schedulers."""
     from judgetrain.data import DataValidationError
-    from judgetrain.parallelism import ParallelismError
-    from judgetrain.runstate import EXIT_BAD_INPUT, EXIT_FAILED, outcome_code, write_status
+    from judgetrain.trainer.parallelism import ParallelismError
+    from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_FAILED, outcome_code, write_status
 
     out = Path(training_args.output_dir)
     try:
@@ -369,12 +369,12 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
 
 
 def _train(script_args, training_args, model_args, resolved: dict, command: str | None) -> dict:
-    from judgetrain.aliases import resolve_model
-    from judgetrain.runstate import data_fingerprint
+    from judgetrain.models.aliases import resolve_model
+    from judgetrain.run.state import data_fingerprint
 
     from accelerate import PartialState
 
-    from judgetrain.recipe import remote_code_routes, remote_code_warning
+    from judgetrain.config.recipe import remote_code_routes, remote_code_warning
 
     warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
     if warning and PartialState().is_main_process:
@@ -405,7 +405,7 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
 
 def run(argv: list[str] | None = None) -> dict:
     """The `accelerate launch -m judgetrain.train` entry point (runs in each process)."""
-    from judgetrain.launch import init_process_state, setup_logging
+    from judgetrain.trainer.process import init_process_state, setup_logging
 
     argv = list(sys.argv[1:] if argv is None else argv)
     init_process_state()
@@ -413,7 +413,7 @@ def run(argv: list[str] | None = None) -> dict:
     setup_logging()
     command = "accelerate launch -m judgetrain.train " + " ".join(shlex.quote(a) for a in argv)
     if script_args.dry_run:
-        from judgetrain.dry_run import dry_run
+        from judgetrain.config.dry_run import dry_run
 
         report = dry_run(script_args, training_args, model_args, resolved)
         print(json.dumps(report, indent=1, default=str))
@@ -441,13 +441,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"judgetrain train --dry-run: {e}", file=sys.stderr)
             return 2
         return 0
-    from judgetrain.runstate import EXIT_BAD_INPUT, output_dir_in_use
+    from judgetrain.run.state import EXIT_BAD_INPUT, output_dir_in_use
 
     busy = output_dir_in_use(Path(training_args.output_dir))
     if busy:
         print(f"judgetrain train: {busy}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from judgetrain.parallelism import deepspeed_missing
+    from judgetrain.trainer.parallelism import deepspeed_missing
 
     missing = deepspeed_missing(script_args.accelerate_config)
     if missing:
@@ -468,11 +468,11 @@ def launch_and_wait(cmd: list[str], output_dir: Path) -> int:
     """Run the launcher and exit with the *run's* code: `accelerate launch` turns any worker failure into 1, and its
     one-process launcher returns as soon as a SIGTERM kills it, while the training process (parent-death signal) is
     still saving its checkpoint. So a SIGTERM is passed on to the launcher and then the training process is waited
-    for; the code comes from the status line the run wrote for this launch (judgetrain.runstate)."""
+    for; the code comes from the status line the run wrote for this launch (judgetrain.run.state)."""
     import signal
     import uuid
 
-    from judgetrain.runstate import LAUNCH_ID_ENV, launch_exit_code, wait_for_launch
+    from judgetrain.run.state import LAUNCH_ID_ENV, launch_exit_code, wait_for_launch
 
     launch_id = uuid.uuid4().hex
     proc = subprocess.Popen(cmd, env={**os.environ, LAUNCH_ID_ENV: launch_id})
@@ -498,10 +498,10 @@ def launch_and_wait(cmd: list[str], output_dir: Path) -> int:
 
 
 def process_main(argv: list[str] | None = None) -> int:
-    """The training process: run, and exit with the run's code (judgetrain.runstate: 0 finished, 1 crashed,
+    """The training process: run, and exit with the run's code (judgetrain.run.state: 0 finished, 1 crashed,
     2 refused, 3 non-finite stop, 143 preempted after its checkpoint)."""
     from judgetrain.data import DataValidationError
-    from judgetrain.parallelism import ParallelismError
+    from judgetrain.trainer.parallelism import ParallelismError
 
     try:
         outcome = run(argv)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from judgetrain.scoreparse import parse_overall_score_result, parse_scores
+from judgetrain.data.scoreparse import parse_overall_score_result, parse_scores
 
 KEY = '"overall_score"'
 

@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
-from judgetrain.tiny import ensure_tiny_judge
+from judgetrain.models.tiny import ensure_tiny_judge
 
 out, n = Path(sys.argv[1]), int(sys.argv[2])
 effect = json.loads((out / "parallelism.json").read_text())

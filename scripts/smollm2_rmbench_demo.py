@@ -159,7 +159,7 @@ def cell_kind(i: int, j: int) -> str:
 # ---------------------------------------------------------------------------------------------------- figures
 def accuracies(scores: np.ndarray) -> dict[str, float]:
     """RM-Bench hard / normal / easy / avg and easy - hard of (N, 6) scores (3 chosen then 3 rejected per row)."""
-    from judgetrain.metrics import rmbench_accuracy
+    from judgetrain.eval.metrics import rmbench_accuracy
 
     acc = rmbench_accuracy(scores[:, :3], scores[:, 3:])
     out = {k: acc[k] for k in LEVELS}
@@ -301,7 +301,7 @@ def run(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from judgetrain.aliases import resolve_model
+    from judgetrain.models.aliases import resolve_model
     from judgetrain.data.rmbench import load_rmbench
     from judgetrain.eval.scoring import ScoringEngine
 

@@ -46,6 +46,6 @@ def _judgetrain_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_judge(_judgetrain_cache) -> str:
-    from judgetrain.tiny import ensure_tiny_judge
+    from judgetrain.models.tiny import ensure_tiny_judge
 
     return ensure_tiny_judge()

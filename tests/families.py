@@ -82,7 +82,7 @@ def build_family_model(family: str, tiny_dir: str, out: Path, seed: int = 0) -> 
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-    from judgetrain.cache import save_model_folder
+    from judgetrain.models.cache import save_model_folder
 
     if family == "qwen3":
         tokenizer = qwen3_tokenizer(tiny_dir)

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from judgetrain.data import load_judgebias
-from judgetrain.recipe import RecipeError
+from judgetrain.config.recipe import RecipeError
 from judgetrain.data.lengths import _lengths_batched, audit_lengths
 
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from judgetrain.data import DataValidationError, load_judgebias, load_rmbench, sample_source
-from judgetrain.recipe import RecipeError, parse_recipe, valid_keys
-from judgetrain.scoreparse import parse_overall_score_result, parse_scores
+from judgetrain.config.recipe import RecipeError, parse_recipe, valid_keys
+from judgetrain.data.scoreparse import parse_overall_score_result, parse_scores
 
 from helpers import QUICKSTART, run
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -355,22 +355,22 @@ def no_template_model(tiny_judge, tmp_path_factory):
 
 
 def test_eval_cli_missing_model_or_data_is_a_one_line_error(tmp_path, tiny_judge):
-    p = _cli(["judgetrain.eval.cli", "--model", str(tmp_path / "nope"), "--suites", "judgebias", "--max-rows", "2",
+    p = _cli(["judgetrain.cli.eval", "--model", str(tmp_path / "nope"), "--suites", "judgebias", "--max-rows", "2",
               "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 2 and "cannot load model" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
-    p = _cli(["judgetrain.eval.cli", "--model", tiny_judge, "--suites", "rmbench", "--rmbench-source",
+    p = _cli(["judgetrain.cli.eval", "--model", tiny_judge, "--suites", "rmbench", "--rmbench-source",
               str(tmp_path / "missing.json"), "--max-rows", "2", "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 2 and "cannot load eval data" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "chat_filtered.json").write_text('[{"id": 1, "prompt": "x"}')  # torn file
-    p = _cli(["judgetrain.eval.cli", "--model", tiny_judge, "--suites", "rmbench", "--rmbench-source", str(bad),
+    p = _cli(["judgetrain.cli.eval", "--model", tiny_judge, "--suites", "rmbench", "--rmbench-source", str(bad),
               "--max-rows", "2", "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
 
 
 def test_eval_cli_with_a_tokenizer_without_chat_template_says_so_and_scores_plain_text(no_template_model, tmp_path):
-    p = _cli(["judgetrain.eval.cli", "--model", str(no_template_model), "--suites", "judgebias", "--max-rows", "2",
+    p = _cli(["judgetrain.cli.eval", "--model", str(no_template_model), "--suites", "judgebias", "--max-rows", "2",
               "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "has no chat template" in p.stderr and "plain text" in p.stderr

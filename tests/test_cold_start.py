@@ -35,7 +35,7 @@ def cache_entries(cache: Path) -> list[Path]:
 def plant_tiny_entry(cache: Path, damage: str) -> Path:
     """A tiny-judge cache entry at the path ensure_tiny_judge will look at, damaged as a crashed or racing build
     leaves it: the old marker file without weights (the state the cold-start race left), or truncated weights."""
-    from judgetrain.tiny import ensure_tiny_judge
+    from judgetrain.models.tiny import ensure_tiny_judge
 
     old = os.environ.get("JUDGETRAIN_CACHE")
     os.environ["JUDGETRAIN_CACHE"] = str(cache)
@@ -66,13 +66,13 @@ def plant_tiny_entry(cache: Path, damage: str) -> Path:
 def test_a_broken_cache_entry_is_rebuilt_with_a_warning_never_loaded(tmp_path, monkeypatch, caplog, damage):
     from transformers import AutoModelForCausalLM
 
-    from judgetrain.cache import manifest_problem
-    from judgetrain.tiny import ensure_tiny_judge
+    from judgetrain.models.cache import manifest_problem
+    from judgetrain.models.tiny import ensure_tiny_judge
 
     entry = plant_tiny_entry(tmp_path / "cache", damage)
     assert manifest_problem(entry) is not None
     monkeypatch.setenv("JUDGETRAIN_CACHE", str(tmp_path / "cache"))
-    with caplog.at_level("WARNING", logger="judgetrain.cache"):
+    with caplog.at_level("WARNING", logger="judgetrain.models.cache"):
         path = ensure_tiny_judge()
     assert Path(path) == entry
     assert "incomplete or corrupt" in caplog.text and entry.name in caplog.text
@@ -85,7 +85,7 @@ def test_a_broken_cache_entry_is_rebuilt_with_a_warning_never_loaded(tmp_path, m
 def test_manifest_names_every_file_with_size_and_sha256(tmp_path, monkeypatch):
     import hashlib
 
-    from judgetrain.tiny import ensure_tiny_judge
+    from judgetrain.models.tiny import ensure_tiny_judge
 
     monkeypatch.setenv("JUDGETRAIN_CACHE", str(tmp_path))
     entry = Path(ensure_tiny_judge())
@@ -108,7 +108,7 @@ def _build_in_child(cache: str, queue) -> None:
     import logging
 
     logging.basicConfig(level=logging.INFO)
-    from judgetrain.tiny import ensure_tiny_judge
+    from judgetrain.models.tiny import ensure_tiny_judge
 
     queue.put(ensure_tiny_judge())
 
@@ -137,12 +137,12 @@ def test_weights_written_from_a_rank_other_than_zero(tmp_path):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from judgetrain.tiny import build_tiny_judge
+    from judgetrain.models.tiny import build_tiny_judge
 
     code = (
         "import os, sys, torch.distributed as dist\n"
         "dist.init_process_group('gloo', rank=int(os.environ['RANK']), world_size=2)\n"
-        "from judgetrain.tiny import build_tiny_judge\n"
+        "from judgetrain.models.tiny import build_tiny_judge\n"
         "if dist.get_rank() == 1:\n"
         "    build_tiny_judge(sys.argv[1])\n"
         "dist.barrier()\n"

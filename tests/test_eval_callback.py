@@ -16,7 +16,7 @@ SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_la
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from judgetrain.tiny import build_tiny_judge
+    from judgetrain.models.tiny import build_tiny_judge
 
     return build_tiny_judge(tmp_path_factory.mktemp("tiny"), seed=0, config=SMALL)
 
@@ -48,7 +48,7 @@ def test_callback_logs_eval_keys_each_epoch_in_a_dpo_run(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from judgetrain.callbacks import MetricsJsonlCallback
+    from judgetrain.trainer.callbacks import MetricsJsonlCallback
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     train = Dataset.from_list([{"prompt": _msg("user", f"Rate recipe {i}"), "chosen": _msg("assistant", "Score 4"),

@@ -22,7 +22,7 @@ def run_dir(tmp_path_factory):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from judgetrain.tiny import build_tiny_judge
+    from judgetrain.models.tiny import build_tiny_judge
 
     root = tmp_path_factory.mktemp("evalcli")
     base = build_tiny_judge(root / "base", seed=0, config=SMALL)
@@ -50,7 +50,7 @@ def _rows(out: Path, name: str) -> list[dict]:
 def one_process(run_dir, eval_args, tmp_path_factory):
     """One process scoring every sequence whole, LoRA unmerged: the reference the default runs are compared with."""
     out = tmp_path_factory.mktemp("one")
-    one = run([sys.executable, "-m", "judgetrain.eval.cli", "--model", run_dir / "checkpoint-2", *eval_args,
+    one = run([sys.executable, "-m", "judgetrain.cli.eval", "--model", run_dir / "checkpoint-2", *eval_args,
                "--no-prefix-sharing", "--no-merge-lora", "--output-dir", out], env=ENV, timeout=300)
     assert "RM-Bench" in one.stdout and "overall" in one.stdout
     return out
@@ -61,11 +61,11 @@ def one_process(run_dir, eval_args, tmp_path_factory):
 def test_n_processes_sharing_prompts_give_the_same_metrics_and_rows_as_one_scoring_whole(run_dir, eval_args, one_process,
                                                                                           tmp_path, processes):
     # `accelerate launch --cpu --num_processes N` starts ONE process in accelerate 1.15 (multi-CPU needs mpirun);
-    # the torchrun-based launcher starts N, which join over gloo (judgetrain.eval.cli passes cpu=True)
+    # the torchrun-based launcher starts N, which join over gloo (judgetrain.cli.eval passes cpu=True)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", processes,
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", free_port()] if processes > 1 else [sys.executable]
-    run([*launch, "-m", "judgetrain.eval.cli", "--model", run_dir / "checkpoint-2", *eval_args,
+    run([*launch, "-m", "judgetrain.cli.eval", "--model", run_dir / "checkpoint-2", *eval_args,
          "--output-dir", tmp_path / "many"], env=ENV, timeout=300)
     res1 = json.loads((one_process / "checkpoint-2" / "results.json").read_text())
     resn = json.loads((tmp_path / "many" / "checkpoint-2" / "results.json").read_text())
@@ -87,7 +87,7 @@ def test_n_processes_sharing_prompts_give_the_same_metrics_and_rows_as_one_scori
 
 
 def test_run_dir_evaluates_each_checkpoint_and_reuses_the_reference(run_dir, eval_args, tmp_path):
-    from judgetrain.eval.cli import main
+    from judgetrain.cli.eval import main
 
     assert main(["--model", str(run_dir), *eval_args, "--output-dir", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -17,7 +17,7 @@ SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_la
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from judgetrain.tiny import build_tiny_judge
+    from judgetrain.models.tiny import build_tiny_judge
 
     return build_tiny_judge(tmp_path_factory.mktemp("tiny"), seed=0, config=SMALL)
 
@@ -141,7 +141,7 @@ def test_row_cap_samples_evenly_across_groups_and_is_deterministic():
 
 
 def test_judge_mode_on_bundled_suites_reports_anchor_mae_detect_rate_and_position_consistency(peft_model, tokenizer):
-    from judgetrain.metrics import flatten_eval_metrics
+    from judgetrain.eval.metrics import flatten_eval_metrics
 
     engine = ScoringEngine(peft_model, tokenizer, scoring="judge", max_length=384, generate_samples=1, max_new_tokens=8)
     specs = [SuiteSpec("judgebias", max_rows=8), SuiteSpec("ideation", max_rows=4, mode="pairwise")]

@@ -42,7 +42,7 @@ def family_dirs(tmp_path_factory, tiny_judge):
 
 @pytest.fixture(scope="session")
 def smollm2_dir(_judgetrain_cache):
-    from judgetrain.smollm2 import SmolLM2Unavailable, ensure_smollm2
+    from judgetrain.models.smollm2 import SmolLM2Unavailable, ensure_smollm2
 
     try:
         return ensure_smollm2()

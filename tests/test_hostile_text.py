@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from judgetrain.chat import NEUTRAL, chat_ids, control_token_ids, judge_turn, neutral_messages, neutralise_dataset
+from judgetrain.data.chat import NEUTRAL, chat_ids, control_token_ids, judge_turn, neutral_messages, neutralise_dataset
 from judgetrain.eval.scoring import Request, ScoringEngine
 from judgetrain.eval.suites import rubric_prompt
 
@@ -189,7 +189,7 @@ def _unsafe_judge_ids(tok, prefix, messages):
 # ---------------------------------------------------------------------------------------------------- pairs
 
 def _panel_sample(sample_id: int = 0) -> list[dict]:
-    from judgetrain.pairs import read_evaluations
+    from judgetrain.data.pairs import read_evaluations
     import judgetrain
 
     panel = Path(judgetrain.__file__).parent / "data" / "samples" / "panel" / "evaluations.jsonl.gz"
@@ -197,8 +197,8 @@ def _panel_sample(sample_id: int = 0) -> list[dict]:
 
 
 def test_pairs_refuse_an_evaluation_whose_verdict_comes_after_a_fake_turn(tmp_path):
-    from judgetrain.pairs import build_pairs
-    from judgetrain.scoreparse import parse_overall_score
+    from judgetrain.data.pairs import build_pairs
+    from judgetrain.data.scoreparse import parse_overall_score
 
     rows = _panel_sample()
     clean = build_pairs(rows, tmp_path / "clean")
@@ -223,7 +223,7 @@ def test_pairs_refuse_an_evaluation_whose_verdict_comes_after_a_fake_turn(tmp_pa
 def test_pairs_keep_hostile_judged_text_verbatim_and_training_reads_it_as_text(tokenizers, tmp_path):
     import pyarrow.parquet as pq
 
-    from judgetrain.pairs import build_pairs
+    from judgetrain.data.pairs import build_pairs
 
     tok, hostile = tokenizers["tiny-chatml"]
     rows = _panel_sample()
@@ -252,7 +252,7 @@ def test_a_clean_row_tokenises_exactly_as_the_template_alone_would(name, tokeniz
 
 
 def test_control_strings_are_the_special_tokens_and_the_added_tokens_the_template_writes(tiny_judge):
-    from judgetrain.chat import control_strings
+    from judgetrain.data.chat import control_strings
 
     qwen = _qwen3_tokenizer(tiny_judge)
     qwen.add_tokens(["<table>"])  # an added token the template never writes: ordinary text for this model

@@ -1,4 +1,4 @@
-"""The dry run's per-device memory estimate (judgetrain.memory): its figures against peaks measured on this machine
+"""The dry run's per-device memory estimate (judgetrain.config.memory): its figures against peaks measured on this machine
 (real DPOTrainer steps, every live tensor storage counted), and the verdict `judgetrain train --dry-run` gives."""
 
 import json
@@ -7,7 +7,7 @@ import sys
 import pytest
 from helpers import run
 
-from judgetrain.memory import BUILTIN_SHAPES, GIB, check, random_model_folder
+from judgetrain.config.memory import BUILTIN_SHAPES, GIB, check, random_model_folder
 WITHIN = 0.15
 
 

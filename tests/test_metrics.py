@@ -1,4 +1,4 @@
-"""judgetrain.metrics against a straight transcription of RM-Bench's reference compute_accuracy."""
+"""judgetrain.eval.metrics against a straight transcription of RM-Bench's reference compute_accuracy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from judgetrain.metrics import (
+from judgetrain.eval.metrics import (
     flatten_eval_metrics,
     ideation_accuracy,
     judgebias_checks,
@@ -177,5 +177,5 @@ def test_trainer_log_keys_survive_transformers_rewrite_logs():
 def test_metrics_module_does_not_import_torch():
     import subprocess
 
-    code = "import sys, judgetrain.metrics; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, judgetrain.eval.metrics; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -16,11 +16,11 @@ import pytest
 
 import judgetrain
 from judgetrain.cli import main as cli_main
-from judgetrain.pairs import (Evaluation, PanelDataError, build_pairs, candidate_pairs, cap_pairs, count_rejects,
+from judgetrain.data.pairs import (Evaluation, PanelDataError, build_pairs, candidate_pairs, cap_pairs, count_rejects,
                               deduplicate, direct, load_table, make_pairs, output_schema, pair_statistics,
                               parse_set_name, read_evaluations, sample_anchors, score_evaluations, split_by_sample,
                               validation_samples)
-from judgetrain.scoreparse import parse_overall_score
+from judgetrain.data.scoreparse import parse_overall_score
 
 from helpers import REPO, run
 
@@ -393,7 +393,7 @@ def test_built_pairs_train_a_tiny_judge_with_dpo(built, tmp_path):
     from trl import DPOConfig, DPOTrainer
 
     from judgetrain.data.judgebias import load_judgebias
-    from judgetrain.tiny import ensure_tiny_judge
+    from judgetrain.models.tiny import ensure_tiny_judge
 
     out, _, _, _ = built
     path = ensure_tiny_judge()

@@ -1,4 +1,4 @@
-"""The parallelism a launch asks for is the one it gets, or the run stops with the reason (judgetrain.parallelism)."""
+"""The parallelism a launch asks for is the one it gets, or the run stops with the reason (judgetrain.trainer.parallelism)."""
 
 import importlib.util
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import QUICKSTART, REPO, free_port
 
-from judgetrain.parallelism import ParallelismError, Request, check_request, honoured, requested_parallelism
+from judgetrain.trainer.parallelism import ParallelismError, Request, check_request, honoured, requested_parallelism
 
 
 def test_the_request_is_read_from_what_accelerate_launch_exports():
@@ -94,7 +94,7 @@ def test_judgetrain_train_with_a_deepspeed_config_says_how_to_install_deepspeed(
 
 @pytest.mark.slow
 def test_the_fsdp2_config_on_cpu_really_shards_the_model(tmp_path):
-    """The GPU config (fsdp_version: 2, use_cpu: false) on 2 CPU processes: before judgetrain.parallelism this
+    """The GPU config (fsdp_version: 2, use_cpu: false) on 2 CPU processes: before judgetrain.trainer.parallelism this
     trained as plain DDP and exited 0. Now the model is sharded (half of every parameter on each rank)."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/fsdp2.yaml",
@@ -119,7 +119,7 @@ def test_deepspeed_configs_load_into_accelerates_deepspeed_plugin(config, stage)
     """What can be checked without CUDA or the deepspeed package: the plugin Accelerate builds from each config."""
     from accelerate.commands.config.config_args import load_config_from_file
 
-    from judgetrain.dry_run import deepspeed_plugin_config
+    from judgetrain.config.dry_run import deepspeed_plugin_config
 
     cfg = load_config_from_file(str(REPO / "accelerate_configs" / config))
     ds = deepspeed_plugin_config(cfg, [])

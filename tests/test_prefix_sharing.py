@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 
-from judgetrain.prefix_sharing import PackedPairs, PrefixSharingDPOTrainer, pack_pairs
+from judgetrain.trainer.prefix_sharing import PackedPairs, PrefixSharingDPOTrainer, pack_pairs
 
 RTOL = 1e-4
 
@@ -43,7 +43,7 @@ def test_pack_pairs_shares_the_prompt_and_restarts_positions_for_each_completion
 def test_packing_is_chosen_only_where_it_computes_less():
     from transformers import Qwen2Config
 
-    from judgetrain.prefix_sharing import forward_cost, packing_pays
+    from judgetrain.trainer.prefix_sharing import forward_cost, packing_pays
 
     cost = forward_cost(Qwen2Config(vocab_size=2048, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=2))
@@ -197,7 +197,7 @@ def test_sliding_window_model_falls_back_loudly(tiny_judge, tmp_path, caplog):
                          num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=16,
                          max_window_layers=0)
     factory = lambda: AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")  # noqa: E731
-    with caplog.at_level(logging.WARNING, logger="judgetrain.prefix_sharing"):
+    with caplog.at_level(logging.WARNING, logger="judgetrain.trainer.prefix_sharing"):
         trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=True)
     assert trainer.prefix_sharing is False
     assert "prefix_sharing: OFF" in caplog.text and "sliding" in caplog.text
@@ -210,7 +210,7 @@ def test_attention_without_4d_masks_falls_back_loudly(tiny_judge, tmp_path, capl
 
     tok = _tokenizer(tiny_judge)
     factory = lambda: AutoModelForCausalLM.from_pretrained(tiny_judge, attn_implementation="flex_attention")  # noqa: E731
-    with caplog.at_level(logging.WARNING, logger="judgetrain.prefix_sharing"):
+    with caplog.at_level(logging.WARNING, logger="judgetrain.trainer.prefix_sharing"):
         trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=True)
     assert trainer.prefix_sharing is False
     assert "attn_implementation='flex_attention'" in caplog.text

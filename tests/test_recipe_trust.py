@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from judgetrain.recipe import RecipeError, parse_recipe, remote_code_routes, remote_code_warning
+from judgetrain.config.recipe import RecipeError, parse_recipe, remote_code_routes, remote_code_warning
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "recipes" / "quickstart.yaml"
@@ -114,7 +114,7 @@ def test_dry_run_gives_the_warning_for_model_init_kwargs(tmp_path, tiny_judge, c
 
 
 def test_eval_cli_trust_remote_code_gives_the_same_warning(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "judgetrain.eval.cli", "--model", str(tmp_path / "none"),
+    p = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(tmp_path / "none"),
                         "--suites", "judgebias", "--max-rows", "2", "--trust-remote-code",
                         "--output-dir", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from judgetrain.recipe import RecipeError, parse_recipe
+from judgetrain.config.recipe import RecipeError, parse_recipe
 
 from helpers import QUICKSTART, REPO, run
 
@@ -93,7 +93,7 @@ def test_recipe_must_be_a_mapping_and_is_read_with_safe_yaml(tmp_path):
 
 
 def test_command_line_overrides_win_and_are_saved(tmp_path):
-    from judgetrain.recipe import save_recipe
+    from judgetrain.config.recipe import save_recipe
 
     s, t, m, resolved = parse_recipe([str(QUICKSTART), "--learning_rate", "3e-4", "--beta", "0.2"])
     assert t.learning_rate == pytest.approx(3e-4) and t.beta == pytest.approx(0.2)

@@ -261,7 +261,7 @@ def test_nan_gradient_stops_naming_the_step_and_keeps_the_last_good_checkpoint(t
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
     assert not (run / "adapter_model.safetensors").exists() and not (run / "eval").exists()
     assert train_steps(run) == [1, 2]
-    from judgetrain.checkpoints import find_resume_checkpoint
+    from judgetrain.run.checkpoints import find_resume_checkpoint
 
     assert find_resume_checkpoint(str(run)) == str(good)
 
@@ -283,7 +283,7 @@ def test_nonfinite_guard_stops_on_a_logged_nan_loss(tmp_path):
     """The logging path (a NaN loss with finite gradients): Trainer's real state/control objects."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from judgetrain.callbacks import NonFiniteGuard, RunStopped
+    from judgetrain.trainer.callbacks import NonFiniteGuard, RunStopped
 
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     state = TrainerState()

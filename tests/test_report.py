@@ -19,9 +19,9 @@ from PIL import Image
 
 from judgetrain import cli
 from judgetrain.eval.suites import suite_metrics
-from judgetrain.metrics import flatten_eval_metrics, rmbench_matrices
-from judgetrain.plots import log_matrix_images, matrix_figure
-from judgetrain.report import build_report, load_run, make_report, read_metrics
+from judgetrain.eval.metrics import flatten_eval_metrics, rmbench_matrices
+from judgetrain.report.plots import log_matrix_images, matrix_figure
+from judgetrain.report.build import build_report, load_run, make_report, read_metrics
 
 DOMAINS = ("chat", "code", "safety-refuse", "safety-response")
 TYPES = {"element_substitution": "error", "numerical_perturbation": "error",
@@ -346,6 +346,6 @@ def test_matrix_images_reach_wandb_offline(tmp_path, monkeypatch):
 
 def test_no_active_backend_logs_nothing_and_import_stays_light():
     assert log_matrix_images([], {"overall": np.eye(3)}, step=1) == []
-    code = "import sys, judgetrain.report; print('matplotlib' in sys.modules, 'rich' in sys.modules)"
+    code = "import sys, judgetrain.report.build; print('matplotlib' in sys.modules, 'rich' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

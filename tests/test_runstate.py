@@ -15,16 +15,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from judgetrain.checkpoints import (
+from judgetrain.run.checkpoints import (
     checkpoint_problem,
     find_resume_checkpoint,
     rotate_checkpoints,
     write_final_marker,
     write_marker,
 )
-from judgetrain.recipe import RecipeError
+from judgetrain.config.recipe import RecipeError
 from helpers import QUICKSTART, REPO, read_jsonl
-from judgetrain.runstate import (
+from judgetrain.run.state import (
     EXIT_PREEMPTED,
     IDENTITY_FILE,
     LOCK_FILE,
@@ -89,7 +89,7 @@ def test_fresh_run_in_a_used_output_dir_refuses_and_overwrite_clears_only_judget
         plan_start(tmp_path, identity(), checkpoint=None, resume_asked=False, force=False, overwrite=False)
     plan = plan_start(tmp_path, identity(), checkpoint=None, resume_asked=False, force=False, overwrite=True)
     assert plan["kind"] == "fresh" and set(plan["clear"]) == {"checkpoint-2", "metrics.jsonl"}
-    from judgetrain.runstate import clear_run
+    from judgetrain.run.state import clear_run
 
     clear_run(tmp_path, plan["clear"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
@@ -111,7 +111,7 @@ def test_resume_auto_without_a_checkpoint_restarts_only_its_own_run(tmp_path):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from judgetrain.runstate import hold_output_dir
+from judgetrain.run.state import hold_output_dir
 hold_output_dir(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(600)
@@ -303,7 +303,7 @@ def test_fp16_loss_scaler_overflow_steps_are_skipped_and_counted_not_stopped(tin
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from judgetrain.callbacks import NonFiniteGuard
+    from judgetrain.trainer.callbacks import NonFiniteGuard
     from judgetrain.data import load_judgebias
 
     rows = load_judgebias("bundled", split="train").select(range(24)).select_columns(["prompt", "chosen", "rejected"])
@@ -335,7 +335,7 @@ def test_fp16_a_real_nonfinite_loss_still_stops_under_the_scaler():
     Trainer's state/control objects; the step's loss flag and grad norm set as `attach` records them)."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from judgetrain.callbacks import NonFiniteGuard, RunStopped
+    from judgetrain.trainer.callbacks import NonFiniteGuard, RunStopped
 
     from accelerate import Accelerator
 
@@ -357,7 +357,7 @@ AGREE = """
 import os, sys, torch.distributed as dist
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
-from judgetrain.callbacks import any_rank
+from judgetrain.trainer.callbacks import any_rank
 print(any_rank([rank == 1, False]), flush=True)
 dist.destroy_process_group()
 """

@@ -8,8 +8,8 @@ import re
 import pytest
 import yaml
 
-from judgetrain.recipe import RecipeError, parse_recipe
-from judgetrain.scoreparse import parse_overall_score_result, safe_arithmetic
+from judgetrain.config.recipe import RecipeError, parse_recipe
+from judgetrain.data.scoreparse import parse_overall_score_result, safe_arithmetic
 
 from helpers import QUICKSTART, REPO
 
@@ -25,7 +25,7 @@ def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
     assert training_args.trust_remote_code is False
     for recipe in sorted((REPO / "recipes").glob("*.yaml")):
         assert "trust_remote_code: true" not in recipe.read_text().lower(), recipe
-    from judgetrain.eval.cli import build_parser
+    from judgetrain.cli.eval import build_parser
 
     assert build_parser().parse_args(["--model", "x"]).trust_remote_code is False
     from judgetrain.train import model_init_kwargs

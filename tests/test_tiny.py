@@ -4,8 +4,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from judgetrain.aliases import resolve_model
-from judgetrain.tiny import TINY_ALIAS, build_tiny_judge
+from judgetrain.models.aliases import resolve_model
+from judgetrain.models.tiny import TINY_ALIAS, build_tiny_judge
 
 
 def test_tiny_judge_loads_with_auto_classes_and_has_a_chat_template(tiny_judge):

@@ -115,7 +115,7 @@ def _check_report(run_dir, out):
 
     from matplotlib.image import imread
 
-    from judgetrain.report import make_report
+    from judgetrain.report.build import make_report
 
     paths = make_report([run_dir], out)
     html = (out / "report.html").read_text()
@@ -181,7 +181,7 @@ def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
 
 
 def test_half_written_checkpoint_is_skipped(tmp_path, caplog):
-    from judgetrain.checkpoints import find_resume_checkpoint, write_marker
+    from judgetrain.run.checkpoints import find_resume_checkpoint, write_marker
 
     good, torn, unmarked = tmp_path / "checkpoint-4", tmp_path / "checkpoint-8", tmp_path / "checkpoint-12"
     for d in (good, torn, unmarked):
@@ -196,8 +196,8 @@ def test_half_written_checkpoint_is_skipped(tmp_path, caplog):
 
 
 def test_checkpoints_are_listed_by_step_and_only_checkpoint_n_folders_count(tmp_path):
-    from judgetrain.checkpoints import list_checkpoints
-    from judgetrain.eval.cli import find_targets
+    from judgetrain.run.checkpoints import list_checkpoints
+    from judgetrain.cli.eval import find_targets
 
     for name in ("checkpoint-10", "checkpoint-9", "checkpoint-100", "checkpoint-best", "checkpoint-2.tmp"):
         (tmp_path / name).mkdir()

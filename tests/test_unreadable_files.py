@@ -18,7 +18,7 @@ import pytest
 
 from judgetrain.data import DataValidationError, load_judgebias, load_rmbench
 from judgetrain.data.io import UnreadableFile, read_file
-from judgetrain.pairs import PanelDataError, read_evaluations
+from judgetrain.data.pairs import PanelDataError, read_evaluations
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "judgetrain" / "data" / "samples" / "judgebias" / "train.parquet"
@@ -147,7 +147,7 @@ def test_train_with_a_torn_parquet_file_stops_with_one_line_naming_it(tmp_path):
     (b"a: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "not valid YAML"),
 ])
 def test_an_unreadable_recipe_is_one_line_naming_it(data, expected, tmp_path):
-    from judgetrain.recipe import RecipeError, load_recipe_file
+    from judgetrain.config.recipe import RecipeError, load_recipe_file
 
     path = tmp_path / "r.yaml"
     path.write_bytes(data)
@@ -159,7 +159,7 @@ def test_an_unreadable_recipe_is_one_line_naming_it(data, expected, tmp_path):
 
 
 def test_the_report_reads_a_damaged_metrics_file_with_notes_not_a_traceback(tmp_path):
-    from judgetrain.report import read_metrics
+    from judgetrain.report.build import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "train/loss": 0.5}\n'

@@ -116,7 +116,7 @@ def resolve_config(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     args.recipe = args.recipe or default_recipe()
-    from judgetrain.recipe import parse_recipe
+    from judgetrain.config.recipe import parse_recipe
 
     _, targs, _, _ = parse_recipe([args.recipe, "--output_dir", tempfile.gettempdir()])
     args.quickstart_epochs = int(math.ceil(targs.num_train_epochs))
@@ -156,7 +156,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         if "scale" in parts:
             report["train_scale"] = bench_train_scale(args, tb, workdir / "train")
         if "eval" in parts or "scale" in parts:
-            from judgetrain.recipe import parse_recipe
+            from judgetrain.config.recipe import parse_recipe
 
             _, _, model_args, _ = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")])
             args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts

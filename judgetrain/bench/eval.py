@@ -32,7 +32,7 @@ def eval_model_location(name: str) -> tuple[str, dict]:
         if not path.is_file():
             raise BenchError(f"--eval-model {name}: no such file")
         return str(path.parent), {"gguf_file": path.name}
-    from judgetrain.aliases import resolve_model
+    from judgetrain.models.aliases import resolve_model
 
     return resolve_model(name), {}
 
@@ -44,7 +44,7 @@ def load_eval_model(model_path: str, recipe: str, seed: int = 0, load_kwargs: di
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from judgetrain.modeling import load_tokenizer
+    from judgetrain.models.loading import load_tokenizer
 
     _, model_keys, _ = recipe_parts(recipe)
     load_kwargs = load_kwargs or {}
@@ -164,7 +164,7 @@ def grow_rows(pool: list[dict], n: int) -> list[dict]:
 def interleave_domains(rows: list[dict]) -> list[dict]:
     """Rows round robin over their domains (RM-Bench files are sorted by domain, whose response lengths differ), so
     the first n rows are a fair draw for any n."""
-    from judgetrain.metrics import rmbench_domain
+    from judgetrain.eval.metrics import rmbench_domain
 
     groups: dict[str, list[dict]] = {}
     for r in rows:

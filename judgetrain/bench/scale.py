@@ -75,7 +75,7 @@ def bench_quickstart(cfg: argparse.Namespace, workdir: Path) -> dict:
         epoch_train = train_only / n_epochs
         steps_per_epoch = res["global_step"] / n_epochs
     else:
-        from judgetrain.recipe import parse_recipe
+        from judgetrain.config.recipe import parse_recipe
 
         _, targs, _, _ = parse_recipe([cfg.recipe, "--output_dir", str(out_dir)])
         rows = cfg.quickstart_rows

@@ -20,8 +20,8 @@ class TrainBench:
     """Prepares the shared rows and builds the worker specs of both sides."""
 
     def __init__(self, recipe: str, workdir: Path, steps: int, batch_size: int | None, device: str):
-        from judgetrain.recipe import parse_recipe
-        from judgetrain.aliases import resolve_model
+        from judgetrain.config.recipe import parse_recipe
+        from judgetrain.models.aliases import resolve_model
         from judgetrain.data.lengths import audit_lengths
         from judgetrain.train import build_train_dataset, load_tokenizer, model_init_kwargs
 

@@ -13,8 +13,8 @@ from judgetrain.bench.common import args_digest, device_peak, peak_rss_mb, quiet
 
 def _worker_train_judgetrain(spec: dict) -> dict:
     """judgetrain's own trainer path, exactly as `accelerate launch -m judgetrain.train` runs it."""
-    from judgetrain.launch import init_process_state
-    from judgetrain.recipe import parse_recipe
+    from judgetrain.trainer.process import init_process_state
+    from judgetrain.config.recipe import parse_recipe
     from judgetrain.train import train
 
     init_process_state()
@@ -51,7 +51,7 @@ def _worker_train_bare(spec: dict) -> dict:
     peft_config = LoraConfig(**spec["lora"]) if spec.get("lora") else None
     trainer_cls = DPOTrainer
     if spec.get("trainer") == "prefix_sharing":  # the same script with judgetrain's prefix-sharing subclass
-        from judgetrain.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
+        from judgetrain.trainer.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
     trainer = trainer_cls(model=spec["model"], args=args, train_dataset=dataset, processing_class=tokenizer,
                           peft_config=peft_config)
     result = trainer.train()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from judgetrain.chat import chat_ids, text_ids
+from judgetrain.data.chat import chat_ids, text_ids
 
 from .io import resolve_local, split_files
 from .validate import DataValidationError
@@ -79,7 +79,7 @@ def _texts(dataset: str, ds, tokenizer):
 
 
 def _n_tokens(tokenizer, messages) -> int:
-    """Tokens of a conversation as training sees them (content as text; judgetrain.chat)."""
+    """Tokens of a conversation as training sees them (content as text; judgetrain.data.chat)."""
     if getattr(tokenizer, "chat_template", None):
         return len(chat_ids(tokenizer, messages))
     return len(text_ids(tokenizer, "\n".join(m["content"] for m in messages)))

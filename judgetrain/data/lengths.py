@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from judgetrain.recipe import RecipeError
+from judgetrain.config.recipe import RecipeError
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 from judgetrain.eval.runner import evaluate_and_write
 from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.eval.suites import SuiteSpec
-from judgetrain.metrics import to_trainer_log_keys
+from judgetrain.eval.metrics import to_trainer_log_keys
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +194,8 @@ class JudgeEvalCallback(TrainerCallback):
         self.history.append(flat)
         self._log(to_trainer_log_keys(flat))
         if self.log_matrix_images and "rmbench" in results and self.trainer.is_world_process_zero():
-            from judgetrain.metrics import rmbench_matrices
-            from judgetrain.plots import log_matrix_images
+            from judgetrain.eval.metrics import rmbench_matrices
+            from judgetrain.report.plots import log_matrix_images
 
             log_matrix_images(self.trainer, rmbench_matrices(results["rmbench"].records), step)
         return flat

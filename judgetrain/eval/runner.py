@@ -15,14 +15,14 @@ from typing import Any
 
 from judgetrain.eval.scoring import ScoringEngine, score_sharded
 from judgetrain.eval.suites import SuiteSpec, build_record, build_request, load_suite_rows, suite_metrics
-from judgetrain.metrics import flatten_eval_metrics, nan_to_none
+from judgetrain.eval.metrics import flatten_eval_metrics, nan_to_none
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class SuiteResult:
-    """One suite's outcome: ``metrics`` (nested, from judgetrain.metrics plus counts), per-row ``records`` in row
+    """One suite's outcome: ``metrics`` (nested, from judgetrain.eval.metrics plus counts), per-row ``records`` in row
     order, and ``stats`` (engine work for this suite: sequences, real/padded tokens, forwards, seconds)."""
 
     name: str
@@ -114,7 +114,7 @@ def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_
 
 def _model_sharding(model) -> dict[str, Any]:
     """Under FSDP2 / ZeRO-3, what this rank held once scoring was done (never the whole model)."""
-    from judgetrain.parallelism import sharding_of
+    from judgetrain.trainer.parallelism import sharding_of
 
     held = sharding_of(model)
     return {"model_sharding": dict(held, module=type(model).__name__)} if held["sharded_tensors"] else {}

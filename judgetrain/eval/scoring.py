@@ -12,11 +12,11 @@ requests into token sequences, batches them by length and returns one float per 
   weights, which never change, so they are cached by sequence and computed once per eval set.
 - ``loglik``: sum of log pi(y|x) over the response tokens, no reference (used for forced verdicts in judge mode).
 - ``judge``: the judge prompt is rendered with the chat template up to where an assistant turn's content starts as
-  training renders it (Qwen3: after the empty think block, `judgetrain.templates.assistant_prefix`) and followed by a
+  training renders it (Qwen3: after the empty think block, `judgetrain.models.templates.assistant_prefix`) and followed by a
   forced answer prefix (by default the JSON up to ``"overall_score": ``); the score is the expectation of the score over the next-token
   probabilities of the score tokens ("1".."5", plus the half steps the tokenizer has as single tokens), one forward
   pass. ``generate_samples`` > 0 additionally generates that many full evaluations and parses their overall score
-  with ``judgetrain.scoreparse.parse_overall_score``.
+  with ``judgetrain.data.scoreparse.parse_overall_score``.
 
 Shared prompts (``prefix_sharing``, on by default): a row's prompt runs once and its key/value cache serves all of
 the row's responses, and the token prefix common to a whole call (the chat template's opening, a judge rubric) runs
@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from judgetrain.chat import chat_ids, chat_text, text_ids
-from judgetrain.templates import assistant_prefix
+from judgetrain.data.chat import chat_ids, chat_text, text_ids
+from judgetrain.models.templates import assistant_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ class ScoringEngine:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def _chat_ids(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-        """The conversation's ids; control strings inside message content are text (judgetrain.chat)."""
+        """The conversation's ids; control strings inside message content are text (judgetrain.data.chat)."""
         return chat_ids(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
 
     def _pair_sequences(self, prompt: Any, responses: Sequence[Any]) -> tuple[list[int], list[list[int]]]:
@@ -568,9 +568,9 @@ class ScoringEngine:
     # ------------------------------------------------------------------------------------------ generation
     def _generate(self, requests: Sequence[Request], rows: list[RowScore]) -> None:
         try:
-            from judgetrain.scoreparse import parse_overall_score
+            from judgetrain.data.scoreparse import parse_overall_score
         except ImportError:  # a partial install without the score parser
-            logger.warning("generate_samples needs judgetrain.scoreparse; skipped")
+            logger.warning("generate_samples needs judgetrain.data.scoreparse; skipped")
             return
         device = next(self.model.parameters()).device
         for r, req in enumerate(requests):

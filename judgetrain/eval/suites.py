@@ -12,7 +12,7 @@ engine reads the judge's expected ``overall_score`` for it (``judge_score``). Th
 recorded overall scores of the chosen and rejected evaluations as ``score_chosen`` / ``score_rejected`` and the
 metrics ask whether the judge lands closer to the chosen verdict, how far it is from ``anchor_score`` on
 representational rows (``represent/anchor_mae``) and whether it drops >= 0.5 below the anchor on error rows
-(``error/detect_rate``). See `judgetrain.metrics.judgebias_checks`.
+(``error/detect_rate``). See `judgetrain.eval.metrics.judgebias_checks`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from judgetrain import metrics as M
+from judgetrain.eval import metrics as M
 from judgetrain.eval.scoring import Request, RowScore
 
 logger = logging.getLogger(__name__)

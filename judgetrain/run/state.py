@@ -24,8 +24,8 @@ import socket
 import time
 from pathlib import Path
 
-from judgetrain.cache import LockBusy, file_lock
-from judgetrain.recipe import RecipeError
+from judgetrain.models.cache import LockBusy, file_lock
+from judgetrain.config.recipe import RecipeError
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def data_fingerprint(dataset) -> str:
 
 def run_identity(resolved: dict, *, num_processes: int, data: str) -> dict:
     """What defines a run (see the module docstring); compared field by field on resume."""
-    from judgetrain.recipe import _plain
+    from judgetrain.config.recipe import _plain
 
     recipe = {k: _plain(v) for k, v in sorted(resolved.items()) if k not in OPERATIONAL_KEYS}
     return {"recipe": recipe, "data": data, "num_processes": num_processes, "versions": library_versions()}
@@ -373,12 +373,12 @@ def holds_output_dir(out: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m judgetrain.runstate RECIPE [overrides]``: print the exit code the run of launch
+    """``python -m judgetrain.run.state RECIPE [overrides]``: print the exit code the run of launch
     ``$JUDGETRAIN_LAUNCH_ID`` wrote to its output_dir (for scheduler scripts around a bare `accelerate launch`,
     which turns every worker's code into 1). Exits 1 when that launch wrote none."""
     import sys
 
-    from judgetrain.recipe import parse_recipe
+    from judgetrain.config.recipe import parse_recipe
 
     argv = list(sys.argv[1:] if argv is None else argv)
     _, training_args, _, _ = parse_recipe(argv)

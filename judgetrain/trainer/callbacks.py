@@ -1,6 +1,6 @@
 """Trainer callbacks that make a run readable and resumable: metrics.jsonl, complete-checkpoint markers,
 non-finite loss guards and a graceful stop on SIGTERM / Ctrl-C. The checkpoint files they write and read back
-are described in `judgetrain.checkpoints`."""
+are described in `judgetrain.run.checkpoints`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
-from judgetrain.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_dir, rotate_checkpoints, write_marker
+from judgetrain.run.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_dir, rotate_checkpoints, write_marker
 
 logger = logging.getLogger(__name__)
 

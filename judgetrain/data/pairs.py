@@ -8,10 +8,10 @@ name when absent), ``perturbation_rate`` (derived from the ``_<n>pct`` suffix wh
 ``prompt`` (the messages the judge saw: a list or its JSON string) and ``evaluation`` (the judge's text).
 
 The construction is the one of iknow-lab/JudgeBias-DPO-RefFree:
-1. the overall score of every evaluation is read by :mod:`judgetrain.scoreparse`; unreadable or out-of-scale
+1. the overall score of every evaluation is read by :mod:`judgetrain.data.scoreparse`; unreadable or out-of-scale
    scores are counted per judge and written to ``<out>/rejects.jsonl``, never guessed; only the judge's own turn
    is read: an evaluation holding a chat turn marker followed by more text (``<|im_end|>\n<|im_start|>...``) is
-   rejected as ``fake_turn``, a trailing end-of-turn marker is dropped (:func:`judgetrain.chat.judge_turn`);
+   rejected as ``fake_turn``, a trailing end-of-turn marker is dropped (:func:`judgetrain.data.chat.judge_turn`);
 2. anchor per sample = median of the overall scores over all judges x the representational rate sets
    (the card's "4 models x 5 representational rates"; ``anchor_sets="represent"`` uses every represent set);
    samples with fewer than ``min_represent_evals`` such scores are counted and skipped;
@@ -40,12 +40,12 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Iterable
 
-from judgetrain.chat import judge_turn
+from judgetrain.data.chat import judge_turn
 from judgetrain.data.io import UnreadableFile, read_file
 from judgetrain.data.judgebias import PERTURBATION_SETS, TYPE_ALIASES, TYPE_CATEGORY, perturbation_set
 from judgetrain.data.validate import MALFORMED
-from judgetrain.metrics import nan_to_none
-from judgetrain.scoreparse import parse_overall_score_result
+from judgetrain.eval.metrics import nan_to_none
+from judgetrain.data.scoreparse import parse_overall_score_result
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def _normalise(row: dict, key: str, scale: tuple[float, float]) -> tuple[Evaluat
     except (ValueError, TypeError) as err:
         return None, {**base, "reason": "bad_row", "detail": str(err)}
     text = row["evaluation"]
-    if isinstance(text, str):  # only the judge's own turn is its verdict (judgetrain.chat)
+    if isinstance(text, str):  # only the judge's own turn is its verdict (judgetrain.data.chat)
         text, fake_turn = judge_turn(text)
         if fake_turn:
             return None, {**base, "reason": "fake_turn", "detail": f"the evaluation {fake_turn}", "evaluation": text}

@@ -42,9 +42,9 @@ def _die_with_launcher() -> None:
 
 def init_process_state():
     """Join the launcher's process group before anything reads the device, refusing a parallelism this machine
-    would silently downgrade (judgetrain.parallelism.join_process_group: on a machine without a GPU the processes
+    would silently downgrade (judgetrain.trainer.parallelism.join_process_group: on a machine without a GPU the processes
     join over gloo; Trainer would otherwise run N independent copies)."""
-    from judgetrain.parallelism import join_process_group
+    from judgetrain.trainer.parallelism import join_process_group
 
     _die_with_launcher()
     state, _ = join_process_group()

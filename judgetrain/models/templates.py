@@ -22,10 +22,10 @@ _DATE_PIN = "{%- if date_string is not defined %}{%- set date_string = \"%s\" %}
 
 
 def assistant_prefix(tokenizer, messages: list[dict]) -> str:
-    """The rendered text of ``messages`` (content neutralised, `judgetrain.chat`) followed by an assistant turn up
+    """The rendered text of ``messages`` (content neutralised, `judgetrain.data.chat`) followed by an assistant turn up
     to where its content starts, as the template renders a final assistant message (what DPO trains on), not the
     bare generation prompt."""
-    from judgetrain.chat import chat_text, neutral_messages
+    from judgetrain.data.chat import chat_text, neutral_messages
 
     turn = neutral_messages(messages, tokenizer) + [{"role": "assistant", "content": _SENTINEL}]
     text = tokenizer.apply_chat_template(turn, tokenize=False)

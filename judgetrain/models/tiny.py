@@ -7,8 +7,8 @@ The directory it writes is an ordinary model directory (config.json, model.safet
 tokenizer_config.json, chat_template.jinja) that `AutoModelForCausalLM.from_pretrained` and
 `AutoTokenizer.from_pretrained` load. The tokenizer is trained on the bundled sample data, so a judge evaluation of
 a few hundred words is a few hundred tokens and a CPU step takes well under a second. Recipes and `judgetrain eval`
-accept the alias ``tiny-judge`` for it (`judgetrain.aliases`); it is built once per machine into the judgetrain
-cache (`judgetrain.cache`).
+accept the alias ``tiny-judge`` for it (`judgetrain.models.aliases`); it is built once per machine into the judgetrain
+cache (`judgetrain.models.cache`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import os
 from pathlib import Path
 
-from judgetrain.cache import cached_folder, save_model_folder
+from judgetrain.models.cache import cached_folder, save_model_folder
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ Proposal A is better. Proposal B is better.
 
 
 def _samples_dir() -> Path:
-    return Path(__file__).resolve().parent / "data" / "samples"
+    return Path(__file__).resolve().parents[1] / "data" / "samples"
 
 
 def _corpus_texts() -> list[str]:

@@ -9,12 +9,12 @@ import sys
 COMMANDS = {
     "data check": ("judgetrain.data.check", "validate a dataset source and print its statistics"),
     "train": ("judgetrain.train", "launch a training recipe through accelerate"),
-    "eval": ("judgetrain.eval.cli", "score a model or checkpoint(s) on the eval suites"),
-    "report": ("judgetrain.report", "draw a run's metrics (heatmaps, curves, html)"),
-    "pairs build": ("judgetrain.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
+    "eval": ("judgetrain.cli.eval", "score a model or checkpoint(s) on the eval suites"),
+    "report": ("judgetrain.report.build", "draw a run's metrics (heatmaps, curves, html)"),
+    "pairs build": ("judgetrain.data.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
     "bench": ("judgetrain.bench", "benchmark training and evaluation against baselines"),
-    "tiny build": ("judgetrain.tiny", "build the embedded tiny judge into a model directory"),
-    "cache": ("judgetrain.cache", "list or clear the models judgetrain built into its cache"),
+    "tiny build": ("judgetrain.models.tiny", "build the embedded tiny judge into a model directory"),
+    "cache": ("judgetrain.models.cache", "list or clear the models judgetrain built into its cache"),
 }
 
 

@@ -8,10 +8,10 @@ import os
 def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False):
     """``AutoTokenizer.from_pretrained(path)`` with a pad token: batched scoring and DPO collation pad, and many
     causal LMs ship without one, so the end-of-sequence token stands in (as TRL's own scripts do). A chat template
-    that reads today's date gets a fixed one (`judgetrain.templates.pin_template_date`)."""
+    that reads today's date gets a fixed one (`judgetrain.models.templates.pin_template_date`)."""
     from transformers import AutoTokenizer
 
-    from judgetrain.templates import pin_template_date
+    from judgetrain.models.templates import pin_template_date
 
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:

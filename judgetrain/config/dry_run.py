@@ -6,9 +6,9 @@ import logging
 import os
 from pathlib import Path
 
-from judgetrain.chat import neutralise_dataset
+from judgetrain.data.chat import neutralise_dataset
 from judgetrain.data.lengths import audit_lengths
-from judgetrain.recipe import RecipeError, remote_code_routes, remote_code_warning
+from judgetrain.config.recipe import RecipeError, remote_code_routes, remote_code_warning
 from judgetrain.train import build_train_dataset, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ DEFAULT_AUDIT_ROWS = 64
 def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     """Check a recipe without loading weights: schema (already parsed), files, accelerate config, data and lengths
     on the first ``audit_rows`` rows. Hub sources and tokenizers unreachable offline are reported, not fatal."""
-    from judgetrain.aliases import is_alias, resolve_model
+    from judgetrain.models.aliases import is_alias, resolve_model
 
     report: dict = {"recipe": "ok", "problems": [], "notes": []}
     warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
@@ -64,7 +64,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     except Exception as e:
         if isinstance(e, RecipeError) or not _is_offline_error(e):
             raise
-        from judgetrain.tiny import ensure_tiny_judge
+        from judgetrain.models.tiny import ensure_tiny_judge
 
         report["notes"].append(
             f"tokenizer of {model} unreachable offline; lengths measured with the tiny judge's tokenizer (approximate, "
@@ -80,8 +80,8 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
 
 
 def _memory(script_args, training_args, model_args, resolved, cfg, report) -> dict | None:
-    """The per-device memory estimate (judgetrain.memory); a model whose shape is unknown offline is a note."""
-    from judgetrain.memory import dry_run_memory
+    """The per-device memory estimate (judgetrain.config.memory); a model whose shape is unknown offline is a note."""
+    from judgetrain.config.memory import dry_run_memory
 
     try:
         return dry_run_memory(script_args, training_args, model_args, resolved, cfg)
@@ -108,7 +108,7 @@ def deepspeed_plugin_config(cfg, notes: list[str]) -> dict:
             zero3_init_flag=bool(ds.get("zero3_init_flag", False)),
             zero3_save_16bit_model=bool(ds.get("zero3_save_16bit_model", False)),
         )
-    from judgetrain.parallelism import deepspeed_not_installed
+    from judgetrain.trainer.parallelism import deepspeed_not_installed
 
     missing = deepspeed_not_installed("the accelerate config is DeepSpeed")
     if missing:

@@ -1,7 +1,7 @@
 """`judgetrain eval`: score a model, an adapter, a checkpoint or every checkpoint of a run on the eval suites.
 
     judgetrain eval --model runs/quickstart --suites rmbench --rmbench-source RM-Bench/data
-    accelerate launch --num_processes 8 -m judgetrain.eval.cli --model Qwen/Qwen2.5-7B-Instruct \
+    accelerate launch --num_processes 8 -m judgetrain.cli.eval --model Qwen/Qwen2.5-7B-Instruct \
         --adapter runs/x/checkpoint-500 --suites rmbench,judgebias,ideation --scoring implicit
 
 ``--model`` is a hub id, a model directory, an adapter directory (adapter_config.json: its base model is loaded and
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from judgetrain.checkpoints import list_checkpoints
-from judgetrain.modeling import has_accelerator, load_tokenizer
+from judgetrain.run.checkpoints import list_checkpoints
+from judgetrain.models.loading import has_accelerator, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def find_targets(model: str) -> list[str]:
 
 def _resolve(name: str) -> str:
     try:
-        from judgetrain.aliases import resolve_model
+        from judgetrain.models.aliases import resolve_model
     except ImportError:
         return name
     return resolve_model(name)
@@ -181,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.eval.runner import evaluate_and_write
     from judgetrain.eval.scoring import ScoringEngine
     from judgetrain.eval.suites import SUITES, SuiteSpec
-    from judgetrain.metrics import nan_to_none
+    from judgetrain.eval.metrics import nan_to_none
 
     state = PartialState(cpu=_cpu_only())
     logging.basicConfig(level=logging.INFO if state.is_main_process else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from judgetrain.recipe import remote_code_warning
+    from judgetrain.config.recipe import remote_code_warning
 
     warning = remote_code_warning(["--trust-remote-code"] if args.trust_remote_code else [], args.model)
     if warning and state.is_main_process:

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from judgetrain.modeling import has_accelerator
+from judgetrain.models.loading import has_accelerator
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class JudgeTrainArguments:
     gpu: str | None = field(
         default=None,
         metadata={"help": "Dry run: the GPU the memory estimate is checked against (H100-80GB, A100-40GB, ...; "
-                  "judgetrain.memory.GPUS)."},
+                  "judgetrain.config.memory.GPUS)."},
     )
     num_processes: int | None = field(
         default=None,

@@ -6,11 +6,11 @@
 Reads what a run writes (README, "Where metrics go"): ``metrics.jsonl`` (a torn last line of a killed run
 is ignored, a step logged twice after a resume keeps its later values, a run still going is drawn as far as it
 got), ``eval/<step>/<suite>.jsonl`` (per-row scores: the RM-Bench matrices are recomputed from them with
-`judgetrain.metrics`) and ``recipe.yaml``. Writes PNGs, ``report.html`` (images embedded, opens offline),
+`judgetrain.eval.metrics`) and ``recipe.yaml``. Writes PNGs, ``report.html`` (images embedded, opens offline),
 ``report.md`` (images linked) and ``summary.json``; the CLI also prints the summary table.
 
-The heatmaps are drawn by `judgetrain.plots` (also used by training), the matrices computed by
-`judgetrain.metrics.rmbench_matrices`.
+The heatmaps are drawn by `judgetrain.report.plots` (also used by training), the matrices computed by
+`judgetrain.eval.metrics.rmbench_matrices`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from judgetrain.checkpoints import list_checkpoints
-from judgetrain.metrics import rmbench_matrices
-from judgetrain.plots import DPI, figure_grid, matrices_figure
+from judgetrain.run.checkpoints import list_checkpoints
+from judgetrain.eval.metrics import rmbench_matrices
+from judgetrain.report.plots import DPI, figure_grid, matrices_figure
 
 logger = logging.getLogger(__name__)
 

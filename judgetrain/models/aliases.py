@@ -1,6 +1,6 @@
 """Model aliases: short names that recipes and `judgetrain eval --model` accept in place of a hub id or a folder.
 
-Each alias names a model folder that judgetrain builds itself into its cache (`judgetrain.cache`), once per machine,
+Each alias names a model folder that judgetrain builds itself into its cache (`judgetrain.models.cache`), once per machine,
 race-free across the processes of a launch. Anything that is not an alias (a hub id, a local folder) passes through.
 """
 
@@ -19,7 +19,7 @@ def register_alias(name: str, ensure: Callable[[], str], description: str) -> No
 def _load_builtin() -> None:
     if _ALIASES:
         return
-    from judgetrain import smollm2, tiny
+    from judgetrain.models import smollm2, tiny
 
     register_alias(tiny.TINY_ALIAS, tiny.ensure_tiny_judge, "the embedded tiny judge (Qwen2, random init, built from a seed)")
     register_alias(

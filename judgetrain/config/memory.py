@@ -97,7 +97,7 @@ def shape_from_config(cfg: dict) -> ModelShape:
 def model_shape(name_or_path: str) -> tuple[ModelShape, str]:
     """(shape, where it came from): a local folder's or a cached hub snapshot's config.json, else the built-in
     table. Never downloads."""
-    from judgetrain.aliases import is_alias, resolve_model
+    from judgetrain.models.aliases import is_alias, resolve_model
 
     path = resolve_model(name_or_path) if is_alias(name_or_path) else name_or_path
     local = Path(path) / "config.json"
@@ -458,11 +458,11 @@ def check(model_dir: str, *, lora_r: int | None, checkpointing: bool, words: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m judgetrain.memory check MODEL_DIR [--lora_r 16] [--checkpointing] [--layers N --arch NAME]"""
+    """python -m judgetrain.config.memory check MODEL_DIR [--lora_r 16] [--checkpointing] [--layers N --arch NAME]"""
     import argparse
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="python -m judgetrain.memory", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m judgetrain.config.memory", description=main.__doc__)
     parser.add_argument("command", choices=["check"])
     parser.add_argument("model", help="a model folder, or with --arch the tokenizer folder for a random model")
     parser.add_argument("--lora_r", type=int, default=None)
