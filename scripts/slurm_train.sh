@@ -59,7 +59,7 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c '
 '
 status=$?
 # the run's own exit code, as it wrote it for this launch (0 finished, 2 refused, 3 non-finite, 143 preempted)
-if run_status=$(python -m judgetrain.run.state "$RECIPE" "$@" 2>/dev/null); then status=${run_status##*$'\n'}; fi
+if run_status=$(python -m judgetrain.cli.status "$RECIPE" "$@" 2>/dev/null); then status=${run_status##*$'\n'}; fi
 set -e
 
 if [[ -n "$PREEMPTED_EXIT_CODE" && $status -eq $PREEMPTED_EXIT_CODE ]]; then

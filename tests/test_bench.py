@@ -8,6 +8,7 @@ import math
 import pytest
 
 from judgetrain import bench
+from judgetrain.cli import bench as bench_cli
 
 
 def _positive(value) -> bool:
@@ -17,7 +18,7 @@ def _positive(value) -> bool:
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    rc = bench.main(["--quick", "--output", str(out)])
+    rc = bench_cli.main(["--quick", "--output", str(out)])
     assert rc == 0
     return json.loads(out.read_text())
 
@@ -85,7 +86,7 @@ def test_cuda_without_a_gpu_exits_with_a_clear_message(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    assert bench.main(["--device", "cuda", "--output", "/nonexistent/never-written.json"]) == 2
+    assert bench_cli.main(["--device", "cuda", "--output", "/nonexistent/never-written.json"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
 
 
@@ -137,7 +138,7 @@ def test_quick_bench_train_shapes_record_prefix_sharing_against_trl(quick_report
 
 def test_device_prefix_sharing_part_runs_on_a_real_shape_code_path(tmp_path):
     """The `--device cuda` prefix-sharing comparison, on the CPU with the tiny shape (no GPU figures here)."""
-    args = bench.resolve_config(bench.build_parser().parse_args(["--quick"]))
+    args = bench_cli.resolve_config(bench_cli.build_parser().parse_args(["--quick"]))
     args.prefix_sharing_shapes = ["tiny"]
     tb = bench.TrainBench(args.recipe, tmp_path / "train", args.train_steps, args.train_batch_size, "cpu")
     out = bench.bench_device_prefix_sharing(args, tb, tmp_path / "device")

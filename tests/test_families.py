@@ -60,7 +60,7 @@ def model_dir(request, family: str) -> str:
 
 def load_tokenizer(path: str):
     """judgetrain's own loader (pad token, date pin), as training and eval use it."""
-    from judgetrain.train import load_tokenizer as load
+    from judgetrain.models.loading import load_recipe_tokenizer as load
 
     return load(path, SimpleNamespace(trust_remote_code=False))
 

@@ -7,7 +7,8 @@ import sys
 import pytest
 from helpers import run
 
-from judgetrain.config.memory import BUILTIN_SHAPES, GIB, check, random_model_folder
+from judgetrain.bench.memory import check, llama_model_folder as random_model_folder
+from judgetrain.config.memory import BUILTIN_SHAPES, GIB
 WITHIN = 0.15
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoTokenizer
 
-from judgetrain.models.loading import has_accelerator, load_tokenizer
+from judgetrain.models.loading import load_tokenizer
+from judgetrain.utils.device import has_accelerator
 
 
 def test_load_tokenizer_keeps_a_pad_token_and_gives_eos_to_one_without(tiny_judge, tmp_path):

@@ -136,7 +136,7 @@ def _assert_same(reference, shared):
 
 
 def _tokenizer(path):
-    from judgetrain.train import load_tokenizer
+    from judgetrain.models.loading import load_recipe_tokenizer as load_tokenizer
     from trl import DPOConfig
 
     return load_tokenizer(path, DPOConfig(output_dir="unused", report_to="none", use_cpu=True))

@@ -357,7 +357,7 @@ AGREE = """
 import os, sys, torch.distributed as dist
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
-from judgetrain.trainer.callbacks import any_rank
+from judgetrain.utils.ranks import any_rank
 print(any_rank([rank == 1, False]), flush=True)
 dist.destroy_process_group()
 """

@@ -28,7 +28,7 @@ def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
     from judgetrain.cli.eval import build_parser
 
     assert build_parser().parse_args(["--model", "x"]).trust_remote_code is False
-    from judgetrain.train import model_init_kwargs
+    from judgetrain.models.loading import model_init_kwargs
 
     _, training_args, model_args, _ = parse_recipe([str(QUICKSTART)])
     assert model_init_kwargs(model_args, training_args)["trust_remote_code"] is False

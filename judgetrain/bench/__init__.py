@@ -2,16 +2,16 @@
 
 One module per part: `train` (judgetrain against bare TRL, prefix sharing by row shape), `eval` (the engine against a
 naive evaluator), `scale` (1x/2x/4x, quickstart overhead), `gpu` (`--device cuda`, real shapes), `report` (summary,
-targets, table), `cli` (the command), with `common` (shared helpers, subprocess plumbing) and `workers` (what a bench
+targets, table), `memory` (the memory-measurement harness), with `common` (shared helpers, subprocess plumbing) and `workers` (what a bench
 subprocess runs). The names below are the package's public surface.
 """
 
-from judgetrain.bench.cli import SIZES, build_parser, main, resolve_config, run_bench
 from judgetrain.bench.common import BenchError, default_recipe, median, ratio, run_worker
 from judgetrain.bench.eval import (
     EVAL_SETS,
     NaiveEvaluator,
     bench_eval,
+    bench_eval_scale,
     bench_eval_set,
     eval_model_location,
     load_eval_model,
@@ -29,15 +29,15 @@ from judgetrain.bench.gpu import (
     random_model_folder,
 )
 from judgetrain.bench.report import SCHEMA_VERSION, SUMMARY_KEYS, TARGETS, print_table, summarize
-from judgetrain.bench.scale import bench_eval_scale, bench_quickstart, bench_train_scale
+from judgetrain.bench.scale import bench_quickstart, bench_train_scale
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
 
 __all__ = [
-    "DEVICE_EVAL_SETS", "EVAL_SETS", "REAL_SHAPES", "SCHEMA_VERSION", "SIZES", "SUMMARY_KEYS", "TARGETS",
+    "DEVICE_EVAL_SETS", "EVAL_SETS", "REAL_SHAPES", "SCHEMA_VERSION", "SUMMARY_KEYS", "TARGETS",
     "TRAIN_SHAPES", "BenchError", "NaiveEvaluator", "TrainBench", "bench_device", "bench_device_prefix_sharing",
     "bench_eval", "bench_eval_scale", "bench_eval_set", "bench_quickstart", "bench_train", "bench_train_scale",
-    "bench_train_shapes", "build_parser", "default_recipe", "device_bench_eval_sharing", "device_bench_shape",
-    "eval_model_location", "flops_per_token", "load_eval_model", "main", "measure_matmul_rate", "median",
-    "naive_items", "print_table", "random_model_folder", "ratio", "resolve_config", "run_bench", "run_worker",
+    "bench_train_shapes", "default_recipe", "device_bench_eval_sharing", "device_bench_shape",
+    "eval_model_location", "flops_per_token", "load_eval_model", "measure_matmul_rate", "median",
+    "naive_items", "print_table", "random_model_folder", "ratio", "run_worker",
     "summarize",
 ]

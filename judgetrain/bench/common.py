@@ -128,7 +128,7 @@ def run_worker(spec: dict, workdir: Path, name: str, timeout: float = 3600) -> d
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", WANDB_MODE="disabled",
                HF_DATASETS_DISABLE_PROGRESS_BARS="1", TQDM_DISABLE="1", PYTHONWARNINGS="ignore")
     env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "judgetrain.bench", "_worker", str(spec_path), str(result_path)]
+    cmd = [sys.executable, "-m", "judgetrain.bench.workers", str(spec_path), str(result_path)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0 or not result_path.is_file():

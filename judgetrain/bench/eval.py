@@ -306,6 +306,32 @@ def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: l
     }
 
 
+def bench_eval_scale(cfg: argparse.Namespace, model, tokenizer, pool: list[dict], base: int) -> dict:
+    """A fresh engine (first epoch) on 1x, 2x, 4x distinct RM-Bench rows, drawn round robin over the domains of
+    ``pool``; the tokens each size holds, so that time per token can be compared too."""
+    from judgetrain.eval import ScoringEngine
+
+    engine_kwargs = dict(scoring="implicit", batch_tokens=cfg.eval_batch_tokens, max_length=cfg.eval_max_length)
+    mixed = interleave_domains(pool)
+    scale_rows = {f: grow_rows(mixed, base * f) for f in (1, 2, 4)}
+    scale_tokens = {f: sum(len(ids) for ids, _ in NaiveEvaluator(model, tokenizer, max_length=cfg.eval_max_length)
+                           .sequences(naive_items("rmbench", scale_rows[f]))) for f in (1, 2, 4)}
+    times: dict[int, list[float]] = {1: [], 2: [], 4: []}
+    for i, warm, order in alternating(0, cfg.scale_repeats, [1, 2, 4]):
+        for f in order:
+            t, _, _ = engine_epoch(ScoringEngine(model, tokenizer, **engine_kwargs), scale_rows[f])
+            times[f].append(t)
+    med = {f: median(v) for f, v in times.items()}
+    return {"base_rows": base, "seconds": {f"{f}x": med[f] for f in med},
+            "scale_2x": ratio(med[2], med[1]), "scale_4x": ratio(med[4], med[1]),
+            "row_order": "round robin over domains", "tokens": {f"{f}x": scale_tokens[f] for f in scale_tokens},
+            "tokens_ratio_2x": ratio(scale_tokens[2], scale_tokens[1]),
+            "tokens_ratio_4x": ratio(scale_tokens[4], scale_tokens[1]),
+            "per_token_scale_2x": ratio(med[2] / scale_tokens[2], med[1] / scale_tokens[1]),
+            "per_token_scale_4x": ratio(med[4] / scale_tokens[4], med[1] / scale_tokens[1])}
+
+
+
 def bench_eval(cfg: argparse.Namespace, model_path: str, load_kwargs: dict | None = None) -> dict:
     import torch
 
@@ -320,7 +346,5 @@ def bench_eval(cfg: argparse.Namespace, model_path: str, load_kwargs: dict | Non
         out[name]["load_average"] = load_average()
     if not cfg.eval_scale:
         return out
-    from judgetrain.bench.scale import bench_eval_scale  # scale builds on this module
-
     out["scale"] = bench_eval_scale(cfg, model, tokenizer, pool, cfg.scale_eval_rows or len(sets["rmbench"]))
     return out

@@ -1,4 +1,5 @@
-"""The scale part (engine eval time at 1x, 2x, 4x rows; train time at 1x, 2x, 4x steps) and the quickstart overhead
+"""The scale part (engine eval time at 1x, 2x, 4x rows: `bench_eval_scale`, which lives beside the engine bench it
+extends; train time at 1x, 2x, 4x steps) and the quickstart overhead
 (the quickstart recipe run for real; its eval time as a share of its epoch time).
 """
 
@@ -9,7 +10,6 @@ import math
 from pathlib import Path
 
 from judgetrain.bench.common import alternating, median, overrides_argv, ratio, run_worker
-from judgetrain.bench.eval import NaiveEvaluator, engine_epoch, grow_rows, interleave_domains, naive_items
 from judgetrain.bench.train import TrainBench
 
 
@@ -23,31 +23,6 @@ def bench_train_scale(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) ->
     times = {f: median([r["train_runtime"] for r in runs[f]]) for f in factors}
     return {"base_steps": base, "train_runtime_s": {f"{f}x": t for f, t in times.items()},
             "scale_2x": ratio(times[2], times[1]), "scale_4x": ratio(times[4], times[1])}
-
-
-def bench_eval_scale(cfg: argparse.Namespace, model, tokenizer, pool: list[dict], base: int) -> dict:
-    """A fresh engine (first epoch) on 1x, 2x, 4x distinct RM-Bench rows, drawn round robin over the domains of
-    ``pool``; the tokens each size holds, so that time per token can be compared too."""
-    from judgetrain.eval import ScoringEngine
-
-    engine_kwargs = dict(scoring="implicit", batch_tokens=cfg.eval_batch_tokens, max_length=cfg.eval_max_length)
-    mixed = interleave_domains(pool)
-    scale_rows = {f: grow_rows(mixed, base * f) for f in (1, 2, 4)}
-    scale_tokens = {f: sum(len(ids) for ids, _ in NaiveEvaluator(model, tokenizer, max_length=cfg.eval_max_length)
-                           .sequences(naive_items("rmbench", scale_rows[f]))) for f in (1, 2, 4)}
-    times: dict[int, list[float]] = {1: [], 2: [], 4: []}
-    for i, warm, order in alternating(0, cfg.scale_repeats, [1, 2, 4]):
-        for f in order:
-            t, _, _ = engine_epoch(ScoringEngine(model, tokenizer, **engine_kwargs), scale_rows[f])
-            times[f].append(t)
-    med = {f: median(v) for f, v in times.items()}
-    return {"base_rows": base, "seconds": {f"{f}x": med[f] for f in med},
-            "scale_2x": ratio(med[2], med[1]), "scale_4x": ratio(med[4], med[1]),
-            "row_order": "round robin over domains", "tokens": {f"{f}x": scale_tokens[f] for f in scale_tokens},
-            "tokens_ratio_2x": ratio(scale_tokens[2], scale_tokens[1]),
-            "tokens_ratio_4x": ratio(scale_tokens[4], scale_tokens[1]),
-            "per_token_scale_2x": ratio(med[2] / scale_tokens[2], med[1] / scale_tokens[1]),
-            "per_token_scale_4x": ratio(med[4] / scale_tokens[4], med[1] / scale_tokens[1])}
 
 
 def bench_quickstart(cfg: argparse.Namespace, workdir: Path) -> dict:

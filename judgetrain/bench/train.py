@@ -23,7 +23,8 @@ class TrainBench:
         from judgetrain.config.recipe import parse_recipe
         from judgetrain.models.aliases import resolve_model
         from judgetrain.data.lengths import audit_lengths
-        from judgetrain.train import build_train_dataset, load_tokenizer, model_init_kwargs
+        from judgetrain.data.prepare import build_train_dataset
+        from judgetrain.models.loading import load_recipe_tokenizer, model_init_kwargs
 
         self.recipe, self.workdir, self.steps, self.device = recipe, workdir, steps, device
         self.base = {"eval_suites": "none", "save_strategy": "no", "report_to": "none", "logging_steps": 1_000_000,
@@ -36,7 +37,7 @@ class TrainBench:
             [recipe, *overrides_argv({**self.base, "output_dir": str(workdir / "prep"), "max_steps": steps})]
         )
         self.model_path = resolve_model(model_args.model_name_or_path)
-        tokenizer = load_tokenizer(self.model_path, training_args)
+        tokenizer = load_recipe_tokenizer(self.model_path, training_args, model_args)
         dataset = build_train_dataset(script_args, training_args)
         dataset, _ = audit_lengths(dataset, tokenizer, training_args.max_length, script_args.long_rows, None)
         self.tokenizer = tokenizer

@@ -1,4 +1,4 @@
-"""The code a bench subprocess runs (`python -m judgetrain.bench _worker SPEC RESULT`): judgetrain's trainer, a bare
+"""The code a bench subprocess runs (`python -m judgetrain.bench.workers SPEC RESULT`): judgetrain's trainer, a bare
 TRL script, or the quickstart recipe; each writes its timings and its own peak memory to RESULT.
 """
 
@@ -98,3 +98,9 @@ def worker_main(spec_path: str, result_path: str) -> int:
     device_peak(result)
     Path(result_path).write_text(json.dumps(result, default=str))
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(worker_main(sys.argv[1], sys.argv[2]))

@@ -1,4 +1,5 @@
-"""The `judgetrain` console script: one subcommand per job, each implemented by its own module's `main(argv)`."""
+"""The `judgetrain` console script: one subcommand per job, each a module of this package with a `main(argv)` that
+turns argv into library calls and an exit code. Nothing outside judgetrain.cli imports it."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import sys
 
 # subcommand -> (module, help). A nested command (``data check``) is listed with a space.
 COMMANDS = {
-    "data check": ("judgetrain.data.check", "validate a dataset source and print its statistics"),
-    "train": ("judgetrain.train", "launch a training recipe through accelerate"),
+    "train": ("judgetrain.cli.train", "launch a training recipe through accelerate (or --dry-run it here)"),
     "eval": ("judgetrain.cli.eval", "score a model or checkpoint(s) on the eval suites"),
-    "report": ("judgetrain.report.build", "draw a run's metrics (heatmaps, curves, html)"),
-    "pairs build": ("judgetrain.data.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
-    "bench": ("judgetrain.bench", "benchmark training and evaluation against baselines"),
-    "tiny build": ("judgetrain.models.tiny", "build the embedded tiny judge into a model directory"),
-    "cache": ("judgetrain.models.cache", "list or clear the models judgetrain built into its cache"),
+    "report": ("judgetrain.cli.report", "draw a run's metrics (heatmaps, curves, html)"),
+    "data check": ("judgetrain.cli.data", "validate a dataset source and print its statistics"),
+    "pairs build": ("judgetrain.cli.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
+    "bench": ("judgetrain.cli.bench", "benchmark training and evaluation against baselines"),
+    "memory check": ("judgetrain.cli.memory", "measure a DPO step's peak memory on this CPU beside the estimate"),
+    "status": ("judgetrain.cli.status", "print the exit code a launch wrote to its output_dir (scheduler scripts)"),
+    "tiny build": ("judgetrain.cli.tiny", "build the embedded tiny judge into a model directory"),
+    "cache": ("judgetrain.cli.cache", "list or clear the models judgetrain built into its cache"),
 }
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.run.checkpoints import list_checkpoints
-from judgetrain.models.loading import has_accelerator, load_tokenizer
+from judgetrain.models.loading import load_tokenizer
+from judgetrain.utils.device import has_accelerator
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from judgetrain.data.chat import neutralise_dataset
 from judgetrain.data.lengths import audit_lengths
 from judgetrain.config.recipe import RecipeError, remote_code_routes, remote_code_warning
-from judgetrain.train import build_train_dataset, load_tokenizer
+from judgetrain.data.prepare import build_train_dataset
+from judgetrain.models.loading import load_recipe_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     model = model_args.model_name_or_path
     action = script_args.long_rows
     try:
-        tokenizer = load_tokenizer(resolve_model(model) if is_alias(model) else model, training_args)
+        tokenizer = load_recipe_tokenizer(resolve_model(model) if is_alias(model) else model, training_args, model_args)
         report["tokenizer"] = model
     except Exception as e:
         if isinstance(e, RecipeError) or not _is_offline_error(e):
@@ -70,7 +71,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
             f"tokenizer of {model} unreachable offline; lengths measured with the tiny judge's tokenizer (approximate, "
             "so long rows are counted, not acted on)"
         )
-        tokenizer = load_tokenizer(ensure_tiny_judge(), training_args)
+        tokenizer = load_recipe_tokenizer(ensure_tiny_judge(), training_args)
         action = "truncate"  # count only
     # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
     _, audit = audit_lengths(neutralise_dataset(dataset, tokenizer), tokenizer, training_args.max_length, action, None)

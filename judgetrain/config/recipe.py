@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from judgetrain.models.loading import has_accelerator
+from judgetrain.utils.device import has_accelerator
 
 logger = logging.getLogger(__name__)
 

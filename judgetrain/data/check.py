@@ -11,9 +11,7 @@ file, split, row and field.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +20,6 @@ import numpy as np
 from judgetrain.data.chat import chat_ids, text_ids
 
 from .io import resolve_local, split_files
-from .validate import DataValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +27,7 @@ DATASETS = ("judgebias", "ideation", "rmbench")
 PERCENTILES = (50, 90, 95, 99, 100)
 
 
-def _splits(dataset: str, source: str, asked: list[str] | None) -> list[str]:
+def splits_of(dataset: str, source: str, asked: list[str] | None) -> list[str]:
     if dataset == "rmbench":
         return ["test"]
     if asked:
@@ -52,12 +49,12 @@ def _splits(dataset: str, source: str, asked: list[str] | None) -> list[str]:
     return present or candidates[:1]
 
 
-def _load(dataset: str, source: str, split: str, args):
+def load_split(dataset: str, source: str, split: str, args):
     from . import load_ideation, load_judgebias, load_rmbench
 
     rejects = None
     if args.rejects:
-        rejects = args.rejects if len(args._splits) == 1 else str(Path(args.rejects).with_suffix("")) + f"-{split}.jsonl"
+        rejects = args.rejects if len(args.splits_of) == 1 else str(Path(args.rejects).with_suffix("")) + f"-{split}.jsonl"
     common = {"on_bad_row": args.on_bad_row, "rejects_path": rejects}
     if dataset == "judgebias":
         return load_judgebias(source, split, **common)
@@ -102,63 +99,3 @@ def summarise(dataset: str, ds) -> dict[str, Counter]:
 
         out["perturbation_set"] = Counter(perturbation_set(t, r) for t, r in zip(ds["perturbation_type"], ds["perturbation_rate"]))
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="judgetrain data check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", required=True, choices=DATASETS)
-    p.add_argument("--source", required=True, help='hub id, parquet/jsonl/json file, directory, or "bundled"')
-    p.add_argument("--split", action="append", help="split to check (repeatable; default: every split present)")
-    p.add_argument("--tokenizer", help="tokenizer path or name (AutoTokenizer) for token-length percentiles")
-    p.add_argument("--on-bad-row", choices=("error", "skip"), default="error")
-    p.add_argument("--rejects", help="rejects jsonl path for --on-bad-row skip")
-    p.add_argument("--mode", choices=("implicit", "pairwise"), default="implicit", help="ideation mode")
-    args = p.parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
-    try:
-        args._splits = _splits(args.dataset, args.source, args.split)
-        loaded = {s: _load(args.dataset, args.source, s, args) for s in args._splits}
-    except DataValidationError as exc:
-        print(f"judgetrain data check: bad data\n{exc}", file=sys.stderr)
-        return 1
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"judgetrain data check: {exc}", file=sys.stderr)
-        return 2
-
-    tokenizer = None
-    if args.tokenizer:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=None if sys.stdout.isatty() else 120)
-    counts = Table(title=f"{args.dataset}: {args.source}")
-    for col in ("split", "column", "value", "rows"):
-        counts.add_column(col, justify="right" if col == "rows" else "left")
-    for split, ds in loaded.items():
-        counts.add_row(split, "(all)", "", str(len(ds)))
-        for col, counter in summarise(args.dataset, ds).items():
-            for value, n in sorted(counter.items()):
-                counts.add_row(split, col, str(value), str(n))
-    console.print(counts)
-    if tokenizer is not None:
-        lengths = Table(title=f"token lengths ({args.tokenizer}, chat template applied)")
-        for col in ("split", "sequence", *[f"p{q}" if q < 100 else "max" for q in PERCENTILES]):
-            lengths.add_column(col)
-        for split, ds in loaded.items():
-            if not len(ds):
-                continue
-            for name, arr in token_lengths(args.dataset, ds, tokenizer).items():
-                lengths.add_row(split, name, *[str(int(np.percentile(arr, q))) for q in PERCENTILES])
-        console.print(lengths)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

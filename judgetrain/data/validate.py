@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from judgetrain.utils.files import write_lines
+
 logger = logging.getLogger(__name__)
 
 ON_BAD_ROW = ("error", "skip")
@@ -192,11 +194,7 @@ def write_rejects(path: str | os.PathLike, records: Iterable[dict]) -> Path:
     if not is_global_main_process():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(json_safe(rec), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_lines(path, (json.dumps(json_safe(rec), ensure_ascii=False) for rec in records))
     return path
 
 

@@ -39,13 +39,14 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from judgetrain.data.chat import chat_ids, chat_text, text_ids
+from judgetrain.data.chat import chat_ids, text_ids
+from judgetrain.eval.batching import budget_batches, common_prefix_length
 from judgetrain.models.templates import assistant_prefix
 
 logger = logging.getLogger(__name__)
@@ -94,30 +95,6 @@ class _Seq:
 # blocks (fewer kernel launches) and is bounded only by the float32 copy of a bf16 block
 LOGSUMEXP_BLOCK_CPU = 1 << 19
 LOGSUMEXP_BLOCK_ACCELERATOR = 1 << 26
-
-
-def budget_batches(items: Sequence, cost, batch_tokens: int, max_batch: int) -> list[list]:
-    """Greedy batches over ``items`` sorted most costly first: a batch grows while (its size + 1) x the cost of its
-    first item fits ``batch_tokens`` and it holds fewer than ``max_batch`` items."""
-    batches: list[list] = []
-    current: list = []
-    for item in items:
-        if current and ((len(current) + 1) * cost(current[0]) > batch_tokens or len(current) >= max_batch):
-            batches.append(current)
-            current = []
-        current.append(item)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _as_ids(encoded: Any) -> list[int]:
@@ -274,7 +251,7 @@ class ScoringEngine:
             eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
             prompt_ids = text_ids(tok, prompt, add_special_tokens=True)
             full = [text_ids(tok, prompt + r, add_special_tokens=True) + eos for r in responses]
-        prompt_len = min(_common_prefix_length(prompt_ids, f) for f in full) if full else len(prompt_ids)
+        prompt_len = min(common_prefix_length(prompt_ids, f) for f in full) if full else len(prompt_ids)
         return prompt_ids[:prompt_len], [f[prompt_len:] for f in full]
 
     def _turn_ids(self, messages: list[dict]) -> list[int]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from judgetrain.eval.scoring import _common_prefix_length, budget_batches
+from judgetrain.eval.batching import budget_batches, common_prefix_length
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 MIN_SUITE_PREFIX = 8  # a shorter common prefix is not worth a forward of its own
@@ -101,7 +101,7 @@ def plan_rows(seqs: Sequence[Any], judge: bool) -> tuple[list[SharedRow], list[A
         if judge:
             n = min(len(s.ids) for s in group) - 1
             for s in group[1:]:
-                n = min(n, _common_prefix_length(group[0].ids, s.ids))
+                n = min(n, common_prefix_length(group[0].ids, s.ids))
         else:
             n = group[0].start
         if n < 1 or len(group) < 2:
@@ -118,7 +118,7 @@ def suite_prefix(rows: Sequence[SharedRow]) -> int:
     n = min(len(r.prefix) for r in rows) - 1
     first = rows[0].prefix
     for r in rows[1:]:
-        n = min(n, _common_prefix_length(first, r.prefix))
+        n = min(n, common_prefix_length(first, r.prefix))
         if n < MIN_SUITE_PREFIX:
             return 0
     return n if n >= MIN_SUITE_PREFIX else 0

@@ -1,28 +1,61 @@
-"""Small helpers every entry point shares when it loads a model: the tokenizer, and which device is there."""
+"""Which weights and tokenizer a run loads: the tokenizer every entry point uses, and the keyword arguments TRL
+passes to ``from_pretrained`` for the policy."""
 
 from __future__ import annotations
 
 import os
 
 
-def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False):
+def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False, revision: str | None = None,
+                   require_chat_template: bool = False):
     """``AutoTokenizer.from_pretrained(path)`` with a pad token: batched scoring and DPO collation pad, and many
     causal LMs ship without one, so the end-of-sequence token stands in (as TRL's own scripts do). A chat template
-    that reads today's date gets a fixed one (`judgetrain.models.templates.pin_template_date`)."""
+    that reads today's date gets a fixed one (`judgetrain.models.templates.pin_template_date`). Training needs a
+    chat template (judgetrain's data is conversational): ``require_chat_template`` stops there with a
+    `RecipeError`; evaluation falls back to plain text instead."""
     from transformers import AutoTokenizer
 
     from judgetrain.models.templates import pin_template_date
 
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    kwargs = {"revision": revision} if revision else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+    if require_chat_template and tokenizer.chat_template is None:
+        from judgetrain.config.recipe import RecipeError
+
+        raise RecipeError(
+            f"the tokenizer of {path} has no chat template; judgetrain's data is conversational. Use an "
+            "instruct model or set one with `chat_template_path`."
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     pin_template_date(tokenizer)  # a template that reads the clock would change tokens (and scores) every day
     return tokenizer
 
 
-def has_accelerator() -> bool:
-    """True when torch sees a CUDA (or ROCm) or XPU device; without one, accelerate must be told ``cpu=True``."""
-    import torch
+def load_recipe_tokenizer(model_path: str, training_args, model_args=None):
+    """The tokenizer of a training run: the recipe's trust setting and model revision, a chat template required."""
+    return load_tokenizer(model_path, trust_remote_code=training_args.trust_remote_code,
+                          revision=getattr(model_args, "model_revision", None), require_chat_template=True)
 
-    xpu = getattr(torch, "xpu", None)
-    return torch.cuda.is_available() or (xpu is not None and xpu.is_available())
+
+def model_init_kwargs(model_args, training_args) -> dict:
+    """What TRL passes to ``from_pretrained`` for the policy: revision, trust, attention, dtype, the k-bit
+    quantization config (each process's copy on its own device) and the recipe's own ``model_init_kwargs``."""
+    from trl import get_quantization_config
+
+    kwargs = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    quantization_config = get_quantization_config(model_args)
+    if quantization_config is not None:
+        from accelerate import PartialState
+
+        # k-bit weights cannot move after loading: put each process's copy on its own device
+        kwargs["device_map"] = {"": PartialState().local_process_index}
+        kwargs["quantization_config"] = quantization_config
+    if training_args.model_init_kwargs:
+        kwargs.update(training_args.model_init_kwargs)
+    return {k: v for k, v in kwargs.items() if v is not None}

@@ -13,7 +13,6 @@ cache (`judgetrain.models.cache`).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -183,13 +182,3 @@ def ensure_tiny_judge(*, seed: int = 0) -> str:
         required=("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "judgetrain_tiny.json"),
         description="the tiny judge",
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="judgetrain tiny build", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", help="directory to write (default: the cache, printed)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    path = build_tiny_judge(args.out, seed=args.seed) if args.out else ensure_tiny_judge(seed=args.seed)
-    print(path)
-    return 0

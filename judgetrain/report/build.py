@@ -15,7 +15,6 @@ The heatmaps are drawn by `judgetrain.report.plots` (also used by training), the
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import json
@@ -461,7 +460,7 @@ def _fmt(value: Any) -> str:
     return f"{value:.4f}" if _is_num(value) else ("nan" if isinstance(value, float) else "-")
 
 
-def _fmt_epoch(epoch: float | None) -> str:
+def fmt_epoch(epoch: float | None) -> str:
     return "-" if epoch is None else f"{epoch:.2f}".rstrip("0").rstrip(".")
 
 
@@ -496,9 +495,9 @@ def _run_info(run: Run) -> dict[str, Any]:
 SUMMARY_HEADER = ("metric", "last", "step", "epoch", "best", "best step", "best epoch", "better")
 
 
-def _summary_cells(row: Mapping[str, Any]) -> list[str]:
+def summary_cells(row: Mapping[str, Any]) -> list[str]:
     return [row["metric"] + (" (derived)" if row["derived"] else ""), _fmt(row["last"]), str(row["last_step"]),
-            _fmt_epoch(row["last_epoch"]), _fmt(row["best"]), str(row["best_step"]), _fmt_epoch(row["best_epoch"]),
+            fmt_epoch(row["last_epoch"]), _fmt(row["best"]), str(row["best_step"]), fmt_epoch(row["best_epoch"]),
             row["better"]]
 
 
@@ -514,14 +513,14 @@ def _comparison(runs: Sequence[Run], tables: Mapping[str, list[dict]]) -> list[d
     return [by_metric[k] for k in sorted(by_metric, key=_metric_order)]
 
 
-def _cmp_label(row: Mapping[str, Any]) -> str:
+def cmp_label(row: Mapping[str, Any]) -> str:
     return row["metric"] + (" (derived)" if row["derived"] else "")
 
 
-def _cmp_cell(entry: Mapping[str, Any] | None) -> str:
+def cmp_cell(entry: Mapping[str, Any] | None) -> str:
     if entry is None:
         return "-"
-    return f"{_fmt(entry['last'])} (best {_fmt(entry['best'])} @ ep {_fmt_epoch(entry['best_epoch'])})"
+    return f"{_fmt(entry['last'])} (best {_fmt(entry['best'])} @ ep {fmt_epoch(entry['best_epoch'])})"
 
 
 # ------------------------------------------------------------------------------------------------ html / md
@@ -541,7 +540,7 @@ def _html_table(header: Sequence[str], body: Iterable[str], attrs: str = "") -> 
 def _html_summary(run: Run, rows: list[dict]) -> str:
     body = []
     for row in rows:
-        c = _summary_cells(row)
+        c = summary_cells(row)
         body.append(
             f'<tr data-metric="{html.escape(row["metric"])}"><td class="metric">{html.escape(c[0])}</td>'
             f'<td class="last" data-value="{row["last"]!r}">{c[1]}</td><td>{c[2]}</td><td>{c[3]}</td>'
@@ -566,7 +565,7 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
         info_body.append(
             f'<tr><td class="text">{html.escape(info["name"])}</td><td class="text">{html.escape(info["status"])}</td>'
             f'<td>{info["last_step"] if info["last_step"] is not None else "-"}</td>'
-            f'<td>{_fmt_epoch(info["last_epoch"])}</td><td>{len(info["eval_points"])}</td>'
+            f'<td>{fmt_epoch(info["last_epoch"])}</td><td>{len(info["eval_points"])}</td>'
             f'<td>{_fmt(info["final_train_loss"])}</td><td class="text">{html.escape(recipe)}</td></tr>')
     parts.append("<h2>Runs</h2>" + _html_table(
         ("run", "status", "last step", "epoch", "eval points", "last train loss", "recipe"), info_body,
@@ -581,10 +580,10 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
         for row in comparison:
             cells = "".join(
                 f'<td data-run="{html.escape(run.name)}" data-value="{row["runs"][run.name]["last"]!r}">'
-                f'{_cmp_cell(row["runs"][run.name])}</td>' if run.name in row["runs"] else "<td>-</td>"
+                f'{cmp_cell(row["runs"][run.name])}</td>' if run.name in row["runs"] else "<td>-</td>"
                 for run in runs)
             body.append(f'<tr data-metric="{html.escape(row["metric"])}"><td class="metric">'
-                        f'{html.escape(_cmp_label(row))}</td>{cells}'
+                        f'{html.escape(cmp_label(row))}</td>{cells}'
                         f'<td class="text">{row["better"]}</td></tr>')
         parts.append("<h2>Comparison: last eval (best, at epoch)</h2>" + _html_table(
             ["metric", *[run.name for run in runs], "better"], body, ' class="comparison"'))
@@ -624,7 +623,7 @@ def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) ->
     out = [f"# judgetrain report: {', '.join(run.name for run in runs)}", "", "## Runs", ""]
     out.append(_md_table(("run", "status", "last step", "epoch", "eval points", "last train loss"),
                          [(i["name"], i["status"], str(i["last_step"] if i["last_step"] is not None else "-"),
-                           _fmt_epoch(i["last_epoch"]), str(len(i["eval_points"])), _fmt(i["final_train_loss"]))
+                           fmt_epoch(i["last_epoch"]), str(len(i["eval_points"])), _fmt(i["final_train_loss"]))
                           for i in infos]))
     for run in runs:
         if run.notes:
@@ -632,11 +631,11 @@ def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) ->
     if len(runs) > 1 and comparison:
         out += ["", "## Comparison: last eval (best, at epoch)", "",
                 _md_table(["metric", *[run.name for run in runs], "better"],
-                          [[_cmp_label(row), *[_cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"]]
+                          [[cmp_label(row), *[cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"]]
                            for row in comparison])]
     for run in runs:
         out += ["", f"## Summary: {run.name}", ""]
-        out.append(_md_table(SUMMARY_HEADER, [_summary_cells(r) for r in tables[run.name]])
+        out.append(_md_table(SUMMARY_HEADER, [summary_cells(r) for r in tables[run.name]])
                    if tables[run.name] else "_No evaluation logged yet._")
     out += ["", "## Curves", ""]
     for name, caption in figures:
@@ -708,60 +707,3 @@ def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = Non
     several). Returns {file name: path} of every file written (PNGs, summary.json, report.html, report.md)."""
     return build_report(run_dirs, out_dir)["paths"]
 
-
-# --------------------------------------------------------------------------------------------------------- CLI
-def _print_tables(result: Mapping[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if not console.is_terminal:  # piped or logged: rich would fold the metric names into 80 columns
-        console = Console(width=160)
-    runs = result["runs"]
-    for info in result["infos"]:
-        console.print(f"[bold]{info['name']}[/bold]: {info['status']}; last step {info['last_step']}, epoch "
-                      f"{_fmt_epoch(info['last_epoch'])}, {len(info['eval_points'])} eval point(s)")
-    if len(runs) > 1 and result["comparison"]:
-        table = Table(title="last eval (best @ epoch)")
-        table.add_column("metric", style="cyan", no_wrap=True)
-        for run in runs:
-            table.add_column(run.name, justify="right")
-        table.add_column("better")
-        for row in result["comparison"]:
-            table.add_row(_cmp_label(row), *[_cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"])
-        console.print(table)
-    else:
-        for run in runs:
-            rows = result["tables"][run.name]
-            if not rows:
-                console.print(f"{run.name}: no evaluation logged yet")
-                continue
-            table = Table(title=f"{run.name}: last eval and best epoch")
-            for i, h in enumerate(SUMMARY_HEADER):
-                table.add_column(h, justify="left" if i in (0, 7) else "right", style="cyan" if i == 0 else None,
-                                 no_wrap=i == 0)
-            for row in rows:
-                table.add_row(*_summary_cells(row))
-            console.print(table)
-    console.print(f"report: {result['paths']['report.html']}  ({len(result['paths'])} files)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="judgetrain report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run output directories (one or more)")
-    parser.add_argument("--out", default=None, help="where to write (default: RUN_DIR/report for one run, "
-                                                    "./judgetrain_report for several)")
-    args = parser.parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
-    if missing:
-        logger.error("not a run directory: %s", ", ".join(missing))
-        return 2
-    result = build_report(args.run_dirs, args.out)
-    _print_tables(result)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

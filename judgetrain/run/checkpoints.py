@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError
+from judgetrain.utils.files import manifest_problem, write_json, write_lines, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +43,8 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 def write_marker(ckpt: Path, step: int, identity: dict | None = None) -> None:
     """The completion marker of ``ckpt``, written last: every file of the checkpoint, shard folders included
     (DeepSpeed ``global_stepN/``, FSDP ``pytorch_model_fsdp_0/``), with its size and SHA-256, each fsynced first
-    (`judgetrain.models.cache.write_manifest`), plus the identity of the run that wrote it (``judgetrain_run.json``)."""
-    from judgetrain.models.cache import write_manifest
-    from judgetrain.run.state import IDENTITY_FILE, write_json
+    (`judgetrain.utils.files.write_manifest`), plus the identity of the run that wrote it (``judgetrain_run.json``)."""
+    from judgetrain.run.state import IDENTITY_FILE
 
     if identity is not None:
         write_json(Path(ckpt) / IDENTITY_FILE, identity)
@@ -58,7 +58,6 @@ _RUN_FILES = (METRICS_FILE, "data_audit.json", "judgetrain_run.json", "judgetrai
 def write_final_marker(output_dir: str) -> None:
     """The same marker for the final model, listing the model files at the top of output_dir (not the run's log,
     recipes and checkpoints beside them)."""
-    from judgetrain.models.cache import write_manifest
 
     out = Path(output_dir)
     files = [p for p in out.iterdir() if p.is_file() and p.name not in _RUN_FILES + (COMPLETE_MARKER,)
@@ -69,7 +68,6 @@ def write_final_marker(output_dir: str) -> None:
 def checkpoint_problem(ckpt: Path, *, hashes: bool = True) -> str | None:
     """None when ``ckpt`` is complete (its marker matches every file: size and, with ``hashes``, SHA-256), else
     why not. A marker of an older judgetrain (sizes only) is checked by size."""
-    from judgetrain.models.cache import manifest_problem
 
     if not (Path(ckpt) / COMPLETE_MARKER).is_file():
         return "no completion marker (the save was interrupted)"
@@ -131,9 +129,7 @@ def truncate_metrics(output_dir: str, last_step: int) -> int:
             kept.append(line)
         else:
             dropped += 1
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_lines(path, kept)
     return dropped
 
 

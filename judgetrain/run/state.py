@@ -24,7 +24,7 @@ import socket
 import time
 from pathlib import Path
 
-from judgetrain.models.cache import LockBusy, file_lock
+from judgetrain.utils.files import LockBusy, append_jsonl, file_lock, write_json
 from judgetrain.config.recipe import RecipeError
 
 logger = logging.getLogger(__name__)
@@ -115,16 +115,6 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def write_json(path: Path, value: dict) -> None:
-    """Through a temporary file and a rename: a reader sees the old or the new file, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def checkpoint_identity(checkpoint: str | os.PathLike) -> dict | None:
@@ -314,13 +304,9 @@ def write_status(out: Path, status: str, code: int, *, step: int | None = None, 
     the other run's files)."""
     if not holds_output_dir(out):
         return
-    line = json.dumps({"status": status, "exit_code": code, "step": step, "message": message,
-                       "launch_id": os.environ.get(LAUNCH_ID_ENV), "pid": os.getpid(),
-                       "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, default=str)
-    with (out / STATUS_FILE).open("a", encoding="utf-8") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_jsonl(out / STATUS_FILE, {"status": status, "exit_code": code, "step": step, "message": message,
+                                     "launch_id": os.environ.get(LAUNCH_ID_ENV), "pid": os.getpid(),
+                                     "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, default=str)
 
 
 def read_statuses(out: Path) -> list[dict]:
@@ -345,50 +331,5 @@ def launch_exit_code(out: Path, launch_id: str, launcher_code: int) -> int:
     return launcher_code
 
 
-def decided_on_main(decide):
-    """Run ``decide()`` on the main process only (it reads, hashes or changes output_dir) and give every process its
-    result, or the same `RecipeError`, so that all ranks go on or stop together."""
-    from accelerate import PartialState
-
-    state = PartialState()
-    result = None
-    if state.is_main_process:
-        try:
-            result = ("ok", decide())
-        except RecipeError as e:
-            result = ("error", str(e))
-    if state.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        box = [result]
-        broadcast_object_list(box, from_process=0)
-        result = box[0]
-    if result[0] == "error":
-        raise RecipeError(result[1])
-    return result[1]
-
-
 def holds_output_dir(out: Path) -> bool:
     return str(Path(out).resolve()) in _HELD
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m judgetrain.run.state RECIPE [overrides]``: print the exit code the run of launch
-    ``$JUDGETRAIN_LAUNCH_ID`` wrote to its output_dir (for scheduler scripts around a bare `accelerate launch`,
-    which turns every worker's code into 1). Exits 1 when that launch wrote none."""
-    import sys
-
-    from judgetrain.config.recipe import parse_recipe
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    _, training_args, _, _ = parse_recipe(argv)
-    launch_id = os.environ.get(LAUNCH_ID_ENV)
-    for status in reversed(read_statuses(Path(training_args.output_dir))):
-        if launch_id and status.get("launch_id") == launch_id and isinstance(status.get("exit_code"), int):
-            print(status["exit_code"])
-            return 0
-    return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

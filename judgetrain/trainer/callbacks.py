@@ -4,10 +4,8 @@ are described in `judgetrain.run.checkpoints`."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import signal
 from pathlib import Path
 
@@ -15,6 +13,8 @@ from transformers import TrainerCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
 from judgetrain.run.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_dir, rotate_checkpoints, write_marker
+from judgetrain.utils.files import append_jsonl
+from judgetrain.utils.ranks import any_rank
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +53,7 @@ class MetricsJsonlCallback(TrainerCallback):
         for key, value in rewrite_logs(logs).items():
             if isinstance(value, (int, float, str, bool)) or value is None:
                 record[key] = value
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, allow_nan=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.path, record, allow_nan=True)
 
 
 class CheckpointMarkerCallback(TrainerCallback):
@@ -106,22 +102,6 @@ class CheckpointMarkerCallback(TrainerCallback):
                                    protect=state.best_model_checkpoint)
         self.saved_step = state.global_step
         PartialState().wait_for_everyone()
-
-
-def any_rank(flags: list[bool]) -> list[bool]:
-    """Each flag OR-ed over every process (one small all-reduce), so that all ranks take the same decision; the
-    flags themselves when torch.distributed is not up."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return list(flags)
-    import torch
-
-    tensor = torch.tensor([1.0 if f else 0.0 for f in flags])
-    if dist.get_backend() == "nccl":
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return [bool(v > 0) for v in tensor.tolist()]
 
 
 class NonFiniteGuard(TrainerCallback):

@@ -146,7 +146,7 @@ def join_process_group(env: Mapping[str, str] | None = None):
     is sharded, so the shim cannot fail silently."""
     from accelerate import PartialState
 
-    from judgetrain.models.loading import has_accelerator
+    from judgetrain.utils.device import has_accelerator
 
     env = os.environ if env is None else env
     request = requested_parallelism(env)

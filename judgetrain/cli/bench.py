@@ -43,7 +43,6 @@ from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_
 from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summarize
 from judgetrain.bench.scale import bench_quickstart, bench_train_scale
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
-from judgetrain.bench.workers import worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -180,8 +179,6 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["_worker"]:
-        return worker_main(argv[1], argv[2])
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv

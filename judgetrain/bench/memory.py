@@ -1,0 +1,139 @@
+"""The memory-measurement harness: real DPOTrainer steps on this CPU with every live tensor storage counted, beside
+the dry run's estimate (judgetrain.config.memory) for the same shape, tokens and options. MEMORY.md gives the
+figures; `judgetrain memory check` runs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from judgetrain.config.memory import ModelShape, Plan, estimate, model_shape
+
+
+def _pairs(n: int, words: int) -> list[dict]:
+    """n conversational pairs of equal length (so no padding blurs the token count)."""
+    body = " ".join(["score"] * words)
+    return [{"prompt": [{"role": "user", "content": f"Rate {i}: {body}"}],
+             "chosen": [{"role": "assistant", "content": f"good {body}"}],
+             "rejected": [{"role": "assistant", "content": f"bad {body}"}]} for i in range(n)]
+
+
+def measure_dpo_step(model_dir: str, *, lora_r: int | None, checkpointing: bool, batch: int = 1, words: int = 100,
+                     steps: int = 2, output_dir: str) -> dict[str, Any]:
+    """Peak live tensor memory of `steps` real DPOTrainer optimizer steps on this process's CPU, tracked by torch's
+    MemTracker (every tensor storage, parameters, gradients, optimizer state, activations, temporaries), with the
+    token count per sequence as TRL tokenised it. For checking `estimate` on CPU; GPU peaks need a GPU."""
+    import datasets
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = DPOConfig(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch, max_length=None,
+                     activation_checkpointing=checkpointing, report_to="none", save_strategy="no", logging_steps=1,
+                     learning_rate=1e-4, bf16=False, use_cpu=True, dataloader_num_workers=0, seed=0)
+    peft = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM") if lora_r else None
+    trainer = DPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(_pairs(batch * steps, words)),
+                         processing_class=tok, peft_config=peft)
+    row = trainer.train_dataset[0]
+    seq_len = len(row["input_ids"]) if "input_ids" in row else len(row["prompt_ids"]) + len(row["chosen_ids"])
+    tracker = LiveTensorBytes()
+    for m in (trainer.model, trainer.ref_model):
+        if m is not None:
+            for t in list(m.parameters()) + list(m.buffers()):
+                tracker.track(t)
+    with tracker:
+        trainer.train()
+    return {"peak_bytes": int(tracker.peak), "seq_len": seq_len, "batch": batch}
+
+
+class LiveTensorBytes:
+    """Bytes of live tensor storages, and their peak, while active: every tensor an operator returns is counted once
+    per storage until the storage is freed (the accounting torch's MemTracker does, without its module hooks, which
+    fail on frozen parameters). Tensors made before entering must be passed to `track`."""
+
+    def __init__(self):
+        import weakref
+
+        self._weakref = weakref
+        self.live: dict[int, int] = {}
+        self._refs: dict[int, Any] = {}
+        self.current = 0
+        self.peak = 0
+        self._mode = None
+
+    def track(self, t) -> None:
+        import torch
+
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self.live:
+            return
+        n = st.nbytes()
+        self.live[key] = n
+        self._refs[key] = self._weakref.ref(st, lambda _, k=key: self._free(k))
+        self.current += n
+        self.peak = max(self.peak, self.current)
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+        self._refs.pop(key, None)
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_map_only
+        import torch
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tree_map_only(torch.Tensor, tracker.track, out)
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        return False
+
+
+def llama_model_folder(shape: ModelShape, out: str | Path, tokenizer_from: str, *, layers: int | None = None) -> str:
+    """A randomly initialised Llama-architecture model of ``shape`` (optionally with fewer layers) with the tokenizer
+    of ``tokenizer_from``: a real architecture to measure on a machine that cannot download one."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                      num_hidden_layers=layers or shape.layers, num_attention_heads=shape.heads,
+                      num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, vocab_size=shape.vocab,
+                      tie_word_embeddings=shape.tied, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(out)
+    return str(out)
+
+
+def check(model_dir: str, *, lora_r: int | None, checkpointing: bool, words: int = 100, steps: int = 2,
+          output_dir: str) -> dict[str, Any]:
+    """Measured peak of real DPO steps on this CPU beside the estimate for the same shape, tokens and options."""
+    shape, source = model_shape(model_dir)
+    measured = measure_dpo_step(model_dir, lora_r=lora_r, checkpointing=checkpointing, words=words, steps=steps,
+                                output_dir=output_dir)
+    plan = Plan(weight_bytes=4, lora_r=lora_r, batch=1, seq_len=measured["seq_len"], checkpointing=checkpointing,
+                eval_batch_tokens=0, device="cpu")
+    est = estimate(shape, plan)
+    return {"model": model_dir, "lora_r": lora_r, "checkpointing": checkpointing, "seq_len": measured["seq_len"],
+            "measured_mib": round(measured["peak_bytes"] / 2**20, 1), "estimated_mib": round(est["peak"] / 2**20, 1),
+            "error": round(est["peak"] / measured["peak_bytes"] - 1, 3)}
+

@@ -1,0 +1,34 @@
+"""`judgetrain memory check MODEL_DIR`: the measured peak of real DPO steps on this CPU beside the dry run's estimate
+(judgetrain.bench.memory, MEMORY.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from judgetrain.bench.memory import check, llama_model_folder
+from judgetrain.config.memory import BUILTIN_SHAPES
+
+
+def main(argv: list[str] | None = None) -> int:
+    """judgetrain memory check MODEL_DIR [--lora_r 16] [--checkpointing] [--layers N --arch NAME]"""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="judgetrain memory", description=main.__doc__)
+    parser.add_argument("model", help="a model folder, or with --arch the tokenizer folder for a random model")
+    parser.add_argument("--lora_r", type=int, default=None)
+    parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--words", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--arch", choices=sorted(BUILTIN_SHAPES), help="measure a random model of this shape")
+    parser.add_argument("--layers", type=int, default=None, help="with --arch: fewer layers")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if args.arch:
+            model = llama_model_folder(BUILTIN_SHAPES[args.arch], Path(tmp) / "model", args.model, layers=args.layers)
+        print(json.dumps(check(model, lora_r=args.lora_r, checkpointing=args.checkpointing, words=args.words,
+                               steps=args.steps, output_dir=str(Path(tmp) / "run"))))
+    return 0
+

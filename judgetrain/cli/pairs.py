@@ -1,0 +1,87 @@
+"""`judgetrain pairs build`: anchor-consensus, direction-aware DPO pairs from a judge panel's evaluations
+(judgetrain.data.pairs), with the statistics table of the dataset card."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from judgetrain.data.pairs import PanelDataError, build_pairs
+
+logger = logging.getLogger(__name__)
+
+
+def stats_table(stats: dict):
+    """The card's statistics table (plus rejects and skipped samples) as a rich Table."""
+    from rich.table import Table
+
+    table = Table(title="DPO pairs", show_header=True)
+    table.add_column("Metric")
+    table.add_column("Value")
+    total = stats["total_pairs"]
+    table.add_row("Total pairs", f"{total:,}")
+    table.add_row("Train / Validation", f"{stats['train_pairs']:,} / {stats['validation_pairs']:,}")
+    table.add_row("Error / Representational",
+                  f"{stats['error_pairs']:,} ({stats['error_share']:.0%}) / "
+                  f"{stats['represent_pairs']:,} ({stats['represent_share']:.0%})")
+    table.add_row("Unique samples", f"{stats['unique_samples']:,} "
+                  f"(train {stats['train_samples']}, validation {stats['validation_samples']})")
+    if total:
+        table.add_row("Score delta", f"mean={stats['score_delta_mean']:.2f}, median={stats['score_delta_median']:g}")
+    for judge, counts in stats["rejects_by_judge"].items():
+        detail = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "0"
+        table.add_row(f"Rejects: {judge}", detail)
+    table.add_row("Skipped samples (anchor)", f"{stats['skipped_samples']} "
+                  f"(< {stats['options']['min_represent_evals']} representational scores)")
+    return table
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="judgetrain pairs build",
+        description="Build anchor-consensus, direction-aware DPO pairs (JudgeBias-DPO-RefFree schema) "
+                    "from a judge panel's evaluations.",
+    )
+    parser.add_argument("--evaluations", required=True, help="jsonl / json / parquet table of judge evaluations")
+    parser.add_argument("--out", required=True, help="output directory (train/validation parquet, stats, rejects)")
+    parser.add_argument("--min-delta", type=float, default=0.5, help="minimum score gap of a pair (default 0.5)")
+    parser.add_argument("--represent-anchor-margin", type=float, default=1.5,
+                        help="drop represent pairs whose chosen score is more than this below the anchor (1.5)")
+    parser.add_argument("--error-anchor-margin", type=float, default=2.0,
+                        help="drop error pairs whose rejected score is more than this below the anchor (2.0)")
+    parser.add_argument("--max-pairs", type=int, default=5, help="at most this many pairs per sample per set (5)")
+    parser.add_argument("--min-represent-evals", type=int, default=3,
+                        help="skip samples with fewer representational scores for the anchor (3)")
+    parser.add_argument("--anchor-sets", choices=("rates", "represent"), default="rates",
+                        help="anchor over the representational rate sets (card, default) or every represent set")
+    parser.add_argument("--validation-fraction", type=float, default=0.1, help="share of samples held out (0.1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=float, nargs=2, default=(0.5, 5.5), metavar=("LO", "HI"),
+                        help="accepted overall score range, inclusive (0.5 5.5)")
+    parser.add_argument("--score-key", default="overall_score", help="JSON key of the overall score")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        stats = build_pairs(
+            args.evaluations, args.out, min_delta=args.min_delta,
+            represent_anchor_margin=args.represent_anchor_margin, error_anchor_margin=args.error_anchor_margin,
+            max_pairs=args.max_pairs, min_represent_evals=args.min_represent_evals,
+            validation_fraction=args.validation_fraction, seed=args.seed, scale=tuple(args.scale),
+            score_key=args.score_key, anchor_sets=args.anchor_sets,
+        )
+    except (PanelDataError, ValueError) as err:
+        logger.error("%s", err)
+        return 2
+    from rich.console import Console
+
+    Console().print(stats_table(stats))
+    if stats["total_pairs"] == 0:
+        logger.error("no pairs were built; see %s/stats.json and rejects.jsonl", args.out)
+        return 1
+    return 0
+

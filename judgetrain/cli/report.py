@@ -1,0 +1,69 @@
+"""`judgetrain report RUN_DIR [RUN_DIR ...]`: a run's (or several runs') metrics as figures, HTML and Markdown
+(judgetrain.report.build), and their summary tables in the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+import argparse
+import logging
+
+from judgetrain.report.build import SUMMARY_HEADER, cmp_cell, cmp_label, fmt_epoch, summary_cells, build_report
+from judgetrain.report.build import __doc__ as _LIBRARY_DOC
+
+logger = logging.getLogger(__name__)
+
+
+def _print_tables(result: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:  # piped or logged: rich would fold the metric names into 80 columns
+        console = Console(width=160)
+    runs = result["runs"]
+    for info in result["infos"]:
+        console.print(f"[bold]{info['name']}[/bold]: {info['status']}; last step {info['last_step']}, epoch "
+                      f"{fmt_epoch(info['last_epoch'])}, {len(info['eval_points'])} eval point(s)")
+    if len(runs) > 1 and result["comparison"]:
+        table = Table(title="last eval (best @ epoch)")
+        table.add_column("metric", style="cyan", no_wrap=True)
+        for run in runs:
+            table.add_column(run.name, justify="right")
+        table.add_column("better")
+        for row in result["comparison"]:
+            table.add_row(cmp_label(row), *[cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"])
+        console.print(table)
+    else:
+        for run in runs:
+            rows = result["tables"][run.name]
+            if not rows:
+                console.print(f"{run.name}: no evaluation logged yet")
+                continue
+            table = Table(title=f"{run.name}: last eval and best epoch")
+            for i, h in enumerate(SUMMARY_HEADER):
+                table.add_column(h, justify="left" if i in (0, 7) else "right", style="cyan" if i == 0 else None,
+                                 no_wrap=i == 0)
+            for row in rows:
+                table.add_row(*summary_cells(row))
+            console.print(table)
+    console.print(f"report: {result['paths']['report.html']}  ({len(result['paths'])} files)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="judgetrain report", description=_LIBRARY_DOC.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run output directories (one or more)")
+    parser.add_argument("--out", default=None, help="where to write (default: RUN_DIR/report for one run, "
+                                                    "./judgetrain_report for several)")
+    args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
+    if missing:
+        logger.error("not a run directory: %s", ", ".join(missing))
+        return 2
+    result = build_report(args.run_dirs, args.out)
+    _print_tables(result)
+    return 0
+

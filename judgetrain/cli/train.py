@@ -1,0 +1,103 @@
+"""`judgetrain train`: train an LLM judge with DPO (full fine-tune or LoRA) from a recipe, evaluated every epoch.
+
+    accelerate launch --config_file accelerate_configs/cpu.yaml -m judgetrain.train recipes/quickstart.yaml
+    judgetrain train recipes/quickstart.yaml --learning_rate 1e-4      # hands over to accelerate launch
+    judgetrain train recipes/judgebias_qwen3_8b_lora.yaml --dry-run    # validate without loading weights
+    ... --resume auto                                                  # continue a killed run
+
+A recipe holds `JudgeTrainArguments` (judgetrain/config/recipe.py), `trl.DPOConfig` and `trl.ModelConfig` keys; any key can
+be overridden as ``--key value``.
+
+DeepSpeed (accelerate_configs/zero2.yaml, zero3.yaml) is installed apart, into the environment that has torch:
+``pip install --no-build-isolation deepspeed``. Without a GPU the ZeRO configs run on DeepSpeed's CPU accelerator:
+    judgetrain train recipes/quickstart.yaml --accelerate_config accelerate_configs/zero3.yaml --num_processes 2 --mixed_precision no
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from judgetrain.config.recipe import RecipeError, parse_recipe, split_recipe_argv
+from judgetrain.train import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`judgetrain train RECIPE [overrides]`: validate, then hand over to `accelerate launch` (or dry-run here)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = ["--dry_run" if a == "--dry-run" else a for a in argv]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    try:
+        script_args, training_args, _, _ = parse_recipe(argv)
+    except RecipeError as e:
+        print(f"judgetrain train: {e}", file=sys.stderr)
+        return 2
+    if script_args.dry_run:
+        try:
+            run(argv)
+        except (RecipeError, ValueError) as e:
+            print(f"judgetrain train --dry-run: {e}", file=sys.stderr)
+            return 2
+        return 0
+    from judgetrain.run.state import EXIT_BAD_INPUT, output_dir_in_use
+
+    busy = output_dir_in_use(Path(training_args.output_dir))
+    if busy:
+        print(f"judgetrain train: {busy}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from judgetrain.trainer.parallelism import deepspeed_missing
+
+    missing = deepspeed_missing(script_args.accelerate_config)
+    if missing:
+        print(f"judgetrain train: {missing}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    if script_args.accelerate_config:
+        launch += ["--config_file", script_args.accelerate_config]
+    if script_args.num_processes:
+        launch += ["--num_processes", str(script_args.num_processes)]
+    recipe, overrides = split_recipe_argv(argv)
+    cmd = launch + ["-m", "judgetrain.train"] + ([recipe] if recipe else []) + overrides
+    logging.getLogger(__name__).info("Launching: %s", " ".join(shlex.quote(c) for c in cmd))
+    return launch_and_wait(cmd, Path(training_args.output_dir))
+
+
+def launch_and_wait(cmd: list[str], output_dir: Path) -> int:
+    """Run the launcher and exit with the *run's* code: `accelerate launch` turns any worker failure into 1, and its
+    one-process launcher returns as soon as a SIGTERM kills it, while the training process (parent-death signal) is
+    still saving its checkpoint. So a SIGTERM is passed on to the launcher and then the training process is waited
+    for; the code comes from the status line the run wrote for this launch (judgetrain.run.state)."""
+    import signal
+    import uuid
+
+    from judgetrain.run.state import LAUNCH_ID_ENV, launch_exit_code, wait_for_launch
+
+    launch_id = uuid.uuid4().hex
+    proc = subprocess.Popen(cmd, env={**os.environ, LAUNCH_ID_ENV: launch_id})
+    signalled = []
+
+    def pass_on(signum, frame):
+        signalled.append(signum)
+        proc.send_signal(signum)
+
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, pass_on),
+        # a terminal's Ctrl-C reaches the whole process group, the run included: only wait for it
+        signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: signalled.append(signum)),
+    }
+    try:
+        code = proc.wait()
+        if signalled:
+            wait_for_launch(output_dir, launch_id)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return launch_exit_code(output_dir, launch_id, code)
+
