@@ -9,7 +9,8 @@ import torch
 
 from judgetrain.eval.runner import evaluate
 from judgetrain.eval.scoring import Request, ScoringEngine
-from judgetrain.eval.suites import SuiteSpec, even_sample
+from judgetrain.data.sampling import balanced_sample as even_sample
+from judgetrain.eval.suites import SuiteSpec
 
 SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import QUICKSTART, REPO, free_port
 
-from judgetrain.trainer.parallelism import ParallelismError, Request, check_request, honoured, requested_parallelism
+from judgetrain.trainer.parallelism import LaunchRequest as Request, ParallelismError, check_request, honoured, requested_parallelism
 
 
 def test_the_request_is_read_from_what_accelerate_launch_exports():

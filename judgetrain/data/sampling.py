@@ -10,9 +10,11 @@ from typing import Hashable, Sequence
 def balanced_sample(keys: Sequence[Hashable], max_rows: int | None, seed: int = 0) -> list[int]:
     """Indices of at most ``max_rows`` rows, spread as evenly as possible over the distinct ``keys``.
 
-    Every group gets ``max_rows // n_groups`` rows (the remainder to the groups first in sorted order); a group
-    with fewer rows gives its unused share to the others. Within a group rows are drawn with ``random.Random(seed)``.
-    The result keeps the original row order, so the same inputs and seed always give the same rows.
+    Round robin over the groups in sorted order, one row from each group per pass, until ``max_rows`` are taken:
+    every group gets the same count until it runs out, and the last, partial pass goes to the groups first in
+    sorted order. Within a group rows are drawn with ``random.Random(seed)``. The result keeps the original row
+    order, so the same inputs and seed always give the same rows. Training adapters (``max_rows``) and the eval
+    suites (``eval_max_rows``) both select with it.
     """
     if max_rows is None or max_rows >= len(keys):
         return list(range(len(keys)))
@@ -21,27 +23,19 @@ def balanced_sample(keys: Sequence[Hashable], max_rows: int | None, seed: int = 
     groups: dict[Hashable, list[int]] = defaultdict(list)
     for i, k in enumerate(keys):
         groups[k].append(i)
-    order = sorted(groups, key=str)
-    quota = {k: 0 for k in order}
-    left = max_rows
-    open_groups = [k for k in order if groups[k]]
-    while left > 0 and open_groups:
-        share, extra = divmod(left, len(open_groups))
-        for j, k in enumerate(open_groups):
-            quota[k] += share + (1 if j < extra else 0)
-        left = 0
-        for k in open_groups:
-            over = quota[k] - len(groups[k])
-            if over > 0:
-                quota[k] -= over
-                left += over
-        open_groups = [k for k in open_groups if quota[k] < len(groups[k])]
     rng = random.Random(seed)
-    picked: list[int] = []
-    for k in order:
+    queues = []
+    for k in sorted(groups, key=str):
         idx = list(groups[k])
         rng.shuffle(idx)
-        picked.extend(idx[: quota[k]])
+        queues.append(idx)
+    picked: list[int] = []
+    depth = 0
+    while len(picked) < max_rows:
+        for q in queues:
+            if depth < len(q) and len(picked) < max_rows:
+                picked.append(q[depth])
+        depth += 1
     return sorted(picked)
 
 

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from judgetrain.eval.batching import budget_batches, common_prefix_length
+from judgetrain.models.attention import SUPPORTED_ATTENTION
 
-SUPPORTED_ATTENTION = ("sdpa", "eager")
 MIN_SUITE_PREFIX = 8  # a shorter common prefix is not worth a forward of its own
 
 

@@ -18,18 +18,18 @@ representational rows (``represent/anchor_mae``) and whether it drops >= 0.5 bel
 from __future__ import annotations
 
 import logging
-import random
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from judgetrain.config.recipe import SUITES
+from judgetrain.data.sampling import balanced_sample
 from judgetrain.eval import metrics as M
 from judgetrain.eval.scoring import Request, RowScore
 
 logger = logging.getLogger(__name__)
 
-SUITES = ("rmbench", "judgebias", "ideation")
 DEFAULT_SPLITS = {"judgebias": "validation", "ideation": "test"}
 
 RUBRIC_SYSTEM = (
@@ -67,30 +67,6 @@ class SuiteSpec:
         return f"{self.name}:{self.source or 'bundled'}:{self.split or DEFAULT_SPLITS.get(self.name, '')}:{self.max_rows}:{self.seed}:{self.mode}"
 
 
-def even_sample(keys: Sequence[Hashable], max_rows: int | None, seed: int = 0) -> list[int]:
-    """Indices of at most ``max_rows`` rows spread evenly over the groups in ``keys`` (round robin over groups in
-    sorted order, rows within a group shuffled with ``seed``), returned in original row order."""
-    if max_rows is None or max_rows >= len(keys):
-        return list(range(len(keys)))
-    groups: dict[Hashable, list[int]] = defaultdict(list)
-    for i, k in enumerate(keys):
-        groups[k].append(i)
-    rng = random.Random(seed)
-    queues = []
-    for k in sorted(groups, key=str):
-        idx = list(groups[k])
-        rng.shuffle(idx)
-        queues.append(idx)
-    picked: list[int] = []
-    depth = 0
-    while len(picked) < max_rows:
-        for q in queues:
-            if depth < len(q) and len(picked) < max_rows:
-                picked.append(q[depth])
-        depth += 1
-    return sorted(picked)
-
-
 def _group_key(name: str, row: dict) -> Hashable:
     if name == "rmbench":
         return M.rmbench_domain(row.get("domain") or row.get("id", ""))
@@ -120,11 +96,11 @@ def load_suite_rows(spec: SuiteSpec) -> list[dict]:
         for i, r in enumerate(rows):
             units[r.get("pair_id", i)].append(i)
         per_unit = max(1, round(len(rows) / len(units)))
-        picked = even_sample([None] * len(units), max(1, spec.max_rows // per_unit), spec.seed)
+        picked = balanced_sample([None] * len(units), max(1, spec.max_rows // per_unit), spec.seed)
         unit_rows = list(units.values())
         keep = sorted(i for u in picked for i in unit_rows[u])
     else:
-        keep = even_sample([_group_key(spec.name, r) for r in rows], spec.max_rows, spec.seed)
+        keep = balanced_sample([_group_key(spec.name, r) for r in rows], spec.max_rows, spec.seed)
     return [rows[i] for i in keep]
 
 

@@ -11,12 +11,11 @@ import re
 from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError
+from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE
 from judgetrain.utils.files import manifest_problem, write_json, write_lines, write_manifest
 
 logger = logging.getLogger(__name__)
 
-COMPLETE_MARKER = "judgetrain_complete.json"
-METRICS_FILE = "metrics.jsonl"
 _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 
 
@@ -44,7 +43,6 @@ def write_marker(ckpt: Path, step: int, identity: dict | None = None) -> None:
     """The completion marker of ``ckpt``, written last: every file of the checkpoint, shard folders included
     (DeepSpeed ``global_stepN/``, FSDP ``pytorch_model_fsdp_0/``), with its size and SHA-256, each fsynced first
     (`judgetrain.utils.files.write_manifest`), plus the identity of the run that wrote it (``judgetrain_run.json``)."""
-    from judgetrain.run.state import IDENTITY_FILE
 
     if identity is not None:
         write_json(Path(ckpt) / IDENTITY_FILE, identity)
@@ -52,7 +50,7 @@ def write_marker(ckpt: Path, step: int, identity: dict | None = None) -> None:
 
 
 # files at the top of output_dir that belong to the run, not to the final model
-_RUN_FILES = (METRICS_FILE, "data_audit.json", "judgetrain_run.json", "judgetrain_status.jsonl", ".judgetrain.lock")
+_RUN_FILES = (METRICS_FILE, "data_audit.json", IDENTITY_FILE, STATUS_FILE, LOCK_FILE)
 
 
 def write_final_marker(output_dir: str) -> None:

@@ -24,14 +24,12 @@ import socket
 import time
 from pathlib import Path
 
+from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE  # noqa: F401
 from judgetrain.utils.files import LockBusy, append_jsonl, file_lock, write_json
 from judgetrain.config.recipe import RecipeError
 
 logger = logging.getLogger(__name__)
 
-IDENTITY_FILE = "judgetrain_run.json"
-LOCK_FILE = ".judgetrain.lock"
-STATUS_FILE = "judgetrain_status.jsonl"
 LAUNCH_ID_ENV = "JUDGETRAIN_LAUNCH_ID"
 
 # Exit codes (README: "Exit codes").
@@ -129,15 +127,14 @@ def checkpoint_identity(checkpoint: str | os.PathLike) -> dict | None:
 
 # --------------------------------------------------------------------------------------------- start decision
 
-RUN_ARTIFACTS = ("metrics.jsonl", "eval", "rejects", "data_audit.json", IDENTITY_FILE, STATUS_FILE)
-FINAL_MARKER = "judgetrain_complete.json"
+RUN_ARTIFACTS = (METRICS_FILE, "eval", "rejects", "data_audit.json", IDENTITY_FILE, STATUS_FILE)
 
 
 def used_by_a_run(out: Path) -> list[str]:
     """The names in ``out`` that show an earlier run wrote there (empty: a new or unused folder)."""
     if not out.is_dir():
         return []
-    names = [n for n in RUN_ARTIFACTS + (FINAL_MARKER, "recipe.yaml") if (out / n).exists()]
+    names = [n for n in RUN_ARTIFACTS + (COMPLETE_MARKER, "recipe.yaml") if (out / n).exists()]
     names += sorted(p.name for p in out.glob("checkpoint-*") if p.is_dir())
     return names
 

@@ -62,7 +62,7 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 @dataclass
-class Request:
+class LaunchRequest:
     """The parallelism the launcher asked for, from the environment it gave this process."""
 
     kind: str  # "single" | "ddp" | "fsdp" | "deepspeed"
@@ -78,7 +78,7 @@ class Request:
         return f"{self.kind}{extra} over {self.processes} process(es) on {self.machines} machine(s)"
 
 
-def requested_parallelism(env: Mapping[str, str] | None = None) -> Request:
+def requested_parallelism(env: Mapping[str, str] | None = None) -> LaunchRequest:
     """Read what `accelerate launch` (or torchrun + the ACCELERATE_* variables) asked this process to do."""
     env = os.environ if env is None else env
     world = _int(env, "WORLD_SIZE", 1)
@@ -87,15 +87,15 @@ def requested_parallelism(env: Mapping[str, str] | None = None) -> Request:
     machine_rank = _int(env, "GROUP_RANK", _int(env, "NODE_RANK", 0))
     if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
         stage = _int(env, "ACCELERATE_DEEPSPEED_ZERO_STAGE", 2)
-        return Request("deepspeed", world, machines, machine_rank, zero_stage=stage)
+        return LaunchRequest("deepspeed", world, machines, machine_rank, zero_stage=stage)
     if _flag(env, "ACCELERATE_USE_FSDP"):
         options = {k[5:].lower(): v for k, v in env.items() if k.startswith("FSDP_") and k != "FSDP_VERSION"}
-        return Request("fsdp", world, machines, machine_rank, fsdp_version=_int(env, "FSDP_VERSION", 1),
+        return LaunchRequest("fsdp", world, machines, machine_rank, fsdp_version=_int(env, "FSDP_VERSION", 1),
                        fsdp_options=options)
-    return Request("ddp" if world > 1 else "single", world, machines, machine_rank)
+    return LaunchRequest("ddp" if world > 1 else "single", world, machines, machine_rank)
 
 
-def check_request(request: Request, *, gpu: bool) -> None:
+def check_request(request: LaunchRequest, *, gpu: bool) -> None:
     """Refuse, with the reason and the way out, a request this machine / install would silently downgrade."""
     if request.kind == "deepspeed":
         if not gpu and request.processes < 2:
@@ -137,7 +137,7 @@ def deepspeed_missing(accelerate_config: str | None) -> str | None:
 
 def join_process_group(env: Mapping[str, str] | None = None):
     """Create Accelerate's process state for this launch (before anything reads the device) and return
-    (PartialState, Request).
+    (PartialState, LaunchRequest).
 
     Without a GPU, `accelerate launch` starts N processes but Accelerate only joins them (gloo) when the state is
     created with cpu=True; and it promotes a state to FSDP only from a GPU-like type, so an FSDP2 request on CPU
@@ -166,7 +166,7 @@ def join_process_group(env: Mapping[str, str] | None = None):
     return state, request
 
 
-def allow_fsdp_on_cpu(request: Request) -> bool:
+def allow_fsdp_on_cpu(request: LaunchRequest) -> bool:
     """For an FSDP2 request on a CPU process group, present the joined state to Accelerate as a multi-device one so
     that `Accelerator()` builds its FSDP2 plugin (devices stay CPU, backend stays gloo). Call it again after
     `TrainingArguments` set up its devices: that resets and re-creates Accelerate's state. Returns whether it did."""
@@ -181,7 +181,7 @@ def allow_fsdp_on_cpu(request: Request) -> bool:
     return True
 
 
-def allow_deepspeed_on_cpu(request: Request) -> bool:
+def allow_deepspeed_on_cpu(request: LaunchRequest) -> bool:
     """For a DeepSpeed request on a CPU process group, present the joined state (gloo, CPU devices) to Accelerate as
     a DeepSpeed one, so that `Accelerator()` builds its DeepSpeed plugin and `prepare` hands the model to
     ``deepspeed.initialize``. Call it after `TrainingArguments` set up its devices (which re-creates the state as a
@@ -236,7 +236,7 @@ def zero_partition(engine) -> dict[str, Any]:
             "optimizer_fraction_on_this_rank": round(held / trainable, 4) if trainable else 1.0}
 
 
-def in_effect(accelerator, model, request: Request) -> dict[str, Any]:
+def in_effect(accelerator, model, request: LaunchRequest) -> dict[str, Any]:
     """What this run actually does (from the prepared Accelerator and model), beside what was asked."""
     import torch.distributed as dist
 
@@ -265,7 +265,7 @@ def in_effect(accelerator, model, request: Request) -> dict[str, Any]:
     }
 
 
-def honoured(request: Request, effect: dict[str, Any]) -> str | None:
+def honoured(request: LaunchRequest, effect: dict[str, Any]) -> str | None:
     """None when the run gives what was asked; otherwise the mismatch in words."""
     expected = {"single": ("NO",), "ddp": ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU"), "fsdp": ("FSDP",),
                 "deepspeed": ("DEEPSPEED",)}[request.kind]
@@ -282,7 +282,7 @@ def honoured(request: Request, effect: dict[str, Any]) -> str | None:
     return None
 
 
-def _zero_problem(request: Request, effect: dict[str, Any]) -> str | None:
+def _zero_problem(request: LaunchRequest, effect: dict[str, Any]) -> str | None:
     """A DeepSpeed run must run the requested stage and partition what that stage partitions."""
     if effect["zero_stage"] != request.zero_stage:
         return f"asked for ZeRO-{request.zero_stage}, DeepSpeed runs ZeRO-{effect['zero_stage']}"
@@ -309,7 +309,7 @@ class ParallelismReport(TrainerCallback):
     """At the first step (the model is prepared by then) log and record what is in effect, and stop the run when
     it is not what the launch asked for. Needs `attach(trainer)` for the accelerator."""
 
-    def __init__(self, request: Request, output_dir: str | os.PathLike):
+    def __init__(self, request: LaunchRequest, output_dir: str | os.PathLike):
         self.request = request
         self.output_dir = Path(output_dir)
         self.trainer = None

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 import torch
 from trl import DPOTrainer
 
+from judgetrain.models.attention import SUPPORTED_ATTENTION
+
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ATTENTION = ("sdpa", "eager")
 PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
 PROBE_RTOL, PROBE_ATOL = 1e-4, 1e-5
 
