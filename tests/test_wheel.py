@@ -1,5 +1,6 @@
-"""What `pip install judgetrain` gets: the declared dependency bounds hold in this environment, and a built wheel
-carries the recipes and accelerate configs, so the quickstart runs by name from an empty folder."""
+"""What `pip install judgetrain` gets: the declared dependency bounds hold in this environment, a recipe or
+accelerate config can be named instead of given as a path, and a built wheel carries them, so the quickstart runs by
+name from an empty folder."""
 
 from __future__ import annotations
 
@@ -151,3 +152,38 @@ def test_the_wheel_carries_the_recipes_and_runs_the_quickstart_by_name(tmp_path)
             assert saved[key] == value, key
     assert sorted(p.name for p in work.iterdir()) == ["runs"]  # no repository file was needed, nothing else written
     assert list((home / ".cache" / "judgetrain").glob("tiny-judge-*"))  # built into the empty HOME's cache
+
+
+# ------------------------------------------------------------------------------------------ names in a checkout
+
+def test_a_packaged_recipe_and_accelerate_config_can_be_named_from_any_folder(tmp_path, monkeypatch):
+    from judgetrain.config.recipe import parse_recipe
+
+    monkeypatch.chdir(tmp_path)
+    script_args, _, model_args, resolved = parse_recipe(["quickstart", "--accelerate_config", "cpu"])
+    assert model_args.model_name_or_path == "tiny-judge"
+    assert script_args.accelerate_config == str(REPO / "accelerate_configs" / "cpu.yaml")
+    assert resolved["accelerate_config"] == "cpu"  # the saved recipe keeps the name
+    assert parse_recipe(["quickstart.yaml"])[2].model_name_or_path == "tiny-judge"
+
+
+def test_a_path_that_exists_wins_over_a_packaged_name(tmp_path, monkeypatch):
+    from judgetrain.config.recipe import parse_recipe
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart").write_text("model_name_or_path: my-own-model\nbf16: false\nactivation_checkpointing: false\n")
+    (tmp_path / "cpu").write_text("distributed_type: 'NO'\n")
+    script_args, _, model_args, _ = parse_recipe(["quickstart", "--accelerate_config", "cpu"])
+    assert model_args.model_name_or_path == "my-own-model"
+    assert script_args.accelerate_config == "cpu"
+
+
+def test_an_unknown_recipe_name_lists_the_packaged_recipes(tmp_path, monkeypatch):
+    from judgetrain.config.recipe import RecipeError, load_recipe_file
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeError, match="recipe no_such_recipe: file not found; packaged recipes: ") as err:
+        load_recipe_file("no_such_recipe")
+    assert all(p.stem in str(err.value) for p in (REPO / "recipes").glob("*.yaml"))
+    with pytest.raises(RecipeError, match="file not found"):  # a path with a folder part is never a name
+        load_recipe_file("recipes/no_such_recipe.yaml")
