@@ -31,7 +31,10 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
         from accelerate.commands.config.config_args import load_config_from_file
 
         if not Path(script_args.accelerate_config).is_file():
-            raise RecipeError(f"accelerate_config {script_args.accelerate_config}: file not found")
+            from judgetrain.config.packaged import packaged_names
+
+            raise RecipeError(f"accelerate_config {script_args.accelerate_config}: file not found; packaged configs: "
+                              f"{', '.join(packaged_names('accelerate_configs'))}")
         cfg = load_config_from_file(script_args.accelerate_config)
         report["accelerate"] = {"distributed_type": str(cfg.distributed_type), "num_processes": cfg.num_processes}
         if str(cfg.distributed_type).endswith("DEEPSPEED"):

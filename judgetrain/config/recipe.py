@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from judgetrain.config.packaged import packaged_names, resolve_packaged
 from judgetrain.utils.device import has_accelerator
 
 logger = logging.getLogger(__name__)
@@ -259,9 +260,12 @@ def valid_keys() -> set[str]:
 
 def load_recipe_file(path: str | os.PathLike) -> dict[str, Any]:
     """Read a recipe with safe YAML and check every key, suggesting the nearest valid one for a typo."""
-    path = Path(path)
+    given = os.fspath(path)
+    path = Path(resolve_packaged(given, "recipes"))  # a packaged recipe's name (quickstart) when no such path exists
     if not path.is_file():
-        raise RecipeError(f"recipe {path}: file not found")
+        raise RecipeError(f"recipe {path}: file not found; packaged recipes: {', '.join(packaged_names('recipes'))}")
+    if str(path) != given:
+        logger.info("recipe %s: the packaged %s", given, path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -371,6 +375,8 @@ def parse_recipe(argv: list[str]):
                     value = getattr(obj, name)
                     resolved[name] = value.value if hasattr(value, "value") else value
                     break
+    if script_args.accelerate_config:  # a packaged config's name (cpu) when no such path exists; resolved keeps it
+        script_args.accelerate_config = resolve_packaged(script_args.accelerate_config, "accelerate_configs")
     return script_args, training_args, model_args, resolved
 
 
