@@ -194,7 +194,7 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
     tokenizer = load_recipe_tokenizer(model_path, training_args, model_args)
     resume_from, identity, plan = prepare_output_dir(script_args, training_args, resolved)
     train_dataset, audit = load_audited_dataset(script_args, training_args, tokenizer)
-    identity["data"] = data_fingerprint(train_dataset)
+    identity["data"] = audit.get("rows_fingerprint") or data_fingerprint(train_dataset)
     out = Path(training_args.output_dir)
     plan = record_run(out, identity, plan, resolved, command, resume_from, script_args)
     forced = plan["forced"] if plan["kind"] == "resume" else None

@@ -37,6 +37,9 @@ HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)   # sed r
 HEAD_NODE_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD_NODE" hostname --ip-address | awk '{print $1}')
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# torchrun's agent SIGKILLs its workers this many seconds after passing a SIGTERM on (30 by default): too short for
+# an 8B step plus the stop checkpoint. Inside the 120 s of --signal=TERM@120, with room for the agent to exit.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-110}
 export NCCL_ASYNC_ERROR_HANDLING=1
 mkdir -p logs
 
@@ -45,7 +48,9 @@ echo "judgetrain: $SLURM_NNODES machines x $GPUS_PER_NODE GPUs, head $HEAD_NODE 
 
 # The single quotes keep $SLURM_PROCID for each task: the machine rank is the task's own.
 set +e
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c '
+# --cpus-per-task again on srun: Slurm 22.05-23.02 does not pass the batch value on, and the whole launch tree (per-GPU
+# workers, tokenisation, data loaders) would be bound to one core.
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_TASK:-64}" bash -c '
   exec accelerate launch \
     --config_file "'"$ACCELERATE_CONFIG"'" \
     --num_machines "$SLURM_NNODES" \

@@ -26,6 +26,11 @@ from judgetrain.config.recipe import RecipeError, parse_recipe, split_recipe_arg
 from judgetrain.train import run
 
 
+# Seconds a SIGTERM'd launch gives its workers to save the stop checkpoint before torchrun kills them (the SLURM
+# script sends SIGTERM 120 s before the time limit). An exported TORCH_ELASTIC_SHUTDOWN_TIMEOUT wins.
+STOP_WINDOW_S = 110
+
+
 def main(argv: list[str] | None = None) -> int:
     """`judgetrain train RECIPE [overrides]`: validate, then hand over to `accelerate launch` (or dry-run here)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -80,7 +85,10 @@ def launch_and_wait(cmd: list[str], output_dir: Path) -> int:
     from judgetrain.run.state import LAUNCH_ID_ENV, launch_exit_code, wait_for_launch
 
     launch_id = uuid.uuid4().hex
-    proc = subprocess.Popen(cmd, env={**os.environ, LAUNCH_ID_ENV: launch_id})
+    # torchrun's agent SIGKILLs the workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (30 by default) after passing a
+    # SIGTERM on: too short for a large model's stop checkpoint, which would then be torn.
+    env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(STOP_WINDOW_S), **os.environ, LAUNCH_ID_ENV: launch_id}
+    proc = subprocess.Popen(cmd, env=env)
     signalled = []
 
     def pass_on(signum, frame):

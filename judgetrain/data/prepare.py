@@ -4,11 +4,13 @@ strings neutralised, the length audit applied, written once per machine and read
 from __future__ import annotations
 
 import json
-import os
+import logging
 import sys
 from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError
+
+logger = logging.getLogger(__name__)
 
 
 def build_train_dataset(script_args, training_args, *, max_rows_each: int | None = None):
@@ -56,31 +58,100 @@ def load_audited_dataset(script_args, training_args, tokenizer):
         raise RecipeError(f"no training rows left after validation and the length audit (see {out / 'rejects'} and "
                           f"{out / 'data_audit.json'}): raise max_length or change long_rows / on_bad_row")
     # TRL's own length filter must find nothing left to drop silently: error/skip/shorten_prompt removed such rows.
-    return reload_memory_mapped(dataset.select_columns(["prompt", "chosen", "rejected"]), out / "train_rows", state), audit
+    dataset, audit["rows_fingerprint"], audit["rows_reused"] = reload_memory_mapped(
+        dataset.select_columns(["prompt", "chosen", "rejected"]), out / "train_rows", state)
+    return dataset, audit
+
+
+ROWS_FILE = "judgetrain_rows.json"  # in each machine's rows folder: the rows' fingerprint and count, written last
+
+
+def machine_folder(state) -> str:
+    """The name of this machine's rows folder: ``node-<global rank of its local main process>``.
+
+    Read from the process group, not from a launcher's variables (torchrun sets GROUP_RANK, srun and DeepSpeed's
+    launcher do not), so it holds for every launcher; checked across processes: every process of a machine must
+    name the same folder and run on the same host as that machine's local main process. Where that cannot be
+    known (no local rank, or ranks not numbered machine by machine) the run is refused with the reason."""
+    local = state.local_process_index
+    if state.num_processes == 1:
+        return "node-0"
+    if local < 0:
+        raise RecipeError("cannot tell which machine this process runs on: the launcher set no LOCAL_RANK (launch "
+                          "with accelerate launch or torchrun, or export LOCAL_RANK per task, e.g. from SLURM_LOCALID)")
+    import socket
+
+    from accelerate.utils import gather_object
+
+    seen = gather_object([(state.process_index, local, socket.gethostname())])
+    return f"node-{machine_key(seen, state.process_index)}"
+
+
+def machine_key(seen: list[tuple[int, int, str]], rank: int) -> int:
+    """The global rank of the local main process of ``rank``'s machine, from every process's (global rank, local
+    rank, host); `RecipeError` when the ranks are not numbered machine by machine (a process whose machine's first
+    rank is not a local rank 0 on its own host)."""
+    hosts = {r: host for r, loc, host in seen if loc == 0}
+    wrong = [f"rank {r} (local rank {loc}) on {host}" for r, loc, host in seen if hosts.get(r - loc) != host]
+    if wrong:
+        raise RecipeError("the processes are not numbered machine by machine (global rank = machine's first rank + "
+                          "local rank), so a machine's rows folder cannot be named: " + "; ".join(wrong[:4]) +
+                          ". Launch with accelerate launch / torchrun, or srun with --distribution=block")
+    local = next(loc for r, loc, _ in seen if r == rank)
+    return rank - local
 
 
 def reload_memory_mapped(dataset, path: Path, state):
-    """The audited rows, written once (main process) and read back memory-mapped, with the adapters' in-memory
-    objects released first. What the adapters and the audit parsed otherwise stays resident for the whole run
-    (~15-30 MB over a bare TRL script that reads one parquet file)."""
+    """The audited rows, written once per machine (by its local main process) and read back memory-mapped, with the
+    adapters' in-memory objects released first. What the adapters and the audit parsed otherwise stays resident for
+    the whole run (~15-30 MB over a bare TRL script that reads one parquet file).
+
+    A start whose rows equal those already in the folder (same fingerprint: a resume, a requeue) keeps the folder
+    as it is, and with it the caches TRL keeps beside the rows (its tokenised rows, precomputed reference
+    log-probs): nothing is re-tokenised or recomputed. Rows that differ replace the folder and its caches. Returns
+    (dataset, fingerprint of the rows, whether the folder was reused)."""
     import gc
+    import shutil
 
     from datasets import load_from_disk
 
+    from judgetrain.run.state import data_fingerprint
+    from judgetrain.utils.files import write_json
+
     # One copy per machine, written by that machine's main process: every process reads its own machine's copy,
     # whether output_dir is on a shared file system or not.
-    path = path / f"node-{os.environ.get('GROUP_RANK', '0')}"
+    path = path / machine_folder(state)
+    reused = None  # known to the machine's local main process, which decides
     if state.is_local_main_process:
-        if path.exists():  # a resumed run writes its rows afresh (and drops the old run's tokenization caches)
-            import shutil
-
-            shutil.rmtree(path)
-        dataset.save_to_disk(str(path))
+        fingerprint = data_fingerprint(dataset)
+        kept = _rows_record(path)
+        reused = bool(kept) and kept.get("fingerprint") == fingerprint and kept.get("rows") == len(dataset)
+        if not reused:
+            if path.exists():  # other rows (or a folder a killed start left half written): its caches go with it
+                shutil.rmtree(path)
+            dataset.save_to_disk(str(path))
+            write_json(path / ROWS_FILE, {"fingerprint": fingerprint, "rows": len(dataset)})
     state.wait_for_everyone()
     del dataset
     gc.collect()
     release_freed_memory()
-    return load_from_disk(str(path))
+    record = _rows_record(path) or {}
+    if state.is_local_main_process:
+        caches = sorted(p.name for p in path.glob("cache-*.arrow"))
+        if reused:
+            logger.info("Training rows: the rows in %s are this run's (fingerprint %s...): kept with %d cache file(s) "
+                        "of earlier starts (TRL's tokenised rows and reference log-probs load from them, not recomputed)", path,
+                        record["fingerprint"][:12], len(caches))
+        else:
+            logger.info("Training rows: %d rows written to %s", record.get("rows", 0), path)
+    return load_from_disk(str(path)), record.get("fingerprint"), reused
+
+
+def _rows_record(path: Path) -> dict | None:
+    try:
+        return json.loads((path / ROWS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def release_freed_memory() -> None:

@@ -1,0 +1,69 @@
+"""The training rows folder (output_dir/train_rows/node-K): a start whose rows equal the folder's keeps it, with the
+caches TRL keeps beside the rows (nothing re-tokenised on resume); other rows replace it; the machine's folder is
+named from the process group, and a launch whose ranks are not numbered machine by machine is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+from judgetrain.config.recipe import RecipeError
+from judgetrain.data.prepare import ROWS_FILE, machine_key
+
+QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
+
+
+def _train(out, *extra, recipe=QUICKSTART):
+    cmd = [sys.executable, "-m", "judgetrain.train", recipe, "--output_dir", str(out), "--eval_suites", "none",
+           "--save_steps", "1", "--report_to", "none", *extra]
+    env = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "0"}  # TRL's "Tokenizing" bar shows whether it ran
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+
+
+def test_machine_key_is_the_machines_first_rank():
+    seen = [(0, 0, "a"), (1, 1, "a"), (2, 0, "b"), (3, 1, "b")]
+    assert [machine_key(seen, r) for r in range(4)] == [0, 0, 2, 2]
+    # two launches on one host (the localhost two-machine test): one folder each
+    assert [machine_key([(0, 0, "h"), (1, 0, "h")], r) for r in (0, 1)] == [0, 1]
+
+
+def test_ranks_not_numbered_machine_by_machine_are_refused():
+    cyclic = [(0, 0, "a"), (1, 0, "b"), (2, 1, "a"), (3, 1, "b")]  # srun --distribution=cyclic
+    with pytest.raises(RecipeError, match="not numbered machine by machine.*rank 2 \\(local rank 1\\) on a"):
+        machine_key(cyclic, 0)
+
+
+@pytest.mark.slow
+def test_a_resume_keeps_the_rows_and_trls_tokenised_cache(tmp_path):
+    out = tmp_path / "run"
+    first = _train(out, "--max_steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = out / "train_rows" / "node-0"
+    record = json.loads((rows / ROWS_FILE).read_text())
+    assert record["rows"] > 0 and len(record["fingerprint"]) == 64
+    assert "Tokenizing train dataset" in first.stderr
+    caches = {p.name: p.stat().st_mtime_ns for p in rows.glob("cache-*.arrow")}
+    assert caches, "TRL wrote no cache beside the rows"
+    data_file = (rows / "data-00000-of-00001.arrow").stat().st_mtime_ns
+
+    second = _train(out, "--max_steps", "3", "--resume", "auto", "--resume_force")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "kept with" in second.stderr and record["fingerprint"][:12] in second.stderr, second.stderr[-3000:]
+    assert "Tokenizing train dataset" not in second.stderr  # TRL loaded its tokenised rows from the kept cache
+    assert (rows / "data-00000-of-00001.arrow").stat().st_mtime_ns == data_file
+    for name, mtime in caches.items():
+        assert (rows / name).stat().st_mtime_ns == mtime
+
+    # other rows (a smaller mixture) replace the folder and its caches
+    smaller = tmp_path / "smaller.yaml"
+    smaller.write_text(open(QUICKSTART).read().replace("{dataset: judgebias, source: bundled, split: train}",
+                                                       "{dataset: judgebias, source: bundled, split: train, rows: 40}"))
+    third = _train(tmp_path / "run", "--max_steps", "1", "--overwrite_output_dir", "true", recipe=str(smaller))
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert json.loads((rows / ROWS_FILE).read_text())["rows"] < record["rows"]
+    assert "Tokenizing train dataset" in third.stderr
