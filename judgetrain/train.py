@@ -190,6 +190,9 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
     warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
     if warning and PartialState().is_main_process:
         logger.warning(warning)
+    from judgetrain.config.preflight import check_before_start
+
+    check_before_start(script_args, training_args, model_args, resolved)  # every predicted failure, before any load
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = load_recipe_tokenizer(model_path, training_args, model_args)
     resume_from, identity, plan = prepare_output_dir(script_args, training_args, resolved)

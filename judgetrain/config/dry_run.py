@@ -80,6 +80,13 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     _, audit = audit_lengths(neutralise_dataset(dataset, tokenizer), tokenizer, training_args.max_length, action, None)
     report["audit"] = audit
     report["memory"] = _memory(script_args, training_args, model_args, resolved, cfg, report)
+    from judgetrain.config.preflight import preflight
+
+    # what would fail at the start of the run, checked on this machine (a dry run on a login node checks the login
+    # node's packages, disk and hub cache: run it where the job runs)
+    report["preflight"] = preflight(script_args, training_args, model_args, resolved, cfg)
+    for problem in report["preflight"]:
+        logger.warning("preflight: %s", problem)
     return report
 
 

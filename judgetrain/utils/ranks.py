@@ -12,20 +12,26 @@ def decided_on_main(decide):
     from accelerate import PartialState
 
     state = PartialState()
-    result = None
+    result, failure = None, None
     if state.is_main_process:
         try:
             result = ("ok", decide())
         except RecipeError as e:
             result = ("error", str(e))
+        except Exception as e:  # any other failure still reaches the other ranks, which would wait forever
+            result, failure = ("crash", f"{type(e).__name__}: {e}"), e
     if state.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 
         box = [result]
         broadcast_object_list(box, from_process=0)
         result = box[0]
+    if failure is not None:
+        raise failure
     if result[0] == "error":
         raise RecipeError(result[1])
+    if result[0] == "crash":
+        raise RuntimeError(f"the main process failed: {result[1]}")
     return result[1]
 
 

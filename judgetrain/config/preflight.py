@@ -1,0 +1,214 @@
+"""What would fail later, found before any weights load: each problem one line with its fix, all of them at once.
+
+Run by `judgetrain train --dry-run` and at the start of every run (before the model loads, on the main process):
+- every ``report_to`` integration is importable and can log (W&B: an API key, or offline / disabled mode);
+- what the recipe names is installed: deepspeed (a DeepSpeed accelerate config), flash-attn
+  (``attn_implementation: flash_attention_2``), liger-kernel (``use_liger_kernel``), bitsandbytes (4/8-bit loading);
+- the output_dir filesystem takes the run's lock (``flock``: Lustre without ``-o flock`` and NFSv3 ``nolock``
+  refuse it);
+- there is disk for ``save_total_limit`` (+1 while the next one is written) checkpoints of the estimated size;
+- a hub model id resolves while the hub is offline (``HF_HUB_OFFLINE``): its files must be in the local cache.
+
+A run with problems stops with `PreflightError` (exit code 2), naming every one; the dry run lists them.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from judgetrain.config.recipe import RecipeError
+
+GIB = 1024**3
+
+
+class PreflightError(RecipeError):
+    """One or more start-up checks failed; the message has one line per problem, each with its fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("the run would fail later; fix these first:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def report_to_problems(report_to, env=os.environ) -> list[str]:
+    """Each ``report_to`` integration importable, and W&B able to log (an API key, a netrc login, or a mode that
+    needs neither)."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    problems = []
+    packages = {"wandb": "wandb", "tensorboard": "tensorboard", "trackio": "trackio", "mlflow": "mlflow",
+                "comet_ml": "comet_ml", "clearml": "clearml", "neptune": "neptune", "dvclive": "dvclive",
+                "swanlab": "swanlab", "codecarbon": "codecarbon", "azure_ml": "azureml"}
+    for name in names:
+        if name in ("none", "all"):
+            continue
+        module = packages.get(name, name)
+        if name == "tensorboard":
+            ok = _installed("tensorboard") or _installed("tensorboardX")
+        else:
+            ok = _installed(module)
+        if not ok:
+            problems.append(f"report_to: {name} is not installed: `pip install {module}`, or drop it from report_to "
+                            "(metrics.jsonl is always written)")
+            continue
+        if name == "wandb" and not wandb_can_log(env):
+            problems.append("report_to: wandb has no API key and is not offline: `wandb login` (or set WANDB_API_KEY),"
+                            " or set WANDB_MODE=offline to log locally and `wandb sync` later (compute nodes without"
+                            " network need offline)")
+    return problems
+
+
+def wandb_can_log(env=os.environ) -> bool:
+    if env.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or env.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+        return True
+    if env.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(env.get("NETRC") or Path(env.get("HOME", str(Path.home()))) / ".netrc")
+    try:
+        return "api.wandb.ai" in netrc.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def package_problems(script_args, training_args, model_args, accelerate_cfg=None) -> list[str]:
+    """The packages the recipe names by its keys."""
+    problems = []
+    if accelerate_cfg is not None and str(accelerate_cfg.distributed_type).endswith("DEEPSPEED"):
+        from judgetrain.trainer.parallelism import deepspeed_not_installed
+
+        missing = deepspeed_not_installed(f"{script_args.accelerate_config} is a DeepSpeed config")
+        if missing:
+            problems.append(missing)
+    attn = str(getattr(model_args, "attn_implementation", None) or "")
+    if attn.startswith("flash_attention") and not _installed("flash_attn"):
+        problems.append(f"attn_implementation: {attn} needs flash-attn: `pip install flash-attn --no-build-isolation`"
+                        " (a CUDA build), or use sdpa")
+    if getattr(training_args, "use_liger_kernel", False) and not _installed("liger_kernel"):
+        problems.append("use_liger_kernel: true needs liger-kernel: `pip install liger-kernel`, or set it to false")
+    if (getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False)) and not _installed("bitsandbytes"):
+        problems.append("load_in_4bit / load_in_8bit need bitsandbytes: `pip install 'judgetrain[quant]'`")
+    return problems
+
+
+def lock_problem(output_dir: str | os.PathLike) -> str | None:
+    """Whether output_dir's filesystem takes an exclusive flock (the run's lock)."""
+    import fcntl
+    import tempfile
+
+    folder = Path(output_dir)
+    probe_dir = folder if folder.is_dir() else next((p for p in folder.parents if p.is_dir()), Path("."))
+    try:
+        fd, name = tempfile.mkstemp(prefix=".judgetrain-lock-probe-", dir=probe_dir)
+    except OSError as e:
+        return f"output_dir {folder}: cannot write there ({e.strerror}): choose a writable output_dir"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return (f"output_dir {folder}: its filesystem does not support flock ({errno.errorcode.get(e.errno, e.errno)}"
+                    "), which the run's lock needs: mount it with flock (Lustre: -o flock; NFS: without nolock) or "
+                    "use an output_dir on a filesystem that has it")
+        raise
+    finally:
+        os.close(fd)
+        os.unlink(name)
+
+
+def checkpoint_bytes(script_args, training_args, model_args, resolved: dict) -> int | None:
+    """A checkpoint's size from the model's shape (None when the shape is unknown offline): LoRA saves the adapter
+    and its Adam state (fp32: 4 + 8 bytes per trainable number); a full fine-tune saves the weights in their dtype
+    and the fp32 Adam state (and master weights under mixed precision), 8-16 bytes per weight in all."""
+    from judgetrain.config.memory import model_shape, plan_from_recipe
+    from judgetrain.models.aliases import is_alias
+
+    if is_alias(model_args.model_name_or_path):  # judgetrain's own small models: building one here is no check
+        return None
+    try:
+        shape, _ = model_shape(model_args.model_name_or_path)
+    except (ValueError, OSError):
+        return None
+    plan = plan_from_recipe(script_args, training_args, model_args, resolved)
+    if plan.lora_r:
+        return shape.lora_params(plan.lora_r, plan.lora_targets) * 12 + 64 * 2**20  # + tokenizer, states
+    optimizer = 8 + (4 if plan.weight_bytes == 2 else 0)  # Adam m, v (+ fp32 master copy of half weights)
+    return shape.params() * (plan.weight_bytes + optimizer) + 64 * 2**20
+
+
+def disk_problem(script_args, training_args, model_args, resolved: dict) -> str | None:
+    if getattr(training_args, "save_strategy", "steps") in ("no", None) or str(getattr(training_args, "save_strategy", "")).endswith("NO"):
+        return None
+    size = checkpoint_bytes(script_args, training_args, model_args, resolved)
+    if size is None:
+        return None
+    keep = training_args.save_total_limit
+    out = Path(training_args.output_dir)
+    probe = out if out.is_dir() else next((p for p in out.parents if p.is_dir()), Path("."))
+    free = shutil.disk_usage(probe).free
+    need = size * ((keep + 1) if keep else 2)  # the kept ones, plus the next being written before rotation
+    if need <= free:
+        return None
+    many = f"{keep} + 1 checkpoints" if keep else "2 checkpoints (save_total_limit is unset: more pile up)"
+    return (f"output_dir {out}: {free / GIB:.1f} GiB free, {many} of ~{size / GIB:.1f} GiB need {need / GIB:.1f} GiB: "
+            "free disk, lower save_total_limit, or choose another output_dir")
+
+
+def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.environ) -> str | None:
+    """A hub id with the hub offline must be in the local cache (its config.json at least)."""
+    from judgetrain.models.aliases import is_alias
+
+    if is_alias(model_name_or_path) or Path(model_name_or_path).exists():
+        return None
+    offline = env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or env.get("TRANSFORMERS_OFFLINE", "").lower() in ("1", "true", "yes")
+    if not offline:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model_name_or_path, "config.json", revision=revision)
+    except Exception:  # not a valid hub id: transformers says so itself
+        return None
+    if isinstance(cached, str):
+        return None
+    return (f"model_name_or_path {model_name_or_path}: the hub is offline (HF_HUB_OFFLINE) and the model is not in "
+            "the local Hugging Face cache: download it first (`huggingface-cli download "
+            f"{model_name_or_path}`) on a machine with network, or give a local folder")
+
+
+def preflight(script_args, training_args, model_args, resolved: dict, accelerate_cfg=None) -> list[str]:
+    """Every problem found, one line each (empty: nothing predicted to fail)."""
+    problems = report_to_problems(training_args.report_to)
+    problems += package_problems(script_args, training_args, model_args, accelerate_cfg)
+    for problem in (lock_problem(training_args.output_dir),
+                    disk_problem(script_args, training_args, model_args, resolved),
+                    hub_problem(model_args.model_name_or_path, getattr(model_args, "model_revision", None))):
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def check_before_start(script_args, training_args, model_args, resolved: dict) -> None:
+    """At the start of a run, before the model loads: stop with every problem at once (main process decides)."""
+    from judgetrain.utils.ranks import decided_on_main
+
+    def decide():
+        problems = preflight(script_args, training_args, model_args, resolved, _accelerate_config(script_args))
+        if problems:
+            raise PreflightError(problems)
+
+    decided_on_main(decide)
+
+
+def _accelerate_config(script_args):
+    if not script_args.accelerate_config or not Path(script_args.accelerate_config).is_file():
+        return None
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    return load_config_from_file(script_args.accelerate_config)

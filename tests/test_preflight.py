@@ -1,0 +1,109 @@
+"""The preflight: what would fail later, found before any weights load, one line per problem with its fix, all at
+once, no traceback (judgetrain.config.preflight)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from collections import namedtuple
+
+import pytest
+
+from helpers import QUICKSTART, REPO
+from judgetrain.config import preflight as pf
+from judgetrain.config.recipe import parse_recipe
+
+ZERO3 = str(REPO / "recipes" / "judgebias_qwen3_8b_full_zero3.yaml")
+
+
+def test_wandb_without_a_key_or_offline_mode_is_a_problem_with_its_fix(tmp_path):
+    env = {"HOME": str(tmp_path)}
+    [problem] = pf.report_to_problems(["wandb"], env)
+    assert "WANDB_MODE=offline" in problem and "wandb login" in problem
+    assert pf.report_to_problems(["wandb"], {**env, "WANDB_MODE": "offline"}) == []
+    assert pf.report_to_problems(["wandb"], {**env, "WANDB_API_KEY": "k"}) == []
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password k\n")
+    assert pf.report_to_problems(["wandb"], env) == []
+    assert pf.report_to_problems(["none"], env) == pf.report_to_problems([], env) == []
+
+
+def test_an_integration_that_is_not_installed_is_named_with_its_install_line(monkeypatch):
+    monkeypatch.setattr(pf, "_installed", lambda module: module != "mlflow")
+    [problem] = pf.report_to_problems(["tensorboard", "mlflow"], {})
+    assert problem.startswith("report_to: mlflow is not installed: `pip install mlflow`")
+
+
+def test_packages_the_recipe_names_by_its_keys(monkeypatch):
+    monkeypatch.setattr(pf, "_installed", lambda module: False)
+    script_args, training_args, model_args, _ = parse_recipe(
+        [str(QUICKSTART), "--attn_implementation", "flash_attention_2", "--use_liger_kernel", "true",
+         "--load_in_4bit", "true"])
+    problems = pf.package_problems(script_args, training_args, model_args)
+    assert len(problems) == 3, problems
+    assert "flash-attn" in problems[0] and "liger-kernel" in problems[1] and "bitsandbytes" in problems[2]
+    monkeypatch.setattr(pf, "_installed", lambda module: True)
+    assert pf.package_problems(script_args, training_args, model_args) == []
+
+
+def test_a_filesystem_without_flock_is_named_before_the_run_takes_its_lock(tmp_path, monkeypatch):
+    assert pf.lock_problem(tmp_path / "run") is None
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    problem = pf.lock_problem(tmp_path / "run")
+    assert "does not support flock (ENOLCK)" in problem and "-o flock" in problem
+    assert not list(tmp_path.iterdir()), "the probe file was left behind"
+
+
+def test_disk_for_the_kept_checkpoints_of_a_full_fine_tune(tmp_path, monkeypatch):
+    script_args, training_args, model_args, resolved = parse_recipe(
+        [ZERO3, "--output_dir", str(tmp_path / "run"), "--save_total_limit", "2", "--bf16", "false"])
+    size = pf.checkpoint_bytes(script_args, training_args, model_args, resolved)
+    assert 90 * pf.GIB < size < 140 * pf.GIB  # Qwen3-8B: bf16 weights + fp32 Adam state and master copy
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(pf.shutil, "disk_usage", lambda p: usage(10**13, 0, 100 * pf.GIB))
+    problem = pf.disk_problem(script_args, training_args, model_args, resolved)
+    assert problem and "100.0 GiB free" in problem and "2 + 1 checkpoints" in problem and "save_total_limit" in problem
+    monkeypatch.setattr(pf.shutil, "disk_usage", lambda p: usage(10**13, 0, 10**13))
+    assert pf.disk_problem(script_args, training_args, model_args, resolved) is None
+
+
+def test_a_hub_id_with_the_hub_offline_must_be_in_the_local_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    problem = pf.hub_problem("Qwen/Qwen3-8B", env={"HF_HUB_OFFLINE": "1"})
+    assert problem and "not in the local Hugging Face cache" in problem and "huggingface-cli download Qwen/Qwen3-8B" in problem
+    assert pf.hub_problem("Qwen/Qwen3-8B", env={}) is None  # online: transformers downloads it
+    assert pf.hub_problem("tiny-judge", env={"HF_HUB_OFFLINE": "1"}) is None
+    assert pf.hub_problem(str(tmp_path), env={"HF_HUB_OFFLINE": "1"}) is None
+
+
+def test_a_run_stops_before_loading_anything_naming_every_problem_at_once(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "judgetrain.train", str(QUICKSTART), "--output_dir", str(tmp_path / "run"),
+                        "--report_to", "wandb", "--attn_implementation", "flash_attention_2", "--use_liger_kernel", "true"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    for needle in ("report_to: wandb has no API key", "flash-attn", "liger-kernel"):
+        assert needle in p.stderr, p.stderr[-3000:]
+    assert "Building the tiny judge" not in p.stderr and "Tokenizing" not in p.stderr  # nothing loaded
+    assert not (tmp_path / "run" / "train_rows").exists()
+
+
+def test_the_dry_run_lists_the_problems(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "judgetrain.train", str(QUICKSTART), "--dry-run", "--output_dir",
+                        str(tmp_path / "run"), "--report_to", "wandb"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    report = json.loads(p.stdout[p.stdout.index("{"):])
+    assert len(report["preflight"]) == 1 and "WANDB_MODE=offline" in report["preflight"][0]
+    assert "preflight: report_to: wandb" in p.stderr
