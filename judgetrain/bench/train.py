@@ -146,9 +146,15 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
                "activation_checkpointing": {"activation_checkpointing": True}}
     import torch
 
-    if cfg.device == "cuda" and torch.cuda.is_available():
-        options["use_liger_kernel"] = {"use_liger_kernel": True}
     out["options"] = {}
+    if cfg.device == "cuda" and torch.cuda.is_available():
+        import importlib.util
+
+        if importlib.util.find_spec("liger_kernel") is not None:
+            options["use_liger_kernel"] = {"use_liger_kernel": True}
+        else:  # not a dependency: measured only where installed, and said so in bench.json
+            out["options_skipped"] = {"use_liger_kernel": "liger-kernel is not installed (pip install liger-kernel)"}
+            logger.warning("bench: use_liger_kernel not measured: liger-kernel is not installed")
     if not cfg.skip_options:
         subset = str(workdir / "option_rows.parquet")
         tb.dataset.select(range(min(tb.rows, cfg.train_steps * tb.batch))).to_parquet(subset)
