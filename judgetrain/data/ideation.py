@@ -149,16 +149,17 @@ def load_ideation(
     max_rows: int | None = None,
     on_bad_row: str = "error",
     rejects_path: str | os.PathLike | None = None,
+    revision: str | None = None,
 ) -> datasets.Dataset:
     """Ideation preference rows (see the module docstring). ``max_rows`` caps the number of source pairs
-    (drawn with the seed); pairwise mode then emits two rows per pair."""
+    (drawn with the seed); pairwise mode then emits two rows per pair. ``revision``: the hub commit, tag or branch of a hub ``source`` (pin it: a requeued run then reads the same rows)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     raw_split = "test" if split == "test" else "train"
     rejects = Rejects("ideation", split, on_bad_row, rejects_path)
-    tables = read_split(source, "ideation", raw_split, rejects)
+    tables = read_split(source, "ideation", raw_split, rejects, revision=revision)
     rows = []
     for table in tables:
         if isinstance(table.rows, datasets.Dataset):

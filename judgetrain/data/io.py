@@ -169,10 +169,13 @@ def _read_parquet(path: Path):
         raise UnreadableFile(path, f"not a readable parquet file: {type(exc).__name__}: {cause}") from None
 
 
-def load_hub(repo_id: str, split: str, **kwargs) -> Table:
+def load_hub(repo_id: str, split: str, revision: str | None = None, **kwargs) -> Table:
     import datasets
 
-    logger.info("loading %s split %s from the Hugging Face hub", repo_id, split)
+    if revision:
+        kwargs["revision"] = revision
+    logger.info("loading %s split %s from the Hugging Face hub%s", repo_id, split, f" at {revision}" if revision else
+                " (no revision pinned: an upstream commit changes the rows)")
     return Table(f"hub:{repo_id}", datasets.load_dataset(repo_id, split=split, **kwargs))
 
 

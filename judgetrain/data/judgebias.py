@@ -150,11 +150,13 @@ def load_judgebias(
     seed: int = 0,
     on_bad_row: str = "error",
     rejects_path: str | os.PathLike | None = None,
+    revision: str | None = None,
 ) -> datasets.Dataset:
     """JudgeBias rows in TRL conversational format: the hub columns, prompt/chosen/rejected as message lists.
 
     Every row is validated before anything else; ``categories`` / ``types`` / ``min_score_delta`` filter the
     valid rows, then ``max_rows`` samples evenly across perturbation types (deterministic for a ``seed``).
+    ``revision``: the hub commit, tag or branch of a hub ``source`` (pin it: a requeued run then reads the same rows).
     """
     if categories is not None:
         categories = list(categories)
@@ -164,7 +166,7 @@ def load_judgebias(
     if types is not None:
         types = [canonical_type(t) for t in types]
     rejects = Rejects("judgebias", split, on_bad_row, rejects_path)
-    tables = read_split(source, "judgebias", split, rejects)
+    tables = read_split(source, "judgebias", split, rejects, revision=revision)
     goods = []
     for table in tables:
         missing = _missing_columns(table)

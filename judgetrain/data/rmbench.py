@@ -93,10 +93,10 @@ def normalise_row(row: dict, table: Table) -> dict:
             "chosen": list(row["chosen"]), "rejected": list(row["rejected"])}
 
 
-def _tables(source: str | os.PathLike, rejects=None) -> list[Table]:
+def _tables(source: str | os.PathLike, rejects=None, revision: str | None = None) -> list[Table]:
     path = resolve_local(source, "rmbench")
     if path is None:
-        return [load_hub(str(source), "train", data_files=HUB_FILE)]
+        return [load_hub(str(source), "train", data_files=HUB_FILE, revision=revision)]
     files = [path] if path.is_file() else data_files(path)
     total = [p for p in files if p.name == HUB_FILE]
     per_domain = [p for p in files if p.name in {domain_file(d) for d in DOMAINS}]
@@ -125,10 +125,12 @@ def load_rmbench(
     seed: int = 0,
     on_bad_row: str = "error",
     rejects_path: str | os.PathLike | None = None,
+    revision: str | None = None,
 ) -> datasets.Dataset:
     """RM-Bench rows: id ("domain/id"), domain, prompt, chosen[3], rejected[3] in style order.
 
     ``domains`` keeps only those domains; ``max_rows`` samples evenly across domains (deterministic for a seed).
+    ``revision``: the hub commit, tag or branch of a hub ``source`` (pin it: a requeued run then reads the same rows).
     """
     if domains is not None:
         domains = list(domains)
@@ -136,7 +138,7 @@ def load_rmbench(
         if unknown:
             raise ValueError(f"unknown RM-Bench domains {sorted(unknown)}; choose from {DOMAINS}")
     rejects = Rejects("rmbench", SPLIT, on_bad_row, rejects_path)
-    tables = _tables(source, rejects)
+    tables = _tables(source, rejects, revision)
     if domains is not None:
         tables = [t for t in tables if t.domain_hint is None or t.domain_hint in domains]
     goods, seen = [], {}
