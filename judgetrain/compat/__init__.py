@@ -60,9 +60,6 @@ HOOKS: tuple[Hook, ...] = (
          "judgetrain.compat.accelerate.present_distributed_type"),
     Hook("accelerate", "accelerate.PartialState.distributed_type", "instance attribute", _CPU_PARALLEL,
          "judgetrain.compat.accelerate.present_distributed_type"),
-    Hook("accelerate", "accelerate.Accelerator.optimizer_step_was_skipped", "property",
-         _NONFINITE + ": the fp16 loss scaler's skipped steps", "judgetrain.trainer.callbacks.NonFiniteGuard",
-         private=False),
     # transformers
     Hook("transformers", "transformers.Trainer._get_grad_norm", "callable",
          _NONFINITE + ": the step's global gradient norm", "judgetrain.compat.transformers.GradNormHook",

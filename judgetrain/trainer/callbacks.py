@@ -114,8 +114,8 @@ class NonFiniteGuard(TrainerCallback):
       the plain gradients when the norm is not available). Both flags are OR-ed over all processes, so every rank stops at the same step.
     - fp16 loss scaling: a non-finite gradient with a finite loss is the loss scaler's ordinary overflow; the scaler
       skips that update and lowers its scale. The guard lets it, counts the step (``scaler_skipped_steps``, confirmed
-      by accelerate's ``optimizer_step_was_skipped``) and stops only after ``SCALER_PATIENCE`` such steps in a row (a
-      scale that cannot find a finite range is a diverged run).
+      by the scale going down) and stops only after ``SCALER_PATIENCE`` such steps in a row (a scale that cannot
+      find a finite range is a diverged run).
     - ``stop``: raise `RunStopped` before the optimizer step. No checkpoint, eval or final model is written from
       that point on, so the last good checkpoint stays the newest complete one (``--resume auto`` picks it). Under
       DeepSpeed the engine has already applied the step inside backward; nothing of it is saved.
@@ -214,7 +214,10 @@ class NonFiniteGuard(TrainerCallback):
         scaler = self._scaler()
         if self._scale_before is None or scaler is None:
             return
-        if self._accelerator.optimizer_step_was_skipped:  # the scaler found inf/NaN and skipped the update
+        # The scale going down, not accelerate's optimizer_step_was_skipped: that flag says whether the scaler called
+        # optimizer.step(), which it always does for a fused optimizer (Trainer's default adamw_torch_fused skips the
+        # update inside its kernel), so it reads False on an overflow there.
+        if float(scaler.get_scale()) < self._scale_before:  # the scaler found inf/NaN and skipped the update
             step = state.global_step + 1
             self.scaler_skipped_steps.append(step)
             logger.info("fp16 loss scaler skipped step %d (overflow; scale %g -> %g)", step, self._scale_before,
