@@ -30,11 +30,11 @@ logger = logging.getLogger("judgetrain.train")
 
 def build_trainer(script_args, training_args, model_args, model_path: str, tokenizer, train_dataset,
                   identity: dict | None = None, forced: list[str] | None = None):
-    """The DPOTrainer (`PrefixSharingDPOTrainer` with `prefix_sharing`) with judgetrain's callbacks: metrics.jsonl,
-    checkpoint markers (with the run identity, and the checkpoint rotation), the non-finite guard, the graceful stop
-    (its signal handlers installed), the recipe's values over a restored optimizer on a forced resume and, when the
-    recipe names suites, the per-epoch evaluation."""
-    from trl import DPOTrainer, get_peft_config
+    """The `JudgeDPOTrainer` (prefix sharing as the recipe's `prefix_sharing` says) with judgetrain's callbacks:
+    metrics.jsonl, checkpoint markers (with the run identity, and the checkpoint rotation), the non-finite guard (it
+    reads the trainer's per-step records), the graceful stop (its signal handlers installed), the recipe's values over
+    a restored optimizer on a forced resume and, when the recipe names suites, the per-epoch evaluation."""
+    from trl import get_peft_config
 
     from judgetrain.trainer.callbacks import (
         CheckpointMarkerCallback,
@@ -66,16 +66,16 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
                  CheckpointMarkerCallback(keep, identity), guard, stopper]
     if forced:
         callbacks.append(ForcedResume(forced))
-    trainer_cls = DPOTrainer
-    if script_args.prefix_sharing:
-        from judgetrain.trainer.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
-    trainer = trainer_cls(
+    from judgetrain.trainer.dpo import JudgeDPOTrainer
+
+    trainer = JudgeDPOTrainer(
         model=model_path,
         args=training_args,
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
+        prefix_sharing=script_args.prefix_sharing,
     )
     report.attach(trainer)
     guard.attach(trainer)
@@ -152,9 +152,11 @@ def finish(trainer, stopper) -> None:
 def _finish_wandb(trainer) -> None:
     """Close the W&B run now: its history is otherwise flushed by an exit hook, which a busy machine can cut short
     (an offline run then holds no history at all)."""
+    from judgetrain.compat.transformers import active_wandb
+
     for cb in trainer.callback_handler.callbacks:
-        wandb = getattr(cb, "_wandb", None)
-        if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb = active_wandb(cb)
+        if wandb is not None:
             wandb.finish()
 
 

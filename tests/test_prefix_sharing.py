@@ -12,7 +12,8 @@ import logging
 import pytest
 import torch
 
-from judgetrain.trainer.prefix_sharing import PackedPairs, PrefixSharingDPOTrainer, pack_pairs
+from judgetrain.trainer.dpo import PrefixSharingDPOTrainer
+from judgetrain.trainer.prefix_sharing import PackedPairs, pack_pairs
 
 RTOL = 1e-4
 

@@ -87,16 +87,14 @@ class LiveTensorBytes:
         self._refs.pop(key, None)
 
     def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_map_only
-        import torch
+        from judgetrain.compat.torch import each_tensor, tensor_dispatch_mode
 
         tracker = self
 
-        class _Mode(TorchDispatchMode):
+        class _Mode(tensor_dispatch_mode()):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
-                tree_map_only(torch.Tensor, tracker.track, out)
+                each_tensor(tracker.track, out)
                 return out
 
         self._mode = _Mode()

@@ -51,7 +51,7 @@ def _worker_train_bare(spec: dict) -> dict:
     peft_config = LoraConfig(**spec["lora"]) if spec.get("lora") else None
     trainer_cls = DPOTrainer
     if spec.get("trainer") == "prefix_sharing":  # the same script with judgetrain's prefix-sharing subclass
-        from judgetrain.trainer.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
+        from judgetrain.trainer.dpo import PrefixSharingDPOTrainer as trainer_cls
     trainer = trainer_cls(model=spec["model"], args=args, train_dataset=dataset, processing_class=tokenizer,
                           peft_config=peft_config)
     result = trainer.train()

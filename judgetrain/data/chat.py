@@ -25,6 +25,8 @@ import re
 from functools import lru_cache
 from typing import Any, Sequence
 
+from judgetrain.compat.transformers import chat_control_tokens
+
 NEUTRAL = "\u2060"  # WORD JOINER: no width, no meaning; breaks a control string apart
 
 
@@ -63,7 +65,7 @@ def control_strings(tokenizer) -> tuple[str, ...]:
     added = tokenizer.added_tokens_decoder.values()
     texts = set(tokenizer.all_special_tokens) | {t.content for t in added if t.special}
     try:
-        texts |= set(tokenizer._get_control_tokens(tokenizer.get_chat_template()))
+        texts |= set(chat_control_tokens(tokenizer))
     except Exception:  # noqa: BLE001 - no template, or another transformers: be strict rather than miss one
         texts |= {t.content for t in added}
     return tuple(sorted((t for t in texts if len(t) > 1 and not t.isspace()), key=lambda t: (-len(t), t)))

@@ -24,6 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from judgetrain.compat.transformers import log_without_overrides
 from judgetrain.eval.runner import evaluate_and_write
 from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.eval.suites import SuiteSpec
@@ -155,18 +156,13 @@ class JudgeEvalCallback(TrainerCallback):
         return self.trainer.accelerator.unwrap_model(ref) if ref is not None else None
 
     def _log(self, logs: dict[str, float]) -> None:
-        # transformers.Trainer.log, not the trainer's override: TRL's DPOTrainer.log merges (and clears) its pending
-        # train-mode reward metrics into whatever it logs, which would move them into this eval event.
-        from transformers import Trainer
-
         # Logging resets control.should_log (CallbackHandler.on_log): an eval run from on_step_end on a logging step
         # would swallow that step's train record (merged into the next one). Keep the flag as the step set it.
         control = getattr(self.trainer, "control", None)
         should_log = getattr(control, "should_log", None)
-        if isinstance(self.trainer, Trainer):
-            Trainer.log(self.trainer, logs)
-        else:
-            self.trainer.log(logs)
+        # transformers.Trainer.log, not the trainer's override: TRL's DPOTrainer.log merges (and clears) its pending
+        # train-mode reward metrics into whatever it logs, which would move them into this eval event.
+        log_without_overrides(self.trainer, logs)
         if should_log is not None and getattr(self.trainer, "control", None) is not None:
             self.trainer.control.should_log = should_log
 

@@ -21,14 +21,13 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from judgetrain.compat.peft import lora_linear_type, restore_forward, shadow_forward
+
 
 def _mergeable(module: torch.nn.Module) -> list[str] | None:
     """The active adapters of a PEFT LoRA Linear that can run merged, or None."""
-    try:
-        from peft.tuners.lora.layer import Linear as LoraLinear
-    except ImportError:
-        return None
-    if type(module) is not LoraLinear or module.disable_adapters or module.merged:
+    lora_linear = lora_linear_type()
+    if lora_linear is None or type(module) is not lora_linear or module.disable_adapters or module.merged:
         return None
     base = module.base_layer
     if type(base) is not torch.nn.Linear or type(base.weight.data) is not torch.Tensor or hasattr(base.weight, "ds_id"):
@@ -69,9 +68,9 @@ def merged_lora(model: torch.nn.Module) -> Iterator[int]:
         for module in model.modules():
             adapters = _mergeable(module)
             if adapters:
-                module.forward = _merged_forward(module, adapters)
+                shadow_forward(module, _merged_forward(module, adapters))
                 shadowed.append(module)
         yield len(shadowed)
     finally:
         for module in shadowed:
-            del module.forward
+            restore_forward(module)

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from judgetrain.compat.transformers import attn_implementation, non_dynamic_cache_layers, select_cache_entries
 from judgetrain.eval.batching import budget_batches, common_prefix_length
 from judgetrain.models.attention import SUPPORTED_ATTENTION
 
@@ -66,16 +67,13 @@ def sharing_problem(model: torch.nn.Module) -> str | None:
     if "position_ids" not in params:
         return f"{type(inner).__name__}.forward takes no position_ids (masked padding would shift positions)"
     config = getattr(inner, "config", None)
-    attn = getattr(config, "_attn_implementation", None)
+    attn = attn_implementation(config)
     if attn not in SUPPORTED_ATTENTION:
         return f"attention implementation {attn!r} (prefix sharing runs on {' / '.join(SUPPORTED_ATTENTION)})"
     try:
-        from transformers.cache_utils import DynamicCache, DynamicLayer
-
-        layers = DynamicCache(config=config).layers
+        odd = non_dynamic_cache_layers(config)
     except Exception as e:  # noqa: BLE001 - any failure to build the cache means: do not share
         return f"no DynamicCache for {type(inner).__name__}: {e}"
-    odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
     if odd:
         return f"cache layers {', '.join(odd)} (sliding-window, chunked, recurrent or shared layers)"
     return None
@@ -199,9 +197,7 @@ class SharedScorer:
     @staticmethod
     def _select(cache: Any, index: torch.Tensor):
         """A new cache with one entry per ``index`` (repeats allowed); ``cache`` itself is left as it is."""
-        from transformers.cache_utils import DynamicCache
-
-        return DynamicCache(ddp_cache_data=[(layer.keys[index], layer.values[index]) for layer in cache.layers])
+        return select_cache_entries(cache, index)
 
     # -------------------------------------------------------------------------------------------- all rows
     def score(self, rows: Sequence[SharedRow], judge: bool, batch_tokens: int, max_batch: int) -> dict:

@@ -13,13 +13,13 @@ cache (`judgetrain.models.cache`).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 from pathlib import Path
 
+from judgetrain.compat.transformers import without_zero3_init
 from judgetrain.models.cache import cached_folder, save_model_folder
 
 logger = logging.getLogger(__name__)
@@ -127,21 +127,6 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
     return fast
 
 
-@contextlib.contextmanager
-def _without_zero3_init():
-    """Build the whole model in this process even inside a DeepSpeed ZeRO-3 launch: there transformers creates
-    models under ``deepspeed.zero.Init`` (partitioned over all ranks, a collective), but one rank builds the tiny
-    judge while the others wait for the cache entry, and the saved weights must be whole."""
-    from transformers.integrations import deepspeed as hf_deepspeed
-
-    ref = hf_deepspeed._hf_deepspeed_config_weak_ref
-    hf_deepspeed.unset_hf_deepspeed_config()
-    try:
-        yield
-    finally:
-        hf_deepspeed._hf_deepspeed_config_weak_ref = ref
-
-
 def build_tiny_judge(out_dir: str | os.PathLike, *, seed: int = 0, config: dict | None = None) -> str:
     """Build the tiny judge into ``out_dir`` (created or overwritten) and return its path as a string."""
     import torch
@@ -158,7 +143,9 @@ def build_tiny_judge(out_dir: str | os.PathLike, *, seed: int = 0, config: dict 
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    with _without_zero3_init():
+    # not partitioned inside a ZeRO-3 launch: one rank builds the tiny judge while the others wait for the cache
+    # entry, and the saved weights must be whole
+    with without_zero3_init():
         model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -108,8 +108,7 @@ def log_matrix_images(trainer_or_callbacks: Any, matrices: Mapping[str, Any], st
     the main process only); nothing is rendered when none is. Returns the backends logged to.
     """
     callbacks = _callbacks_of(trainer_or_callbacks)
-    wandb_cbs = [cb for cb in callbacks if _is_a(cb, "WandbCallback")
-                 and getattr(cb, "_wandb", None) is not None and getattr(cb._wandb, "run", None) is not None]
+    wandb_cbs = [cb for cb in callbacks if _is_a(cb, "WandbCallback") and active_wandb(cb) is not None]
     tb_cbs = [cb for cb in callbacks if _is_a(cb, "TensorBoardCallback") and getattr(cb, "tb_writer", None)]
     if not (wandb_cbs or tb_cbs):
         return []
@@ -119,7 +118,7 @@ def log_matrix_images(trainer_or_callbacks: Any, matrices: Mapping[str, Any], st
         images[tag] = figure_to_array(matrix_figure(matrix, f"RM-Bench {name}, step {step}"))
     logged = []
     for cb in wandb_cbs:
-        wandb = cb._wandb
+        wandb = active_wandb(cb)
         # the same x axis as WandbCallback.on_log (define_metric step_metric="train/global_step")
         wandb.log({**{tag: wandb.Image(arr, caption=tag) for tag, arr in images.items()},
                    "train/global_step": step})

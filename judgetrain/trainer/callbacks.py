@@ -10,8 +10,9 @@ import signal
 from pathlib import Path
 
 from transformers import TrainerCallback
-from transformers.integrations.integration_utils import rewrite_logs
 
+from judgetrain.compat.torch import set_last_lr
+from judgetrain.compat.transformers import report_to_keys
 from judgetrain.run.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_dir, rotate_checkpoints, write_marker
 from judgetrain.utils.files import append_jsonl
 from judgetrain.utils.ranks import any_rank
@@ -50,7 +51,7 @@ class MetricsJsonlCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, "epoch": state.epoch}
-        for key, value in rewrite_logs(logs).items():
+        for key, value in report_to_keys(logs).items():
             if isinstance(value, (int, float, str, bool)) or value is None:
                 record[key] = value
         append_jsonl(self.path, record, allow_nan=True)
@@ -108,9 +109,9 @@ class NonFiniteGuard(TrainerCallback):
     """Stop the run (or skip the batch and count it, with ``policy='skip'``) on a NaN or inf loss or gradient.
 
     Checked before every optimizer step, whatever ``logging_steps`` is, so the step named is exact:
-    - what is checked: each micro-batch's loss and the *global* gradient norm that Trainer computes for clipping
-      (accelerate's: reduced over FSDP shards; DeepSpeed's global norm under ZeRO; the plain gradients when the
-      norm is not available). Both flags are OR-ed over all processes, so every rank stops at the same step.
+    - what is checked: each micro-batch's loss and the *global* gradient norm that Trainer computes for clipping, as
+      `JudgeDPOTrainer` records them (accelerate's norm: reduced over FSDP shards; DeepSpeed's global norm under ZeRO;
+      the plain gradients when the norm is not available). Both flags are OR-ed over all processes, so every rank stops at the same step.
     - fp16 loss scaling: a non-finite gradient with a finite loss is the loss scaler's ordinary overflow; the scaler
       skips that update and lowers its scale. The guard lets it, counts the step (``scaler_skipped_steps``, confirmed
       by the scale going down) and stops only after ``SCALER_PATIENCE`` such steps in a row (a scale that cannot
@@ -133,6 +134,7 @@ class NonFiniteGuard(TrainerCallback):
         self.scaler_skipped_steps: list[int] = []
         self.stopped_at: int | None = None
         self._accelerator = None
+        self._record = None
         self._loss_bad = False
         self._grad_norm = None
         self._scale_before: float | None = None
@@ -140,24 +142,15 @@ class NonFiniteGuard(TrainerCallback):
 
     def attach(self, trainer) -> "NonFiniteGuard":
         """See each micro-batch's loss and the step's global grad norm: Trainer computes both but gives neither to
-        callbacks. Wraps ``trainer.training_step`` and ``trainer._get_grad_norm`` of this trainer instance."""
+        callbacks; `judgetrain.trainer.dpo.JudgeDPOTrainer` records them (``trainer.step_record``) and the guard reads
+        them before every optimizer step. Another trainer records neither: the guard then checks the gradients
+        themselves before each step, and the loss as it is logged."""
         self._accelerator = trainer.accelerator
-        training_step = trainer.training_step
-
-        def checked_training_step(*args, **kwargs):
-            loss = training_step(*args, **kwargs)
-            if not bool(loss.detach().isfinite().all()):
-                self._loss_bad = True
-            return loss
-
-        trainer.training_step = checked_training_step
-        get_grad_norm = getattr(trainer, "_get_grad_norm", None)
-        if get_grad_norm is not None:
-            def recorded_grad_norm(*args, **kwargs):
-                self._grad_norm = get_grad_norm(*args, **kwargs)
-                return self._grad_norm
-
-            trainer._get_grad_norm = recorded_grad_norm
+        self._record = getattr(trainer, "step_record", None)
+        if self._record is None:
+            logger.warning("nonfinite: %s records no per-step loss or gradient norm (judgetrain's JudgeDPOTrainer "
+                           "does): the guard checks the gradients before each step and the logged loss",
+                           type(trainer).__name__)
         return self
 
     def _stop(self, step: int, what: str):
@@ -188,6 +181,11 @@ class NonFiniteGuard(TrainerCallback):
         return str(getattr(self._accelerator, "distributed_type", "")).endswith("DEEPSPEED")
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if self._record is not None:
+            loss_bad, grad_norm = self._record.take()
+            self._loss_bad = self._loss_bad or loss_bad
+            if grad_norm is not None:
+                self._grad_norm = grad_norm
         loss_bad, self._loss_bad = self._loss_bad, False
         loss_bad, grad_bad = any_rank([loss_bad, self._grad_is_bad(model)])
         scaler = self._scaler()
@@ -216,6 +214,9 @@ class NonFiniteGuard(TrainerCallback):
         scaler = self._scaler()
         if self._scale_before is None or scaler is None:
             return
+        # The scale going down, not accelerate's optimizer_step_was_skipped: that flag says whether the scaler called
+        # optimizer.step(), which it always does for a fused optimizer (Trainer's default adamw_torch_fused skips the
+        # update inside its kernel), so it reads False on an overflow there.
         if float(scaler.get_scale()) < self._scale_before:  # the scaler found inf/NaN and skipped the update
             step = state.global_step + 1
             self.scaler_skipped_steps.append(step)
@@ -258,7 +259,7 @@ class ForcedResume(TrainerCallback):
             lr_scheduler.base_lrs = [args.learning_rate] * len(groups)
             for group, fn in zip(groups, lambdas):
                 group["lr"] = args.learning_rate * fn(lr_scheduler.last_epoch)
-            lr_scheduler._last_lr = [group["lr"] for group in groups]
+            set_last_lr(lr_scheduler, [group["lr"] for group in groups])
         elif lr_scheduler is not None:
             logger.warning("--resume_force: %s keeps its restored learning rates", type(lr_scheduler).__name__)
         logger.warning("--resume_force: learning_rate %g (now %g at step %d), adam betas/epsilon and weight decay "

@@ -170,14 +170,15 @@ def allow_fsdp_on_cpu(request: LaunchRequest) -> bool:
     """For an FSDP2 request on a CPU process group, present the joined state to Accelerate as a multi-device one so
     that `Accelerator()` builds its FSDP2 plugin (devices stay CPU, backend stays gloo). Call it again after
     `TrainingArguments` set up its devices: that resets and re-creates Accelerate's state. Returns whether it did."""
-    from accelerate import PartialState
     from accelerate.utils import DistributedType
+
+    from judgetrain.compat.accelerate import present_distributed_type, shared_distributed_type
 
     if request.kind != "fsdp" or request.fsdp_version != 2:
         return False
-    if PartialState._shared_state.get("distributed_type") != DistributedType.MULTI_CPU:
+    if shared_distributed_type() != DistributedType.MULTI_CPU:
         return False
-    PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+    present_distributed_type(DistributedType.MULTI_GPU)
     return True
 
 
@@ -187,15 +188,16 @@ def allow_deepspeed_on_cpu(request: LaunchRequest) -> bool:
     ``deepspeed.initialize``. Call it after `TrainingArguments` set up its devices (which re-creates the state as a
     CPU one from ``ACCELERATE_USE_CPU``) and before the Trainer builds its Accelerator (which must not see
     ``ACCELERATE_USE_CPU``: Accelerate skips DeepSpeed on a CPU state). Returns whether it did."""
-    from accelerate import PartialState
     from accelerate.utils import DistributedType
+
+    from judgetrain.compat.accelerate import present_distributed_type, shared_distributed_type
 
     if request.kind != "deepspeed":
         return False
-    if PartialState._shared_state.get("distributed_type") != DistributedType.MULTI_CPU:
+    if shared_distributed_type() != DistributedType.MULTI_CPU:
         return False
     os.environ.pop("ACCELERATE_USE_CPU", None)
-    PartialState._shared_state["distributed_type"] = DistributedType.DEEPSPEED
+    present_distributed_type(DistributedType.DEEPSPEED)
     return True
 
 

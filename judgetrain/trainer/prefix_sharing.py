@@ -2,10 +2,11 @@
 
 TRL's DPOTrainer scores a pair as two sequences, prompt + chosen and prompt + rejected, for the policy and again for
 the reference, so every prompt token is computed twice per model. Judge data has long prompts (a rubric and the
-evaluation being judged) and short completions (a verdict), so most of that work is repeated. `PrefixSharingDPOTrainer`
-keeps TRL's loss, metrics, collator and reference handling untouched and changes one thing: the model call that
-returns per-token log-probabilities. For a batch laid out as TRL lays it out ([chosen rows; rejected rows], right
-padded), the call runs instead one packed row per pair,
+evaluation being judged) and short completions (a verdict), so most of that work is repeated. Prefix sharing
+(`judgetrain.trainer.dpo.JudgeDPOTrainer` with ``prefix_sharing=True``, built on `PrefixSharingMixin`) keeps TRL's
+loss, metrics, collator and reference handling untouched and changes one thing: the model call that returns per-token
+log-probabilities. For a batch laid out as TRL lays it out ([chosen rows; rejected rows], right padded), the call
+runs instead one packed row per pair,
 
     prompt[:-1] | prompt[-1] chosen[:-1] | prompt[-1] rejected[:-1]
 
@@ -30,12 +31,12 @@ import contextlib
 import contextvars
 import functools
 import logging
-import types
 from dataclasses import dataclass
 
 import torch
-from trl import DPOTrainer
 
+from judgetrain.compat.transformers import attn_implementation
+from judgetrain.compat.trl import forward_is_wrapped, unwrap_fused_forward, uses_vision_data, wrap_fused_forward
 from judgetrain.models.attention import SUPPORTED_ATTENTION
 
 logger = logging.getLogger(__name__)
@@ -171,14 +172,13 @@ def packing_pays(unpacked_shape: tuple[int, int], packed: PackedPairs, cost: tup
 
 def install_pair_forward(model, stats: dict) -> None:
     """Wrap `model.forward` (already patched with TRL's fused LM head) so that a DPO pair call runs packed."""
-    if getattr(model, "_judgetrain_pair_forward", False):
+    if forward_is_wrapped(model):
         return
     inner = model.forward
-    additive = model.config._attn_implementation == "eager"
+    additive = attn_implementation(model.config) == "eager"
     pad_id = getattr(model.config, "pad_token_id", None) or 0
     cost = forward_cost(model.config)
 
-    @functools.wraps(inner)
     def forward(self, *args, **kwargs):
         if not (_PAIR_CALL.get() and kwargs.get("fused_lm_head") and not args and kwargs.get("labels") is not None):
             return inner(*args, **kwargs)
@@ -208,14 +208,13 @@ def install_pair_forward(model, stats: dict) -> None:
                     position_ids=packed.position_ids, shift_labels=packed.shift_labels, **rest)
         return unpack_output(out, packed)
 
-    model.forward = types.MethodType(forward, model)
-    model._judgetrain_pair_forward = True
+    wrap_fused_forward(model, inner, forward)
 
 
 def unsupported_reason(model) -> str | None:
     """Why prefix sharing cannot run on this model (None when it can), judged from its config."""
     config = model.config.get_text_config()
-    attn = model.config._attn_implementation
+    attn = attn_implementation(model.config)
     if attn not in SUPPORTED_ATTENTION:
         return (f"attn_implementation={attn!r} takes no custom 4D attention mask (prefix sharing needs one of "
                 f"{', '.join(SUPPORTED_ATTENTION)})")
@@ -235,28 +234,21 @@ def unsupported_reason(model) -> str | None:
 # ----------------------------------------------------------------------------------------------- the trainer
 
 
-class PrefixSharingDPOTrainer(DPOTrainer):
-    """TRL's DPOTrainer with each pair's prompt computed once per model (see the module docstring)."""
+class PrefixSharingMixin:
+    """Prefix sharing for a DPOTrainer subclass (`judgetrain.trainer.dpo.JudgeDPOTrainer`): deciding once the models
+    carry TRL's fused head, installing the packed forward, and the start-up probe. The subclass calls
+    `_init_prefix_sharing` before ``DPOTrainer.__init__``, `_setup_prefix_sharing` once its models carry TRL's fused
+    head, and runs the calls that carry a [chosen; rejected] batch inside `_pair_calls`."""
 
-    def __init__(self, *args, **kwargs):
+    def _init_prefix_sharing(self, requested: bool) -> None:
+        self.prefix_sharing_requested = bool(requested)
         self.prefix_sharing_stats = {"batches_packed": 0, "batches_unpacked_cheaper": 0, "batches_fallback": 0,
                                      "tokens_computed": 0, "tokens_unshared": 0}
-        self.prefix_sharing: bool | None = None  # decided once the models carry TRL's fused head
-        super().__init__(*args, **kwargs)
-        self._setup_prefix_sharing()
+        self.prefix_sharing: bool | None = None  # decided once the models carry TRL's fused head; None: not asked
 
-    # -- the smallest overrides: mark the calls that carry a [chosen; rejected] batch
-    def _compute_loss(self, model, inputs, return_outputs):
-        with _pair_call() if self.prefix_sharing else contextlib.nullcontext():
-            return super()._compute_loss(model, inputs, return_outputs)
-
-    def compute_ref_log_probs(self, model, inputs):
-        with _pair_call() if self.prefix_sharing else contextlib.nullcontext():
-            return super().compute_ref_log_probs(model, inputs)
-
-    def _precompute_ref_logps(self, dataset, name, batch_size):
-        self._setup_prefix_sharing()  # runs inside DPOTrainer.__init__, after the fused head is added
-        return super()._precompute_ref_logps(dataset, name, batch_size)
+    def _pair_calls(self):
+        """The context of a call whose model forwards carry TRL's [chosen; rejected] layout."""
+        return _pair_call() if self.prefix_sharing else contextlib.nullcontext()
 
     # -- deciding and installing
     def _models(self) -> list:
@@ -271,7 +263,7 @@ class PrefixSharingDPOTrainer(DPOTrainer):
     def _trainer_reason(self) -> str | None:
         from peft import PeftModel
 
-        if getattr(self, "_is_vision_dataset", False):
+        if uses_vision_data(self):
             return "vision datasets"
         if isinstance(self.model, PeftModel) and self.model.active_peft_config.is_prompt_learning:
             return "prompt-learning PEFT prepends virtual tokens"
@@ -283,7 +275,7 @@ class PrefixSharingDPOTrainer(DPOTrainer):
         return None
 
     def _setup_prefix_sharing(self) -> None:
-        if self.prefix_sharing is not None:
+        if self.prefix_sharing is not None or not self.prefix_sharing_requested:
             return
         models = self._models()
         reason = self._trainer_reason() or next(filter(None, (unsupported_reason(m) for m in models)), None)
@@ -297,12 +289,12 @@ class PrefixSharingDPOTrainer(DPOTrainer):
         self.prefix_sharing = reason is None
         if reason:
             for m in models:
-                _uninstall_pair_forward(m)
+                unwrap_fused_forward(m)  # TRL's fused forward, bound to the model
             logger.warning("prefix_sharing: OFF for this run: %s. Training uses TRL's two-sequence forward (same "
                            "results, each prompt computed twice).", reason)
         else:
             logger.info("prefix_sharing: on (%s, attn_implementation=%s): each prompt is computed once per pair",
-                        models[0].config.model_type, models[0].config._attn_implementation)
+                        models[0].config.model_type, attn_implementation(models[0].config))
 
     def _probe(self) -> str | None:
         """Run two synthetic pairs through TRL's forward and the packed one; they must agree (per-token log-probs,
@@ -337,8 +329,3 @@ class PrefixSharingDPOTrainer(DPOTrainer):
                     "pair): its attention does not honour the custom mask or position ids")
         return None
 
-
-def _uninstall_pair_forward(model) -> None:
-    if getattr(model, "_judgetrain_pair_forward", False):
-        model.forward = model.forward.__func__.__wrapped__  # TRL's fused forward, bound to the model
-        model._judgetrain_pair_forward = False

@@ -1,0 +1,120 @@
+"""Reaches into transformers' private state (see `judgetrain.compat`; checked: transformers 5.24.0)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+
+class GradNormHook:
+    """Trainer mixin: ``record_grad_norm(norm)`` is called with each optimizer step's global gradient norm, the one
+    Trainer computes for clipping (accelerate's, reduced over FSDP shards; DeepSpeed's global norm under ZeRO), which
+    Trainer gives to no callback. Overrides the private ``Trainer._get_grad_norm(model, grad_norm=None)``.
+
+    checked: transformers 5.24.0. A release that renames or stops calling it leaves ``record_grad_norm`` uncalled:
+    the non-finite guard then checks every gradient itself before the step (slower; under FSDP/ZeRO it sees this
+    rank's shards only)."""
+
+    def _get_grad_norm(self, *args, **kwargs):
+        norm = super()._get_grad_norm(*args, **kwargs)
+        self.record_grad_norm(norm)
+        return norm
+
+    def record_grad_norm(self, norm: Any) -> None:
+        """Called with the step's global gradient norm (a float or tensor, possibly a DTensor under FSDP2)."""
+
+
+def log_without_overrides(trainer: Any, logs: dict[str, float]) -> None:
+    """Log ``logs`` through ``transformers.Trainer.log`` itself, skipping subclass overrides: TRL's
+    ``DPOTrainer.log`` merges (and clears) its pending train-mode reward metrics into whatever it logs, which would
+    move them into an eval event. A trainer that is no transformers Trainer logs through its own ``log``.
+
+    checked: transformers 5.24.0, trl 1.16.0. A Trainer.log with other parameters fails here with a TypeError; an
+    override that does more than merge metrics (TRL's) is skipped as well."""
+    from transformers import Trainer
+
+    if isinstance(trainer, Trainer):
+        Trainer.log(trainer, logs)
+    else:
+        trainer.log(logs)
+
+
+def report_to_keys(logs: dict[str, Any]) -> dict[str, Any]:
+    """The key names transformers' W&B and TensorBoard callbacks give a log record (``loss`` -> ``train/loss``,
+    ``eval_x`` -> ``eval/x``): ``transformers.integrations.integration_utils.rewrite_logs``, not exported.
+
+    checked: transformers 5.24.0. A release that moves it fails here with an ImportError at the first logged step."""
+    from transformers.integrations.integration_utils import rewrite_logs
+
+    return rewrite_logs(logs)
+
+
+@contextlib.contextmanager
+def without_zero3_init() -> Iterator[None]:
+    """Build models whole in this process even inside a DeepSpeed ZeRO-3 launch, where transformers creates them
+    under ``deepspeed.zero.Init`` (partitioned over all ranks, a collective): unsets transformers' DeepSpeed config
+    for the block and puts the private module global ``integrations.deepspeed._hf_deepspeed_config_weak_ref`` back.
+
+    checked: transformers 5.24.0. A release that keeps the config elsewhere fails here with an AttributeError (the
+    block never runs half-set-up)."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = ref
+
+
+def chat_control_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The added tokens that ``apply_chat_template(..., sanitize_control_tokens=True)`` would encode as text in user
+    input for this tokenizer's chat template (its special tokens and the added tokens the template writes):
+    the private ``tokenizer._get_control_tokens(chat_template)``. Raises when the tokenizer has no template.
+
+    checked: transformers 5.24.0. A release that renames it raises AttributeError here; `data.chat.control_strings`
+    then counts every added token as a control string (stricter, never laxer)."""
+    return tuple(tokenizer._get_control_tokens(tokenizer.get_chat_template()))
+
+
+def attn_implementation(config: Any) -> str | None:
+    """The attention implementation a model config selects (``config._attn_implementation``, a private property
+    with no public reader), None when it has none.
+
+    checked: transformers 5.24.0. A release that renames it gives None: prefix sharing (training and eval) turns
+    itself off with a warning naming ``None`` as the attention implementation; results stay right, only slower."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def non_dynamic_cache_layers(config: Any) -> list[str]:
+    """The class names, sorted, of the layers of ``DynamicCache(config=config)`` other than the plain full-attention
+    ``DynamicLayer`` (sliding-window, chunked, linear-attention or shared layers), read from ``cache.layers``.
+
+    checked: transformers 5.24.0. A release without ``layers`` raises here; eval.sharing then scores unshared with a
+    warning naming the error."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    return sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers if type(layer) is not DynamicLayer})
+
+
+def select_cache_entries(cache: Any, index: Any) -> Any:
+    """A new ``DynamicCache`` holding batch entries ``index`` (repeats allowed) of every layer of ``cache``, which is
+    left as it is: each layer's ``keys`` / ``values`` tensors, passed as ``ddp_cache_data``.
+
+    checked: transformers 5.24.0 (only full-attention ``DynamicLayer`` layers: `non_dynamic_cache_layers` is empty).
+    A release that renames the layer fields or the argument fails here with an AttributeError or TypeError at the
+    first shared eval forward."""
+    from transformers.cache_utils import DynamicCache
+
+    return DynamicCache(ddp_cache_data=[(layer.keys[index], layer.values[index]) for layer in cache.layers])
+
+
+def active_wandb(callback: Any) -> Any:
+    """The ``wandb`` module a transformers ``WandbCallback`` logs through (its private ``_wandb``) when it has a run
+    on this process, else None (also for any other callback).
+
+    checked: transformers 5.24.0. A release that renames it gives None: no heatmap images are logged and the run's
+    history is flushed by W&B's own exit hook instead of `train.finish`."""
+    wandb = getattr(callback, "_wandb", None)
+    return wandb if wandb is not None and getattr(wandb, "run", None) is not None else None

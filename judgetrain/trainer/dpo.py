@@ -1,0 +1,73 @@
+"""judgetrain's DPOTrainer: TRL's, with prefix sharing (``prefix_sharing=True``) and the per-step records that the
+non-finite guard reads, all as method overrides.
+
+    trainer = JudgeDPOTrainer(model=..., args=DPOConfig(...), train_dataset=..., prefix_sharing=True)
+    guard = NonFiniteGuard("stop").attach(trainer)
+
+- prefix sharing (`judgetrain.trainer.prefix_sharing`): ``compute_loss`` and ``compute_ref_log_probs`` run inside
+  the pair-call context, in which the packed forward installed on the models runs each pair's prompt once. With
+  ``prefix_sharing=False`` the trainer is TRL's, ``prefix_sharing`` stays None.
+- non-finite checks: ``training_step`` records a micro-batch loss that is not finite, and the grad-norm hook
+  (`judgetrain.compat.transformers.GradNormHook`) the step's global gradient norm; `NonFiniteGuard` reads and clears
+  both (`StepRecord.take`) before every optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trl import DPOTrainer
+
+from judgetrain.compat.transformers import GradNormHook
+from judgetrain.trainer.prefix_sharing import PrefixSharingMixin
+
+
+@dataclass
+class StepRecord:
+    """What the trainer saw since the last optimizer step: a non-finite micro-batch loss, the global gradient norm."""
+
+    loss_nonfinite: bool = False
+    grad_norm: Any = None
+
+    def take(self) -> tuple[bool, Any]:
+        """(loss_nonfinite, grad_norm) of this step, cleared for the next one."""
+        out = (self.loss_nonfinite, self.grad_norm)
+        self.loss_nonfinite, self.grad_norm = False, None
+        return out
+
+
+class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, DPOTrainer):
+    """TRL's DPOTrainer; ``prefix_sharing``: compute each pair's prompt once per model where the model allows it
+    (decided and probed at start-up, see `judgetrain.trainer.prefix_sharing`)."""
+
+    def __init__(self, *args, prefix_sharing: bool = True, **kwargs):
+        self.step_record = StepRecord()
+        self._init_prefix_sharing(prefix_sharing)
+        super().__init__(*args, **kwargs)
+        self._setup_prefix_sharing()
+
+    # -- prefix sharing: mark the calls that carry a [chosen; rejected] batch
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        with self._pair_calls():
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+    def compute_ref_log_probs(self, model, inputs):
+        # precompute_ref_log_probs runs inside DPOTrainer.__init__, once the models carry TRL's fused head
+        self._setup_prefix_sharing()
+        with self._pair_calls():
+            return super().compute_ref_log_probs(model, inputs)
+
+    # -- non-finite checks: what Trainer computes but gives no callback
+    def training_step(self, *args, **kwargs):
+        loss = super().training_step(*args, **kwargs)
+        if not bool(loss.detach().isfinite().all()):
+            self.step_record.loss_nonfinite = True
+        return loss
+
+    def record_grad_norm(self, norm: Any) -> None:
+        self.step_record.grad_norm = norm
+
+
+PrefixSharingDPOTrainer = JudgeDPOTrainer  # the name bench scripts and tests know (prefix_sharing defaults to True)
