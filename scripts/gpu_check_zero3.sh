@@ -1,5 +1,5 @@
 #!/bin/bash
-# On a machine with 2 or more CUDA GPUs and deepspeed installed (README, "DeepSpeed"): run the ZeRO-3 full fine-tune
+# On a machine with 2 or more CUDA GPUs and deepspeed installed (docs/scale.md, "DeepSpeed"): run the ZeRO-3 full fine-tune
 # recipe with the tiny judge for a few steps, kill it after its first checkpoint, resume with --resume auto, and check
 # that
 #   - the run was really ZeRO-3 (parallelism.json: DEEPSPEED, parameters partitioned over the GPUs),

@@ -27,7 +27,7 @@ shift 2
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-29500}
 # The exit status judgetrain gives a run it stopped on SIGTERM after saving a checkpoint (preemption, time limit):
-# README, "Exit codes and schedulers".
+# docs/reliability.md, "Exit codes and schedulers".
 PREEMPTED_EXIT_CODE=${PREEMPTED_EXIT_CODE:-143}
 # Tags this launch's line in output_dir/judgetrain_status.jsonl (accelerate launch reports every worker exit as 1).
 export JUDGETRAIN_LAUNCH_ID="slurm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"

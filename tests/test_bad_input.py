@@ -24,7 +24,7 @@ from judgetrain.data.scoreparse import parse_overall_score_result, parse_scores
 from helpers import QUICKSTART, run
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
-# how many generated cases each property tried, read by RELIABILITY.md's figures (printed with -s)
+# how many generated cases each property tried, read by docs/reliability.md's figures (printed with -s)
 CASES: dict[str, int] = {}
 
 

@@ -7,7 +7,7 @@ an eval of 12 rows of each suite and a checkpoint every 3 steps; rel 2e-3 on los
 accuracies equal (the same global batches, gradients averaged over the same 2 ranks: float reduction order only).
 
 These tests need the deepspeed package, which judgetrain does not require: they are skipped without it (install:
-README, "DeepSpeed")."""
+docs/scale.md, "DeepSpeed")."""
 
 import importlib.util
 import json
@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                        reason="the deepspeed package is not installed (pip install --no-build-isolation deepspeed, "
-                              "see the README's DeepSpeed section)"),
+                              "see docs/scale.md, DeepSpeed)"),
 ]
 _ = ddp_lora  # the DDP LoRA reference run (a module fixture of tests/test_scale.py)
 ZERO = ("--num_processes", "2")

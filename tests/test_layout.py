@@ -117,7 +117,7 @@ def test_every_command_lives_in_the_cli_package():
 
 
 def test_the_stage_folders_exist():
-    stages = ("config", "data", "models", "trainer", "eval", "run", "report", "utils", "bench", "cli")
+    stages = ("config", "data", "models", "trainer", "eval", "run", "report", "compat", "utils", "bench", "cli")
     missing = [s for s in stages if not (PACKAGE / s / "__init__.py").is_file()]
     assert missing == []
     top = sorted(p.name for p in PACKAGE.glob("*.py"))

@@ -30,7 +30,7 @@ def test_estimate_is_within_15_percent_of_the_measured_peak_of_the_tiny_judge(ti
 @pytest.mark.parametrize("lora_r", [16, None], ids=["lora", "full"])
 def test_estimate_is_within_15_percent_on_a_real_architecture(tiny_judge, tmp_path_factory, tmp_path, lora_r):
     """SmolLM2-135M's layer shapes (hidden 576, GQA 9/3 heads, SwiGLU 1536, vocab 49152, tied), 2 of its 30
-    layers to keep the test short; the full depth is measured in MEMORY.md."""
+    layers to keep the test short; the full depth is measured in docs/scale.md."""
     model = random_model_folder(BUILTIN_SHAPES["HuggingFaceTB/SmolLM2-135M-Instruct"], tmp_path / "smol2", tiny_judge,
                                 layers=2)
     _check(model, tmp_path, lora_r, False)

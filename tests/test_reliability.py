@@ -205,7 +205,7 @@ def test_sigterm_to_the_training_process_saves_a_checkpoint_and_says_where(tmp_p
     assert wait_for(lambda: train_steps(run), proc, poll=0.05), log.read_text()[-3000:]
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)
-    assert _wait_exit(proc, 120) == 143  # preempted: a scheduler requeues it (README: Exit codes)
+    assert _wait_exit(proc, 120) == 143  # preempted: a scheduler requeues it (docs/reliability.md: Exit codes)
     stopped_in = time.time() - t0
     step = _assert_stopped_with_checkpoint(run, log.read_text())
     assert step < 40 and stopped_in < 90

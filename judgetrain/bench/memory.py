@@ -1,5 +1,5 @@
 """The memory-measurement harness: real DPOTrainer steps on this CPU with every live tensor storage counted, beside
-the dry run's estimate (judgetrain.config.memory) for the same shape, tokens and options. MEMORY.md gives the
+the dry run's estimate (judgetrain.config.memory) for the same shape, tokens and options. docs/scale.md gives the
 figures; `judgetrain memory check` runs it."""
 
 from __future__ import annotations

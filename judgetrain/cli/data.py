@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--source", required=True, help='hub id, parquet/jsonl/json file, directory, or "bundled"')
     p.add_argument("--split", action="append", help="split to check (repeatable; default: every split present)")
-    p.add_argument("--tokenizer", help="tokenizer path or name (AutoTokenizer) for token-length percentiles")
+    p.add_argument("--tokenizer", help="tokenizer path, hub id or model alias (tiny-judge) for token-length percentiles")
     p.add_argument("--on-bad-row", choices=("error", "skip"), default="error")
     p.add_argument("--rejects", help="rejects jsonl path for --on-bad-row skip")
     p.add_argument("--mode", choices=("implicit", "pairwise"), default="implicit", help="ideation mode")
@@ -37,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     tokenizer = None
-    if args.tokenizer:
-        from transformers import AutoTokenizer
+    if args.tokenizer:  # a path, a hub id or a model alias (tiny-judge), loaded as training loads it
+        from judgetrain.models.aliases import resolve_model
+        from judgetrain.models.loading import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        tokenizer = load_tokenizer(resolve_model(args.tokenizer))
 
     from rich.console import Console
     from rich.table import Table

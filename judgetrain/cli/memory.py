@@ -1,5 +1,5 @@
 """`judgetrain memory check MODEL_DIR`: the measured peak of real DPO steps on this CPU beside the dry run's estimate
-(judgetrain.bench.memory, MEMORY.md)."""
+(judgetrain.bench.memory, docs/scale.md)."""
 
 from __future__ import annotations
 

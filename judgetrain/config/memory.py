@@ -10,7 +10,7 @@ The estimate adds, per device:
   the adapter disabled, or a frozen copy, under no_grad; nothing with precompute_ref_log_probs);
 * the eval callback's scoring pass (no_grad, ``eval_batch_tokens`` tokens, logits of scored positions only).
 
-The formulas (MEMORY.md) count bytes per token per layer for a Llama / Qwen decoder layer (RMSNorm, GQA
+The formulas (docs/scale.md) count bytes per token per layer for a Llama / Qwen decoder layer (RMSNorm, GQA
 attention through SDPA, SwiGLU MLP). Their constants were checked against peaks measured on CPU with torch's
 MemTracker (`measure_dpo_step`); GPU kernels (flash attention, fused norms) save somewhat less, so on a GPU the
 estimate should err on the safe side. Model shapes come from the model's config.json (a local folder, a cached hub

@@ -33,7 +33,7 @@ class RecipeError(ValueError):
     """A recipe that cannot run: unknown key, bad value, missing file. Raised before any weights load."""
 
 
-# A recipe is a file that may come from someone else (README: "What a recipe can do"). Its `env:` mapping is applied
+# A recipe is a file that may come from someone else (docs/reliability.md: "What a recipe can do"). Its `env:` mapping is applied
 # to this process and inherited by every launched process, so it may not set a variable that makes a process load
 # code from a place the value names: the dynamic loader (LD_*, DYLD_*), the Python interpreter (PYTHON*, except the
 # harmless switches below), shells and other runtimes, compiled-extension and remote-module caches. The person who

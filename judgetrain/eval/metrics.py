@@ -1,7 +1,7 @@
 """Evaluation metrics: the RM-Bench style matrix, JudgeBias perturbation checks, Ideation accuracy.
 
 Pure numpy (no torch): the report, the callback and the CLI all read their figures from here, and the names
-of the returned keys and of the logged keys (see `flatten_eval_metrics`) are a public interface: the README lists
+of the returned keys and of the logged keys (see `flatten_eval_metrics`) are a public interface: docs/evaluation.md lists
 them ("Where metrics go"), and runs, reports and dashboards are read by them.
 
 Ties always count as wrong (a judge that cannot tell two responses apart has not preferred the right one),
@@ -233,7 +233,7 @@ def _finite_number(value: Any) -> bool:
 
 
 def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "eval/") -> dict[str, float]:
-    """The logged keys (README, "Where metrics go") of one suite's results.
+    """The logged keys (docs/evaluation.md, "Where metrics go") of one suite's results.
 
     ``flatten_eval_metrics("rmbench", rmbench_results(rows))`` ->
     ``{"eval/rmbench/hard_acc": ..., "eval/rmbench/total_avg_acc": ..., "eval/rmbench/chat/avg_acc": ...}``;

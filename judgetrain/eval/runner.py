@@ -31,7 +31,7 @@ class SuiteResult:
     stats: dict[str, float] = field(default_factory=dict)
 
     def flat(self, prefix: str = "eval/") -> dict[str, float]:
-        """Logged keys of this suite (README, "Where metrics go"), e.g. ``eval/rmbench/hard_acc``."""
+        """Logged keys of this suite (docs/evaluation.md, "Where metrics go"), e.g. ``eval/rmbench/hard_acc``."""
         return flatten_eval_metrics(self.name, self.metrics, prefix=prefix)
 
 

@@ -3,7 +3,7 @@
     judgetrain report outputs/quickstart                       # -> outputs/quickstart/report/
     judgetrain report outputs/run_a outputs/run_b --out cmp/   # overlaid figures + a comparison table
 
-Reads what a run writes (README, "Where metrics go"): ``metrics.jsonl`` (a torn last line of a killed run
+Reads what a run writes (docs/evaluation.md, "Where metrics go"): ``metrics.jsonl`` (a torn last line of a killed run
 is ignored, a step logged twice after a resume keeps its later values, a run still going is drawn as far as it
 got), ``eval/<step>/<suite>.jsonl`` (per-row scores: the RM-Bench matrices are recomputed from them with
 `judgetrain.eval.metrics`) and ``recipe.yaml``. Writes PNGs, ``report.html`` (images embedded, opens offline),

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 LAUNCH_ID_ENV = "JUDGETRAIN_LAUNCH_ID"
 
-# Exit codes (README: "Exit codes").
+# Exit codes (docs/reliability.md: "Exit codes and schedulers").
 EXIT_FINISHED = 0      # trained to the end, final model saved
 EXIT_FAILED = 1        # crashed (a traceback in the log)
 EXIT_BAD_INPUT = 2     # recipe, data, output_dir or resume refused before training
