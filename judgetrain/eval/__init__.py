@@ -8,11 +8,18 @@
     results, summary = evaluate_and_write(engine, specs, "out/")   # + out/<suite>.jsonl and out/results.json
 """
 
-from judgetrain.eval.runner import SuiteResult, evaluate, evaluate_and_write, flat_metrics, write_records
-from judgetrain.eval.scoring import Request, RowScore, ScoringEngine, score_sharded
-from judgetrain.eval.suites import SUITES, SuiteSpec, load_suite_rows
+# Resolved on first use (PEP 562), so that `judgetrain.eval.metrics` (pure numpy) imports without torch.
+_EXPORTS = {
+    "SuiteResult": "runner", "evaluate": "runner", "evaluate_and_write": "runner", "flat_metrics": "runner",
+    "write_records": "runner", "Request": "scoring", "RowScore": "scoring", "ScoringEngine": "scoring",
+    "score_sharded": "scoring", "SUITES": "suites", "SuiteSpec": "suites", "load_suite_rows": "suites",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "SUITES", "Request", "RowScore", "ScoringEngine", "SuiteResult", "SuiteSpec", "evaluate", "evaluate_and_write",
-    "flat_metrics", "load_suite_rows", "score_sharded", "write_records",
-]
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
