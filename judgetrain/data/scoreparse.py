@@ -47,8 +47,8 @@ _MAX_TEXT_CHARS = 200_000  # only the tail of a longer text is searched (the sco
 # hundreds): a text made of thousands of small unreadable score blocks costs no more than a clean one.
 _MAX_BLOCKS = 100
 
-# Linear time by construction. Each pattern below holds at most one quantifier, over one character class, with nothing
-# after it that could make it give characters back: a match costs the characters it covers (plus one). The scanners
+# Linear time by construction. Each pattern below but _KEY (argued at it) holds one quantifier over one character class,
+# with nothing after it that could make it give characters back: a match costs the characters it covers. The scanners
 # (_fences, _pairs) call them and str.find only from positions that move forward. A pattern with two unbounded
 # quantifiers over the same characters side by side backtracks quadratically on a run of those characters: the former
 # fence pattern r"```[ \t]*([^\n`]*)\n(.*?)```" took 3 s for a fence followed by 20,000 spaces and no newline, 13 s
@@ -92,7 +92,7 @@ def safe_arithmetic(expr: str) -> float | None:
         text = text.rsplit("=", 1)[1].strip()
     if not text or len(text) > _MAX_EXPR_CHARS:
         return None
-    if not re.fullmatch(r"[0-9.eE+\-*/() \t]+", text):
+    if not re.fullmatch(r"[0-9.eE+\-*/() \t]+", text):  # one class, on at most _MAX_EXPR_CHARS characters
         return None
     try:
         tree = ast.parse(text, mode="eval")
