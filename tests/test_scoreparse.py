@@ -228,7 +228,7 @@ def test_mean_of_two_half_steps_is_evaluated(a, b):
 
 
 # ---- hostile sizes and shapes: the parser reads in linear time and never raises ------------------------------
-# (speed is measured by scripts/bench_scoreparse.py, not asserted here: every family at the 200,000-character cap)
+# (speed is measured by `judgetrain bench --only parser`, not asserted here: every family at the 200,000-character cap)
 
 CAP = 200_000
 

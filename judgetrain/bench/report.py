@@ -27,6 +27,8 @@ SUMMARY_KEYS = (
     "eval_scale_2x",
     "eval_scale_4x",
     "quickstart_eval_share",
+    "parser_hostile_vs_clean_ratio",
+    "parser_pairs_build_hostile_ratio",
 )
 
 
@@ -46,6 +48,8 @@ TARGETS = {
     "train_scale_2x": ("in", (1.8, 2.2)),
     "train_scale_4x": ("in", (1.8**2, 2.2**2)),
     "quickstart_eval_share": ("<=", 0.25),
+    "parser_hostile_vs_clean_ratio": ("<=", 20.0),  # slowest hostile family / clean evaluation, 200,000 characters
+    "parser_pairs_build_hostile_ratio": ("<=", 2.0),  # build_pairs with 4 hostile evaluations / clean panel
 }
 
 
@@ -143,6 +147,16 @@ def print_table(report: dict) -> None:
             f"{qs['epoch_train_seconds']:.1f}s", qs["eval_share_later_epoch"])
         row(f"quickstart eval share of the whole {report['config']['quickstart_epochs']}-epoch run", "", "",
             qs["eval_share"], "quickstart_eval_share")
+    pr = report.get("parser")
+    if pr:
+        row(f"parser CPU s, slowest hostile family ({pr['slowest_family']}) / clean, {pr['chars']:,} chars",
+            f"{pr['slowest_cpu_s']:.4f}", f"{pr['clean_cpu_s']:.4f}", pr["hostile_vs_clean_ratio"],
+            "parser_hostile_vs_clean_ratio")
+        for name, key in (("pairs_build", "parser_pairs_build_hostile_ratio"), ("pairs_build_bundled_panel", None)):
+            pb = pr.get(name)
+            if pb:
+                row(f"pairs build CPU s, {pb['hostile_evaluations']} hostile / clean, {pb['evaluations']} evaluations",
+                    f"{pb['cpu_s']['hostile']:.3f}", f"{pb['cpu_s']['clean']:.3f}", pb["hostile_vs_clean_ratio"], key)
     console.print(table)
     dev = report.get("device_bench")
     if dev:
@@ -170,6 +184,7 @@ def jsonable(value):
 
 def summarize(report: dict) -> dict:
     tr, ev, qs, ts = (report.get(k) or {} for k in ("train", "eval", "quickstart", "train_scale"))
+    pr = report.get("parser") or {}
     shapes = report.get("train_shapes") or {}
     s = {
         "train_samples_per_s_ratio": tr.get("samples_per_s_ratio"),
@@ -188,6 +203,8 @@ def summarize(report: dict) -> dict:
         "quickstart_eval_share": qs.get("eval_share"),
         "quickstart_eval_share_first_epoch": qs.get("eval_share_first_epoch"),
         "quickstart_eval_share_later_epoch": qs.get("eval_share_later_epoch"),
+        "parser_hostile_vs_clean_ratio": pr.get("hostile_vs_clean_ratio"),
+        "parser_pairs_build_hostile_ratio": (pr.get("pairs_build") or {}).get("hostile_vs_clean_ratio"),
     }
     for name in EVAL_SETS:
         part = ev.get(name) or {}

@@ -23,6 +23,8 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   GGUF that package installs, SmolLM2-135M-Instruct).
 - **scale**: engine eval time at 1x, 2x, 4x rows; judgetrain train time at 1x, 2x, 4x steps.
 - **overhead**: the quickstart recipe run for real; its eval time as a share of its epoch time.
+- **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
+  `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 from judgetrain.bench.common import BenchError, default_recipe, load_average, machine_info, package_versions
 from judgetrain.bench.eval import bench_eval, eval_model_location
 from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_sharing
+from judgetrain.bench.parser import CAP, PANEL_COPIES, bench_parser
 from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summarize
 from judgetrain.bench.scale import bench_quickstart, bench_train_scale
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
@@ -51,11 +54,13 @@ SIZES = {
     "default": dict(repeats=3, warmup=1, train_steps=6, train_batch_size=None, option_repeats=1, skip_options=False,
                     scale_repeats=2, scale_train_steps=3, eval_rows=None, judgebias_rows=None, scale_eval_rows=12,
                     quickstart_steps=4,
+                    parser_chars=CAP, parser_panel_copies=PANEL_COPIES,
                     quickstart_overrides={}),
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
                   scale_repeats=1, scale_train_steps=1, eval_rows=2, judgebias_rows=2, scale_eval_rows=1,
                   quickstart_steps=2,
+                  parser_chars=20_000, parser_panel_copies=1,
                   quickstart_overrides={"eval_max_rows": 2, "eval_suites": "rmbench"}),
 }
 
@@ -68,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpu: the tiny-judge comparisons; cuda: also the real-shape GPU figures (needs CUDA)")
     p.add_argument("--quick", "--smallest", action="store_true", dest="quick", help="smallest sizes (seconds, for tests)")
     p.add_argument("--recipe", default=None, help="recipe both train sides use (default: recipes/quickstart.yaml)")
-    p.add_argument("--only", nargs="+", choices=("train", "train_shapes", "eval", "scale", "quickstart", "device"),
+    p.add_argument("--only", nargs="+",
+                   choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser"),
                    help="run only these parts (default: all that apply to --device)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
@@ -94,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-max-length", type=int, default=4096, help="longest scored sequence (both evaluators)")
     p.add_argument("--quickstart-steps", type=int, help="steps of the short quickstart run (default 4)")
     p.add_argument("--quickstart-full", action="store_true", help="run the whole quickstart recipe (all epochs; slow)")
+    p.add_argument("--parser-chars", type=int,
+                   help=f"characters of the parser part's texts (default {CAP:,}; quick 20,000)")
+    p.add_argument("--parser-panel-copies", type=int,
+                   help=f"copies of the bundled panel in the parser part's pairs build (default {PANEL_COPIES}; "
+                        "quick 1)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("GPU (--device cuda)")
     g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
@@ -133,7 +144,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: no CUDA device is visible to torch "
                          f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); run on a GPU machine")
-    parts = set(args.only or ["train", "train_shapes", "eval", "scale", "quickstart", "device"])
+    parts = set(args.only or ["train", "train_shapes", "eval", "scale", "quickstart", "device", "parser"])
     if args.device != "cuda":
         parts.discard("device")
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "command": "judgetrain bench " + " ".join(args.argv),
@@ -163,6 +174,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["eval"] = bench_eval(args, location, load_kwargs)
         if "quickstart" in parts:
             report["quickstart"] = bench_quickstart(args, workdir)
+        if "parser" in parts:
+            report["parser"] = bench_parser(args)
         if "device" in parts:
             report["device_bench"] = bench_device(args)
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)

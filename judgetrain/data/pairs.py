@@ -61,7 +61,10 @@ OUTPUT_COLUMNS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejecte
                   "sample_id", "perturbation_type", "perturbation_category", "perturbation_rate", "chosen_model",
                   "rejected_model")
 _EPS = 1e-9  # scores are half steps; the tolerance only absorbs float noise from arithmetic scores
-_SET_RE = re.compile(r"^(?P<type>.+?)_(?P<pct>\d+(?:\.\d+)?)pct$")
+# <type>_<pct>pct: the type is all before the last "_" (the rate holds none), the rate is matched on its own: no two
+# quantifiers of the pattern share a character, so it cannot backtrack (the former "^(?P<type>.+?)_(?P<pct>\d+...)"
+# let the lazy type and the digits compete for the same characters; only its anchoring kept it linear).
+_RATE_RE = re.compile(r"(?P<pct>\d+(?:\.\d+)?)pct\n?")
 
 
 class PanelDataError(ValueError):
@@ -70,8 +73,9 @@ class PanelDataError(ValueError):
 
 def parse_set_name(name: str) -> tuple[str, float | None]:
     """``element_substitution_100pct`` -> (``element_substitution``, 1.0); combined sets canonicalised."""
-    match = _SET_RE.match(name)
-    ptype, rate = (match["type"], float(match["pct"]) / 100) if match else (name, None)
+    head, _, tail = name.rpartition("_")
+    match = _RATE_RE.fullmatch(tail) if head and "\n" not in head else None
+    ptype, rate = (head, float(match["pct"]) / 100) if match else (name, None)
     return TYPE_ALIASES.get(ptype, ptype), rate
 
 

@@ -13,6 +13,10 @@ simple arithmetic (``(4+3.5)/2``, ``4.5 - 0.5``, ``"(4+4+3.5)/3 = 3.83"``), whic
 ``ast`` walker that accepts only numeric constants, ``+ - * /``, parentheses and unary signs; nothing else is
 ever evaluated. Scores outside ``[lo, hi]`` are rejected with reason ``"out_of_range"``; anything that cannot
 be read is ``"unparseable"``. This is the one parser of the project: pair building and evaluation share it.
+
+The text is untrusted, so the parser reads it in time linear in its length whatever it holds: the last 200,000
+characters are read, by two single-pass scanners (fences, braces) and a key: value scanner per block; no regular
+expression here can backtrack (see the comments at each). Per tier only the last 100 blocks holding the key are read.
 """
 
 from __future__ import annotations
@@ -39,12 +43,24 @@ OUT_OF_RANGE = "out_of_range"
 # An expression longer than this is not a score someone wrote by hand; refusing it bounds the work done.
 _MAX_EXPR_CHARS = 80
 _MAX_TEXT_CHARS = 200_000  # only the tail of a longer text is searched (the score block comes last)
+# Only the last this many blocks of a tier that hold the key are read (a judge restates its score a few times, not
+# hundreds): a text made of thousands of small unreadable score blocks costs no more than a clean one.
+_MAX_BLOCKS = 100
 
-_FENCE = re.compile(r"```[ \t]*([^\n`]*)\n(.*?)```", re.DOTALL)
-# key: value pairs inside a block that is not valid JSON (arithmetic values, trailing commas, single quotes).
-# A key starts only where a word starts (the lookbehind): without it a 20,000-letter run was scanned again from each
-# of its letters (quadratic: 21 s for 20k characters), with it every character is looked at a bounded number of times.
-_PAIR = re.compile(r"""["']?(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)["']?[ \t]*:[ \t]*("[^"\n]*"|'[^'\n]*'|[^,}\n]+)""")
+# Linear time by construction. Each pattern below but _KEY (argued at it) holds one quantifier over one character class,
+# with nothing after it that could make it give characters back: a match costs the characters it covers. The scanners
+# (_fences, _pairs) call them and str.find only from positions that move forward. A pattern with two unbounded
+# quantifiers over the same characters side by side backtracks quadratically on a run of those characters: the former
+# fence pattern r"```[ \t]*([^\n`]*)\n(.*?)```" took 3 s for a fence followed by 20,000 spaces and no newline, 13 s
+# for 40,000 (``[ \t]*`` and ``[^\n`]*`` split the run of spaces every possible way before giving up).
+_BACKTICKS = re.compile(r"`*")
+_TAG_LINE = re.compile(r"[^\n`]*")  # a fence's tag line: stops at the first newline or backtick
+# A key and its colon. Tried only where a word starts (the lookbehind), it covers that word and the quote and blanks
+# after it: the word's class, [ \t] and the quote and colon are disjoint, so giving letters back never finds a colon.
+_KEY = re.compile(r"""(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)["']?[ \t]*:""")
+_BLANKS = re.compile(r"[ \t]*")
+_UNQUOTED_VALUE = re.compile(r"[^,}\n]*")
+_QUOTED_REST = {'"': re.compile(r'[^"\n]*'), "'": re.compile(r"[^'\n]*")}  # up to the closing quote or the line end
 
 
 @dataclass(frozen=True)
@@ -76,7 +92,7 @@ def safe_arithmetic(expr: str) -> float | None:
         text = text.rsplit("=", 1)[1].strip()
     if not text or len(text) > _MAX_EXPR_CHARS:
         return None
-    if not re.fullmatch(r"[0-9.eE+\-*/() \t]+", text):
+    if not re.fullmatch(r"[0-9.eE+\-*/() \t]+", text):  # one class, on at most _MAX_EXPR_CHARS characters
         return None
     try:
         tree = ast.parse(text, mode="eval")
@@ -146,26 +162,92 @@ def _flatten(obj: object, out: dict[str, object]) -> None:
 def _block_items(block: str) -> dict[str, object]:
     """Raw key -> value entries of one JSON-ish block (strict JSON first, then a forgiving key: value scan)."""
     text = block.strip()
-    try:
-        loaded = json.loads(text)
-    except Exception:  # noqa: BLE001 - any failure (bad JSON, huge ints, deep nesting) means "try the scan"
-        loaded = None
+    loaded = None
+    if text.startswith("{"):  # only an object is used: anything else need not be decoded
+        try:
+            loaded = json.loads(text)
+        except Exception:  # noqa: BLE001 - any failure (bad JSON, huge ints, deep nesting) means "try the scan"
+            loaded = None
     items: dict[str, object] = {}
     if isinstance(loaded, dict):
         _flatten(loaded, items)
         return items
-    for match in _PAIR.finditer(text):
-        items.setdefault(match.group(1), match.group(2).strip())
+    for name, raw in _pairs(text):
+        items.setdefault(name, raw.strip())
     return items
+
+
+def _fences(text: str) -> list[tuple[str, str]]:
+    """(tag, body) of every fenced block: a fence is three backticks, a tag line (no backtick in it) ended by a
+    newline, then the body up to the next three backticks; a fence that does not close ends the search.
+
+    Linear: the position only moves forward. A failed opener looks at its tag line once, and the next opener is
+    searched for from just after it: three backticks start inside the tag line only as part of a longer run of
+    backticks, which ends that tag line at once. A body search that finds no closing fence has looked at the rest
+    of the text, and there is no fence left to open."""
+    out: list[tuple[str, str]] = []
+    start = text.find("```")
+    while start != -1:
+        if text.startswith("`", start + 3):  # a run of backticks: only its last three can open a fence
+            start = _BACKTICKS.match(text, start).end() - 3
+            continue
+        line_end = _TAG_LINE.match(text, start + 3).end()
+        if line_end == len(text) or text[line_end] != "\n":  # a backtick or the end before the newline: no opener
+            start = text.find("```", start + 1)
+            continue
+        close = text.find("```", line_end + 1)
+        if close == -1:
+            break
+        out.append((text[start + 3 : line_end].strip().lower(), text[line_end + 1 : close]))
+        start = text.find("```", close + 3)
+    return out
+
+
+def _pairs(text: str):
+    """``key: value`` entries of a block, in order: an optionally quoted key (letters, digits, _; starting where a
+    word starts), optional quote, blanks, a colon, blanks, then a "double-" or 'single-'quoted value closed on its
+    line, else the text up to the next ``,`` ``}`` or newline (blanks only: the value is blank; nothing at all: no
+    entry). A value is consumed: nothing inside it is read as a key.
+
+    Linear: each search for a key starts where the previous entry ended, and an attempt of _KEY covers one word and
+    the quote and blanks after it. A quoted value that does not close has looked at the rest of its line, and no
+    later value on that line can start with that quote, so each line is read by at most one failed scan per quote."""
+    n = len(text)
+    pos = 0
+    while True:
+        found = _KEY.search(text, pos)
+        if found is None:
+            return
+        key_start, key_end = found.span(1)
+        j = found.end() - 1  # the colon
+        value_start = _BLANKS.match(text, j + 1).end()
+        first = text[value_start] if value_start < n else ""
+        value_end = -1
+        if first in _QUOTED_REST:
+            close = _QUOTED_REST[first].match(text, value_start + 1).end()
+            if close < n and text[close] == first:
+                value_end = close + 1
+        if value_end == -1 and first and first not in ",}\n":
+            value_end = _UNQUOTED_VALUE.match(text, value_start).end()
+        if value_end == -1:
+            if value_start == j + 1:  # a colon right before , } newline or the end: no entry
+                pos = key_end
+                continue
+            value_start, value_end = value_start - 1, value_start  # blanks only: the last blank is the value
+        yield text[key_start:key_end], text[value_start:value_end]
+        pos = value_end
 
 
 def _bare_objects(text: str) -> list[str]:
     """Outermost balanced ``{...}`` spans of ``text``, in order, found in one pass (quotes inside are respected).
 
     A stray unclosed ``{`` in prose does not hide the objects after it.
+
+    Linear: one pass over the characters; each ``{`` is pushed and popped at most once, and each closed span joins
+    the list of outermost spans once and leaves it at most once (when a span that encloses it closes).
     """
     stack: list[int] = []
-    closed: list[tuple[int, int]] = []
+    outer: list[tuple[int, int]] = []  # closed spans not inside another closed span, in order
     in_str = escape = False
     for j, ch in enumerate(text):
         if in_str:
@@ -180,30 +262,35 @@ def _bare_objects(text: str) -> list[str]:
         elif ch == "{":
             stack.append(j)
         elif ch == "}" and stack:
-            closed.append((stack.pop(), j))
-    # spans close inner-first; keep those not inside a later-closing (enclosing) span
-    closed.sort()
-    spans: list[str] = []
-    outer_end = -1
-    for start, end in closed:
-        if end > outer_end:
-            spans.append(text[start : end + 1])
-            outer_end = end
-    return spans
+            start = stack.pop()
+            # spans closed since this "{" was opened lie inside it: they are the last ones of the list
+            while outer and outer[-1][0] > start:
+                outer.pop()
+            outer.append((start, j))
+    return [text[start : end + 1] for start, end in outer]
 
 
-def _candidates(text: str, key: str):
-    """(source, items) for every block holding ``key``, in priority order (last block first within a tier)."""
-    fences = [(m.group(1).strip().lower(), m.group(2)) for m in _FENCE.finditer(text)]
-    tiers = [
-        ("json_fence", [body for tag, body in fences if tag == "json"]),
-        ("fence", [body for tag, body in fences if tag == ""]),
-        ("bare", _bare_objects(text) if key in text else []),
-    ]
+def _tiers(fences: list[tuple[str, str]], bare: list[str]) -> list[tuple[str, list[str]]]:
+    return [("json_fence", [body for tag, body in fences if tag == "json"]),
+            ("fence", [body for tag, body in fences if tag == ""]),
+            ("bare", bare)]
+
+
+def _last_blocks(blocks: list[str], needle: str):
+    """The last ``_MAX_BLOCKS`` blocks holding ``needle``, last first."""
+    read = 0
+    for block in reversed(blocks):
+        if needle in block:
+            if read == _MAX_BLOCKS:
+                return
+            read += 1
+            yield block
+
+
+def _candidates(tiers: list[tuple[str, list[str]]], key: str):
+    """(source, items) for every block read that holds ``key``, in priority order (last block first within a tier)."""
     for source, blocks in tiers:
-        for block in reversed(blocks):
-            if key not in block:
-                continue
+        for block in _last_blocks(blocks, key):
             items = _block_items(block)
             if key in items:
                 yield source, items
@@ -217,7 +304,8 @@ def parse_overall_score_result(
         return ScoreResult(None, UNPARSEABLE, detail="empty evaluation")
     text = text[-_MAX_TEXT_CHARS:]
     found_key = False
-    for source, items in _candidates(text, key):
+    tiers = _tiers(_fences(text), _bare_objects(text) if key in text else [])
+    for source, items in _candidates(tiers, key):
         found_key = True
         value = _to_number(items[key])
         if value is None:
@@ -246,15 +334,14 @@ def parse_scores(text: object, *, key: str = "overall_score") -> dict[str, float
     if not isinstance(text, str) or not text.strip():
         return {}
     text = text[-_MAX_TEXT_CHARS:]
-    for _, items in _candidates(text, key):
+    fences, bare = _fences(text), _bare_objects(text)
+    tiers = _tiers(fences, bare if key in text else [])
+    for _, items in _candidates(tiers, key):
         scores = {k: v for k, v in ((k, _to_number(raw)) for k, raw in items.items()) if v is not None}
         if key in scores:
             return scores
-    fences = [(m.group(1).strip().lower(), m.group(2)) for m in _FENCE.finditer(text)]
-    blocks = [b for t, b in fences if t == "json"] + [b for t, b in fences if t == ""] + _bare_objects(text)
-    for block in reversed(blocks):
-        if ":" not in block:  # no key: value inside; thousands of empty fences must not each cost a failed parse
-            continue
+    # no block gives a number for key: the last block with any numeric entry (one without ":" holds no entry)
+    for block in _last_blocks([block for _, blocks in tiers[:2] for block in blocks] + bare, ":"):
         scores = {k: v for k, v in ((k, _to_number(raw)) for k, raw in _block_items(block).items()) if v is not None}
         if scores:
             return scores
