@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from judgetrain import bench
+from judgetrain.cli import bench as bench_cli
 from judgetrain.bench.parser import bench_parser, clean_evaluation, hostile_families, panel
 from judgetrain.data.scoreparse import parse_overall_score_result, parse_scores
 
@@ -63,7 +63,7 @@ def test_parser_part_refuses_a_size_too_small():
 
 def test_bench_only_parser_writes_its_summary_figures_and_targets(tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.main(["--quick", "--only", "parser", "--parser-chars", str(N), "--output", str(out)]) == 0
+    assert bench_cli.main(["--quick", "--only", "parser", "--parser-chars", str(N), "--output", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report) >= {"parser", "summary"} and "train" not in report and "eval" not in report
     assert report["config"]["parser_chars"] == N and report["config"]["parser_panel_copies"] == 1
