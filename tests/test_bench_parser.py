@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from judgetrain import bench
 from judgetrain.cli import bench as bench_cli
 from judgetrain.bench.parser import bench_parser, clean_evaluation, hostile_families, panel
 from judgetrain.data.scoreparse import parse_overall_score_result, parse_scores
