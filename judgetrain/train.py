@@ -224,7 +224,7 @@ def run(argv: list[str] | None = None) -> dict:
     from judgetrain.trainer.process import init_process_state, setup_logging
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    init_process_state()
+    init_process_state(argv)
     script_args, training_args, model_args, resolved = parse_recipe(argv)
     setup_logging()
     command = "accelerate launch -m judgetrain.train " + " ".join(shlex.quote(a) for a in argv)

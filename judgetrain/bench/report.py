@@ -19,6 +19,8 @@ SUMMARY_KEYS = (
     "train_prefix_sharing_peak_memory_ratio",
     "train_prefix_sharing_speedup_judgebias",
     "train_prefix_sharing_speedup_rmbench",
+    "train_prefix_sharing_speedup_judgebias_bf16",
+    "train_prefix_sharing_peak_memory_ratio_judgebias_bf16",
     "eval_rmbench_speedup_first_epoch",
     "eval_rmbench_speedup_later_epoch",
     "eval_judgebias_speedup_first_epoch",
@@ -38,6 +40,8 @@ TARGETS = {
     "train_prefix_sharing_peak_memory_ratio": ("<=", 1.0),  # judgetrain as run (prefix sharing on) / bare TRL
     "train_prefix_sharing_speedup_judgebias": (">=", 1.3),
     "train_prefix_sharing_speedup_rmbench": (">=", 1.0),
+    "train_prefix_sharing_speedup_judgebias_bf16": (">=", 1.3),  # bf16 weights, as the GPU recipes train
+    "train_prefix_sharing_peak_memory_ratio_judgebias_bf16": ("<=", 1.0),
     "eval_rmbench_speedup_first_epoch": (">=", 2.5),
     "eval_rmbench_speedup_later_epoch": (">=", 5.0),
     "eval_judgebias_speedup_first_epoch": (">=", 3.0),
@@ -105,13 +109,15 @@ def print_table(report: dict) -> None:
                 o["samples_per_s_ratio"])
             row(f"option {opt}: wall, peak RSS (on / off)", f"{o['on']['wall_s']:.1f}s {o['on']['peak_rss_mb']:.0f}MB",
                 f"{o['plain']['wall_s']:.1f}s {o['plain']['peak_rss_mb']:.0f}MB", o["peak_memory_ratio"])
-    for shape, sh in (report.get("train_shapes") or {}).items():
-        a, b, t = sh["prefix_sharing"], sh["trl"], sh["tokens_per_response"]
-        row(f"train {shape}-shaped samples/s (prefix sharing / TRL)", f"{a['samples_per_s']:.2f}",
-            f"{b['samples_per_s']:.2f}", sh["samples_per_s_ratio"], f"train_prefix_sharing_speedup_{shape}")
-        row(f"train {shape}-shaped tokens per response", f"{t['prefix_sharing']:.0f}", f"{t['trl']:.0f}", t["ratio"])
-        row(f"train {shape}-shaped peak RSS MB", f"{a['peak_rss_mb']:.0f}", f"{b['peak_rss_mb']:.0f}",
-            sh["peak_memory_ratio"])
+    for tag, part in (("", "train_shapes"), ("_bf16", "train_shapes_bf16")):
+        for shape, sh in (report.get(part) or {}).items():
+            a, b, t = sh["prefix_sharing"], sh["trl"], sh["tokens_per_response"]
+            label = f"train {shape}-shaped" + (" bf16" if tag else "")
+            row(f"{label} samples/s (prefix sharing / TRL)", f"{a['samples_per_s']:.2f}", f"{b['samples_per_s']:.2f}",
+                sh["samples_per_s_ratio"], f"train_prefix_sharing_speedup_{shape}{tag}")
+            row(f"{label} tokens per response", f"{t['prefix_sharing']:.0f}", f"{t['trl']:.0f}", t["ratio"])
+            row(f"{label} peak RSS MB", f"{a['peak_rss_mb']:.0f}", f"{b['peak_rss_mb']:.0f}", sh["peak_memory_ratio"],
+                f"train_prefix_sharing_peak_memory_ratio_{shape}{tag}" if tag else None)
     ev = report.get("eval") or {}
     for name in EVAL_SETS:
         part = ev.get(name)
@@ -186,6 +192,7 @@ def summarize(report: dict) -> dict:
     tr, ev, qs, ts = (report.get(k) or {} for k in ("train", "eval", "quickstart", "train_scale"))
     pr = report.get("parser") or {}
     shapes = report.get("train_shapes") or {}
+    shapes_bf16 = report.get("train_shapes_bf16") or {}
     s = {
         "train_samples_per_s_ratio": tr.get("samples_per_s_ratio"),
         "train_unshared_samples_per_s_ratio": tr.get("unshared_samples_per_s_ratio"),
@@ -193,6 +200,8 @@ def summarize(report: dict) -> dict:
         "train_prefix_sharing_peak_memory_ratio": tr.get("prefix_sharing_peak_memory_ratio"),
         **{f"train_prefix_sharing_speedup_{k}": v["samples_per_s_ratio"] for k, v in shapes.items()},
         **{f"train_tokens_per_response_ratio_{k}": v["tokens_per_response"]["ratio"] for k, v in shapes.items()},
+        **{f"train_prefix_sharing_speedup_{k}_bf16": v["samples_per_s_ratio"] for k, v in shapes_bf16.items()},
+        **{f"train_prefix_sharing_peak_memory_ratio_{k}_bf16": v["peak_memory_ratio"] for k, v in shapes_bf16.items()},
         "train_wall_ratio": tr.get("wall_ratio"),
         "eval_padding_efficiency": ((ev.get("rmbench") or {}).get("engine_first_epoch") or {}).get("padding_efficiency"),
         "eval_padding_efficiency_naive": ((ev.get("rmbench") or {}).get("naive") or {}).get("padding_efficiency"),

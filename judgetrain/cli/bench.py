@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only these parts (default: all that apply to --device)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
+    p.add_argument("--train-shapes-dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
+                   help="weight dtypes of the train_shapes part (default: both; the GPU recipes train in bfloat16)")
     p.add_argument("--repeats", type=int, help="timed rounds per comparison (default 3; quick 1)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1; quick 0)")
     p.add_argument("--train-steps", type=int, help="optimizer steps per train run (default 6; quick 1)")
@@ -162,7 +164,11 @@ def run_bench(args: argparse.Namespace) -> dict:
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
             args.quickstart_rows = tb.rows
         if "train_shapes" in parts:
-            report["train_shapes"] = bench_train_shapes(args, tb, workdir / "train")
+            if "float32" in args.train_shapes_dtypes:
+                report["train_shapes"] = bench_train_shapes(args, tb, workdir / "train")
+            if "bfloat16" in args.train_shapes_dtypes:  # the dtype the recipes train in: bf16 base, LoRA as PEFT casts it
+                report["train_shapes_bf16"] = bench_train_shapes(args, tb, workdir / "train-bf16",
+                                                                 dpo_extra={"model_init_kwargs": {"dtype": "bfloat16"}})
         if "scale" in parts:
             report["train_scale"] = bench_train_scale(args, tb, workdir / "train")
         if "eval" in parts or "scale" in parts:

@@ -135,7 +135,7 @@ def deepspeed_missing(accelerate_config: str | None) -> str | None:
     return missing
 
 
-def join_process_group(env: Mapping[str, str] | None = None):
+def join_process_group(env: Mapping[str, str] | None = None, timeout_s: int | None = None):
     """Create Accelerate's process state for this launch (before anything reads the device) and return
     (PartialState, LaunchRequest).
 
@@ -156,7 +156,14 @@ def join_process_group(env: Mapping[str, str] | None = None):
         os.environ["ACCELERATE_USE_CPU"] = "true"
     if not gpu and request.kind == "deepspeed":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo, no CUDA probing
-    state = PartialState(cpu=not gpu)
+    kwargs = {}
+    if timeout_s and request.processes > 1:  # the recipe's ddp_timeout for every collective of the group
+        from datetime import timedelta
+
+        kwargs["timeout"] = timedelta(seconds=timeout_s)
+    state = PartialState(cpu=not gpu, **kwargs)
+    if timeout_s and request.processes > 1:
+        logger.debug("process group joined with ddp_timeout %d s", timeout_s)
     if request.processes > 1 and state.num_processes != request.processes:
         raise ParallelismError(
             f"the launch asks for {request.processes} processes but this one joined a group of {state.num_processes} "
