@@ -221,12 +221,13 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
 
 def run(argv: list[str] | None = None) -> dict:
     """The `accelerate launch -m judgetrain.train` entry point (runs in each process)."""
-    from judgetrain.trainer.process import init_process_state, setup_logging
+    from judgetrain.trainer.process import init_process_state
+    from judgetrain.utils.logging import setup_logging
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    init_process_state(argv)
+    state = init_process_state(argv)
     script_args, training_args, model_args, resolved = parse_recipe(argv)
-    setup_logging()
+    setup_logging(state.is_main_process, force=True)
     command = "accelerate launch -m judgetrain.train " + " ".join(shlex.quote(a) for a in argv)
     if script_args.dry_run:
         from judgetrain.config.dry_run import dry_run

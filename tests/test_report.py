@@ -184,6 +184,49 @@ def test_html_is_self_contained_and_embeds_every_png(single):
     assert "<script" not in text and "<link" not in text
 
 
+def test_every_string_on_the_page_is_escaped_and_reads_back_as_it_was(tmp_path):
+    """Run names, notes and recipe text holding markup reach the page as text (autoescaped template), and the
+    browser's reading of each (html.parser) gives back the string itself."""
+    from html.parser import HTMLParser
+
+    name = "a<u>&\"c'"
+    run, events = make_run(tmp_path, name)
+    recipe = (run / "recipe.yaml").read_text() + "note: \"</pre><script>alert('x')</script> & <em>\"\n"
+    (run / "recipe.yaml").write_text(recipe)
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 13, "<i>')  # a torn line
+    text = make_report([run], tmp_path / "out")["report.html"].read_text()
+    assert "<script" not in text and "<u>" not in text and "<em>" not in text and "<i>" not in text
+
+    class Reader(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.stack, self.found = [], {}
+
+        def handle_starttag(self, tag, attrs):
+            self.stack.append((tag, dict(attrs)))
+            self.found.setdefault(tag, []).append([dict(attrs), ""])
+
+        def handle_endtag(self, tag):
+            self.stack.pop()
+
+        def handle_data(self, data):
+            for tag, _ in self.stack:
+                self.found[tag][-1][1] += data
+
+    page = Reader()
+    page.feed(text)
+    assert page.found["pre"][0][1] == recipe
+    assert page.found["title"][0][1] == f"judgetrain report: {name}"
+    assert f"Summary: {name}" in [t for _, t in page.found["h2"]]
+    assert [t for _, t in page.found["b"]] == [name]  # the notes' heading
+    notes = [t for _, t in page.found["li"]]
+    assert any("cut off" in n for n in notes)
+    last = last_values(events)
+    rows = [a["data-metric"] for a, _ in page.found["tr"] if "data-metric" in a]
+    shown = dict(zip(rows, (float(t) for a, t in page.found["td"] if a.get("class") == "last")))
+    assert shown["eval/rmbench/hard_acc"] == pytest.approx(last["eval/rmbench/hard_acc"][1], abs=5e-5)
+
+
 def test_summary_table_shows_the_last_eval_and_best_epoch_of_metrics_jsonl(single):
     _, events, _, out, _ = single
     text = (out / "report.html").read_text()

@@ -130,6 +130,68 @@ def test_second_run_meets_the_lock_and_a_killed_holder_leaves_none(tmp_path):
     release_output_dir(tmp_path)
 
 
+LOCKER = """
+import os, sys, time
+from judgetrain.utils.files import file_lock
+with file_lock(sys.argv[1], on_acquired=lambda fd: os.write(fd, b"holder %d" % os.getpid())):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_file_lock_refuses_times_out_waits_with_one_message_and_never_truncates_the_holders_file(tmp_path, caplog):
+    from judgetrain.utils.files import LockBusy, file_lock
+
+    path = tmp_path / "entry.lock"
+    holder = subprocess.Popen([sys.executable, "-c", LOCKER, str(path), "4"], stdout=subprocess.PIPE, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        held_at = time.monotonic()
+        with pytest.raises(LockBusy, match="is locked by another process"):
+            with file_lock(path, wait=False):
+                pass
+        t0 = time.monotonic()
+        with caplog.at_level("INFO"), pytest.raises(LockBusy):
+            with file_lock(path, timeout=0.5, wait_message="waiting for the holder", poll=0.05):
+                pass
+        assert time.monotonic() - t0 >= 0.5
+        assert path.read_text() == f"holder {holder.pid}"  # the refused attempts left the holder's words alone
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            with file_lock(path, wait_message="waiting for the holder", poll=0.05):
+                assert time.monotonic() - held_at >= 4  # got it only once the holder let go
+        assert caplog.text.count("waiting for the holder") == 1
+        assert path.read_text() == f"holder {holder.pid}"  # released, not removed
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "EOPNOTSUPP", "ENOSYS"])
+def test_an_output_dir_whose_filesystem_has_no_flock_is_refused_naming_it(tmp_path, monkeypatch, code):
+    """NFS without lockd, some FUSE mounts: one message naming output_dir and the cause, no bare OSError and no
+    fallback to a marker file that a killed run would leave behind."""
+    import errno
+    import fcntl
+
+    from judgetrain.run.state import output_dir_in_use
+
+    number = getattr(errno, code)
+
+    def no_locks(fd, operation):
+        raise OSError(number, os.strerror(number))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    run = tmp_path / "run"
+    expected = (f"output_dir {run}: cannot lock {LOCK_FILE} there: its filesystem does not support file locks "
+                f"(flock: {os.strerror(number)};")
+    with pytest.raises(RecipeError) as refused:
+        hold_output_dir(run)
+    assert str(refused.value).startswith(expected)
+    assert output_dir_in_use(run).startswith(expected)  # `judgetrain train` says the same before it launches
+    assert [p.name for p in run.iterdir()] == [LOCK_FILE]
+
+
 # ----------------------------------------------------------------------------------------------- checkpoints
 
 

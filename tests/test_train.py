@@ -208,6 +208,25 @@ def test_checkpoints_are_listed_by_step_and_only_checkpoint_n_folders_count(tmp_
     assert list_checkpoints(tmp_path / "missing") == []
 
 
+def test_checkpoint_listing_is_trainers_own_and_resume_picks_what_trainer_would(tmp_path):
+    """The listing is transformers' sort_checkpoints less the names it takes by their prefix alone; with every
+    checkpoint complete, resume picks the one Trainer's get_last_checkpoint picks."""
+    from transformers.trainer_utils import get_last_checkpoint, sort_checkpoints
+
+    from judgetrain.run.checkpoints import find_resume_checkpoint, list_checkpoints, write_marker
+
+    for name in ("checkpoint-10", "checkpoint-9", "checkpoint-100", "checkpoint-2.tmp", "checkpoint-7-old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_model.safetensors").write_bytes(name.encode())
+    steps = ["checkpoint-9", "checkpoint-10", "checkpoint-100"]
+    assert [Path(p).name for p in sort_checkpoints(str(tmp_path))] == [
+        "checkpoint-2.tmp", "checkpoint-7-old", *steps]
+    assert list_checkpoints(tmp_path) == [tmp_path / n for n in steps]
+    for name in steps:
+        write_marker(tmp_path / name, int(name.split("-")[1]))
+    assert find_resume_checkpoint(str(tmp_path)) == get_last_checkpoint(str(tmp_path)) == str(tmp_path / steps[-1])
+
+
 def test_wandb_offline_and_tensorboard_receive_the_eval_keys(tmp_path):
     recipe = small_recipe(
         tmp_path, eval_suites="[rmbench, judgebias]", report_to="[wandb, tensorboard]",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import os
 import platform
@@ -94,16 +93,6 @@ def default_recipe() -> str:
         if path.is_file():
             return str(path)
     raise BenchError("recipes/quickstart.yaml not found next to the package or in the current directory; pass --recipe")
-
-
-def quiet_logging() -> None:
-    logging.basicConfig(level=logging.WARNING, force=True)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import datasets
-    import transformers
-
-    datasets.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
 
 
 def args_digest(args) -> tuple[str, dict]:

@@ -5,10 +5,12 @@ TRL script, or the quickstart recipe; each writes its timings and its own peak m
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
-from judgetrain.bench.common import args_digest, device_peak, peak_rss_mb, quiet_logging
+from judgetrain.bench.common import args_digest, device_peak, peak_rss_mb
+from judgetrain.utils.logging import setup_logging
 
 
 def _worker_train_judgetrain(spec: dict) -> dict:
@@ -92,7 +94,8 @@ _WORKERS = {"train_judgetrain": _worker_train_judgetrain, "train_bare": _worker_
 
 def worker_main(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    quiet_logging()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    setup_logging(quiet=True, force=True)
     result = _WORKERS[spec["kind"]](spec)
     result["peak_rss_mb"] = peak_rss_mb()
     device_peak(result)

@@ -46,6 +46,7 @@ from judgetrain.bench.parser import CAP, PANEL_COPIES, bench_parser
 from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summarize
 from judgetrain.bench.scale import bench_quickstart, bench_train_scale
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
+from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    setup_logging()
     try:
         args = resolve_config(args)
         report = run_bench(args)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import numpy as np
 import sys
 
 from judgetrain.data.check import DATASETS, PERCENTILES, load_split, splits_of, summarise, token_lengths
 from judgetrain.data.check import __doc__ as _LIBRARY_DOC
 from judgetrain.data.validate import DataValidationError
+from judgetrain.utils.logging import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rejects", help="rejects jsonl path for --on-bad-row skip")
     p.add_argument("--mode", choices=("implicit", "pairwise"), default="implicit", help="ideation mode")
     args = p.parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
 
     try:
         args.splits_of = splits_of(args.dataset, args.source, args.split)

@@ -28,6 +28,7 @@ from typing import Any
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.models.loading import load_tokenizer
 from judgetrain.utils.device import has_accelerator
+from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.eval.metrics import nan_to_none
 
     state = PartialState(cpu=_cpu_only())
-    logging.basicConfig(level=logging.INFO if state.is_main_process else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(state.is_main_process)
     from judgetrain.config.recipe import remote_code_warning
 
     warning = remote_code_warning(["--trust-remote-code"] if args.trust_remote_code else [], args.model)

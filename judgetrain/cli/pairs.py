@@ -7,6 +7,7 @@ import argparse
 import logging
 
 from judgetrain.data.pairs import PanelDataError, build_pairs
+from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     try:
         stats = build_pairs(
             args.evaluations, args.out, min_delta=args.min_delta,

@@ -11,6 +11,7 @@ import logging
 
 from judgetrain.report.build import SUMMARY_HEADER, cmp_cell, cmp_label, fmt_epoch, summary_cells, build_report
 from judgetrain.report.build import __doc__ as _LIBRARY_DOC
+from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="where to write (default: RUN_DIR/report for one run, "
                                                     "./judgetrain_report for several)")
     args = parser.parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     missing = [d for d in args.run_dirs if not Path(d).is_dir()]
     if missing:
         logger.error("not a run directory: %s", ", ".join(missing))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError, parse_recipe, split_recipe_argv
 from judgetrain.train import run
+from judgetrain.utils.logging import setup_logging
 
 
 # Seconds a SIGTERM'd launch gives its workers to save the stop checkpoint before torchrun kills them (the SLURM
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    setup_logging()
     try:
         script_args, training_args, _, _ = parse_recipe(argv)
     except RecipeError as e:

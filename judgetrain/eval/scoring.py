@@ -569,6 +569,9 @@ class ScoringEngine:
             rows[r].generated = parsed
 
 
+# Strided, not accelerate's PartialState.split_between_processes (contiguous chunks): suite rows come grouped by
+# domain (RM-Bench: chat, code, safety) and only the first ``generate_samples`` rows generate, so chunks give the
+# busiest rank 1.3-1.4x the mean text at 4-8 processes on the bundled RM-Bench (stride: 1.05-1.08).
 def shard_indices(n_rows: int, rank: int, world: int) -> list[int]:
     """Rows this process scores: rank, rank + world, ... (every row exactly once over the processes)."""
     return list(range(rank, n_rows, world))

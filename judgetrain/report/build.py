@@ -16,7 +16,6 @@ The heatmaps are drawn by `judgetrain.report.plots` (also used by training), the
 from __future__ import annotations
 
 import base64
-import html
 import json
 import logging
 import math
@@ -524,90 +523,43 @@ def cmp_cell(entry: Mapping[str, Any] | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ html / md
-_CSS = """body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;max-width:1700px;
-color:#222;padding:0 1em}h1{font-size:1.5em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;font-size:13px;margin:.8em 0}th,td{border:1px solid #ccc;padding:3px 8px;
-text-align:right}th{background:#f3f3f3}td.metric,td.text{text-align:left;font-family:ui-monospace,monospace}
-img{max-width:100%;border:1px solid #eee}figure{margin:1.2em 0}figcaption{font-size:13px;color:#555}
-.note{color:#8a4b00}pre{background:#f7f7f7;padding:.8em;overflow:auto;font-size:12px}"""
+RUNS_HEADER = ("run", "status", "last step", "epoch", "eval points", "last train loss", "recipe")
 
 
-def _html_table(header: Sequence[str], body: Iterable[str], attrs: str = "") -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
+def _html_template():
+    """templates/report.html, autoescaped: every string that reaches the page (run names, notes, recipe text,
+    metric names) is escaped by jinja2, whatever it holds."""
+    import jinja2
 
-
-def _html_summary(run: Run, rows: list[dict]) -> str:
-    body = []
-    for row in rows:
-        c = summary_cells(row)
-        body.append(
-            f'<tr data-metric="{html.escape(row["metric"])}"><td class="metric">{html.escape(c[0])}</td>'
-            f'<td class="last" data-value="{row["last"]!r}">{c[1]}</td><td>{c[2]}</td><td>{c[3]}</td>'
-            f'<td class="best" data-value="{row["best"]!r}">{c[4]}</td><td>{c[5]}</td><td>{c[6]}</td>'
-            f'<td class="text">{c[7]}</td></tr>')
-    return _html_table(SUMMARY_HEADER, body, f' class="metrics" id="summary-{html.escape(_slug(run.name))}"')
-
-
-def _img_tag(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+    env = jinja2.Environment(loader=jinja2.PackageLoader("judgetrain.report", "templates"), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    return env.get_template("report.html")
 
 
 def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) -> None:
-    names = ", ".join(run.name for run in runs)
-    parts = [f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-             f"<title>judgetrain report: {html.escape(names)}</title><style>{_CSS}</style></head><body>",
-             f"<h1>judgetrain report: {html.escape(names)}</h1>"]
-    info_body = []
-    for info in infos:
-        recipe = ", ".join(f"{k}={v}" for k, v in info["recipe"].items()) or "-"
-        info_body.append(
-            f'<tr><td class="text">{html.escape(info["name"])}</td><td class="text">{html.escape(info["status"])}</td>'
-            f'<td>{info["last_step"] if info["last_step"] is not None else "-"}</td>'
-            f'<td>{fmt_epoch(info["last_epoch"])}</td><td>{len(info["eval_points"])}</td>'
-            f'<td>{_fmt(info["final_train_loss"])}</td><td class="text">{html.escape(recipe)}</td></tr>')
-    parts.append("<h2>Runs</h2>" + _html_table(
-        ("run", "status", "last step", "epoch", "eval points", "last train loss", "recipe"), info_body,
-        ' class="runs"'))
-    for run in runs:
-        if run.notes:
-            items = "".join(f"<li>{html.escape(n)}</li>" for n in run.notes)
-            parts.append(f'<p class="note"><b>{html.escape(run.name)}</b>: what is missing or was repaired</p>'
-                         f'<ul class="note">{items}</ul>')
-    if len(runs) > 1 and comparison:
-        body = []
-        for row in comparison:
-            cells = "".join(
-                f'<td data-run="{html.escape(run.name)}" data-value="{row["runs"][run.name]["last"]!r}">'
-                f'{cmp_cell(row["runs"][run.name])}</td>' if run.name in row["runs"] else "<td>-</td>"
-                for run in runs)
-            body.append(f'<tr data-metric="{html.escape(row["metric"])}"><td class="metric">'
-                        f'{html.escape(cmp_label(row))}</td>{cells}'
-                        f'<td class="text">{row["better"]}</td></tr>')
-        parts.append("<h2>Comparison: last eval (best, at epoch)</h2>" + _html_table(
-            ["metric", *[run.name for run in runs], "better"], body, ' class="comparison"'))
-    for run in runs:
-        parts.append(f"<h2>Summary: {html.escape(run.name)}</h2>")
-        if tables[run.name]:
-            parts.append(_html_summary(run, tables[run.name]))
-        else:
-            parts.append('<p class="note">No evaluation logged yet.</p>')
-    parts.append("<h2>Curves</h2>")
-    for name, caption in figures:
-        parts.append(f"<figure>{_img_tag(path.parent / name, caption)}<figcaption>{html.escape(name)}: "
-                     f"{html.escape(caption)}</figcaption></figure>")
-    if matrices:
-        parts.append("<h2>RM-Bench matrices</h2>")
-        for name, caption in matrices:
-            parts.append(f"<figure>{_img_tag(path.parent / name, caption)}<figcaption>{html.escape(name)}: "
-                         f"{html.escape(caption)}</figcaption></figure>")
-    for run in runs:
-        if run.recipe_text is not None:
-            parts.append(f"<details><summary>recipe.yaml of {html.escape(run.name)}</summary>"
-                         f"<pre>{html.escape(run.recipe_text)}</pre></details>")
-    parts.append("</body></html>\n")
-    path.write_text("\n".join(parts), encoding="utf-8")
+    def figure(name: str, caption: str) -> dict[str, str]:
+        data = base64.b64encode((path.parent / name).read_bytes()).decode("ascii")
+        return {"name": name, "caption": caption, "data": data}
+
+    def cell(run: Run, row: Mapping[str, Any]) -> dict[str, str] | None:
+        entry = row["runs"].get(run.name)
+        return None if entry is None else {"run": run.name, "value": repr(entry["last"]), "text": cmp_cell(entry)}
+
+    page = _html_template().render(
+        names=", ".join(run.name for run in runs), comparison_header=["metric", *(run.name for run in runs), "better"],
+        runs_header=RUNS_HEADER, summary_header=SUMMARY_HEADER,
+        infos=[{"name": i["name"], "status": i["status"], "last_step": "-" if i["last_step"] is None else i["last_step"],
+                "epoch": fmt_epoch(i["last_epoch"]), "eval_points": len(i["eval_points"]),
+                "loss": _fmt(i["final_train_loss"]),
+                "recipe": ", ".join(f"{k}={v}" for k, v in i["recipe"].items()) or "-"} for i in infos],
+        runs=[{"name": run.name, "slug": _slug(run.name), "notes": run.notes, "recipe_text": run.recipe_text,
+               "summary": [{"metric": row["metric"], "last": repr(row["last"]), "best": repr(row["best"]),
+                            "cells": summary_cells(row)} for row in tables[run.name]]} for run in runs],
+        comparison=[{"metric": row["metric"], "label": cmp_label(row), "better": row["better"],
+                     "cells": [cell(run, row) for run in runs]} for row in comparison] if len(runs) > 1 else [],
+        figures=[figure(*f) for f in figures], matrices=[figure(*m) for m in matrices])
+    path.write_text(page, encoding="utf-8")
 
 
 def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:

@@ -107,6 +107,8 @@ def log_matrix_images(trainer_or_callbacks: Any, matrices: Mapping[str, Any], st
     ``eval/rmbench/<domain>/matrix``. Only backends set up on this process are used (transformers sets them up on
     the main process only); nothing is rendered when none is. Returns the backends logged to.
     """
+    from judgetrain.compat.transformers import active_wandb
+
     callbacks = _callbacks_of(trainer_or_callbacks)
     wandb_cbs = [cb for cb in callbacks if _is_a(cb, "WandbCallback") and active_wandb(cb) is not None]
     tb_cbs = [cb for cb in callbacks if _is_a(cb, "TensorBoardCallback") and getattr(cb, "tb_writer", None)]

@@ -16,6 +16,7 @@ from judgetrain.utils.files import manifest_problem, write_json, write_lines, wr
 
 logger = logging.getLogger(__name__)
 
+# the name Trainer gives a checkpoint (transformers' own pattern, ``trainer_utils._re_checkpoint``, is private)
 _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 
 
@@ -31,12 +32,14 @@ def checkpoint_step(path: str | os.PathLike) -> int | None:
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """The ``checkpoint-N`` folders of a run directory, by step (``checkpoint-10`` after ``checkpoint-9``)."""
-    root = Path(output_dir)
-    if not root.is_dir():
+    """The ``checkpoint-N`` folders of a run directory, by step (``checkpoint-10`` after ``checkpoint-9``): Trainer's
+    own listing (`transformers.trainer_utils.sort_checkpoints`), less the names it accepts by their prefix only
+    (``checkpoint-2.tmp``, ``checkpoint-2-old``), which are not Trainer's checkpoints."""
+    if not Path(output_dir).is_dir():
         return []
-    found = [(step, p) for p in root.glob("checkpoint-*") if p.is_dir() and (step := checkpoint_step(p)) is not None]
-    return [p for _, p in sorted(found)]
+    from transformers.trainer_utils import sort_checkpoints  # imports torch: only when a run directory is listed
+
+    return [Path(p) for p in sort_checkpoints(str(output_dir)) if checkpoint_step(p) is not None]
 
 
 def write_marker(ckpt: Path, step: int, identity: dict | None = None) -> None:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE  # noqa: F401
-from judgetrain.utils.files import LockBusy, append_jsonl, file_lock, write_json
+from judgetrain.utils.files import LockBusy, LockUnsupported, append_jsonl, file_lock, write_json
 from judgetrain.config.recipe import RecipeError
 
 logger = logging.getLogger(__name__)
@@ -228,19 +228,31 @@ def hold_output_dir(out: Path) -> None:
     if key in _HELD:
         return
     out.mkdir(parents=True, exist_ok=True)
-    lock = file_lock(out / LOCK_FILE, wait=False)
+    lock = file_lock(out / LOCK_FILE, wait=False, on_acquired=_write_holder)
     try:
-        fd = lock.__enter__()
+        lock.__enter__()
     except LockBusy:
         raise RecipeError(_in_use(out)) from None
+    except LockUnsupported as e:
+        raise RecipeError(_cannot_lock(out, e)) from None
+    _HELD[key] = lock
+
+
+def _write_holder(fd: int) -> None:
+    """Who holds the lock, in the lock file (read back by `_in_use` in the run that is refused)."""
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode(), 0)
-    _HELD[key] = lock
 
 
 def _in_use(out: Path) -> str:
     holder = (out / LOCK_FILE).read_text(errors="replace").strip() or "unknown process"
     return f"output_dir {out} is in use by another judgetrain run ({holder}); wait for it to end or use another output_dir"
+
+
+def _cannot_lock(out: Path, error: OSError) -> str:
+    return (f"output_dir {out}: cannot lock {LOCK_FILE} there: its filesystem does not support file locks (flock: "
+            f"{error.strerror}; some NFS and FUSE mounts lack them); without the lock two runs could write into one "
+            "output_dir: choose an output_dir on a local disk or a filesystem with locking")
 
 
 def output_dir_in_use(out: Path) -> str | None:
@@ -253,6 +265,8 @@ def output_dir_in_use(out: Path) -> str | None:
             return None
     except LockBusy:
         return _in_use(out)
+    except LockUnsupported as e:
+        return _cannot_lock(out, e)
 
 
 def release_output_dir(out: Path) -> None:

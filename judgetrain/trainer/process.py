@@ -1,9 +1,8 @@
 """What every process of an `accelerate launch` does first: join the process group (gloo on a machine without a
-GPU), follow the launcher if it dies, and log from the main process only."""
+GPU) and follow the launcher if it dies."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -78,18 +77,3 @@ def ddp_timeout_of(argv: list[str]) -> int:
     if seconds <= 0:
         raise RecipeError(f"ddp_timeout: {seconds} must be a positive number of seconds")
     return seconds
-
-
-def setup_logging() -> None:
-    """INFO on the main process, warnings only elsewhere: one copy of each message, no duplicate progress bars."""
-    from accelerate import PartialState
-
-    is_main = PartialState().is_main_process
-    level = logging.INFO if is_main else logging.WARNING
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level, force=True)
-    import datasets
-    import transformers
-
-    transformers.utils.logging.set_verbosity(logging.WARNING if is_main else logging.ERROR)
-    if not is_main:
-        datasets.utils.logging.disable_progress_bar()

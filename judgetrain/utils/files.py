@@ -4,21 +4,20 @@
 - `append_jsonl`: one JSON line appended and fsynced (metrics.jsonl, judgetrain_status.jsonl, builds.jsonl).
 - `write_manifest` / `manifest_problem`: a folder's files with their sizes and SHA-256, written last; a folder is
   trusted only when its files match (model cache entries, checkpoints, the final model).
-- `file_lock`: an exclusive ``flock`` that the kernel drops when its holder exits, however it exits.
+- `file_lock`: an exclusive ``flock`` (through filelock) that the kernel drops when its holder exits, however it
+  exits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -110,37 +109,53 @@ class LockBusy(BlockingIOError):
     """Another process holds the lock (raised by ``file_lock(..., wait=False)`` or when ``timeout`` runs out)."""
 
 
+class LockUnsupported(OSError):
+    """The lock file's filesystem does not support ``flock`` (some NFS and FUSE mounts); ``strerror`` is flock's."""
+
+
+# what flock fails with where the filesystem has no locks (NFS without lockd: ENOLCK; FUSE, some others: EOPNOTSUPP)
+_NO_FLOCK = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
 @contextlib.contextmanager
 def file_lock(path: str | os.PathLike, *, wait_message: str | None = None, poll: float = 0.2, wait: bool = True,
-              timeout: float | None = None) -> Iterator[int]:
-    """An exclusive ``flock`` on ``path`` (created if needed); yields the open descriptor. The kernel releases it
-    when the holder exits, so a killed holder never leaves the lock stuck. Logs ``wait_message`` once if another
-    process holds it; with ``wait=False`` (or once ``timeout`` seconds have passed) raises `LockBusy` instead."""
+              timeout: float | None = None, on_acquired: Callable[[int], None] | None = None) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (filelock's `UnixFileLock`; the file is created if needed, left in place on
+    release, and a process that fails to get the lock neither truncates nor removes it). The kernel releases it when
+    the holder exits, so a killed holder never leaves the lock stuck. Logs ``wait_message`` once if another process
+    holds it; with ``wait=False`` (or once ``timeout`` seconds have passed) raises `LockBusy` instead.
+    ``on_acquired(fd)`` runs once the lock is held (the holder may write who it is into the file). Raises
+    `LockUnsupported` where the filesystem has no ``flock``: filelock's fallback there, a marker file, would outlive a
+    killed holder. Waiting without a timeout for a lock this same process holds raises filelock's RuntimeError
+    (deadlock) rather than hanging."""
+    from filelock import Timeout, UnixFileLock
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    lock = UnixFileLock(path, mode=0o644, thread_local=False, fallback_to_soft=False, on_acquired=on_acquired)
+    busy = LockBusy(errno.EAGAIN, f"{path} is locked by another process")
     try:
-        told = False
-        while True:
+        try:
+            lock.acquire(blocking=False)
+        except Timeout:
+            if not wait:
+                raise busy from None
+            if wait_message:
+                logger.info(wait_message)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if not wait or (deadline is not None and time.monotonic() > deadline):
-                    raise LockBusy(e.errno, f"{path} is locked by another process") from None
-                if not told and wait_message:
-                    logger.info(wait_message)
-                    told = True
-                time.sleep(poll)
-        yield fd
+                lock.acquire(timeout=-1 if timeout is None else timeout, poll_interval=poll)
+            except Timeout:
+                raise busy from None
+    except LockBusy:
+        raise
+    except OSError as e:
+        if e.errno not in _NO_FLOCK:
+            raise
+        raise LockUnsupported(e.errno, os.strerror(e.errno), str(path)) from None
+    try:
+        yield
     finally:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
+        lock.release()
 
 
 def write_json(path: str | os.PathLike, value: Any) -> None:

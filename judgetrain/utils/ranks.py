@@ -45,6 +45,8 @@ def any_rank(flags: list[bool]) -> list[bool]:
         return list(flags)
     import torch
 
+    # not accelerate.utils.reduce(..., "max"): it asks PartialState, which sees no distributed run (DistributedType.NO,
+    # the flags back unchanged) in a process group that accelerate did not set up itself
     tensor = torch.tensor([1.0 if f else 0.0 for f in flags])
     if dist.get_backend() == "nccl":
         tensor = tensor.cuda()

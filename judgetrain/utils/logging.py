@@ -1,0 +1,26 @@
+"""The one logging set-up of every judgetrain entry point (each command's ``main``, each process of a launch)."""
+
+from __future__ import annotations
+
+import logging
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(main: bool = True, *, quiet: bool = False, force: bool = False) -> None:
+    """judgetrain's messages at INFO on the main process and WARNING on the others, so each is printed once.
+
+    On the other processes transformers logs errors only and no progress bar is drawn (datasets, transformers and
+    the hub's): one copy of each, from the main process, which keeps the libraries' own defaults. ``quiet`` (the
+    bench's measured workers): warnings only and no progress bars on every process. A root logger that already has
+    handlers (an embedding program, pytest) is left as it is unless ``force`` (a training process, which owns its
+    output)."""
+    logging.basicConfig(format=FORMAT, level=logging.INFO if main and not quiet else logging.WARNING, force=force)
+    if main and not quiet:
+        return
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.utils.logging.disable_progress_bar()
