@@ -33,7 +33,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     """The DPOTrainer (`PrefixSharingDPOTrainer` with `prefix_sharing`) with judgetrain's callbacks: metrics.jsonl,
     checkpoint markers (with the run identity, and the checkpoint rotation), the non-finite guard, the graceful stop
     (its signal handlers installed), the recipe's values over a restored optimizer on a forced resume and, when the
-    recipe names suites, the per-epoch evaluation."""
+    recipe evaluates (eval_strategy, eval_on_start), the eval suites as the trainer's evaluation."""
     from trl import DPOTrainer, get_peft_config
 
     from judgetrain.trainer.callbacks import (
@@ -69,19 +69,20 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     trainer_cls = DPOTrainer
     if script_args.prefix_sharing:
         from judgetrain.trainer.prefix_sharing import PrefixSharingDPOTrainer as trainer_cls
-    trainer = trainer_cls(
-        model=model_path,
-        args=training_args,
-        train_dataset=train_dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-        callbacks=callbacks,
-    )
+    from judgetrain.eval.callback import JudgeEvalCallback
+
+    with JudgeEvalCallback.building(training_args):  # the suites, not an eval_dataset, are what eval_strategy runs
+        trainer = trainer_cls(
+            model=model_path,
+            args=training_args,
+            train_dataset=train_dataset,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+            callbacks=callbacks,
+        )
     report.attach(trainer)
     guard.attach(trainer)
-    if script_args.eval_suites:
-        from judgetrain.eval.callback import JudgeEvalCallback
-
+    if training_args.eval_strategy != "no" or training_args.eval_on_start:
         trainer.add_callback(JudgeEvalCallback.from_recipe(script_args, training_args, tokenizer, trainer=trainer))
     return trainer, guard, stopper
 
@@ -108,6 +109,9 @@ def run_training(trainer, resume_from: str | None, guard) -> tuple[dict, object 
             if stop.checkpoint:
                 summary["checkpoint"] = stop.checkpoint
     summary["global_step"] = trainer.state.global_step
+    if trainer.state.best_model_checkpoint:  # metric_for_best_model: the best eval's checkpoint and figure
+        summary["best_model_checkpoint"] = trainer.state.best_model_checkpoint
+        summary["best_metric"] = trainer.state.best_metric
     if getattr(trainer, "prefix_sharing", None) is not None:
         summary["prefix_sharing"] = {"on": trainer.prefix_sharing, **trainer.prefix_sharing_stats}
     if guard.skipped_steps:
