@@ -213,10 +213,11 @@ class JudgeEvalCallback(TrainerCallback):
         if not fresh:  # already scored at this step: nothing is logged or announced twice
             return metrics
         wanted = trainer.args.metric_for_best_model
-        if wanted and not trainer.eval_dataset and ("eval_" + wanted.removeprefix("eval_")) not in metrics:
-            near = difflib.get_close_matches("eval_" + wanted.removeprefix("eval_"), sorted(metrics), n=1)
+        key = "eval_" + wanted.removeprefix("eval_") if wanted else None  # as Trainer prefixes it
+        if key and trainer.eval_dataset is None and key not in metrics:
+            near = difflib.get_close_matches(key, sorted(metrics), n=1)
             raise ValueError(f"metric_for_best_model: {wanted!r} is not among the figures the eval suites logged"
-                           + (f"; did you mean {near[0]!r}?" if near else f" ({', '.join(sorted(metrics))})"))
+                             + (f"; did you mean {near[0]!r}?" if near else f" ({', '.join(sorted(metrics))})"))
         trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, metrics)
         return metrics
 
