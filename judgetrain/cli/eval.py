@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None):
     eval_args, args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         token = next((t for t in unknown if t.startswith("-")), unknown[0])
+        if not token.startswith("-"):
+            parser.error(f"unexpected argument {token!r} (options are --name value)")
         valid = [o.lstrip("-") for action in parser._actions for o in action.option_strings]
         name = token.lstrip("-").split("=", 1)[0]
         parser.error(f"unknown option {token}{did_you_mean(name, valid, flag=True, renamed=RENAMED_EVAL_FLAGS)}")
