@@ -33,7 +33,8 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     """The `JudgeDPOTrainer` (prefix sharing as the recipe's `prefix_sharing` says) with judgetrain's callbacks:
     metrics.jsonl, checkpoint markers (with the run identity, and the checkpoint rotation), the non-finite guard (it
     reads the trainer's per-step records), the graceful stop (its signal handlers installed), the recipe's values over
-    a restored optimizer on a forced resume and, when the recipe names suites, the per-epoch evaluation."""
+    a restored optimizer on a forced resume and, when the recipe evaluates (eval_strategy, eval_on_start), the eval
+    suites as the trainer's evaluation."""
     from trl import get_peft_config
 
     from judgetrain.trainer.callbacks import (
@@ -66,22 +67,22 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
                  CheckpointMarkerCallback(keep, identity), guard, stopper]
     if forced:
         callbacks.append(ForcedResume(forced))
+    from judgetrain.eval.callback import JudgeEvalCallback
     from judgetrain.trainer.dpo import JudgeDPOTrainer
 
-    trainer = JudgeDPOTrainer(
-        model=model_path,
-        args=training_args,
-        train_dataset=train_dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-        callbacks=callbacks,
-        prefix_sharing=script_args.prefix_sharing,
-    )
+    with JudgeEvalCallback.building(training_args):  # the suites, not an eval_dataset, are what eval_strategy runs
+        trainer = JudgeDPOTrainer(
+            model=model_path,
+            args=training_args,
+            train_dataset=train_dataset,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+            callbacks=callbacks,
+            prefix_sharing=script_args.prefix_sharing,
+        )
     report.attach(trainer)
     guard.attach(trainer)
-    if script_args.eval_suites:
-        from judgetrain.eval.callback import JudgeEvalCallback
-
+    if training_args.eval_strategy != "no" or training_args.eval_on_start:
         trainer.add_callback(JudgeEvalCallback.from_recipe(script_args, training_args, tokenizer, trainer=trainer))
     return trainer, guard, stopper
 
@@ -108,6 +109,9 @@ def run_training(trainer, resume_from: str | None, guard) -> tuple[dict, object 
             if stop.checkpoint:
                 summary["checkpoint"] = stop.checkpoint
     summary["global_step"] = trainer.state.global_step
+    if trainer.state.best_model_checkpoint:  # metric_for_best_model: the best eval's checkpoint and figure
+        summary["best_model_checkpoint"] = trainer.state.best_model_checkpoint
+        summary["best_metric"] = trainer.state.best_metric
     if getattr(trainer, "prefix_sharing", None) is not None:
         summary["prefix_sharing"] = {"on": trainer.prefix_sharing, **trainer.prefix_sharing_stats}
     if guard.skipped_steps:

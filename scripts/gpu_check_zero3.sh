@@ -25,7 +25,8 @@ python - "$RECIPE" <<'PY'
 import sys, yaml
 recipe = yaml.safe_load(open("recipes/judgebias_qwen3_8b_full_zero3.yaml"))
 recipe.update(model_name_or_path="tiny-judge", train_datasets=[{"dataset": "judgebias", "source": "bundled", "split": "train"}],
-              eval_rmbench_source="bundled", eval_judgebias_source="bundled", eval_max_rows=16, eval_every_n_steps=3,
+              eval_rmbench_source="bundled", eval_judgebias_source="bundled", eval_max_rows=16,
+              eval_strategy="steps", eval_steps=3,
               max_steps=6, save_steps=3, logging_steps=1, max_length=1024, per_device_train_batch_size=2,
               gradient_accumulation_steps=1, learning_rate=1e-4, warmup_steps=0, report_to="none", run_name=None)
 yaml.safe_dump(recipe, open(sys.argv[1], "w"), sort_keys=False)

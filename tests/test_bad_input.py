@@ -262,7 +262,7 @@ def test_recipe_with_a_misspelt_key_is_an_error_that_suggests_a_valid_key(tmp_pa
 
 
 TYPED_KEYS = ["learning_rate", "num_train_epochs", "per_device_train_batch_size", "beta", "max_length", "lora_r",
-              "seed", "eval_max_rows", "eval_every_n_steps", "use_peft", "train_datasets", "eval_suites", "long_rows",
+              "seed", "eval_max_rows", "eval_steps", "use_peft", "train_datasets", "eval_suites", "long_rows",
               "on_bad_row", "nonfinite", "lora_target_modules", "loss_type", "logging_steps", "save_steps"]
 YAML_VALUES = st.one_of(st.just("abc"), st.just("[1, 2]"), st.just("{a: 1}"), st.just("null"), st.just("-5"),
                         st.just("'ünï'"), st.just("[{dataset: nope}]"), st.just("''"), st.just("true"))
@@ -355,23 +355,23 @@ def no_template_model(tiny_judge, tmp_path_factory):
 
 
 def test_eval_cli_missing_model_or_data_is_a_one_line_error(tmp_path, tiny_judge):
-    p = _cli(["judgetrain.cli.eval", "--model", str(tmp_path / "nope"), "--suites", "judgebias", "--max-rows", "2",
-              "--output-dir", str(tmp_path / "o")])
+    p = _cli(["judgetrain.cli.eval", "--model", str(tmp_path / "nope"), "--eval_suites", "judgebias",
+              "--eval_max_rows", "2", "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 2 and "cannot load model" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
-    p = _cli(["judgetrain.cli.eval", "--model", tiny_judge, "--suites", "rmbench", "--rmbench-source",
-              str(tmp_path / "missing.json"), "--max-rows", "2", "--output-dir", str(tmp_path / "o")])
+    p = _cli(["judgetrain.cli.eval", "--model", tiny_judge, "--eval_suites", "rmbench", "--eval_rmbench_source",
+              str(tmp_path / "missing.json"), "--eval_max_rows", "2", "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 2 and "cannot load eval data" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "chat_filtered.json").write_text('[{"id": 1, "prompt": "x"}')  # torn file
-    p = _cli(["judgetrain.cli.eval", "--model", tiny_judge, "--suites", "rmbench", "--rmbench-source", str(bad),
-              "--max-rows", "2", "--output-dir", str(tmp_path / "o")])
+    p = _cli(["judgetrain.cli.eval", "--model", tiny_judge, "--eval_suites", "rmbench", "--eval_rmbench_source",
+              str(bad), "--eval_max_rows", "2", "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
 
 
 def test_eval_cli_with_a_tokenizer_without_chat_template_says_so_and_scores_plain_text(no_template_model, tmp_path):
-    p = _cli(["judgetrain.cli.eval", "--model", str(no_template_model), "--suites", "judgebias", "--max-rows", "2",
-              "--output-dir", str(tmp_path / "o")])
+    p = _cli(["judgetrain.cli.eval", "--model", str(no_template_model), "--eval_suites", "judgebias",
+              "--eval_max_rows", "2", "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 0, p.stderr[-3000:]
     assert "has no chat template" in p.stderr and "plain text" in p.stderr
     res = json.loads((tmp_path / "o" / "model" / "results.json").read_text())

@@ -136,8 +136,8 @@ def test_zero3_full_fine_tune_gathers_a_whole_model_that_scores_as_the_live_one(
         torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-5, msg=name)
 
     out = tmp_path / "eval"
-    run([sys.executable, "-m", "judgetrain.cli.eval", "--model", zero, "--ref-model", "tiny-judge", "--suites",
-         "rmbench,judgebias", "--max-rows", "12", "--max-length", "1024", "--seed", "42", "--output-dir", out],
+    run([sys.executable, "-m", "judgetrain.cli.eval", "--model", zero, "--ref-model", "tiny-judge", "--eval_suites",
+         "rmbench,judgebias", "--eval_max_rows", "12", "--max-length", "1024", "--seed", "42", "--output-dir", out],
         env={"OMP_NUM_THREADS": "1"}, timeout=300, cwd=REPO)
     for suite in ("rmbench", "judgebias"):
         live, loaded = read_jsonl(zero / "eval" / str(STEPS) / f"{suite}.jsonl"), read_jsonl(out / "final" / f"{suite}.jsonl")

@@ -38,8 +38,8 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def eval_args(rmbench_real_dir) -> list[str]:
     """The real RM-Bench rows (skipped when ../shared is not beside the repository), 7 rows, short sequences."""
-    return ["--suites", "rmbench", "--rmbench-source", str(rmbench_real_dir), "--max-rows", "7", "--max-length", "384",
-            "--batch-tokens", "2048"]
+    return ["--eval_suites", "rmbench", "--eval_rmbench_source", str(rmbench_real_dir), "--eval_max_rows", "7",
+            "--max-length", "384", "--eval_batch_tokens", "2048"]
 
 
 def _rows(out: Path, name: str) -> list[dict]:
@@ -51,7 +51,7 @@ def one_process(run_dir, eval_args, tmp_path_factory):
     """One process scoring every sequence whole, LoRA unmerged: the reference the default runs are compared with."""
     out = tmp_path_factory.mktemp("one")
     one = run([sys.executable, "-m", "judgetrain.cli.eval", "--model", run_dir / "checkpoint-2", *eval_args,
-               "--no-prefix-sharing", "--no-merge-lora", "--output-dir", out], env=ENV, timeout=300)
+               "--no_eval_prefix_sharing", "--no_eval_merge_lora", "--output-dir", out], env=ENV, timeout=300)
     assert "RM-Bench" in one.stdout and "overall" in one.stdout
     return out
 

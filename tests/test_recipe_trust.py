@@ -115,7 +115,7 @@ def test_dry_run_gives_the_warning_for_model_init_kwargs(tmp_path, tiny_judge, c
 
 def test_eval_cli_trust_remote_code_gives_the_same_warning(tmp_path):
     p = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(tmp_path / "none"),
-                        "--suites", "judgebias", "--max-rows", "2", "--trust-remote-code",
+                        "--eval_suites", "judgebias", "--eval_max_rows", "2", "--trust-remote-code",
                         "--output-dir", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2
     assert f"Remote code is ON (--trust-remote-code): loading {tmp_path / 'none'} runs Python code" in p.stderr

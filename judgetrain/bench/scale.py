@@ -37,7 +37,7 @@ def bench_quickstart(cfg: argparse.Namespace, workdir: Path) -> dict:
     steps = None
     if not cfg.quickstart_full:
         steps = cfg.quickstart_steps
-        over.update(max_steps=steps, eval_every_n_steps=max(steps // 2, 1))
+        over.update(max_steps=steps, eval_strategy="steps", eval_steps=max(steps // 2, 1))
     over.update(cfg.quickstart_overrides)
     spec = {"kind": "quickstart", "argv": [cfg.recipe, *overrides_argv(over)], "output_dir": str(out_dir)}
     res = run_worker(spec, workdir, "quickstart")

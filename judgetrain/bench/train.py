@@ -27,8 +27,8 @@ class TrainBench:
         from judgetrain.models.loading import load_recipe_tokenizer, model_init_kwargs
 
         self.recipe, self.workdir, self.steps, self.device = recipe, workdir, steps, device
-        self.base = {"eval_suites": "none", "save_strategy": "no", "report_to": "none", "logging_steps": 1_000_000,
-                     "disable_tqdm": True}
+        self.base = {"eval_suites": "none", "eval_strategy": "no", "eval_on_start": False, "save_strategy": "no",
+                     "report_to": "none", "logging_steps": 1_000_000, "disable_tqdm": True}
         if batch_size:
             self.base["per_device_train_batch_size"] = batch_size
         if device == "cpu":

@@ -1,12 +1,15 @@
 """`judgetrain eval`: score a model, an adapter, a checkpoint or every checkpoint of a run on the eval suites.
 
-    judgetrain eval --model runs/quickstart --suites rmbench --rmbench-source RM-Bench/data
+    judgetrain eval --model runs/quickstart --eval_suites rmbench --eval_rmbench_source RM-Bench/data
     accelerate launch --num_processes 8 -m judgetrain.cli.eval --model Qwen/Qwen2.5-7B-Instruct \
-        --adapter runs/x/checkpoint-500 --suites rmbench,judgebias,ideation --scoring implicit
+        --adapter runs/x/checkpoint-500 --eval_suites rmbench judgebias ideation --eval_scoring implicit
 
-``--model`` is a hub id, a model directory, an adapter directory (adapter_config.json: its base model is loaded and
-the adapter applied), or a run directory: then every ``checkpoint-*/`` inside (by step) and the run's final
-model/adapter are evaluated in turn. Rows are split over the processes of ``accelerate launch`` and gathered;
+The evaluation options are the recipe's keys, by the same names (`judgetrain.config.recipe.EvalArguments`:
+``--eval_suites``, ``--eval_max_rows``, ``--eval_scoring``, ``--eval_batch_tokens``, ``--eval_<suite>_source``,
+``--no_eval_prefix_sharing``, ...; hyphens work too: ``--eval-max-rows``); the rest say what to evaluate and where
+to write. ``--model`` is a hub id, a model directory, an adapter directory (adapter_config.json: its base model is
+loaded and the adapter applied), or a run directory: then every ``checkpoint-*/`` inside (by step) and the run's
+final model/adapter are evaluated in turn. Rows are split over the processes of ``accelerate launch`` and gathered;
 every row is scored once. Implicit scoring of an adapter uses the base model (adapter disabled) as the reference;
 of a full model it needs ``--ref-model`` (without one the score is the plain log-likelihood). The reference
 log-probs are cached across the checkpoints of one run when they share the reference.
@@ -33,35 +36,43 @@ from judgetrain.utils.logging import setup_logging
 logger = logging.getLogger(__name__)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="judgetrain eval", description=__doc__.split("\n\n")[0])
+def build_parser():
+    """The recipe's evaluation options (`EvalArguments`), then the options of this command alone."""
+    from transformers import HfArgumentParser
+
+    from judgetrain.config.recipe import EvalArguments
+
+    p = HfArgumentParser(EvalArguments, prog="judgetrain eval", description=__doc__.split("\n\n")[0],
+                         allow_abbrev=False)
     p.add_argument("--model", required=True, help="hub id, model/adapter dir, run dir with checkpoint-*/, or tiny-judge")
     p.add_argument("--adapter", help="peft adapter directory applied on --model")
     p.add_argument("--ref-model", help="reference model for implicit scoring of a full (non-adapter) model")
-    p.add_argument("--suites", default="rmbench,judgebias,ideation", help="comma list of rmbench, judgebias, ideation")
-    p.add_argument("--scoring", choices=("implicit", "judge"), default="implicit")
-    p.add_argument("--rmbench-source", default="bundled", help="RM-Bench source (hub id, file, folder) or 'bundled'")
-    p.add_argument("--judgebias-source", default="bundled", help="JudgeBias source; --judgebias-split is scored")
-    p.add_argument("--judgebias-split", default="validation")
-    p.add_argument("--ideation-source", default="bundled", help="Ideation source; --ideation-split is scored")
-    p.add_argument("--ideation-split", default="test")
     p.add_argument("--ideation-mode", choices=("implicit", "pairwise"), default="implicit")
-    p.add_argument("--max-rows", type=int, help="row cap per suite, sampled evenly across domains / types")
     p.add_argument("--seed", type=int, default=0, help="seed of the row cap sample")
     p.add_argument("--max-length", type=int, help="longest scored sequence (default: the model's context)")
     p.add_argument("--long-inputs", choices=("truncate_prompt", "skip"), default="truncate_prompt",
                    help="longer inputs: cut the prompt from the left (response end kept) or skip the row; counted")
-    p.add_argument("--batch-tokens", type=int, default=8192, help="padded-token budget of one forward batch")
-    p.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
-                   help="score every sequence whole instead of running each shared prompt once (same scores, slower)")
-    p.add_argument("--no-merge-lora", dest="merge_lora", action="store_false",
-                   help="run the adapter's LoRA layers unmerged (PEFT's own forward; same scores up to rounding)")
-    p.add_argument("--generate-samples", type=int, default=0,
-                   help="judge mode: also generate and parse overall_score for the first N rows of each suite")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--output-dir", default="judgetrain_eval", help="where results.json and per-row scores go")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off by default)")
     return p
+
+
+def parse_args(argv: list[str] | None):
+    """(EvalArguments, the other options). An unknown option, an old spelling (``--suites``, ``--max-rows``: now the
+    recipe's names) included, exits with code 2 naming the option to use."""
+    from judgetrain.config.recipe import RENAMED_EVAL_FLAGS, did_you_mean
+
+    parser = build_parser()
+    eval_args, args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:
+        token = next((t for t in unknown if t.startswith("-")), unknown[0])
+        if not token.startswith("-"):
+            parser.error(f"unexpected argument {token!r} (options are --name value)")
+        valid = [o.lstrip("-") for action in parser._actions for o in action.option_strings]
+        name = token.lstrip("-").split("=", 1)[0]
+        parser.error(f"unknown option {token}{did_you_mean(name, valid, flag=True, renamed=RENAMED_EVAL_FLAGS)}")
+    return eval_args, args
 
 
 # ----------------------------------------------------------------------------------------------- targets
@@ -177,12 +188,18 @@ def _cpu_only() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from judgetrain.config.recipe import RecipeError
+
+    try:
+        eval_args, args = parse_args(argv)
+    except RecipeError as err:  # an EvalArguments value refused (an unknown suite)
+        print(f"judgetrain eval: {err}", file=sys.stderr)
+        return 2
     from accelerate import PartialState
 
     from judgetrain.eval.runner import evaluate_and_write
     from judgetrain.eval.scoring import ScoringEngine
-    from judgetrain.eval.suites import SUITES, SuiteSpec
+    from judgetrain.eval.suites import suite_specs
     from judgetrain.eval.metrics import nan_to_none
 
     state = PartialState(cpu=_cpu_only())
@@ -192,15 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     warning = remote_code_warning(["--trust-remote-code"] if args.trust_remote_code else [], args.model)
     if warning and state.is_main_process:
         logger.warning(warning)
-    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
-    unknown = [s for s in suites if s not in SUITES]
-    if unknown:
-        print(f"judgetrain eval: unknown suites {unknown}; valid: {', '.join(SUITES)}", file=sys.stderr)
-        return 2
-    sources = {"rmbench": args.rmbench_source, "judgebias": args.judgebias_source, "ideation": args.ideation_source}
-    splits = {"judgebias": args.judgebias_split, "ideation": args.ideation_split}
-    specs = [SuiteSpec(s, source=sources[s], split=splits.get(s), max_rows=args.max_rows, seed=args.seed,
-                       mode=args.ideation_mode if s == "ideation" else "implicit") for s in suites]
+    specs = suite_specs(eval_args, seed=args.seed, ideation_mode=args.ideation_mode)
     try:
         from judgetrain.eval.suites import load_suite_rows
 
@@ -235,10 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         model.to(state.device)
-        engine = ScoringEngine(model, tokenizer, ref_model=ref_model, scoring=args.scoring, max_length=args.max_length,
-                               long_inputs=args.long_inputs, batch_tokens=args.batch_tokens,
-                               generate_samples=args.generate_samples, prefix_sharing=args.prefix_sharing,
-                               merge_lora=args.merge_lora,
+        engine = ScoringEngine(model, tokenizer, ref_model=ref_model, max_length=args.max_length,
+                               long_inputs=args.long_inputs, **eval_args.engine_kwargs(),
                                ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base,
                                ref_cache=ref_cache)
         results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, model=target,

@@ -1,10 +1,12 @@
 """The recipe schema: one set of dataclasses for the YAML recipes, the command line and the docs.
 
 A recipe is a YAML mapping whose keys are fields of three dataclasses, parsed by TRL's `TrlParser`:
-`JudgeTrainArguments` (below: data, evaluation, audit, resume), `trl.DPOConfig` (every DPO/Trainer option:
-beta, loss_type, learning_rate, max_length, gradient_checkpointing, precompute_ref_log_probs, report_to, ...) and
+`JudgeTrainArguments` (below: data, evaluation options, audit, resume), `trl.DPOConfig` (every DPO/Trainer option:
+beta, loss_type, learning_rate, max_length, gradient_checkpointing, precompute_ref_log_probs, report_to, and the eval
+schedule: eval_strategy, eval_steps, eval_on_start, metric_for_best_model, load_best_model_at_end, ...) and
 `trl.ModelConfig` (model_name_or_path, use_peft, lora_r, load_in_4bit, ...). Any key can be overridden on the command
-line as ``--key value``. Unknown keys are an error that names the nearest valid key.
+line as ``--key value``. Unknown keys are an error that names the nearest valid key. The evaluation options
+(`EvalArguments`) are also the flags of `judgetrain eval`, by the same names.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -26,7 +28,10 @@ from judgetrain.utils.device import has_accelerator
 logger = logging.getLogger(__name__)
 
 SUITES = ("rmbench", "judgebias", "ideation")
-LONG_ROW_ACTIONS = ("error", "skip", "truncate", "shorten_prompt")
+
+# Keys judgetrain had before it used TrainingArguments' own: refused, with the new name as the hint.
+RENAMED_KEYS = {"eval_every_n_steps": "eval_steps", "eval_suites_on_start": "eval_on_start"}
+SUITE_EXAMPLE_METRIC = {"rmbench": "total_avg_acc", "judgebias": "error/accuracy", "ideation": "accuracy"}
 
 
 class RecipeError(ValueError):
@@ -130,8 +135,80 @@ def remote_code_warning(routes: list[str], model: str) -> str | None:
 
 
 @dataclass
-class JudgeTrainArguments:
-    """judgetrain's own recipe keys (the rest are `trl.DPOConfig` and `trl.ModelConfig` fields)."""
+class EvalArguments:
+    """The evaluation options: recipe keys of a training run and flags of `judgetrain eval`, by the same names
+    (``eval_suites: [rmbench, judgebias]`` in a recipe, ``--eval_suites rmbench judgebias`` on either command line).
+    When the suites are scored during training is TrainingArguments' business: eval_strategy, eval_steps,
+    eval_on_start."""
+
+    eval_suites: list[str] = field(
+        default_factory=lambda: list(SUITES),
+        metadata={"help": "Suites scored: any of rmbench, judgebias, ideation (space- or comma-separated); [] or "
+                  "none: no evaluation."},
+    )
+    eval_rmbench_source: str = field(default="bundled", metadata={"help": "RM-Bench source (hub id, file or folder)."})
+    eval_judgebias_source: str = field(default="bundled", metadata={"help": "JudgeBias source (hub id, file, folder)."})
+    eval_judgebias_split: str | None = field(default=None, metadata={"help": "JudgeBias split scored (validation)."})
+    eval_ideation_source: str = field(default="bundled", metadata={"help": "Ideation source (hub id, file or folder)."})
+    eval_ideation_split: str | None = field(default=None, metadata={"help": "Ideation split scored (test)."})
+    eval_max_rows: int | None = field(
+        default=None, metadata={"help": "Row cap per eval suite, sampled evenly across domains / perturbation types."}
+    )
+    eval_scoring: Literal["implicit", "judge"] = field(
+        default="implicit", metadata={"help": "implicit (DPO implicit reward) or judge (expected score)."}
+    )
+    eval_batch_tokens: int = field(default=8192, metadata={"help": "Padded-token budget of one scoring batch."})
+    eval_prefix_sharing: bool = field(
+        default=True,
+        metadata={"help": "Run each row's prompt (and a suite's common prefix) once for all its responses; false: "
+                  "score every sequence whole (same scores, slower)."},
+    )
+    eval_merge_lora: bool = field(
+        default=True,
+        metadata={"help": "Score with the LoRA layers merged into the weights; false: PEFT's own forward (same scores "
+                  "up to rounding)."},
+    )
+    eval_generate_samples: int = field(
+        default=0,
+        metadata={"help": "judge scoring: also generate and parse overall_score for the first N rows of each suite."},
+    )
+
+    def __post_init__(self):
+        self.eval_suites = suite_names(self.eval_suites)
+        if not isinstance(self.eval_suites, list):
+            raise RecipeError(f"eval_suites: a list of suite names, got {self.eval_suites!r}")
+        for suite in self.eval_suites:
+            if suite not in SUITES:
+                raise RecipeError(f"eval_suites: unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The `ScoringEngine` options these arguments set."""
+        return dict(scoring=self.eval_scoring, batch_tokens=self.eval_batch_tokens,
+                    prefix_sharing=self.eval_prefix_sharing, merge_lora=self.eval_merge_lora,
+                    generate_samples=self.eval_generate_samples)
+
+
+def suite_names(value: Any) -> Any:
+    """eval_suites as a list of names: ``rmbench,judgebias`` split at commas, ``none`` / ``[]`` / ``""`` give []
+    (``--eval_suites none`` turns evaluation off). A value that is no list of names is returned as it is."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        return value
+    names = [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+    return [] if [n.lower() for n in names] in (["none"], ["[]"]) else names
+
+
+RENAMED_EVAL_FLAGS = {  # `judgetrain eval`'s flags before they took the recipe's names: --suites, --max-rows, ...
+    **{f.name.removeprefix("eval_"): f.name for f in fields(EvalArguments)},
+    **{"no_" + f.name.removeprefix("eval_"): "no_" + f.name for f in fields(EvalArguments) if f.default is True},
+}
+
+
+@dataclass
+class JudgeTrainArguments(EvalArguments):
+    """judgetrain's own recipe keys: the evaluation options (`EvalArguments`) and the ones below (the rest are
+    `trl.DPOConfig` and `trl.ModelConfig` fields)."""
 
     train_datasets: list[dict] = field(
         default_factory=list,
@@ -140,28 +217,11 @@ class JudgeTrainArguments:
             "| 'bundled', split, weight or rows, and adapter options such as categories, min_score_delta, mode}."
         },
     )
-    eval_suites: list[str] = field(
-        default_factory=lambda: list(SUITES),
-        metadata={"help": "Suites scored by the evaluation callback: any of rmbench, judgebias, ideation; [] or none: no evaluation."},
-    )
-    eval_rmbench_source: str = field(default="bundled", metadata={"help": "RM-Bench source (hub id, file or folder)."})
-    eval_judgebias_source: str = field(default="bundled", metadata={"help": "JudgeBias source; its validation split is scored."})
-    eval_ideation_source: str = field(default="bundled", metadata={"help": "Ideation source; its test split is scored."})
-    eval_max_rows: int | None = field(
-        default=None, metadata={"help": "Row cap per eval suite, sampled evenly across domains / perturbation types."}
-    )
-    eval_scoring: str = field(default="implicit", metadata={"help": "implicit (DPO reward) or judge (expected score)."})
-    eval_every_n_steps: int = field(default=0, metadata={"help": "Also evaluate every N optimizer steps (0: epochs only)."})
-    eval_batch_tokens: int = field(default=8192, metadata={"help": "Token budget of one scoring batch."})
-    eval_prefix_sharing: bool = field(
-        default=True,
-        metadata={"help": "Run each row's prompt (and a suite's common prefix) once for all its responses; false: "
-                  "score every sequence whole (same scores, slower)."},
-    )
-    eval_suites_on_start: bool = field(default=False, metadata={"help": "Score the suites once before the first step (the baseline)."})
     log_matrix_images: bool = field(default=False, metadata={"help": "Log the RM-Bench 3x3 heatmap as an image each eval."})
-    on_bad_row: str = field(default="error", metadata={"help": "error: stop on the first bad row; skip: drop, count, write rejects."})
-    long_rows: str = field(
+    on_bad_row: Literal["error", "skip"] = field(
+        default="error", metadata={"help": "error: stop on the first bad row; skip: drop, count, write rejects."}
+    )
+    long_rows: Literal["error", "skip", "truncate", "shorten_prompt"] = field(
         default="error",
         metadata={
             "help": "Rows longer than max_length: error | skip (counted, written to rejects) | truncate (TRL cuts the "
@@ -193,7 +253,9 @@ class JudgeTrainArguments:
         metadata={"help": "Processes in all (default: the accelerate config's): used by the dry run's memory estimate "
                   "and passed to `accelerate launch` by `judgetrain train`."},
     )
-    nonfinite: str = field(default="stop", metadata={"help": "NaN/inf loss or grad norm: stop (keep last checkpoint) or skip the batch."})
+    nonfinite: Literal["stop", "skip"] = field(
+        default="stop", metadata={"help": "NaN/inf loss or grad norm: stop (keep last checkpoint) or skip the batch."}
+    )
     prefix_sharing: bool = field(
         default=True,
         metadata={
@@ -205,19 +267,7 @@ class JudgeTrainArguments:
     )
 
     def __post_init__(self):
-        if [str(s).lower() for s in self.eval_suites] in (["none"], ["[]"], [""]):
-            self.eval_suites = []  # `--eval_suites none` on the command line turns evaluation off
-        for suite in self.eval_suites:
-            if suite not in SUITES:
-                raise RecipeError(f"eval_suites: unknown suite {suite!r}; valid: {', '.join(SUITES)}")
-        if self.long_rows not in LONG_ROW_ACTIONS:
-            raise RecipeError(f"long_rows: {self.long_rows!r} is not one of {', '.join(LONG_ROW_ACTIONS)}")
-        if self.on_bad_row not in ("error", "skip"):
-            raise RecipeError(f"on_bad_row: {self.on_bad_row!r} is not one of error, skip")
-        if self.eval_scoring not in ("implicit", "judge"):
-            raise RecipeError(f"eval_scoring: {self.eval_scoring!r} is not one of implicit, judge")
-        if self.nonfinite not in ("stop", "skip"):
-            raise RecipeError(f"nonfinite: {self.nonfinite!r} is not one of stop, skip")
+        super().__post_init__()
         for i, comp in enumerate(self.train_datasets):
             _check_component(i, comp)
 
@@ -235,14 +285,16 @@ def _check_component(i: int, comp: Any) -> None:
     for key in comp:
         if key not in valid:
             raise RecipeError(
-                f"train_datasets[{i}] (dataset {comp['dataset']}): unknown key {key!r}{_did_you_mean(key, valid)}; "
+                f"train_datasets[{i}] (dataset {comp['dataset']}): unknown key {key!r}{did_you_mean(key, valid)}; "
                 f"valid: {', '.join(valid)}"
             )
 
 
-def _did_you_mean(key: str, valid, flag: bool = False) -> str:
-    """The hint after an unknown key (``'name'``) or flag (``--name``): the nearest valid name, if one is near."""
-    near = difflib.get_close_matches(str(key), sorted(valid), n=1)
+def did_you_mean(key: str, valid, flag: bool = False, renamed: dict[str, str] = RENAMED_KEYS) -> str:
+    """The hint after an unknown key (``'name'``) or flag (``--name``): its new name if it was renamed, else the
+    nearest valid name, if one is near."""
+    name = str(key).replace("-", "_")
+    near = [renamed[name]] if name in renamed else difflib.get_close_matches(str(key), sorted(valid), n=1)
     if not near:
         return ""
     return f"; did you mean --{near[0]}?" if flag else f"; did you mean {near[0]!r}?"
@@ -281,7 +333,7 @@ def load_recipe_file(path: str | os.PathLike) -> dict[str, Any]:
     keys = valid_keys() | {"env"}
     for key in data:
         if key not in keys:
-            raise RecipeError(f"recipe {path}: unknown key {key!r}{_did_you_mean(key, keys)}")
+            raise RecipeError(f"recipe {path}: unknown key {key!r}{did_you_mean(key, keys)}")
     return data
 
 
@@ -297,15 +349,40 @@ def split_recipe_argv(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
-def _check_flags(overrides: list[str]) -> None:
-    keys = valid_keys()
-    for token in overrides:
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0].replace("-", "_")
-            if name.startswith("no_") and name[3:] in keys:
-                continue
-            if name not in keys and name not in {"help"}:
-                raise RecipeError(f"unknown option --{name}{_did_you_mean(name, keys, flag=True)}")
+def recipe_parser():
+    """TRL's `TrlParser` over the recipe's dataclasses, with judgetrain's checks: an abbreviated option is not taken
+    for the one it abbreviates, and a bad command-line value is a `RecipeError` naming the option and why (argparse
+    would print usage and exit)."""
+    from trl import TrlParser
+
+    class RecipeParser(TrlParser):
+        def error(self, message):
+            raise RecipeError(f"command line: {message}")
+
+    return RecipeParser(dataclass_types(), allow_abbrev=False)
+
+
+def given_options(parser, overrides: list[str]) -> dict[str, Any]:
+    """The options the command line sets, as argparse reads them (a flag left out is not in the mapping; a bool flag
+    alone is True, ``--no_x`` is ``x: False``). An unknown option or a stray value is a `RecipeError`."""
+    saved = {action: action.default for action in parser._actions}
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    try:
+        namespace, unknown = parser.parse_known_args(overrides)
+    finally:
+        for action, default in saved.items():
+            action.default = default
+    if unknown:
+        token = next((t for t in unknown if t.startswith("-")), unknown[0])
+        if not token.startswith("-"):
+            raise RecipeError(f"command line: {token!r} is not an option (options are --key value)")
+        keys = valid_keys()
+        name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
+        if name.startswith("no_") and name[3:] in keys:
+            raise RecipeError(f"unknown option --{name}; write --{name[3:]} false")
+        raise RecipeError(f"unknown option --{name}{did_you_mean(name, keys, flag=True)}")
+    return vars(namespace)
 
 
 def _check_values(parser, config: dict, recipe_path) -> None:
@@ -334,50 +411,78 @@ def _check_values(parser, config: dict, recipe_path) -> None:
 def parse_recipe(argv: list[str]):
     """Parse ``[recipe.yaml] [--key value ...]`` into (JudgeTrainArguments, DPOConfig, ModelConfig, recipe_dict).
 
-    recipe_dict is the recipe as it will run (file values with command-line overrides applied), for saving beside
-    the model.
+    What `TrlParser.parse_args_and_config` does (``--config``, the file's values as defaults, its `env:` applied,
+    the command line on top), with judgetrain's checks: safe YAML, unknown keys and options with a hint, typed values,
+    `env:` loader variables refused, bf16 off for a dry run without a GPU, the eval schedule checked against the
+    suites. recipe_dict is the recipe as it will run (file values with command-line overrides applied), for saving
+    beside the model.
     """
-    from trl import TrlParser
-
     recipe_path, overrides = split_recipe_argv(argv)
     allowed_env, overrides = pop_allow_env(overrides)
     data = load_recipe_file(recipe_path) if recipe_path else {}
-    _check_flags(overrides)
+    parser = recipe_parser()
+    given = given_options(parser, overrides)
     for key, value in checked_env(data.pop("env", None), allowed_env, recipe_path).items():  # as TrlParser does
         os.environ[key] = value
     config = dict(data)
-    dry = any(t in ("--dry_run", "--dry-run") for t in overrides) or config.get("dry_run")
-    if dry and not has_accelerator():
+    if given.get("dry_run", config.get("dry_run")) and not has_accelerator():
         # A GPU recipe is still checked on a CPU machine: mixed precision is the one thing that cannot parse there.
         for key in ("bf16", "fp16", "tf32"):
             if config.get(key, key == "bf16"):  # TRL turns bf16 on when the recipe leaves it unset
                 logger.info("dry run without a GPU: checking with %s: false", key)
             config[key] = False
-    parser = TrlParser(dataclass_types())
+    if "eval_strategy" not in config and "eval_strategy" not in given:
+        config["eval_strategy"] = default_eval_strategy({**config, **given})
     _check_values(parser, config, recipe_path)
-    remaining = parser.set_defaults_with_config(**config)
-    if remaining:
-        raise RecipeError(f"recipe {recipe_path}: unknown keys {remaining[::2]}")
+    parser.set_defaults_with_config(**config)  # every key is one of the parser's: load_recipe_file checked them
     try:
         script_args, training_args, model_args = parser.parse_args_into_dataclasses(args=overrides)
-    except SystemExit as e:  # argparse printed which flag and why
-        raise RecipeError(f"could not parse the command-line options {overrides} (see the line above)") from e
-    except (TypeError, ValueError, OverflowError) as e:
+    except (TypeError, ValueError, OverflowError) as e:  # a dataclass refused a value (a RecipeError included)
         raise RecipeError(f"recipe {recipe_path}: {e}") from e
+    check_eval_schedule(script_args, training_args, recipe_path)
     resolved = dict(data)
-    resolved.pop("env", None)
-    for token in overrides:
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0].replace("-", "_")
-            name = name[3:] if name.startswith("no_") and name not in valid_keys() else name
-            for obj in (script_args, training_args, model_args):
-                if hasattr(obj, name):
-                    value = getattr(obj, name)
-                    resolved[name] = value.value if hasattr(value, "value") else value
-                    break
+    for name in given:
+        value = next(getattr(obj, name) for obj in (script_args, training_args, model_args) if hasattr(obj, name))
+        resolved[name] = value.value if hasattr(value, "value") else value
     if script_args.accelerate_config:  # a packaged config's name (cpu) when no such path exists; resolved keeps it
         script_args.accelerate_config = resolve_packaged(script_args.accelerate_config, "accelerate_configs")
     return script_args, training_args, model_args, resolved
+
+
+def default_eval_strategy(options: dict[str, Any]) -> str:
+    """eval_strategy when the recipe leaves it unset: steps with eval_steps, else epoch, when suites are set."""
+    if not suite_names(options.get("eval_suites", list(SUITES))):
+        return "no"
+    return "steps" if options.get("eval_steps") else "epoch"
+
+
+def check_eval_schedule(script_args, training_args, recipe_path=None) -> None:
+    """The eval schedule (TrainingArguments' keys) asks only for what the suites can give: judgetrain has no
+    eval_dataset, its evaluation is the suites. metric_for_best_model may be spelt as metrics.jsonl shows it
+    (``eval/rmbench/total_avg_acc``), as Trainer looks it up (``eval_rmbench/total_avg_acc``) or without the prefix."""
+    where = f"recipe {recipe_path}: " if recipe_path else ""
+    suites = script_args.eval_suites
+    if not suites:
+        asks = {"eval_strategy": training_args.eval_strategy != "no", "eval_on_start": training_args.eval_on_start,
+                "load_best_model_at_end": training_args.load_best_model_at_end,
+                "save_strategy": training_args.save_strategy == "best"}
+        asked = [key for key, on in asks.items() if on]
+        if asked:
+            value = getattr(training_args, asked[0])
+            raise RecipeError(f"{where}{asked[0]}: {getattr(value, 'value', value)} asks for evaluations, but "
+                              f"eval_suites is empty: name the suites to score, or drop {asked[0]}")
+        return
+    metric = training_args.metric_for_best_model
+    if metric is None or training_args.eval_strategy == "no":
+        return
+    name = str(metric).removeprefix("eval/").removeprefix("eval_")
+    if name.split("/", 1)[0] not in suites:
+        default = " (TrainingArguments' default with load_best_model_at_end)" if metric == "loss" else ""
+        raise RecipeError(
+            f"{where}metric_for_best_model: {metric!r}{default} is not a figure of the eval suites "
+            f"({', '.join(suites)}): name one as metrics.jsonl shows it, e.g. "
+            f"eval/{suites[0]}/{SUITE_EXAMPLE_METRIC[suites[0]]}")
+    training_args.metric_for_best_model = "eval_" + name  # the key Trainer and its callbacks look up
 
 
 def save_recipe(resolved: dict, path: str | os.PathLike, command: str | None = None) -> None:

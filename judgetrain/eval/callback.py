@@ -1,23 +1,31 @@
-"""Per-epoch judge evaluation inside a transformers / TRL Trainer.
+"""Judge evaluation inside a transformers / TRL Trainer: the eval suites are what the trainer evaluates.
 
     trainer = DPOTrainer(...)
     trainer.add_callback(JudgeEvalCallback([SuiteSpec("rmbench", max_rows=200), SuiteSpec("judgebias")], trainer=trainer))
     trainer.train()
 
 Like TRL's own evaluation callbacks (``WinRateCallback(judge, trainer)``) it is given its trainer: it logs through
-``trainer.log`` and scores ``trainer.model`` with ``trainer.accelerator``.
+``trainer.log`` and scores ``trainer.model`` with ``trainer.accelerator``. It answers the trainer's ``evaluate()``
+(for this trainer instance): each evaluation Trainer runs scores the suites and returns their metrics, so Trainer's
+own schedule and checkpoint selection apply as they would to an eval_dataset: ``eval_strategy`` (steps / epoch),
+``eval_steps``, ``eval_on_start``, ``metric_for_best_model`` (``eval_rmbench/total_avg_acc``), ``greater_is_better``,
+``load_best_model_at_end``, ``save_strategy="best"``, EarlyStoppingCallback. Trainer refuses an eval_strategy without
+an eval_dataset when it is built: build it inside ``with JudgeEvalCallback.building(args):``. With
+``eval_strategy="no"`` (any Trainer) the callback keeps a schedule of its own: each epoch end, every
+``every_n_steps`` optimizer steps and, with ``on_start``, before the first step (``own_schedule=False``: none).
 
-At each epoch end (and every ``every_n_steps`` optimizer steps, and before the first step with ``on_start``) every
-process scores its shard of each suite with the same `ScoringEngine` (reference log-probs cached from the first
-eval on), the results are gathered, and the metrics are logged with ``trainer.log`` under ``eval_<suite>/...``
-keys: transformers' report_to callbacks (and the run's metrics.jsonl writer) apply ``rewrite_logs``, which turns
-them into the names ``eval/<suite>/...`` (a key already spelled ``eval/...`` would become ``train/eval/...``). The
-main process writes ``<output_dir>/eval/<step>/``: per-row scores ``<suite>.jsonl`` and ``results.json``, the same
-files `judgetrain eval` writes (`judgetrain.eval.runner.evaluate_and_write`).
+Each evaluation, every process scores its shard of each suite with the same `ScoringEngine` (reference log-probs
+cached from the first eval on), the results are gathered, and the metrics are logged once with ``trainer.log`` under
+``eval_<suite>/...`` keys: transformers' report_to callbacks (and the run's metrics.jsonl writer) apply
+``rewrite_logs``, which turns them into the names ``eval/<suite>/...`` (a key already spelled ``eval/...`` would
+become ``train/eval/...``). The main process writes ``<output_dir>/eval/<step>/``: per-row scores ``<suite>.jsonl``
+and ``results.json``, the same files `judgetrain eval` writes (`judgetrain.eval.runner.evaluate_and_write`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,7 +35,7 @@ from transformers import TrainerCallback
 from judgetrain.compat.transformers import log_without_overrides
 from judgetrain.eval.runner import evaluate_and_write
 from judgetrain.eval.scoring import ScoringEngine
-from judgetrain.eval.suites import SuiteSpec
+from judgetrain.eval.suites import SuiteSpec, suite_specs
 from judgetrain.eval.metrics import to_trainer_log_keys
 
 logger = logging.getLogger(__name__)
@@ -41,9 +49,11 @@ class JudgeEvalCallback(TrainerCallback):
         tokenizer: the tokenizer (default: the trainer's processing_class, read at `attach`).
         scoring: ``implicit`` (DPO implicit reward; reference = adapter disabled, or the trainer's ref_model) or
             ``judge`` (expected overall score).
-        every_n_steps: also evaluate every N optimizer steps (0: epoch ends only).
-        on_start: evaluate once before the first step (the baseline, logged at step 0).
-        max_length, long_inputs, batch_tokens, generate_samples, prefix_sharing: passed to `ScoringEngine`.
+        own_schedule: with ``eval_strategy="no"``, evaluate at each epoch end (and every ``every_n_steps``); False:
+            only when the trainer evaluates (``eval_on_start``, ``trainer.evaluate()``).
+        every_n_steps: with the own schedule, also evaluate every N optimizer steps (0: epoch ends only).
+        on_start: evaluate once before the first step (the baseline, logged at step 0), as ``eval_on_start`` does.
+        max_length, long_inputs, batch_tokens, generate_samples, prefix_sharing, merge_lora: passed to `ScoringEngine`.
         output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
         trainer: the trainer (or call `attach` once it is built); add the callback with ``trainer.add_callback``.
@@ -56,6 +66,7 @@ class JudgeEvalCallback(TrainerCallback):
         *,
         tokenizer: Any = None,
         scoring: str = "implicit",
+        own_schedule: bool = True,
         every_n_steps: int = 0,
         on_start: bool = False,
         max_length: int | None = None,
@@ -63,6 +74,7 @@ class JudgeEvalCallback(TrainerCallback):
         batch_tokens: int = 8192,
         generate_samples: int = 0,
         prefix_sharing: bool = True,
+        merge_lora: bool = True,
         output_dir: str | None = None,
         ref_model: Any = None,
         trainer: Any = None,
@@ -71,11 +83,12 @@ class JudgeEvalCallback(TrainerCallback):
         self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
         self.tokenizer = tokenizer
         self.scoring = scoring
+        self.own_schedule = own_schedule
         self.every_n_steps = int(every_n_steps or 0)
         self.on_start = on_start
         self.engine_kwargs = dict(scoring=scoring, max_length=max_length, long_inputs=long_inputs,
                                   batch_tokens=batch_tokens, generate_samples=generate_samples,
-                                  prefix_sharing=prefix_sharing)
+                                  prefix_sharing=prefix_sharing, merge_lora=merge_lora)
         self.output_dir = output_dir
         self.ref_model = ref_model
         self.log_matrix_images = log_matrix_images
@@ -88,59 +101,80 @@ class JudgeEvalCallback(TrainerCallback):
 
     @classmethod
     def from_recipe(cls, script_args: Any, training_args: Any, tokenizer: Any, *, trainer: Any = None) -> JudgeEvalCallback:
-        """Build from judgetrain's recipe dataclasses (JudgeTrainArguments, DPOConfig, ModelConfig)."""
-        sources = {
-            "rmbench": script_args.eval_rmbench_source,
-            "judgebias": script_args.eval_judgebias_source,
-            "ideation": script_args.eval_ideation_source,
-        }
+        """Build from judgetrain's recipe dataclasses (JudgeTrainArguments, DPOConfig, ModelConfig); the schedule is
+        the DPOConfig's (eval_strategy, eval_steps, eval_on_start)."""
         ideation_mode = "implicit"
         for comp in getattr(script_args, "train_datasets", None) or []:
             if comp.get("dataset") == "ideation" and comp.get("mode"):
                 ideation_mode = comp["mode"]  # evaluate in the format the judge is trained on
-        suites = [
-            SuiteSpec(name, source=sources[name], max_rows=script_args.eval_max_rows,
-                      seed=getattr(training_args, "seed", 0) or 0, mode=ideation_mode if name == "ideation" else "implicit")
-            for name in script_args.eval_suites
-        ]
         return cls(
-            suites,
+            suite_specs(script_args, seed=getattr(training_args, "seed", 0) or 0, ideation_mode=ideation_mode),
             tokenizer=tokenizer,
-            scoring=script_args.eval_scoring,
-            every_n_steps=script_args.eval_every_n_steps,
-            on_start=script_args.eval_suites_on_start,
+            own_schedule=False,
             max_length=getattr(training_args, "max_length", None),
             long_inputs="skip" if getattr(script_args, "long_rows", "") == "skip" else "truncate_prompt",
-            batch_tokens=script_args.eval_batch_tokens,
-            prefix_sharing=getattr(script_args, "eval_prefix_sharing", True),
+            **script_args.engine_kwargs(),
             output_dir=training_args.output_dir,
             log_matrix_images=getattr(script_args, "log_matrix_images", False),
             trainer=trainer,
         )
 
+    @staticmethod
+    @contextlib.contextmanager
+    def building(args: Any):
+        """Build a Trainer without an eval_dataset whose ``args`` set an eval_strategy: Trainer's constructor
+        refuses that (it would have nothing to evaluate); once this callback is attached, the suites are what it
+        evaluates. The strategy is "no" during the ``with`` block only (TrainingArguments checked it when built)."""
+        strategy, args.eval_strategy = args.eval_strategy, "no"
+        try:
+            yield
+        finally:
+            args.eval_strategy = strategy
+
     def attach(self, trainer: Any) -> JudgeEvalCallback:
-        """Give the callback its trainer (for trainer.log, the accelerator and the reference model)."""
+        """Give the callback its trainer (for trainer.log, the accelerator and the reference model), and make the
+        suites what ``trainer.evaluate()`` scores (wrapped on this trainer instance)."""
         self.trainer = trainer
         if self.tokenizer is None:
             self.tokenizer = getattr(trainer, "processing_class", None)
         if self.output_dir is None:
             self.output_dir = trainer.args.output_dir
+        if getattr(trainer.evaluate, "judge_eval", None) is not self:
+            trainer_evaluate = trainer.evaluate
+
+            def evaluate(eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+                if eval_dataset is not None:  # a dataset of the caller's: the Trainer's own evaluation only
+                    return trainer_evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+                metrics = {}
+                if trainer.eval_dataset is not None:
+                    metrics.update(trainer_evaluate(ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix))
+                metrics.update(self.evaluate())
+                return metrics
+
+            evaluate.judge_eval = self
+            trainer.evaluate = evaluate
         return self
 
     # ---------------------------------------------------------------------------------------------- events
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.on_start and state.global_step == 0:
+        if state.global_step > 0:  # resumed: the checkpoint's step was evaluated (or not) by the run that saved it
+            self.last_step = state.global_step
+        elif self.on_start:
             self.run(state)
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.every_n_steps and state.global_step % self.every_n_steps == 0:
-            self.run(state)
+        if self._scheduling(args) and self.every_n_steps and state.global_step % self.every_n_steps == 0:
+            control.should_evaluate = True
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        self.run(state)
+        if self._scheduling(args):
+            control.should_evaluate = True
         return control
+
+    def _scheduling(self, args) -> bool:
+        return self.own_schedule and args.eval_strategy == "no"
 
     # ---------------------------------------------------------------------------------------------- eval
     def _model(self):
@@ -166,12 +200,31 @@ class JudgeEvalCallback(TrainerCallback):
         if should_log is not None and getattr(self.trainer, "control", None) is not None:
             self.trainer.control.should_log = should_log
 
+    def evaluate(self) -> dict[str, float]:
+        """What ``trainer.evaluate()`` returns: the suites' metrics under the names Trainer looks up
+        (``eval_rmbench/total_avg_acc``; ``metric_for_best_model`` may name one), after ``on_evaluate``."""
+        trainer = self.trainer
+        fresh = self.last_step != trainer.state.global_step
+        metrics = to_trainer_log_keys(self.run(trainer.state))
+        if not fresh:  # already scored at this step: nothing is logged or announced twice
+            return metrics
+        wanted = trainer.args.metric_for_best_model
+        key = "eval_" + wanted.removeprefix("eval_") if wanted else None  # as Trainer prefixes it
+        if key and trainer.eval_dataset is None and key not in metrics:
+            near = difflib.get_close_matches(key, sorted(metrics), n=1)
+            raise ValueError(f"metric_for_best_model: {wanted!r} is not among the figures the eval suites logged"
+                             + (f"; did you mean {near[0]!r}?" if near else f" ({', '.join(sorted(metrics))})"))
+        trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, metrics)
+        return metrics
+
     def run(self, state: Any) -> dict[str, float]:
         """Evaluate now (all processes), log and write the per-row scores. Returns the flat metrics."""
         if self.trainer is None:
             raise RuntimeError("JudgeEvalCallback needs its trainer: JudgeEvalCallback(..., trainer=trainer), or callback.attach(trainer)")
         step = int(state.global_step)
-        if self.last_step == step:  # already evaluated at this step (epoch end on an every_n_steps step)
+        if self.last_step == step:  # already evaluated at this step (or the resumed checkpoint's step)
+            if not self.history:
+                logger.info("Step %d is the resumed checkpoint's: not evaluated again", step)
             return self.history[-1] if self.history else {}
         self.last_step = step
         from accelerate import PartialState

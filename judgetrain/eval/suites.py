@@ -67,6 +67,15 @@ class SuiteSpec:
         return f"{self.name}:{self.source or 'bundled'}:{self.split or DEFAULT_SPLITS.get(self.name, '')}:{self.max_rows}:{self.seed}:{self.mode}"
 
 
+def suite_specs(eval_args: Any, *, seed: int = 0, ideation_mode: str = "implicit") -> list[SuiteSpec]:
+    """The suites an `EvalArguments` names (a recipe's or `judgetrain eval`'s), with their sources, splits and cap."""
+    sources = {"rmbench": eval_args.eval_rmbench_source, "judgebias": eval_args.eval_judgebias_source,
+               "ideation": eval_args.eval_ideation_source}
+    splits = {"judgebias": eval_args.eval_judgebias_split, "ideation": eval_args.eval_ideation_split}
+    return [SuiteSpec(name, source=sources[name], split=splits.get(name), max_rows=eval_args.eval_max_rows, seed=seed,
+                      mode=ideation_mode if name == "ideation" else "implicit") for name in eval_args.eval_suites]
+
+
 def _group_key(name: str, row: dict) -> Hashable:
     if name == "rmbench":
         return M.rmbench_domain(row.get("domain") or row.get("id", ""))

@@ -22,11 +22,12 @@ import logging
 import os
 import socket
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE  # noqa: F401
 from judgetrain.utils.files import LockBusy, LockUnsupported, append_jsonl, file_lock, write_json
-from judgetrain.config.recipe import RecipeError
+from judgetrain.config.recipe import EvalArguments, RecipeError
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,7 @@ OPERATIONAL_KEYS = frozenset({
     "logging_steps", "logging_strategy", "logging_first_step", "logging_dir", "logging_nan_inf_filter", "report_to",
     "run_name", "project", "trackio_space_id", "disable_tqdm", "log_level", "log_level_replica",
     "save_steps", "save_strategy", "save_total_limit", "save_only_model", "save_on_each_node",
-    "eval_suites", "eval_rmbench_source", "eval_judgebias_source", "eval_ideation_source", "eval_max_rows",
-    "eval_scoring", "eval_every_n_steps", "eval_batch_tokens", "eval_suites_on_start", "log_matrix_images",
+    *(f.name for f in fields(EvalArguments)), "eval_strategy", "eval_steps", "eval_on_start", "log_matrix_images",
     "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
     "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "nonfinite",
 })

@@ -83,6 +83,11 @@ class CheckpointMarkerCallback(TrainerCallback):
         if control.should_save:
             self._invalidate(args, state)
 
+    def on_evaluate(self, args, state, control, **kwargs):
+        # save_strategy "best": Trainer decides to save only after this evaluation, when it is the best so far
+        if args.save_strategy == "best":
+            self._invalidate(args, state)
+
     def _invalidate(self, args, state):
         """A save about to rewrite checkpoint-N (a resumed run reaching a step whose checkpoint was torn) must not
         leave the old marker vouching for half-rewritten files."""
@@ -312,6 +317,7 @@ class GracefulStop(TrainerCallback):
                 self.signal_name = self.signal_name or "stop request of another process"
             self.requested = True
             control.should_save = True
+            control.should_evaluate = False  # no eval before the save (save_strategy "best" would skip the save)
             control.should_training_stop = True
             if state.is_world_process_zero:
                 marker = checkpoint_dir(args.output_dir, state.global_step) / COMPLETE_MARKER
