@@ -12,7 +12,7 @@ is classified by `plan` below, and a command it cannot classify fails `test_ever
   A recipe whose model is converted on first use (SmolLM2's GGUF, minutes of CPU on busy cores) is parsed with its
   accelerate config instead; tests/test_recipes.py dry-runs it.
 - ``judgetrain eval / report / data check / pairs build / cache / tiny build`` run for real, in this process, on the
-  bundled data and the tiny judge (an eval with ``--max-rows 2`` appended); ``runs/quickstart`` is a real run of the
+  bundled data and the tiny judge (an eval with ``--eval_max_rows 2`` appended); ``runs/quickstart`` is a real run of the
   quickstart recipe cut to 2 steps (`trained_run`, trained in a subprocess while the quicker commands run), and
   ``RM-Bench/data`` (a clone a user makes) is the real RM-Bench rows of tests/conftest.py when present, else the
   bundled RM-Bench sample.
@@ -48,7 +48,7 @@ from helpers import REPO, run
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_TAGS = {"bash", "sh", "shell", "console"}
 LINKED = ("recipes", "accelerate_configs", "judgetrain", "scripts", "tests", "docs")  # the workspace's checkout
-EVAL_ROWS = "2"  # --max-rows of a real `judgetrain eval`
+EVAL_ROWS = "2"  # --eval_max_rows of a real `judgetrain eval`
 
 # First words of commands the test does not run, with the reason.
 NOT_RUN = {
@@ -259,7 +259,7 @@ def plan_eval(args: list[str], launcher=()) -> Plan:
     local = {"tiny-judge"} | {"runs/quickstart", "runs/quickstart/"}
     if model == "..." or model not in local or (adapter and not adapter.startswith("runs/quickstart")):
         return Plan("help", ("eval",), "a hub model (weights from the hub, a GPU) or a template", "cli", launcher)
-    rest = [*args, "--max-rows", EVAL_ROWS] if "--max-rows" not in args else args
+    rest = [*args, "--eval_max_rows", EVAL_ROWS] if "--eval_max_rows" not in args else args
     return Plan("run", ("eval", *rest), f"the tiny judge on {EVAL_ROWS} rows per suite", "cli", launcher,
                 needs_run=any(a.startswith("runs/quickstart") for a in args))
 
@@ -470,7 +470,7 @@ def check_output(p: Plan, out: str, workspace: Path):
         assert "Total pairs" in out and "468" in out, out  # the table docs/data.md shows
         assert (workspace / _value(args, "--out") / "train.parquet").is_file()
     elif args[0] == "eval":
-        assert "overall" in out or "rmbench" not in (_value(args, "--suites") or "rmbench"), out
+        assert "overall" in out or "rmbench" not in (_value(args, "--eval_suites") or "rmbench"), out
         results = list((workspace / (_value(args, "--output-dir") or "judgetrain_eval")).rglob("results.json"))
         assert results, "judgetrain eval wrote no results.json"
     elif args[:2] == ["tiny", "build"]:

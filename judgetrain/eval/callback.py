@@ -133,13 +133,16 @@ class JudgeEvalCallback(TrainerCallback):
 
     def attach(self, trainer: Any) -> JudgeEvalCallback:
         """Give the callback its trainer (for trainer.log, the accelerator and the reference model), and make the
-        suites what ``trainer.evaluate()`` scores (wrapped on this trainer instance)."""
+        suites what ``trainer.evaluate()`` scores: judgetrain's trainer (`JudgeDPOTrainer.evaluate`) asks this callback;
+        another Trainer (the callback used on its own) gets its ``evaluate`` wrapped on the instance."""
         self.trainer = trainer
         if self.tokenizer is None:
             self.tokenizer = getattr(trainer, "processing_class", None)
         if self.output_dir is None:
             self.output_dir = trainer.args.output_dir
-        if getattr(trainer.evaluate, "judge_eval", None) is not self:
+        if hasattr(type(trainer), "judge_eval"):  # JudgeDPOTrainer: its evaluate() override asks this callback
+            trainer.judge_eval = self
+        elif getattr(trainer.evaluate, "judge_eval", None) is not self:
             trainer_evaluate = trainer.evaluate
 
             def evaluate(eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):

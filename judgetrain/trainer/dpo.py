@@ -59,6 +59,18 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, DPOTrainer):
         with self._pair_calls():
             return super().compute_ref_log_probs(model, inputs)
 
+    # -- evaluation: the eval suites are what eval_strategy, eval_on_start and checkpoint selection run
+    judge_eval = None  # the JudgeEvalCallback that scores them (judgetrain.eval.callback), set when it attaches
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        if self.judge_eval is None or eval_dataset is not None:  # a dataset of the caller's: Trainer's own evaluation
+            return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+        metrics = {}
+        if self.eval_dataset is not None:
+            metrics.update(super().evaluate(ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix))
+        metrics.update(self.judge_eval.evaluate())
+        return metrics
+
     # -- non-finite checks: what Trainer computes but gives no callback
     def training_step(self, *args, **kwargs):
         loss = super().training_step(*args, **kwargs)
