@@ -122,7 +122,7 @@ def test_deepspeed_configs_load_into_accelerates_deepspeed_plugin(config, stage)
     from judgetrain.config.dry_run import deepspeed_plugin_config
 
     cfg = load_config_from_file(str(REPO / "accelerate_configs" / config))
-    ds = deepspeed_plugin_config(cfg, [])
+    ds = deepspeed_plugin_config(cfg)
     zero = ds["zero_optimization"]
     assert zero["stage"] == stage
     assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "none"

@@ -38,7 +38,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
         cfg = load_config_from_file(script_args.accelerate_config)
         report["accelerate"] = {"distributed_type": str(cfg.distributed_type), "num_processes": cfg.num_processes}
         if str(cfg.distributed_type).endswith("DEEPSPEED"):
-            report["accelerate"]["deepspeed"] = deepspeed_plugin_config(cfg, report["notes"])
+            report["accelerate"]["deepspeed"] = deepspeed_plugin_config(cfg)  # a missing package: see "preflight"
     else:
         cfg = None
     n = script_args.audit_rows or DEFAULT_AUDIT_ROWS
@@ -84,7 +84,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
 
     # what would fail at the start of the run, checked on this machine (a dry run on a login node checks the login
     # node's packages, disk and hub cache: run it where the job runs)
-    report["preflight"] = preflight(script_args, training_args, model_args, resolved, cfg)
+    report["preflight"] = preflight(script_args, training_args, model_args, resolved)
     for problem in report["preflight"]:
         logger.warning("preflight: %s", problem)
     return report
@@ -103,7 +103,7 @@ def _memory(script_args, training_args, model_args, resolved, cfg, report) -> di
         return None
 
 
-def deepspeed_plugin_config(cfg, notes: list[str]) -> dict:
+def deepspeed_plugin_config(cfg) -> dict:
     """The DeepSpeed config Accelerate's DeepSpeedPlugin builds from an accelerate config's deepspeed_config (the
     plugin needs no deepspeed package; training does)."""
     from accelerate.utils import DeepSpeedPlugin
@@ -119,11 +119,6 @@ def deepspeed_plugin_config(cfg, notes: list[str]) -> dict:
             zero3_init_flag=bool(ds.get("zero3_init_flag", False)),
             zero3_save_16bit_model=bool(ds.get("zero3_save_16bit_model", False)),
         )
-    from judgetrain.trainer.parallelism import deepspeed_not_installed
-
-    missing = deepspeed_not_installed("the accelerate config is DeepSpeed")
-    if missing:
-        notes.append(missing)
     return plugin.deepspeed_config
 
 

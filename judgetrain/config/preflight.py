@@ -76,13 +76,14 @@ def wandb_can_log(env=os.environ) -> bool:
         return False
 
 
-def package_problems(script_args, training_args, model_args, accelerate_cfg=None) -> list[str]:
+def package_problems(script_args, training_args, model_args) -> list[str]:
     """The packages the recipe names by its keys."""
     problems = []
-    if accelerate_cfg is not None and str(accelerate_cfg.distributed_type).endswith("DEEPSPEED"):
-        from judgetrain.trainer.parallelism import deepspeed_not_installed
+    config = script_args.accelerate_config
+    if config and Path(config).is_file():
+        from judgetrain.trainer.parallelism import deepspeed_missing
 
-        missing = deepspeed_not_installed(f"{script_args.accelerate_config} is a DeepSpeed config")
+        missing = deepspeed_missing(config)  # the check `judgetrain train` makes before it launches
         if missing:
             problems.append(missing)
     attn = str(getattr(model_args, "attn_implementation", None) or "")
@@ -96,30 +97,33 @@ def package_problems(script_args, training_args, model_args, accelerate_cfg=None
     return problems
 
 
+def _existing_folder(path: str | os.PathLike) -> Path:
+    """``path`` if it is a folder, else its nearest parent that exists (where the run will create it)."""
+    path = Path(path)
+    return path if path.is_dir() else next((p for p in path.parents if p.is_dir()), Path("."))
+
+
 def lock_problem(output_dir: str | os.PathLike) -> str | None:
-    """Whether output_dir's filesystem takes an exclusive flock (the run's lock)."""
-    import fcntl
-    import tempfile
+    """Whether output_dir's filesystem takes the run's lock: the run's own `file_lock` tried on a probe file there."""
+    import uuid
+
+    from judgetrain.utils.files import LockUnsupported, file_lock
 
     folder = Path(output_dir)
-    probe_dir = folder if folder.is_dir() else next((p for p in folder.parents if p.is_dir()), Path("."))
+    probe = _existing_folder(folder) / f".judgetrain-lock-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        fd, name = tempfile.mkstemp(prefix=".judgetrain-lock-probe-", dir=probe_dir)
+        with file_lock(probe, wait=False):
+            return None
+    except LockUnsupported as e:
+        return (f"output_dir {folder}: its filesystem does not support flock ({errno.errorcode.get(e.errno, e.errno)}"
+                "), which the run's lock needs: mount it with flock (Lustre: -o flock; NFS: without nolock) or "
+                "use an output_dir on a filesystem that has it")
     except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
         return f"output_dir {folder}: cannot write there ({e.strerror}): choose a writable output_dir"
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    except OSError as e:
-        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            return (f"output_dir {folder}: its filesystem does not support flock ({errno.errorcode.get(e.errno, e.errno)}"
-                    "), which the run's lock needs: mount it with flock (Lustre: -o flock; NFS: without nolock) or "
-                    "use an output_dir on a filesystem that has it")
-        raise
     finally:
-        os.close(fd)
-        os.unlink(name)
+        probe.unlink(missing_ok=True)
 
 
 def checkpoint_bytes(script_args, training_args, model_args, resolved: dict) -> int | None:
@@ -150,8 +154,7 @@ def disk_problem(script_args, training_args, model_args, resolved: dict) -> str 
         return None
     keep = training_args.save_total_limit
     out = Path(training_args.output_dir)
-    probe = out if out.is_dir() else next((p for p in out.parents if p.is_dir()), Path("."))
-    free = shutil.disk_usage(probe).free
+    free = shutil.disk_usage(_existing_folder(out)).free
     need = size * ((keep + 1) if keep else 2)  # the kept ones, plus the next being written before rotation
     if need <= free:
         return None
@@ -182,10 +185,10 @@ def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.env
             f"{model_name_or_path}`) on a machine with network, or give a local folder")
 
 
-def preflight(script_args, training_args, model_args, resolved: dict, accelerate_cfg=None) -> list[str]:
+def preflight(script_args, training_args, model_args, resolved: dict) -> list[str]:
     """Every problem found, one line each (empty: nothing predicted to fail)."""
     problems = report_to_problems(training_args.report_to)
-    problems += package_problems(script_args, training_args, model_args, accelerate_cfg)
+    problems += package_problems(script_args, training_args, model_args)
     for problem in (lock_problem(training_args.output_dir),
                     disk_problem(script_args, training_args, model_args, resolved),
                     hub_problem(model_args.model_name_or_path, getattr(model_args, "model_revision", None))):
@@ -199,16 +202,8 @@ def check_before_start(script_args, training_args, model_args, resolved: dict) -
     from judgetrain.utils.ranks import decided_on_main
 
     def decide():
-        problems = preflight(script_args, training_args, model_args, resolved, _accelerate_config(script_args))
+        problems = preflight(script_args, training_args, model_args, resolved)
         if problems:
             raise PreflightError(problems)
 
     decided_on_main(decide)
-
-
-def _accelerate_config(script_args):
-    if not script_args.accelerate_config or not Path(script_args.accelerate_config).is_file():
-        return None
-    from accelerate.commands.config.config_args import load_config_from_file
-
-    return load_config_from_file(script_args.accelerate_config)
