@@ -336,12 +336,13 @@ class PrefixSharingMixin:
         self.prefix_sharing_stats.update(batches_packed=0, batches_unpacked_cheaper=0, tokens_computed=0, tokens_unshared=0)
         scored = labels[:, 1:] != -100
         diff = (shared.log_probs.float() - plain.log_probs.float()).abs()[scored]
-        mean_tol, max_tol = probe_tolerance(policy.get_input_embeddings().weight.dtype)
+        dtype = policy.get_input_embeddings().weight.dtype
+        mean_tol, max_tol = probe_tolerance(dtype)
         mean_diff, max_diff = diff.mean().item(), diff.max().item()
         self.prefix_sharing_stats.update(probe_mean_abs_diff=mean_diff, probe_max_abs_diff=max_diff)
         if not (mean_diff <= mean_tol and max_diff <= max_tol):  # NaN fails too
             return (f"{policy.config.model_type} gives different log-probs packed (mean abs diff {mean_diff:.2e}, max "
-                    f"{max_diff:.2e} on the probe pairs, where {policy.get_input_embeddings().weight.dtype} rounding "
+                    f"{max_diff:.2e} on the probe pairs, where {dtype} rounding "
                     f"allows {mean_tol:.1e} / {max_tol:.1e}): its attention does not honour the custom mask or "
                     "position ids")
         return None
