@@ -197,6 +197,20 @@ def test_trl_fused_forward_is_bound_on_the_instance_and_wraps_and_unwraps():
     assert not forward_is_wrapped(model) and model.forward is fused, f"TRL's forward is not put back: breaks {feature}"
 
 
+def test_a_datasets_cache_file_lies_beside_its_rows_under_a_fingerprint_kept_across_loads(tmp_path):
+    """What the per-machine reference log-probs cache (judgetrain.compat.trl.PerMachineRefLogps) relies on: the file
+    is in the loaded dataset's own folder (each machine's rows folder), and a reload of the folder (a resume) has the
+    same fingerprint, so the same file name."""
+    from datasets import Dataset, load_from_disk
+
+    from judgetrain.compat.datasets import cache_file_beside, dataset_fingerprint
+
+    Dataset.from_dict({"prompt": ["a", "b"]}).save_to_disk(str(tmp_path / "node-1"))
+    first, again = load_from_disk(str(tmp_path / "node-1")), load_from_disk(str(tmp_path / "node-1"))
+    assert cache_file_beside(first, "f00d") == str(tmp_path / "node-1" / "cache-f00d.arrow")
+    assert dataset_fingerprint(first) == dataset_fingerprint(again) and len(dataset_fingerprint(first)) >= 16
+
+
 def test_without_zero3_init_hides_the_deepspeed_config_and_puts_it_back():
     from transformers.integrations import deepspeed as hf_deepspeed
 
@@ -342,6 +356,9 @@ REACHES = {
     r"\b_compute_loss\b": "DPOTrainer's private loss",
     r"\b_precompute_ref_logps\b": "DPOTrainer's private precompute",
     r"\b_is_vision_dataset\b": "DPOTrainer's vision flag",
+    r"\b_precompute_(model_hash|engine)\b": "DPOTrainer's precompute state",
+    r"\._fingerprint\b": "a dataset's fingerprint",
+    r"\b_get_cache_file_path\b": "a dataset's cache file path",
     r"\b_attn_implementation\b": "a config's attention implementation",
     r"\bddp_cache_data\b": "DynamicCache's layer data",
     r"(?i:cache)\w*(\([^()]*\))?\.layers\b": "a cache's layers",

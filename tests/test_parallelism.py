@@ -25,6 +25,18 @@ def test_the_request_is_read_from_what_accelerate_launch_exports():
     assert requested_parallelism({}).kind == "single"
 
 
+@pytest.mark.parametrize("env, machines, machine_rank", [
+    ({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1"}, 2, 1),  # torchrun / accelerate launch
+    ({"WORLD_SIZE": "16", "CROSS_RANK": "1", "CROSS_SIZE": "2", "LOCAL_SIZE": "8"}, 2, 1),  # DeepSpeed's launcher
+    ({"WORLD_SIZE": "32", "SLURM_NODEID": "3", "SLURM_NNODES": "4"}, 4, 3),  # srun, one task per GPU
+    ({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, 2, None),  # no launcher says which machine: unknown, not 0
+    ({}, 1, 0),
+])
+def test_the_machine_index_is_read_for_every_documented_launcher(env, machines, machine_rank):
+    request = requested_parallelism(env)
+    assert (request.machines, request.machine_rank) == (machines, machine_rank)
+
+
 @pytest.mark.parametrize("request_, gpu, message", [
     (Request("deepspeed", 1, 1, 0, zero_stage=3), False, "ZeRO-3 in a single process on a machine without a GPU"),
     (Request("fsdp", 1, 1, 0, fsdp_version=2), True, "FSDP with a single process"),

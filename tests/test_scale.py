@@ -1,7 +1,8 @@
 """Beyond one process, checked against one machine with 2 DDP processes on the same rows:
 
 * two machines on localhost: two `accelerate launch` processes (num_machines 2, machine ranks 0 and 1, one process
-  each) rendezvous on 127.0.0.1, train, are killed, resume with --resume auto;
+  each) rendezvous on 127.0.0.1, train with precompute_ref_log_probs, are killed, resume with --resume auto; and
+  with one output_dir per machine, trained and resumed at max_steps (the reference log-probs loaded, not recomputed);
 * FSDP2 on 2 CPU processes over gloo: LoRA (adapter-disabled reference) killed and resumed, the eval callback on the
   sharded model; and a full fine-tune (separate frozen reference) against DDP.
 
@@ -38,19 +39,23 @@ def _recipe(path: Path, full: bool = False) -> str:
     return str(path)
 
 
-def _launch(config: str, recipe: str, out: Path, log: Path, *extra: str) -> subprocess.Popen:
+def _launch(config: str, recipe: str, out: Path, log: Path, *extra: str,
+            args: tuple[str, ...] = ()) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--mixed_precision", "no",
-           *extra, "-m", "judgetrain.train", recipe, "--output_dir", str(out), "--resume", "auto"]
+           *extra, "-m", "judgetrain.train", recipe, "--output_dir", str(out), "--resume", "auto", *args]
     return subprocess.Popen(cmd, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def _two_machines(recipe: str, out: Path, logs: Path) -> list[subprocess.Popen]:
+def _two_machines(recipe: str, out: Path | tuple[Path, Path], logs: Path, *args: str,
+                  tag: str = "machine") -> list[subprocess.Popen]:
+    """Machines 0 and 1 on localhost, one process each, into one output_dir or (a pair) one each."""
     port = free_port()
+    outs = out if isinstance(out, tuple) else (out, out)
     return [
-        _launch("accelerate_configs/multinode_ddp.yaml", recipe, out, logs / f"machine{rank}.log",
+        _launch("accelerate_configs/multinode_ddp.yaml", recipe, outs[rank], logs / f"{tag}{rank}.log",
                 "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
-                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port))
+                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), args=args)
         for rank in (0, 1)
     ]
 
@@ -146,13 +151,21 @@ def _assert_same_run(one: Path, two: Path, *, final: str = "adapter_model.safete
 def test_two_machines_killed_and_resumed_match_one_machine_with_two_processes(ddp_lora, tmp_path):
     recipe, single = ddp_lora
     multi = tmp_path / "multi"
-    _kill_after_first_checkpoint(_two_machines(recipe, multi, tmp_path), multi, tmp_path / "machine0.log")
+    # with precompute_ref_log_probs (the reference computes it on the fly: the same values), output_dir shared
+    precompute = ("--precompute_ref_log_probs", "true")
+    _kill_after_first_checkpoint(_two_machines(recipe, multi, tmp_path, *precompute), multi, tmp_path / "machine0.log")
+    started = (tmp_path / "machine0.log").read_text(errors="replace")
+    assert "Reference log-probs of the train rows: computed (" in started, started[-3000:]
 
-    procs = _two_machines(recipe, multi, tmp_path)
+    procs = _two_machines(recipe, multi, tmp_path, *precompute)
     _wait(procs)
     logs = [(tmp_path / f"machine{r}.log").read_text(errors="replace") for r in (0, 1)]
     assert [p.returncode for p in procs] == [0, 0], logs[0][-5000:] + logs[1][-3000:]
     assert f"Resuming from {multi / f'checkpoint-{EVERY}'}" in logs[0]
+    resumed = logs[0][len(started):]
+    assert "on every machine" in resumed and "not recomputed" in resumed and "computed (" not in resumed, resumed[-3000:]
+    written = started.split(" written as ")[1].split()[0]  # the same file name in both machines' folders
+    assert all((multi / "train_rows" / node / written).is_file() for node in ("node-0", "node-1")), written
     effect = json.loads((multi / "parallelism.json").read_text())
     assert (effect["distributed_type"], effect["processes"], effect["machines"], effect["backend"]) == \
         ("MULTI_CPU", 2, 2, "gloo")
@@ -236,3 +249,43 @@ def test_the_slurm_script_runs_one_launch_per_machine_with_its_rank(tmp_path):
         assert "--num_machines 2 --num_processes 16 " in line
         assert "--main_process_ip 10.1.2.3 --main_process_port 29500 " in line
         assert line.endswith("-m judgetrain.train recipes/judgebias_qwen3_8b_lora.yaml --resume auto --learning_rate 1e-6")
+
+
+@pytest.mark.slow
+def test_two_machines_with_their_own_output_dirs_precompute_and_resume_without_recomputing(tmp_path):
+    """precompute_ref_log_probs on two machines with one output_dir each (machine-local disks; the shared output_dir
+    is the kill-and-resume test above): each machine writes only its own folder, both hold the same gathered values,
+    and the resume (at max_steps) loads them on every machine: nothing recomputed, nothing re-tokenised."""
+    from datasets import Dataset
+
+    recipe = tmp_path / "recipe.yaml"
+    text = Path(_recipe(recipe)).read_text()
+    text = text.replace("split: train}", "split: train, max_rows: 16}").replace(f"max_steps: {STEPS}", "max_steps: 2")
+    text = text.replace(f"save_steps: {EVERY}", "save_steps: 2").replace(f"eval_steps: {EVERY}\n", "")
+    text = text.replace("eval_suites: [rmbench, judgebias]", "eval_suites: none")
+    recipe.write_text(text + "precompute_ref_log_probs: true\n")
+    outs = (tmp_path / "machine0", tmp_path / "machine1")
+    folders = [outs[0] / "train_rows" / "node-0", outs[1] / "train_rows" / "node-1"]
+
+    def launch(tag: str) -> str:
+        procs = _two_machines(str(recipe), outs, tmp_path, tag=tag)
+        _wait(procs)
+        logs = [(tmp_path / f"{tag}{r}.log").read_text(errors="replace") for r in (0, 1)]
+        assert [p.returncode for p in procs] == [0, 0], logs[0][-4000:] + logs[1][-3000:]
+        return logs[0]
+
+    log = launch("start")
+    assert "Reference log-probs of the train rows: computed (16 rows" in log and "loaded from" not in log, log[-3000:]
+    # the same gathered values in both machines' folders, under the fingerprint rank 0 broadcast
+    written = [line.split(" written as ")[1].split()[0] for line in log.splitlines() if " written as " in line]
+    caches = [{p.name for p in f.glob("cache-*.arrow")} for f in folders]
+    assert len(written) == 1 and all(written[0] in c for c in caches), (written, caches)
+    values = [Dataset.from_file(str(f / written[0])).to_dict() for f in folders]
+    assert values[0] == values[1] and len(values[0]["ref_chosen_logps"]) == 16
+    assert not (outs[0] / "train_rows" / "node-1").exists() and not (outs[1] / "train_rows" / "node-0").exists()
+
+    log = launch("resume")
+    assert f"Resuming from {outs[0] / 'checkpoint-2'}" in log, log[-3000:]
+    assert f"loaded from {written[0]} on every machine (16 rows, computed at an earlier start: not recomputed)" in log
+    assert "computed (16 rows" not in log
+    assert [{p.name for p in f.glob("cache-*.arrow")} for f in folders] == caches  # nothing new: nothing re-tokenised

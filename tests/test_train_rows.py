@@ -13,7 +13,7 @@ import pytest
 
 from helpers import REPO
 from judgetrain.config.recipe import RecipeError
-from judgetrain.data.prepare import ROWS_FILE, machine_key
+from judgetrain.data.prepare import ROWS_FILE, machine_key, placement_of
 
 QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
 
@@ -30,6 +30,15 @@ def test_machine_key_is_the_machines_first_rank():
     assert [machine_key(seen, r) for r in range(4)] == [0, 0, 2, 2]
     # two launches on one host (the localhost two-machine test): one folder each
     assert [machine_key([(0, 0, "h"), (1, 0, "h")], r) for r in (0, 1)] == [0, 1]
+
+
+def test_the_machine_index_and_count_come_from_the_process_group():
+    """What parallelism.json records as machine_rank / machines, whatever the launcher exported."""
+    seen = [(0, 0, "a"), (1, 1, "a"), (2, 0, "b"), (3, 1, "b"), (4, 0, "c"), (5, 1, "c")]
+    assert [placement_of(seen, r) for r in range(6)] == [(0, 0, 3), (0, 0, 3), (2, 1, 3), (2, 1, 3), (4, 2, 3),
+                                                         (4, 2, 3)]
+    with pytest.raises(RecipeError, match="not numbered machine by machine"):
+        placement_of([(0, 0, "a"), (1, 0, "b"), (2, 1, "a"), (3, 1, "b")], 3)
 
 
 def test_ranks_not_numbered_machine_by_machine_are_refused():

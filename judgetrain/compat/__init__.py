@@ -3,8 +3,9 @@
 judgetrain leans on a few things its libraries do not promise to keep: private attributes and methods, instance
 attributes their classes set for themselves, internals of public classes (a cache's layers), methods shadowed on
 instances, and the behaviour of a base class that a subclass overrides. Each such reach is a small named function or
-class in ``judgetrain.compat.<library>`` (``accelerate``, ``peft``, ``torch``, ``transformers``, ``trl``), whose
-docstring says what it touches, the version it was checked against and what happens when the library changes.
+class in ``judgetrain.compat.<library>`` (``accelerate``, ``datasets``, ``peft``, ``torch``, ``transformers``,
+``trl``), whose docstring says what it touches, the version it was checked against and what happens when the
+library changes.
 `HOOKS` lists every hooked attribute; ``tests/test_compat.py`` checks each against the installed library (it exists,
 its parameter names or kind are the expected ones), fails when an installed library is newer than `CHECKED` (re-check
 the listed hooks, then raise the version), and scans the package so that no module outside ``judgetrain.compat``
@@ -19,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The versions every hook below was read and tested against.
-CHECKED = {"trl": "1.16.0", "transformers": "5.24.0", "peft": "0.21.2", "accelerate": "1.15.0", "torch": "2.13.0"}
+CHECKED = {"trl": "1.16.0", "transformers": "5.24.0", "peft": "0.21.2", "accelerate": "1.15.0", "torch": "2.13.0",
+           "datasets": "5.2.0"}
 
 KINDS = ("callable", "class", "mapping", "property", "module attribute", "instance attribute", "fields")
 
@@ -52,6 +54,7 @@ _CPU_PARALLEL = "FSDP2 / DeepSpeed on a CPU process group (trainer.parallelism.a
 _PREFIX_SHARING = "prefix sharing in DPO training (trainer.prefix_sharing, JudgeDPOTrainer(prefix_sharing=True))"
 _NONFINITE = "the non-finite guard (NonFiniteGuard: policy stop/skip, exit code 3)"
 _EVAL_SHARING = "prefix-shared eval scoring (eval.sharing)"
+_PRECOMPUTE = "precompute_ref_log_probs on several machines: the cache in every machine's rows folder"
 _WANDB = "W&B: the final history flush (train.finish) and the RM-Bench heatmap images (report.plots)"
 
 HOOKS: tuple[Hook, ...] = (
@@ -117,6 +120,18 @@ HOOKS: tuple[Hook, ...] = (
     Hook("trl", "trl.DPOTrainer.log", "callable",
          "per-epoch eval metrics logged apart from the train-mode DPO metrics (eval.callback): this override is skipped",
          "judgetrain.compat.transformers.log_without_overrides", ("self", "logs", "start_time")),
+    Hook("trl", "trl.DPOTrainer._precompute_ref_logps", "callable", _PRECOMPUTE + " (overridden)",
+         "judgetrain.compat.trl.PerMachineRefLogps", ("self", "dataset", "name", "batch_size")),
+    Hook("trl", "trl.DPOTrainer._precompute_model_hash", "instance attribute", _PRECOMPUTE + ": the cache's fingerprint",
+         "judgetrain.compat.trl.PerMachineRefLogps"),
+    Hook("trl", "trl.DPOTrainer._precompute_engine", "instance attribute",
+         _PRECOMPUTE + ": the DeepSpeed inference engine of the reference pass", "judgetrain.compat.trl.PerMachineRefLogps"),
+    # datasets
+    Hook("datasets", "datasets.Dataset._fingerprint", "instance attribute", _PRECOMPUTE + ": the cache's fingerprint",
+         "judgetrain.compat.datasets.dataset_fingerprint"),
+    Hook("datasets", "datasets.Dataset._get_cache_file_path", "callable",
+         _PRECOMPUTE + ": the cache file beside the tokenised rows", "judgetrain.compat.datasets.cache_file_beside",
+         ("self", "fingerprint")),
     # peft
     Hook("peft", "peft.tuners.lora.layer.Linear", "class", "merged-LoRA eval scoring (eval.merged)",
          "judgetrain.compat.peft.lora_linear_type"),

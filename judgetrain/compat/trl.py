@@ -40,3 +40,92 @@ def uses_vision_data(trainer: Any) -> bool:
     checked: trl 1.16.0. A release that renames it reads as False: a vision run would try prefix sharing, and the
     start-up probe (text-only pairs) cannot catch that."""
     return bool(getattr(trainer, "_is_vision_dataset", False))
+
+
+class PerMachineRefLogps:
+    """DPOTrainer's ``precompute_ref_log_probs`` with its cache on every machine (a mixin over ``trl.DPOTrainer``).
+
+    TRL's ``_precompute_ref_logps`` gathers the reference log-probs of every rank onto every rank, writes them as
+    ``cache-<fingerprint>.arrow`` beside the tokenised rows on the global main process only, and then every rank opens
+    that path in its own dataset's folder. judgetrain keeps one rows folder per machine (``train_rows/node-<K>``), so
+    on several machines every other machine's ranks found no file after the whole pass (FileNotFoundError). Here:
+
+    - whether the pass runs is decided once for all ranks: it is skipped only when the file is in every machine's
+      folder (a per-rank check would send some ranks into the pass's collectives and others past them);
+    - the gathered values are written by each machine's local main process into its own folder (the others wait),
+      so machine-local disks and a shared output_dir both work, and a resume on either loads them again;
+    - the main process logs whether they were loaded (not recomputed) or computed.
+
+    The fingerprint, the batches and the values are TRL's: rank 0's hash of the dataset and of the reference model,
+    TRL's collator, ``compute_ref_log_probs`` (judgetrain's trainer runs it prefix-shared), ``gather_for_metrics``.
+
+    checked: trl 1.16.0 (``_precompute_ref_logps(dataset, name, batch_size)``, ``_precompute_model_hash``,
+    ``_precompute_engine``) and datasets 5.2.0 (the cache file's name: `judgetrain.compat.datasets`). A TRL
+    that renames the method leaves this one unused (TRL's own runs; several machines then fail as before); one that
+    renames the attributes fails here at the first precompute, by name (`tests/test_compat.py` checks all of them)."""
+
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        import logging
+        import os
+        import time
+
+        from accelerate.utils import broadcast_object_list, gather_object
+        from datasets import Dataset, IterableDataset, concatenate_datasets
+        from datasets.fingerprint import Hasher
+
+        from judgetrain.compat.datasets import cache_file_beside, dataset_fingerprint
+
+        if isinstance(dataset, IterableDataset):  # TRL's own refusal
+            return super()._precompute_ref_logps(dataset, name, batch_size)
+        log = logging.getLogger("judgetrain.trainer.dpo")
+        accelerator = self.accelerator
+        fingerprint = [Hasher.hash((dataset_fingerprint(dataset), self._precompute_model_hash))]
+        broadcast_object_list(fingerprint, from_process=0)
+        cache_file = cache_file_beside(dataset, fingerprint[0])
+        # the local main process of each machine answers for its folder
+        here = os.path.exists(cache_file) if accelerator.is_local_main_process else True
+        if all(gather_object([here])):
+            log.info("Reference log-probs of the %s rows: loaded from %s on every machine (%d rows, computed at an "
+                     "earlier start: not recomputed)", name, os.path.basename(cache_file), len(dataset))
+            return concatenate_datasets([dataset, Dataset.from_file(cache_file)], axis=1)
+
+        started = time.perf_counter()
+        chosen, rejected = self._reference_pass(dataset, name, batch_size)
+        if accelerator.is_local_main_process:
+            def add_ref_logps(batch, indices):
+                return {"ref_chosen_logps": chosen[indices], "ref_rejected_logps": rejected[indices]}
+
+            dataset.map(add_ref_logps, with_indices=True, batched=True, remove_columns=dataset.column_names,
+                        new_fingerprint=fingerprint[0], cache_file_name=cache_file,
+                        desc=f"Caching reference log probs for {name} dataset")
+        accelerator.wait_for_everyone()
+        log.info("Reference log-probs of the %s rows: computed (%d rows, %.1f s) and written as %s into each "
+                 "machine's rows folder", name, len(chosen), time.perf_counter() - started,
+                 os.path.basename(cache_file))
+        return concatenate_datasets([dataset, Dataset.from_file(cache_file)], axis=1)
+
+    def _reference_pass(self, dataset, name, batch_size):
+        """The reference log-probs (chosen, rejected) of every row, in row order, on every rank: TRL's pass."""
+        import os
+
+        import torch
+        from accelerate.utils import tqdm
+        from torch.utils.data import DataLoader
+        from trl.models import prepare_deepspeed
+
+        loader = self.accelerator.prepare(DataLoader(
+            dataset, batch_size=batch_size, collate_fn=self.data_collator, num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory, shuffle=False))
+        if self.ref_model is None and self.is_deepspeed_enabled:  # one inference engine, reused (as TRL does)
+            if self._precompute_engine is None:
+                self._precompute_engine = prepare_deepspeed(self.model, self.accelerator)
+            model = self._precompute_engine
+        else:
+            model = self.ref_model or self.model
+        chosen, rejected = [], []
+        for batch in tqdm(loader, desc=f"Computing reference log probs for {name} dataset",
+                          disable=bool(os.environ.get("TQDM_DISABLE", ""))):
+            c, r = self.accelerator.gather_for_metrics(self.compute_ref_log_probs(model, batch))
+            chosen.append(c.cpu())
+            rejected.append(r.cpu())
+        return torch.cat(chosen), torch.cat(rejected)

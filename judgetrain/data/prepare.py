@@ -35,32 +35,77 @@ def build_train_dataset(script_args, training_args, *, max_rows_each: int | None
 
 def load_audited_dataset(script_args, training_args, tokenizer):
     """The training mixture after the length audit, as TRL takes it (prompt, chosen, rejected), and the audit
-    report (also written to data_audit.json). The main process prepares it first; the others reuse its cache."""
-    from accelerate import PartialState
+    report (also written to data_audit.json).
 
-    from judgetrain.data.chat import neutralise_dataset
-    from judgetrain.data.lengths import audit_lengths
+    Prepared once per machine: the global main process first (a cache on a shared disk is then warm for the
+    others), then the local main process of every other machine (each fills its own machine-local cache), as TRL
+    orders its own tokenisation; the other processes build nothing and read their machine's rows folder. A
+    preparation that fails (a bad row, a missing file) stops every process with its message, none waits for it."""
+    from accelerate import PartialState
 
     state = PartialState()
     out = Path(training_args.output_dir)
-    with state.main_process_first():
-        dataset = build_train_dataset(script_args, training_args)
-        # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL.
-        dataset = neutralise_dataset(dataset, tokenizer)
-        dataset, audit = audit_lengths(
-            dataset, tokenizer, training_args.max_length, script_args.long_rows,
-            str(out / "rejects" / "long_rows.jsonl") if state.is_main_process else None,
-            num_proc=training_args.dataset_num_proc,
-        )
-    if state.is_main_process:
+    rows = audit = failure = None
+    with state.main_process_first(), state.local_main_process_first():
+        if state.is_local_main_process:
+            try:
+                rows, audit = _audited_rows(script_args, training_args, tokenizer, out, state.is_main_process)
+            except Exception as e:  # noqa: BLE001 - raised below, on every process
+                failure = e
+    _raise_on_every_process(failure, state)
+    # TRL's own length filter must find nothing left to drop silently: error/skip/shorten_prompt removed such rows.
+    dataset, fingerprint, reused = reload_memory_mapped(rows, out / "train_rows", state)
+    audit = _machine_audit(audit, state)
+    audit["rows_fingerprint"], audit["rows_reused"] = fingerprint, reused
+    return dataset, audit
+
+
+def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):
+    """The mixture through the adapters, neutralised and length-audited (on a machine's local main process)."""
+    from judgetrain.data.chat import neutralise_dataset
+    from judgetrain.data.lengths import audit_lengths
+
+    dataset = build_train_dataset(script_args, training_args)
+    # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL.
+    dataset = neutralise_dataset(dataset, tokenizer)
+    dataset, audit = audit_lengths(
+        dataset, tokenizer, training_args.max_length, script_args.long_rows,
+        str(out / "rejects" / "long_rows.jsonl") if main else None,
+        num_proc=training_args.dataset_num_proc,
+    )
+    if main:
         (out / "data_audit.json").write_text(json.dumps(audit, indent=1))
     if len(dataset) == 0:
         raise RecipeError(f"no training rows left after validation and the length audit (see {out / 'rejects'} and "
                           f"{out / 'data_audit.json'}): raise max_length or change long_rows / on_bad_row")
-    # TRL's own length filter must find nothing left to drop silently: error/skip/shorten_prompt removed such rows.
-    dataset, audit["rows_fingerprint"], audit["rows_reused"] = reload_memory_mapped(
-        dataset.select_columns(["prompt", "chosen", "rejected"]), out / "train_rows", state)
-    return dataset, audit
+    return dataset.select_columns(["prompt", "chosen", "rejected"]), audit
+
+
+def _raise_on_every_process(failure: Exception | None, state) -> None:
+    """Raise ``failure`` where it happened and, on the processes that did not prepare the rows, a `RecipeError`
+    with its message (one collective: every process passes here)."""
+    if state.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        failed = [f for f in gather_object([None if failure is None else
+                                            (state.process_index, f"{type(failure).__name__}: {failure}")]) if f]
+    else:
+        failed = []
+    if failure is not None:
+        raise failure
+    if failed:
+        rank, message = failed[0]
+        raise RecipeError(f"the training rows could not be prepared (on rank {rank}): {message}")
+
+
+def _machine_audit(audit: dict | None, state) -> dict:
+    """The audit of this machine's rows: its own on a local main process, its local main's on the others."""
+    if state.num_processes == 1:
+        return audit
+    from accelerate.utils import gather_object
+
+    audits = gather_object([audit])
+    return dict(audits[state.process_index - state.local_process_index])
 
 
 ROWS_FILE = "judgetrain_rows.json"  # in each machine's rows folder: the rows' fingerprint and count, written last
@@ -73,9 +118,15 @@ def machine_folder(state) -> str:
     launcher do not), so it holds for every launcher; checked across processes: every process of a machine must
     name the same folder and run on the same host as that machine's local main process. Where that cannot be
     known (no local rank, or ranks not numbered machine by machine) the run is refused with the reason."""
+    return f"node-{machine_placement(state)[0]}"
+
+
+def machine_placement(state) -> tuple[int, int, int]:
+    """(first global rank, index, count) of this process's machine, from the process group (see `machine_folder`):
+    the index counts machines in rank order (0 for the one holding rank 0)."""
     local = state.local_process_index
     if state.num_processes == 1:
-        return "node-0"
+        return 0, 0, 1
     if local < 0:
         raise RecipeError("cannot tell which machine this process runs on: the launcher set no LOCAL_RANK (launch "
                           "with accelerate launch or torchrun, or export LOCAL_RANK per task, e.g. from SLURM_LOCALID)")
@@ -83,8 +134,15 @@ def machine_folder(state) -> str:
 
     from accelerate.utils import gather_object
 
-    seen = gather_object([(state.process_index, local, socket.gethostname())])
-    return f"node-{machine_key(seen, state.process_index)}"
+    return placement_of(gather_object([(state.process_index, local, socket.gethostname())]), state.process_index)
+
+
+def placement_of(seen: list[tuple[int, int, str]], rank: int) -> tuple[int, int, int]:
+    """(first global rank, index, count) of ``rank``'s machine from every process's (global rank, local rank, host)
+    (`machine_key`'s refusal included)."""
+    first = machine_key(seen, rank)
+    firsts = sorted({r for r, loc, _ in seen if loc == 0})
+    return first, firsts.index(first), len(firsts)
 
 
 def machine_key(seen: list[tuple[int, int, str]], rank: int) -> int:
@@ -102,9 +160,10 @@ def machine_key(seen: list[tuple[int, int, str]], rank: int) -> int:
 
 
 def reload_memory_mapped(dataset, path: Path, state):
-    """The audited rows, written once per machine (by its local main process) and read back memory-mapped, with the
-    adapters' in-memory objects released first. What the adapters and the audit parsed otherwise stays resident for
-    the whole run (~15-30 MB over a bare TRL script that reads one parquet file).
+    """The audited rows, written once per machine (by its local main process, the only one that holds them: None on
+    the others) and read back memory-mapped, with the adapters' in-memory objects released first. What the adapters
+    and the audit parsed otherwise stays resident for the whole run (~15-30 MB over a bare TRL script that reads one
+    parquet file).
 
     A start whose rows equal those already in the folder (same fingerprint: a resume, a requeue) keeps the folder
     as it is, and with it the caches TRL keeps beside the rows (its tokenised rows, precomputed reference

@@ -7,6 +7,9 @@ non-finite guard reads, all as method overrides.
 - prefix sharing (`judgetrain.trainer.prefix_sharing`): ``compute_loss`` and ``compute_ref_log_probs`` run inside
   the pair-call context, in which the packed forward installed on the models runs each pair's prompt once. With
   ``prefix_sharing=False`` the trainer is TRL's, ``prefix_sharing`` stays None.
+- ``precompute_ref_log_probs`` on several machines (`judgetrain.compat.trl.PerMachineRefLogps`): each machine's
+  local main process writes the gathered reference log-probs into that machine's rows folder, and a start that finds
+  them on every machine loads them instead of recomputing.
 - non-finite checks: ``training_step`` records a micro-batch loss that is not finite, and the grad-norm hook
   (`judgetrain.compat.transformers.GradNormHook`) the step's global gradient norm; `NonFiniteGuard` reads and clears
   both (`StepRecord.take`) before every optimizer step.
@@ -20,6 +23,7 @@ from typing import Any
 from trl import DPOTrainer
 
 from judgetrain.compat.transformers import GradNormHook
+from judgetrain.compat.trl import PerMachineRefLogps
 from judgetrain.trainer.prefix_sharing import PrefixSharingMixin
 
 
@@ -37,7 +41,7 @@ class StepRecord:
         return out
 
 
-class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, DPOTrainer):
+class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, DPOTrainer):
     """TRL's DPOTrainer; ``prefix_sharing``: compute each pair's prompt once per model where the model allows it
     (decided and probed at start-up, see `judgetrain.trainer.prefix_sharing`)."""
 

@@ -68,7 +68,7 @@ class LaunchRequest:
     kind: str  # "single" | "ddp" | "fsdp" | "deepspeed"
     processes: int
     machines: int
-    machine_rank: int
+    machine_rank: int | None  # None: the launcher does not say (the process group does: `in_effect`)
     fsdp_version: int | None = None
     zero_stage: int | None = None
     fsdp_options: dict = field(default_factory=dict)
@@ -82,9 +82,7 @@ def requested_parallelism(env: Mapping[str, str] | None = None) -> LaunchRequest
     """Read what `accelerate launch` (or torchrun + the ACCELERATE_* variables) asked this process to do."""
     env = os.environ if env is None else env
     world = _int(env, "WORLD_SIZE", 1)
-    local_world = max(_int(env, "LOCAL_WORLD_SIZE", world), 1)
-    machines = max(world // local_world, 1)
-    machine_rank = _int(env, "GROUP_RANK", _int(env, "NODE_RANK", 0))
+    machines, machine_rank = launcher_machine(env, world)
     if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
         stage = _int(env, "ACCELERATE_DEEPSPEED_ZERO_STAGE", 2)
         return LaunchRequest("deepspeed", world, machines, machine_rank, zero_stage=stage)
@@ -93,6 +91,31 @@ def requested_parallelism(env: Mapping[str, str] | None = None) -> LaunchRequest
         return LaunchRequest("fsdp", world, machines, machine_rank, fsdp_version=_int(env, "FSDP_VERSION", 1),
                        fsdp_options=options)
     return LaunchRequest("ddp" if world > 1 else "single", world, machines, machine_rank)
+
+
+# (machine index, machine count) variables of the launchers judgetrain documents (docs/scale.md), first that is set
+MACHINE_VARIABLES = (
+    ("GROUP_RANK", None),  # torchrun, and accelerate launch (which runs torchrun's agent)
+    ("NODE_RANK", None),  # torch.distributed.launch
+    ("CROSS_RANK", "CROSS_SIZE"),  # DeepSpeed's launcher
+    ("SLURM_NODEID", "SLURM_NNODES"),  # srun, one task per GPU
+)
+
+
+def launcher_machine(env: Mapping[str, str], world: int) -> tuple[int, int | None]:
+    """(machines, this machine's index) as the launcher tells this process; the index is None where no launcher
+    variable says it (several processes and none of `MACHINE_VARIABLES`). The run itself does not depend on it:
+    the rows folder and the report's machine come from the process group (`judgetrain.data.prepare.machine_placement`),
+    which is refused where it cannot tell the machines apart."""
+    if world <= 1:
+        return 1, 0
+    for index, count in MACHINE_VARIABLES:
+        if index in env:
+            local_world = _int(env, "LOCAL_WORLD_SIZE", _int(env, "LOCAL_SIZE", world))
+            machines = _int(env, count, 0) if count else 0
+            return max(machines or world // max(local_world, 1), 1), _int(env, index, 0)
+    local_world = _int(env, "LOCAL_WORLD_SIZE", world)
+    return max(world // max(local_world, 1), 1), None
 
 
 def check_request(request: LaunchRequest, *, gpu: bool) -> None:
@@ -249,7 +272,10 @@ def in_effect(accelerator, model, request: LaunchRequest) -> dict[str, Any]:
     """What this run actually does (from the prepared Accelerator and model), beside what was asked."""
     import torch.distributed as dist
 
+    from judgetrain.data.prepare import machine_placement
+
     state = accelerator.state
+    _, machine, machines = machine_placement(state)  # from the process group, whatever the launcher set
     kind = str(state.distributed_type).split(".")[-1]
     shards = sharding_of(model)
     sharded: list[str] = []
@@ -264,8 +290,8 @@ def in_effect(accelerator, model, request: LaunchRequest) -> dict[str, Any]:
         "distributed_type": kind,
         "fsdp_version": getattr(state.fsdp_plugin, "fsdp_version", None) if kind == "FSDP" else None,
         "processes": state.num_processes,
-        "machines": request.machines,
-        "machine_rank": request.machine_rank,
+        "machines": machines,
+        "machine_rank": machine,
         "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
         "device": str(accelerator.device),
         "sharded": sharded,
