@@ -80,3 +80,19 @@ def test_an_unknown_gpu_is_a_clear_error():
     proc = _dry_run("recipes/quickstart.yaml", "--gpu", "H100-81GB", check=False)
     assert proc.returncode == 2
     assert "--gpu H100-81GB: unknown; one of H100-80GB" in proc.stderr
+
+
+def test_the_estimate_counts_the_merged_lora_weights_of_an_fp32_eval_within_their_bound():
+    """fp32 Llama-3.1-8B with LoRA on every projection: the scoring engine's merged weights are bounded by the cache
+    (256 MiB) plus one 4096 x 14336 fp32 projection merged in its forward (224 MiB), not a copy of every adapted
+    weight (~28 GB); bf16 layers keep PEFT's forward, and a run with merge_lora off holds none."""
+    from judgetrain.config.memory import MERGED_CACHE_BYTES, Plan, estimate
+
+    shape = BUILTIN_SHAPES["meta-llama/Llama-3.1-8B-Instruct"]
+    every = sum(a * b for a, b in shape.adapted_projections(None)) * shape.layers * 4
+    assert every / GIB == pytest.approx(26.0, abs=0.1)  # what a copy of each adapted weight would take
+    merged = estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_batch_tokens=8192))["eval_merged_lora"]
+    assert MERGED_CACHE_BYTES < merged <= MERGED_CACHE_BYTES + 4096 * 14336 * 4
+    assert estimate(shape, Plan(weight_bytes=2, lora_r=16))["eval_merged_lora"] == 0
+    assert estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_merge_lora=False))["eval_merged_lora"] == 0
+    assert estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_batch_tokens=0))["eval_merged_lora"] == 0

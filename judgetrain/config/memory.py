@@ -63,15 +63,18 @@ class ModelShape:
         emb = self.vocab * self.hidden
         return emb * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
 
-    def lora_params(self, r: int, targets: list[str] | None) -> int:
-        """LoRA A (in x r) and B (r x out) on each targeted projection of every layer."""
+    def adapted_projections(self, targets: list[str] | None) -> list[tuple[int, int]]:
+        """(in, out) of each projection of one layer that LoRA targets."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_dim, self.intermediate
         dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
         if not targets or targets in ("all-linear", ["all-linear"]):
             targets = list(dims)
-        per_layer = sum(r * (a + b) for name, (a, b) in dims.items() if name in targets)
-        return self.layers * per_layer
+        return [d for name, d in dims.items() if name in targets]
+
+    def lora_params(self, r: int, targets: list[str] | None) -> int:
+        """LoRA A (in x r) and B (r x out) on each targeted projection of every layer."""
+        return self.layers * sum(r * (a + b) for a, b in self.adapted_projections(targets))
 
 
 # The recipes' models, for dry runs on a machine that cannot read their config.json (no hub, nothing cached).
@@ -133,6 +136,7 @@ class Plan:
     checkpointing: bool = False
     precompute_ref: bool = False
     eval_batch_tokens: int = 8192
+    eval_merge_lora: bool = True  # the scoring engine's merged LoRA forwards (judgetrain.eval.merged)
     optimizer_state_per_param: int = 2  # AdamW: exp_avg, exp_avg_sq
     device: str = "cuda"  # "cpu": TRL's LM head runs its torch fallback (checks on this machine)
 
@@ -192,6 +196,11 @@ def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
     # a batch's tokens, assumed): the logits in the weights' dtype, their fp32 copy and the logsumexp temporary
     scored = int(eval_tokens * EVAL_SCORED_FRACTION)
     out["eval_pass"] = eval_tokens * (per_layer + shape.hidden * wb * 2) + scored * shape.vocab * (wb + 8)
+    # merged LoRA weights (fp32 models only; half-precision layers keep PEFT's forward): bounded by the engine
+    merge = lora and wb == 4 and plan.eval_merge_lora and eval_tokens > 0 and shard_w == 1
+    out["eval_merged_lora"] = merged_extra_bytes(
+        [a * b * wb for a, b in shape.adapted_projections(plan.lora_targets)] * shape.layers) if merge else 0
+    out["eval_pass"] += out["eval_merged_lora"]
 
     static = sum(out[k] for k in ("weights", "adapter", "master_weights", "optimizer_state", "reference_weights"))
     # backward starts at the LM head: its tiles and temporaries are gone before the layers' gradients accumulate
@@ -224,6 +233,23 @@ def lm_head_bytes(shape: ModelShape, tokens: int, wb: int, *, device: str = "cud
 TILE_TEMPS = 7
 EVAL_SCORED_FRACTION = 0.5
 
+# What judgetrain.eval.merged may hold for merged LoRA weights for a whole scoring call; layers beyond it merge in
+# their own forward (one layer's weight at a time).
+MERGED_CACHE_BYTES = 256 * 2**20
+
+
+def merged_extra_bytes(layer_weight_bytes: list[int], cache_bytes: int = MERGED_CACHE_BYTES) -> int:
+    """The most memory `judgetrain.eval.merged.merged_lora` holds beyond the model for adapted layers whose weights
+    take these bytes (in the model's order): the layers merged for the whole context (first come, while they fit
+    ``cache_bytes``) plus the largest of the others, merged in its forward."""
+    held, rest = 0, [0]
+    for n in layer_weight_bytes:
+        if held + n <= cache_bytes:
+            held += n
+        else:
+            rest.append(n)
+    return held + max(rest)
+
 
 # ----------------------------------------------------------------------------------------------- recipe -> plan
 
@@ -251,6 +277,7 @@ def plan_from_recipe(script_args, training_args, model_args, resolved: dict, *, 
                            or getattr(training_args, "gradient_checkpointing", False)),
         precompute_ref=bool(training_args.precompute_ref_log_probs),
         eval_batch_tokens=script_args.eval_batch_tokens if script_args.eval_suites else 0,
+        eval_merge_lora=bool(getattr(script_args, "eval_merge_lora", True)),
     )
 
 
