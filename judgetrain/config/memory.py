@@ -130,6 +130,7 @@ class Plan:
     mixed_precision_master: bool = False  # fp32 master weights (DeepSpeed bf16, FSDP mixed precision)
     lora_r: int | None = None
     lora_targets: list[str] | None = None
+    lora_dropout: float = 0.0
     batch: int = 1  # pairs per device per micro-step: 2 x batch sequences
     seq_len: int = 1024
     grad_accum: int = 1
@@ -153,6 +154,39 @@ def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int) -> int:
     return act_bytes * (ACT_H * shape.hidden + ACT_KV * shape.kv_dim + ACT_I * shape.intermediate)
 
 
+# What PEFT's LoRA layers save beyond the frozen projections' inputs, in bytes per input element of each adapted
+# projection. Measured on CPU (the tensors autograd saves, layer 2 minus layer 1; Qwen3-0.6B / -1.7B shapes, LoRA on
+# every projection, bf16 autocast): a bf16 base with PEFT's fp32 adapter saves 73 / 117 KiB per token per layer
+# against the 50 / 92 KiB that ACT_* give for bf16 (fp32: 101 / 165 against 100 / 184), and a live dropout 0.05 adds
+# exactly 4 bytes per adapted input element on top (113 / 189 KiB).
+# * The input copy: PEFT casts x to the adapter's fp32 and autocast casts it back to bf16 for lora_A, which saves
+#   that copy (fitted 1.4-2.3 bytes, LORA_INPUT_COPY = 2 taken); with a live dropout the copy is of its output (the
+#   same 2 bytes; an fp32 base saves the fp32 output, 4). An fp32 base without dropout saves nothing more (lora_A
+#   saves the tensor the base layer saves).
+# * The dropout mask, only when dropout is live: TRL's disable_dropout (on by default) sets every dropout to 0,
+#   LoRA's too. On CPU torch multiplies by a noise tensor of the input's dtype (4 bytes for the fp32 adapter); on
+#   CUDA the fused kernel saves a bool mask (DROPOUT_MASK_BYTES_CUDA, from torch's source; not measured here).
+LORA_INPUT_COPY = 2
+DROPOUT_MASK_BYTES_CUDA = 1
+
+
+def lora_saved_bytes_per_token_layer(shape: ModelShape, plan: "Plan") -> int:
+    """LoRA's own saved activations per token per layer (`LORA_INPUT_COPY`, the dropout mask): 0 without LoRA."""
+    if plan.lora_r is None:
+        return 0
+    wb = plan.weight_bytes
+    # PEFT upcasts the adapter to fp32; TRL keeps it in the base dtype under ZeRO-3 (mixed dtypes break its gather)
+    adapter = wb if plan.parallelism == "zero3" else 4
+    dropout = plan.lora_dropout > 0
+    if dropout:
+        copy = LORA_INPUT_COPY if wb == 2 else 4
+        mask = DROPOUT_MASK_BYTES_CUDA if plan.device == "cuda" else adapter
+    else:
+        copy, mask = (0 if adapter == wb else LORA_INPUT_COPY), 0
+    inputs = sum(a for a, _ in shape.adapted_projections(plan.lora_targets))
+    return (copy + mask) * inputs
+
+
 def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
     """Per-device peak memory in bytes by component, the peak, and the tokens one optimizer step sees."""
     n = plan.processes
@@ -173,10 +207,11 @@ def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
     seqs, t = 2 * plan.batch, plan.seq_len
     tokens = seqs * t
     per_layer = activation_bytes_per_token_layer(shape, wb)
+    train_layer = per_layer + lora_saved_bytes_per_token_layer(shape, plan)
     if plan.checkpointing:  # layer inputs kept, one layer recomputed at a time during backward
-        act = tokens * (shape.layers * shape.hidden * wb + per_layer)
+        act = tokens * (shape.layers * shape.hidden * wb + train_layer)
     else:
-        act = tokens * shape.layers * per_layer
+        act = tokens * shape.layers * train_layer
     act += tokens * shape.hidden * wb * 3  # embeddings out, final norm in / out
     lm_head = lm_head_bytes(shape, tokens, wb, device=plan.device, trains_head=not lora)
     # unsharded layers in flight under FSDP / ZeRO-3: the current layer and the prefetched next one
@@ -270,6 +305,9 @@ def plan_from_recipe(script_args, training_args, model_args, resolved: dict, *, 
         mixed_precision_master=(not lora) and bf16 and parallelism in ("fsdp", "zero2", "zero3"),
         lora_r=getattr(model_args, "lora_r", 16) if lora else None,
         lora_targets=list(targets) if isinstance(targets, (list, tuple)) else targets,
+        # TRL's disable_dropout (on by default) sets every dropout to 0, LoRA's too: no mask is saved then
+        lora_dropout=0.0 if not lora or getattr(training_args, "disable_dropout", True)
+        else float(getattr(model_args, "lora_dropout", 0.0) or 0.0),
         batch=training_args.per_device_train_batch_size,
         seq_len=training_args.max_length or 1024,
         grad_accum=training_args.gradient_accumulation_steps,
