@@ -49,3 +49,19 @@ def tiny_judge(_judgetrain_cache) -> str:
     from judgetrain.models.tiny import ensure_tiny_judge
 
     return ensure_tiny_judge()
+
+
+@pytest.fixture(scope="session")
+def ddp_lora(tmp_path_factory):
+    """The 2-process DDP LoRA run tests/test_scale.py and tests/test_deepspeed.py compare against (once a session)."""
+    from test_scale import ddp_reference
+
+    return ddp_reference(tmp_path_factory, full=False)
+
+
+@pytest.fixture(scope="session")
+def ddp_full(tmp_path_factory):
+    """The 2-process DDP full fine-tune FSDP2 and ZeRO-3 are compared against (once a session)."""
+    from test_scale import ddp_reference
+
+    return ddp_reference(tmp_path_factory, full=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, free_port, read_jsonl, run
-from test_scale import EVERY, STEPS, _assert_same_run, _kill_after_first_checkpoint, _launch, _recipe, _run, ddp_lora
+from test_scale import EVERY, STEPS, _assert_same_run, _kill_after_first_checkpoint, _launch
 
 pytestmark = [
     pytest.mark.slow,
@@ -24,7 +24,6 @@ pytestmark = [
                        reason="the deepspeed package is not installed (pip install --no-build-isolation deepspeed, "
                               "see docs/scale.md, DeepSpeed)"),
 ]
-_ = ddp_lora  # the DDP LoRA reference run (a module fixture of tests/test_scale.py)
 ZERO = ("--num_processes", "2")
 
 
@@ -109,7 +108,7 @@ def test_zero2_on_cpu_lora_matches_ddp(ddp_lora, tmp_path):
     _assert_same_adapter(ddp, out)
 
 
-def test_zero3_full_fine_tune_gathers_a_whole_model_that_scores_as_the_live_one(tmp_path):
+def test_zero3_full_fine_tune_gathers_a_whole_model_that_scores_as_the_live_one(ddp_full, tmp_path):
     """A full fine-tune of the tiny judge under ZeRO-3 (TRL's separate frozen reference, also partitioned) against
     DDP. The final save gathers the partitions (stage3_gather_16bit_weights_on_model_save): on CPU the run is fp32,
     so the gathered model is fp32 (bf16 on GPUs), whole (no empty partition), loads as an ordinary model with DDP's
@@ -118,8 +117,7 @@ def test_zero3_full_fine_tune_gathers_a_whole_model_that_scores_as_the_live_one(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    recipe = _recipe(tmp_path / "recipe.yaml", full=True)
-    ddp = _run("accelerate_configs/cpu.yaml", recipe, tmp_path / "ddp", tmp_path / "ddp.log")
+    recipe, ddp = ddp_full
     zero = _run_zero("zero3.yaml", recipe, tmp_path / "zero3", tmp_path / "zero3.log")
     _assert_zero(zero, 3, trainable_whole=True)
     _assert_eval_on_partitions(zero)

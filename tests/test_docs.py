@@ -62,6 +62,8 @@ NOT_RUN = {
     ("git", "clone"): "fetches a repository from the network",
     ("nvidia-smi",): "needs a GPU",
     ("bash", "scripts/gpu_check_zero3.sh"): "a ZeRO-3 kill-and-resume check: needs deepspeed and minutes of training",
+    ("python", "scripts/gpu_check.py"): "the first-contact GPU check: needs a GPU and up to 10 minutes "
+                                        "(tests/test_gpu_check.py runs its --device cpu mode)",
 }
 SHELL_BUILTINS = {"trap", "wait", "kill", "exit", "[", "test", "cd", "export", "set", "echo", "true", "false"}
 # Scripts of the repository run with --help (a real run trains a real model for many minutes).

@@ -197,3 +197,43 @@ def test_merged_lora_leaves_half_precision_layers_to_peft(tiny_dir):
     model = _model(tiny_dir).to(torch.bfloat16)
     with merged_lora(model) as n:
         assert n == 0
+
+
+def test_merged_lora_holds_at_most_its_budget_and_leaves_the_weights_bit_for_bit_even_on_an_error(peft_model):
+    """Layers beyond ``cache_bytes`` merge in their own forward: the context then holds nothing, scores are the same
+    bits as with every layer merged up front, and the weights are byte-identical after it, also when the scoring
+    inside it raises."""
+    from judgetrain.bench.memory import LiveTensorBytes
+    from judgetrain.config.memory import merged_extra_bytes
+    from judgetrain.eval.merged import merged_lora
+
+    adapted = [m.base_layer.weight for m in peft_model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    sizes = [w.numel() * w.element_size() for w in adapted]
+    assert len(sizes) == 6
+    before = {k: v.detach().clone().numpy().tobytes() for k, v in peft_model.state_dict().items()}
+    ids = torch.randint(0, SMALL["vocab_size"], (3, 40))
+    peft_model.eval()
+    held = {}
+    with torch.no_grad():
+        plain = peft_model(input_ids=ids).logits
+        for budget in (0, sizes[0], sum(sizes)):
+            tracker = LiveTensorBytes()
+            for t in list(peft_model.parameters()) + list(peft_model.buffers()):
+                tracker.track(t)
+            model_bytes = tracker.current
+            with tracker, merged_lora(peft_model, cache_bytes=budget) as n:
+                held[budget] = tracker.current - model_bytes
+                logits = peft_model(input_ids=ids).logits
+            assert n == 6 and torch.allclose(logits, plain, rtol=1e-4, atol=1e-5) and not torch.equal(logits, plain)
+            held.setdefault("logits", logits)
+            assert torch.equal(logits, held["logits"])  # the same ops, up front or in the forward
+        with pytest.raises(RuntimeError, match="inside the context"):
+            with merged_lora(peft_model, cache_bytes=0):
+                peft_model(input_ids=ids)
+                raise RuntimeError("inside the context")
+        assert torch.equal(peft_model(input_ids=ids).logits, plain)
+    assert (held[0], held[sizes[0]], held[sum(sizes)]) == (0, sizes[0], sum(sizes))
+    assert merged_extra_bytes(sizes, 0) == max(sizes) and merged_extra_bytes(sizes, sum(sizes)) == sum(sizes)
+    assert merged_extra_bytes([10, 30, 10], 25) == 20 + 30
+    assert {k: v.detach().numpy().tobytes() for k, v in peft_model.state_dict().items()} == before
+    assert not any("forward" in vars(m) for m in peft_model.modules())

@@ -80,3 +80,52 @@ def test_an_unknown_gpu_is_a_clear_error():
     proc = _dry_run("recipes/quickstart.yaml", "--gpu", "H100-81GB", check=False)
     assert proc.returncode == 2
     assert "--gpu H100-81GB: unknown; one of H100-80GB" in proc.stderr
+
+
+def test_the_estimate_counts_the_merged_lora_weights_of_an_fp32_eval_within_their_bound():
+    """fp32 Llama-3.1-8B with LoRA on every projection: the scoring engine's merged weights are bounded by the cache
+    (256 MiB) plus one 4096 x 14336 fp32 projection merged in its forward (224 MiB), not a copy of every adapted
+    weight (~28 GB); bf16 layers keep PEFT's forward, and a run with merge_lora off holds none."""
+    from judgetrain.config.memory import MERGED_CACHE_BYTES, Plan, estimate
+
+    shape = BUILTIN_SHAPES["meta-llama/Llama-3.1-8B-Instruct"]
+    every = sum(a * b for a, b in shape.adapted_projections(None)) * shape.layers * 4
+    assert every / GIB == pytest.approx(26.0, abs=0.1)  # what a copy of each adapted weight would take
+    merged = estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_batch_tokens=8192))["eval_merged_lora"]
+    assert MERGED_CACHE_BYTES < merged <= MERGED_CACHE_BYTES + 4096 * 14336 * 4
+    assert estimate(shape, Plan(weight_bytes=2, lora_r=16))["eval_merged_lora"] == 0
+    assert estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_merge_lora=False))["eval_merged_lora"] == 0
+    assert estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_batch_tokens=0))["eval_merged_lora"] == 0
+
+
+def test_lora_saved_activations_of_a_bf16_base_with_the_fp32_adapter():
+    """Qwen3-8B, LoRA on every projection: 176 KiB per token per layer from ACT_* for bf16, plus LoRA's bf16 copy of
+    each adapted input (2 bytes x 36,864 = 72 KiB), plus a live dropout's mask (bool on CUDA, an fp32 noise tensor
+    on CPU); nothing more for an fp32 base without dropout (the case ACT_* were fitted on)."""
+    from judgetrain.config.memory import Plan, activation_bytes_per_token_layer, lora_saved_bytes_per_token_layer
+
+    shape = BUILTIN_SHAPES["Qwen/Qwen3-8B"]
+    kib = {}
+    for name, plan in {"fp32": Plan(weight_bytes=4, lora_r=16), "bf16": Plan(weight_bytes=2, lora_r=16),
+                       "bf16 dropout": Plan(weight_bytes=2, lora_r=16, lora_dropout=0.05),
+                       "bf16 dropout cpu": Plan(weight_bytes=2, lora_r=16, lora_dropout=0.05, device="cpu"),
+                       "zero3 bf16 adapter": Plan(weight_bytes=2, lora_r=16, parallelism="zero3")}.items():
+        kib[name] = (activation_bytes_per_token_layer(shape, plan.weight_bytes)
+                     + lora_saved_bytes_per_token_layer(shape, plan)) / 1024
+    assert kib == {"fp32": 352, "bf16": 176 + 72, "bf16 dropout": 176 + 72 + 36, "bf16 dropout cpu": 176 + 72 + 144,
+                   "zero3 bf16 adapter": 176}
+
+
+@pytest.mark.parametrize("hidden", [256, 512])
+def test_estimate_of_a_bf16_lora_step_with_live_dropout_is_within_15_percent_above_the_measured_peak(
+        tiny_judge, tmp_path, hidden):
+    """The recipes' LoRA setup (bf16 weights and autocast, PEFT's fp32 adapter, lora_dropout 0.05 with TRL's
+    disable_dropout off) at two small Llama shapes, 2 layers, 617 tokens a sequence: the estimate is never below the
+    measured peak and at most 15% above it."""
+    from judgetrain.config.memory import ModelShape
+
+    shape = ModelShape(hidden, 3 * hidden, 2, hidden // 64, 2, 64, 2048, True)
+    model = random_model_folder(shape, tmp_path / "m", tiny_judge)
+    got = check(model, lora_r=16, checkpointing=False, bf16=True, lora_dropout=0.05, words=300,
+                output_dir=str(tmp_path / "out"))
+    assert got["seq_len"] == 617 and 0 <= got["error"] <= WITHIN, got

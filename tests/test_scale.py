@@ -102,11 +102,11 @@ def _run(config: str, recipe: str, out: Path, log: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def ddp_lora(tmp_path_factory):
-    """The reference: one machine, 2 DDP processes (accelerate_configs/cpu.yaml), LoRA."""
-    tmp = tmp_path_factory.mktemp("ddp_lora")
-    recipe = _recipe(tmp / "recipe.yaml")
+def ddp_reference(tmp_path_factory, full: bool) -> tuple[str, Path]:
+    """The reference: one machine, 2 DDP processes (accelerate_configs/cpu.yaml), LoRA or a full fine-tune. Run once
+    per session for this file and tests/test_deepspeed.py (the ``ddp_lora`` and ``ddp_full`` fixtures, conftest.py)."""
+    tmp = tmp_path_factory.mktemp("ddp_full" if full else "ddp_lora")
+    recipe = _recipe(tmp / "recipe.yaml", full=full)
     return recipe, _run("accelerate_configs/cpu.yaml", recipe, tmp / "out", tmp / "run.log")
 
 
@@ -204,14 +204,13 @@ def test_fsdp2_on_cpu_lora_killed_and_resumed_matches_ddp(ddp_lora, tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp2_on_cpu_full_fine_tune_matches_ddp(tmp_path):
+def test_fsdp2_on_cpu_full_fine_tune_matches_ddp(ddp_full, tmp_path):
     """A full fine-tune of the tiny judge (TRL's separate frozen reference) under FSDP2 and under DDP; the final
     model is saved from the full state dict and loads as an ordinary model with DDP's weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    recipe = _recipe(tmp_path / "recipe.yaml", full=True)
-    ddp = _run("accelerate_configs/cpu.yaml", recipe, tmp_path / "ddp", tmp_path / "ddp.log")
+    recipe, ddp = ddp_full
     fsdp = _run("accelerate_configs/fsdp2_cpu.yaml", recipe, tmp_path / "fsdp", tmp_path / "fsdp.log")
     _assert_sharded(fsdp)
     _assert_same_run(ddp, fsdp, final="model.safetensors")

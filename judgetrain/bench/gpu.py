@@ -11,14 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.bench.common import alternating, median, ratio
+from judgetrain.compat.trl import chunked_logprobs
+from judgetrain.config.memory import ModelShape, Plan, estimate
 from judgetrain.bench.train import TrainBench, bench_train_shapes
 
 logger = logging.getLogger(__name__)
 
 
-# Typed in from the public config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-8B (no download).
+# Typed in from the public config.json of Qwen/Qwen3-0.6B, Qwen/Qwen3-1.7B and Qwen/Qwen3-8B (no download).
 REAL_SHAPES = {
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
                        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
@@ -77,10 +82,12 @@ def measure_matmul_rate(device: str, dtype, n: int = 8192, seconds: float = 3.0)
 
 
 def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, steps: int, warmup: int,
-                       eval_batch: int, peak_flops: float) -> dict:
+                       eval_batch: int, peak_flops: float, checkpointing: bool = True) -> dict:
     """LoRA DPO steps (policy forward + backward on chosen and rejected, reference forward with the adapter
     disabled, sigmoid loss, AdamW on the adapter) and the eval forward (policy + reference, last-token logits kept
-    only for the response) on a random-init model of a real shape."""
+    only for the response) on a random-init model of a real shape. As the recipes train: activation checkpointing
+    (``checkpointing``) and TRL's chunked LM-head log-probs (no [tokens x vocab] logits, no entropy), so the default
+    shapes fit an 80 GB card (the dry run's estimate for the same step is in the result, beside the measured peak)."""
     import torch
     import torch.nn.functional as F
     from peft import LoraConfig, get_peft_model
@@ -101,6 +108,9 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                              "up_proj", "down_proj"]))
     model.config.use_cache = False
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     V = shape["vocab_size"]
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -109,14 +119,19 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
     mask = torch.zeros_like(ids, dtype=torch.bool)
     mask[:, prompt:] = True
 
-    def seq_logps(logits, labels, m):
-        lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, labels[:, 1:].unsqueeze(-1)).squeeze(-1)
-        return (lp * m[:, 1:]).sum(-1)
+    backbone, head = model.get_base_model().model, model.get_output_embeddings()
+    scored = mask[:, 1:]
+    row = torch.arange(ids.shape[0], device=device)[:, None].expand_as(scored)[scored]
+
+    def seq_logps():
+        hidden = backbone(input_ids=ids).last_hidden_state[:, :-1][scored]
+        lp = chunked_logprobs(hidden, head.weight, ids[:, 1:][scored])
+        return torch.zeros(ids.shape[0], device=device, dtype=lp.dtype).index_add(0, row, lp)
 
     def step():
         with torch.no_grad(), model.disable_adapter():
-            ref = seq_logps(model(input_ids=ids).logits, ids, mask)
-        pol = seq_logps(model(input_ids=ids).logits, ids, mask)
+            ref = seq_logps()
+        pol = seq_logps()
         ratio_ = (pol - ref) * 0.1
         loss = -F.logsigmoid(ratio_[:pairs] - ratio_[pairs:]).mean()
         loss.backward()
@@ -144,6 +159,13 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
         "train_mfu": train_tps * fl["dpo_lora_step"] / peak_flops,
         "train_mfu_full_backward_convention": train_tps * fl["dpo_full_backward_convention"] / peak_flops,
     }
+    est = estimate(ModelShape(shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"],
+                              shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"],
+                              shape["vocab_size"], shape["tie_word_embeddings"]),
+                   Plan(processes=1, parallelism="single", weight_bytes=2, lora_r=16, batch=pairs, seq_len=seq_len,
+                        checkpointing=checkpointing, eval_batch_tokens=0, device="cuda"))
+    out["checkpointing"] = checkpointing
+    out["train_peak_estimated_mb"] = est["peak"] / 2**20
     if cuda:
         out["train_peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     # ---- eval forward: policy + reference (first epoch), the response half's logits only

@@ -19,10 +19,14 @@ def _pairs(n: int, words: int) -> list[dict]:
 
 
 def measure_dpo_step(model_dir: str, *, lora_r: int | None, checkpointing: bool, batch: int = 1, words: int = 100,
-                     steps: int = 2, output_dir: str) -> dict[str, Any]:
+                     steps: int = 2, output_dir: str, bf16: bool = False, lora_dropout: float = 0.0,
+                     device: str = "cpu") -> dict[str, Any]:
     """Peak live tensor memory of `steps` real DPOTrainer optimizer steps on this process's CPU, tracked by torch's
     MemTracker (every tensor storage, parameters, gradients, optimizer state, activations, temporaries), with the
-    token count per sequence as TRL tokenised it. For checking `estimate` on CPU; GPU peaks need a GPU."""
+    token count per sequence as TRL tokenised it. For checking `estimate` on CPU; GPU peaks need a GPU. ``bf16``: the
+    recipes' setup, bf16 weights and bf16 autocast (PEFT keeps the adapter in fp32). ``lora_dropout`` > 0 keeps
+    dropout on (TRL's ``disable_dropout`` sets every dropout to 0 by default, LoRA's too). ``device="cuda"``: the steps
+    run on the GPU and the peak is ``torch.cuda.max_memory_allocated`` (scripts/gpu_check.py)."""
     import datasets
     import torch
     from peft import LoraConfig
@@ -32,16 +36,22 @@ def measure_dpo_step(model_dir: str, *, lora_r: int | None, checkpointing: bool,
     tok = AutoTokenizer.from_pretrained(model_dir)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if bf16 else torch.float32)
     args = DPOConfig(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch, max_length=None,
                      activation_checkpointing=checkpointing, report_to="none", save_strategy="no", logging_steps=1,
-                     learning_rate=1e-4, bf16=False, use_cpu=True, dataloader_num_workers=0, seed=0)
-    peft = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules="all-linear",
+                     learning_rate=1e-4, bf16=bf16, use_cpu=device == "cpu", dataloader_num_workers=0, seed=0,
+                     disable_dropout=lora_dropout == 0)
+    peft = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=lora_dropout, target_modules="all-linear",
                       task_type="CAUSAL_LM") if lora_r else None
     trainer = DPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(_pairs(batch * steps, words)),
                          processing_class=tok, peft_config=peft)
     row = trainer.train_dataset[0]
     seq_len = len(row["input_ids"]) if "input_ids" in row else len(row["prompt_ids"]) + len(row["chosen_ids"])
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()  # the peak starts at what is allocated now: weights, reference
+        trainer.train()
+        return {"peak_bytes": int(torch.cuda.max_memory_allocated()), "seq_len": seq_len, "batch": batch}
     tracker = LiveTensorBytes()
     for m in (trainer.model, trainer.ref_model):
         if m is not None:
@@ -123,15 +133,17 @@ def llama_model_folder(shape: ModelShape, out: str | Path, tokenizer_from: str, 
 
 
 def check(model_dir: str, *, lora_r: int | None, checkpointing: bool, words: int = 100, steps: int = 2,
-          output_dir: str) -> dict[str, Any]:
-    """Measured peak of real DPO steps on this CPU beside the estimate for the same shape, tokens and options."""
+          output_dir: str, bf16: bool = False, lora_dropout: float = 0.0, device: str = "cpu") -> dict[str, Any]:
+    """Measured peak of real DPO steps on this CPU (or GPU) beside the estimate for the same shape, tokens and
+    options."""
     shape, source = model_shape(model_dir)
     measured = measure_dpo_step(model_dir, lora_r=lora_r, checkpointing=checkpointing, words=words, steps=steps,
-                                output_dir=output_dir)
-    plan = Plan(weight_bytes=4, lora_r=lora_r, batch=1, seq_len=measured["seq_len"], checkpointing=checkpointing,
-                eval_batch_tokens=0, device="cpu")
+                                output_dir=output_dir, bf16=bf16, lora_dropout=lora_dropout, device=device)
+    plan = Plan(weight_bytes=2 if bf16 else 4, lora_r=lora_r, lora_dropout=lora_dropout if lora_r else 0.0, batch=1,
+                seq_len=measured["seq_len"], checkpointing=checkpointing, eval_batch_tokens=0, device=device)
     est = estimate(shape, plan)
-    return {"model": model_dir, "lora_r": lora_r, "checkpointing": checkpointing, "seq_len": measured["seq_len"],
+    return {"model": model_dir, "lora_r": lora_r, "checkpointing": checkpointing, "bf16": bf16,
+            "lora_dropout": lora_dropout, "seq_len": measured["seq_len"],
             "measured_mib": round(measured["peak_bytes"] / 2**20, 1), "estimated_mib": round(est["peak"] / 2**20, 1),
             "error": round(est["peak"] / measured["peak_bytes"] - 1, 3)}
 

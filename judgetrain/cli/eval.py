@@ -46,6 +46,9 @@ def build_parser():
                          allow_abbrev=False)
     p.add_argument("--model", required=True, help="hub id, model/adapter dir, run dir with checkpoint-*/, or tiny-judge")
     p.add_argument("--adapter", help="peft adapter directory applied on --model")
+    p.add_argument("--model_revision", help="branch, tag or commit of the weights and tokenizer that load from the hub "
+                   "(--model, or the base an adapter names; default: the revision the adapter recorded, else main)")
+    p.add_argument("--adapter_revision", help="branch, tag or commit of a hub adapter (--adapter)")
     p.add_argument("--ref-model", help="reference model for implicit scoring of a full (non-adapter) model")
     p.add_argument("--ideation-mode", choices=("implicit", "pairwise"), default="implicit")
     p.add_argument("--seed", type=int, default=0, help="seed of the row cap sample")
@@ -111,16 +114,20 @@ def load_target(target: str, adapter: str | None, args: argparse.Namespace):
     from transformers import AutoModelForCausalLM
 
     kw = dict(dtype=_dtype(args.dtype), trust_remote_code=args.trust_remote_code)
+    revision = getattr(args, "model_revision", None)
     target = _resolve(target)
     adapter_dir = adapter
     base = target
     if adapter_dir is None and (Path(target) / "adapter_config.json").is_file():
         adapter_dir = target
-        base = json.loads((Path(target) / "adapter_config.json").read_text())["base_model_name_or_path"]
-        base = _resolve(base)
-    model = AutoModelForCausalLM.from_pretrained(base, **kw)
-    tok_dir = adapter_dir if adapter_dir and (Path(adapter_dir) / "tokenizer_config.json").is_file() else base
-    tokenizer = load_tokenizer(tok_dir, trust_remote_code=args.trust_remote_code)
+        config = json.loads((Path(target) / "adapter_config.json").read_text())
+        base = _resolve(config["base_model_name_or_path"])
+        revision = revision or config.get("revision")  # the base revision PEFT recorded when it was trained
+    at = {"revision": revision} if revision else {}
+    model = AutoModelForCausalLM.from_pretrained(base, **kw, **at)
+    own = adapter_dir and (Path(adapter_dir) / "tokenizer_config.json").is_file()
+    tok_dir = adapter_dir if own else base
+    tokenizer = load_tokenizer(tok_dir, trust_remote_code=args.trust_remote_code, revision=None if own else revision)
     if not getattr(tokenizer, "chat_template", None):
         logger.warning("the tokenizer of %s has no chat template: conversational rows are scored as plain text (message "
                        "contents joined, roles dropped), as for a base model. Use an instruct model's tokenizer to score "
@@ -133,7 +140,8 @@ def load_target(target: str, adapter: str | None, args: argparse.Namespace):
             # e.g. a tiny-judge build with another fingerprint: the adapter's deltas mean nothing on other weights
             logger.warning("adapter %s was trained on %s, but is applied to %s: scores are not those of the trained "
                            "model", adapter_dir, trained_on, base)
-        model = PeftModel.from_pretrained(model, adapter_dir)
+        adapter_at = getattr(args, "adapter_revision", None)
+        model = PeftModel.from_pretrained(model, adapter_dir, **({"revision": adapter_at} if adapter_at else {}))
     return model, tokenizer, base
 
 

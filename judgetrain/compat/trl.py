@@ -129,3 +129,15 @@ class PerMachineRefLogps:
             chosen.append(c.cpu())
             rejected.append(r.cpu())
         return torch.cat(chosen), torch.cat(rejected)
+
+
+def chunked_logprobs(hidden: Any, weight: Any, targets: Any) -> Any:
+    """Per-token log-probabilities of ``hidden @ weight.T`` at ``targets`` (hidden [N, H], targets [N]) through TRL's
+    chunked LM-head kernel (``trl.kernels.chunked_logprob.ChunkedLogProbFunction``): the [N, V] logits never exist,
+    the backward recomputes each tile, and no entropy or other statistic is computed.
+
+    checked: trl 1.16.0 (positional arguments: hidden, weight, bias, targets, temperature, chunk_size, softcap,
+    logit_scale, outputs). A release that changes them fails here, in the bench only."""
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    return ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32768, None, 1.0, ())[0]

@@ -63,15 +63,18 @@ class ModelShape:
         emb = self.vocab * self.hidden
         return emb * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
 
-    def lora_params(self, r: int, targets: list[str] | None) -> int:
-        """LoRA A (in x r) and B (r x out) on each targeted projection of every layer."""
+    def adapted_projections(self, targets: list[str] | None) -> list[tuple[int, int]]:
+        """(in, out) of each projection of one layer that LoRA targets."""
         h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_dim, self.intermediate
         dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
         if not targets or targets in ("all-linear", ["all-linear"]):
             targets = list(dims)
-        per_layer = sum(r * (a + b) for name, (a, b) in dims.items() if name in targets)
-        return self.layers * per_layer
+        return [d for name, d in dims.items() if name in targets]
+
+    def lora_params(self, r: int, targets: list[str] | None) -> int:
+        """LoRA A (in x r) and B (r x out) on each targeted projection of every layer."""
+        return self.layers * sum(r * (a + b) for a, b in self.adapted_projections(targets))
 
 
 # The recipes' models, for dry runs on a machine that cannot read their config.json (no hub, nothing cached).
@@ -127,12 +130,14 @@ class Plan:
     mixed_precision_master: bool = False  # fp32 master weights (DeepSpeed bf16, FSDP mixed precision)
     lora_r: int | None = None
     lora_targets: list[str] | None = None
+    lora_dropout: float = 0.0
     batch: int = 1  # pairs per device per micro-step: 2 x batch sequences
     seq_len: int = 1024
     grad_accum: int = 1
     checkpointing: bool = False
     precompute_ref: bool = False
     eval_batch_tokens: int = 8192
+    eval_merge_lora: bool = True  # the scoring engine's merged LoRA forwards (judgetrain.eval.merged)
     optimizer_state_per_param: int = 2  # AdamW: exp_avg, exp_avg_sq
     device: str = "cuda"  # "cpu": TRL's LM head runs its torch fallback (checks on this machine)
 
@@ -147,6 +152,39 @@ ACT_H, ACT_KV, ACT_I = 9, 4, 4
 
 def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int) -> int:
     return act_bytes * (ACT_H * shape.hidden + ACT_KV * shape.kv_dim + ACT_I * shape.intermediate)
+
+
+# What PEFT's LoRA layers save beyond the frozen projections' inputs, in bytes per input element of each adapted
+# projection. Measured on CPU (the tensors autograd saves, layer 2 minus layer 1; Qwen3-0.6B / -1.7B shapes, LoRA on
+# every projection, bf16 autocast): a bf16 base with PEFT's fp32 adapter saves 73 / 117 KiB per token per layer
+# against the 50 / 92 KiB that ACT_* give for bf16 (fp32: 101 / 165 against 100 / 184), and a live dropout 0.05 adds
+# exactly 4 bytes per adapted input element on top (113 / 189 KiB).
+# * The input copy: PEFT casts x to the adapter's fp32 and autocast casts it back to bf16 for lora_A, which saves
+#   that copy (fitted 1.4-2.3 bytes, LORA_INPUT_COPY = 2 taken); with a live dropout the copy is of its output (the
+#   same 2 bytes; an fp32 base saves the fp32 output, 4). An fp32 base without dropout saves nothing more (lora_A
+#   saves the tensor the base layer saves).
+# * The dropout mask, only when dropout is live: TRL's disable_dropout (on by default) sets every dropout to 0,
+#   LoRA's too. On CPU torch multiplies by a noise tensor of the input's dtype (4 bytes for the fp32 adapter); on
+#   CUDA the fused kernel saves a bool mask (DROPOUT_MASK_BYTES_CUDA, from torch's source; not measured here).
+LORA_INPUT_COPY = 2
+DROPOUT_MASK_BYTES_CUDA = 1
+
+
+def lora_saved_bytes_per_token_layer(shape: ModelShape, plan: "Plan") -> int:
+    """LoRA's own saved activations per token per layer (`LORA_INPUT_COPY`, the dropout mask): 0 without LoRA."""
+    if plan.lora_r is None:
+        return 0
+    wb = plan.weight_bytes
+    # PEFT upcasts the adapter to fp32; TRL keeps it in the base dtype under ZeRO-3 (mixed dtypes break its gather)
+    adapter = wb if plan.parallelism == "zero3" else 4
+    dropout = plan.lora_dropout > 0
+    if dropout:
+        copy = LORA_INPUT_COPY if wb == 2 else 4
+        mask = DROPOUT_MASK_BYTES_CUDA if plan.device == "cuda" else adapter
+    else:
+        copy, mask = (0 if adapter == wb else LORA_INPUT_COPY), 0
+    inputs = sum(a for a, _ in shape.adapted_projections(plan.lora_targets))
+    return (copy + mask) * inputs
 
 
 def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
@@ -169,10 +207,11 @@ def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
     seqs, t = 2 * plan.batch, plan.seq_len
     tokens = seqs * t
     per_layer = activation_bytes_per_token_layer(shape, wb)
+    train_layer = per_layer + lora_saved_bytes_per_token_layer(shape, plan)
     if plan.checkpointing:  # layer inputs kept, one layer recomputed at a time during backward
-        act = tokens * (shape.layers * shape.hidden * wb + per_layer)
+        act = tokens * (shape.layers * shape.hidden * wb + train_layer)
     else:
-        act = tokens * shape.layers * per_layer
+        act = tokens * shape.layers * train_layer
     act += tokens * shape.hidden * wb * 3  # embeddings out, final norm in / out
     lm_head = lm_head_bytes(shape, tokens, wb, device=plan.device, trains_head=not lora)
     # unsharded layers in flight under FSDP / ZeRO-3: the current layer and the prefetched next one
@@ -192,6 +231,11 @@ def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
     # a batch's tokens, assumed): the logits in the weights' dtype, their fp32 copy and the logsumexp temporary
     scored = int(eval_tokens * EVAL_SCORED_FRACTION)
     out["eval_pass"] = eval_tokens * (per_layer + shape.hidden * wb * 2) + scored * shape.vocab * (wb + 8)
+    # merged LoRA weights (fp32 models only; half-precision layers keep PEFT's forward): bounded by the engine
+    merge = lora and wb == 4 and plan.eval_merge_lora and eval_tokens > 0 and shard_w == 1
+    out["eval_merged_lora"] = merged_extra_bytes(
+        [a * b * wb for a, b in shape.adapted_projections(plan.lora_targets)] * shape.layers) if merge else 0
+    out["eval_pass"] += out["eval_merged_lora"]
 
     static = sum(out[k] for k in ("weights", "adapter", "master_weights", "optimizer_state", "reference_weights"))
     # backward starts at the LM head: its tiles and temporaries are gone before the layers' gradients accumulate
@@ -224,6 +268,23 @@ def lm_head_bytes(shape: ModelShape, tokens: int, wb: int, *, device: str = "cud
 TILE_TEMPS = 7
 EVAL_SCORED_FRACTION = 0.5
 
+# What judgetrain.eval.merged may hold for merged LoRA weights for a whole scoring call; layers beyond it merge in
+# their own forward (one layer's weight at a time).
+MERGED_CACHE_BYTES = 256 * 2**20
+
+
+def merged_extra_bytes(layer_weight_bytes: list[int], cache_bytes: int = MERGED_CACHE_BYTES) -> int:
+    """The most memory `judgetrain.eval.merged.merged_lora` holds beyond the model for adapted layers whose weights
+    take these bytes (in the model's order): the layers merged for the whole context (first come, while they fit
+    ``cache_bytes``) plus the largest of the others, merged in its forward."""
+    held, rest = 0, [0]
+    for n in layer_weight_bytes:
+        if held + n <= cache_bytes:
+            held += n
+        else:
+            rest.append(n)
+    return held + max(rest)
+
 
 # ----------------------------------------------------------------------------------------------- recipe -> plan
 
@@ -244,6 +305,9 @@ def plan_from_recipe(script_args, training_args, model_args, resolved: dict, *, 
         mixed_precision_master=(not lora) and bf16 and parallelism in ("fsdp", "zero2", "zero3"),
         lora_r=getattr(model_args, "lora_r", 16) if lora else None,
         lora_targets=list(targets) if isinstance(targets, (list, tuple)) else targets,
+        # TRL's disable_dropout (on by default) sets every dropout to 0, LoRA's too: no mask is saved then
+        lora_dropout=0.0 if not lora or getattr(training_args, "disable_dropout", True)
+        else float(getattr(model_args, "lora_dropout", 0.0) or 0.0),
         batch=training_args.per_device_train_batch_size,
         seq_len=training_args.max_length or 1024,
         grad_accum=training_args.gradient_accumulation_steps,
@@ -251,6 +315,7 @@ def plan_from_recipe(script_args, training_args, model_args, resolved: dict, *, 
                            or getattr(training_args, "gradient_checkpointing", False)),
         precompute_ref=bool(training_args.precompute_ref_log_probs),
         eval_batch_tokens=script_args.eval_batch_tokens if script_args.eval_suites else 0,
+        eval_merge_lora=bool(getattr(script_args, "eval_merge_lora", True)),
     )
 
 

@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""First contact with a GPU machine: does judgetrain run here as the recipes need it (bf16, prefix sharing, the eval
+engine, the memory estimate)? One run, at most 10 minutes on one GPU, one JSON of pass/fail and figures.
+
+    python scripts/gpu_check.py --device cuda --out gpu_check.json [--wheels DIR] [--only CHECK ...]
+
+Run it from the checkout. trl and datasets are installed first if missing, offline, from a folder of wheels
+(``--wheels``; default: ``wheels/`` beside the checkout or inside it). Each check runs under its own time cap and the
+script goes on after a failed one; the exit code is 1 when any check failed. The checks:
+
+* ``quickstart``: recipes/quickstart.yaml in bf16 (``--dtype bfloat16 --bf16 true``) for a few steps: it ends 0, logs
+  ``prefix_sharing: on`` and finite losses;
+* ``prefix_sharing``: a Qwen3-shaped random model (Qwen3-0.6B's layer shape, 4 layers) with LoRA in bf16: the start-up
+  probe keeps prefix sharing on, and loss, rewards and gradients equal TRL's own forward within bf16 rounding; with
+  sdpa, and with flash-attention 2 when flash_attn is installed (prefix sharing then falls back, named; its TRL loss
+  equals sdpa's);
+* ``eval_engine``: judgetrain.eval.scoring.ScoringEngine with prefix sharing and merged LoRA against the plain engine
+  (both off) on the same requests, fp32 (merged LoRA runs there) and bf16;
+* ``memory``: torch.cuda.max_memory_allocated of real DPOTrainer steps against the dry run's estimate
+  (judgetrain.config.memory) for Qwen3-0.6B- and -1.7B-shaped random models, LoRA and full, checkpointing on and off;
+* ``bench``: ``judgetrain bench --device cuda --only device`` (tokens/s, MFU), its JSON kept beside this one.
+
+``--device cpu`` runs the same checks at tiny shapes in seconds each (tests/test_gpu_check.py runs it, so the script
+cannot rot; the memory check then counts live tensors, and the bench check times the tiny shape in process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BF16_EPS = 2.0**-7  # bf16's relative rounding step: the tolerances below are small multiples of it
+CAPS = {"cuda": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 150, "bench": 180},
+        "cpu": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 60, "bench": 60}}
+
+
+class CheckTimeout(Exception):
+    pass
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+def expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise CheckFailed(what)
+
+
+# ------------------------------------------------------------------------------------------------- set-up
+
+
+def ensure_packages(wheels: Path | None) -> dict:
+    """trl and datasets from the wheels folder (pip --no-index) when this environment lacks them."""
+    missing = [name for name in ("trl", "datasets") if importlib.util.find_spec(name) is None]
+    out = {"missing": missing, "installed_from": None}
+    if missing:
+        if wheels is None or not wheels.is_dir():
+            raise SystemExit(f"gpu_check: {', '.join(missing)} not installed and no wheels folder (--wheels DIR)")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels), *missing],
+                       check=True)
+        importlib.invalidate_caches()
+        out["installed_from"] = str(wheels)
+    return out
+
+
+def environment(device: str) -> dict:
+    import torch
+
+    info = {"python": sys.version.split()[0], "torch": torch.__version__, "device": device,
+            "cuda": torch.version.cuda, "flash_attn": importlib.util.find_spec("flash_attn") is not None}
+    for name in ("transformers", "trl", "peft", "accelerate", "datasets", "deepspeed"):
+        with contextlib.suppress(Exception):
+            info[name] = __import__(name).__version__
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+        info["bf16_supported"] = torch.cuda.is_bf16_supported()
+    return info
+
+
+def tiny_tokenizer_dir() -> str:
+    from judgetrain.models.tiny import ensure_tiny_judge
+
+    return ensure_tiny_judge()
+
+
+def qwen3_model(shape: dict, vocab: int, layers: int, dtype, device: str, attn: str = "sdpa"):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(**{**shape, "vocab_size": vocab, "num_hidden_layers": layers}, attn_implementation=attn)
+    torch.manual_seed(1)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+
+
+def shapes(device: str) -> dict:
+    from judgetrain.bench.gpu import REAL_SHAPES
+
+    if device == "cuda":
+        return {"layer": REAL_SHAPES["qwen3-0.6b"], "layers": 4}
+    return {"layer": REAL_SHAPES["tiny"], "layers": 2}
+
+
+def rows(n: int) -> list[dict]:
+    rubric = "Grade the recipe for materials, equipment and procedure. " * 8
+    return [{"prompt": [{"role": "user", "content": f"{rubric} Recipe {i}: heat at {800 + i} C."}],
+             "chosen": [{"role": "assistant", "content": f"score 4: sound procedure {i} " * (2 + i % 3)}],
+             "rejected": [{"role": "assistant", "content": f"score 2: missing step {i} " * (1 + i % 2)}]}
+            for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------------------- checks
+
+
+def check_quickstart(cfg) -> dict:
+    out = cfg.work / "quickstart"
+    cmd = [sys.executable, "-m", "judgetrain.train", "recipes/quickstart.yaml", "--dtype", "bfloat16", "--bf16", "true",
+           "--output_dir", str(out), "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1"]
+    if cfg.device == "cuda":
+        cmd += ["--max_steps", "8", "--eval_strategy", "steps", "--eval_steps", "8", "--eval_max_rows", "16"]
+    else:
+        cmd += ["--max_steps", "1", "--use_cpu", "true", "--per_device_train_batch_size", "2", "--eval_suites", "rmbench",
+                "--eval_strategy", "steps", "--eval_steps", "1", "--eval_max_rows", "4"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=cfg.cap - 5,
+                          env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")})
+    log = proc.stdout + proc.stderr
+    (cfg.work / "quickstart.log").write_text(log)
+    expect(proc.returncode == 0, f"judgetrain.train ended {proc.returncode}: {log[-1500:]}")
+    losses = [r["train/loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if "train/loss" in r]
+    expect(bool(losses) and all(math.isfinite(x) for x in losses), f"losses {losses}")
+    on = [line for line in log.splitlines() if "prefix_sharing: on" in line]
+    expect(bool(on), "prefix sharing is not on: " + next((x for x in log.splitlines() if "prefix_sharing" in x), "no line"))
+    evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+             if any(k.startswith("eval/rmbench/") for k in r)]
+    expect(bool(evals), "no eval/rmbench metrics in metrics.jsonl")
+    return {"eval": {k: v for k, v in evals[-1].items() if k.startswith("eval/rmbench/total")},"seconds": round(time.perf_counter() - t0, 1), "steps": len(losses), "losses": losses,
+            "prefix_sharing_line": on[0].split("judgetrain.trainer.prefix_sharing:")[-1].strip()}
+
+
+def _dpo_trainer(cls, model, tok, cfg, attn_rows: list[dict]):
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import DPOConfig
+
+    args = DPOConfig(output_dir=str(cfg.work / "dpo"), per_device_train_batch_size=3, max_length=512, report_to="none",
+                     use_cpu=cfg.device == "cpu", bf16=True, seed=0, beta=0.1)
+    peft = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"],
+                      init_lora_weights=False, task_type="CAUSAL_LM")
+    return cls(model=model, args=args, train_dataset=Dataset.from_list(attn_rows), processing_class=tok,
+               peft_config=peft)
+
+
+def _loss_rewards_grads(trainer):
+    trainer.model.train()
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    trainer.model.zero_grad()
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.float().detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    return loss.item(), metrics, grads
+
+
+def check_prefix_sharing(cfg) -> dict:
+    import torch
+    from trl import DPOTrainer
+
+    from judgetrain.models.loading import load_recipe_tokenizer
+    from judgetrain.trainer.dpo import PrefixSharingDPOTrainer
+    from judgetrain.trainer.prefix_sharing import probe_tolerance
+    from trl import DPOConfig
+
+    tok = load_recipe_tokenizer(tiny_tokenizer_dir(), DPOConfig(output_dir=str(cfg.work), report_to="none",
+                                                                use_cpu=cfg.device == "cpu"))
+    s = shapes(cfg.device)
+    data = rows(6)
+    make = lambda attn: qwen3_model(s["layer"], len(tok), s["layers"], torch.bfloat16, cfg.device, attn)  # noqa: E731
+    out = {"shape": {**s["layer"], "num_hidden_layers": s["layers"]}, "tolerance": {}}
+    torch.manual_seed(0)
+    ref = _loss_rewards_grads(_dpo_trainer(DPOTrainer, make("sdpa"), tok, cfg, data))
+    torch.manual_seed(0)
+    trainer = _dpo_trainer(PrefixSharingDPOTrainer, make("sdpa"), tok, cfg, data)
+    expect(trainer.prefix_sharing is True, "prefix sharing turned itself off in bf16 (see the log)")
+    mean_tol, max_tol = probe_tolerance(torch.bfloat16)
+    stats = trainer.prefix_sharing_stats
+    out["probe"] = {"mean_abs_diff": stats["probe_mean_abs_diff"], "max_abs_diff": stats["probe_max_abs_diff"],
+                    "allowed": [mean_tol, max_tol]}
+    shared = _loss_rewards_grads(trainer)
+    out["sdpa"] = _compare(ref, shared)
+    out["tolerance"] = {"loss_rel": 4 * BF16_EPS, "rewards_abs": 8 * BF16_EPS, "grad_rel_to_max": 8 * BF16_EPS}
+    expect(out["sdpa"]["loss_rel_diff"] <= 4 * BF16_EPS, f"loss differs from TRL's: {out['sdpa']}")
+    expect(out["sdpa"]["rewards_max_abs_diff"] <= 8 * BF16_EPS, f"rewards differ from TRL's: {out['sdpa']}")
+    expect(out["sdpa"]["grad_max_rel_diff"] <= 8 * BF16_EPS, f"gradients differ from TRL's: {out['sdpa']}")
+    if cfg.device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        torch.manual_seed(0)
+        flash = _dpo_trainer(PrefixSharingDPOTrainer, make("flash_attention_2"), tok, cfg, data)
+        got = _loss_rewards_grads(flash)
+        out["flash_attention_2"] = {"prefix_sharing": flash.prefix_sharing, **_compare(ref, got)}
+        expect(out["flash_attention_2"]["loss_rel_diff"] <= 4 * BF16_EPS, f"flash-attention loss: {out['flash_attention_2']}")
+    else:
+        out["flash_attention_2"] = "flash_attn is not installed" if cfg.device == "cuda" else "CPU: not applicable"
+    return out
+
+
+def _compare(ref, got) -> dict:
+    (loss_a, met_a, grad_a), (loss_b, met_b, grad_b) = ref, got
+    expect(bool(grad_a) and set(grad_a) == set(grad_b), "different parameters got gradients")
+    rel = max(((grad_b[n] - g).abs().max() / g.abs().max().clamp(min=1e-8)).item() for n, g in grad_a.items())
+    rewards = max(abs(met_b[k] - met_a[k]) for k in ("rewards/chosen", "rewards/rejected", "rewards/margins"))
+    return {"loss_trl": loss_a, "loss": loss_b, "loss_rel_diff": abs(loss_b - loss_a) / max(abs(loss_a), 1e-8),
+            "rewards_max_abs_diff": rewards, "grad_max_rel_diff": rel}
+
+
+def check_eval_engine(cfg) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from judgetrain.eval.scoring import Request, ScoringEngine
+    from judgetrain.models.loading import load_recipe_tokenizer
+    from trl import DPOConfig
+
+    tok = load_recipe_tokenizer(tiny_tokenizer_dir(), DPOConfig(output_dir=str(cfg.work), report_to="none",
+                                                                use_cpu=cfg.device == "cpu"))
+    s = shapes(cfg.device)
+    requests = [Request("implicit", prompt=r["prompt"], responses=[r["chosen"], r["rejected"], r["chosen"]])
+                for r in rows(8)]
+    out = {}
+    for dtype, rtol in ((torch.float32, 1e-4), (torch.bfloat16, 8 * BF16_EPS)):
+        model = get_peft_model(qwen3_model(s["layer"], len(tok), s["layers"], dtype, cfg.device),
+                               LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False))
+        model.eval()
+        scores, seconds, stats = {}, {}, {}
+        for fast in (True, False):
+            engine = ScoringEngine(model, tok, prefix_sharing=fast, merge_lora=fast, max_length=1024)
+            t0 = time.perf_counter()
+            scores[fast] = [x for r in engine.score_requests(requests) for x in r.scores]
+            seconds[fast] = time.perf_counter() - t0
+            stats[fast] = engine.stats.shared_prompts
+        diff = max(abs(a - b) / max(abs(b), 1.0) for a, b in zip(scores[True], scores[False]))
+        name = str(dtype).removeprefix("torch.")
+        out[name] = {"max_rel_score_diff": diff, "allowed": rtol, "shared_prompts": stats[True],
+                     "seconds_fast": round(seconds[True], 3), "seconds_plain": round(seconds[False], 3)}
+        expect(stats[True] > 0, f"{name}: the engine shared no prompt")
+        expect(diff <= rtol, f"{name}: the fast engine differs from the plain one by {diff:.2e} (allowed {rtol:.1e})")
+        del model
+    return out
+
+
+def check_memory(cfg) -> dict:
+    from judgetrain.bench.gpu import random_model_folder
+    from judgetrain.bench.memory import check
+
+    tok = tiny_tokenizer_dir()
+    if cfg.device == "cuda":
+        cases = [("qwen3-0.6b", 16, False), ("qwen3-0.6b", 16, True), ("qwen3-1.7b", None, True)]
+        words, margin = 1000, (-0.10, 0.30)
+    else:
+        cases = [("tiny", 16, False), ("tiny", None, True)]
+        words, margin = 100, (-0.05, 0.30)
+    out = []
+    for name, lora_r, ckpt in cases:
+        folder = random_model_folder(name, tok, cfg.work / f"model-{name}")
+        got = check(folder, lora_r=lora_r, checkpointing=ckpt, bf16=True, words=words, steps=2,
+                    output_dir=str(cfg.work / f"mem-{name}-{lora_r}-{ckpt}"), device=cfg.device)
+        got["shape"] = name
+        out.append(got)
+        expect(margin[0] <= got["error"] <= margin[1],
+               f"{name} lora_r={lora_r} checkpointing={ckpt}: estimate {got['estimated_mib']} MiB against measured "
+               f"{got['measured_mib']} MiB ({got['error']:+.0%}; allowed {margin[0]:+.0%} to {margin[1]:+.0%})")
+    return {"cases": out, "allowed_error": margin}
+
+
+def check_bench(cfg) -> dict:
+    if cfg.device == "cpu":  # the code path of the device bench at the tiny shape, in process
+        from judgetrain.bench.gpu import device_bench_shape, measure_matmul_rate
+        import torch
+
+        peak = measure_matmul_rate("cpu", torch.bfloat16, n=256, seconds=0.2)
+        got = device_bench_shape("tiny", "cpu", torch.bfloat16, 64, 2, 2, 1, 4, peak)
+        expect(got["train_tokens_per_s"] > 0 and got["train_mfu"] > 0, f"bench figures: {got}")
+        return {"tiny": {k: got[k] for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu")}}
+    report = cfg.work / "bench.json"
+    cmd = [sys.executable, "-m", "judgetrain.cli", "bench", "--device", "cuda", "--only", "device",
+           "--output", str(report)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=cfg.cap - 5)
+    (cfg.work / "bench.log").write_text(proc.stdout + proc.stderr)
+    expect(proc.returncode == 0, f"judgetrain bench ended {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
+    shapes_ = json.loads(report.read_text())["device_bench"]["shapes"]
+    return {name: {k: v.get(k) for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu",
+                                         "peak_memory_gib")} for name, v in shapes_.items()}
+
+
+CHECKS = {"quickstart": check_quickstart, "prefix_sharing": check_prefix_sharing, "eval_engine": check_eval_engine,
+          "memory": check_memory, "bench": check_bench}
+
+
+# ------------------------------------------------------------------------------------------------- driver
+
+
+def run_check(name: str, cfg) -> dict:
+    """One check under its time cap (SIGALRM; a subprocess has its own timeout): pass/fail, seconds, figures."""
+    def on_alarm(signum, frame):
+        raise CheckTimeout(f"over its cap of {cfg.cap} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(cfg.cap)
+    t0 = time.perf_counter()
+    try:
+        figures = CHECKS[name](cfg)
+        result = {"ok": True, "figures": figures}
+    except (CheckFailed, CheckTimeout, subprocess.TimeoutExpired) as e:
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    except Exception as e:  # a crash is a failed check, the others still run
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["cap_s"] = cfg.cap
+    if cfg.device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    return result
+
+
+def default_wheels() -> Path | None:
+    return next((p for p in (REPO.parent / "wheels", REPO / "wheels") if p.is_dir()), None)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--out", default="gpu_check.json", help="the JSON report (default: gpu_check.json)")
+    p.add_argument("--wheels", type=Path, default=None, help="folder of wheels for trl / datasets (offline install)")
+    p.add_argument("--only", nargs="+", choices=list(CHECKS), default=list(CHECKS))
+    p.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    return p.parse_args(argv)
+
+
+def run(args) -> int:
+    setup = ensure_packages(args.wheels or default_wheels())
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: --device cuda but torch sees no CUDA device (or pass --device cpu)", file=sys.stderr)
+        return 2
+    report = {"environment": environment(args.device), "setup": setup, "checks": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        for name in args.only:
+            cfg = argparse.Namespace(device=args.device, work=work, cap=CAPS[args.device][name])
+            report["checks"][name] = result = run_check(name, cfg)
+            print(f"gpu_check: {name}: {'pass' if result['ok'] else 'FAIL ' + result['error'][:300]} "
+                  f"({result['seconds']} s)", file=sys.stderr, flush=True)
+            Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+        report["seconds"] = round(time.perf_counter() - t0, 1)
+        report["ok"] = all(r["ok"] for r in report["checks"].values())
+    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print(f"gpu_check: {'all passed' if report['ok'] else 'FAILED'}; {args.out}", file=sys.stderr)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(parse()))
