@@ -96,7 +96,7 @@ class JudgeEvalCallback(TrainerCallback):
         self.on_start = on_start
         self.engine_kwargs = dict(scoring=self.scoring, max_length=max_length, long_inputs=long_inputs,
                                   batch_tokens=batch_tokens, prefix_sharing=prefix_sharing, merge_lora=merge_lora)
-        self.generator_kwargs = dict(max_length=max_length, merge_lora=merge_lora, **(generator_kwargs or {}))
+        self.generator_kwargs = {"max_length": max_length, "merge_lora": merge_lora, **(generator_kwargs or {})}
         self.output_dir = output_dir
         self.ref_model = ref_model
         self.log_matrix_images = log_matrix_images
