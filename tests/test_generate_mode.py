@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 
 import pytest
@@ -232,3 +233,64 @@ def test_judgetrain_eval_implicit_and_generate_on_the_tiny_judge(tmp_path):
         assert res["mode_results"][suite]["generate"]["n_rows"] == len(records)
     assert res["generator"]["prompts"] == sum(expected_texts.values())
     assert (out / "adapter" / "rmbench.jsonl").is_file()
+
+
+# ------------------------------------------------------------------------------------------------- report
+def test_report_sets_the_generated_figures_beside_the_proxies(tmp_path):
+    import yaml
+    from PIL import Image
+
+    from judgetrain.report.build import build_report, summary_rows
+
+    from test_report import make_run
+
+    run, events = make_run(tmp_path, "gen")
+    recipe = yaml.safe_load((run / "recipe.yaml").read_text())
+    (run / "recipe.yaml").write_text(yaml.safe_dump({**recipe, "eval_scoring": ["implicit", "judge", "generate"]}))
+    logged = {}
+    with (run / "metrics.jsonl").open("a") as f:
+        for step, parse in ((6, 0.5), (12, 0.75)):  # what the callback logs beside the bare keys at each eval
+            generated = {"represent": {"n": 4, "parse_rate": parse, "anchor_mae": 0.8, "within_half_rate": 0.5},
+                         "error": {"n": 4, "parse_rate": parse, "detect_rate": 0.25, "mean_drop": 0.3},
+                         **M.generation_summary([{"reason": "ok" if i < 8 * parse else "unparseable", "n_tokens": 20,
+                                                  "stopped": True} for i in range(8)]),
+                         "agreement": step / 20}
+            judge = {"represent": {"accuracy": 0.6, "margin": 0.1, "anchor_mae": 0.9}, "type": {}, "n_rows": 8}
+            ideation = {"accuracy": 0.5, "position_consistency": 0.5, "first_position_rate": 0.9, "parse_rate": 1.0}
+            event = {"step": step, "epoch": step / 6, **M.flatten_mode_metrics("judgebias", "generate", generated),
+                     **M.flatten_mode_metrics("judgebias", "judge", judge),
+                     **M.flatten_mode_metrics("ideation", "generate", ideation)}
+            logged[step] = event
+            f.write(json.dumps(event) + "\n")
+            (run / "eval" / str(step) / "judgebias.generate.jsonl").write_text(
+                json.dumps({"row_index": 0, "perturbation_type": "llm_to_name", "outputs": []}) + "\n")
+    report = build_report([run], tmp_path / "out")
+    out = tmp_path / "out"
+    with Image.open(out / "generate.png") as im:
+        assert im.size == (800, 300)  # parse rate, agreement
+    with Image.open(out / "judgebias_categories.png") as im:
+        assert im.size == (1600, 300)  # still the 4 bare figures: the other modes' keys are not drawn there
+    with Image.open(out / "rmbench_curves.png") as im:
+        assert im.size == (1600, 300)
+    summary = json.loads((out / "summary.json").read_text())
+    tables = {t["suite"]: t for t in summary["generated"]["gen"]}
+    assert set(tables) == {"judgebias", "ideation"} and tables["judgebias"]["step"] == 12
+    jb = tables["judgebias"]
+    assert jb["modes"] == ["implicit (bare keys)", "judge", "generate"]
+    rows = {r["metric"]: r["values"] for r in jb["rows"]}
+    bare = [e for e in events if e["step"] == 12 and "eval/judgebias/represent/accuracy" in e][0]
+    assert rows["represent/accuracy"] == [bare["eval/judgebias/represent/accuracy"], 0.6, None]
+    assert rows["represent/anchor_mae"] == [None, 0.9, 0.8]
+    assert rows["parse_rate"] == [None, None, 0.75] and rows["parse_fail/unparseable"] == [None, None, 2.0]
+    assert rows["agreement"] == [None, None, 0.6]
+    assert tables["ideation"]["modes"] == ["implicit (bare keys)", "generate"]
+    html = (out / "report.html").read_text()
+    table = re.search(r'<table class="generated" id="generated-gen-judgebias">(.*?)</table>', html, re.S).group(1)
+    assert re.search(r'data-metric="represent/anchor_mae"><td class="metric">represent/anchor_mae</td><td>-</td>'
+                     r'<td>0.9000</td><td>0.8000</td>', table)
+    assert "Proxies beside what the judge writes: gen" in (out / "report.md").read_text()
+    by_key = {r["metric"]: r for r in summary_rows(report["runs"][0])}
+    assert by_key["eval/judgebias/generate/parse_rate"]["best"] == 0.75
+    assert by_key["eval/judgebias/generate/parse_rate"]["best_step"] == 12
+    assert by_key["eval/ideation/generate/first_position_rate"]["better"] == "closer to 0.5"
+    assert not any("/parse_fail/" in k or k.endswith("/n") for k in by_key)  # counts are not figures
