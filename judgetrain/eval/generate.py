@@ -52,6 +52,8 @@ class Generator:
                  do_sample=False, temperature=1.0, top_p=1.0, seed=0, merge_lora=True, backend="transformers"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend != "transformers":
+            raise ValueError(f"generation backend {backend!r} is not available in this engine; use transformers")
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.max_length = int(max_new_tokens), max_length
         self.batch_tokens, self.max_batch_size = int(batch_tokens), int(max_batch_size)
