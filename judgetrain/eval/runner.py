@@ -53,7 +53,7 @@ def _rows(spec: SuiteSpec) -> list[dict]:
     return list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
 
 
-def _score(engine: ScoringEngine, name: str, rows: list[dict], mode: str, state: Any) -> SuiteResult:
+def _score(engine: ScoringEngine, name: str, rows: list[dict], mode: str, state: Any, bare: bool = True) -> SuiteResult:
     requests = [build_request(name, row, mode) for row in rows]
     before = engine.stats.as_dict()
     engine.rows_per_rank = None
@@ -68,8 +68,8 @@ def _score(engine: ScoringEngine, name: str, rows: list[dict], mode: str, state:
     stats["seconds"] = seconds
     if engine.rows_per_rank is not None:
         stats["rows_per_rank"] = list(engine.rows_per_rank)
-    logger.info("eval %s (%s): %d rows (%d skipped, %d truncated) in %.1fs", name, mode, len(rows),
-                metrics["n_skipped"], metrics["n_truncated"], seconds)
+    logger.info("eval %s%s: %d rows (%d skipped, %d truncated) in %.1fs", name, "" if bare else f" ({mode})",
+                len(rows), metrics["n_skipped"], metrics["n_truncated"], seconds)
     return SuiteResult(name, metrics, records, stats)
 
 
@@ -125,7 +125,7 @@ def evaluate(
         rows = _rows(spec)
         res = _score(engine, spec.name, rows, proxies[0], state) if proxies else SuiteResult(spec.name, {}, [])
         for mode in proxies[1:]:
-            res.modes[mode] = _score(engine, spec.name, rows, mode, state)
+            res.modes[mode] = _score(engine, spec.name, rows, mode, state, bare=False)
         if "generate" in modes:
             res.modes["generate"] = _generate(engine, generator, spec, rows, state)
         results[spec.name] = res
