@@ -213,10 +213,11 @@ class EvalArguments:
                 raise RecipeError(f"eval_suites: unknown suite {suite!r}; valid: {', '.join(SUITES)}")
         self.eval_scoring = scoring_modes(self.eval_scoring)
         if self.eval_generate_samples:
-            logger.warning("eval_generate_samples is deprecated and will be removed: it now turns the generate scoring "
-                           "mode on for %d rows per suite; write eval_scoring: [%s, generate] and "
-                           "eval_generate_max_rows: %d", self.eval_generate_samples, self.eval_scoring[0],
-                           self.eval_generate_samples)
+            if os.environ.get("RANK", "0") == "0":  # parsed on every process of a launch: said once
+                logger.warning("eval_generate_samples is deprecated and will be removed: it now turns the generate scoring "
+                               "mode on for %d rows per suite; write eval_scoring: [%s, generate] and "
+                               "eval_generate_max_rows: %d", self.eval_generate_samples, self.eval_scoring[0],
+                               self.eval_generate_samples)
             self.eval_generate_max_rows = int(self.eval_generate_samples)
             if "generate" not in self.eval_scoring:
                 self.eval_scoring.append("generate")
