@@ -60,7 +60,11 @@ def test_callback_logs_eval_keys_each_epoch_in_a_dpo_run(tiny_dir, tmp_path):
     trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_dir), args=args, train_dataset=train,
                          processing_class=tok, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
                          callbacks=[MetricsJsonlCallback(str(out))])
-    cb = JudgeEvalCallback(_suites(), batch_tokens=512, on_start=True, trainer=trainer)
+    suites = _suites()
+    for spec in suites:
+        spec.generate_max_rows = 1  # generate mode on 1 row of each suite: 6 + 1 + 2 texts per eval
+    cb = JudgeEvalCallback(suites, batch_tokens=512, on_start=True, trainer=trainer, scoring=["implicit", "generate"],
+                           generator_kwargs=dict(max_new_tokens=4))
     trainer.add_callback(cb)  # as TRL's own callbacks are added
     trainer.train()
 
@@ -74,12 +78,24 @@ def test_callback_logs_eval_keys_each_epoch_in_a_dpo_run(tiny_dir, tmp_path):
             assert key in r
             assert key.endswith("margin") or 0.0 <= r[key] <= 1.0
         assert not any(k.startswith("train/eval") for k in r)
+        # generate mode, beside the bare implicit keys: every text counted, its tokens within max_new_tokens
+        assert (r["eval/rmbench/generate/n_generated"], r["eval/judgebias/generate/n_generated"],
+                r["eval/ideation/generate/n_verdicts"]) == (6, 1, 2)
+        for suite, n in (("rmbench", 6), ("judgebias", 1), ("ideation", 2)):
+            assert 0.0 <= r[f"eval/{suite}/generate/parse_rate"] <= 1.0
+            assert r[f"eval/{suite}/generate/tokens_generated"] <= 4 * n
+            fails = sum(v for k, v in r.items() if k.startswith(f"eval/{suite}/generate/parse_fail/"))
+            assert fails == round(n * (1 - r[f"eval/{suite}/generate/parse_rate"]))
         assert "train/rewards/chosen" not in r  # TRL's pending train metrics stay in the train events
     # at step 0 the adapter is the identity: every implicit reward is exactly 0, so every comparison is a tie
     assert evals[0]["eval/ideation/accuracy"] == 0.0 and evals[0]["eval/judgebias/represent/margin"] == 0.0
     assert cb.engine.stats.ref_sequences_computed == 6 * 6 + 4 * 2 + 3 * 2  # reference computed once, for 3 evals
+    assert cb.generator.stats.prompts == 3 * 9  # one Generator, reused by the 3 evals
     rows = [json.loads(line) for line in (out / "eval" / "2" / "rmbench.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and len(rows[0]["score_chosen"]) == 3 and rows[0]["id"] == "chat/0"
+    generated = [json.loads(line) for line in (out / "eval" / "2" / "judgebias.generate.jsonl").read_text().splitlines()]
+    assert len(generated) == 1 and all(isinstance(o["text"], str) and o["n_tokens"] <= 4 and o["expected"] is not None
+                                       for g in generated for o in g["outputs"])
     summary = json.loads((out / "eval" / "2" / "results.json").read_text())  # the shape `judgetrain eval` writes
     assert summary["results"]["rmbench"]["missing_domains"] == ["math"]
     assert summary["step"] == 2 and summary["scoring"] == "implicit"

@@ -144,9 +144,13 @@ def test_row_cap_samples_evenly_across_groups_and_is_deterministic():
 def test_judge_mode_on_bundled_suites_reports_anchor_mae_detect_rate_and_position_consistency(peft_model, tokenizer):
     from judgetrain.eval.metrics import flatten_eval_metrics
 
-    engine = ScoringEngine(peft_model, tokenizer, scoring="judge", max_length=384, generate_samples=1, max_new_tokens=8)
-    specs = [SuiteSpec("judgebias", max_rows=8), SuiteSpec("ideation", max_rows=4, mode="pairwise")]
-    results = evaluate(engine, specs)
+    from judgetrain.eval.generate import Generator
+
+    engine = ScoringEngine(peft_model, tokenizer, scoring="judge", max_length=384)
+    specs = [SuiteSpec("judgebias", max_rows=8, generate_max_rows=1), SuiteSpec("ideation", max_rows=4, mode="pairwise")]
+    results = evaluate(engine, specs[:1], modes=["judge", "generate"],
+                       generator=Generator(peft_model, tokenizer, max_new_tokens=8, max_length=384))
+    results.update(evaluate(engine, specs[1:]))
     jb = results["judgebias"]
     assert len(jb.records) == 8
     values = engine.score_token_ids()[1]
@@ -158,9 +162,9 @@ def test_judge_mode_on_bundled_suites_reports_anchor_mae_detect_rate_and_positio
     mae = sum(abs(r["judge_score"] - r["anchor_score"]) for r in jb.records if r["perturbation_category"] == "represent")
     n_rep = sum(r["perturbation_category"] == "represent" for r in jb.records)
     assert flat["eval/judgebias/represent/anchor_mae"] == pytest.approx(mae / n_rep)
-    # generate-and-parse ran on the first row only, and its parse rate is reported
-    assert "generated_overall_score" in jb.records[0] and "generated_overall_score" not in jb.records[1]
-    assert 0.0 <= jb.metrics["generated_parse_rate"] <= 1.0
+    # generate-and-parse ran on one row only, and its parse rate is reported
+    assert len(jb.modes["generate"].records) == 1 and "generate" not in results["ideation"].modes
+    assert 0.0 <= jb.modes["generate"].metrics["parse_rate"] <= 1.0
     ide = results["ideation"]
     assert len(ide.records) == 4 and {r["order"] for r in ide.records} == {"AB", "BA"}
     assert ide.metrics["n_pairs_both_orders"] == 2

@@ -5,7 +5,8 @@
         --adapter runs/x/checkpoint-500 --eval_suites rmbench judgebias ideation --eval_scoring implicit
 
 The evaluation options are the recipe's keys, by the same names (`judgetrain.config.recipe.EvalArguments`:
-``--eval_suites``, ``--eval_max_rows``, ``--eval_scoring``, ``--eval_batch_tokens``, ``--eval_<suite>_source``,
+``--eval_suites``, ``--eval_max_rows``, ``--eval_scoring`` (one or several modes: ``implicit generate``),
+``--eval_generate_max_rows``, ``--eval_generate_max_new_tokens``, ``--eval_batch_tokens``, ``--eval_<suite>_source``,
 ``--no_eval_prefix_sharing``, ...; hyphens work too: ``--eval-max-rows``); the rest say what to evaluate and where
 to write. ``--model`` is a hub id, a model directory, an adapter directory (adapter_config.json: its base model is
 loaded and the adapter applied), or a run directory: then every ``checkpoint-*/`` inside (by step) and the run's
@@ -15,7 +16,8 @@ of a full model it needs ``--ref-model`` (without one the score is the plain log
 log-probs are cached across the checkpoints of one run when they share the reference.
 
 Writes, per evaluated model, ``<output-dir>/<name>/results.json`` (flat logged keys, nested metrics, engine stats)
-and ``<suite>.jsonl`` (per-row scores), the files the training callback writes per eval step
+and ``<suite>.jsonl`` (per-row scores; ``<suite>.<mode>.jsonl`` for each other mode, ``<suite>.generate.jsonl``
+with the texts written), the files the training callback writes per eval step
 (`judgetrain.eval.runner.evaluate_and_write`); prints the RM-Bench table (domains x hard/normal/easy/avg).
 """
 
@@ -160,7 +162,7 @@ def print_table(name: str, results: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    if "rmbench" in results:
+    if "rmbench" in results and results["rmbench"].metrics:
         m = results["rmbench"].metrics
         table = Table(title=f"RM-Bench: {name}")
         for col in ("domain", "rows", "hard", "normal", "easy", "avg"):
@@ -175,7 +177,8 @@ def print_table(name: str, results: dict[str, Any]) -> None:
         console.print(table)
         if m.get("n_skipped") or m.get("n_truncated"):
             console.print(f"rmbench: {m['n_skipped']} rows skipped, {m['n_truncated']} truncated (long inputs)")
-    other = {k: v for name_, r in results.items() if name_ != "rmbench" for k, v in r.flat().items()}
+    other = {k: v for name_, r in results.items() for k, v in r.flat().items()
+             if name_ != "rmbench" or k.split("/")[2] in r.modes}  # rmbench's bare figures are the table above
     if other:
         table = Table(title=f"Checks: {name}")
         table.add_column("metric")
@@ -256,12 +259,18 @@ def main(argv: list[str] | None = None) -> int:
                                long_inputs=args.long_inputs, **eval_args.engine_kwargs(),
                                ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base,
                                ref_cache=ref_cache)
-        results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, model=target,
+        generator = None
+        if "generate" in eval_args.eval_scoring:
+            from judgetrain.eval.generate import Generator
+
+            generator = Generator(model, tokenizer, max_length=args.max_length, **eval_args.generator_kwargs())
+        results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state,
+                                          modes=eval_args.eval_scoring, generator=generator, model=target,
                                           adapter=args.adapter)
         summary[name] = doc["metrics"]
         if state.is_main_process:
             print_table(name, results)
-        del model, engine
+        del model, engine, generator
     if state.is_main_process:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "summary.json").write_text(json.dumps(nan_to_none(summary), indent=1))

@@ -28,6 +28,17 @@ from judgetrain.utils.device import has_accelerator
 logger = logging.getLogger(__name__)
 
 SUITES = ("rmbench", "judgebias", "ideation")
+PROXY_MODES = ("implicit", "judge")  # one forward per response: the implicit reward, the forced-prefix expected score
+SCORING_MODES = (*PROXY_MODES, "generate")  # generate: the judge writes its evaluation, the score is parsed from it
+
+
+class ScoringModes(tuple):
+    """eval_scoring's choices for argparse and the recipe check: a mode, or modes joined by commas
+    (``implicit,generate``), is one of them."""
+
+    def __contains__(self, value: object) -> bool:
+        parts = [p.strip() for p in str(value).split(",") if p.strip()]
+        return bool(parts) and all(tuple.__contains__(self, p) for p in parts)
 
 # Keys judgetrain had before it used TrainingArguments' own: refused, with the new name as the hint.
 RENAMED_KEYS = {"eval_every_n_steps": "eval_steps", "eval_suites_on_start": "eval_on_start"}
@@ -154,8 +165,13 @@ class EvalArguments:
     eval_max_rows: int | None = field(
         default=None, metadata={"help": "Row cap per eval suite, sampled evenly across domains / perturbation types."}
     )
-    eval_scoring: Literal["implicit", "judge"] = field(
-        default="implicit", metadata={"help": "implicit (DPO implicit reward) or judge (expected score)."}
+    eval_scoring: list[str] = field(
+        default_factory=lambda: ["implicit"],
+        metadata={"help": "Scoring modes, one or several (space- or comma-separated): implicit (DPO implicit reward), "
+                  "judge (expected score after a forced score prefix), generate (the judge writes its evaluation and "
+                  "the score or verdict is parsed from it). The first of implicit / judge gives the bare eval/<suite>/ "
+                  "keys, the other eval/<suite>/<mode>/, generate eval/<suite>/generate/.",
+                  "choices": ScoringModes(SCORING_MODES)},
     )
     eval_batch_tokens: int = field(default=8192, metadata={"help": "Padded-token budget of one scoring batch."})
     eval_prefix_sharing: bool = field(
@@ -168,9 +184,24 @@ class EvalArguments:
         metadata={"help": "Score with the LoRA layers merged into the weights; false: PEFT's own forward (same scores "
                   "up to rounding)."},
     )
+    eval_generate_max_rows: int | None = field(
+        default=64,
+        metadata={"help": "generate mode: rows per suite that generate (drawn from the scored rows evenly across "
+                  "domains / perturbation types; ideation: whole pairs); null: every scored row."},
+    )
+    eval_generate_max_new_tokens: int = field(default=512, metadata={"help": "generate mode: longest evaluation written."})
+    eval_generate_do_sample: bool = field(
+        default=False, metadata={"help": "generate mode: sample (with eval_generate_seed) instead of greedy decoding."}
+    )
+    eval_generate_temperature: float = field(default=1.0, metadata={"help": "generate mode: sampling temperature."})
+    eval_generate_seed: int = field(default=0, metadata={"help": "generate mode: sampling seed."})
+    eval_generate_backend: Literal["transformers", "vllm"] = field(
+        default="transformers", metadata={"help": "generate mode: transformers' generate, or vLLM (GPU, installed)."}
+    )
     eval_generate_samples: int = field(
         default=0,
-        metadata={"help": "judge scoring: also generate and parse overall_score for the first N rows of each suite."},
+        metadata={"help": "Deprecated: generate mode with this many rows (eval_scoring: [..., generate] and "
+                  "eval_generate_max_rows: N)."},
     )
 
     def __post_init__(self):
@@ -180,12 +211,49 @@ class EvalArguments:
         for suite in self.eval_suites:
             if suite not in SUITES:
                 raise RecipeError(f"eval_suites: unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+        self.eval_scoring = scoring_modes(self.eval_scoring)
+        if self.eval_generate_samples:
+            if os.environ.get("RANK", "0") == "0":  # parsed on every process of a launch: said once
+                logger.warning("eval_generate_samples is deprecated and will be removed: it now turns the generate scoring "
+                               "mode on for %d rows per suite; write eval_scoring: [%s, generate] and "
+                               "eval_generate_max_rows: %d", self.eval_generate_samples, self.eval_scoring[0],
+                               self.eval_generate_samples)
+            self.eval_generate_max_rows = int(self.eval_generate_samples)
+            if "generate" not in self.eval_scoring:
+                self.eval_scoring.append("generate")
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """The `ScoringEngine` options these arguments set."""
-        return dict(scoring=self.eval_scoring, batch_tokens=self.eval_batch_tokens,
-                    prefix_sharing=self.eval_prefix_sharing, merge_lora=self.eval_merge_lora,
-                    generate_samples=self.eval_generate_samples)
+        """The `ScoringEngine` options these arguments set (its recorded mode: the first of implicit / judge listed,
+        else judge, which gives the generate rows their expected score)."""
+        proxies = [m for m in self.eval_scoring if m in PROXY_MODES]
+        return dict(scoring=proxies[0] if proxies else "judge", batch_tokens=self.eval_batch_tokens,
+                    prefix_sharing=self.eval_prefix_sharing, merge_lora=self.eval_merge_lora)
+
+    def generator_kwargs(self) -> dict[str, Any]:
+        """The `judgetrain.eval.generate.Generator` options these arguments set (generate mode)."""
+        return dict(max_new_tokens=self.eval_generate_max_new_tokens, batch_tokens=self.eval_batch_tokens,
+                    do_sample=self.eval_generate_do_sample, temperature=self.eval_generate_temperature,
+                    seed=self.eval_generate_seed, merge_lora=self.eval_merge_lora, backend=self.eval_generate_backend)
+
+
+def scoring_modes(value: Any) -> list[str]:
+    """eval_scoring as a list of distinct modes, in the order given: a plain string (``implicit``), comma-separated
+    (``implicit,generate``) or a list. An unknown or missing mode is a `RecipeError` naming the key."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise RecipeError(f"eval_scoring: a mode or a list of modes ({', '.join(SCORING_MODES)}), got {value!r}")
+    modes: list[str] = []
+    for part in (p.strip() for item in value for p in str(item).split(",")):
+        if part and part not in SCORING_MODES:
+            near = difflib.get_close_matches(part, SCORING_MODES, n=1)
+            raise RecipeError(f"eval_scoring: unknown mode {part!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+                              + f" (valid: {', '.join(SCORING_MODES)})")
+        if part and part not in modes:
+            modes.append(part)
+    if not modes:
+        raise RecipeError(f"eval_scoring: name at least one mode ({', '.join(SCORING_MODES)})")
+    return modes
 
 
 def suite_names(value: Any) -> Any:

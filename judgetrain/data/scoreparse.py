@@ -33,12 +33,16 @@ __all__ = [
     "parse_overall_score",
     "parse_overall_score_result",
     "parse_scores",
+    "parse_verdict",
     "safe_arithmetic",
+    "VerdictResult",
 ]
 
 OK = "ok"
 UNPARSEABLE = "unparseable"
 OUT_OF_RANGE = "out_of_range"
+NO_VERDICT = "no_verdict"
+CONFLICTING = "conflicting"
 
 # An expression longer than this is not a score someone wrote by hand; refusing it bounds the work done.
 _MAX_EXPR_CHARS = 80
@@ -346,3 +350,46 @@ def parse_scores(text: object, *, key: str = "overall_score") -> dict[str, float
         if scores:
             return scores
     return {}
+
+
+# ------------------------------------------------------------------------------------------------ pairwise verdicts
+# "Proposal A is better", "**Proposal B** is the better one", "proposal a is better": the verdict sentence the pairwise
+# prompt asks for (judgetrain.data.ideation.VERDICT). Linear time: every quantifier is bounded and each one's class is
+# disjoint from what follows it (blanks and markup, then a letter; markup and punctuation, then "is"; blanks, then
+# "the" or "better"), so a match attempt at a position costs at most a constant number of characters.
+_VERDICT = re.compile(r"proposal[ \t*_'\"]{0,8}([ab])(?![a-z0-9])[ \t*_'\".,:)]{0,8}is[ \t]{1,4}(?:the[ \t]{1,4})?better",
+                      re.IGNORECASE)
+_BARE_LETTER = re.compile(r"[ \t\n*_'\"(\[]{0,16}(?:proposal[ \t]{1,4})?([ab])[ \t\n*_'\".)\]]{0,16}", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class VerdictResult:
+    """Which proposal a pairwise judge picked: ``choice`` "A" or "B" when ``reason == "ok"``, else None with the
+    reason: ``"unparseable"`` (empty text), ``"no_verdict"`` (no "Proposal X is better" and no bare letter),
+    ``"conflicting"`` (the text says both). ``source``: "sentence" or "letter"."""
+
+    choice: str | None
+    reason: str
+    source: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == OK
+
+
+def parse_verdict(text: object) -> VerdictResult:
+    """The proposal a pairwise judge says is better, from its free text; never raises. Every "Proposal X is better"
+    sentence is read (the last 200,000 characters): one letter throughout is the verdict, both letters is
+    ``conflicting``. A text that is only a letter (``A``, ``**B**``, ``Proposal A.``) is that letter."""
+    if not isinstance(text, str) or not text.strip():
+        return VerdictResult(None, UNPARSEABLE)
+    text = text[-_MAX_TEXT_CHARS:]
+    letters = {m.group(1).upper() for m in _VERDICT.finditer(text)}
+    if len(letters) == 1:
+        return VerdictResult(letters.pop(), OK, "sentence")
+    if letters:
+        return VerdictResult(None, CONFLICTING)
+    bare = _BARE_LETTER.fullmatch(text) if len(text) <= 64 else None
+    if bare:
+        return VerdictResult(bare.group(1).upper(), OK, "letter")
+    return VerdictResult(None, NO_VERDICT)

@@ -15,10 +15,13 @@ an eval_dataset when it is built: build it inside ``with JudgeEvalCallback.build
 ``every_n_steps`` optimizer steps and, with ``on_start``, before the first step (``own_schedule=False``: none).
 
 Each evaluation, every process scores its shard of each suite with the same `ScoringEngine` (reference log-probs
-cached from the first eval on), the results are gathered, and the metrics are logged once with ``trainer.log`` under
+cached from the first eval on) and, in generate mode, writes its shard of the generations with the same `Generator`
+(built at the first eval, pointed at the trainer's model each time), the results are gathered, and the metrics are
+logged once with ``trainer.log`` under
 ``eval_<suite>/...`` keys: transformers' report_to callbacks (and the run's metrics.jsonl writer) apply
 ``rewrite_logs``, which turns them into the names ``eval/<suite>/...`` (a key already spelled ``eval/...`` would
-become ``train/eval/...``). The main process writes ``<output_dir>/eval/<step>/``: per-row scores ``<suite>.jsonl``
+become ``train/eval/...``); a second proxy mode's under ``eval/<suite>/<mode>/...``, generate's under
+``eval/<suite>/generate/...``. The main process writes ``<output_dir>/eval/<step>/``: per-row scores ``<suite>.jsonl``
 and ``results.json``, the same files `judgetrain eval` writes (`judgetrain.eval.runner.evaluate_and_write`).
 """
 
@@ -33,6 +36,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from judgetrain.compat.transformers import log_without_overrides
+from judgetrain.config.recipe import PROXY_MODES, scoring_modes
 from judgetrain.eval.runner import evaluate_and_write
 from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.eval.suites import SuiteSpec, suite_specs
@@ -47,13 +51,16 @@ class JudgeEvalCallback(TrainerCallback):
     Args:
         suites: the suites (`SuiteSpec`), or suite names (bundled sources).
         tokenizer: the tokenizer (default: the trainer's processing_class, read at `attach`).
-        scoring: ``implicit`` (DPO implicit reward; reference = adapter disabled, or the trainer's ref_model) or
-            ``judge`` (expected overall score).
+        scoring: a mode or a list of modes: ``implicit`` (DPO implicit reward; reference = adapter disabled, or the
+            trainer's ref_model), ``judge`` (expected overall score), ``generate`` (the judge writes its evaluation;
+            `judgetrain.eval.generate.Generator`). The first of implicit / judge gives the bare keys.
         own_schedule: with ``eval_strategy="no"``, evaluate at each epoch end (and every ``every_n_steps``); False:
             only when the trainer evaluates (``eval_on_start``, ``trainer.evaluate()``).
         every_n_steps: with the own schedule, also evaluate every N optimizer steps (0: epoch ends only).
         on_start: evaluate once before the first step (the baseline, logged at step 0), as ``eval_on_start`` does.
-        max_length, long_inputs, batch_tokens, generate_samples, prefix_sharing, merge_lora: passed to `ScoringEngine`.
+        max_length, long_inputs, batch_tokens, prefix_sharing, merge_lora: passed to `ScoringEngine`.
+        generator_kwargs: generate mode: options of the `Generator` (max_new_tokens, do_sample, temperature, seed,
+            backend, ...; max_length and merge_lora default to the engine's).
         output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
         trainer: the trainer (or call `attach` once it is built); add the callback with ``trainer.add_callback``.
@@ -65,14 +72,14 @@ class JudgeEvalCallback(TrainerCallback):
         suites: list[SuiteSpec | str],
         *,
         tokenizer: Any = None,
-        scoring: str = "implicit",
+        scoring: str | list[str] = "implicit",
         own_schedule: bool = True,
         every_n_steps: int = 0,
         on_start: bool = False,
         max_length: int | None = None,
         long_inputs: str = "truncate_prompt",
         batch_tokens: int = 8192,
-        generate_samples: int = 0,
+        generator_kwargs: dict[str, Any] | None = None,
         prefix_sharing: bool = True,
         merge_lora: bool = True,
         output_dir: str | None = None,
@@ -82,18 +89,20 @@ class JudgeEvalCallback(TrainerCallback):
     ) -> None:
         self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
         self.tokenizer = tokenizer
-        self.scoring = scoring
+        self.modes = scoring_modes(scoring)
+        self.scoring = next((m for m in self.modes if m in PROXY_MODES), "judge")  # the engine's recorded mode
         self.own_schedule = own_schedule
         self.every_n_steps = int(every_n_steps or 0)
         self.on_start = on_start
-        self.engine_kwargs = dict(scoring=scoring, max_length=max_length, long_inputs=long_inputs,
-                                  batch_tokens=batch_tokens, generate_samples=generate_samples,
-                                  prefix_sharing=prefix_sharing, merge_lora=merge_lora)
+        self.engine_kwargs = dict(scoring=self.scoring, max_length=max_length, long_inputs=long_inputs,
+                                  batch_tokens=batch_tokens, prefix_sharing=prefix_sharing, merge_lora=merge_lora)
+        self.generator_kwargs = {"max_length": max_length, "merge_lora": merge_lora, **(generator_kwargs or {})}
         self.output_dir = output_dir
         self.ref_model = ref_model
         self.log_matrix_images = log_matrix_images
         self.trainer = None
         self.engine: ScoringEngine | None = None
+        self.generator: Any = None  # generate mode: one Generator, reused every eval
         self.last_step: int | None = None
         self.history: list[dict[str, float]] = []  # flat metrics of every eval, in order (handy in tests)
         if trainer is not None:
@@ -113,7 +122,8 @@ class JudgeEvalCallback(TrainerCallback):
             own_schedule=False,
             max_length=getattr(training_args, "max_length", None),
             long_inputs="skip" if getattr(script_args, "long_rows", "") == "skip" else "truncate_prompt",
-            **script_args.engine_kwargs(),
+            **{**script_args.engine_kwargs(), "scoring": script_args.eval_scoring},
+            generator_kwargs=script_args.generator_kwargs(),
             output_dir=training_args.output_dir,
             log_matrix_images=getattr(script_args, "log_matrix_images", False),
             trainer=trainer,
@@ -239,13 +249,21 @@ class JudgeEvalCallback(TrainerCallback):
             self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), **self.engine_kwargs)
         else:
             self.engine.set_model(model)
+        if "generate" in self.modes:
+            if self.generator is None:
+                from judgetrain.eval.generate import Generator
+
+                self.generator = Generator(model, self.tokenizer, **self.generator_kwargs)
+            else:
+                self.generator.set_model(model)
         out = Path(self.output_dir) / "eval" / str(step)
-        results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), step=step,
-                                              epoch=state.epoch)
+        results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,
+                                              generator=self.generator, step=step, epoch=state.epoch)
         flat = summary["metrics"]
         self.history.append(flat)
         self._log(to_trainer_log_keys(flat))
-        if self.log_matrix_images and "rmbench" in results and self.trainer.is_world_process_zero():
+        if self.log_matrix_images and "rmbench" in results and results["rmbench"].records \
+                and self.trainer.is_world_process_zero():
             from judgetrain.eval.metrics import rmbench_matrices
             from judgetrain.report.plots import log_matrix_images
 

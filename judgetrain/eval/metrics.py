@@ -32,6 +32,11 @@ __all__ = [
     "ideation_accuracy",
     "flatten_eval_metrics",
     "to_trainer_log_keys",
+    "spearman",
+    "generation_summary",
+    "judgebias_generated",
+    "ideation_generated",
+    "flatten_mode_metrics",
 ]
 
 
@@ -224,6 +229,149 @@ def ideation_accuracy(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         both = [v for v in by_pair.values() if len(v) == 2]
         out["position_consistency"] = _mean([v["AB"] == v["BA"] for v in both])
         out["n_pairs_both_orders"] = len(both)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- generate mode
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties given their mean rank."""
+    order = np.argsort(values, kind="mergesort")
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = np.arange(1, len(values) + 1)
+    uniq, inverse = np.unique(values, return_inverse=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return sums[inverse] / np.bincount(inverse)[inverse]
+
+
+def spearman(x: Sequence[Any], y: Sequence[Any]) -> float:
+    """Spearman rank correlation of the pairs where both values are finite numbers (None / NaN dropped); NaN with
+    fewer than 2 such pairs or when one side is constant (no ranking to agree with)."""
+    a = np.asarray([math.nan if v is None else v for v in x], dtype=np.float64)
+    b = np.asarray([math.nan if v is None else v for v in y], dtype=np.float64)
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    if len(a) < 2:
+        return math.nan
+    ra, rb = _ranks(a) - (len(a) + 1) / 2, _ranks(b) - (len(b) + 1) / 2
+    den = math.sqrt(float(np.sum(ra * ra) * np.sum(rb * rb)))
+    return float(np.sum(ra * rb) / den) if den > 0 else math.nan
+
+
+def generation_summary(outputs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the judge wrote, over all its generations: ``n_generated``, ``parse_rate`` (share whose score or verdict
+    was read), ``parse_fail`` ({reason: count} of the rest, the parser's ``reason``), ``tokens_generated`` (total) and
+    ``mean_tokens``, ``stopped_rate`` (ended on the end of turn rather than at max_new_tokens) and
+    ``n_truncated_prompts`` (prompts cut from the left to fit). Each output holds ``reason``, ``n_tokens``,
+    ``stopped`` and ``truncated``."""
+    outputs = list(outputs)
+    fails: dict[str, int] = defaultdict(int)
+    for o in outputs:
+        if o["reason"] != "ok":
+            fails[str(o["reason"])] += 1
+    n = len(outputs)
+    tokens = int(sum(int(o["n_tokens"]) for o in outputs))
+    return {
+        "n_generated": n,
+        "parse_rate": (n - sum(fails.values())) / n if n else math.nan,
+        "parse_fail": dict(sorted(fails.items())),
+        "tokens_generated": tokens,
+        "mean_tokens": tokens / n if n else math.nan,
+        "stopped_rate": _mean([bool(o["stopped"]) for o in outputs]),
+        "n_truncated_prompts": int(sum(bool(o.get("truncated")) for o in outputs)),
+    }
+
+
+def _score(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def judgebias_generated(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """JudgeBias figures of the scores the judge wrote (``score``, None when its text could not be read).
+
+    Rows hold ``perturbation_category``, ``perturbation_type``, ``anchor_score`` and ``score``. Per category and per
+    type: ``n`` (rows) and ``parse_rate``; represent rows (the recipe changed only in its surface) ``anchor_mae`` =
+    mean |score - anchor| over the read scores and ``within_half_rate`` = share of rows with |score - anchor| <= 0.5;
+    error rows (a real mistake put in) ``detect_rate`` = share of rows scored below the anchor and ``mean_drop`` =
+    mean (anchor - score) over the read scores. A rate counts an unread score as a failure (not within, not detected);
+    a mean leaves it out (NaN when nothing was read). Returns ``{<category>: {...}, "type": {<type>: {...}}, "n_rows"}``.
+    """
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    categories: dict[str, str] = {}
+    n = 0
+    for row in rows:
+        n += 1
+        cat, ptype = str(row["perturbation_category"]), str(row["perturbation_type"])
+        pair = (_score(row.get("score")), float(row["anchor_score"]))
+        groups[("cat", cat)].append(pair)
+        groups[("type", ptype)].append(pair)
+        categories[ptype] = cat
+
+    def figures(cat: str, pairs: list[tuple[float, float]]) -> dict[str, Any]:
+        score, anchor = np.asarray(pairs, dtype=np.float64).reshape(-1, 2).T
+        read = np.isfinite(score)
+        out: dict[str, Any] = {"n": len(pairs), "parse_rate": _mean(read)}
+        diff = score[read] - anchor[read]
+        if cat == "represent":
+            out["anchor_mae"] = _mean(np.abs(diff))
+            out["within_half_rate"] = _mean(np.abs(score - anchor) <= DETECT_THRESHOLD)  # NaN compares False
+        elif cat == "error":
+            out["detect_rate"] = _mean(score < anchor)
+            out["mean_drop"] = _mean(-diff)
+        return out
+
+    out: dict[str, Any] = {cat: figures(cat, groups[("cat", cat)]) for kind, cat in sorted(groups) if kind == "cat"}
+    out["type"] = {t: figures(categories[t], groups[("type", t)]) for kind, t in sorted(groups) if kind == "type"}
+    out["n_rows"] = n
+    return out
+
+
+def ideation_generated(verdicts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Pairwise verdicts the judge wrote, each pair shown in both orders.
+
+    Each verdict holds ``pair_id``, ``order`` ("AB": the preferred proposal is A, "BA": it is B), ``preferred``
+    (the preferred proposal's letter in that order) and ``choice`` ("A", "B", or None when unread). ``accuracy``: share
+    of verdicts that pick the preferred proposal (unread = wrong); ``position_consistency``: share of pairs (seen in
+    both orders) whose two verdicts pick the same proposal (an unread verdict: not consistent);
+    ``first_position_rate``: share of read verdicts that pick the proposal shown first (A); 0.5 is no position bias.
+    """
+    correct, first = [], []
+    picks: dict[Any, dict[str, Any]] = defaultdict(dict)
+    for v in verdicts:
+        choice, preferred = v.get("choice"), v["preferred"]
+        correct.append(choice == preferred)
+        if choice is not None:
+            first.append(choice == "A")
+        # the proposal picked, named by order-free identity: "preferred" or "other"
+        picks[v["pair_id"]][v["order"]] = None if choice is None else ("preferred" if choice == preferred else "other")
+    both = [p for p in picks.values() if len(p) == 2]
+    return {
+        "accuracy": _mean(correct),
+        "position_consistency": _mean([p["AB"] is not None and p["AB"] == p["BA"] for p in both]),
+        "first_position_rate": _mean(first),
+        "n_verdicts": len(correct),
+        "n_pairs_both_orders": len(both),
+    }
+
+
+def flatten_mode_metrics(suite: str, mode: str, results: Mapping[str, Any], prefix: str = "eval/") -> dict[str, float]:
+    """Logged keys of a suite's results in a scoring mode other than the bare one: ``<prefix><suite>/<mode>/...``.
+    A proxy mode's figures are named as its bare keys would be (`flatten_eval_metrics`); generate's by the path of
+    each number in the nested results (``eval/judgebias/generate/represent/anchor_mae``,
+    ``eval/judgebias/generate/parse_fail/unparseable``, ``eval/rmbench/generate/chat/hard_acc``); lists (the 3x3
+    matrix, domain names) are not logged."""
+    base, target = f"{prefix}{suite}/", f"{prefix}{suite}/{mode}/"
+    if mode != "generate":
+        return {target + k[len(base):]: v for k, v in flatten_eval_metrics(suite, results, prefix).items()}
+    out: dict[str, float] = {}
+
+    def walk(path: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(f"{path}{k}/", v)
+        elif _finite_number(value):
+            out[path[:-1]] = float(value)
+
+    walk(target, results)
     return out
 
 

@@ -1,7 +1,10 @@
-"""Run suites through a `ScoringEngine`, sharded over processes, and write what they found.
+"""Run suites through a `ScoringEngine` (and, in generate mode, a `Generator`), sharded over processes, and write
+what they found.
 
 `evaluate_and_write` is the one evaluation path: the per-epoch callback and `judgetrain eval` both call it, so both
-write the same files: ``<suite>.jsonl`` (one record per row) and ``results.json`` (see `eval_summary`).
+write the same files: ``<suite>.jsonl`` (one record per row, the first of implicit / judge listed),
+``<suite>.<mode>.jsonl`` (each other mode: ``<suite>.generate.jsonl`` holds the texts written) and ``results.json``
+(see `eval_summary`).
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from judgetrain.config.recipe import PROXY_MODES
 from judgetrain.eval.scoring import ScoringEngine, score_sharded
-from judgetrain.eval.suites import SuiteSpec, build_record, build_request, load_suite_rows, suite_metrics
-from judgetrain.eval.metrics import flatten_eval_metrics, nan_to_none
+from judgetrain.eval.suites import (SuiteSpec, build_generate_record, build_record, build_request, generate_metrics,
+                                    generate_prompts, load_suite_rows, select_rows, suite_metrics)
+from judgetrain.eval.metrics import flatten_eval_metrics, flatten_mode_metrics, nan_to_none
 
 logger = logging.getLogger(__name__)
 
@@ -23,16 +28,77 @@ logger = logging.getLogger(__name__)
 @dataclass
 class SuiteResult:
     """One suite's outcome: ``metrics`` (nested, from judgetrain.eval.metrics plus counts), per-row ``records`` in row
-    order, and ``stats`` (engine work for this suite: sequences, real/padded tokens, forwards, seconds)."""
+    order, and ``stats`` (engine work for this suite: sequences, real/padded tokens, forwards, seconds), all of the
+    first of implicit / judge scored (empty when only generate ran); ``modes``: the other modes' SuiteResults."""
 
     name: str
     metrics: dict[str, Any]
     records: list[dict]
     stats: dict[str, float] = field(default_factory=dict)
+    modes: dict[str, SuiteResult] = field(default_factory=dict)
 
     def flat(self, prefix: str = "eval/") -> dict[str, float]:
-        """Logged keys of this suite (docs/evaluation.md, "Where metrics go"), e.g. ``eval/rmbench/hard_acc``."""
-        return flatten_eval_metrics(self.name, self.metrics, prefix=prefix)
+        """Logged keys of this suite (docs/evaluation.md, "Where metrics go"), e.g. ``eval/rmbench/hard_acc``, and
+        those of its other modes, ``eval/rmbench/generate/hard_acc``."""
+        out = flatten_eval_metrics(self.name, self.metrics, prefix=prefix) if self.metrics else {}
+        for mode, sub in self.modes.items():
+            out.update(flatten_mode_metrics(self.name, mode, sub.metrics, prefix=prefix))
+        return out
+
+
+def _rows(spec: SuiteSpec) -> list[dict]:
+    if spec.rows is None:
+        spec.rows = load_suite_rows(spec)  # the cap is applied here once; later calls keep these rows
+        spec.max_rows = None
+    return list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
+
+
+def _score(engine: ScoringEngine, name: str, rows: list[dict], mode: str, state: Any, bare: bool = True) -> SuiteResult:
+    requests = [build_request(name, row, mode) for row in rows]
+    before = engine.stats.as_dict()
+    engine.rows_per_rank = None
+    t0 = time.perf_counter()
+    scores = score_sharded(engine, requests, state)
+    seconds = time.perf_counter() - t0
+    records = [build_record(name, i, row, s, mode) for i, (row, s) in enumerate(zip(rows, scores))]
+    metrics = suite_metrics(name, records, mode)
+    metrics["runtime"] = seconds
+    after = engine.stats.as_dict()
+    stats = {k: after[k] - before[k] for k in after}  # this process's share of the work
+    stats["seconds"] = seconds
+    if engine.rows_per_rank is not None:
+        stats["rows_per_rank"] = list(engine.rows_per_rank)
+    logger.info("eval %s%s: %d rows (%d skipped, %d truncated) in %.1fs", name, "" if bare else f" ({mode})",
+                len(rows), metrics["n_skipped"], metrics["n_truncated"], seconds)
+    return SuiteResult(name, metrics, records, stats)
+
+
+def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list[dict], state: Any) -> SuiteResult:
+    """Generate mode on a balanced sample of the scored rows (``spec.generate_max_rows``): every prompt written once
+    over the processes, parsed, and set beside the judge-mode figure of the same response (one forward each)."""
+    from judgetrain.eval.generate import generate_sharded
+
+    keep = select_rows(spec.name, rows, spec.generate_max_rows, spec.seed)
+    picked = [rows[i] for i in keep]
+    prompts = [generate_prompts(spec.name, row) for row in picked]
+    before = generator.stats.as_dict()
+    t0 = time.perf_counter()
+    flat = generate_sharded(generator, [p for row in prompts for p in row], state)
+    gen_seconds = time.perf_counter() - t0
+    expected = score_sharded(engine, [build_request(spec.name, row, "judge") for row in picked], state)
+    seconds = time.perf_counter() - t0
+    records, start = [], 0
+    for i, row, row_prompts, judged in zip(keep, picked, prompts, expected):
+        records.append(build_generate_record(spec.name, i, row, flat[start: start + len(row_prompts)], judged))
+        start += len(row_prompts)
+    metrics = generate_metrics(spec.name, records)
+    metrics["runtime"] = seconds
+    after = generator.stats.as_dict()
+    stats = {k: after[k] - before[k] for k in after if isinstance(after[k], (int, float))}
+    stats.update(seconds=seconds, generate_seconds=gen_seconds)
+    logger.info("eval %s (generate): %d rows, %d texts, parse rate %.2f, %d tokens in %.1fs", spec.name, len(records),
+                metrics["n_generated"], metrics["parse_rate"], metrics["tokens_generated"], seconds)
+    return SuiteResult(spec.name, metrics, records, stats)
 
 
 def evaluate(
@@ -40,35 +106,29 @@ def evaluate(
     specs: list[SuiteSpec],
     *,
     state: Any | None = None,
+    modes: list[str] | tuple[str, ...] | None = None,
+    generator: Any = None,
 ) -> dict[str, SuiteResult]:
-    """Score every suite (all processes must call this together when ``state`` has several processes).
+    """Score every suite in each of ``modes`` (default: the engine's ``scoring``); all processes must call this together
+    when ``state`` has several processes. The first of implicit / judge listed is the SuiteResult itself, the other
+    modes its ``modes``; ``generate`` needs ``generator`` (a `judgetrain.eval.generate.Generator`).
 
     Rows are loaded once per spec and kept on it (``spec.rows``) so later calls score the same rows. Returns
     {suite name: SuiteResult}; every process gets the full results.
     """
+    modes = list(modes or [engine.scoring])
+    if "generate" in modes and generator is None:
+        raise ValueError("the generate scoring mode needs a generator (judgetrain.eval.generate.Generator)")
+    proxies = [m for m in modes if m in PROXY_MODES]
     results: dict[str, SuiteResult] = {}
     for spec in specs:
-        if spec.rows is None:
-            spec.rows = load_suite_rows(spec)  # the cap is applied here once; later calls keep these rows
-            spec.max_rows = None
-        rows = list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
-        requests = [build_request(spec.name, row, engine.scoring) for row in rows]
-        before = engine.stats.as_dict()
-        engine.rows_per_rank = None
-        t0 = time.perf_counter()
-        scores = score_sharded(engine, requests, state)
-        seconds = time.perf_counter() - t0
-        records = [build_record(spec.name, i, row, s, engine.scoring) for i, (row, s) in enumerate(zip(rows, scores))]
-        metrics = suite_metrics(spec.name, records, engine.scoring)
-        metrics["runtime"] = seconds
-        after = engine.stats.as_dict()
-        stats = {k: after[k] - before[k] for k in after}  # this process's share of the work
-        stats["seconds"] = seconds
-        if engine.rows_per_rank is not None:
-            stats["rows_per_rank"] = list(engine.rows_per_rank)
-        results[spec.name] = SuiteResult(spec.name, metrics, records, stats)
-        logger.info("eval %s: %d rows (%d skipped, %d truncated) in %.1fs", spec.name, len(rows),
-                    metrics["n_skipped"], metrics["n_truncated"], seconds)
+        rows = _rows(spec)
+        res = _score(engine, spec.name, rows, proxies[0], state) if proxies else SuiteResult(spec.name, {}, [])
+        for mode in proxies[1:]:
+            res.modes[mode] = _score(engine, spec.name, rows, mode, state, bare=False)
+        if "generate" in modes:
+            res.modes["generate"] = _generate(engine, generator, spec, rows, state)
+        results[spec.name] = res
     return results
 
 
@@ -80,16 +140,20 @@ def flat_metrics(results: dict[str, SuiteResult], prefix: str = "eval/") -> dict
 
 
 def write_records(results: dict[str, SuiteResult], directory: str | Path) -> list[Path]:
-    """Write <directory>/<suite>.jsonl (one record per row). Call on the main process only."""
+    """Write <directory>/<suite>.jsonl (one record per row) and <directory>/<suite>.<mode>.jsonl for each other mode.
+    Call on the main process only."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, res in results.items():
-        path = directory / f"{name}.jsonl"
-        with path.open("w") as f:
-            for rec in res.records:
-                f.write(json.dumps(nan_to_none(rec)) + "\n")
-        paths.append(path)
+        parts = ([(f"{name}.jsonl", res.records)] if res.metrics else []) + [
+            (f"{name}.{mode}.jsonl", sub.records) for mode, sub in res.modes.items()]
+        for filename, records in parts:
+            path = directory / filename
+            with path.open("w") as f:
+                for rec in records:
+                    f.write(json.dumps(nan_to_none(rec)) + "\n")
+            paths.append(path)
     return paths
 
 
@@ -97,16 +161,22 @@ RESULTS_FILE = "results.json"
 
 
 def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_processes: int = 1,
-                 **about: Any) -> dict[str, Any]:
+                 modes: list[str] | None = None, generator: Any = None, **about: Any) -> dict[str, Any]:
     """The results.json document: ``about`` (what was scored: model / adapter, or step / epoch), the logged flat
-    ``metrics``, the nested ``results`` and per-suite ``stats`` of each suite, and the engine's totals."""
+    ``metrics``, the nested ``results`` and per-suite ``stats`` of each suite (the bare mode's), ``mode_results`` and
+    ``mode_stats`` ({suite: {mode: ...}}) of the other modes, and the engine's (and generator's) totals."""
+    modes = list(modes or [engine.scoring])
     return {
         **about,
-        "scoring": engine.scoring,
+        "scoring": next((m for m in modes if m in PROXY_MODES), modes[0]),
+        "scoring_modes": modes,
         "metrics": flat_metrics(results),
         "results": {name: r.metrics for name, r in results.items()},
         "stats": {name: r.stats for name, r in results.items()},
+        "mode_results": {name: {m: sub.metrics for m, sub in r.modes.items()} for name, r in results.items() if r.modes},
+        "mode_stats": {name: {m: sub.stats for m, sub in r.modes.items()} for name, r in results.items() if r.modes},
         "engine": engine.stats.as_dict(),
+        **({"generator": generator.stats.as_dict()} if generator is not None else {}),
         "num_processes": num_processes,
         **_model_sharding(engine.model),
     }
@@ -126,12 +196,16 @@ def evaluate_and_write(
     directory: str | Path,
     *,
     state: Any | None = None,
+    modes: list[str] | tuple[str, ...] | None = None,
+    generator: Any = None,
     **about: Any,
 ) -> tuple[dict[str, SuiteResult], dict[str, Any]]:
-    """`evaluate` on every process, then, on the main process, ``<directory>/<suite>.jsonl`` and
+    """`evaluate` on every process, then, on the main process, ``<directory>/<suite>[.<mode>].jsonl`` and
     ``<directory>/results.json``. Returns (results, summary); every process gets both."""
-    results = evaluate(engine, specs, state=state)
-    summary = eval_summary(results, engine, num_processes=getattr(state, "num_processes", 1), **about)
+    modes = list(modes or [engine.scoring])
+    results = evaluate(engine, specs, state=state, modes=modes, generator=generator)
+    summary = eval_summary(results, engine, num_processes=getattr(state, "num_processes", 1), modes=modes,
+                           generator=generator, **about)
     if state is None or state.is_main_process:
         write_records(results, directory)
         (Path(directory) / RESULTS_FILE).write_text(json.dumps(nan_to_none(summary), indent=1))

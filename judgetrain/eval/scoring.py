@@ -15,8 +15,7 @@ requests into token sequences, batches them by length and returns one float per 
   training renders it (Qwen3: after the empty think block, `judgetrain.models.templates.assistant_prefix`) and followed by a
   forced answer prefix (by default the JSON up to ``"overall_score": ``); the score is the expectation of the score over the next-token
   probabilities of the score tokens ("1".."5", plus the half steps the tokenizer has as single tokens), one forward
-  pass. ``generate_samples`` > 0 additionally generates that many full evaluations and parses their overall score
-  with ``judgetrain.data.scoreparse.parse_overall_score``.
+  pass. What the judge writes when it is let to write is the ``generate`` mode's (`judgetrain.eval.generate`).
 
 Shared prompts (``prefix_sharing``, on by default): a row's prompt runs once and its key/value cache serves all of
 the row's responses, and the token prefix common to a whole call (the chat template's opening, a judge rubric) runs
@@ -69,7 +68,7 @@ class Request:
     prompt: Any = None
     responses: Sequence[Any] = ()
     judge_prompts: Sequence[Any] = ()
-    row_index: int | None = None  # global row index (set by score_sharded; caps generate_samples)
+    row_index: int | None = None  # global row index (set by score_sharded)
 
 
 @dataclass
@@ -79,7 +78,6 @@ class RowScore:
     scores: list[float] | None
     truncated: bool = False
     skipped: bool = False
-    generated: list[float | None] | None = None  # judge mode with generate_samples: parsed overall scores
 
 
 @dataclass
@@ -139,8 +137,6 @@ class ScoringEngine:
         max_batch_size: cap on sequences per batch.
         judge_prefix: forced answer prefix for judge scoring.
         score_values: candidate scores for judge scoring (kept when the tokenizer has them as one token).
-        generate_samples: judge mode: how many rows (lowest row indices of a suite) also get a generated
-            evaluation whose ``overall_score`` is parsed; ``max_new_tokens`` caps each generation.
         ref_key: names the reference weights in the cache key (defaults to the model's name_or_path).
         ref_cache: the reference log-prob cache, shared by engines that score with the same reference (e.g. the
             checkpoints of one run); its keys name the reference and the tokens. Default: a new, private cache.
@@ -163,8 +159,6 @@ class ScoringEngine:
         max_batch_size: int = 64,
         judge_prefix: str = DEFAULT_JUDGE_PREFIX,
         score_values: Sequence[float] = DEFAULT_SCORE_VALUES,
-        generate_samples: int = 0,
-        max_new_tokens: int = 512,
         ref_key: str | None = None,
         ref_cache: dict[str, float] | None = None,
         prefix_sharing: bool = True,
@@ -183,8 +177,6 @@ class ScoringEngine:
         self.max_batch_size = int(max_batch_size)
         self.judge_prefix = judge_prefix
         self.score_values = tuple(score_values)
-        self.generate_samples = int(generate_samples)
-        self.max_new_tokens = int(max_new_tokens)
         if max_length is None:
             max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
         self.max_length = int(max_length)
@@ -499,8 +491,6 @@ class ScoringEngine:
                 ref = self._reference_logps(implicit, sync)
                 for s in implicit:
                     rows[s.row].scores[s.slot] -= ref[s.key]
-            if self.generate_samples:
-                self._generate(requests, rows)
         finally:
             if was_training:
                 model.train()
@@ -542,36 +532,10 @@ class ScoringEngine:
     def clear_reference_cache(self) -> None:
         self._ref_cache.clear()
 
-    # ------------------------------------------------------------------------------------------ generation
-    def _generate(self, requests: Sequence[Request], rows: list[RowScore]) -> None:
-        try:
-            from judgetrain.data.scoreparse import parse_overall_score
-        except ImportError:  # a partial install without the score parser
-            logger.warning("generate_samples needs judgetrain.data.scoreparse; skipped")
-            return
-        device = next(self.model.parameters()).device
-        for r, req in enumerate(requests):
-            index = r if req.row_index is None else req.row_index
-            if req.kind != "judge" or rows[r].skipped or index >= self.generate_samples:
-                continue
-            parsed = []
-            for prompt in req.judge_prompts:
-                if isinstance(prompt, str):
-                    prompt = [{"role": "user", "content": prompt}]
-                room = max(self.max_length - self.max_new_tokens, 1)
-                ids = self._turn_ids(prompt)[-room:]
-                inp = torch.tensor([ids], device=device)
-                out = self.model.generate(
-                    input_ids=inp, attention_mask=torch.ones_like(inp), max_new_tokens=self.max_new_tokens,
-                    do_sample=False, pad_token_id=self._pad_id,
-                )
-                parsed.append(parse_overall_score(self.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)))
-            rows[r].generated = parsed
-
 
 # Strided, not accelerate's PartialState.split_between_processes (contiguous chunks): suite rows come grouped by
-# domain (RM-Bench: chat, code, safety) and only the first ``generate_samples`` rows generate, so chunks give the
-# busiest rank 1.3-1.4x the mean text at 4-8 processes on the bundled RM-Bench (stride: 1.05-1.08).
+# domain (RM-Bench: chat, code, safety), so chunks give the busiest rank 1.3-1.4x the mean text at 4-8 processes on
+# the bundled RM-Bench (stride: 1.05-1.08).
 def shard_indices(n_rows: int, rank: int, world: int) -> list[int]:
     """Rows this process scores: rank, rank + world, ... (every row exactly once over the processes)."""
     return list(range(rank, n_rows, world))

@@ -7,6 +7,13 @@
 | ideation  | Ideation test split          | chosen and rejected proposal         | pairwise rows: log p(verdict) of chosen vs      |
 |           |                              |                                      | rejected; plain rows: rubric score per proposal |
 
+Generate mode (a sample of the scored rows, ``generate_max_rows``): the judge writes its evaluation of the judge-mode
+prompts (RM-Bench: the rubric prompt of each of the 6 responses; JudgeBias: the row's own prompt) and the overall
+score is parsed from the text; Ideation asks for a pairwise verdict in both orders (pairwise rows are already one
+order each; a plain row's two proposals are put in both orders with the pairwise prompt of
+`judgetrain.data.ideation`) and the letter picked is parsed. Each generation is set beside the judge-mode figure of
+the same response (expected score; Ideation: the margin of the preferred proposal) for the agreement.
+
 JudgeBias in judge mode: the JudgeBias prompt already is a judge prompt (rubric + the perturbed recipe), so the
 engine reads the judge's expected ``overall_score`` for it (``judge_score``). The row records keep the dataset's
 recorded overall scores of the chosen and rejected evaluations as ``score_chosen`` / ``score_rejected`` and the
@@ -56,6 +63,7 @@ class SuiteSpec:
     seed: int = 0
     mode: str = "implicit"
     rows: Any = None
+    generate_max_rows: int | None = 64
 
     def __post_init__(self):
         if self.name not in SUITES:
@@ -73,7 +81,8 @@ def suite_specs(eval_args: Any, *, seed: int = 0, ideation_mode: str = "implicit
                "ideation": eval_args.eval_ideation_source}
     splits = {"judgebias": eval_args.eval_judgebias_split, "ideation": eval_args.eval_ideation_split}
     return [SuiteSpec(name, source=sources[name], split=splits.get(name), max_rows=eval_args.eval_max_rows, seed=seed,
-                      mode=ideation_mode if name == "ideation" else "implicit") for name in eval_args.eval_suites]
+                      mode=ideation_mode if name == "ideation" else "implicit",
+                      generate_max_rows=eval_args.eval_generate_max_rows) for name in eval_args.eval_suites]
 
 
 def _group_key(name: str, row: dict) -> Hashable:
@@ -99,18 +108,22 @@ def load_suite_rows(spec: SuiteSpec) -> list[dict]:
         else:
             ds = data.load_ideation(source, split=spec.split or DEFAULT_SPLITS["ideation"], mode=spec.mode)
         rows = [dict(r) for r in ds]
-    if spec.name == "ideation" and spec.max_rows is not None and spec.max_rows < len(rows):
-        # whole pairs: a pairwise row's two orders stay together (position consistency needs both)
+    return [rows[i] for i in select_rows(spec.name, rows, spec.max_rows, spec.seed)]
+
+
+def select_rows(name: str, rows: list[dict], max_rows: int | None, seed: int = 0) -> list[int]:
+    """Indices of at most ``max_rows`` rows, drawn evenly across domains (rmbench) / perturbation types (judgebias)
+    with `balanced_sample`; ideation draws whole pairs (a pairwise row's two orders stay together: position
+    consistency needs both). Deterministic for ``seed``, in row order."""
+    if name == "ideation" and max_rows is not None and max_rows < len(rows):
         units: dict[Any, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
             units[r.get("pair_id", i)].append(i)
         per_unit = max(1, round(len(rows) / len(units)))
-        picked = balanced_sample([None] * len(units), max(1, spec.max_rows // per_unit), spec.seed)
+        picked = balanced_sample([None] * len(units), max(1, max_rows // per_unit), seed)
         unit_rows = list(units.values())
-        keep = sorted(i for u in picked for i in unit_rows[u])
-    else:
-        keep = balanced_sample([_group_key(spec.name, r) for r in rows], spec.max_rows, spec.seed)
-    return [rows[i] for i in keep]
+        return sorted(i for u in picked for i in unit_rows[u])
+    return balanced_sample([_group_key(name, r) for r in rows], max_rows, seed)
 
 
 def _text(message: Any) -> str:
@@ -172,8 +185,6 @@ def build_record(name: str, index: int, row: dict, score: RowScore, scoring: str
         rec["truncated"] = True
     if score.skipped:
         rec["skipped"] = True
-    if score.generated is not None:
-        rec["generated_overall_score"] = score.generated
     return rec
 
 
@@ -189,7 +200,87 @@ def suite_metrics(name: str, records: list[dict], scoring: str) -> dict[str, Any
     out["n_rows"] = len(scored)
     out["n_skipped"] = len(records) - len(scored)
     out["n_truncated"] = sum(1 for r in records if r.get("truncated"))
-    gen = [g for r in records for g in (r.get("generated_overall_score") or [])]
-    if gen:
-        out["generated_parse_rate"] = sum(g is not None for g in gen) / len(gen)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ generate mode
+def _ideation_orders(row: dict) -> list[tuple[str, str, Any]]:
+    """(order, preferred letter, verdict prompt) of each pairwise verdict asked about an ideation row."""
+    if _is_pairwise(row):
+        return [(row["order"], row.get("preferred") or ("A" if row["order"] == "AB" else "B"), row["prompt"])]
+    from judgetrain.data.ideation import pairwise_prompt
+
+    context, chosen, rejected = _text(row["prompt"]), _text(row["chosen"]), _text(row["rejected"])
+    return [("AB", "A", pairwise_prompt(context, chosen, rejected)), ("BA", "B", pairwise_prompt(context, rejected, chosen))]
+
+
+def generate_prompts(name: str, row: dict) -> list[Any]:
+    """The prompts the judge writes an answer to for one row in generate mode (RM-Bench: 6, JudgeBias: 1,
+    Ideation: one per order, 1 for a pairwise row and 2 for a plain one)."""
+    if name == "ideation":
+        return [prompt for _, _, prompt in _ideation_orders(row)]
+    return list(build_request(name, row, "judge").judge_prompts)
+
+
+def build_generate_record(name: str, index: int, row: dict, generated: list[Any], expected: RowScore) -> dict:
+    """The per-row record of generate mode (``<suite>.generate.jsonl``): the row's identity and one output per prompt
+    with the text written, ``n_tokens``, ``prompt_tokens``, ``stopped``, ``truncated``, what was parsed (``score``, or
+    ``choice`` for ideation) with the parser's ``reason``, and ``expected``: the judge-mode figure of the same response
+    (expected score; ideation: the preferred proposal's margin, chosen - rejected), None when judge mode skipped it."""
+    from judgetrain.data.scoreparse import parse_overall_score_result, parse_verdict
+
+    rec: dict[str, Any] = {"row_index": index}
+    if name == "rmbench":
+        rec.update(id=row.get("id"), domain=row.get("domain"))
+    elif name == "judgebias":
+        rec.update(sample_id=row.get("sample_id"), perturbation_category=row.get("perturbation_category"),
+                   perturbation_type=row.get("perturbation_type"), anchor_score=row.get("anchor_score"))
+    else:
+        rec.update(sample_id=row.get("sample_id"), pair_id=row.get("pair_id") or row.get("sample_id") or index)
+    values = expected.scores
+    outputs = []
+    for slot, g in enumerate(generated):
+        out = {"text": g.text, "n_tokens": g.n_tokens, "prompt_tokens": g.prompt_tokens, "stopped": g.stopped,
+               "truncated": g.truncated}
+        if name == "ideation":
+            order, preferred, _ = _ideation_orders(row)[slot]
+            verdict = parse_verdict(g.text)
+            out.update(order=order, preferred=preferred, choice=verdict.choice, reason=verdict.reason,
+                       expected=None if values is None else values[0] - values[1])
+        else:
+            parsed = parse_overall_score_result(g.text)
+            out.update(score=parsed.score, reason=parsed.reason, expected=None if values is None else values[slot])
+        outputs.append(out)
+    rec["outputs"] = outputs
+    if expected.skipped:
+        rec["judge_skipped"] = True
+    return rec
+
+
+def _generated_value(name: str, out: dict) -> float | None:
+    """The number set beside the judge-mode figure: the parsed score; ideation: +1 picked the preferred proposal,
+    -1 the other, None unread."""
+    if name == "ideation":
+        return None if out["choice"] is None else (1.0 if out["choice"] == out["preferred"] else -1.0)
+    return out["score"]
+
+
+def generate_metrics(name: str, records: list[dict]) -> dict[str, Any]:
+    """Generate-mode metrics of one suite: the suite's figures from the parsed scores or verdicts
+    (`judgetrain.eval.metrics`: rmbench_results with unread = NaN, judgebias_generated, ideation_generated), what was
+    written (generation_summary) and ``agreement``: Spearman between the generated value and the judge-mode figure."""
+    outputs = [o for r in records for o in r["outputs"]]
+    if name == "rmbench":
+        nan = float("nan")
+        out = M.rmbench_results([{"domain": r.get("domain") or r.get("id", ""),
+                                  "score_chosen": [nan if o["score"] is None else o["score"] for o in r["outputs"][:3]],
+                                  "score_rejected": [nan if o["score"] is None else o["score"] for o in r["outputs"][3:]]}
+                                 for r in records])
+    elif name == "judgebias":
+        out = M.judgebias_generated([{**r, "score": r["outputs"][0]["score"]} for r in records])
+    else:
+        out = M.ideation_generated([{**o, "pair_id": r["pair_id"]} for r in records for o in r["outputs"]])
+    out.update(M.generation_summary(outputs))
+    out["agreement"] = M.spearman([_generated_value(name, o) for o in outputs], [o["expected"] for o in outputs])
+    out["n_rows"] = len(records)
     return out

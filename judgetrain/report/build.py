@@ -7,7 +7,9 @@ Reads what a run writes (docs/evaluation.md, "Where metrics go"): ``metrics.json
 is ignored, a step logged twice after a resume keeps its later values, a run still going is drawn as far as it
 got), ``eval/<step>/<suite>.jsonl`` (per-row scores: the RM-Bench matrices are recomputed from them with
 `judgetrain.eval.metrics`) and ``recipe.yaml``. Writes PNGs, ``report.html`` (images embedded, opens offline),
-``report.md`` (images linked) and ``summary.json``; the CLI also prints the summary table.
+``report.md`` (images linked) and ``summary.json``; the CLI also prints the summary table. A run evaluated in
+generate mode also gets, per suite, its last eval's figures in each mode side by side (`generated_tables`) and the
+parse rate and agreement over its evals (``generate.png``).
 
 The heatmaps are drawn by `judgetrain.report.plots` (also used by training), the matrices computed by
 `judgetrain.eval.metrics.rmbench_matrices`.
@@ -44,7 +46,16 @@ SUITE_RANK = {"rmbench": 0, "judgebias": 1, "ideation": 2}
 METRIC_RANK = {"hard_acc": 0, "normal_acc": 1, "easy_acc": 2, "avg_acc": 3, "total_avg_acc": 3, "style_gap": 4,
                "accuracy": 0, "margin": 1, "detect_rate": 2, "anchor_mae": 3, "position_consistency": 1}
 # engine counters and timings logged under eval/: not quality metrics, kept out of tables and curves
-_NOT_A_METRIC = re.compile(r"(^|/)(n_|num_|long_)[^/]*$|runtime|per_second")
+_NOT_A_METRIC = re.compile(r"(^|/)(n_|num_|long_)[^/]*$|runtime|per_second|/n$|/parse_fail/|/(tokens_generated|mean_tokens)$")
+MODES = ("implicit", "judge", "generate")  # a scoring mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
+# the figures of a suite's table of proxies beside what the judge writes, in reading order
+GENERATED_FIGURES = {
+    "rmbench": ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc"),
+    "judgebias": ("represent/accuracy", "error/accuracy", "represent/anchor_mae", "represent/within_half_rate",
+                  "error/detect_rate", "error/mean_drop"),
+    "ideation": ("accuracy", "position_consistency", "first_position_rate"),
+}
+GENERATED_COMMON = ("parse_rate", "agreement", "stopped_rate", "mean_tokens", "n_generated")
 
 
 # ------------------------------------------------------------------------------------------------ reading runs
@@ -259,10 +270,18 @@ def gap_series(run: Run, prefix: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array(xs, dtype=float), np.array(ys, dtype=float)
 
 
+def _mode_of(key: str) -> str | None:
+    """The scoring mode whose own keys ``key`` is among (``eval/<suite>/<mode>/...``); None for the bare keys."""
+    parts = key.split("/")
+    return parts[2] if len(parts) > 3 and parts[2] in MODES else None
+
+
 def _better(key: str) -> str:
     last = key.rsplit("/", 1)[-1]
     if last == "style_gap":
         return "closer to 0"
+    if last == "first_position_rate":
+        return "closer to 0.5"
     if "mae" in last or "loss" in last:
         return "lower"
     return "higher"
@@ -282,7 +301,7 @@ def summary_rows(run: Run) -> list[dict[str, Any]]:
         if not len(xs):
             continue
         better = _better(key)
-        score = -np.abs(ys) if better == "closer to 0" else (-ys if better == "lower" else ys)
+        score = {"closer to 0": -np.abs(ys), "closer to 0.5": -np.abs(ys - 0.5), "lower": -ys}.get(better, ys)
         best = int(np.argmax(score))  # first occurrence: the earliest step reaching the best value
         last_step, best_step = int(xs[-1]), int(xs[best])
         out.append({"metric": key, "last": float(ys[-1]), "last_step": last_step,
@@ -358,7 +377,8 @@ def _rmbench_groups(runs: Sequence[Run]) -> list[tuple[str, str]]:
     for run in runs:
         for key in metric_keys(run):
             parts = key.split("/")
-            if len(parts) == 4 and parts[1] == "rmbench" and parts[3] in ("hard_acc", "easy_acc", "normal_acc"):
+            if len(parts) == 4 and parts[1] == "rmbench" and parts[3] in ("hard_acc", "easy_acc", "normal_acc") \
+                    and parts[2] not in MODES:
                 found.add(parts[2])
     order = {"chat": 0, "math": 1, "code": 2, "safety": 3}
     groups = [("overall", "eval/rmbench")]
@@ -397,6 +417,7 @@ def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
         _curves_figure(runs, [(f"{g}: easy - hard", [("easy - hard", (lambda p: lambda run: gap_series(run, p))(p))])
                               for g, p in groups], markers=True, zero_line=True, title="style bias (easy - hard)"))
     keys = sorted({k for run in runs for k in metric_keys(run)}, key=_metric_order)
+    keys = [k for k in keys if _mode_of(k) is None]  # the bare mode's; the others: generate.png and the tables
     cat_keys = [k for k in keys if k.startswith("eval/judgebias/") and k.split("/")[2] != "type"]
     add("judgebias_categories.png", "JudgeBias validation per perturbation category: accuracy (chosen scored above "
         "rejected) and mean margin" + label,
@@ -416,7 +437,49 @@ def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
     other = [k for k in keys if k.split("/")[1] not in SUITE_RANK]
     add("eval_other.png", "Other logged eval metrics" + label,
         _curves_figure(runs, [(k, [(k, _key_fn(k))]) for k in other], markers=True, title="other eval metrics"))
+    add("generate.png", "Generate mode per eval point: share of the judge's written evaluations whose score (or "
+        "verdict) could be read, and the Spearman agreement of the written score with judge mode's expected score"
+        + label,
+        _curves_figure(runs, [(title, [(suite, _key_fn(f"eval/{suite}/generate/{fig}")) for suite in SUITE_RANK])
+                              for fig, title in (("parse_rate", "parse rate"), ("agreement", "agreement (Spearman)"))],
+                       markers=True, title="what the judge writes"))
     return figs
+
+
+def _bare_mode(run: Run) -> str | None:
+    """The scoring mode of a run's bare ``eval/<suite>/...`` keys: the first of implicit / judge its recipe's
+    eval_scoring lists (implicit when the recipe does not say; None when it lists neither)."""
+    listed = (run.recipe or {}).get("eval_scoring", "implicit")
+    modes = [m.strip() for item in (listed if isinstance(listed, list) else [listed]) for m in str(item).split(",")]
+    return next((m for m in modes if m in ("implicit", "judge")), None)
+
+
+def generated_tables(run: Run) -> list[dict[str, Any]]:
+    """Per suite evaluated in generate mode, at the last eval that has generate keys: each figure (`GENERATED_FIGURES`,
+    then the parse rate, agreement, stops, length and the parse failures by reason) in each mode logged, the bare
+    mode first: ``{"suite", "step", "epoch", "modes", "rows": [{"metric", "values"}]}``."""
+    steps = [s for s, rec in run.records.items() if any(_mode_of(k) == "generate" for k in rec)]
+    if not steps:
+        return []
+    step = max(steps)
+    rec = run.records[step]
+    bare = _bare_mode(run)
+    out = []
+    for suite in SUITE_RANK:
+        if not any(k.startswith(f"eval/{suite}/generate/") for k in rec):
+            continue
+        modes = [m for m in ("implicit", "judge") if m == bare or any(k.startswith(f"eval/{suite}/{m}/") for k in rec)]
+        modes.sort(key=lambda m: m != bare)
+        modes.append("generate")
+        fails = sorted(k[len(f"eval/{suite}/generate/"):] for k in rec if k.startswith(f"eval/{suite}/generate/parse_fail/"))
+        rows = []
+        for fig in (*GENERATED_FIGURES[suite], *GENERATED_COMMON, *fails):
+            values = [rec.get(f"eval/{suite}/{fig}" if m == bare else f"eval/{suite}/{m}/{fig}") for m in modes]
+            if any(_is_num(v) for v in values):
+                rows.append({"metric": fig, "values": [float(v) if _is_num(v) else None for v in values]})
+        out.append({"suite": suite, "step": step, "epoch": run.epoch_at(step),
+                    "modes": [m + (" (bare keys)" if m == bare else "") for m in modes], "rows": rows})
+    return out
 
 
 def _slug(text: str) -> str:
@@ -554,12 +617,21 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
                 "loss": _fmt(i["final_train_loss"]),
                 "recipe": ", ".join(f"{k}={v}" for k, v in i["recipe"].items()) or "-"} for i in infos],
         runs=[{"name": run.name, "slug": _slug(run.name), "notes": run.notes, "recipe_text": run.recipe_text,
+               "generated": [_generated_cells(t) for t in generated_tables(run)],
                "summary": [{"metric": row["metric"], "last": repr(row["last"]), "best": repr(row["best"]),
                             "cells": summary_cells(row)} for row in tables[run.name]]} for run in runs],
         comparison=[{"metric": row["metric"], "label": cmp_label(row), "better": row["better"],
                      "cells": [cell(run, row) for run in runs]} for row in comparison] if len(runs) > 1 else [],
         figures=[figure(*f) for f in figures], matrices=[figure(*m) for m in matrices])
     path.write_text(page, encoding="utf-8")
+
+
+def _generated_cells(table: Mapping[str, Any]) -> dict[str, Any]:
+    """A `generated_tables` table as page cells: its title, header and formatted values."""
+    when = f"step {table['step']}" + (f", epoch {fmt_epoch(table['epoch'])}" if table["epoch"] is not None else "")
+    return {"suite": table["suite"], "title": f"{table['suite']}, last eval with generate mode ({when})",
+            "header": ["figure", *table["modes"]],
+            "rows": [{"metric": r["metric"], "cells": [_fmt(v) for v in r["values"]]} for r in table["rows"]]}
 
 
 def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -589,6 +661,11 @@ def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) ->
         out += ["", f"## Summary: {run.name}", ""]
         out.append(_md_table(SUMMARY_HEADER, [summary_cells(r) for r in tables[run.name]])
                    if tables[run.name] else "_No evaluation logged yet._")
+        generated = [_generated_cells(t) for t in generated_tables(run)]
+        if generated:
+            out += ["", f"## Proxies beside what the judge writes: {run.name}"]
+        for t in generated:
+            out += ["", f"*{t['title']}*", "", _md_table(t["header"], [[r["metric"], *r["cells"]] for r in t["rows"]])]
     out += ["", "## Curves", ""]
     for name, caption in figures:
         out += [f"![{caption}]({name})", "", f"*{name}*: {caption}", ""]
@@ -643,6 +720,7 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     infos = [_run_info(run) for run in runs]
     comparison = _comparison(runs, tables)
     summary = {"runs": infos, "tables": tables, "comparison": comparison if len(runs) > 1 else [],
+               "generated": {run.name: generated_tables(run) for run in runs},
                "figures": dict(figures), "matrices": dict(matrices)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True), encoding="utf-8")
     written["summary.json"] = out / "summary.json"
