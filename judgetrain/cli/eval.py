@@ -112,7 +112,6 @@ def _dtype(name: str):
 
 def load_target(target: str, adapter: str | None, args: argparse.Namespace):
     """(model, tokenizer, base name) for one target; an adapter dir loads its base and applies the adapter."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     kw = dict(dtype=_dtype(args.dtype), trust_remote_code=args.trust_remote_code)
