@@ -250,7 +250,7 @@ import json, os, sys, torch.distributed as dist
 from pathlib import Path
 rank, root = int(sys.argv[1]), Path(sys.argv[2])
 dist.init_process_group("gloo", init_method="file://" + str(root / "store"), rank=rank, world_size=2)
-from judgetrain.run.checkpoints import rotate_checkpoints, write_marker
+from judgetrain.run.checkpoints import finish_markers, rotate_checkpoints, start_marker, write_marker
 for mode in ("shared", "local"):
     # shared: one output_dir for both ranks; local: two machines of one process each, each with its own disk
     os.environ["LOCAL_RANK"] = str(rank) if mode == "shared" else "0"
@@ -264,9 +264,15 @@ for mode in ("shared", "local"):
         (ckpt / f"rng_state_{rank}.pth").write_bytes(os.urandom(100 + rank))  # every rank's own
         (ckpt / f"global_step{step}" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(os.urandom(5000))
         dist.barrier()
-        done = write_marker(ckpt, step, {"run": "two ranks"})
-        if done["owner"]:
-            rotate_checkpoints(out, 2, upto=step)
+        if mode == "shared":  # in the foreground (a stop checkpoint)
+            done = write_marker(ckpt, step, {"run": "two ranks"})
+            if done["owner"]:
+                rotate_checkpoints(out, 2, upto=step)
+        else:  # in the background, on the markers' own gloo group, as CheckpointMarkerCallback does
+            rotate = lambda done, out=out, step=step: done["owner"] and rotate_checkpoints(out, 2, upto=step)
+            job = start_marker(ckpt, step, {"run": "two ranks"}, after=rotate)
+    finish_markers()
+    done = done if mode == "shared" else job.done
     print(mode, json.dumps({"owner": done["owner"], "ranks": done["ranks"]}), flush=True)
 dist.destroy_process_group()
 """

@@ -7,7 +7,9 @@ files it wrote itself (its ``rng_state_R.pth``, its DeepSpeed ``*rank_R_*`` and 
 files without a rank in their name are the folder owner's), in a pool of threads, and the per-process entries are
 gathered to the owner of each folder: the main process where output_dir is shared (one marker, every file), each
 machine's local main process where it is machine-local (that machine's files; every marker part names all parts).
-A resume trusts a checkpoint by size, mtime and sampled blocks (`checkpoint_problem`), and reads every byte only
+At a save the marker is written in the background (`start_marker`: a thread, its collectives on a gloo group of
+their own) while training goes on; a stop, the end of training and the next save wait for it. A resume trusts a
+checkpoint by size, mtime and sampled blocks (`checkpoint_problem`), and reads every byte only
 when asked (``full=True``, `judgetrain status --verify`). A stop checkpoint is hashed until its deadline (the
 SIGTERM window, `stop_deadline`); files left then are marked by size and sample, and the marker says so."""
 
@@ -17,6 +19,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -142,27 +145,28 @@ def _world():
     return dist, rank, dist.get_world_size(), rank - int(os.environ.get("LOCAL_RANK", rank))
 
 
-def _gather(dist, value, world: int) -> list:
+def _gather(dist, value, world: int, group=None) -> list:
     # torch's all_gather_object, which accelerate's gather_object calls: accelerate's own asks PartialState, which
     # sees no distributed run in a process group that accelerate did not set up (judgetrain.utils.ranks.any_rank)
     if dist is None:
         return [value]
     out = [None] * world
-    dist.all_gather_object(out, value)
+    dist.all_gather_object(out, value, group=group)
     return out
 
 
-def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadline: float | None = None,
-                 workers: int | None = None) -> dict:
+def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadline=None, workers: int | None = None,
+                 group=None) -> dict:
     """The completion marker of ``ckpt``, written last, by every process together when torch.distributed runs
     several (a collective: call it on every rank). Each process fsyncs and hashes its own files (`assign_files`) in a
     pool of threads, each file's entry with its size, SHA-256, mtime and sample digest; the entries are gathered and
     each folder's owner writes ``judgetrain_complete.json`` there (shard folders included: DeepSpeed
     ``global_stepN/``, FSDP ``pytorch_model_fsdp_0/``), with the identity of the run that wrote it
     (``judgetrain_run.json``, from the main process). ``deadline`` (`time.monotonic`, a stop checkpoint): files not
-    hashed by then get no SHA-256; ``verification`` in the marker says ``sha256`` (every file) or ``sample``
-    (``unhashed`` lists the rest). Returns ``{"owner": whether this process wrote a marker, "ranks": its group,
-    "marker": what it wrote}``."""
+    hashed by then get no SHA-256 (a callable: the deadline as it is now); ``verification`` in the marker says
+    ``sha256`` (every file) or ``sample`` (``unhashed`` lists the rest). ``group``: the process group of the
+    collectives (`marker_group`, for a marker written in the background). Returns ``{"owner": whether this process
+    wrote a marker, "ranks": its group, "marker": what it wrote}``."""
     ckpt = Path(ckpt)
     dist, rank, world, machine = _world()
     token = uuid.uuid4().hex
@@ -171,21 +175,21 @@ def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadlin
             write_json(ckpt / IDENTITY_FILE, identity)
         (ckpt / f"{_PROBE}{token}").touch()
     if dist is not None:
-        dist.barrier()
+        dist.barrier(group=group)
     view = {"rank": rank, "machine": machine, "token": token, "files": checkpoint_files(ckpt),
             "shared": rank == 0 or any(ckpt.glob(f"{_PROBE}*"))}
-    views = _gather(dist, view, world)
+    views = _gather(dist, view, world, group)
     if rank == 0:
         (ckpt / f"{_PROBE}{token}").unlink(missing_ok=True)  # every process has looked
     files, owners = assign_files(views)
     started = time.monotonic()
     mine = hash_files([ckpt / rel for rel in files[rank]], deadline=deadline, details=True, workers=workers)
     entries = {p.relative_to(ckpt).as_posix(): e for p, e in mine.items()}
-    parts = _gather(dist, {"rank": rank, "entries": entries, "seconds": time.monotonic() - started}, world)
+    parts = _gather(dist, {"rank": rank, "entries": entries, "seconds": time.monotonic() - started}, world, group)
     result = {"owner": rank in owners, "ranks": next(r for r in owners.values() if rank in r), "marker": None}
     if rank in owners and any(files[r] for r in owners[rank]):
-        group = {rel: e for part in parts if part["rank"] in owners[rank] for rel, e in part["entries"].items()}
-        unhashed = sorted(rel for rel, e in group.items() if "sha256" not in e)
+        listed = {rel: e for part in parts if part["rank"] in owners[rank] for rel, e in part["entries"].items()}
+        unhashed = sorted(rel for rel, e in listed.items() if "sha256" not in e)
         extra = {"step": step, "save_id": views[0]["token"], "world_size": world, "ranks": owners[rank],
                  "verification": "sample" if unhashed else "sha256",
                  "hash_seconds": {str(p["rank"]): round(p["seconds"], 3) for p in parts if p["rank"] in owners[rank]},
@@ -195,11 +199,64 @@ def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadlin
             extra["unhashed"] = unhashed
             logger.warning("%s: %d of %d files marked by size and sampled blocks only (the stop deadline came "
                            "first); `judgetrain status --verify` cannot check their every byte",
-                           ckpt, len(unhashed), len(group))
-        result["marker"] = write_manifest(ckpt, extra, name=COMPLETE_MARKER, entries=group)
+                           ckpt, len(unhashed), len(listed))
+        result["marker"] = write_manifest(ckpt, extra, name=COMPLETE_MARKER, entries=listed)
     if dist is not None:
-        dist.barrier()  # no process goes on (resumes, rotates, stops) before every marker is written
+        dist.barrier(group=group)  # no process goes on (rotates, stops) before every marker is written
     return result
+
+
+class MarkerJob:
+    """A marker written in the background (`start_marker`) while training goes on; ``deadline`` may be set later
+    (a stop while it runs)."""
+
+    def __init__(self, ckpt: Path, step: int, identity: dict | None, after, group):
+        self.ckpt, self.deadline, self.done = Path(ckpt), None, None
+        self.thread = threading.Thread(target=self._run, args=(step, identity, after, group), daemon=True,
+                                       name=f"judgetrain-marker-{step}")
+
+    def _run(self, step, identity, after, group):
+        try:
+            self.done = write_marker(self.ckpt, step, identity, deadline=lambda: self.deadline, group=group)
+            if after is not None:
+                after(self.done)
+        except Exception:  # the checkpoint stays without a marker: a resume passes over it
+            logger.exception("The completion marker of %s could not be written", self.ckpt)
+
+
+_jobs: list[MarkerJob] = []
+_group = None
+
+
+def marker_group():
+    """The process group of the background markers' collectives: a gloo group of their own (made at the first
+    call, which every process makes at the same save), so that they never interleave with the training's
+    collectives on the default group. None with one process."""
+    global _group
+    dist, *_ = _world()
+    if dist is not None and _group is None:
+        _group = dist.new_group(backend="gloo")
+    return _group if dist is not None else None
+
+
+def start_marker(ckpt: Path, step: int, identity: dict | None = None, *, after=None) -> MarkerJob:
+    """`write_marker` in a background thread (every process at the same save), ``after(result)`` once it is
+    written (rotation). The marker before it is finished first, so markers are written in save order."""
+    finish_markers()
+    job = MarkerJob(ckpt, step, identity, after, marker_group())
+    _jobs.append(job)
+    job.thread.start()
+    return job
+
+
+def finish_markers(deadline: float | None = None) -> None:
+    """Wait for the markers still being written; ``deadline`` (a stop): their hashes end then."""
+    while _jobs:
+        job = _jobs[0]
+        if deadline is not None:
+            job.deadline = deadline
+        job.thread.join()
+        _jobs.remove(job)
 
 
 # files at the top of output_dir that belong to the run, not to the final model

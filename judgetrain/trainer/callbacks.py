@@ -18,7 +18,10 @@ from judgetrain.run.checkpoints import (
     COMPLETE_MARKER,
     METRICS_FILE,
     checkpoint_dir,
+    finish_markers,
+    marker_group,
     rotate_checkpoints,
+    start_marker,
     stop_deadline,
     write_marker,
 )
@@ -70,7 +73,9 @@ class CheckpointMarkerCallback(TrainerCallback):
     the checkpoint (shard folders included) with its size and SHA-256, each fsynced first by the process that wrote
     it, plus the run identity (``judgetrain_run.json``); one marker per folder: the shared one, or each machine's own
     (`judgetrain.run.checkpoints.write_marker`). A checkpoint without a marker that matches its files is never
-    resumed from. A stop checkpoint (``stopper`` asked for it) is hashed until the stop deadline.
+    resumed from. The marker is written in the background while training goes on (`start_marker`); the next save,
+    a stop and the end of training wait for it. A stop checkpoint (``stopper`` asked for it) is marked at once,
+    hashed until the stop deadline.
 
     Rotation (``save_total_limit``) is done here, after the marker, instead of by Trainer (which deletes old
     checkpoints while the new one has no marker yet, and only where it saves: on the main process, so a
@@ -110,13 +115,22 @@ class CheckpointMarkerCallback(TrainerCallback):
         from accelerate import PartialState
 
         PartialState().wait_for_everyone()
-        stopping = self.stopper is not None and self.stopper.requested
-        done = write_marker(checkpoint_dir(args.output_dir, state.global_step), state.global_step, self.identity,
-                            deadline=self.stopper.deadline() if stopping else None)
-        if done["owner"]:  # every folder's owner rotates its own folder, after its marker
-            rotate_checkpoints(args.output_dir, self.keep, upto=state.global_step, protect=state.best_model_checkpoint)
+        ckpt, step, protect = checkpoint_dir(args.output_dir, state.global_step), state.global_step, state.best_model_checkpoint
+
+        def rotate(done):  # every folder's owner rotates its own folder, after its marker
+            if done["owner"]:
+                rotate_checkpoints(args.output_dir, self.keep, upto=step, protect=protect)
+
+        if self.stopper is not None and self.stopper.requested:
+            deadline = self.stopper.deadline()
+            finish_markers(deadline)
+            rotate(write_marker(ckpt, step, self.identity, deadline=deadline, group=marker_group()))
+        else:
+            start_marker(ckpt, step, self.identity, after=rotate)
         self.saved_step = state.global_step
-        PartialState().wait_for_everyone()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        finish_markers()
 
 
 class NonFiniteGuard(TrainerCallback):
@@ -169,6 +183,7 @@ class NonFiniteGuard(TrainerCallback):
 
     def _stop(self, step: int, what: str):
         self.stopped_at = step
+        finish_markers()  # the last good checkpoint's marker, if it is still being written
         message = (
             f"Non-finite {what} at step {step}: stopping. No checkpoint of this state is written; the last good "
             "checkpoint is kept; resume with --resume auto --resume_force --learning_rate <lower> (the new rate "

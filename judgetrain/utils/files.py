@@ -33,12 +33,20 @@ SAMPLE_BLOCK = 1 << 18  # bytes read at the head, the middle and the tail of a f
 _READ = 1 << 22
 
 
-def sha256(path: Path, deadline: float | None = None) -> str | None:
+Deadline = float | Callable[[], float | None] | None  # a time.monotonic() value, or what returns the current one
+
+
+def past(deadline: Deadline) -> bool:
+    value = deadline() if callable(deadline) else deadline
+    return value is not None and time.monotonic() > value
+
+
+def sha256(path: Path, deadline: Deadline = None) -> str | None:
     """The file's SHA-256; None when ``deadline`` (`time.monotonic`) passes before its last block is read."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(_READ), b""):
-            if deadline is not None and time.monotonic() > deadline:
+            if past(deadline):
                 return None
             h.update(block)
     return h.hexdigest()
@@ -76,7 +84,7 @@ def _listed_files(folder: Path, manifest_name: str) -> list[Path]:
     )
 
 
-def file_entry(path: Path, *, deadline: float | None = None, details: bool = False) -> dict:
+def file_entry(path: Path, *, deadline: Deadline = None, details: bool = False) -> dict:
     """``{"size", "sha256"}`` of ``path`` after an fsync of it (no ``sha256`` when ``deadline`` passed first); with
     ``details`` also its ``mtime_ns`` and ``sample`` (`sample_digest`), what a quick verification compares."""
     fsync_path(path)
@@ -94,7 +102,7 @@ def _workers(n: int, workers: int | None) -> int:
     return max(1, min(n, workers or min(os.cpu_count() or 1, 8)))
 
 
-def hash_files(paths: Iterable[Path], *, deadline: float | None = None, details: bool = False,
+def hash_files(paths: Iterable[Path], *, deadline: Deadline = None, details: bool = False,
                workers: int | None = None) -> dict[Path, dict]:
     """`file_entry` of each path, in a pool of threads (the largest files first); past ``deadline`` the remaining
     files are fsynced and sized (and sampled) but not hashed."""
