@@ -25,7 +25,7 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
 - **overhead**: the quickstart recipe run for real; its eval time as a share of its epoch time.
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
-- **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint-gb`` per round): the completion marker's
+- **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint-gb`` twice per round): the marker's
   cost at a save and the resume check's, old way against new way, on a synthetic checkpoint written by 2 processes
   (`judgetrain.bench.checkpoint`).
 """
