@@ -183,11 +183,19 @@ def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadlin
         (ckpt / f"{_PROBE}{token}").unlink(missing_ok=True)  # every process has looked
     files, owners = assign_files(views)
     started = time.monotonic()
-    mine = hash_files([ckpt / rel for rel in files[rank]], deadline=deadline, details=True, workers=workers)
-    entries = {p.relative_to(ckpt).as_posix(): e for p, e in mine.items()}
-    parts = _gather(dist, {"rank": rank, "entries": entries, "seconds": time.monotonic() - started}, world, group)
+    entries, failed = {}, None
+    try:  # a failure is sent to the others, which would otherwise wait for this process at the gather
+        mine = hash_files([ckpt / rel for rel in files[rank]], deadline=deadline, details=True, workers=workers)
+        entries = {p.relative_to(ckpt).as_posix(): e for p, e in mine.items()}
+    except OSError as e:
+        failed = f"rank {rank}: {type(e).__name__}: {e}"
+    parts = _gather(dist, {"rank": rank, "entries": entries, "failed": failed,
+                           "seconds": time.monotonic() - started}, world, group)
     result = {"owner": rank in owners, "ranks": next(r for r in owners.values() if rank in r), "marker": None}
-    if rank in owners and any(files[r] for r in owners[rank]):
+    failures = [p["failed"] for p in parts if p["failed"] and rank in owners and p["rank"] in owners[rank]]
+    if failures:
+        logger.error("%s: no completion marker (a resume passes over it): %s", ckpt, "; ".join(failures))
+    elif rank in owners and any(files[r] for r in owners[rank]):
         listed = {rel: e for part in parts if part["rank"] in owners[rank] for rel, e in part["entries"].items()}
         unhashed = sorted(rel for rel, e in listed.items() if "sha256" not in e)
         extra = {"step": step, "save_id": views[0]["token"], "world_size": world, "ranks": owners[rank],

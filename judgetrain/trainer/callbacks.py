@@ -115,12 +115,14 @@ class CheckpointMarkerCallback(TrainerCallback):
         from accelerate import PartialState
 
         PartialState().wait_for_everyone()
-        ckpt, step, protect = checkpoint_dir(args.output_dir, state.global_step), state.global_step, state.best_model_checkpoint
+        step, protect = state.global_step, state.best_model_checkpoint
+        ckpt = checkpoint_dir(args.output_dir, step)
 
         def rotate(done):  # every folder's owner rotates its own folder, after its marker
             if done["owner"]:
                 rotate_checkpoints(args.output_dir, self.keep, upto=step, protect=protect)
 
+        # every rank takes either branch with the same collectives on the same group, in the same order
         if self.stopper is not None and self.stopper.requested:
             deadline = self.stopper.deadline()
             finish_markers(deadline)
