@@ -64,7 +64,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     allow_deepspeed_on_cpu(request)  # and a DeepSpeed one (on CPU: DeepSpeed's CPU accelerator over gloo)
     report = ParallelismReport(request, training_args.output_dir)
     callbacks = [NoStepsLeft(), report, MetricsJsonlCallback(training_args.output_dir),
-                 CheckpointMarkerCallback(keep, identity), guard, stopper]
+                 CheckpointMarkerCallback(keep, identity, stopper), guard, stopper]
     if forced:
         callbacks.append(ForcedResume(forced))
     from judgetrain.eval.callback import JudgeEvalCallback

@@ -191,6 +191,8 @@ def _assert_stopped_with_checkpoint(run, text):
     line = next(l for l in text.splitlines() if "Stopped by SIGTERM at step" in l)
     ckpt = Path(line.split("checkpoint saved to ")[1].split(";")[0])
     assert ckpt.parent == run and (ckpt / "judgetrain_complete.json").is_file(), line
+    marker = json.loads((ckpt / "judgetrain_complete.json").read_text())
+    assert marker["verification"] == "sha256" and "unhashed" not in marker  # hashed well inside the stop window
     step = int(ckpt.name.split("-")[1])
     assert max(train_steps(run)) == step  # stopped at the checkpointed step
     assert not (run / "adapter_model.safetensors").exists(), "a stopped run must not pose as finished"

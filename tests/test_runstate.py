@@ -16,9 +16,13 @@ import torch
 from safetensors.torch import load_file
 
 from judgetrain.run.checkpoints import (
+    assign_files,
     checkpoint_problem,
     find_resume_checkpoint,
+    marker_verification,
     rotate_checkpoints,
+    stop_deadline,
+    stop_window_s,
     write_final_marker,
     write_marker,
 )
@@ -239,6 +243,150 @@ def test_rotation_keeps_the_last_complete_checkpoint_while_the_next_one_has_no_m
     _checkpoint(tmp_path, 6)
     assert rotate_checkpoints(tmp_path, 1, upto=6) == [tmp_path / "checkpoint-4"]
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
+
+
+MARK_TWO_RANKS = """
+import json, os, sys, torch.distributed as dist
+from pathlib import Path
+rank, root = int(sys.argv[1]), Path(sys.argv[2])
+dist.init_process_group("gloo", init_method="file://" + str(root / "store"), rank=rank, world_size=2)
+from judgetrain.run.checkpoints import finish_markers, rotate_checkpoints, start_marker, write_marker
+for mode in ("shared", "local"):
+    # shared: one output_dir for both ranks; local: two machines of one process each, each with its own disk
+    os.environ["LOCAL_RANK"] = str(rank) if mode == "shared" else "0"
+    out = root / mode / (f"machine-{rank}" if mode == "local" else "")
+    for step in (2, 4, 6):
+        ckpt = out / f"checkpoint-{step}"
+        (ckpt / f"global_step{step}").mkdir(parents=True, exist_ok=True)
+        if rank == 0:  # Trainer's files, written by the main process only
+            (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+            (ckpt / "adapter_model.safetensors").write_bytes(os.urandom(3000))
+        (ckpt / f"rng_state_{rank}.pth").write_bytes(os.urandom(100 + rank))  # every rank's own
+        (ckpt / f"global_step{step}" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(os.urandom(5000))
+        dist.barrier()
+        if mode == "shared":  # in the foreground (a stop checkpoint)
+            done = write_marker(ckpt, step, {"run": "two ranks"})
+            if done["owner"]:
+                rotate_checkpoints(out, 2, upto=step)
+        else:  # in the background, on the markers' own gloo group, as CheckpointMarkerCallback does
+            rotate = lambda done, out=out, step=step: done["owner"] and rotate_checkpoints(out, 2, upto=step)
+            job = start_marker(ckpt, step, {"run": "two ranks"}, after=rotate)
+    finish_markers()
+    done = done if mode == "shared" else job.done
+    print(mode, json.dumps({"owner": done["owner"], "ranks": done["ranks"]}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_two_processes_hash_their_own_files_into_one_marker_or_one_per_machine_and_each_machine_rotates(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", MARK_TWO_RANKS, str(r), str(tmp_path)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    rank0 = {"trainer_state.json", "adapter_model.safetensors", IDENTITY_FILE, "rng_state_0.pth",
+             "global_step6/zero_pp_rank_0_mp_rank_00_optim_states.pt"}
+    rank1 = {"rng_state_1.pth", "global_step6/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+    # shared output_dir: one marker, every file of both ranks, each rank hashed its own
+    shared = tmp_path / "shared"
+    marker = json.loads((shared / "checkpoint-6" / "judgetrain_complete.json").read_text())
+    assert set(marker["files"]) == rank0 | rank1
+    assert marker["verification"] == "sha256" and all(len(e["sha256"]) == 64 for e in marker["files"].values())
+    assert set(marker["hash_seconds"]) == {"0", "1"} and marker["world_size"] == 2
+    assert marker["parts"] == [{"owner": 0, "ranks": [0, 1], "files": 7}]
+    assert not list(shared.glob("checkpoint-*/.judgetrain-probe-*")), "the probe is removed"
+    assert sorted(p.name for p in shared.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert checkpoint_problem(shared / "checkpoint-6") is None
+    # machine-local disks: each machine's marker lists that machine's files and names both parts; both rotate
+    for rank, files in ((0, rank0), (1, rank1)):
+        out = tmp_path / "local" / f"machine-{rank}"
+        marker = json.loads((out / "checkpoint-6" / "judgetrain_complete.json").read_text())
+        assert set(marker["files"]) == files and marker["ranks"] == [rank] and marker["step"] == 6
+        assert marker["parts"] == [{"owner": 0, "ranks": [0], "files": 5}, {"owner": 1, "ranks": [1], "files": 2}]
+        assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"], rank
+        assert checkpoint_problem(out / "checkpoint-6") is None
+    saves = [json.loads((tmp_path / "local" / f"machine-{r}" / "checkpoint-6" / "judgetrain_complete.json")
+                        .read_text())["save_id"] for r in (0, 1)]
+    assert saves[0] == saves[1], "both parts name the same save"
+    assert [o.splitlines()[-1] for o in outs] == ['local {"owner": true, "ranks": [0]}',
+                                                   'local {"owner": true, "ranks": [1]}']
+
+
+def test_files_go_to_the_rank_their_name_carries_and_the_rest_to_the_folders_owner():
+    names = ["trainer_state.json", "rng_state_0.pth", "rng_state_3.pth", "global_step4/mp_rank_00_model_states.pt",
+             "global_step4/bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt", "pytorch_model_fsdp_0/__1_0.distcp",
+             "pytorch_model_fsdp_0/.metadata", "rng_state_9.pth"]
+    views = [{"rank": r, "machine": 0 if r < 2 else 2, "shared": True, "files": names} for r in range(4)]
+    files, owners = assign_files(views)
+    assert owners == {0: [0, 1, 2, 3]}
+    assert files == {0: ["global_step4/mp_rank_00_model_states.pt", "pytorch_model_fsdp_0/.metadata",
+                         "rng_state_0.pth", "rng_state_9.pth", "trainer_state.json"],
+                     1: ["pytorch_model_fsdp_0/__1_0.distcp"],
+                     2: ["global_step4/bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt"], 3: ["rng_state_3.pth"]}
+    # machine 2 does not see the main process's folder: its first rank owns its own files
+    local = [{"rank": 2, "machine": 2, "shared": False, "files": ["rng_state_2.pth", "rng_state_3.pth", "x"]},
+             {"rank": 3, "machine": 2, "shared": False, "files": ["rng_state_2.pth", "rng_state_3.pth", "x"]}]
+    files, owners = assign_files(views[:2] + local)
+    assert owners == {0: [0, 1], 2: [2, 3]} and files[2] == ["rng_state_2.pth", "x"] and files[3] == ["rng_state_3.pth"]
+
+
+def _big_checkpoint(root: Path, step: int) -> tuple[Path, Path]:
+    ckpt = _checkpoint(root, step, marker=False)
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(os.urandom(3 << 20))  # larger than the three sampled blocks together
+    write_marker(ckpt, step, identity())
+    return ckpt, weights
+
+
+def test_resume_check_catches_a_truncated_or_torn_file_without_reading_it_all_and_full_check_any_change(tmp_path, capsys):
+    good, _ = _big_checkpoint(tmp_path, 2)
+    ckpt, weights = _big_checkpoint(tmp_path, 4)
+    entry = json.loads((ckpt / "judgetrain_complete.json").read_text())["files"]["model.safetensors"]
+    assert set(entry) == {"size", "sha256", "mtime_ns", "sample"}
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    # a byte changed outside the sampled blocks, mtime put back: the cheap check trusts it, the full one does not
+    data[1 << 20] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert checkpoint_problem(ckpt) is None
+    assert checkpoint_problem(ckpt, full=True) == "model.safetensors does not match its SHA-256 in judgetrain_complete.json"
+    assert find_resume_checkpoint(str(tmp_path), full=True) == str(good)
+    from judgetrain.cli.status import verify_run  # `judgetrain status RECIPE --verify`
+
+    assert verify_run(tmp_path) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "checkpoint-2: ok (every file matches its SHA-256)",
+        "checkpoint-4: FAILED: model.safetensors does not match its SHA-256 in judgetrain_complete.json"]
+    # a torn tail of the same size (mtime put back): the sampled blocks catch it
+    data[-10:] = b"\0" * 10
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert checkpoint_problem(ckpt) == "model.safetensors does not match its sampled blocks in judgetrain_complete.json"
+    # truncated
+    os.truncate(weights, (3 << 20) - 1)
+    assert checkpoint_problem(ckpt) == f"model.safetensors has {(3 << 20) - 1} bytes, judgetrain_complete.json says {3 << 20}"
+    assert find_resume_checkpoint(str(tmp_path)) == str(good)
+
+
+def test_a_stop_checkpoint_past_its_deadline_is_marked_by_size_and_sample_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "40")
+    assert stop_window_s() == 40 and stop_deadline(100.0) == 130.0  # a quarter of the window kept for the rest
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert stop_window_s() == 30  # torchrun's own default
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert stop_window_s() == 110  # judgetrain.cli.train's, which `judgetrain train` exports
+    ckpt = _checkpoint(tmp_path, 2, marker=False)
+    write_marker(ckpt, 2, identity(), deadline=time.monotonic() - 1)  # the deadline has passed
+    marker = json.loads((ckpt / "judgetrain_complete.json").read_text())
+    assert marker["verification"] == "sample" == marker_verification(ckpt)
+    assert sorted(marker["unhashed"]) == sorted(marker["files"])
+    assert all("sha256" not in e and len(e["sample"]) == 64 for e in marker["files"].values())
+    assert checkpoint_problem(ckpt) is None and checkpoint_problem(ckpt, full=True) is None
+    (ckpt / "optimizer.pt").write_bytes(b"\0" * 4096)  # same size, new content: no SHA-256, the sample sees it
+    assert checkpoint_problem(ckpt, full=True) == "optimizer.pt does not match its sampled blocks in judgetrain_complete.json"
+    fresh = _checkpoint(tmp_path, 4)
+    assert marker_verification(fresh) == "sha256"
 
 
 def test_final_model_marker_lists_the_model_files_only(tmp_path):

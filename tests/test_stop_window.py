@@ -68,3 +68,8 @@ def test_a_two_process_stop_checkpoint_slower_than_30_s_still_ends_143_complete(
     status = read_statuses(run)[-1]
     assert status["status"] == "preempted" and status["exit_code"] == 143
     assert (Path(run) / f"checkpoint-{status['step']}" / "judgetrain_complete.json").is_file()
+    import json
+
+    marker = json.loads((Path(run) / f"checkpoint-{status['step']}" / "judgetrain_complete.json").read_text())
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(marker["files"])  # each rank's own, in one marker
+    assert set(marker["hash_seconds"]) == {"0", "1"} and marker["verification"] == "sha256"

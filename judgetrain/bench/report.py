@@ -54,6 +54,8 @@ TARGETS = {
     "quickstart_eval_share": ("<=", 0.25),
     "parser_hostile_vs_clean_ratio": ("<=", 20.0),  # slowest hostile family / clean evaluation, 200,000 characters
     "parser_pairs_build_hostile_ratio": ("<=", 2.0),  # build_pairs with 4 hostile evaluations / clean panel
+    "checkpoint_marker_overhead": ("<=", 0.25),  # time the marker holds the training / time to write, 2 processes
+    "checkpoint_resume_verify_ratio": ("<=", 0.25),  # resume check (the slower of warm and cold) / time to write
 }
 
 
@@ -215,6 +217,12 @@ def summarize(report: dict) -> dict:
         "parser_hostile_vs_clean_ratio": pr.get("hostile_vs_clean_ratio"),
         "parser_pairs_build_hostile_ratio": (pr.get("pairs_build") or {}).get("hostile_vs_clean_ratio"),
     }
+    ck = report.get("checkpoint")
+    if ck:
+        s["checkpoint_marker_overhead"], s["checkpoint_resume_verify_ratio"] = ck["marker_overhead"], ck["resume_verify_ratio"]
+        s["checkpoint_marker_overhead_old"] = ck["old"]["mark_blocking_ratio"]
+        s["checkpoint_marker_latency_ratio"] = ck["new"]["mark_ratio"]  # until the marker is written (background)
+        s["checkpoint_resume_verify_ratio_old"] = max(ck["old"]["verify_warm_ratio"], ck["old"]["verify_cold_ratio"])
     for name in EVAL_SETS:
         part = ev.get(name) or {}
         for epoch in ("first", "later"):

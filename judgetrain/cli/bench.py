@@ -25,6 +25,9 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
 - **overhead**: the quickstart recipe run for real; its eval time as a share of its epoch time.
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
+- **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint-gb`` twice per round): the marker's
+  cost at a save and the resume check's, old way against new way, on a synthetic checkpoint written by 2 processes
+  (`judgetrain.bench.checkpoint`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from judgetrain.bench.checkpoint import bench_checkpoint
 from judgetrain.bench.common import BenchError, default_recipe, load_average, machine_info, package_versions
 from judgetrain.bench.eval import bench_eval, eval_model_location
 from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_sharing
@@ -55,13 +59,13 @@ SIZES = {
     "default": dict(repeats=3, warmup=1, train_steps=6, train_batch_size=None, option_repeats=1, skip_options=False,
                     scale_repeats=2, scale_train_steps=3, eval_rows=None, judgebias_rows=None, scale_eval_rows=12,
                     quickstart_steps=4,
-                    parser_chars=CAP, parser_panel_copies=PANEL_COPIES,
+                    parser_chars=CAP, parser_panel_copies=PANEL_COPIES, checkpoint_gb=1.0,
                     quickstart_overrides={}),
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
                   scale_repeats=1, scale_train_steps=1, eval_rows=2, judgebias_rows=2, scale_eval_rows=1,
                   quickstart_steps=2,
-                  parser_chars=20_000, parser_panel_copies=1,
+                  parser_chars=20_000, parser_panel_copies=1, checkpoint_gb=0.05,
                   quickstart_overrides={"eval_max_rows": 2, "eval_suites": "rmbench"}),
 }
 
@@ -75,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", "--smallest", action="store_true", dest="quick", help="smallest sizes (seconds, for tests)")
     p.add_argument("--recipe", default=None, help="recipe both train sides use (default: recipes/quickstart.yaml)")
     p.add_argument("--only", nargs="+",
-                   choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser"),
-                   help="run only these parts (default: all that apply to --device)")
+                   choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint"),
+                   help="run only these parts (default: all that apply to --device, but checkpoint)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
     p.add_argument("--train-shapes-dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
@@ -108,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parser-panel-copies", type=int,
                    help=f"copies of the bundled panel in the parser part's pairs build (default {PANEL_COPIES}; "
                         "quick 1)")
+    p.add_argument("--checkpoint-gb", type=float,
+                   help="size of the checkpoint part's synthetic checkpoint, written twice per round (default 1; quick 0.05)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("GPU (--device cuda)")
     g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
@@ -183,6 +189,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["quickstart"] = bench_quickstart(args, workdir)
         if "parser" in parts:
             report["parser"] = bench_parser(args)
+        if "checkpoint" in parts:
+            report["checkpoint"] = bench_checkpoint(args, workdir / "checkpoint")
         if "device" in parts:
             report["device_bench"] = bench_device(args)
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)

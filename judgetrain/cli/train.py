@@ -23,13 +23,9 @@ import sys
 from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError, parse_recipe, split_recipe_argv
+from judgetrain.run.checkpoints import STOP_WINDOW_S  # the stop window, which the stop checkpoint's marker fits
 from judgetrain.train import run
 from judgetrain.utils.logging import setup_logging
-
-
-# Seconds a SIGTERM'd launch gives its workers to save the stop checkpoint before torchrun kills them (the SLURM
-# script sends SIGTERM 120 s before the time limit). An exported TORCH_ELASTIC_SHUTDOWN_TIMEOUT wins.
-STOP_WINDOW_S = 110
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,17 @@
 """Checkpoints and resume: the completion marker that makes a ``checkpoint-N`` (and the final model) trustworthy
 (every file with its SHA-256), finding the newest complete one, rotation that never leaves none, and cutting
-metrics.jsonl back to the step a run resumes from."""
+metrics.jsonl back to the step a run resumes from.
+
+The marker is written by every process together (`write_marker`, a collective): each process fsyncs and hashes the
+files it wrote itself (its ``rng_state_R.pth``, its DeepSpeed ``*rank_R_*`` and FSDP ``__R_*.distcp`` shards; the
+files without a rank in their name are the folder owner's), in a pool of threads, and the per-process entries are
+gathered to the owner of each folder: the main process where output_dir is shared (one marker, every file), each
+machine's local main process where it is machine-local (that machine's files; every marker part names all parts).
+At a save the marker is written in the background (`start_marker`: a thread, its collectives on a gloo group of
+their own) while training goes on; a stop, the end of training and the next save wait for it. A resume trusts a
+checkpoint by size, mtime and sampled blocks (`checkpoint_problem`), and reads every byte only
+when asked (``full=True``, `judgetrain status --verify`). A stop checkpoint is hashed until its deadline (the
+SIGTERM window, `stop_deadline`); files left then are marked by size and sample, and the marker says so."""
 
 from __future__ import annotations
 
@@ -8,11 +19,21 @@ import json
 import logging
 import os
 import re
+import threading
+import time
+import uuid
 from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError
 from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE
-from judgetrain.utils.files import manifest_problem, write_json, write_lines, write_manifest
+from judgetrain.utils.files import (
+    hash_files,
+    manifest_problem,
+    read_manifest,
+    write_json,
+    write_lines,
+    write_manifest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +63,208 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return [Path(p) for p in sort_checkpoints(str(output_dir)) if checkpoint_step(p) is not None]
 
 
-def write_marker(ckpt: Path, step: int, identity: dict | None = None) -> None:
-    """The completion marker of ``ckpt``, written last: every file of the checkpoint, shard folders included
-    (DeepSpeed ``global_stepN/``, FSDP ``pytorch_model_fsdp_0/``), with its size and SHA-256, each fsynced first
-    (`judgetrain.utils.files.write_manifest`), plus the identity of the run that wrote it (``judgetrain_run.json``)."""
+# Seconds a SIGTERM'd launch gives its workers to save the stop checkpoint before torchrun kills them (the SLURM
+# script sends SIGTERM 120 s before the time limit). An exported TORCH_ELASTIC_SHUTDOWN_TIMEOUT wins.
+STOP_WINDOW_S = 110
+TORCHRUN_STOP_WINDOW_S = 30  # torchrun's own default when nothing sets TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+STOP_RESERVE = 0.25  # share of the stop window kept after the hashes: the marker's write, the barriers, the exit
 
-    if identity is not None:
-        write_json(Path(ckpt) / IDENTITY_FILE, identity)
-    write_manifest(ckpt, {"step": step}, name=COMPLETE_MARKER)
+_PROBE = ".judgetrain-probe-"  # written by the main process into a checkpoint being marked: who sees it shares it
+# the process a file of a checkpoint belongs to, by its name: rng_state_R.pth (Trainer), DeepSpeed's
+# [bf16_]zero_pp_rank_R_mp_rank_M_* and mp_rank_M_model_states.pt (data-parallel rank R, or the rank that writes
+# the model states), torch.distributed.checkpoint's __R_I.distcp (FSDP)
+_RANK_FILE = re.compile(r"rng_state_(\d+)\.pth$|(?:^|[/_])rank_(\d+)_|__(\d+)_\d+\.distcp$")
+
+
+def file_rank(rel: str) -> int | None:
+    """The rank whose name a checkpoint file carries (see ``_RANK_FILE``); None for a file without one."""
+    match = _RANK_FILE.search(rel)
+    return int(next(g for g in match.groups() if g is not None)) if match else None
+
+
+def stop_window_s() -> float:
+    """The stop window: TORCH_ELASTIC_SHUTDOWN_TIMEOUT when set (`judgetrain train` sets `STOP_WINDOW_S`,
+    scripts/slurm_train.sh exports it), torchrun's 30 s under a torchrun agent that was given none, else
+    `STOP_WINDOW_S`."""
+    value = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    try:
+        if value:
+            return float(value)
+    except ValueError:
+        logger.warning("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=%r is not a number: the stop window is %d s", value, STOP_WINDOW_S)
+        return float(STOP_WINDOW_S)
+    return float(TORCHRUN_STOP_WINDOW_S if os.environ.get("TORCHELASTIC_RUN_ID") else STOP_WINDOW_S)
+
+
+def stop_deadline(requested_at: float, window: float | None = None) -> float:
+    """When a stop checkpoint's hashes must end (`time.monotonic`): the stop request plus the stop window, less
+    `STOP_RESERVE` of it."""
+    window = stop_window_s() if window is None else window
+    return requested_at + window * (1 - STOP_RESERVE)
+
+
+def checkpoint_files(ckpt: Path) -> list[str]:
+    """The files of ``ckpt`` a marker lists (relative paths): all below it but the marker, temporaries and probes."""
+    if not ckpt.is_dir():
+        return []
+    return sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*")
+                  if p.is_file() and p.name != COMPLETE_MARKER and not p.name.endswith(".tmp")
+                  and not p.name.startswith(_PROBE))
+
+
+def assign_files(views: list[dict]) -> tuple[dict[int, list[str]], dict[int, list[int]]]:
+    """Who hashes what. ``views``: one per process, ``{"rank", "machine", "shared", "files"}`` (``shared``: it sees
+    the main process's checkpoint folder; ``machine``: its machine's first rank). Processes that see one folder form
+    a group: all that share the main process's, and per machine those that do not. Each file a group sees goes to
+    the rank its name carries when that rank is in the group and sees it, else to the group's owner (its first
+    rank), else to the first rank that sees it. Returns ({rank: files}, {owner: ranks of its group})."""
+    by_rank = {v["rank"]: v for v in views}
+    groups: dict[object, list[int]] = {}
+    for v in sorted(views, key=lambda v: v["rank"]):
+        groups.setdefault("shared" if v["shared"] else v["machine"], []).append(v["rank"])
+    files: dict[int, list[str]] = {r: [] for r in by_rank}
+    owners: dict[int, list[int]] = {}
+    for ranks in groups.values():
+        seen = {rel: [r for r in ranks if rel in by_rank[r]["files"]] for r in ranks for rel in by_rank[r]["files"]}
+        owner = ranks[0]
+        for rel, seers in sorted(seen.items()):
+            named = file_rank(rel)
+            files[named if named in seers else owner if owner in seers else seers[0]].append(rel)
+        owners[owner] = ranks
+    return files, owners
+
+
+def _world():
+    """torch.distributed when it runs several processes (else None), rank, world size and this machine's first
+    rank (LOCAL_RANK, set by torchrun / accelerate launch: ranks of one machine are consecutive)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None, 0, 1, 0
+    rank = dist.get_rank()
+    return dist, rank, dist.get_world_size(), rank - int(os.environ.get("LOCAL_RANK", rank))
+
+
+def _gather(dist, value, world: int, group=None) -> list:
+    # torch's all_gather_object, which accelerate's gather_object calls: accelerate's own asks PartialState, which
+    # sees no distributed run in a process group that accelerate did not set up (judgetrain.utils.ranks.any_rank)
+    if dist is None:
+        return [value]
+    out = [None] * world
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
+def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadline=None, workers: int | None = None,
+                 group=None) -> dict:
+    """The completion marker of ``ckpt``, written last, by every process together when torch.distributed runs
+    several (a collective: call it on every rank). Each process fsyncs and hashes its own files (`assign_files`) in a
+    pool of threads, each file's entry with its size, SHA-256, mtime and sample digest; the entries are gathered and
+    each folder's owner writes ``judgetrain_complete.json`` there (shard folders included: DeepSpeed
+    ``global_stepN/``, FSDP ``pytorch_model_fsdp_0/``), with the identity of the run that wrote it
+    (``judgetrain_run.json``, from the main process). ``deadline`` (`time.monotonic`, a stop checkpoint): files not
+    hashed by then get no SHA-256 (a callable: the deadline as it is now); ``verification`` in the marker says
+    ``sha256`` (every file) or ``sample`` (``unhashed`` lists the rest). ``group``: the process group of the
+    collectives (`marker_group`, for a marker written in the background). Returns ``{"owner": whether this process
+    wrote a marker, "ranks": its group, "marker": what it wrote}``."""
+    ckpt = Path(ckpt)
+    dist, rank, world, machine = _world()
+    token = uuid.uuid4().hex
+    if rank == 0 and ckpt.is_dir():
+        if identity is not None:
+            write_json(ckpt / IDENTITY_FILE, identity)
+        (ckpt / f"{_PROBE}{token}").touch()
+    if dist is not None:
+        dist.barrier(group=group)
+    view = {"rank": rank, "machine": machine, "token": token, "files": checkpoint_files(ckpt),
+            "shared": rank == 0 or any(ckpt.glob(f"{_PROBE}*"))}
+    views = _gather(dist, view, world, group)
+    if rank == 0:
+        (ckpt / f"{_PROBE}{token}").unlink(missing_ok=True)  # every process has looked
+    files, owners = assign_files(views)
+    started = time.monotonic()
+    entries, failed = {}, None
+    try:  # a failure is sent to the others, which would otherwise wait for this process at the gather
+        mine = hash_files([ckpt / rel for rel in files[rank]], deadline=deadline, details=True, workers=workers)
+        entries = {p.relative_to(ckpt).as_posix(): e for p, e in mine.items()}
+    except OSError as e:
+        failed = f"rank {rank}: {type(e).__name__}: {e}"
+    parts = _gather(dist, {"rank": rank, "entries": entries, "failed": failed,
+                           "seconds": time.monotonic() - started}, world, group)
+    result = {"owner": rank in owners, "ranks": next(r for r in owners.values() if rank in r), "marker": None}
+    failures = [p["failed"] for p in parts if p["failed"] and rank in owners and p["rank"] in owners[rank]]
+    if failures:
+        logger.error("%s: no completion marker (a resume passes over it): %s", ckpt, "; ".join(failures))
+    elif rank in owners and any(files[r] for r in owners[rank]):
+        listed = {rel: e for part in parts if part["rank"] in owners[rank] for rel, e in part["entries"].items()}
+        unhashed = sorted(rel for rel, e in listed.items() if "sha256" not in e)
+        extra = {"step": step, "save_id": views[0]["token"], "world_size": world, "ranks": owners[rank],
+                 "verification": "sample" if unhashed else "sha256",
+                 "hash_seconds": {str(p["rank"]): round(p["seconds"], 3) for p in parts if p["rank"] in owners[rank]},
+                 "parts": [{"owner": o, "ranks": rs, "files": sum(len(files[r]) for r in rs)}
+                           for o, rs in sorted(owners.items()) if any(files[r] for r in rs)]}
+        if unhashed:
+            extra["unhashed"] = unhashed
+            logger.warning("%s: %d of %d files marked by size and sampled blocks only (the stop deadline came "
+                           "first); `judgetrain status --verify` cannot check their every byte",
+                           ckpt, len(unhashed), len(listed))
+        result["marker"] = write_manifest(ckpt, extra, name=COMPLETE_MARKER, entries=listed)
+    if dist is not None:
+        dist.barrier(group=group)  # no process goes on (rotates, stops) before every marker is written
+    return result
+
+
+class MarkerJob:
+    """A marker written in the background (`start_marker`) while training goes on; ``deadline`` may be set later
+    (a stop while it runs)."""
+
+    def __init__(self, ckpt: Path, step: int, identity: dict | None, after, group):
+        self.ckpt, self.deadline, self.done = Path(ckpt), None, None
+        self.thread = threading.Thread(target=self._run, args=(step, identity, after, group), daemon=True,
+                                       name=f"judgetrain-marker-{step}")
+
+    def _run(self, step, identity, after, group):
+        try:
+            self.done = write_marker(self.ckpt, step, identity, deadline=lambda: self.deadline, group=group)
+            if after is not None:
+                after(self.done)
+        except Exception:  # the checkpoint stays without a marker: a resume passes over it
+            logger.exception("The completion marker of %s could not be written", self.ckpt)
+
+
+_jobs: list[MarkerJob] = []
+_group = None
+
+
+def marker_group():
+    """The process group of the background markers' collectives: a gloo group of their own (made at the first
+    call, which every process makes at the same save), so that they never interleave with the training's
+    collectives on the default group. None with one process."""
+    global _group
+    dist, *_ = _world()
+    if dist is not None and _group is None:
+        _group = dist.new_group(backend="gloo")
+    return _group if dist is not None else None
+
+
+def start_marker(ckpt: Path, step: int, identity: dict | None = None, *, after=None) -> MarkerJob:
+    """`write_marker` in a background thread (every process at the same save), ``after(result)`` once it is
+    written (rotation). The marker before it is finished first, so markers are written in save order."""
+    finish_markers()
+    job = MarkerJob(ckpt, step, identity, after, marker_group())
+    _jobs.append(job)
+    job.thread.start()
+    return job
+
+
+def finish_markers(deadline: float | None = None) -> None:
+    """Wait for the markers still being written; ``deadline`` (a stop): their hashes end then."""
+    while _jobs:
+        job = _jobs[0]
+        if deadline is not None:
+            job.deadline = deadline
+        job.thread.join()
+        _jobs.remove(job)
 
 
 # files at the top of output_dir that belong to the run, not to the final model
@@ -63,24 +278,33 @@ def write_final_marker(output_dir: str) -> None:
     out = Path(output_dir)
     files = [p for p in out.iterdir() if p.is_file() and p.name not in _RUN_FILES + (COMPLETE_MARKER,)
              and not p.name.endswith(".tmp") and not (p.name.startswith("recipe") and p.suffix == ".yaml")]
-    write_manifest(out, {"final": True}, name=COMPLETE_MARKER, only=files)
+    write_manifest(out, {"final": True}, name=COMPLETE_MARKER, only=files, details=True)
 
 
-def checkpoint_problem(ckpt: Path, *, hashes: bool = True) -> str | None:
-    """None when ``ckpt`` is complete (its marker matches every file: size and, with ``hashes``, SHA-256), else
-    why not. A marker of an older judgetrain (sizes only) is checked by size."""
+def checkpoint_problem(ckpt: Path, *, hashes: bool = True, full: bool = False) -> str | None:
+    """None when ``ckpt`` is complete (its marker matches every file), else why not. What is compared: sizes;
+    with ``hashes`` also each file's sampled blocks where its mtime is the marker's and its SHA-256 where the mtime
+    changed (rewritten or copied since); with ``full`` every file's SHA-256 (every byte read). A marker of an older
+    judgetrain (sizes and SHA-256, no mtimes) is checked by SHA-256 (with ``hashes``), one of sizes only by size."""
 
     if not (Path(ckpt) / COMPLETE_MARKER).is_file():
         return "no completion marker (the save was interrupted)"
-    return manifest_problem(ckpt, name=COMPLETE_MARKER, hashes=hashes)
+    return manifest_problem(ckpt, name=COMPLETE_MARKER, hashes=hashes, quick=not full)
 
 
-def find_resume_checkpoint(output_dir: str) -> str | None:
-    """The newest complete ``checkpoint-N`` in ``output_dir`` (every file verified against its SHA-256); newer ones
-    that fail are skipped, each with a warning saying why."""
+def marker_verification(ckpt: Path) -> str:
+    """What the marker of ``ckpt`` can vouch for: ``sha256`` (every file hashed) or ``sample`` (a stop checkpoint
+    marked under its deadline: some files by size and sampled blocks only)."""
+    manifest, _ = read_manifest(Path(ckpt), COMPLETE_MARKER)
+    return (manifest or {}).get("verification", "sha256")
+
+
+def find_resume_checkpoint(output_dir: str, *, full: bool = False) -> str | None:
+    """The newest complete ``checkpoint-N`` in ``output_dir`` (`checkpoint_problem`: sizes, mtimes and sampled
+    blocks, every byte with ``full``); newer ones that fail are skipped, each with a warning saying why."""
     skipped = []
     for ckpt in reversed(list_checkpoints(output_dir)):
-        problem = checkpoint_problem(ckpt)
+        problem = checkpoint_problem(ckpt, full=full)
         if problem is None:
             if skipped:
                 logger.warning("Falling back to %s, the newest checkpoint that verifies (skipped: %s)",
@@ -140,7 +364,7 @@ def resolve_resume(resume: str | None, output_dir: str) -> str | None:
     if resume in (None, "", "none", "no"):
         return None
     if resume == "auto":
-        ckpt = find_resume_checkpoint(output_dir)  # verified file by file (SHA-256); falls back past bad ones
+        ckpt = find_resume_checkpoint(output_dir)  # verified file by file; falls back past bad ones
         if ckpt is None:
             logger.info("--resume auto: no complete checkpoint in %s, starting from scratch", output_dir)
         return ckpt

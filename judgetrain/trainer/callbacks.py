@@ -7,13 +7,24 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
 from judgetrain.compat.torch import set_last_lr
 from judgetrain.compat.transformers import report_to_keys
-from judgetrain.run.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_dir, rotate_checkpoints, write_marker
+from judgetrain.run.checkpoints import (
+    COMPLETE_MARKER,
+    METRICS_FILE,
+    checkpoint_dir,
+    finish_markers,
+    marker_group,
+    rotate_checkpoints,
+    start_marker,
+    stop_deadline,
+    write_marker,
+)
 from judgetrain.utils.files import append_jsonl
 from judgetrain.utils.ranks import any_rank
 
@@ -59,17 +70,23 @@ class MetricsJsonlCallback(TrainerCallback):
 
 class CheckpointMarkerCallback(TrainerCallback):
     """Write ``judgetrain_complete.json`` into a checkpoint once every process has finished saving it: every file of
-    the checkpoint (shard folders included) with its size and SHA-256, each fsynced first, plus the run identity
-    (``judgetrain_run.json``). A checkpoint without a marker that matches its files is never resumed from.
+    the checkpoint (shard folders included) with its size and SHA-256, each fsynced first by the process that wrote
+    it, plus the run identity (``judgetrain_run.json``); one marker per folder: the shared one, or each machine's own
+    (`judgetrain.run.checkpoints.write_marker`). A checkpoint without a marker that matches its files is never
+    resumed from. The marker is written in the background while training goes on (`start_marker`); the next save,
+    a stop and the end of training wait for it. A stop checkpoint (``stopper`` asked for it) is marked at once,
+    hashed until the stop deadline.
 
     Rotation (``save_total_limit``) is done here, after the marker, instead of by Trainer (which deletes old
-    checkpoints while the new one has no marker yet): it keeps the newest ``keep`` *complete* checkpoints, so a kill
-    during a save can never leave zero complete checkpoints."""
+    checkpoints while the new one has no marker yet, and only where it saves: on the main process, so a
+    machine-local output_dir of another machine kept every checkpoint): each folder's owner keeps its newest
+    ``keep`` *complete* checkpoints, so a kill during a save can never leave zero complete checkpoints."""
 
-    def __init__(self, keep: int | None = None, identity: dict | None = None):
+    def __init__(self, keep: int | None = None, identity: dict | None = None, stopper: "GracefulStop | None" = None):
         self.saved_step: int | None = None
         self.keep = keep
         self.identity = identity
+        self.stopper = stopper
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save:
@@ -90,24 +107,32 @@ class CheckpointMarkerCallback(TrainerCallback):
 
     def _invalidate(self, args, state):
         """A save about to rewrite checkpoint-N (a resumed run reaching a step whose checkpoint was torn) must not
-        leave the old marker vouching for half-rewritten files."""
-        if state.is_world_process_zero:
-            marker = checkpoint_dir(args.output_dir, state.global_step) / COMPLETE_MARKER
-            if marker.is_file():
-                marker.unlink()
+        leave the old marker vouching for half-rewritten files (each machine's, where output_dir is machine-local)."""
+        if state.is_local_process_zero:
+            (checkpoint_dir(args.output_dir, state.global_step) / COMPLETE_MARKER).unlink(missing_ok=True)
 
     def on_save(self, args, state, control, **kwargs):
         from accelerate import PartialState
 
         PartialState().wait_for_everyone()
-        if state.is_world_process_zero:
-            ckpt = checkpoint_dir(args.output_dir, state.global_step)
-            if ckpt.is_dir():
-                write_marker(ckpt, state.global_step, self.identity)
-                rotate_checkpoints(args.output_dir, self.keep, upto=state.global_step,
-                                   protect=state.best_model_checkpoint)
+        step, protect = state.global_step, state.best_model_checkpoint
+        ckpt = checkpoint_dir(args.output_dir, step)
+
+        def rotate(done):  # every folder's owner rotates its own folder, after its marker
+            if done["owner"]:
+                rotate_checkpoints(args.output_dir, self.keep, upto=step, protect=protect)
+
+        # every rank takes either branch with the same collectives on the same group, in the same order
+        if self.stopper is not None and self.stopper.requested:
+            deadline = self.stopper.deadline()
+            finish_markers(deadline)
+            rotate(write_marker(ckpt, step, self.identity, deadline=deadline, group=marker_group()))
+        else:
+            start_marker(ckpt, step, self.identity, after=rotate)
         self.saved_step = state.global_step
-        PartialState().wait_for_everyone()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        finish_markers()
 
 
 class NonFiniteGuard(TrainerCallback):
@@ -160,6 +185,7 @@ class NonFiniteGuard(TrainerCallback):
 
     def _stop(self, step: int, what: str):
         self.stopped_at = step
+        finish_markers()  # the last good checkpoint's marker, if it is still being written
         message = (
             f"Non-finite {what} at step {step}: stopping. No checkpoint of this state is written; the last good "
             "checkpoint is kept; resume with --resume auto --resume_force --learning_rate <lower> (the new rate "
@@ -280,9 +306,14 @@ class GracefulStop(TrainerCallback):
 
     def __init__(self):
         self.requested = False
+        self.requested_at: float | None = None  # time.monotonic() of the signal (or of hearing of another's)
         self.signal_name: str | None = None
         self.saved_step: int | None = None
         self._previous = {}
+
+    def deadline(self) -> float:
+        """When the stop checkpoint's hashes must end (`judgetrain.run.checkpoints.stop_deadline`)."""
+        return stop_deadline(self.requested_at if self.requested_at is not None else time.monotonic())
 
     def install(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -305,6 +336,7 @@ class GracefulStop(TrainerCallback):
             raise KeyboardInterrupt
         if not self.requested:
             self.signal_name = signal.Signals(signum).name
+            self.requested_at = time.monotonic()
             logger.warning("%s received: saving a checkpoint after this step, then stopping.", self.signal_name)
         self.requested = True
 
@@ -316,13 +348,12 @@ class GracefulStop(TrainerCallback):
             if not self.requested or self.signal_name is None:
                 self.signal_name = self.signal_name or "stop request of another process"
             self.requested = True
+            self.requested_at = self.requested_at if self.requested_at is not None else time.monotonic()
             control.should_save = True
             control.should_evaluate = False  # no eval before the save (save_strategy "best" would skip the save)
             control.should_training_stop = True
-            if state.is_world_process_zero:
-                marker = checkpoint_dir(args.output_dir, state.global_step) / COMPLETE_MARKER
-                if marker.is_file():
-                    marker.unlink()  # about to be rewritten: the old marker must not vouch for it
+            if state.is_local_process_zero:  # about to be rewritten: the old marker must not vouch for it
+                (checkpoint_dir(args.output_dir, state.global_step) / COMPLETE_MARKER).unlink(missing_ok=True)
 
     def on_save(self, args, state, control, **kwargs):
         if not self.requested:
