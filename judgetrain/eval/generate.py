@@ -270,15 +270,17 @@ class Generator:
         return merged_lora(model)
 
     def generation_config(self, max_new_tokens: int | None = None):
-        """The transformers GenerationConfig of every call: nothing is read from the model's own generation config
-        (a checkpoint's sampling defaults or repetition penalty would change what greedy means)."""
+        """The transformers GenerationConfig of every call. transformers fills the fields left unset from the model's
+        own generation config, so every field that changes which token is chosen is set here (a checkpoint's
+        repetition penalty or minimum length would change what greedy means)."""
         from transformers import GenerationConfig
 
         kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens or self.max_new_tokens, do_sample=self.do_sample,
                                       eos_token_id=self.stop_token_ids or None, pad_token_id=self.pad_token_id,
-                                      num_beams=1, use_cache=True)
+                                      num_beams=1, use_cache=True, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                                      min_new_tokens=0)
         if self.do_sample:
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0, typical_p=1.0)
         return GenerationConfig(**kwargs)
 
     def _run_batch(self, model, batch: list[list[int]], device, synced: bool,
@@ -293,9 +295,9 @@ class Generator:
         out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                              generation_config=self.generation_config(max_new_tokens), synced_gpus=synced)
         new = out[:, longest:].tolist()
-        return [self._finish(tokens, len(ids)) for tokens, ids in zip(new, batch)]
+        return [self.completion(tokens, len(ids)) for tokens, ids in zip(new, batch)]
 
-    def _finish(self, tokens: list[int], prompt_tokens: int) -> Generated:
+    def completion(self, tokens: list[int], prompt_tokens: int) -> Generated:
         """A row's generated tokens (after its stop come padding tokens) -> Generated."""
         stops = set(self.stop_token_ids)
         end = next((j for j, t in enumerate(tokens) if t in stops), None)
