@@ -81,6 +81,19 @@ def test_quick_bench_scale_and_quickstart_parts(quick_report):
     assert quick_report["quickstart"]["evals"], "the quickstart run logged no eval runtime"
 
 
+def test_quick_bench_generation_engine_against_one_prompt_at_a_time(quick_report):
+    g = quick_report["generation"]["models"]["tiny_judge"]
+    assert g["rows"] == quick_report["config"]["generation_rows"] == 2
+    assert g["texts_equal"] is True and g["token_ids_equal_rows"] == 2  # greedy: the same completions both ways
+    engine, loop = g["engine"], g["one_at_a_time"]
+    assert engine["generated_tokens"] == loop["generated_tokens"] > 0
+    assert engine["generated_tokens"] <= 2 * g["max_new_tokens"]
+    assert _positive(engine["tokens_per_s"]) and _positive(loop["tokens_per_s"])
+    assert g["tokens_per_s_ratio"] == pytest.approx(engine["tokens_per_s"] / loop["tokens_per_s"])
+    assert g["engine_stats"]["batches"] == 1 and g["prompt_tokens_mean"] > 100  # JudgeBias-shaped, one batch
+    assert quick_report["summary"]["generation_tiny_judge_tokens_per_s_ratio"] == g["tokens_per_s_ratio"]
+
+
 def test_cuda_without_a_gpu_exits_with_a_clear_message(capsys):
     import torch
 

@@ -2,8 +2,9 @@
 
 One module per part: `train` (judgetrain against bare TRL, prefix sharing by row shape), `eval` (the engine against a
 naive evaluator), `scale` (1x/2x/4x, quickstart overhead), `gpu` (`--device cuda`, real shapes), `parser` (the score
-parser on hostile text), `report` (summary, targets, table), `memory` (the memory-measurement harness), with `common` (shared helpers,
-subprocess plumbing) and `workers` (what a bench subprocess runs). The names below are the package's public surface.
+parser on hostile text), `generation` (the batched generation engine against one prompt at a time), `report`
+(summary, targets, table), `memory` (the memory-measurement harness), with `common` (shared helpers, subprocess
+plumbing) and `workers` (what a bench subprocess runs). The names below are the package's public surface.
 """
 
 from judgetrain.bench.common import BenchError, default_recipe, median, ratio, run_worker
@@ -17,6 +18,7 @@ from judgetrain.bench.eval import (
     load_eval_model,
     naive_items,
 )
+from judgetrain.bench.generation import bench_generation
 from judgetrain.bench.gpu import (
     DEVICE_EVAL_SETS,
     REAL_SHAPES,
@@ -36,7 +38,7 @@ from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_
 __all__ = [
     "DEVICE_EVAL_SETS", "EVAL_SETS", "REAL_SHAPES", "SCHEMA_VERSION", "SUMMARY_KEYS", "TARGETS",
     "TRAIN_SHAPES", "BenchError", "NaiveEvaluator", "TrainBench", "bench_device", "bench_device_prefix_sharing",
-    "bench_eval", "bench_eval_scale", "bench_eval_set", "bench_parser", "bench_quickstart", "bench_train",
+    "bench_eval", "bench_eval_scale", "bench_eval_set", "bench_generation", "bench_parser", "bench_quickstart", "bench_train",
     "bench_train_scale", "bench_train_shapes", "clean_evaluation", "default_recipe",
     "device_bench_eval_sharing", "device_bench_shape", "eval_model_location", "flops_per_token", "hostile_families",
     "load_eval_model", "measure_matmul_rate", "median", "naive_items", "print_table", "random_model_folder",

@@ -31,6 +31,7 @@ SUMMARY_KEYS = (
     "quickstart_eval_share",
     "parser_hostile_vs_clean_ratio",
     "parser_pairs_build_hostile_ratio",
+    "generation_tiny_judge_tokens_per_s_ratio",
 )
 
 
@@ -56,6 +57,8 @@ TARGETS = {
     "parser_pairs_build_hostile_ratio": ("<=", 2.0),  # build_pairs with 4 hostile evaluations / clean panel
     "checkpoint_marker_overhead": ("<=", 0.25),  # time the marker holds the training / time to write, 2 processes
     "checkpoint_resume_verify_ratio": ("<=", 0.25),  # resume check (the slower of warm and cold) / time to write
+    "generation_tiny_judge_tokens_per_s_ratio": (">=", 4.0),  # batched engine / one prompt at a time
+    "generation_smollm2_tokens_per_s_ratio": (">=", 4.0),
 }
 
 
@@ -165,6 +168,13 @@ def print_table(report: dict) -> None:
             if pb:
                 row(f"pairs build CPU s, {pb['hostile_evaluations']} hostile / clean, {pb['evaluations']} evaluations",
                     f"{pb['cpu_s']['hostile']:.3f}", f"{pb['cpu_s']['clean']:.3f}", pb["hostile_vs_clean_ratio"], key)
+    for label, g in ((report.get("generation") or {}).get("models") or {}).items():
+        if "skipped" in g:
+            continue
+        e, n = g["engine"], g["one_at_a_time"]
+        row(f"generation {label} tokens/s (batched engine / one at a time), texts equal: {g['texts_equal']}",
+            f"{e['tokens_per_s']:.1f}", f"{n['tokens_per_s']:.1f}", g["tokens_per_s_ratio"],
+            f"generation_{label}_tokens_per_s_ratio")
     console.print(table)
     dev = report.get("device_bench")
     if dev:
@@ -231,6 +241,8 @@ def summarize(report: dict) -> dict:
         for side in ("naive", "engine_first_epoch", "engine_later_epoch"):
             tokens = (part.get(side) or {}).get("tokens_per_response") or {}
             s[f"eval_{name}_tokens_per_response_{side.replace('_epoch', '')}"] = tokens.get("computed")
+    for label, g in ((report.get("generation") or {}).get("models") or {}).items():
+        s[f"generation_{label}_tokens_per_s_ratio"] = g.get("tokens_per_s_ratio")
     for opt, o in (tr.get("options") or {}).items():
         s[f"option_{opt}_samples_per_s_ratio"] = o["samples_per_s_ratio"]
         s[f"option_{opt}_peak_memory_ratio"] = o["peak_memory_ratio"]

@@ -23,6 +23,10 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   GGUF that package installs, SmolLM2-135M-Instruct).
 - **scale**: engine eval time at 1x, 2x, 4x rows; judgetrain train time at 1x, 2x, 4x steps.
 - **overhead**: the quickstart recipe run for real; its eval time as a share of its epoch time.
+- **generation**: the batched generation engine (`judgetrain.eval.generate`) against a one-prompt-at-a-time
+  ``model.generate`` loop on the same JudgeBias prompts (greedy, same stops and ``max_new_tokens``), with the tiny
+  judge and SmolLM2-135M-Instruct (``smollm2-135m-instruct``; skipped with a warning when its package is missing):
+  generated tokens/s of each side and their ratio, and whether the texts are equal.
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
 - **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint-gb`` twice per round): the marker's
@@ -45,6 +49,7 @@ from typing import Any
 from judgetrain.bench.checkpoint import bench_checkpoint
 from judgetrain.bench.common import BenchError, default_recipe, load_average, machine_info, package_versions
 from judgetrain.bench.eval import bench_eval, eval_model_location
+from judgetrain.bench.generation import GENERATION_MODELS, bench_generation
 from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_sharing
 from judgetrain.bench.parser import CAP, PANEL_COPIES, bench_parser
 from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summarize
@@ -60,12 +65,15 @@ SIZES = {
                     scale_repeats=2, scale_train_steps=3, eval_rows=None, judgebias_rows=None, scale_eval_rows=12,
                     quickstart_steps=4,
                     parser_chars=CAP, parser_panel_copies=PANEL_COPIES, checkpoint_gb=1.0,
+                    generation_rows=8, generation_max_new_tokens=64, generation_repeats=1,
+                    generation_models=list(GENERATION_MODELS),
                     quickstart_overrides={}),
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
                   scale_repeats=1, scale_train_steps=1, eval_rows=2, judgebias_rows=2, scale_eval_rows=1,
                   quickstart_steps=2,
                   parser_chars=20_000, parser_panel_copies=1, checkpoint_gb=0.05,
+                  generation_rows=2, generation_max_new_tokens=8, generation_repeats=1, generation_models=["tiny-judge"],
                   quickstart_overrides={"eval_max_rows": 2, "eval_suites": "rmbench"}),
 }
 
@@ -79,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", "--smallest", action="store_true", dest="quick", help="smallest sizes (seconds, for tests)")
     p.add_argument("--recipe", default=None, help="recipe both train sides use (default: recipes/quickstart.yaml)")
     p.add_argument("--only", nargs="+",
-                   choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint"),
+                   choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint",
+                            "generation"),
                    help="run only these parts (default: all that apply to --device, but checkpoint)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
@@ -114,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "quick 1)")
     p.add_argument("--checkpoint-gb", type=float,
                    help="size of the checkpoint part's synthetic checkpoint, written twice per round (default 1; quick 0.05)")
+    p.add_argument("--generation-models", nargs="+",
+                   help="models of the generation part: aliases or paths (default: tiny-judge smollm2-135m-instruct; "
+                        "quick: tiny-judge)")
+    p.add_argument("--generation-rows", type=int, help="JudgeBias prompts generated (default 8; quick 2)")
+    p.add_argument("--generation-max-new-tokens", type=int, help="tokens generated per prompt (default 64; quick 8)")
+    p.add_argument("--generation-repeats", type=int, help="timed rounds of the generation part (default 1)")
+    p.add_argument("--generation-batch-tokens", type=int, default=16384,
+                   help="engine budget of batch size x (prompt + max new tokens) per generate call (default 16384)")
+    p.add_argument("--generation-max-batch-size", type=int, default=32, help="engine prompts per generate call")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("GPU (--device cuda)")
     g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
@@ -139,7 +157,8 @@ def resolve_config(args: argparse.Namespace) -> argparse.Namespace:
 
     _, targs, _, _ = parse_recipe([args.recipe, "--output_dir", tempfile.gettempdir()])
     args.quickstart_epochs = int(math.ceil(targs.num_train_epochs))
-    for key in ("repeats", "train_steps", "option_repeats", "scale_repeats", "scale_train_steps", "quickstart_steps"):
+    for key in ("repeats", "train_steps", "option_repeats", "scale_repeats", "scale_train_steps", "quickstart_steps",
+                "generation_rows", "generation_max_new_tokens", "generation_repeats"):
         if getattr(args, key) < 1:
             raise BenchError(f"--{key.replace('_', '-')} must be at least 1")
     if args.warmup < 0:
@@ -153,7 +172,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: no CUDA device is visible to torch "
                          f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); run on a GPU machine")
-    parts = set(args.only or ["train", "train_shapes", "eval", "scale", "quickstart", "device", "parser"])
+    parts = set(args.only or ["train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "generation"])
     if args.device != "cuda":
         parts.discard("device")
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "command": "judgetrain bench " + " ".join(args.argv),
@@ -191,6 +210,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["parser"] = bench_parser(args)
         if "checkpoint" in parts:
             report["checkpoint"] = bench_checkpoint(args, workdir / "checkpoint")
+        if "generation" in parts:
+            report["generation"] = bench_generation(args)
         if "device" in parts:
             report["device_bench"] = bench_device(args)
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)

@@ -1,151 +1,402 @@
-"""Generation for the ``generate`` scoring mode: the judge writes its evaluation and the caller parses it.
+"""Batched generation: the judge writes its evaluations as it is deployed, many prompts at a time.
 
-A minimal engine: one prompt at a time through ``model.generate`` (greedy unless ``do_sample``), the prompt rendered
-as training renders an assistant turn (`judgetrain.models.templates.assistant_prefix`), stopped on the tokenizer's end
-of sequence or at ``max_new_tokens``. `generate_sharded` splits the prompts over processes like scoring does (each
-prompt once) and gives every process all the results, in order.
+    from judgetrain.eval.generate import Generator, generate_sharded
+    gen = Generator(model, tokenizer, max_new_tokens=512)
+    outs = gen.generate([messages_1, messages_2, "a plain user turn"])   # list[Generated], input order
+    outs = generate_sharded(gen, prompts, PartialState())                # each prompt once over the processes
+
+- Prompts are rendered as the judge is trained and as judge mode reads it: the chat template up to where an
+  assistant turn's content starts (`judgetrain.models.templates.assistant_prefix`; Qwen3: after the empty think
+  block), encoded without adding special tokens. A tokenizer without a chat template gets the messages' contents
+  joined by newlines, plus one newline (judge mode's plain-text rendering without its forced prefix).
+- Prompts longer than ``max_length - max_new_tokens`` are cut from the left (the end of the prompt, where the
+  question is, stays) and counted (`Generated.truncated`), never dropped.
+- Batches: prompts sorted by length, longest first, grouped greedily while batch size x (longest prompt +
+  ``max_new_tokens``) fits ``batch_tokens`` (`judgetrain.eval.batching.budget_batches`), left padded, one
+  ``model.generate`` call per batch (transformers keeps the key/value cache and builds the position ids from the
+  attention mask, so a left-padded row decodes as it would alone).
+- Stops: the tokenizer's eos and the chat template's end-of-turn token (the first token the template writes after an
+  assistant message's content: ``<|im_end|>`` for ChatML templates, ``<|eot_id|>`` for Llama 3), read from the
+  template, not from a table of models. Each row stops on its own; its text ends before the stop token.
+- Greedy by default; ``do_sample=True`` samples with ``temperature`` / ``top_p`` from ``seed`` (the same seed and
+  prompts give the same texts; the global random state is left as it was).
+- LoRA: with ``merge_lora`` the adapter's layers run merged (`judgetrain.eval.merged.merged_lora`), as scoring does;
+  layers that cannot be merged keep PEFT's forward.
+- Sharding (`generate_sharded`): process r generates prompts r, r + world, ... (as
+  `judgetrain.eval.scoring.shard_indices`), the results are gathered so that every process holds all of them in
+  input order. Every rank runs the same number of ``generate`` calls (padding calls on a one-token prompt); when the
+  weights are sharded (FSDP2, ZeRO-3) ``synced_gpus`` keeps the ranks' forwards in step.
+- ``backend="vllm"`` (or ``"auto"``: vLLM when it is importable and CUDA is present) runs the base model in vLLM with
+  the adapter as a LoRA request; written from vLLM's documented API and untested in this repository's CI.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import logging
+import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from judgetrain.data.chat import text_ids
+from judgetrain.eval.batching import budget_batches
+from judgetrain.models.templates import assistant_prefix
+
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "auto")
+_SENTINEL = "\u2063JUDGETRAIN_GENERATED_CONTENT\u2063"
 
 
 @dataclass
 class Generated:
-    """One generation: the decoded ``text``, how many tokens were generated (``n_tokens``) from a prompt of
-    ``prompt_tokens``, whether it ``stopped`` on the end of turn (False: it hit max_new_tokens), and whether the
-    prompt was cut from the left to fit ``max_length`` (``truncated``)."""
+    """One completion."""
 
-    text: str
-    n_tokens: int
-    prompt_tokens: int
-    stopped: bool
-    truncated: bool = False
+    text: str  # decoded completion, special tokens skipped, the stop token not included
+    n_tokens: int  # tokens generated (stop token counted, padding not)
+    prompt_tokens: int  # prompt length fed to the model (after truncation)
+    stopped: bool  # True: ended on an end-of-turn / eos token; False: hit max_new_tokens
+    truncated: bool = False  # the prompt was cut from the left to fit max_length - max_new_tokens
+    token_ids: list[int] = field(default_factory=list)  # the completion's tokens, the stop token not included
 
 
 @dataclass
 class GenerationStats:
+    """Counters over the generator's life (the callback reuses one generator every epoch)."""
+
     prompts: int = 0
-    batches: int = 0
+    batches: int = 0  # generate calls on real prompts
+    padding_batches: int = 0  # generate calls run only to keep the ranks in step (sync)
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    padded_prompt_tokens: int = 0  # batch size x longest prompt, summed over batches
+    truncated: int = 0
+    stopped: int = 0
+    merged_lora_layers: int = 0  # LoRA layers that ran merged in the last call
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
 
 
-class Generator:
-    """Generates judge evaluations of prompts (messages lists or plain strings) with ``model``."""
+def _as_ids(encoded: Any) -> list[int]:
+    ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(i) for i in ids]
 
-    def __init__(self, model, tokenizer, *, max_new_tokens=512, max_length=None, batch_tokens=8192, max_batch_size=32,
-                 do_sample=False, temperature=1.0, top_p=1.0, seed=0, merge_lora=True, backend="transformers"):
+
+def end_of_turn_ids(tokenizer) -> list[int]:
+    """The token the chat template writes right after an assistant message's content, when it is an added (control)
+    token of the tokenizer: the end of turn a generating judge stops on. Empty without a chat template, or when the
+    template writes ordinary text there."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    turn = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+    try:
+        text = tokenizer.apply_chat_template(turn, tokenize=False)
+    except Exception as e:  # a template that refuses this shape of conversation
+        logger.warning("could not render the chat template to find its end-of-turn token (%s); stopping on eos only", e)
+        return []
+    cut = text.find(_SENTINEL)
+    if cut < 0:
+        return []
+    after = text[cut + len(_SENTINEL):]
+    if not after:
+        return []
+    ids = _as_ids(tokenizer(text=after, add_special_tokens=False))
+    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {}) | set(tokenizer.all_special_ids)
+    return [ids[0]] if ids and ids[0] in added else []
+
+
+def _eos_ids(tokenizer) -> list[int]:
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+class Generator:
+    """Generates completions of judge prompts in length-sorted, left-padded batches (see module doc).
+
+    Args:
+        model: a causal LM, optionally a peft model.
+        tokenizer: its tokenizer (chat template used when it has one).
+        max_new_tokens: tokens generated at most per prompt.
+        max_length: longest prompt + completion (None: the model's ``max_position_embeddings``, else 4096).
+        batch_tokens: budget of batch size x (longest prompt + ``max_new_tokens``) per generate call.
+        max_batch_size: cap on prompts per generate call.
+        do_sample, temperature, top_p, seed: sampling (off by default: greedy).
+        merge_lora: LoRA layers run merged during generation.
+        backend: ``transformers``, ``vllm`` or ``auto``.
+        stop_token_ids: extra tokens to stop on, beside the eos and the template's end of turn.
+        vllm_kwargs: extra keyword arguments of ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
+    """
+
+    def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, max_length: int | None = None,
+                 batch_tokens: int = 8192, max_batch_size: int = 32, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, merge_lora: bool = True,
+                 backend: str = "transformers", stop_token_ids: Sequence[int] = (),
+                 vllm_kwargs: dict | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if backend != "transformers":
-            raise ValueError(f"generation backend {backend!r} is not available in this engine; use transformers")
-        self.model, self.tokenizer = model, tokenizer
-        self.max_new_tokens, self.max_length = int(max_new_tokens), max_length
-        self.batch_tokens, self.max_batch_size = int(batch_tokens), int(max_batch_size)
-        self.do_sample, self.temperature, self.top_p, self.seed = bool(do_sample), float(temperature), float(top_p), seed
-        self.merge_lora, self.backend = merge_lora, backend
+        if int(max_new_tokens) < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        if do_sample and not float(temperature) > 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        if not 0 < float(top_p) <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if max_length is None:
+            max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
+        if int(max_length) <= int(max_new_tokens):
+            raise ValueError(f"max_length ({max_length}) must exceed max_new_tokens ({max_new_tokens}): no room is "
+                             "left for the prompt")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = int(max_new_tokens)
+        self.max_length = int(max_length)
+        self.batch_tokens = int(batch_tokens)
+        self.max_batch_size = int(max_batch_size)
+        self.do_sample = bool(do_sample)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.seed = int(seed)
+        self.merge_lora = bool(merge_lora)
         self.stats = GenerationStats()
+        stops = _eos_ids(tokenizer) + end_of_turn_ids(tokenizer) + [int(t) for t in stop_token_ids]
+        self.stop_token_ids: list[int] = list(dict.fromkeys(stops))
+        if not self.stop_token_ids:
+            logger.warning("the tokenizer has no eos and the chat template no end-of-turn token: every generation "
+                           "runs to max_new_tokens (%d)", self.max_new_tokens)
+        self.backend = _resolve_backend(backend)
+        self._vllm: _VLLMBackend | None = None
+        self._vllm_kwargs = dict(vllm_kwargs or {})
 
+    # ------------------------------------------------------------------------------------------ model and prompts
     def set_model(self, model) -> None:
+        """Point the generator at the (possibly re-wrapped) policy."""
         self.model = model
 
-    def prompt_ids(self, prompt) -> list[int]:
-        from judgetrain.data.chat import text_ids
-        from judgetrain.models.templates import assistant_prefix
-
+    @property
+    def pad_token_id(self) -> int:
         tok = self.tokenizer
-        if isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        if not getattr(tok, "chat_template", None):
-            return text_ids(tok, "\n".join(m["content"] for m in prompt) + "\n")
-        ids = tok(text=assistant_prefix(tok, prompt), add_special_tokens=False)["input_ids"]
-        return list(ids.tolist() if hasattr(ids, "tolist") else ids)
-
-    def _pad_id(self) -> int:
-        tok = self.tokenizer
-        for cand in (tok.pad_token_id, tok.eos_token_id, 0):
+        for cand in (tok.pad_token_id, *self.stop_token_ids, 0):
             if cand is not None:
                 return int(cand)
         return 0
 
-    def _stop_ids(self) -> set[int]:
-        tok = self.tokenizer
-        stops = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        stops |= set(eos if isinstance(eos, list) else [eos]) - {None}
-        return stops
+    def prompt_ids(self, prompt) -> list[int]:
+        """Token ids of a prompt (a messages list, or a plain string: one user turn), before truncation."""
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if getattr(self.tokenizer, "chat_template", None):
+            return _as_ids(self.tokenizer(text=assistant_prefix(self.tokenizer, messages), add_special_tokens=False))
+        return text_ids(self.tokenizer, "\n".join(m["content"] for m in messages) + "\n")
 
-    @torch.inference_mode()
-    def generate(self, prompts, *, sync: bool = False) -> list[Generated]:
-        """One `Generated` per prompt, in order. ``sync`` (weights sharded over processes) is accepted; this engine
-        runs no collective, so every process must hold whole weights."""
+    def _fit(self, ids: list[int]) -> tuple[list[int], bool]:
+        room = self.max_length - self.max_new_tokens
+        return (ids[-room:], True) if len(ids) > room else (ids, False)
+
+    # ------------------------------------------------------------------------------------------ generation
+    def generate(self, prompts: Sequence[Any], *, sync: bool = False) -> list[Generated]:
+        """Completions of this process's prompts, in input order. ``sync``: every rank calls this together (under
+        `generate_sharded`) and runs the same number of generate calls."""
         t0 = time.perf_counter()
+        fitted = [self._fit(self.prompt_ids(p)) for p in prompts]
+        if self.backend == "vllm":
+            if self._vllm is None:
+                self._vllm = _VLLMBackend(self, **self._vllm_kwargs)
+            out = self._vllm.generate([ids for ids, _ in fitted])
+            for g, (_, cut) in zip(out, fitted):
+                g.truncated = cut
+        else:
+            out = self._generate_transformers(fitted, sync)
+        st = self.stats
+        st.prompts += len(out)
+        st.prompt_tokens += sum(g.prompt_tokens for g in out)
+        st.generated_tokens += sum(g.n_tokens for g in out)
+        st.truncated += sum(g.truncated for g in out)
+        st.stopped += sum(g.stopped for g in out)
+        st.seconds += time.perf_counter() - t0
+        return out
+
+    def _generate_transformers(self, fitted: list[tuple[list[int], bool]], sync: bool) -> list[Generated]:
+        order = sorted(range(len(fitted)), key=lambda i: (-len(fitted[i][0]), i))
+        batches = budget_batches(order, lambda i: len(fitted[i][0]) + self.max_new_tokens, self.batch_tokens,
+                                 self.max_batch_size)
+        n_calls, synced = len(batches), False
+        if sync:
+            from accelerate.utils import gather_object
+
+            from judgetrain.trainer.parallelism import sharding_of
+
+            n_calls = max(gather_object([len(batches)]))
+            synced = sharding_of(self.model)["sharded_tensors"] > 0
         model = self.model
+        device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        device = next(model.parameters()).device
-        limit = self.max_length or getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
-        room = max(int(limit) - self.max_new_tokens, 1)
-        stops = self._stop_ids()
-        out = []
+        results: list[Generated | None] = [None] * len(fitted)
+        rng = torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [], enabled=self.do_sample)
         try:
-            for i, prompt in enumerate(prompts):
-                ids = self.prompt_ids(prompt)
-                truncated = len(ids) > room
-                ids = ids[-room:]
-                inp = torch.tensor([ids], device=device)
-                kwargs: dict[str, Any] = dict(do_sample=self.do_sample)
+            with rng, torch.inference_mode(), self._merged(model) as merged:
+                self.stats.merged_lora_layers = merged
                 if self.do_sample:
-                    torch.manual_seed(self.seed + i)
-                    kwargs.update(temperature=self.temperature, top_p=self.top_p)
-                res = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), max_new_tokens=self.max_new_tokens,
-                                     pad_token_id=self._pad_id(), **kwargs)
-                new = res[0, len(ids):].tolist()
-                stopped = bool(new) and new[-1] in stops
-                text = self.tokenizer.decode(new, skip_special_tokens=True)
-                out.append(Generated(text, len(new), len(ids), stopped, truncated))
-                self.stats.prompts += 1
-                self.stats.batches += 1
-                self.stats.prompt_tokens += len(ids)
-                self.stats.generated_tokens += len(new)
+                    torch.manual_seed(self.seed)
+                for batch in batches:
+                    for i, g in zip(batch, self._run_batch(model, [fitted[i][0] for i in batch], device, synced)):
+                        g.truncated = fitted[i][1]
+                        results[i] = g
+                    self.stats.batches += 1
+                for _ in range(n_calls - len(batches)):  # keep the ranks' generate calls (and forwards) in step
+                    self._run_batch(model, [[self.pad_token_id]], device, synced, max_new_tokens=1)
+                    self.stats.padding_batches += 1
         finally:
             if was_training:
                 model.train()
-        self.stats.seconds += time.perf_counter() - t0
-        return out
+        return results  # type: ignore[return-value]
+
+    def _merged(self, model):
+        if not self.merge_lora:
+            return contextlib.nullcontext(0)
+        from judgetrain.eval.merged import merged_lora
+
+        return merged_lora(model)
+
+    def generation_config(self, max_new_tokens: int | None = None):
+        """The transformers GenerationConfig of every call. transformers fills the fields left unset from the model's
+        own generation config, so every field that changes which token is chosen is set here (a checkpoint's
+        repetition penalty or minimum length would change what greedy means)."""
+        from transformers import GenerationConfig
+
+        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens or self.max_new_tokens, do_sample=self.do_sample,
+                                      eos_token_id=self.stop_token_ids or None, pad_token_id=self.pad_token_id,
+                                      num_beams=1, use_cache=True, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                                      min_new_tokens=0)
+        if self.do_sample:
+            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0, typical_p=1.0)
+        return GenerationConfig(**kwargs)
+
+    def _run_batch(self, model, batch: list[list[int]], device, synced: bool,
+                   max_new_tokens: int | None = None) -> list[Generated]:
+        longest = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), longest), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for r, ids in enumerate(batch):  # left padding: every prompt ends at the last column
+            input_ids[r, longest - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            mask[r, longest - len(ids):] = 1
+        self.stats.padded_prompt_tokens += input_ids.numel()
+        out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                             generation_config=self.generation_config(max_new_tokens), synced_gpus=synced)
+        new = out[:, longest:].tolist()
+        return [self.completion(tokens, len(ids)) for tokens, ids in zip(new, batch)]
+
+    def completion(self, tokens: list[int], prompt_tokens: int) -> Generated:
+        """A row's generated tokens (after its stop come padding tokens) -> Generated."""
+        stops = set(self.stop_token_ids)
+        end = next((j for j, t in enumerate(tokens) if t in stops), None)
+        kept = tokens if end is None else tokens[:end]
+        text = self.tokenizer.decode(kept, skip_special_tokens=True)
+        return Generated(text, len(kept) + (end is not None), prompt_tokens, end is not None, token_ids=kept)
 
 
-def generate_sharded(generator: Generator, prompts, state=None) -> list[Generated]:
-    """Each prompt generated once over the processes of ``state``; every process gets all results, in order."""
-    prompts = list(prompts)
+def generate_sharded(generator: Generator, prompts: Sequence[Any], state=None) -> list[Generated]:
+    """Every prompt generated exactly once over the processes of ``state`` (accelerate PartialState), strided like
+    judgetrain.eval.scoring.shard_indices; every process gets all results back, in input order."""
     if state is None or state.num_processes == 1:
         return generator.generate(prompts)
     from accelerate.utils import gather_object
 
-    from judgetrain.eval.scoring import shard_indices
-
-    mine = shard_indices(len(prompts), state.process_index, state.num_processes)
+    rank, world = state.process_index, state.num_processes
+    mine = list(range(rank, len(prompts), world))
     local = generator.generate([prompts[i] for i in mine], sync=True)
-    gathered = gather_object(list(zip(mine, local)))
     out: list[Generated | None] = [None] * len(prompts)
-    for i, g in gathered:
+    for i, g in gather_object(list(zip(mine, local))):
+        if out[i] is not None:
+            raise RuntimeError(f"sharded generation generated prompt {i} twice")
         out[i] = g
     missing = [i for i, g in enumerate(out) if g is None]
     if missing:
         raise RuntimeError(f"sharded generation lost prompts {missing[:10]}")
     return out  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------- vLLM backend
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "vllm" if vllm_available() else "transformers"
+    if backend == "vllm" and not vllm_available():
+        missing = "the vllm package is not installed" if importlib.util.find_spec("vllm") is None else \
+            "no CUDA device is visible to torch"
+        raise RuntimeError(f"generation backend 'vllm': {missing}; use backend 'transformers' (or 'auto', which "
+                           "falls back to it)")
+    return backend
+
+
+class _VLLMBackend:
+    """The base model in a vLLM engine, the adapter (a peft model's) saved to a temporary folder and passed as a LoRA
+    request on each call, so the engine generates with the current adapter weights. Untested in this repository
+    (vLLM needs a GPU): written from vLLM's documented ``LLM`` / ``SamplingParams`` / ``LoRARequest`` API."""
+
+    def __init__(self, generator: Generator, **llm_kwargs) -> None:
+        from vllm import LLM
+
+        self.generator = generator
+        model = generator.model
+        self.peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+        base = model.get_base_model() if self.peft else model
+        path = getattr(base.config, "_name_or_path", None) or getattr(base, "name_or_path", None)
+        if not path:
+            raise RuntimeError("generation backend 'vllm' needs the model's folder or hub id (config._name_or_path)")
+        kwargs = dict(model=path, tokenizer=path, seed=generator.seed, max_model_len=generator.max_length,
+                      trust_remote_code=False)
+        if self.peft:
+            config = next(iter(model.peft_config.values()))
+            kwargs.update(enable_lora=True, max_lora_rank=max(int(getattr(config, "r", 16)), 8), max_loras=1)
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+        self._lora_id = 0
+
+    def _sampling_params(self):
+        from vllm import SamplingParams
+
+        g = self.generator
+        return SamplingParams(n=1, max_tokens=g.max_new_tokens, stop_token_ids=list(g.stop_token_ids),
+                              temperature=g.temperature if g.do_sample else 0.0, top_p=g.top_p if g.do_sample else 1.0,
+                              seed=g.seed, skip_special_tokens=True)
+
+    def generate(self, prompt_ids: list[list[int]]) -> list[Generated]:
+        from vllm.inputs import TokensPrompt
+
+        g = self.generator
+        with tempfile.TemporaryDirectory(prefix="judgetrain-vllm-lora-") as folder:
+            request = None
+            if self.peft:
+                from vllm.lora.request import LoRARequest
+
+                g.model.save_pretrained(folder)  # the current adapter weights; a new id so vLLM does not reuse old ones
+                self._lora_id += 1
+                request = LoRARequest(f"judge-{self._lora_id}", self._lora_id, folder)
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
+                                        self._sampling_params(), lora_request=request, use_tqdm=False)
+        stops = set(g.stop_token_ids)
+        out = []
+        for ids, res in zip(prompt_ids, outputs):
+            completion = res.outputs[0]
+            tokens = list(completion.token_ids)
+            stopped = completion.finish_reason == "stop"
+            if tokens and tokens[-1] in stops:  # vLLM lists the stop token among the outputs
+                tokens = tokens[:-1]
+            out.append(Generated(g.tokenizer.decode(tokens, skip_special_tokens=True), len(tokens) + stopped,
+                                 len(ids), stopped, token_ids=tokens))
+        return out

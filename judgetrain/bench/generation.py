@@ -1,0 +1,111 @@
+"""The generation part: the batched engine (`judgetrain.eval.generate.Generator`) against a one-prompt-at-a-time
+``model.generate`` loop (what judge mode's ``generate_samples`` did), on the same JudgeBias prompts, greedy, with the
+same stop tokens and ``max_new_tokens``; tokens generated per second on each side and their ratio.
+
+The models carry the recipe's LoRA adapter, randomly initialised (`judgetrain.bench.eval.load_eval_model`), as a
+judge under training does; the engine runs it merged, the loop through PEFT's forward, as before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import time
+from typing import Any
+
+from judgetrain.bench.common import BenchError, alternating, load_average, median, ratio
+from judgetrain.bench.eval import _judgebias_rows, load_eval_model
+
+logger = logging.getLogger(__name__)
+
+GENERATION_MODELS = {"tiny-judge": "tiny_judge", "smollm2-135m-instruct": "smollm2"}
+
+
+def generation_label(name: str) -> str:
+    return GENERATION_MODELS.get(name) or re.sub(r"\W+", "_", name).strip("_").lower()
+
+
+def one_at_a_time(generator, prompt_ids: list[list[int]]) -> list:
+    """The loop the engine replaces: one prompt per ``model.generate`` call, no padding, PEFT's own forward."""
+    import torch
+
+    model = generator.model
+    device = next(model.parameters()).device
+    config = generator.generation_config()
+    out = []
+    with torch.inference_mode():
+        for ids in prompt_ids:
+            inp = torch.tensor([ids], device=device)
+            seq = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=config)
+            out.append(generator.completion(seq[0, len(ids):].tolist(), len(ids)))
+    return out
+
+
+def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: list) -> dict:
+    from judgetrain.eval.generate import Generator
+
+    gen = Generator(model, tokenizer, max_new_tokens=cfg.generation_max_new_tokens, max_length=cfg.eval_max_length,
+                    batch_tokens=cfg.generation_batch_tokens, max_batch_size=cfg.generation_max_batch_size)
+    room = gen.max_length - gen.max_new_tokens
+    prompt_ids = [gen.prompt_ids(p)[-room:] for p in prompts]
+    model.eval()
+    # untimed: one short prompt through each path (first-call allocations, lazy imports)
+    Generator(model, tokenizer, max_new_tokens=2).generate(prompts[:1])
+    one_at_a_time(Generator(model, tokenizer, max_new_tokens=2, merge_lora=False), prompt_ids[:1])
+    times: dict[str, list[float]] = {"engine": [], "one_at_a_time": []}
+    outs: dict[str, list] = {}
+    for _, warm, order in alternating(0, cfg.generation_repeats, ["engine", "one_at_a_time"]):
+        for side in order:
+            t0 = time.perf_counter()
+            outs[side] = gen.generate(prompts) if side == "engine" else one_at_a_time(gen, prompt_ids)
+            times[side].append(time.perf_counter() - t0)
+    e, n = outs["engine"], outs["one_at_a_time"]
+    if [g.prompt_tokens for g in e] != [g.prompt_tokens for g in n]:
+        raise BenchError("generation: the engine and the loop fed different prompts")
+    equal = [a.token_ids == b.token_ids for a, b in zip(e, n)]
+    if not all(equal):  # merged LoRA rounds differently from PEFT's forward; a near tie can flip a greedy token
+        logger.warning("generation: %d of %d completions differ between the engine and the one-at-a-time loop",
+                       equal.count(False), len(equal))
+
+    def side(key: str, outputs: list) -> dict:
+        tokens = sum(g.n_tokens for g in outputs)
+        sec = median(times[key])
+        return {"seconds": sec, "seconds_runs": times[key], "generated_tokens": tokens, "tokens_per_s": tokens / sec,
+                "stopped": sum(g.stopped for g in outputs)}
+
+    engine, loop = side("engine", e), side("one_at_a_time", n)
+    prompt_tokens = [g.prompt_tokens for g in e]
+    return {
+        "architecture": type(getattr(model, "get_base_model", lambda: model)()).__name__,
+        "rows": len(prompts), "max_new_tokens": gen.max_new_tokens,
+        "prompt_tokens_mean": sum(prompt_tokens) / len(prompt_tokens), "prompt_tokens_max": max(prompt_tokens),
+        "truncated": sum(g.truncated for g in e),
+        "engine": engine, "one_at_a_time": loop,
+        "tokens_per_s_ratio": ratio(engine["tokens_per_s"], loop["tokens_per_s"]),
+        "texts_equal": all(a.text == b.text for a, b in zip(e, n)), "token_ids_equal_rows": sum(equal),
+        "engine_stats": gen.stats.as_dict(), "batch_tokens": gen.batch_tokens, "load_average": load_average(),
+    }
+
+
+def bench_generation(cfg: argparse.Namespace) -> dict:
+    import torch
+
+    from judgetrain.config.recipe import RecipeError
+    from judgetrain.models.aliases import resolve_model
+
+    prompts = [r["prompt"] for r in _judgebias_rows(cfg.generation_rows)]
+    out: dict[str, Any] = {"prompts": "JudgeBias validation prompts (rubric + recipe)", "rows": len(prompts),
+                           "torch_threads": torch.get_num_threads(), "models": {}}
+    for name in cfg.generation_models:
+        label = generation_label(name)
+        try:
+            path = resolve_model(name)
+        except RecipeError as e:  # SmolLM2 without its package: the other models still run
+            logger.warning("generation bench: %s skipped: %s", name, e)
+            out["models"][label] = {"skipped": str(e)}
+            continue
+        model, tokenizer = load_eval_model(path, cfg.recipe)
+        out["models"][label] = {"model": name, **bench_generation_model(cfg, model, tokenizer, prompts)}
+        del model
+    return out

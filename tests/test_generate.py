@@ -1,0 +1,203 @@
+"""The batched generation engine (judgetrain.eval.generate) on tiny random Qwen2 (the tiny judge), Qwen3 and Llama 3.1
+models with their real chat templates: batched, left-padded greedy output equals one-prompt-at-a-time output token
+for token; per-row stops, max_new_tokens, truncation, seeded sampling, merged LoRA, and 2 gloo processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from families import build_family_model
+from helpers import REPO, free_port
+
+SYSTEM = ("You are an expert judge of laboratory synthesis recipes. Evaluate the recipe for materials, equipment, "
+          "procedure completeness, feasibility and characterization, then give a JSON block with overall_score.")
+RECIPE = "Dissolve 5 g of NaCl in 100 mL of water, heat to 80 C for 10 min, filter and dry at 120 C. "
+PROMPTS = [
+    "Hi",  # a few tokens: left padded by ~200 in the batch of the long one
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Recipe:\n" + RECIPE * 5}],
+    "Evaluate this proposal: heat the sample.",
+    [{"role": "user", "content": "Compare proposal A and proposal B. " * 12}],
+]
+NEW = 16
+
+
+def spread(model):
+    """Matrices redrawn with std 0.2: at the models' own init (std 0.02) greedy decoding repeats one token forever,
+    which would compare nothing. Measured on these prompts: the smallest top-2 logit gap along the greedy paths is
+    2e-3, the largest logit difference between a left-padded batch and a prompt alone 1.3e-5 (fp32), so an argmax
+    flip from padding is out of reach and the comparison is exact."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for w in model.parameters():
+            if w.dim() >= 2:
+                w.normal_(0, 0.2)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def models(tiny_judge, tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tmp_path_factory.mktemp("gen-families")
+    paths = {"tiny": tiny_judge, **{f: build_family_model(f, tiny_judge, root / f) for f in ("qwen3", "llama31")}}
+    return {name: (spread(AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)),
+                   AutoTokenizer.from_pretrained(p)) for name, p in paths.items()}
+
+
+def _generator(model, tokenizer, **kw):
+    from judgetrain.eval.generate import Generator
+
+    return Generator(model, tokenizer, **{"max_new_tokens": NEW, **kw})
+
+
+@pytest.mark.parametrize("family,eot", [("tiny", "<|im_end|>"), ("qwen3", "<|im_end|>"), ("llama31", "<|eot_id|>")])
+def test_batched_greedy_equals_one_prompt_at_a_time_token_for_token(models, family, eot):
+    from judgetrain.models.templates import assistant_prefix
+
+    model, tok = models[family]
+    gen = _generator(model, tok)
+    assert tok.convert_tokens_to_ids(eot) in gen.stop_token_ids  # read from the template, not a table
+    batched = gen.generate(PROMPTS)
+    assert gen.stats.batches == 1 and gen.stats.prompts == 4  # one left-padded batch of all four
+    lengths = [g.prompt_tokens for g in batched]
+    assert max(lengths) > 5 * min(lengths)
+    # the prompt as training renders the assistant turn (Qwen3: after the empty think block), no special tokens added
+    messages = PROMPTS[1]
+    assert gen.prompt_ids(messages) == tok(text=assistant_prefix(tok, messages), add_special_tokens=False)["input_ids"]
+    assert lengths[1] == len(gen.prompt_ids(messages))
+    for i, prompt in enumerate(PROMPTS):
+        alone = _generator(model, tok).generate([prompt])[0]
+        assert batched[i].token_ids == alone.token_ids, (family, i)  # exact: no tolerance was needed
+        assert batched[i].text == alone.text and batched[i].n_tokens == alone.n_tokens
+        assert batched[i].stopped == alone.stopped and batched[i].n_tokens == (len(alone.token_ids) + alone.stopped)
+        assert batched[i].n_tokens == NEW or batched[i].stopped
+    assert len({t for g in batched for t in g.token_ids}) > 20  # varied text, not one token repeated
+    assert gen.stats.generated_tokens == sum(g.n_tokens for g in batched)
+    assert model.training is False
+
+
+def test_each_row_stops_on_its_own_and_max_new_tokens_and_truncation_hold(models):
+    model, tok = models["tiny"]
+    free = _generator(model, tok).generate(PROMPTS)
+    # a stop token that row 1 writes early and row 3 never writes: row 1 ends there, row 3 runs on in the same batch
+    stop = next(t for t in free[1].token_ids[2:] if t not in free[3].token_ids)
+    at = free[1].token_ids.index(stop)
+    gen = _generator(model, tok, stop_token_ids=[stop])
+    out = gen.generate([PROMPTS[1], PROMPTS[3]])
+    assert gen.stats.batches == 1
+    assert out[0].stopped and out[0].token_ids == free[1].token_ids[:at] and out[0].n_tokens == at + 1
+    assert out[0].text == tok.decode(free[1].token_ids[:at], skip_special_tokens=True)
+    assert not out[1].stopped and out[1].token_ids == free[3].token_ids and out[1].n_tokens == NEW
+    assert gen.stats.stopped == 1 and gen.stats.generated_tokens == at + 1 + NEW
+
+    short = _generator(model, tok, max_new_tokens=5).generate(PROMPTS)
+    assert [g.n_tokens for g in short] == [5] * 4 and [g.token_ids for g in short] == [f.token_ids[:5] for f in free]
+
+    cut = _generator(model, tok, max_length=64, max_new_tokens=8)
+    out = cut.generate(PROMPTS)
+    full = _generator(model, tok).prompt_ids(PROMPTS[1])
+    assert [g.truncated for g in out] == [False, True, False, True] and cut.stats.truncated == 2
+    assert out[1].prompt_tokens == 56 and out[0].prompt_tokens == len(cut.prompt_ids(PROMPTS[0]))
+    assert len(full) > 56
+    with pytest.raises(ValueError, match=r"max_length \(8\) must exceed max_new_tokens \(8\)"):
+        _generator(model, tok, max_length=8, max_new_tokens=8)
+
+
+def test_sampling_is_reproducible_from_its_seed_and_leaves_the_global_rng_alone(models):
+    model, tok = models["tiny"]
+    kw = dict(do_sample=True, temperature=1.0, top_p=0.95)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = _generator(model, tok, seed=7, **kw).generate(PROMPTS[:2])
+    after = torch.rand(1)
+    assert torch.equal(before, after)  # sampling ran in a forked random state
+    b = _generator(model, tok, seed=7, **kw).generate(PROMPTS[:2])
+    c = _generator(model, tok, seed=8, **kw).generate(PROMPTS[:2])
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+
+
+def test_lora_runs_merged_in_generate_and_batched_equals_one_at_a_time(models):
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = models["tiny"]
+    torch.manual_seed(0)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                  init_lora_weights=False, task_type="CAUSAL_LM"))
+    try:
+        peft_model.train()
+        gen = _generator(peft_model, tok)
+        batched = gen.generate(PROMPTS)
+        assert gen.stats.merged_lora_layers > 0 and peft_model.training  # training mode restored
+        plain = _generator(model, tok, merge_lora=False)
+        with peft_model.disable_adapter():
+            base = plain.generate(PROMPTS[:1])
+        assert base[0].token_ids != batched[0].token_ids  # the adapter changes what is written
+        for i in (0, 1):  # the shortest and the longest prompt
+            assert _generator(peft_model, tok).generate([PROMPTS[i]])[0].token_ids == batched[i].token_ids, i
+        unmerged = _generator(peft_model, tok, merge_lora=False).generate(PROMPTS)
+        assert [g.token_ids for g in unmerged] == [g.token_ids for g in batched]
+    finally:
+        peft_model.unload()
+        model.eval()
+
+
+def test_vllm_backend_asked_for_without_vllm_or_a_gpu_fails_clearly(models):
+    from judgetrain.eval.generate import Generator, vllm_available
+
+    if vllm_available():
+        pytest.skip("vLLM and a GPU are present")
+    model, tok = models["tiny"]
+    with pytest.raises(RuntimeError, match="generation backend 'vllm': (the vllm package is not installed|no CUDA)"):
+        Generator(model, tok, backend="vllm")
+    assert Generator(model, tok, backend="auto").backend == "transformers"
+
+
+SHARDED = """
+import json, os, sys, torch
+sys.path.insert(0, "tests")
+from test_generate import spread
+from accelerate import PartialState
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from judgetrain.eval.generate import Generator, generate_sharded
+state = PartialState(cpu=True)
+path, prompts = sys.argv[1], json.loads(sys.argv[2])
+model = spread(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+gen = Generator(model, AutoTokenizer.from_pretrained(path), max_new_tokens=int(sys.argv[3]), max_batch_size=1)
+out = generate_sharded(gen, prompts, state)
+print("RESULT " + json.dumps({"rank": state.process_index, "world": state.num_processes, "stats": gen.stats.as_dict(),
+                              "out": [[g.token_ids, g.text, g.prompt_tokens] for g in out]}), flush=True)
+"""
+
+
+def test_two_gloo_processes_generate_every_prompt_once_with_the_texts_of_one(models, tiny_judge):
+    model, tok = models["tiny"]
+    prompts = PROMPTS + ["One more judge prompt, of middling length, to make the count odd."]
+    one = _generator(model, tok).generate(prompts)
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-c", SHARDED, tiny_judge, json.dumps(prompts), str(NEW)],
+                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr[-4000:]
+        results.append(json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:]))
+    assert sorted(r["rank"] for r in results) == [0, 1] and {r["world"] for r in results} == {2}
+    by_rank = {r["rank"]: r for r in results}
+    # 5 prompts strided over 2 ranks: 3 and 2, one generate call each (max_batch_size 1); rank 1 pads one call
+    assert [by_rank[r]["stats"]["prompts"] for r in (0, 1)] == [3, 2]
+    assert [by_rank[r]["stats"]["padding_batches"] for r in (0, 1)] == [0, 1]
+    expected = [[g.token_ids, g.text, g.prompt_tokens] for g in one]
+    for r in results:
+        assert r["out"] == expected  # every process holds every prompt's completion, in input order
