@@ -53,6 +53,8 @@ def evaluate(
             spec.max_rows = None
         rows = list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
         requests = [build_request(spec.name, row, engine.scoring) for row in rows]
+        for i, req in enumerate(requests):
+            req.cache_key = f"{spec.key}:{i}"  # the engine keeps each row's token ids across evals
         before = engine.stats.as_dict()
         engine.rows_per_rank = None
         t0 = time.perf_counter()
