@@ -168,7 +168,7 @@ def test_full_fine_tune_eval_is_zero_at_start_a_sigterm_in_an_eval_stops_at_once
     from test_reliability import _wait_exit, records, small_recipe, start, wait_for
 
     recipe = Path(small_recipe(tmp_path / "r.yaml", extra="use_peft: false\nprecompute_ref_log_probs: true\n"
-                               "eval_on_start: true\neval_batch_tokens: 1024\nlearning_rate: 1.0e-4\n"))
+                               "eval_on_start: true\neval_batch_tokens: 512\nlearning_rate: 1.0e-4\n"))
     text = recipe.read_text().replace("split: train}", "split: train, max_rows: 8}")
     recipe.write_text(text.replace("max_steps: 6", "max_steps: 4").replace("eval_steps: 4", "eval_steps: 2")
                       .replace("eval_max_rows: 32", "eval_max_rows: 8"))

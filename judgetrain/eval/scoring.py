@@ -535,6 +535,7 @@ class ScoringEngine:
     def score_requests(self, requests: Sequence[Request], *, sync: bool = False) -> list[RowScore]:
         """Score the requests held by this process (no communication unless ``sync``)."""
         t0 = time.perf_counter()
+        self._stop_points = 0  # forwards of this call (named when a stop request ends it)
         model = self.model
         was_training = model.training
         model.eval()
