@@ -94,13 +94,10 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
 def _eval_rows(script_args, training_args, tokenizer, n: int, report) -> dict:
     """The eval suites the run scores, read and validated as its start reads them (every row, the recipe's
     on_bad_row), lengths on the first ``n`` rows of each: a bad eval row or a wrong eval source fails here."""
-    from judgetrain.eval.rows import audit_eval_lengths, suite_dataset
-    from judgetrain.eval.suites import suite_specs
+    from judgetrain.eval.rows import audit_eval_lengths, recipe_specs, suite_dataset
 
-    if not script_args.eval_suites or (training_args.eval_strategy == "no" and not training_args.eval_on_start):
-        return {}
     out: dict = {}
-    for spec in suite_specs(script_args, seed=training_args.seed or 0):
+    for spec in recipe_specs(script_args, training_args):
         src = spec.source or "bundled"
         if src != "bundled" and src.startswith((".", "/")) and not Path(src).exists():
             raise RecipeError(f"eval_{spec.name}_source {src}: file or folder not found")

@@ -46,17 +46,24 @@ def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: s
     return ds.select([r["__index"] for r in load_suite_rows(probe)])
 
 
-def recipe_eval_suites(script_args, training_args, tokenizer) -> list[SuiteSpec]:
-    """The suites a recipe evaluates during training, their rows read now (`prepare_eval_rows`); [] when it does
-    not evaluate. The specs are the ones `JudgeEvalCallback.from_recipe` builds (give them to the callback)."""
+def recipe_specs(script_args, training_args) -> list[SuiteSpec]:
+    """The suites a recipe evaluates during training, as `JudgeEvalCallback.from_recipe` builds them; [] when it
+    does not evaluate."""
     from judgetrain.eval.callback import JudgeEvalCallback
 
     if not script_args.eval_suites or (training_args.eval_strategy == "no" and not training_args.eval_on_start):
         return []
-    specs = JudgeEvalCallback.from_recipe(script_args, training_args, tokenizer).suites
-    prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,
-                      max_length=training_args.max_length, scoring=script_args.eval_scoring,
-                      long_inputs="skip" if script_args.long_rows == "skip" else "truncate_prompt")
+    return JudgeEvalCallback.from_recipe(script_args, training_args, None).suites
+
+
+def recipe_eval_suites(script_args, training_args, tokenizer) -> list[SuiteSpec]:
+    """The suites a recipe evaluates during training, their rows read now (`prepare_eval_rows`); [] when it does
+    not evaluate. Give them to the run's `JudgeEvalCallback`."""
+    specs = recipe_specs(script_args, training_args)
+    if specs:
+        prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,
+                          max_length=training_args.max_length, scoring=script_args.eval_scoring,
+                          long_inputs="skip" if script_args.long_rows == "skip" else "truncate_prompt")
     return specs
 
 
