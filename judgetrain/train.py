@@ -208,8 +208,13 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
     plan = record_run(out, identity, plan, resolved, command, resume_from, script_args)
     forced = plan["forced"] if plan["kind"] == "resume" else None
     keep = training_args.save_total_limit
+    from judgetrain.eval.rows import recipe_eval_suites
+
+    eval_suites = recipe_eval_suites(script_args, training_args, tokenizer)  # read, checked and audited before step 1
     trainer, guard, stopper = build_trainer(script_args, training_args, model_args, model_path, tokenizer,
                                             train_dataset, identity, forced)
+    if eval_suites and getattr(trainer, "judge_eval", None) is not None:
+        trainer.judge_eval.suites = eval_suites
     try:
         outcome, result = run_training(trainer, resume_from, guard)
     finally:  # the recipe's value back in the arguments (Trainer's own rotation was off during training)

@@ -40,6 +40,17 @@ def log_without_overrides(trainer: Any, logs: dict[str, float]) -> None:
         trainer.log(logs)
 
 
+def save_checkpoint_now(trainer: Any) -> None:
+    """Save a checkpoint of the trainer's present state and run the ``on_save`` callbacks, as
+    ``Trainer._maybe_log_save_evaluate`` does after an evaluation (``_save_checkpoint`` then ``on_save``): the stop
+    checkpoint of a SIGTERM that came during an eval, saved at once instead of after another step.
+
+    checked: transformers 5.24.0 (``_save_checkpoint(model, trial)``; the model argument is unused there, the
+    trainer saves ``self.model``). A changed signature fails here with a TypeError."""
+    trainer._save_checkpoint(trainer.model, None)
+    trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+
+
 def report_to_keys(logs: dict[str, Any]) -> dict[str, Any]:
     """The key names transformers' W&B and TensorBoard callbacks give a log record (``loss`` -> ``train/loss``,
     ``eval_x`` -> ``eval/x``): ``transformers.integrations.integration_utils.rewrite_logs``, not exported.

@@ -79,6 +79,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
     _, audit = audit_lengths(neutralise_dataset(dataset, tokenizer), tokenizer, training_args.max_length, action, None)
     report["audit"] = audit
+    report["eval"] = _eval_rows(script_args, training_args, tokenizer, n, report)
     report["memory"] = _memory(script_args, training_args, model_args, resolved, cfg, report)
     from judgetrain.config.preflight import preflight
 
@@ -88,6 +89,31 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     for problem in report["preflight"]:
         logger.warning("preflight: %s", problem)
     return report
+
+
+def _eval_rows(script_args, training_args, tokenizer, n: int, report) -> dict:
+    """The eval suites the run scores, read and validated as its start reads them (every row, the recipe's
+    on_bad_row), lengths on the first ``n`` rows of each: a bad eval row or a wrong eval source fails here."""
+    from judgetrain.eval.rows import audit_eval_lengths, recipe_specs, suite_dataset
+
+    out: dict = {}
+    for spec in recipe_specs(script_args, training_args):
+        src = spec.source or "bundled"
+        if src != "bundled" and src.startswith((".", "/")) and not Path(src).exists():
+            raise RecipeError(f"eval_{spec.name}_source {src}: file or folder not found")
+        try:
+            rows = suite_dataset(spec, on_bad_row=script_args.on_bad_row, rejects_path=str(
+                Path(training_args.output_dir) / "rejects" / f"eval_{spec.name}.jsonl"))
+        except Exception as e:
+            if isinstance(e, RecipeError) or not _is_offline_error(e):
+                raise
+            report["notes"].append(f"eval_{spec.name}_source {src} unreachable offline ({type(e).__name__}); not checked")
+            continue
+        spec.rows, spec.max_rows = rows.select(range(min(n, len(rows)))), None
+        out[spec.name] = {"rows": len(rows), "audit": audit_eval_lengths(
+            spec, tokenizer, training_args.max_length or 1 << 30, "skip" if script_args.long_rows == "skip" else
+            "truncate_prompt", script_args.eval_scoring)}
+    return out
 
 
 def _memory(script_args, training_args, model_args, resolved, cfg, report) -> dict | None:

@@ -38,7 +38,7 @@ from transformers import TrainerCallback
 from judgetrain.compat.transformers import log_without_overrides
 from judgetrain.config.recipe import PROXY_MODES, scoring_modes
 from judgetrain.eval.runner import evaluate_and_write
-from judgetrain.eval.scoring import ScoringEngine
+from judgetrain.eval.scoring import EvalStopped, ScoringEngine
 from judgetrain.eval.suites import SuiteSpec, suite_specs
 from judgetrain.eval.metrics import to_trainer_log_keys
 
@@ -170,6 +170,7 @@ class JudgeEvalCallback(TrainerCallback):
 
     # ---------------------------------------------------------------------------------------------- events
     def on_train_begin(self, args, state, control, **kwargs):
+        self._policy_reference(state)
         if state.global_step > 0:  # resumed: the checkpoint's step was evaluated (or not) by the run that saved it
             self.last_step = state.global_step
         elif self.on_start:
@@ -190,6 +191,68 @@ class JudgeEvalCallback(TrainerCallback):
         return self.own_schedule and args.eval_strategy == "no"
 
     # ---------------------------------------------------------------------------------------------- eval
+    def _engine(self) -> ScoringEngine:
+        """The one engine of the run (its reference and token-id caches live across evals), on the present model;
+        a stop request (SIGTERM) is checked before each of its forwards, agreed over the processes."""
+        model = self._model()
+        if self.engine is None:
+            self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), **self.engine_kwargs)
+            stopper = self._stopper()
+            if stopper is not None:
+                from judgetrain.utils.ranks import any_rank
+
+                self.engine.stop_check = lambda: any_rank([stopper.requested])[0]
+        else:
+            self.engine.set_model(model)
+        return self.engine
+
+    def _stopper(self):
+        from judgetrain.trainer.callbacks import GracefulStop
+
+        handler = getattr(self.trainer, "callback_handler", None)
+        return next((cb for cb in getattr(handler, "callbacks", []) if isinstance(cb, GracefulStop)), None)
+
+    def _policy_reference(self, state) -> None:
+        """No reference model and no adapter (a full fine-tune with precompute_ref_log_probs): the weights before
+        the first step are the reference, scored once and written to output_dir; a resume reads them back
+        (`judgetrain.eval.reference`)."""
+        from accelerate import PartialState
+
+        from judgetrain.eval import reference
+
+        if self.trainer is None or "implicit" not in self.modes:
+            return
+        engine = self._engine()
+        if not reference.needs_policy_reference(engine):
+            return
+        if state.global_step > 0:
+            reference.load_reference(engine, self.output_dir, PartialState(), f"the checkpoint at step {state.global_step}")
+            return
+        try:
+            reference.score_reference(engine, self.suites, PartialState())
+        except EvalStopped as stop:
+            self._abandon(state, stop, "the eval reference")
+        if self.trainer.is_world_process_zero():
+            reference.save_reference(engine, self.output_dir)
+
+    def _abandon(self, state, stop: EvalStopped, what: str) -> None:
+        """A stop request came during an eval: nothing of it is logged or written; the stop checkpoint is saved now
+        (`GracefulStop` then ends the run with it); before the first step there is nothing to save."""
+        from judgetrain.compat.transformers import save_checkpoint_now
+        from judgetrain.trainer.callbacks import RunStopped
+
+        step = int(state.global_step)
+        stopper = self._stopper()
+        logger.warning("%s at step %d abandoned (%s): no metrics logged for it; %s", what, step, stop,
+                       "saving the stop checkpoint now" if step and stopper else "stopping")
+        if stopper is None or step == 0:
+            raise RunStopped("signal", step, f"Stopped by a stop request during {what} at step {step}, before any "
+                             "checkpoint; start again (--resume auto starts from scratch)")
+        trainer = self.trainer
+        stopper.on_step_end(trainer.args, state, trainer.control)  # the stop flags, the old marker of this step gone
+        save_checkpoint_now(trainer)  # GracefulStop.on_save raises RunStopped once the checkpoint is complete
+        raise RunStopped("signal", step, f"stopped during {what} at step {step}")
+
     def _model(self):
         trainer = self.trainer
         return trainer.accelerator.unwrap_model(trainer.model)
@@ -244,21 +307,21 @@ class JudgeEvalCallback(TrainerCallback):
 
         logger.info("Evaluating %s at step %d", ", ".join(s.name for s in self.suites), step)
 
-        model = self._model()
-        if self.engine is None:
-            self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), **self.engine_kwargs)
-        else:
-            self.engine.set_model(model)
+        model = self._engine().model
         if "generate" in self.modes:
             if self.generator is None:
                 from judgetrain.eval.generate import Generator
 
                 self.generator = Generator(model, self.tokenizer, **self.generator_kwargs)
+                self.generator.stop_check = self.engine.stop_check  # a SIGTERM stops generation between its calls too
             else:
                 self.generator.set_model(model)
         out = Path(self.output_dir) / "eval" / str(step)
-        results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,
-                                              generator=self.generator, step=step, epoch=state.epoch)
+        try:
+            results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,
+                                                  generator=self.generator, step=step, epoch=state.epoch)
+        except EvalStopped as stop:
+            self._abandon(state, stop, "the eval")
         flat = summary["metrics"]
         self.history.append(flat)
         self._log(to_trainer_log_keys(flat))

@@ -160,6 +160,11 @@ class Generator:
                              "left for the prompt")
         self.model = model
         self.tokenizer = tokenizer
+        # called before every generate call; True abandons the generation (`judgetrain.eval.scoring.EvalStopped`).
+        # Under several processes it must give every rank the same answer (the callback's is reduced over them):
+        # every rank makes the same number of calls, so they all stop at the same one
+        self.stop_check: Any = None
+        self._stop_points = 0
         self.max_new_tokens = int(max_new_tokens)
         self.max_length = int(max_length)
         self.batch_tokens = int(batch_tokens)
@@ -250,11 +255,13 @@ class Generator:
                 if self.do_sample:
                     torch.manual_seed(self.seed)
                 for batch in batches:
+                    self._stop_point()
                     for i, g in zip(batch, self._run_batch(model, [fitted[i][0] for i in batch], device, synced)):
                         g.truncated = fitted[i][1]
                         results[i] = g
                     self.stats.batches += 1
                 for _ in range(n_calls - len(batches)):  # keep the ranks' generate calls (and forwards) in step
+                    self._stop_point()
                     self._run_batch(model, [[self.pad_token_id]], device, synced, max_new_tokens=1)
                     self.stats.padding_batches += 1
         finally:
@@ -282,6 +289,16 @@ class Generator:
         if self.do_sample:
             kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0, typical_p=1.0)
         return GenerationConfig(**kwargs)
+
+    def _stop_point(self) -> None:
+        """Before each generate call: a stop request (SIGTERM) abandons the eval here, as the scoring engine does."""
+        if self.stop_check is None:
+            return
+        self._stop_points += 1
+        if self.stop_check():
+            from judgetrain.eval.scoring import EvalStopped
+
+            raise EvalStopped(self._stop_points)
 
     def _run_batch(self, model, batch: list[list[int]], device, synced: bool,
                    max_new_tokens: int | None = None) -> list[Generated]:

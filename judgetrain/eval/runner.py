@@ -53,8 +53,19 @@ def _rows(spec: SuiteSpec) -> list[dict]:
     return list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
 
 
-def _score(engine: ScoringEngine, name: str, rows: list[dict], mode: str, state: Any, bare: bool = True) -> SuiteResult:
-    requests = [build_request(name, row, mode) for row in rows]
+def _requests(spec: SuiteSpec, rows: list[dict], mode: str, indices: list[int] | None = None) -> list:
+    """The engine's requests for ``rows`` in ``mode``, each named by its suite row (``indices``, default 0..n-1) so
+    the engine keeps its token ids across evals."""
+    requests = [build_request(spec.name, row, mode) for row in rows]
+    for i, req in zip(range(len(rows)) if indices is None else indices, requests):
+        req.cache_key = f"{spec.key}:{i}"
+    return requests
+
+
+def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, state: Any,
+           bare: bool = True) -> SuiteResult:
+    name = spec.name
+    requests = _requests(spec, rows, mode)
     before = engine.stats.as_dict()
     engine.rows_per_rank = None
     t0 = time.perf_counter()
@@ -85,7 +96,7 @@ def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list
     t0 = time.perf_counter()
     flat = generate_sharded(generator, [p for row in prompts for p in row], state)
     gen_seconds = time.perf_counter() - t0
-    expected = score_sharded(engine, [build_request(spec.name, row, "judge") for row in picked], state)
+    expected = score_sharded(engine, _requests(spec, picked, "judge", keep), state)
     seconds = time.perf_counter() - t0
     records, start = [], 0
     for i, row, row_prompts, judged in zip(keep, picked, prompts, expected):
@@ -123,9 +134,9 @@ def evaluate(
     results: dict[str, SuiteResult] = {}
     for spec in specs:
         rows = _rows(spec)
-        res = _score(engine, spec.name, rows, proxies[0], state) if proxies else SuiteResult(spec.name, {}, [])
+        res = _score(engine, spec, rows, proxies[0], state) if proxies else SuiteResult(spec.name, {}, [])
         for mode in proxies[1:]:
-            res.modes[mode] = _score(engine, spec.name, rows, mode, state, bare=False)
+            res.modes[mode] = _score(engine, spec, rows, mode, state, bare=False)
         if "generate" in modes:
             res.modes["generate"] = _generate(engine, generator, spec, rows, state)
         results[spec.name] = res

@@ -69,6 +69,7 @@ class Request:
     responses: Sequence[Any] = ()
     judge_prompts: Sequence[Any] = ()
     row_index: int | None = None  # global row index (set by score_sharded)
+    cache_key: str | None = None  # names the row across evals (set by runner.evaluate): its token ids are kept
 
 
 @dataclass
@@ -78,6 +79,7 @@ class RowScore:
     scores: list[float] | None
     truncated: bool = False
     skipped: bool = False
+    no_reference: bool = False  # implicit: the frozen reference cache has no value for it (skipped, counted apart)
 
 
 @dataclass
@@ -87,6 +89,14 @@ class _Seq:
     ids: list[int]
     start: int  # first scored token (implicit/loglik); judge: len(ids) (the score is read after the last token)
     key: str = ""
+
+
+class EvalStopped(Exception):
+    """A stop request (SIGTERM) seen between two scoring batches: the eval is abandoned, nothing of it is kept."""
+
+    def __init__(self, batches: int):
+        self.batches = batches
+        super().__init__(f"stop requested: eval abandoned after {batches} scoring batches")
 
 
 # values per logsumexp block: on a CPU a block of ~2 MB stays in cache between the passes; an accelerator takes large
@@ -189,6 +199,17 @@ class ScoringEngine:
         self.prefix_sharing = bool(prefix_sharing)
         self.merge_lora = bool(merge_lora)
         self._sharing_problems: dict[int, str | None] = {}
+        # no adapter and no ref_model: None scores log-likelihood (warned); "compute" scores the current weights as
+        # the reference (the untrained policy, before the first step); "frozen" reads the reference cache only, and
+        # a sequence missing from it leaves its row unscored (`RowScore.no_reference`), never scored against 0
+        self.policy_reference: str | None = None
+        self.no_reference_sequences = 0
+        # called before every forward; True stops the eval (`EvalStopped`). Under several processes it must be the
+        # same collective on every rank (every rank runs the same number of forwards when scoring with ``sync``)
+        self.stop_check: Any = None
+        self._stop_points = 0
+        self._seq_cache: dict[str, tuple[list[tuple[int, np.ndarray, int]], bool, bool]] = {}
+        self._seq_cache_of: tuple | None = None
 
     # ------------------------------------------------------------------------------------------ model access
     def set_model(self, model: torch.nn.Module) -> None:
@@ -295,7 +316,12 @@ class ScoringEngine:
     def _build_sequences(self, requests: Sequence[Request]) -> tuple[list[_Seq], list[RowScore]]:
         seqs: list[_Seq] = []
         rows: list[RowScore] = []
+        self._check_sequence_cache()
         for r, req in enumerate(requests):
+            cached = self._seq_cache.get(f"{req.kind}|{req.cache_key}") if req.cache_key is not None else None
+            if cached is not None:  # tokenised at an earlier eval: the same ids (same tokenizer and length rule)
+                self._append_cached(r, cached, seqs, rows, len(req.judge_prompts if req.kind == "judge" else req.responses))
+                continue
             row_seqs: list[_Seq] = []
             truncated = skipped = False
             if req.kind == "judge":
@@ -326,12 +352,41 @@ class ScoringEngine:
                     row_seqs.append(_Seq(r, slot, ids, start))
             else:
                 raise ValueError(f"unknown request kind {req.kind!r}")
+            if req.cache_key is not None:
+                self._seq_cache[f"{req.kind}|{req.cache_key}"] = (
+                    [(s.slot, np.asarray(s.ids, dtype=np.int32), s.start) for s in row_seqs], truncated, skipped)
             if skipped:
                 rows.append(RowScore(None, truncated=False, skipped=True))
                 continue
             rows.append(RowScore([math.nan] * n, truncated=truncated))
             seqs.extend(row_seqs)
         return seqs, rows
+
+    def _check_sequence_cache(self) -> None:
+        """Kept token ids stay valid while the tokenizer and the length rules stay; any change drops them."""
+        tok = self.tokenizer
+        of = (id(tok), getattr(tok, "name_or_path", None), len(tok) if hasattr(tok, "__len__") else None,
+              getattr(tok, "chat_template", None), self.max_length, self.long_inputs, self.judge_prefix)
+        if of != self._seq_cache_of:
+            self._seq_cache.clear()
+            self._seq_cache_of = of
+
+    @staticmethod
+    def _append_cached(r: int, cached, seqs: list[_Seq], rows: list[RowScore], n: int) -> None:
+        row_seqs, truncated, skipped = cached
+        if skipped:
+            rows.append(RowScore(None, truncated=False, skipped=True))
+            return
+        rows.append(RowScore([math.nan] * n, truncated=truncated))
+        seqs.extend(_Seq(r, slot, ids.tolist(), start) for slot, ids, start in row_seqs)
+
+    def _stop_point(self) -> None:
+        """Before each forward: a stop request abandons the eval here (`EvalStopped`)."""
+        if self.stop_check is None:
+            return
+        self._stop_points += 1
+        if self.stop_check():
+            raise EvalStopped(self._stop_points)
 
     # ------------------------------------------------------------------------------------------ batching
     def _batches(self, seqs: list[_Seq]) -> list[list[_Seq]]:
@@ -456,11 +511,14 @@ class ScoringEngine:
         if shared_rows:
             scorer = SharedScorer(model, self._pad_id, self.stats, self._token_logps, self._judge_value,
                                   self._supports_logits_to_keep(model))
+            scorer.before_forward = self._stop_point
             out.update(scorer.score(shared_rows, judge, self.batch_tokens, self.max_batch_size))
         fn = self._judge_scores if judge else self._sequence_logps
         for batch in batches:
+            self._stop_point()
             out.update(((s.row, s.slot), v) for s, v in zip(batch, fn(model, batch)))
         for _ in range(n_total - n_forwards):  # padding forward for FSDP / ZeRO-3
+            self._stop_point()
             self._sequence_logps(model, [_Seq(-1, 0, [self._pad_id, self._pad_id], 1)])
         return out, n_forwards
 
@@ -469,6 +527,7 @@ class ScoringEngine:
     def score_requests(self, requests: Sequence[Request], *, sync: bool = False) -> list[RowScore]:
         """Score the requests held by this process (no communication unless ``sync``)."""
         t0 = time.perf_counter()
+        self._stop_points = 0  # forwards of this call (named when a stop request ends it)
         model = self.model
         was_training = model.training
         model.eval()
@@ -490,7 +549,12 @@ class ScoringEngine:
             if sync or implicit:
                 ref = self._reference_logps(implicit, sync)
                 for s in implicit:
-                    rows[s.row].scores[s.slot] -= ref[s.key]
+                    if rows[s.row].no_reference:
+                        continue
+                    if s.key in ref:
+                        rows[s.row].scores[s.slot] -= ref[s.key]
+                    else:  # frozen reference without this sequence: the row has no reference, so no score
+                        rows[s.row] = RowScore(None, skipped=True, no_reference=True)
         finally:
             if was_training:
                 model.train()
@@ -515,6 +579,16 @@ class ScoringEngine:
             ref.eval()
         elif self.has_adapter_reference:
             ref, ctx = self.model, self.model.disable_adapter
+        elif self.policy_reference == "compute":  # the current weights are the reference (before the first step)
+            ref, ctx = self.model, contextlib.nullcontext
+        elif self.policy_reference == "frozen":
+            missing = {s.key for s in todo}
+            if missing:
+                self.no_reference_sequences += len(missing)
+                logger.warning("implicit scoring: %d eval sequences have no reference log-prob (their rows were not in "
+                               "the eval set when the run started and its reference was scored): those rows are left "
+                               "unscored and counted as n_no_reference", len(missing))
+            return self._ref_cache
         else:
             if not self._warned_no_ref:
                 logger.warning("implicit scoring without a reference (no peft adapter, no ref_model): log-likelihood")

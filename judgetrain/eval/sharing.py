@@ -164,6 +164,7 @@ class SharedScorer:
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.cache_kw = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
         self.device = next(model.parameters()).device
+        self.before_forward: Callable | None = None  # called before each forward (the engine's stop point)
 
     # -------------------------------------------------------------------------------------------- one forward
     def _forward(self, segments: list[list[int]], past: Any, past_mask: torch.Tensor | None,
@@ -172,6 +173,8 @@ class SharedScorer:
         columns, the cache now holding past + segments, the full attention mask, the next position per entry)."""
         from transformers.cache_utils import DynamicCache
 
+        if self.before_forward is not None:
+            self.before_forward()
         longest = max(len(s) for s in segments)
         ids = torch.full((len(segments), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(segments), longest), dtype=torch.long)

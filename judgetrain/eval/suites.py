@@ -185,6 +185,8 @@ def build_record(name: str, index: int, row: dict, score: RowScore, scoring: str
         rec["truncated"] = True
     if score.skipped:
         rec["skipped"] = True
+    if score.no_reference:
+        rec["no_reference"] = True
     return rec
 
 
@@ -200,6 +202,9 @@ def suite_metrics(name: str, records: list[dict], scoring: str) -> dict[str, Any
     out["n_rows"] = len(scored)
     out["n_skipped"] = len(records) - len(scored)
     out["n_truncated"] = sum(1 for r in records if r.get("truncated"))
+    no_ref = sum(1 for r in records if r.get("no_reference"))
+    if no_ref:  # rows the run's frozen reference does not know (eval data changed since the start): unscored
+        out["n_no_reference"] = no_ref
     return out
 
 

@@ -1,0 +1,115 @@
+"""The reference of implicit scoring when the trainer has none: the untrained policy, scored once and kept.
+
+A full fine-tune with ``precompute_ref_log_probs`` has no reference model (TRL sets ``ref_model = None``: the
+training rows' reference log-probs are computed before the first step), and no adapter to disable. Its implicit
+eval scores would then be plain log-likelihood. The weights before the first optimizer step are the reference, so
+`score_reference` scores every eval sequence with them once (each process its shard, in the same order as an eval),
+every process gets the whole cache, and the main process writes it to ``<output_dir>/eval_reference.json``
+(``{"namespace": ..., "values": {key: log-prob}}``, keys as `ScoringEngine` makes them: token ids + reference
+name). The engine then reads only that cache (``policy_reference = "frozen"``); a resumed run loads the file
+instead of scoring a trained policy as its reference, and a row that was not in the eval set at the start has no
+reference: left unscored and counted (``n_no_reference``), never scored against 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from judgetrain.config.recipe import RecipeError
+from judgetrain.eval.scoring import ScoringEngine, shard_indices
+from judgetrain.eval.suites import SuiteSpec, build_request, load_suite_rows
+
+logger = logging.getLogger(__name__)
+
+REFERENCE_FILE = "eval_reference.json"
+
+
+def needs_policy_reference(engine: ScoringEngine) -> bool:
+    """Neither a reference model nor an adapter to disable (asked when implicit is among the run's modes)."""
+    return engine.ref_model is None and not engine.has_adapter_reference
+
+
+def score_reference(engine: ScoringEngine, specs: list[SuiteSpec], state: Any) -> int:
+    """Score every implicit eval sequence of ``specs`` with the engine's current weights as the reference (all
+    processes together) and freeze the engine's reference cache on the result. Returns the sequences scored."""
+    t0 = time.perf_counter()
+    world, rank = getattr(state, "num_processes", 1), getattr(state, "process_index", 0)
+    engine.policy_reference = "compute"
+    model = engine.model
+    was_training = model.training
+    model.eval()
+    n = 0
+    try:
+        with torch.inference_mode():
+            for spec in specs:
+                if spec.rows is None:
+                    spec.rows = load_suite_rows(spec)
+                    spec.max_rows = None
+                mine = shard_indices(len(spec.rows), rank, world)
+                requests = []
+                for i in mine:
+                    req = build_request(spec.name, spec.rows[i], "implicit")
+                    req.cache_key = f"{spec.key}:{i}"  # as runner.evaluate names it: the ids are reused there
+                    requests.append(req)
+                seqs, _ = engine._build_sequences(requests)
+                implicit = [s for s in seqs if requests[s.row].kind == "implicit"]
+                engine._reference_logps(implicit, world > 1)
+                n += len(implicit)
+    finally:
+        if was_training:
+            model.train()
+        engine.policy_reference = "frozen"
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        for part in gather_object([dict(engine._ref_cache)]):
+            engine._ref_cache.update(part)
+    logger.info("eval reference: %d sequences scored with the weights before the first step (%.1fs); implicit "
+                "scores are against them from now on", len(engine._ref_cache), time.perf_counter() - t0)
+    return n
+
+
+def save_reference(engine: ScoringEngine, output_dir: str | Path) -> Path:
+    """Write the engine's reference cache (main process only)."""
+    from judgetrain.utils.files import write_json
+
+    path = Path(output_dir) / REFERENCE_FILE
+    write_json(path, {"namespace": engine._reference_namespace(), "values": engine._ref_cache})
+    logger.info("eval reference: %d log-probs written to %s (a resume reads them)", len(engine._ref_cache), path)
+    return path
+
+
+def load_reference(engine: ScoringEngine, output_dir: str | Path, state: Any, resumed_from: str) -> None:
+    """A resumed run's reference: the file its start wrote (read by the main process, sent to the others).
+    Without it the run is refused: its weights are trained, so they cannot stand in for the reference."""
+    path = Path(output_dir) / REFERENCE_FILE
+    doc: Any = None
+    if getattr(state, "is_main_process", True):
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            doc = None
+        except (OSError, ValueError) as e:
+            doc = f"{path}: unreadable ({type(e).__name__}: {e})"
+    if getattr(state, "num_processes", 1) > 1:
+        from accelerate.utils import broadcast_object_list
+
+        box = [doc]
+        broadcast_object_list(box)
+        doc = box[0]
+    if not isinstance(doc, dict) or not isinstance(doc.get("values"), dict):
+        why = doc if isinstance(doc, str) else f"{path} is missing"
+        raise RecipeError(
+            f"implicit eval of a resumed full fine-tune without a reference model: {why}, so there is no reference "
+            f"(the weights before step 1, scored at the run's start) and {resumed_from}'s trained weights cannot "
+            "stand in for it. Resume with eval_scoring: judge, or eval_suites: none, or start the run again "
+            "(a start writes the file)")
+    engine._ref_cache.update({k: float(v) for k, v in doc["values"].items()})
+    engine.policy_reference = "frozen"
+    logger.info("eval reference: %d log-probs of the weights before step 1 read from %s", len(doc["values"]), path)

@@ -1,0 +1,126 @@
+"""The eval suites' rows, read at the start of a run: validated, capped, length-audited, held as Arrow.
+
+Without this, a suite's rows are read at its first eval (`judgetrain.eval.runner.evaluate`), in every process,
+with bad rows an error: a bad validation row, a typo in ``eval_*_source`` or an offline node crash a run after
+hours of training. `prepare_eval_rows` reads them before the model loads: each machine's main process first (the
+others wait, then read its copy), the recipe's ``on_bad_row`` applied with the rejects written beside the training
+rows' (``<output_dir>/rejects/eval_<suite>.jsonl``), the cap applied, the rows written once per machine to
+``<output_dir>/eval_rows/<suite>/node-K`` and read back memory-mapped (a `datasets.Dataset` on ``spec.rows``: no
+per-rank copy of every row as Python dicts for the whole run). The length audit counts the rows whose sequences
+exceed ``max_length`` as the engine tokenises them (cut from the left, or skipped with ``long_rows: skip``) and
+writes the counts to ``<output_dir>/eval_audit.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from judgetrain.eval.suites import DEFAULT_SPLITS, SuiteSpec, build_request, load_suite_rows
+
+logger = logging.getLogger(__name__)
+
+AUDIT_FILE = "eval_audit.json"
+_GROUP_FIELDS = ("domain", "id", "perturbation_type", "pair_id")  # what the row cap reads (suites._group_key)
+
+
+def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: str | None = None):
+    """The suite's rows from its source, validated (``on_bad_row``), after the row cap, as a `datasets.Dataset`."""
+    from judgetrain import data
+
+    source = data.sample_source(spec.name) if spec.source in (None, "", "bundled") else spec.source
+    common = dict(on_bad_row=on_bad_row, rejects_path=rejects_path)
+    if spec.name == "rmbench":
+        ds = data.load_rmbench(source, **common)
+    elif spec.name == "judgebias":
+        ds = data.load_judgebias(source, split=spec.split or DEFAULT_SPLITS["judgebias"], **common)
+    else:
+        ds = data.load_ideation(source, split=spec.split or DEFAULT_SPLITS["ideation"], mode=spec.mode, **common)
+    if spec.max_rows is None or spec.max_rows >= len(ds):
+        return ds
+    # the cap of load_suite_rows, drawn on the fields it reads only
+    fields = [f for f in _GROUP_FIELDS if f in ds.column_names]
+    keys = [dict({f: r[f] for f in fields}, __index=i) for i, r in enumerate(ds.select_columns(fields))]
+    probe = SuiteSpec(spec.name, max_rows=spec.max_rows, seed=spec.seed, mode=spec.mode, rows=keys)
+    return ds.select([r["__index"] for r in load_suite_rows(probe)])
+
+
+def recipe_specs(script_args, training_args) -> list[SuiteSpec]:
+    """The suites a recipe evaluates during training, as `JudgeEvalCallback.from_recipe` builds them; [] when it
+    does not evaluate."""
+    from judgetrain.eval.callback import JudgeEvalCallback
+
+    if not script_args.eval_suites or (training_args.eval_strategy == "no" and not training_args.eval_on_start):
+        return []
+    return JudgeEvalCallback.from_recipe(script_args, training_args, None).suites
+
+
+def recipe_eval_suites(script_args, training_args, tokenizer) -> list[SuiteSpec]:
+    """The suites a recipe evaluates during training, their rows read now (`prepare_eval_rows`); [] when it does
+    not evaluate. Give them to the run's `JudgeEvalCallback`."""
+    specs = recipe_specs(script_args, training_args)
+    if specs:
+        prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,
+                          max_length=training_args.max_length, scoring=script_args.eval_scoring,
+                          long_inputs="skip" if script_args.long_rows == "skip" else "truncate_prompt")
+    return specs
+
+
+def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_row: str = "error",
+                      tokenizer: Any = None, max_length: int | None = None, scoring: str = "implicit",
+                      long_inputs: str = "truncate_prompt", state: Any = None) -> dict[str, Any]:
+    """Read every suite's rows now (see the module doc) and keep them on the specs (``spec.rows``, a memory-mapped
+    Dataset; ``spec.max_rows`` then None, as after the first eval). All processes call it together. Returns the
+    length audit ({suite: counts}), also written to ``<output_dir>/eval_audit.json`` by the main process."""
+    from accelerate import PartialState
+
+    from judgetrain.data.prepare import reload_memory_mapped
+    from judgetrain.utils.files import write_json
+
+    state = state or PartialState()
+    out = Path(output_dir)
+    audit: dict[str, Any] = {}
+    for spec in specs:
+        if spec.rows is not None:
+            continue
+        ds = None
+        with state.main_process_first():  # the main process reads (and downloads) first; the others hit its cache
+            if state.is_local_main_process:
+                ds = suite_dataset(spec, on_bad_row=on_bad_row,
+                                   rejects_path=str(out / "rejects" / f"eval_{spec.name}.jsonl"))
+        quiet = logging.getLogger(reload_memory_mapped.__module__)
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)  # its lines speak of training rows
+        try:
+            spec.rows, _, reused = reload_memory_mapped(ds, out / "eval_rows" / spec.name, state)
+        finally:
+            quiet.setLevel(level)
+        spec.max_rows = None
+        if state.is_main_process:
+            logger.info("Eval rows [%s]: %d rows %s %s (memory-mapped)", spec.name, len(spec.rows),
+                        "kept in" if reused else "written to", out / "eval_rows" / spec.name)
+            if tokenizer is not None and max_length:
+                audit[spec.name] = audit_eval_lengths(spec, tokenizer, max_length, long_inputs, scoring)
+    if state.is_main_process and audit:
+        write_json(out / AUDIT_FILE, {"max_length": max_length, "long_inputs": long_inputs, "suites": audit})
+    return audit
+
+
+def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_inputs: str = "truncate_prompt",
+                       scoring: str = "implicit") -> dict[str, int]:
+    """How many of the suite's rows the engine would cut or skip at ``max_length`` (tokenised as it scores them)."""
+    from judgetrain.eval.scoring import ScoringEngine
+
+    counts = {"rows": 0, "too_long": 0, "longest": 0}
+    engine = ScoringEngine(None, tokenizer, scoring=scoring, max_length=1 << 30)
+    for row in spec.rows:
+        seqs, _ = engine._build_sequences([build_request(spec.name, row, scoring)])
+        longest = max((len(s.ids) for s in seqs), default=0)
+        counts["rows"] += 1
+        counts["longest"] = max(counts["longest"], longest)
+        counts["too_long"] += longest > max_length
+    action = "skipped" if long_inputs == "skip" else "cut from the left (the prompt)"
+    logger.info("Eval audit [%s]: %d rows, %d longer than max_length=%d (%s at each eval), longest %d tokens",
+                spec.name, counts["rows"], counts["too_long"], max_length, action, counts["longest"])
+    return counts
