@@ -201,3 +201,17 @@ def test_two_gloo_processes_generate_every_prompt_once_with_the_texts_of_one(mod
     expected = [[g.token_ids, g.text, g.prompt_tokens] for g in one]
     for r in results:
         assert r["out"] == expected  # every process holds every prompt's completion, in input order
+
+
+def test_a_stop_request_abandons_generation_before_its_next_generate_call(models):
+    from judgetrain.eval.scoring import EvalStopped
+
+    model, tok = models["tiny"]
+    gen = _generator(model, tok, max_batch_size=1, max_new_tokens=2)  # one prompt per generate call: 4 calls
+    asked = []
+    gen.stop_check = lambda: asked.append(1) or len(asked) == 3  # the stop arrives while the 2nd call runs
+    with pytest.raises(EvalStopped, match="after 3"):
+        gen.generate(PROMPTS)
+    assert gen.stats.batches == 2 and model.training is False
+    gen.stop_check = None
+    assert len(gen.generate(PROMPTS)) == 4  # the next eval runs whole
