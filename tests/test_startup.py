@@ -37,3 +37,37 @@ def test_generator_writes_valid_judgebias_rows_at_real_lengths(tmp_path):
     again = tmp_path / "again"  # seeded: a rerun writes the same rows
     make_judgebias_rows.run([str(again), "--rows", "200"])
     assert pq.read_table(again / "train.parquet").equals(table)
+
+
+def test_startup_sides_run_one_recipe(tmp_path):
+    """Both sides of the start-up bench train with the same DPOConfig keys, LoRA and rows; the recipe parses."""
+    import yaml
+
+    from judgetrain.bench.startup import bare_spec, startup_recipe
+    from judgetrain.config.recipe import parse_recipe
+
+    recipe = startup_recipe(tmp_path, 2, "cpu", 4096)
+    path = tmp_path / "startup.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    script_args, targs, model_args, _ = parse_recipe([str(path), "--output_dir", str(tmp_path / "out")])
+    assert (targs.max_length, targs.max_steps, targs.save_steps, targs.dataset_num_proc) == (4096, 2, 1, 2)
+    assert script_args.train_datasets[0]["source"] == str(tmp_path) and script_args.eval_suites == []
+    spec = bare_spec(path, tmp_path, "model-folder", tmp_path / "trl", resume=True)
+    for key in ("max_length", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+                "learning_rate", "dataset_num_proc", "save_steps", "use_cpu", "seed"):
+        assert spec["dpo"][key] == getattr(targs, key), key
+    assert spec["lora"] == {"r": model_args.lora_r, "lora_alpha": model_args.lora_alpha, "lora_dropout": 0.0,
+                            "target_modules": model_args.lora_target_modules}
+    assert spec["data"] == str(tmp_path / "train.parquet") and spec["resume"] is True
+    assert "dataset_num_proc" not in startup_recipe(tmp_path, 1, "cpu", 4096)
+
+
+def test_startup_cli_options_and_targets():
+    from judgetrain.bench.report import summarize
+    from judgetrain.cli.bench import build_parser
+
+    args = build_parser().parse_args(["--only", "startup", "--rows", "91639", "--startup-num-proc", "16"])
+    assert (args.only, args.startup_rows, args.startup_num_proc) == (["startup"], 91639, 16)
+    summary = summarize({"startup": {"cold_ratio": 1.3, "resume_ratio": 0.9, "resume_s": 42.0}})
+    assert (summary["startup_cold_ratio"], summary["startup_resume_s"]) == (1.3, 42.0)
+    assert "startup_cold_ratio" in summary["targets_missed"] and "startup_resume_s" not in summary["targets_missed"]

@@ -54,6 +54,8 @@ TARGETS = {
     "quickstart_eval_share": ("<=", 0.25),
     "parser_hostile_vs_clean_ratio": ("<=", 20.0),  # slowest hostile family / clean evaluation, 200,000 characters
     "parser_pairs_build_hostile_ratio": ("<=", 2.0),  # build_pairs with 4 hostile evaluations / clean panel
+    "startup_cold_ratio": ("<=", 1.15),  # launch to first step, judgetrain / bare TRL, cold
+    "startup_resume_s": ("<=", 60.0),  # a resume's launch to its first new step, seconds
 }
 
 
@@ -239,5 +241,9 @@ def summarize(report: dict) -> dict:
                 gpu = (r["prefix_sharing"].get("peak_gpu_mb"), r["trl"].get("peak_gpu_mb"))
                 if all(gpu):
                     s[f"train_gpu_prefix_sharing_peak_memory_ratio_{shape}_{name}"] = ratio(*gpu)
+    st = report.get("startup")
+    if st:
+        s.update(startup_cold_ratio=st["cold_ratio"], startup_resume_ratio=st["resume_ratio"],
+                 startup_resume_s=st["resume_s"])
     s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
     return s

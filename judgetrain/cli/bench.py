@@ -23,6 +23,9 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   GGUF that package installs, SmolLM2-135M-Instruct).
 - **scale**: engine eval time at 1x, 2x, 4x rows; judgetrain train time at 1x, 2x, 4x steps.
 - **overhead**: the quickstart recipe run for real; its eval time as a share of its epoch time.
+- **startup** (only with ``--only startup``): launch to the first optimizer step, ``python -m judgetrain.train``
+  against a bare TRL script on JudgeBias-shaped rows at real lengths (``--rows``) with SmolLM2's tokenizer, cold
+  and on resume, with the cache files each resume created (`judgetrain.bench.startup`).
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
 """
@@ -33,6 +36,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 import tempfile
 import time
@@ -45,6 +49,7 @@ from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_
 from judgetrain.bench.parser import CAP, PANEL_COPIES, bench_parser
 from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summarize
 from judgetrain.bench.scale import bench_quickstart, bench_train_scale
+from judgetrain.bench.startup import bench_startup
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
 from judgetrain.utils.logging import setup_logging
 
@@ -75,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", "--smallest", action="store_true", dest="quick", help="smallest sizes (seconds, for tests)")
     p.add_argument("--recipe", default=None, help="recipe both train sides use (default: recipes/quickstart.yaml)")
     p.add_argument("--only", nargs="+",
-                   choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser"),
-                   help="run only these parts (default: all that apply to --device)")
+                   choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "startup"),
+                   help="run only these parts (default: all that apply to --device, except startup)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
     p.add_argument("--train-shapes-dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
@@ -109,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"copies of the bundled panel in the parser part's pairs build (default {PANEL_COPIES}; "
                         "quick 1)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    g = p.add_argument_group("start-up (--only startup)")
+    g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",
+                   help="JudgeBias-shaped rows at real lengths (default 2,000; the real train split: 91639)")
+    g.add_argument("--startup-data", default=None, help="a folder with train.parquet (default: written by "
+                   "scripts/make_judgebias_rows.py)")
+    g.add_argument("--startup-num-proc", type=int, default=os.cpu_count(),
+                   help="dataset_num_proc of both sides (default: the CPU count)")
+    g.add_argument("--startup-max-length", type=int, default=4096, help="max_length of both sides")
+    g.add_argument("--startup-timeout", type=float, default=7200, help="seconds one start may take")
     g = p.add_argument_group("GPU (--device cuda)")
     g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
     g.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (prompt half, response half)")
@@ -183,6 +197,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["quickstart"] = bench_quickstart(args, workdir)
         if "parser" in parts:
             report["parser"] = bench_parser(args)
+        if "startup" in parts:
+            report["startup"] = bench_startup(args, workdir / "startup")
         if "device" in parts:
             report["device_bench"] = bench_device(args)
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
