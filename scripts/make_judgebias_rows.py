@@ -7,10 +7,12 @@
 Synthetic, not real data: the schema and vocabulary are those of iknow-lab/JudgeBias-DPO-RefFree as
 `judgetrain.data.load_judgebias` reads it (prompt / chosen / rejected as JSON strings of message lists; the 17
 perturbation sets, their types, categories and rates, recurring evenly), and the lengths are the real data's:
-prompts of 1-3k tokens (mean about 2.6k, skewed long), completions of about 0.64k tokens each (SmolLM2's tokenizer).
+prompts of 1.6-3.0k tokens (mean 2.58k, skewed long), completions of 0.37-0.99k tokens (mean 0.65k; SmolLM2's tokenizer
+with the chat template, measured on 200 rows with --measure).
 Each row is a `scripts/synth.py` row whose user message carries a block of reported-synthesis notes and whose two
 evaluations carry longer reasoning, cut from a seeded pool of sentences so the lengths are drawn per row. A
-91,639-row file takes seconds: the synth rows are built once per (recipe, set) and the padding is string slicing.
+91,639-row file took 54 s on 2 busy cores (about 20 s of CPU): the synth rows are built once per (recipe, set),
+the padding is string slicing.
 The output folder is a judgetrain data source (``{dataset: judgebias, source: OUT_DIR}``).
 """
 
