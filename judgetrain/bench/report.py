@@ -59,6 +59,8 @@ TARGETS = {
     "checkpoint_resume_verify_ratio": ("<=", 0.25),  # resume check (the slower of warm and cold) / time to write
     "generation_tiny_judge_tokens_per_s_ratio": (">=", 4.0),  # batched engine / one prompt at a time
     "generation_smollm2_tokens_per_s_ratio": (">=", 4.0),
+    "startup_cold_ratio": ("<=", 1.15),  # launch to first step, judgetrain / bare TRL, cold
+    "startup_resume_s": ("<=", 60.0),  # a resume's launch to its first new step, seconds
 }
 
 
@@ -259,5 +261,9 @@ def summarize(report: dict) -> dict:
                 gpu = (r["prefix_sharing"].get("peak_gpu_mb"), r["trl"].get("peak_gpu_mb"))
                 if all(gpu):
                     s[f"train_gpu_prefix_sharing_peak_memory_ratio_{shape}_{name}"] = ratio(*gpu)
+    st = report.get("startup")
+    if st:
+        s.update(startup_cold_ratio=st["cold_ratio"], startup_resume_ratio=st["resume_ratio"],
+                 startup_resume_s=st["resume_s"])
     s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
     return s

@@ -27,6 +27,9 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   ``model.generate`` loop on the same JudgeBias prompts (greedy, same stops and ``max_new_tokens``), with the tiny
   judge and SmolLM2-135M-Instruct (``smollm2-135m-instruct``; skipped with a warning when its package is missing):
   generated tokens/s of each side and their ratio, and whether the texts are equal.
+- **startup** (only with ``--only startup``): launch to the first optimizer step, ``python -m judgetrain.train``
+  against a bare TRL script on JudgeBias-shaped rows at real lengths (``--rows``) with SmolLM2's tokenizer, cold
+  and on resume, with the cache files each resume created (`judgetrain.bench.startup`).
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
 - **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint-gb`` twice per round): the marker's
@@ -40,6 +43,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 import tempfile
 import time
@@ -54,6 +58,7 @@ from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_
 from judgetrain.bench.parser import CAP, PANEL_COPIES, bench_parser
 from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summarize
 from judgetrain.bench.scale import bench_quickstart, bench_train_scale
+from judgetrain.bench.startup import bench_startup
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
 from judgetrain.utils.logging import setup_logging
 
@@ -88,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", default=None, help="recipe both train sides use (default: recipes/quickstart.yaml)")
     p.add_argument("--only", nargs="+",
                    choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint",
-                            "generation"),
-                   help="run only these parts (default: all that apply to --device, but checkpoint)")
+                            "generation",
+                            "startup"),
+                   help="run only these parts (default: all that apply to --device, but checkpoint and startup)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
     p.add_argument("--train-shapes-dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
@@ -133,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine budget of batch size x (prompt + max new tokens) per generate call (default 16384)")
     p.add_argument("--generation-max-batch-size", type=int, default=32, help="engine prompts per generate call")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    g = p.add_argument_group("start-up (--only startup)")
+    g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",
+                   help="JudgeBias-shaped rows at real lengths (default 2,000; the real train split: 91639)")
+    g.add_argument("--startup-data", default=None, help="a folder with train.parquet (default: written by "
+                   "scripts/make_judgebias_rows.py)")
+    g.add_argument("--startup-num-proc", type=int, default=os.cpu_count(),
+                   help="dataset_num_proc of both sides (default: the CPU count)")
+    g.add_argument("--startup-max-length", type=int, default=4096, help="max_length of both sides")
+    g.add_argument("--startup-timeout", type=float, default=7200, help="seconds one start may take")
     g = p.add_argument_group("GPU (--device cuda)")
     g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
     g.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (prompt half, response half)")
@@ -212,6 +227,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["checkpoint"] = bench_checkpoint(args, workdir / "checkpoint")
         if "generation" in parts:
             report["generation"] = bench_generation(args)
+        if "startup" in parts:
+            report["startup"] = bench_startup(args, workdir / "startup")
         if "device" in parts:
             report["device_bench"] = bench_device(args)
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)

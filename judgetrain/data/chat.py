@@ -97,8 +97,10 @@ def neutral_messages(messages: Any, tokenizer, pattern: re.Pattern | None = None
             for m in messages]
 
 
-def neutralise_dataset(dataset, tokenizer, columns: Sequence[str] = ("prompt", "chosen", "rejected")):
-    """The dataset with the message contents of ``columns`` neutralised (what TRL's DPOTrainer then tokenises)."""
+def neutralise_dataset(dataset, tokenizer, columns: Sequence[str] = ("prompt", "chosen", "rejected"),
+                       num_proc: int | None = None):
+    """The dataset with the message contents of ``columns`` neutralised (what TRL's DPOTrainer then tokenises), in
+    ``num_proc`` processes (the recipe's dataset_num_proc, as TRL tokenises)."""
     present = [c for c in columns if c in dataset.column_names]
     strings = control_strings(tokenizer)
 
@@ -108,7 +110,7 @@ def neutralise_dataset(dataset, tokenizer, columns: Sequence[str] = ("prompt", "
 
     if _pattern(strings) is None:
         return dataset
-    return dataset.map(fix, batched=True, desc="Neutralising control strings in content")
+    return dataset.map(fix, batched=True, num_proc=num_proc, desc="Neutralising control strings in content")
 
 
 def control_token_ids(tokenizer) -> set[int]:

@@ -67,7 +67,7 @@ def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):
 
     dataset = build_train_dataset(script_args, training_args)
     # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL.
-    dataset = neutralise_dataset(dataset, tokenizer)
+    dataset = neutralise_dataset(dataset, tokenizer, num_proc=training_args.dataset_num_proc)
     dataset, audit = audit_lengths(
         dataset, tokenizer, training_args.max_length, script_args.long_rows,
         str(out / "rejects" / "long_rows.jsonl") if main else None,
