@@ -123,6 +123,14 @@ def test_eval_rows_are_read_validated_and_memory_mapped_at_start(tokenizer, tmp_
     from judgetrain.eval.suites import load_suite_rows
 
     assert [r["sample_id"] for r in load_suite_rows(lazy)] == specs[0].rows["sample_id"]
+    # eval_scoring as a recipe gives it (a list of modes): the audit covers each mode's sequences, generate's through
+    # its judge prompts (RM-Bench's rubric prompts are longer than its implicit sequences)
+    from judgetrain.eval.rows import audit_eval_lengths
+
+    implicit = audit_eval_lengths(specs[1], tokenizer, 512, scoring=["implicit"])
+    both = audit_eval_lengths(specs[1], tokenizer, 512, scoring=["implicit", "generate"])
+    assert implicit["rows"] == both["rows"] == 3 and both["longest"] > implicit["longest"]
+    assert both == audit_eval_lengths(specs[1], tokenizer, 512, scoring=["judge", "implicit"])
 
 
 def test_a_bad_eval_row_is_named_or_skipped_and_written_as_rejects(tmp_path):

@@ -68,7 +68,7 @@ def recipe_eval_suites(script_args, training_args, tokenizer) -> list[SuiteSpec]
 
 
 def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_row: str = "error",
-                      tokenizer: Any = None, max_length: int | None = None, scoring: str = "implicit",
+                      tokenizer: Any = None, max_length: int | None = None, scoring: str | list[str] = "implicit",
                       long_inputs: str = "truncate_prompt", state: Any = None) -> dict[str, Any]:
     """Read every suite's rows now (see the module doc) and keep them on the specs (``spec.rows``, a memory-mapped
     Dataset; ``spec.max_rows`` then None, as after the first eval). All processes call it together. Returns the
@@ -108,14 +108,18 @@ def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_
 
 
 def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_inputs: str = "truncate_prompt",
-                       scoring: str = "implicit") -> dict[str, int]:
-    """How many of the suite's rows the engine would cut or skip at ``max_length`` (tokenised as it scores them)."""
+                       scoring: str | list[str] = "implicit") -> dict[str, int]:
+    """How many of the suite's rows the engine would cut or skip at ``max_length`` (tokenised as it scores them),
+    over every mode of ``scoring`` (a mode or a list, as eval_scoring; generate writes after the judge prompts)."""
+    from judgetrain.config.recipe import PROXY_MODES, scoring_modes
     from judgetrain.eval.scoring import ScoringEngine
 
+    modes = scoring_modes(scoring)
+    kinds = [m for m in modes if m in PROXY_MODES] + (["judge"] if "generate" in modes and "judge" not in modes else [])
     counts = {"rows": 0, "too_long": 0, "longest": 0}
-    engine = ScoringEngine(None, tokenizer, scoring=scoring, max_length=1 << 30)
+    engine = ScoringEngine(None, tokenizer, scoring=kinds[0], max_length=1 << 30)
     for row in spec.rows:
-        seqs, _ = engine._build_sequences([build_request(spec.name, row, scoring)])
+        seqs = [s for kind in kinds for s in engine._build_sequences([build_request(spec.name, row, kind)])[0]]
         longest = max((len(s.ids) for s in seqs), default=0)
         counts["rows"] += 1
         counts["longest"] = max(counts["longest"], longest)
