@@ -195,6 +195,15 @@ def test_a_recipe_with_an_unknown_mode_is_refused_naming_the_key(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- end to end
+def test_generation_gets_the_scoring_max_length_for_its_prompt_and_max_new_tokens_on_top():
+    from judgetrain.eval.callback import JudgeEvalCallback
+
+    cb = JudgeEvalCallback(["judgebias"], scoring=["implicit", "generate"], max_length=768,
+                           generator_kwargs={"max_new_tokens": 384})
+    assert cb.engine_kwargs["max_length"] == 768 and cb.generator_kwargs["max_length"] == 768 + 384
+    assert JudgeEvalCallback(["judgebias"], generator_kwargs={"max_length": 900}).generator_kwargs["max_length"] == 900
+
+
 def test_judgetrain_eval_implicit_and_generate_on_the_tiny_judge(tmp_path):
     import torch
     from peft import LoraConfig, get_peft_model

@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         if "generate" in eval_args.eval_scoring:
             from judgetrain.eval.generate import Generator
 
-            generator = Generator(model, tokenizer, max_length=args.max_length, **eval_args.generator_kwargs())
+            gen_kwargs = eval_args.generator_kwargs()
+            room = args.max_length + gen_kwargs["max_new_tokens"] if args.max_length else None  # prompt as scored, answer on top
+            generator = Generator(model, tokenizer, max_length=room, **gen_kwargs)
         results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state,
                                           modes=eval_args.eval_scoring, generator=generator, model=target,
                                           adapter=args.adapter)

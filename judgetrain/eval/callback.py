@@ -60,7 +60,7 @@ class JudgeEvalCallback(TrainerCallback):
         on_start: evaluate once before the first step (the baseline, logged at step 0), as ``eval_on_start`` does.
         max_length, long_inputs, batch_tokens, prefix_sharing, merge_lora: passed to `ScoringEngine`.
         generator_kwargs: generate mode: options of the `Generator` (max_new_tokens, do_sample, temperature, seed,
-            backend, ...; max_length and merge_lora default to the engine's).
+            backend, ...; merge_lora defaults to the engine's, max_length to the engine's plus max_new_tokens).
         output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
         trainer: the trainer (or call `attach` once it is built); add the callback with ``trainer.add_callback``.
@@ -96,7 +96,12 @@ class JudgeEvalCallback(TrainerCallback):
         self.on_start = on_start
         self.engine_kwargs = dict(scoring=self.scoring, max_length=max_length, long_inputs=long_inputs,
                                   batch_tokens=batch_tokens, prefix_sharing=prefix_sharing, merge_lora=merge_lora)
-        self.generator_kwargs = {"max_length": max_length, "merge_lora": merge_lora, **(generator_kwargs or {})}
+        self.generator_kwargs = {"merge_lora": merge_lora, **(generator_kwargs or {})}
+        if max_length and "max_length" not in self.generator_kwargs:
+            # the prompt keeps the room training gives it and the answer comes on top: with the training max_length
+            # alone, a recipe whose prompts nearly fill it (the laptop recipe: 768, prompts ~450 tokens) would cut
+            # every prompt's rubric away to make room for max_new_tokens
+            self.generator_kwargs["max_length"] = int(max_length) + int(self.generator_kwargs.get("max_new_tokens", 512))
         self.output_dir = output_dir
         self.ref_model = ref_model
         self.log_matrix_images = log_matrix_images

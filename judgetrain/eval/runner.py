@@ -104,6 +104,11 @@ def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list
         start += len(row_prompts)
     metrics = generate_metrics(spec.name, records)
     metrics["runtime"] = seconds
+    cut = sum(1 for o in (o for r in records for o in r["outputs"]) if o["truncated"])
+    if cut:  # a prompt cut from the left loses its start (the rubric, the system prompt): say it, not just count it
+        logger.warning("eval %s (generate): %d of %d prompts cut from the left to fit max_length %d - max_new_tokens "
+                       "%d; raise max_length or lower eval_generate_max_new_tokens",
+                       spec.name, cut, metrics["n_generated"], generator.max_length, generator.max_new_tokens)
     after = generator.stats.as_dict()
     stats = {k: after[k] - before[k] for k in after if isinstance(after[k], (int, float))}
     stats.update(seconds=seconds, generate_seconds=gen_seconds)
