@@ -232,6 +232,10 @@ def test_merged_lora_holds_at_most_its_budget_and_leaves_the_weights_bit_for_bit
                 peft_model(input_ids=ids)
                 raise RuntimeError("inside the context")
         assert torch.equal(peft_model(input_ids=ids).logits, plain)
+        # generation's way: the layers past the budget keep PEFT's forward (no per-forward merge at decode steps)
+        with merged_lora(peft_model, cache_bytes=sizes[0], per_forward=False) as n:
+            assert n == 1 and sum("forward" in vars(m) for m in peft_model.modules()) == 1
+            assert torch.allclose(peft_model(input_ids=ids).logits, plain, rtol=1e-4, atol=1e-5)
     assert (held[0], held[sizes[0]], held[sum(sizes)]) == (0, sizes[0], sum(sizes))
     assert merged_extra_bytes(sizes, 0) == max(sizes) and merged_extra_bytes(sizes, sum(sizes)) == sum(sizes)
     assert merged_extra_bytes([10, 30, 10], 25) == 20 + 30

@@ -274,7 +274,9 @@ class Generator:
             return contextlib.nullcontext(0)
         from judgetrain.eval.merged import merged_lora
 
-        return merged_lora(model)
+        # the layers past the held budget keep PEFT's forward: a decode step feeds one token per row, and building
+        # W + s B A in the forward (out x in x r) would cost about as much as the layer's matmul at every step
+        return merged_lora(model, per_forward=False)
 
     def generation_config(self, max_new_tokens: int | None = None):
         """The transformers GenerationConfig of every call. transformers fills the fields left unset from the model's

@@ -79,9 +79,12 @@ def _merged_forward(module: torch.nn.Module, adapters: list[str], held: bool):
 
 
 @contextlib.contextmanager
-def merged_lora(model: torch.nn.Module, cache_bytes: int = MERGED_CACHE_BYTES) -> Iterator[int]:
+def merged_lora(model: torch.nn.Module, cache_bytes: int = MERGED_CACHE_BYTES,
+                per_forward: bool = True) -> Iterator[int]:
     """Within the context, LoRA layers of ``model`` that qualify run merged; yields how many do. The layers merged
-    for the whole context hold at most ``cache_bytes``; the others merge in their forward."""
+    for the whole context hold at most ``cache_bytes``; the others merge in their forward (``per_forward``), or keep
+    PEFT's forward when ``per_forward`` is False: generation's decode steps feed one token per row, where building
+    ``W + s B A`` (``out x in x r``) costs as much as the layer's matmul itself."""
     if any("FullyShardedDataParallel" in type(m).__name__ for m in model.modules()):
         yield 0
         return
@@ -93,6 +96,8 @@ def merged_lora(model: torch.nn.Module, cache_bytes: int = MERGED_CACHE_BYTES) -
                 weight = module.base_layer.weight
                 keep = held + weight.numel() * weight.element_size() <= cache_bytes
                 held += weight.numel() * weight.element_size() if keep else 0
+                if not keep and not per_forward:
+                    continue
                 shadow_forward(module, _merged_forward(module, adapters, keep))
                 shadowed.append(module)
         yield len(shadowed)
