@@ -45,6 +45,7 @@ import torch
 
 from judgetrain.data.chat import text_ids
 from judgetrain.eval.batching import budget_batches
+from judgetrain.eval.scoring import StopPoints
 from judgetrain.models.templates import assistant_prefix
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def _eos_ids(tokenizer) -> list[int]:
     return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
-class Generator:
+class Generator(StopPoints):
     """Generates completions of judge prompts in length-sorted, left-padded batches (see module doc).
 
     Args:
@@ -291,16 +292,6 @@ class Generator:
         if self.do_sample:
             kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0, typical_p=1.0)
         return GenerationConfig(**kwargs)
-
-    def _stop_point(self) -> None:
-        """Before each generate call: a stop request (SIGTERM) abandons the eval here, as the scoring engine does."""
-        if self.stop_check is None:
-            return
-        self._stop_points += 1
-        if self.stop_check():
-            from judgetrain.eval.scoring import EvalStopped
-
-            raise EvalStopped(self._stop_points)
 
     def _run_batch(self, model, batch: list[list[int]], device, synced: bool,
                    max_new_tokens: int | None = None) -> list[Generated]:

@@ -99,6 +99,22 @@ class EvalStopped(Exception):
         super().__init__(f"stop requested: eval abandoned after {batches} scoring batches")
 
 
+class StopPoints:
+    """What the scoring engine and the generator share: before each forward or generate call (`_stop_point`) they ask
+    ``stop_check`` (set by the callback; None: never stop), and a True answer abandons the eval with `EvalStopped`,
+    naming how many such points were passed (``_stop_points``)."""
+
+    stop_check: Any = None
+    _stop_points: int = 0
+
+    def _stop_point(self) -> None:
+        if self.stop_check is None:
+            return
+        self._stop_points += 1
+        if self.stop_check():
+            raise EvalStopped(self._stop_points)
+
+
 # values per logsumexp block: on a CPU a block of ~2 MB stays in cache between the passes; an accelerator takes large
 # blocks (fewer kernel launches) and is bounded only by the float32 copy of a bf16 block
 LOGSUMEXP_BLOCK_CPU = 1 << 19
@@ -133,7 +149,7 @@ class EngineStats:
         return dict(self.__dict__)
 
 
-class ScoringEngine:
+class ScoringEngine(StopPoints):
     """Scores `Request`s with a policy (and reference) model; reuse one instance to reuse the reference cache.
 
     Args:
@@ -379,14 +395,6 @@ class ScoringEngine:
             return
         rows.append(RowScore([math.nan] * n, truncated=truncated))
         seqs.extend(_Seq(r, slot, ids.tolist(), start) for slot, ids, start in row_seqs)
-
-    def _stop_point(self) -> None:
-        """Before each forward: a stop request abandons the eval here (`EvalStopped`)."""
-        if self.stop_check is None:
-            return
-        self._stop_points += 1
-        if self.stop_check():
-            raise EvalStopped(self._stop_points)
 
     # ------------------------------------------------------------------------------------------ batching
     def _batches(self, seqs: list[_Seq]) -> list[list[_Seq]]:
