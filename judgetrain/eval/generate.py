@@ -45,7 +45,7 @@ import torch
 
 from judgetrain.data.chat import text_ids
 from judgetrain.eval.batching import budget_batches
-from judgetrain.eval.scoring import StopPoints
+from judgetrain.eval.scoring import StopPoints, _as_ids
 from judgetrain.models.templates import assistant_prefix
 
 logger = logging.getLogger(__name__)
@@ -83,15 +83,6 @@ class GenerationStats:
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
-
-
-def _as_ids(encoded: Any) -> list[int]:
-    ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    if ids and isinstance(ids[0], list):
-        ids = ids[0]
-    return [int(i) for i in ids]
 
 
 def end_of_turn_ids(tokenizer) -> list[int]:
