@@ -55,3 +55,35 @@ def test_shorten_prompt_keeps_the_whole_evaluation_and_fits_max_length(rows_and_
         assert after["prompt"][0] == before["prompt"][0]
         if after["prompt"][1] != before["prompt"][1]:
             assert "[... shortened to fit max_length ...]" in after["prompt"][1]["content"]
+
+
+def test_the_trainer_reuses_the_audits_ids_and_still_drops_what_trl_would(rows_and_tokenizer, tiny_judge, tmp_path,
+                                                                          caplog):
+    """JudgeDPOTrainer on audited rows holds exactly the rows and ids TRL's DPOTrainer prepares from the text, without
+    tokenising again; TRL's keep_start drop of rows whose prompt fills max_length still happens (long_rows: truncate)."""
+    import logging
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl import DPOConfig, DPOTrainer
+
+    from judgetrain.trainer.dpo import JudgeDPOTrainer
+
+    ds, tok = rows_and_tokenizer
+    prompts = sorted(_full_lengths(ds, tok)["_prompt_len"])
+    limit = prompts[len(ds) // 3]  # a third of the rows have a prompt that fills it
+    audited, report = audit_lengths(ds, tok, limit, "truncate", None)
+    fills = report["datasets"]["judgebias"]["prompt_fills_max_length"]
+    assert fills >= len(ds) // 2
+    text = audited.select_columns(["prompt", "chosen", "rejected"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_judge, dtype=torch.float32)
+    args = DPOConfig(output_dir=str(tmp_path), max_length=limit, report_to="none", use_cpu=True, bf16=False,
+                     activation_checkpointing=False, dataloader_num_workers=0)
+    trl_rows = DPOTrainer(model=model, args=args, train_dataset=text, processing_class=tok).train_dataset
+    with caplog.at_level(logging.INFO, logger="judgetrain.compat.trl"):
+        ours = JudgeDPOTrainer(model=model, args=args, train_dataset=audited, processing_class=tok,
+                               prefix_sharing=False).train_dataset
+    assert f"{len(ds)} rows' token ids from the length audit reused" in caplog.text
+    assert len(ours) == len(trl_rows) == len(ds) - fills
+    for column in ("prompt", "prompt_ids", "chosen_ids", "rejected_ids"):
+        assert ours[column] == trl_rows[column], column

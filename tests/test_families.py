@@ -133,11 +133,15 @@ def test_no_doubled_bos_in_training_scoring_or_generation_prompts(case):
         assert ids[0] == bos and ids.count(bos) == 1, tok.decode(ids[:3])
 
 
-def test_length_audit_counts_equal_the_lengths_trl_tokenises(case):
+def test_length_audit_tokenises_exactly_as_trl_and_counts_its_lengths(case):
+    """The audit's batched ids are the ids TRL's own DPOTrainer computed one row at a time: judgetrain's trainer
+    reuses them instead of tokenising again."""
     from judgetrain.data.lengths import _lengths_batched
 
     counted = _lengths_batched({k: [r[k] for r in ROWS] for k in ("prompt", "chosen", "rejected")}, case.tokenizer)
     for i, ex in enumerate(case.trainer.train_dataset):
+        for column in ("prompt_ids", "chosen_ids", "rejected_ids"):
+            assert counted[column][i] == ex[column], f"{case.family.name} row {i}: {column}"
         assert counted["_prompt_len"][i] == len(ex["prompt_ids"])
         assert counted["_full_len"][i] == len(ex["prompt_ids"]) + max(len(ex["chosen_ids"]), len(ex["rejected_ids"]))
 

@@ -1,5 +1,6 @@
 """The training rows folder (output_dir/train_rows/node-K): a start whose rows equal the folder's keeps it, with the
-caches TRL keeps beside the rows (nothing re-tokenised on resume); other rows replace it; the machine's folder is
+token ids of the length audit (TRL's, which it then does not compute again) and the caches TRL keeps beside the
+rows (nothing re-tokenised on resume); other rows replace it; the machine's folder is
 named from the process group, and a launch whose ranks are not numbered machine by machine is refused."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from datasets import load_from_disk
 
 from helpers import REPO
 from judgetrain.config.recipe import RecipeError
@@ -48,22 +50,25 @@ def test_ranks_not_numbered_machine_by_machine_are_refused():
 
 
 @pytest.mark.slow
-def test_a_resume_keeps_the_rows_and_trls_tokenised_cache(tmp_path):
+def test_rows_are_tokenised_once_and_a_resume_keeps_them(tmp_path):
     out = tmp_path / "run"
     first = _train(out, "--max_steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     rows = out / "train_rows" / "node-0"
     record = json.loads((rows / ROWS_FILE).read_text())
     assert record["rows"] > 0 and len(record["fingerprint"]) == 64
-    assert "Tokenizing train dataset" in first.stderr
+    # the audit's ids are TRL's: the trainer reuses them, TRL does not tokenise the rows a second time
+    assert "Tokenizing train dataset" not in first.stderr
+    assert f"{record['rows']} rows' token ids from the length audit reused" in first.stderr, first.stderr[-3000:]
+    kept = load_from_disk(str(rows))
+    assert {"prompt_ids", "chosen_ids", "rejected_ids"} <= set(kept.column_names)
     caches = {p.name: p.stat().st_mtime_ns for p in rows.glob("cache-*.arrow")}
-    assert caches, "TRL wrote no cache beside the rows"
     data_file = (rows / "data-00000-of-00001.arrow").stat().st_mtime_ns
 
     second = _train(out, "--max_steps", "3", "--resume", "auto", "--resume_force")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "kept with" in second.stderr and record["fingerprint"][:12] in second.stderr, second.stderr[-3000:]
-    assert "Tokenizing train dataset" not in second.stderr  # TRL loaded its tokenised rows from the kept cache
+    assert "Tokenizing train dataset" not in second.stderr
     assert (rows / "data-00000-of-00001.arrow").stat().st_mtime_ns == data_file
     for name, mtime in caches.items():
         assert (rows / name).stat().st_mtime_ns == mtime
@@ -75,4 +80,4 @@ def test_a_resume_keeps_the_rows_and_trls_tokenised_cache(tmp_path):
     third = _train(tmp_path / "run", "--max_steps", "1", "--overwrite_output_dir", "true", recipe=str(smaller))
     assert third.returncode == 0, third.stderr[-3000:]
     assert json.loads((rows / ROWS_FILE).read_text())["rows"] < record["rows"]
-    assert "Tokenizing train dataset" in third.stderr
+    assert "rows written to" in third.stderr and "Tokenizing train dataset" not in third.stderr

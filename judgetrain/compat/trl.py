@@ -141,3 +141,68 @@ def chunked_logprobs(hidden: Any, weight: Any, targets: Any) -> Any:
     from trl.kernels.chunked_logprob import ChunkedLogProbFunction
 
     return ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32768, None, 1.0, ())[0]
+
+
+def dpo_token_ids(tokenizer: Any, prompts: list, chosens: list, rejecteds: list) -> dict[str, list]:
+    """The token ids TRL's DPOTrainer computes for conversational rows (``_prepare_dataset``'s ``tokenize_fn``), a
+    batch at a time: the prompt with the generation prompt, prompt + chosen and prompt + rejected through the chat
+    template, then the completions cut where the tokenised prompt and prompt + completion diverge (TRL's
+    ``common_prefix_length``). Returns ``prompt_ids``, ``chosen_ids``, ``rejected_ids``: TRL's column names.
+
+    Batched through ``apply_chat_template(tokenize=True)`` (TRL calls it once per sequence, without ``tools`` or
+    ``chat_template_kwargs`` for rows that have neither column): the same rendering and the same tokenizer call, a
+    batch of texts at once. checked: trl 1.16.0; `tests/test_lengths.py` compares the two on several templates."""
+    from trl.data_utils import common_prefix_length
+
+    def ids(conversations, generation_prompt):
+        return tokenizer.apply_chat_template(conversations, tokenize=True, return_dict=True,
+                                             add_generation_prompt=generation_prompt)["input_ids"]
+
+    prompt_ids = ids(list(prompts), True)
+    with_chosen = ids([p + c for p, c in zip(prompts, chosens)], False)
+    with_rejected = ids([p + r for p, r in zip(prompts, rejecteds)], False)
+    out: dict[str, list] = {"prompt_ids": [], "chosen_ids": [], "rejected_ids": []}
+    for p, c, r in zip(prompt_ids, with_chosen, with_rejected):
+        n = min(common_prefix_length(p, c), common_prefix_length(p, r))
+        out["prompt_ids"].append(p[:n])
+        out["chosen_ids"].append(c[n:])
+        out["rejected_ids"].append(r[n:])
+    return out
+
+
+class AuditedTokenIds:
+    """DPOTrainer's ``_prepare_dataset`` that reuses the ids judgetrain's length audit computed (a mixin over
+    ``trl.DPOTrainer``).
+
+    A `datasets.Dataset` that already holds TRL's three tokenised columns (``prompt_ids``, ``chosen_ids``,
+    ``rejected_ids``: `dpo_token_ids`, the same ids TRL would compute) is not tokenised again, as TRL's SFTTrainer
+    skips a dataset that already holds ``input_ids``; TRL's one step after tokenisation, dropping rows whose prompt
+    alone fills ``max_length`` under ``keep_start`` truncation, still runs when any row needs it (the audit has
+    counted those rows). Any other dataset goes through TRL's own preparation.
+
+    checked: trl 1.16.0 (``_prepare_dataset(dataset, processing_class, args, dataset_name)``: prompt extraction, EOS
+    for plain text, tokenisation, the keep_start filter, all under ``global_then_local_main_first``)."""
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        import logging
+
+        from datasets import Dataset
+
+        columns = set(getattr(dataset, "column_names", None) or ())
+        if not isinstance(dataset, Dataset) or not {"prompt_ids", "chosen_ids", "rejected_ids"} <= columns:
+            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+        logging.getLogger(__name__).info(
+            "Training rows (%s): %d rows' token ids from the length audit reused, TRL's tokenisation skipped",
+            dataset_name, len(dataset))
+        if args.max_length is not None and args.truncation_mode == "keep_start":
+            import pyarrow.compute as pc
+
+            lengths = pc.list_value_length(dataset.data.column("prompt_ids"))
+            if len(dataset) and pc.max(lengths).as_py() >= args.max_length:
+                from trl.trainer.utils import global_then_local_main_first  # noqa: PLC0415
+
+                with global_then_local_main_first():
+                    dataset = dataset.filter(lambda ids: len(ids) < args.max_length, input_columns="prompt_ids",
+                                             num_proc=args.dataset_num_proc,
+                                             desc=f"Dropping fully truncated examples from {dataset_name} dataset")
+        return dataset

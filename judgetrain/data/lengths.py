@@ -1,5 +1,9 @@
 """The length audit: rows that do not fit ``max_length`` are counted per mixture component, then failed, skipped,
-left to TRL's truncation or shortened, as the recipe's ``long_rows`` says; nothing is dropped silently."""
+left to TRL's truncation or shortened, as the recipe's ``long_rows`` says; nothing is dropped silently.
+
+The audit tokenises each row as TRL's DPOTrainer does and keeps the ids (``prompt_ids``, ``chosen_ids``,
+``rejected_ids``): judgetrain's trainer then skips TRL's own tokenisation of the same rows (one tokenisation per
+start, not two)."""
 
 from __future__ import annotations
 
@@ -11,16 +15,15 @@ logger = logging.getLogger(__name__)
 
 
 def _lengths_batched(batch, tokenizer):
-    """Token counts as TRL will see them: prompt with generation prompt, prompt + each completion."""
-    def count(conversations, gen):
-        texts = tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=gen)
-        return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    """TRL's token ids of each row (`judgetrain.compat.trl.dpo_token_ids`: what its DPOTrainer would compute, which
+    then reuses them) and the counts the audit reads: the prompt, and the prompt with the longer completion."""
+    from judgetrain.compat.trl import dpo_token_ids
 
-    prompts = batch["prompt"]
-    p = count(prompts, True)
-    c = count([a + b for a, b in zip(prompts, batch["chosen"])], False)
-    r = count([a + b for a, b in zip(prompts, batch["rejected"])], False)
-    return {"_prompt_len": p, "_full_len": [max(x, y) for x, y in zip(c, r)]}
+    out = dpo_token_ids(tokenizer, batch["prompt"], batch["chosen"], batch["rejected"])
+    out["_prompt_len"] = [len(p) for p in out["prompt_ids"]]
+    out["_full_len"] = [len(p) + max(len(c), len(r))
+                        for p, c, r in zip(out["prompt_ids"], out["chosen_ids"], out["rejected_ids"])]
+    return out
 
 
 def _shorten_prompt(example, tokenizer, max_length: int):
@@ -39,7 +42,7 @@ def _shorten_prompt(example, tokenizer, max_length: int):
         keep = (len(content_ids) - cut) // 2
         prompt[user]["content"] = tokenizer.decode(content_ids[:keep]) + marker + tokenizer.decode(content_ids[-keep:])
         new = dict(example, prompt=[dict(m) for m in prompt])
-        counted = _lengths_batched({k: [new[k]] for k in ("prompt", "chosen", "rejected")}, tokenizer)
+        counted = _lengths_batched({k: [new[k]] for k in ("prompt", "chosen", "rejected")}, tokenizer)  # ids too
         new.update({k: v[0] for k, v in counted.items()})
         if new["_full_len"] <= max_length:
             return new, True
@@ -54,7 +57,7 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
         return dataset, {"max_length": None}
     with_len = dataset.map(
         _lengths_batched, fn_kwargs={"tokenizer": tokenizer}, batched=True, batch_size=256, num_proc=num_proc,
-        desc="Auditing sequence lengths",
+        desc="Tokenising and auditing sequence lengths",
     )
     names = with_len["dataset"] if "dataset" in with_len.column_names else ["train"] * len(with_len)
     prompt_lens, full_lens = with_len["_prompt_len"], with_len["_full_len"]
@@ -110,7 +113,7 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
 
             write_rejects(rejects_path, (
                 {"row": i, "reason": why, "tokens": full_lens[i],
-                 "data": {k: v for k, v in with_len[i].items() if not k.startswith("_")}}
+                 "data": {k: v for k, v in with_len[i].items() if not k.startswith("_") and k not in TOKEN_COLUMNS}}
                 for i, why in sorted(drop.items())
             ))
         keep = [i for i in range(len(with_len)) if i not in drop]
@@ -120,3 +123,6 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     if action == "truncate" and bad_rows:
         logger.warning("Data audit: %d rows will be truncated by TRL (their completion end is lost)", len(bad_rows))
     return with_len.remove_columns(["_prompt_len", "_full_len"]), report
+
+
+TOKEN_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")  # TRL's tokenised columns, kept by the audit

@@ -63,7 +63,7 @@ def load_audited_dataset(script_args, training_args, tokenizer):
 def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):
     """The mixture through the adapters, neutralised and length-audited (on a machine's local main process)."""
     from judgetrain.data.chat import neutralise_dataset
-    from judgetrain.data.lengths import audit_lengths
+    from judgetrain.data.lengths import TOKEN_COLUMNS, audit_lengths
 
     dataset = build_train_dataset(script_args, training_args)
     # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL.
@@ -78,7 +78,8 @@ def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):
     if len(dataset) == 0:
         raise RecipeError(f"no training rows left after validation and the length audit (see {out / 'rejects'} and "
                           f"{out / 'data_audit.json'}): raise max_length or change long_rows / on_bad_row")
-    return dataset.select_columns(["prompt", "chosen", "rejected"]), audit
+    kept = ["prompt", "chosen", "rejected", *TOKEN_COLUMNS]  # the ids: none when max_length is None (no audit)
+    return dataset.select_columns([c for c in kept if c in dataset.column_names]), audit
 
 
 def _raise_on_every_process(failure: Exception | None, state) -> None:

@@ -10,6 +10,8 @@ non-finite guard reads, all as method overrides.
 - ``precompute_ref_log_probs`` on several machines (`judgetrain.compat.trl.PerMachineRefLogps`): each machine's
   local main process writes the gathered reference log-probs into that machine's rows folder, and a start that finds
   them on every machine loads them instead of recomputing.
+- one tokenisation per start (`judgetrain.compat.trl.AuditedTokenIds`): rows that carry the length audit's token
+  ids (TRL's own, `judgetrain.data.lengths`) are not tokenised again by TRL.
 - non-finite checks: ``training_step`` records a micro-batch loss that is not finite, and the grad-norm hook
   (`judgetrain.compat.transformers.GradNormHook`) the step's global gradient norm; `NonFiniteGuard` reads and clears
   both (`StepRecord.take`) before every optimizer step.
@@ -23,7 +25,7 @@ from typing import Any
 from trl import DPOTrainer
 
 from judgetrain.compat.transformers import GradNormHook
-from judgetrain.compat.trl import PerMachineRefLogps
+from judgetrain.compat.trl import AuditedTokenIds, PerMachineRefLogps
 from judgetrain.trainer.prefix_sharing import PrefixSharingMixin
 
 
@@ -41,7 +43,7 @@ class StepRecord:
         return out
 
 
-class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, DPOTrainer):
+class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, AuditedTokenIds, DPOTrainer):
     """TRL's DPOTrainer; ``prefix_sharing``: compute each pair's prompt once per model where the model allows it
     (decided and probed at start-up, see `judgetrain.trainer.prefix_sharing`)."""
 
