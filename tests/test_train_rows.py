@@ -69,6 +69,9 @@ def test_rows_are_tokenised_once_and_a_resume_keeps_them(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "kept with" in second.stderr and record["fingerprint"][:12] in second.stderr, second.stderr[-3000:]
     assert "Tokenizing train dataset" not in second.stderr
+    # nothing prepared again: the key of its inputs (recipe data keys, source files, tokenizer, code) is the record's
+    assert "nothing read, validated, neutralised or tokenised" in second.stderr, second.stderr[-3000:]
+    assert "Data audit [" not in second.stderr
     assert (rows / "data-00000-of-00001.arrow").stat().st_mtime_ns == data_file
     for name, mtime in caches.items():
         assert (rows / name).stat().st_mtime_ns == mtime
@@ -81,3 +84,29 @@ def test_rows_are_tokenised_once_and_a_resume_keeps_them(tmp_path):
     assert third.returncode == 0, third.stderr[-3000:]
     assert json.loads((rows / ROWS_FILE).read_text())["rows"] < record["rows"]
     assert "rows written to" in third.stderr and "Tokenizing train dataset" not in third.stderr
+
+
+def test_the_preparation_key_follows_the_inputs_and_refuses_to_guess(tmp_path, tiny_judge):
+    import shutil
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from judgetrain.data.io import sample_source
+    from judgetrain.data.prepare import preparation_key
+
+    tok = AutoTokenizer.from_pretrained(tiny_judge)
+    shutil.copytree(sample_source("judgebias"), tmp_path / "jb")
+
+    def key(source="%s" % (tmp_path / "jb"), **comp):
+        script = SimpleNamespace(train_datasets=[{"dataset": "judgebias", "source": source, "split": "train", **comp}],
+                                 long_rows="error", on_bad_row="error")
+        return preparation_key(script, SimpleNamespace(seed=42, max_length=1024), tok)
+
+    first, why = key()
+    assert len(first) == 64 and why == "" and key() == (first, "")
+    assert key(rows=40)[0] != first  # a recipe data key
+    os.utime(tmp_path / "jb" / "train.parquet", ns=(1, 1))
+    assert key()[0] != first  # a source file's modification time
+    assert key(source="owner/judgebias") == (None, "owner/judgebias is read from the hub at main, not at a commit")
+    assert key(source="owner/judgebias", revision="a" * 40)[0] is not None

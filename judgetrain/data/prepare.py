@@ -34,30 +34,109 @@ def build_train_dataset(script_args, training_args, *, max_rows_each: int | None
 
 
 def load_audited_dataset(script_args, training_args, tokenizer):
-    """The training mixture after the length audit, as TRL takes it (prompt, chosen, rejected), and the audit
-    report (also written to data_audit.json).
+    """The training mixture after the length audit, as TRL takes it (prompt, chosen, rejected and TRL's token ids),
+    and the audit report (also written to data_audit.json).
 
     Prepared once per machine: the global main process first (a cache on a shared disk is then warm for the
     others), then the local main process of every other machine (each fills its own machine-local cache), as TRL
     orders its own tokenisation; the other processes build nothing and read their machine's rows folder. A
-    preparation that fails (a bad row, a missing file) stops every process with its message, none waits for it."""
+    preparation that fails (a bad row, a missing file) stops every process with its message, none waits for it.
+
+    A start whose inputs equal those of the start that wrote the machine's rows folder (`preparation_key`: the
+    recipe's data keys, each source file's size and modification time, the tokenizer, the code and library
+    versions; a resume, a requeue) loads the folder without reading, validating, neutralising or tokenising a row."""
     from accelerate import PartialState
 
     state = PartialState()
     out = Path(training_args.output_dir)
-    rows = audit = failure = None
+    folder = out / "train_rows" / machine_folder(state)
+    rows = audit = failure = record = audit_key = None
     with state.main_process_first(), state.local_main_process_first():
         if state.is_local_main_process:
             try:
-                rows, audit = _audited_rows(script_args, training_args, tokenizer, out, state.is_main_process)
+                key, why = preparation_key(script_args, training_args, tokenizer)
+                kept = _rows_record(folder) or {}
+                if key and kept.get("preparation") == key and isinstance(kept.get("audit"), dict):
+                    record, audit = kept, dict(kept["audit"])
+                    if state.is_main_process:
+                        (out / "data_audit.json").write_text(json.dumps(audit, indent=1))
+                    logger.info("Training rows: sources, recipe data keys and tokenizer unchanged since the start that "
+                                "wrote %s (preparation key %s...): its %d rows and token ids are used as they are, "
+                                "nothing read, validated, neutralised or tokenised", folder, key[:12], kept.get("rows", 0))
+                else:
+                    if not key:
+                        logger.info("Training rows: prepared from the sources (%s)", why)
+                    audit_key = key
+                    rows, audit = _audited_rows(script_args, training_args, tokenizer, out, state.is_main_process)
             except Exception as e:  # noqa: BLE001 - raised below, on every process
                 failure = e
     _raise_on_every_process(failure, state)
     # TRL's own length filter must find nothing left to drop silently: error/skip/shorten_prompt removed such rows.
-    dataset, fingerprint, reused = reload_memory_mapped(rows, out / "train_rows", state)
+    extra = None
+    if state.is_local_main_process and record is None:
+        extra = {"preparation": audit_key, "audit": audit}
+    dataset, fingerprint, reused = reload_memory_mapped(rows, out / "train_rows", state, record=record, extra=extra)
     audit = _machine_audit(audit, state)
     audit["rows_fingerprint"], audit["rows_reused"] = fingerprint, reused
     return dataset, audit
+
+
+PREPARATION_CODE = ("data", "compat/trl.py", "compat/datasets.py")  # judgetrain's code that shapes the rows
+
+
+def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, str]:
+    """(key, "") for the inputs of the rows preparation, or (None, why) when they cannot be known without reading
+    the data: a hub source not pinned to a commit (its branch may have moved), a tokenizer without a serialised
+    backend. The key hashes the recipe's ``train_datasets`` (with on_bad_row), seed, max_length and long_rows;
+    each local source's files by path, size and modification time (a file rewritten in place with the same size
+    and time is not noticed: delete ``output_dir/train_rows`` to prepare again); a hub source's commit; the
+    tokenizer's vocabulary, merges, special tokens and chat template; judgetrain's data code and the versions of
+    the libraries that read and tokenise the rows."""
+    import hashlib
+    import inspect
+    import re
+
+    import judgetrain
+    from judgetrain.data.io import resolve_local
+    from judgetrain.data.mixture import _adapters
+    from judgetrain.run.state import library_versions
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None, "the tokenizer has no serialised backend to compare"
+    h = hashlib.sha256()
+
+    def add(*parts):
+        for part in parts:
+            h.update(json.dumps(part, sort_keys=True, default=str).encode("utf-8") + b"\n")
+
+    add(library_versions(), training_args.seed, training_args.max_length, script_args.long_rows,
+        script_args.on_bad_row)
+    root = Path(judgetrain.__file__).parent
+    for name in PREPARATION_CODE:
+        for f in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:
+            h.update(f.read_bytes())
+    for comp in script_args.train_datasets:
+        comp = dict(comp)
+        adapter = _adapters().get(comp.get("dataset"))
+        if adapter is None:
+            return None, f"unknown dataset {comp.get('dataset')!r}"
+        source = comp.get("source", inspect.signature(adapter).parameters["source"].default)
+        add(comp)
+        path = resolve_local(source, comp["dataset"])
+        if path is None:
+            revision = str(comp.get("revision") or "")
+            if not re.fullmatch(r"[0-9a-f]{40}", revision):
+                return None, f"{source} is read from the hub at {revision or 'main'}, not at a commit"
+            continue
+        files = [path] if path.is_file() else sorted(
+            f for f in path.rglob("*") if f.is_file() and not any(p.startswith(".") for p in f.relative_to(path).parts))
+        for f in files:
+            st = f.stat()
+            add([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    h.update(backend.to_str().encode("utf-8"))
+    add(getattr(tokenizer, "chat_template", None), tokenizer.special_tokens_map, type(tokenizer).__name__)
+    return h.hexdigest(), ""
 
 
 def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):
@@ -160,16 +239,18 @@ def machine_key(seen: list[tuple[int, int, str]], rank: int) -> int:
     return rank - local
 
 
-def reload_memory_mapped(dataset, path: Path, state):
+def reload_memory_mapped(dataset, path: Path, state, record: dict | None = None, extra: dict | None = None):
     """The audited rows, written once per machine (by its local main process, the only one that holds them: None on
     the others) and read back memory-mapped, with the adapters' in-memory objects released first. What the adapters
     and the audit parsed otherwise stays resident for the whole run (~15-30 MB over a bare TRL script that reads one
     parquet file).
 
     A start whose rows equal those already in the folder (same fingerprint: a resume, a requeue) keeps the folder
-    as it is, and with it the caches TRL keeps beside the rows (its tokenised rows, precomputed reference
-    log-probs): nothing is re-tokenised or recomputed. Rows that differ replace the folder and its caches. Returns
-    (dataset, fingerprint of the rows, whether the folder was reused)."""
+    as it is, and with it the caches TRL keeps beside the rows (precomputed reference log-probs): nothing is
+    re-tokenised or recomputed. Rows that differ replace the folder and its caches. ``record``: the folder's record,
+    when the caller already knows the folder holds this start's rows (`preparation_key`; ``dataset`` is None then);
+    ``extra``: fields stored in the record beside the fingerprint. Returns (dataset, fingerprint of the rows,
+    whether the folder was reused)."""
     import gc
     import shutil
 
@@ -182,7 +263,9 @@ def reload_memory_mapped(dataset, path: Path, state):
     # whether output_dir is on a shared file system or not.
     path = path / machine_folder(state)
     reused = None  # known to the machine's local main process, which decides
-    if state.is_local_main_process:
+    if state.is_local_main_process and record is not None:
+        reused = True
+    elif state.is_local_main_process:
         fingerprint = data_fingerprint(dataset)
         kept = _rows_record(path)
         reused = bool(kept) and kept.get("fingerprint") == fingerprint and kept.get("rows") == len(dataset)
@@ -190,7 +273,8 @@ def reload_memory_mapped(dataset, path: Path, state):
             if path.exists():  # other rows (or a folder a killed start left half written): its caches go with it
                 shutil.rmtree(path)
             dataset.save_to_disk(str(path))
-            write_json(path / ROWS_FILE, {"fingerprint": fingerprint, "rows": len(dataset)})
+        if not reused or any(kept.get(k) != v for k, v in (extra or {}).items()):
+            write_json(path / ROWS_FILE, {"fingerprint": fingerprint, "rows": len(dataset), **(extra or {})})
     state.wait_for_everyone()
     del dataset
     gc.collect()
@@ -200,7 +284,7 @@ def reload_memory_mapped(dataset, path: Path, state):
         caches = sorted(p.name for p in path.glob("cache-*.arrow"))
         if reused:
             logger.info("Training rows: the rows in %s are this run's (fingerprint %s...): kept with %d cache file(s) "
-                        "of earlier starts (TRL's tokenised rows and reference log-probs load from them, not recomputed)", path,
+                        "of earlier starts (reference log-probs load from them, not recomputed)", path,
                         record["fingerprint"][:12], len(caches))
         else:
             logger.info("Training rows: %d rows written to %s", record.get("rows", 0), path)
