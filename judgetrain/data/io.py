@@ -112,25 +112,22 @@ def read_file(path: Path) -> Table:
     """Read one file into a Table. json: a JSON array of objects (or JSON lines); jsonl: one object per line.
 
     A file that cannot be read at all raises UnreadableFile; a jsonl line that is not UTF-8 or not JSON becomes a
-    placeholder row the validator reports (with its line number), so ``on_bad_row: skip`` can drop just that line."""
+    placeholder row the validator reports (with its line number), so ``on_bad_row: skip`` can drop just that line.
+    JSON lines (plain or gzip) are read a line at a time: what stays in memory is the parsed rows, not the file's
+    bytes and its lines as well."""
     path = Path(path)
     if path.suffix == ".parquet":
         return Table(str(path), _read_parquet(path))
-    data, suffix = path.read_bytes(), path.suffix
-    if suffix == ".gz":  # evaluations.jsonl.gz
-        data, suffix = _gunzip(data, path), Path(path.stem).suffix
-    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not content
-    if suffix == ".json" and data.lstrip().startswith(b"["):
-        text = _decode(data, path)
+    suffix = Path(path.stem).suffix if path.suffix == ".gz" else path.suffix  # evaluations.jsonl.gz
+    if suffix == ".json" and _opening(path).lstrip().startswith(b"["):
+        data = _whole(path).removeprefix(b"\xef\xbb\xbf")
         try:
-            rows = json.loads(text)
+            rows = json.loads(_decode(data, path))
         except JSON_ERRORS as exc:
             raise UnreadableFile(path, json_problem(exc)) from None
         return Table(str(path), rows)
     rows = []
-    # split on bytes, not str.splitlines(): U+2028 inside a JSON string is not a line end
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
-        raw = raw.removesuffix(b"\r")
+    for lineno, raw in _lines(path):
         if not raw.strip():
             continue
         try:
@@ -145,14 +142,56 @@ def read_file(path: Path) -> Table:
     return Table(str(path), rows)
 
 
-def _gunzip(data: bytes, path: Path) -> bytes:
+def _open(path: Path):
     import gzip
+
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _gzip_errors():
     import zlib
 
+    return (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; a torn file ends in EOFError
+
+
+def _unreadable_gzip(path: Path, exc: BaseException) -> UnreadableFile:
+    return UnreadableFile(path, f"not a readable gzip file: {exc or type(exc).__name__}")
+
+
+def _opening(path: Path) -> bytes:
+    """The first 64 KiB of the (decompressed) file, a UTF-8 byte order mark removed."""
     try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError; a torn file ends in EOFError
-        raise UnreadableFile(path, f"not a readable gzip file: {exc or type(exc).__name__}") from None
+        with _open(path) as f:
+            return f.read(65536).removeprefix(b"\xef\xbb\xbf")
+    except _gzip_errors() as exc:
+        if path.suffix != ".gz":
+            raise
+        raise _unreadable_gzip(path, exc) from None
+
+
+def _whole(path: Path) -> bytes:
+    try:
+        with _open(path) as f:
+            return f.read()
+    except _gzip_errors() as exc:
+        if path.suffix != ".gz":
+            raise
+        raise _unreadable_gzip(path, exc) from None
+
+
+def _lines(path: Path):
+    """(line number, bytes) of each line, without its line end; split on b"\\n" only (U+2028 inside a JSON string
+    is not a line end); a UTF-8 byte order mark at the start is not content."""
+    try:
+        with _open(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                if lineno == 1:
+                    raw = raw.removeprefix(b"\xef\xbb\xbf")
+                yield lineno, raw.removesuffix(b"\n").removesuffix(b"\r")
+    except _gzip_errors() as exc:
+        if path.suffix != ".gz":
+            raise
+        raise _unreadable_gzip(path, exc) from None
 
 
 def _read_parquet(path: Path):
