@@ -623,3 +623,20 @@ def test_the_slurm_script_requeues_on_the_preempted_code_that_accelerate_hides(t
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "scontrol requeue 77" in proc.stdout
     assert read_statuses(out)[-1]["launch_id"] == "slurm-77-0"
+
+
+def test_a_resume_takes_a_step_every_machine_holds_complete():
+    from judgetrain.run.checkpoints import common_resume_step
+
+    shared = [("rank 0's machine (a)", [2, 4]), ("rank 8's machine (b)", [2, 4])]
+    assert common_resume_step(4, shared, auto=True) == (4, "")
+    assert common_resume_step(None, shared, auto=True) == (None, "")
+    # machine-local disks: machine b's save of step 4 did not finish; auto falls back to the newest common step
+    local = [("rank 0's machine (a)", [2, 4]), ("rank 8's machine (b)", [2])]
+    step, warning = common_resume_step(4, local, auto=True)
+    assert step == 2 and "checkpoint-4 is not complete on every machine (rank 8's machine (b) has checkpoint-2)" in warning
+    # a named checkpoint is never swapped for another; no common step is refused, never a fresh start
+    with pytest.raises(RecipeError, match="rank 8's machine \\(b\\) has checkpoint-2\\): with one output_dir per machine, set save_on_each_node"):
+        common_resume_step(4, local, auto=False)
+    with pytest.raises(RecipeError, match="rank 8's machine \\(b\\) has none"):
+        common_resume_step(4, [("rank 0's machine (a)", [4]), ("rank 8's machine (b)", [])], auto=True)

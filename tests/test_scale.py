@@ -262,7 +262,8 @@ def test_two_machines_with_their_own_output_dirs_precompute_and_resume_without_r
     text = text.replace("split: train}", "split: train, max_rows: 16}").replace(f"max_steps: {STEPS}", "max_steps: 2")
     text = text.replace(f"save_steps: {EVERY}", "save_steps: 2").replace(f"eval_steps: {EVERY}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias]", "eval_suites: none")
-    recipe.write_text(text + "precompute_ref_log_probs: true\n")
+    # machine-local disks: each machine saves the model and trainer state into its own output_dir
+    recipe.write_text(text + "precompute_ref_log_probs: true\nsave_on_each_node: true\n")
     outs = (tmp_path / "machine0", tmp_path / "machine1")
     folders = [outs[0] / "train_rows" / "node-0", outs[1] / "train_rows" / "node-1"]
 
@@ -288,3 +289,12 @@ def test_two_machines_with_their_own_output_dirs_precompute_and_resume_without_r
     assert f"loaded from {written[0]} on every machine (16 rows, computed at an earlier start: not recomputed)" in log
     assert "computed (16 rows" not in log
     assert [{p.name for p in f.glob("cache-*.arrow")} for f in folders] == caches  # nothing new: nothing re-tokenised
+
+    # a machine whose disk lacks the checkpoint's trainer state: the resume is refused on both, before any load
+    (outs[1] / "checkpoint-2" / "trainer_state.json").unlink()
+    procs = _two_machines(str(recipe), outs, tmp_path, tag="lacking")
+    _wait(procs)
+    log = (tmp_path / "lacking0.log").read_text(errors="replace")
+    assert all(p.returncode != 0 for p in procs), log[-3000:]  # each worker exits 2; torchrun's agent then 1
+    assert "RecipeError: --resume: checkpoint-2 is complete on the main process's machine but not on every machine (rank 1's machine" in log
+    assert "has none): with one output_dir per machine, set save_on_each_node: true" in log, log[-3000:]

@@ -374,3 +374,73 @@ def resolve_resume(resume: str | None, output_dir: str) -> str | None:
     if problem:
         raise RecipeError(f"--resume {resume}: cannot resume from it: {problem}")
     return resume
+
+
+RESUME_FILES = ("trainer_state.json",)  # what Trainer reads on every process when it resumes from a checkpoint
+
+
+def resumable_steps(output_dir: str | os.PathLike) -> list[int]:
+    """Steps of the checkpoints in ``output_dir`` that a process of this machine can resume from: complete by
+    their marker on this disk (`checkpoint_problem`) and holding what Trainer reads on every process."""
+    return [checkpoint_step(c) for c in list_checkpoints(output_dir)
+            if all((c / f).is_file() for f in RESUME_FILES) and checkpoint_problem(c) is None]
+
+
+def common_resume_step(picked: int | None, machines: list[tuple[str, list[int]]], *, auto: bool) -> tuple[int | None, str]:
+    """The step every machine can resume from, given the main process's pick (``picked``: its newest complete
+    checkpoint for ``--resume auto``, the one named otherwise) and each machine's (name, `resumable_steps`), and
+    a warning line ("" when the pick holds everywhere). `RecipeError` when no step is common to every machine, or
+    when a named checkpoint is missing on one: the run would load different states on different machines."""
+    if picked is None:
+        return None, ""
+    lacking = [(name, steps) for name, steps in machines if picked not in steps]
+    if not lacking:
+        return picked, ""
+    where = "; ".join(f"{name} has {', '.join(f'checkpoint-{s}' for s in steps[-3:]) or 'none'}"
+                      for name, steps in lacking)
+    common = set.intersection(*(set(steps) for _, steps in machines)) if machines else set()
+    fix = ("with one output_dir per machine, set save_on_each_node: true so that each machine saves the model "
+           "and trainer state, or copy the checkpoint to the machines that lack it")
+    if not auto or not common:
+        raise RecipeError(f"--resume: checkpoint-{picked} is complete on the main process's machine but not on every "
+                          f"machine ({where}): {fix}")
+    step = max(common)
+    return step, (f"--resume auto: checkpoint-{picked} is not complete on every machine ({where}): resuming from "
+                  f"checkpoint-{step}, the newest one every machine holds complete")
+
+
+def resolve_resume_everywhere(resume: str | None, output_dir: str) -> str | None:
+    """`resolve_resume` on the main process, then checked on every machine: each machine's local main process
+    lists the checkpoints its own disk holds complete (a shared output_dir gives every machine the same list;
+    machine-local disks each their own), and the run resumes from a step every machine holds (`common_resume_step`:
+    ``--resume auto`` falls back to the newest common one, a named checkpoint missing on a machine is refused).
+    One process, or one machine: `resolve_resume` alone."""
+    import socket
+
+    from accelerate import PartialState
+
+    from judgetrain.utils.ranks import decided_on_main
+
+    state = PartialState()
+    picked = decided_on_main(lambda: resolve_resume(resume, output_dir))
+    if picked is None or state.num_processes == 1:
+        return picked
+    from accelerate.utils import gather_object
+
+    # auto: this machine's own output_dir (the same path on every machine, on a shared disk or each its own);
+    # a named checkpoint: its run folder, on this machine's disk
+    folder = Path(output_dir) if resume == "auto" else Path(picked).parent
+    mine = resumable_steps(folder) if state.is_local_main_process else None
+    seen = [(f"rank {rank}'s machine ({host})", steps)
+            for rank, host, steps in gather_object([(state.process_index, socket.gethostname(), mine)])
+            if steps is not None]
+    if len(seen) == 1:
+        return picked
+
+    def decide():
+        step, warning = common_resume_step(checkpoint_step(picked), seen, auto=resume == "auto")
+        if warning:
+            logger.warning(warning)
+        return str(Path(picked).parent / f"checkpoint-{step}")
+
+    return decided_on_main(decide)

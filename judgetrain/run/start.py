@@ -20,12 +20,12 @@ def prepare_output_dir(script_args, training_args, resolved: dict) -> tuple[str 
     fingerprint yet, plan)."""
     from accelerate import PartialState
 
-    from judgetrain.run.checkpoints import resolve_resume
+    from judgetrain.run.checkpoints import resolve_resume_everywhere
     from judgetrain.run.state import clear_run, hold_output_dir, plan_start, run_identity
 
     out = Path(training_args.output_dir)
     decided_on_main(lambda: hold_output_dir(out))  # held until this process exits, however it exits
-    resume_from = decided_on_main(lambda: resolve_resume(script_args.resume, training_args.output_dir))
+    resume_from = resolve_resume_everywhere(script_args.resume, training_args.output_dir)  # on every machine's disk
     identity = run_identity(resolved, num_processes=PartialState().num_processes, data=None)
 
     def decide():
