@@ -5,6 +5,7 @@ rows read, validated and held as Arrow at the start of a run (tiny Qwen2 in-proc
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import datasets
@@ -109,7 +110,7 @@ def test_a_stop_request_abandons_the_eval_before_the_next_forward(model, tokeniz
     assert ok["ideation"].metrics["n_rows"] == 4
 
 
-def test_eval_rows_are_read_validated_and_memory_mapped_at_start(tokenizer, tmp_path):
+def test_eval_rows_are_read_validated_and_memory_mapped_at_start(tokenizer, tmp_path, caplog):
     specs = [SuiteSpec("judgebias", max_rows=5), SuiteSpec("rmbench", max_rows=3)]
     audit = prepare_eval_rows(specs, tmp_path, tokenizer=tokenizer, max_length=512)
     for spec in specs:
@@ -118,6 +119,16 @@ def test_eval_rows_are_read_validated_and_memory_mapped_at_start(tokenizer, tmp_
     assert len(specs[0].rows) == 5 and len(specs[1].rows) == 3
     assert audit["judgebias"]["rows"] == 5 and audit["judgebias"]["longest"] > 0
     assert json.loads((tmp_path / "eval_audit.json").read_text())["suites"]["rmbench"]["rows"] == 3
+    # a later start of the same rows, tokenizer and settings (a resume) reads the counts instead of tokenising again;
+    # another max_length counts again
+    again = [SuiteSpec("judgebias", max_rows=5), SuiteSpec("rmbench", max_rows=3)]
+    with caplog.at_level(logging.INFO, logger="judgetrain.eval.rows"):
+        assert prepare_eval_rows(again, tmp_path, tokenizer=tokenizer, max_length=512) == audit
+    assert caplog.text.count("counted at an earlier start of the same rows and tokenizer: not tokenised again") == 2
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="judgetrain.eval.rows"):
+        shorter = prepare_eval_rows([SuiteSpec("rmbench", max_rows=3)], tmp_path, tokenizer=tokenizer, max_length=64)
+    assert "not tokenised again" not in caplog.text and shorter["rmbench"]["too_long"] > 0
     # the same rows as the lazy path draws (cap, seed)
     lazy = SuiteSpec("judgebias", max_rows=5)
     from judgetrain.eval.suites import load_suite_rows

@@ -101,8 +101,7 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
     from judgetrain.data.mixture import _adapters
     from judgetrain.run.state import library_versions
 
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    if tokenizer_key(tokenizer) is None:
         return None, "the tokenizer has no serialised backend to compare"
     h = hashlib.sha256()
 
@@ -134,9 +133,22 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
         for f in files:
             st = f.stat()
             add([str(f.resolve()), st.st_size, st.st_mtime_ns])
-    h.update(backend.to_str().encode("utf-8"))
-    add(getattr(tokenizer, "chat_template", None), tokenizer.special_tokens_map, type(tokenizer).__name__)
+    add(tokenizer_key(tokenizer))
     return h.hexdigest(), ""
+
+
+def tokenizer_key(tokenizer) -> str | None:
+    """SHA-256 of what decides a tokenizer's ids: its serialised backend (vocabulary, merges, normaliser, added
+    tokens), chat template, special tokens and class; None without a serialised backend."""
+    import hashlib
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    h = hashlib.sha256(backend.to_str().encode("utf-8"))
+    h.update(json.dumps([getattr(tokenizer, "chat_template", None), tokenizer.special_tokens_map,
+                         type(tokenizer).__name__], sort_keys=True, default=str).encode("utf-8"))
+    return h.hexdigest()
 
 
 def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):

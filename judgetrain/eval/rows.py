@@ -76,11 +76,14 @@ def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_
     from accelerate import PartialState
 
     from judgetrain.data.prepare import reload_memory_mapped
+    from judgetrain.run.state import read_json
     from judgetrain.utils.files import write_json
 
     state = state or PartialState()
     out = Path(output_dir)
     audit: dict[str, Any] = {}
+    keys: dict[str, str] = {}
+    earlier = (read_json(out / AUDIT_FILE) or {}) if state.is_main_process else {}
     for spec in specs:
         if spec.rows is not None:
             continue
@@ -93,7 +96,7 @@ def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_
         level = quiet.level
         quiet.setLevel(logging.WARNING)  # its lines speak of training rows
         try:
-            spec.rows, _, reused = reload_memory_mapped(ds, out / "eval_rows" / spec.name, state)
+            spec.rows, fingerprint, reused = reload_memory_mapped(ds, out / "eval_rows" / spec.name, state)
         finally:
             quiet.setLevel(level)
         spec.max_rows = None
@@ -101,10 +104,41 @@ def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_
             logger.info("Eval rows [%s]: %d rows %s %s (memory-mapped)", spec.name, len(spec.rows),
                         "kept in" if reused else "written to", out / "eval_rows" / spec.name)
             if tokenizer is not None and max_length:
-                audit[spec.name] = audit_eval_lengths(spec, tokenizer, max_length, long_inputs, scoring)
+                key = _audit_key(fingerprint, tokenizer, max_length, long_inputs, scoring)
+                kept = (earlier.get("suites") or {}).get(spec.name)
+                if key and (earlier.get("keys") or {}).get(spec.name) == key and isinstance(kept, dict):
+                    audit[spec.name] = kept  # the same rows, tokenizer and settings as the start that counted them
+                    logger.info("Eval audit [%s]: %d rows, %d longer than max_length=%d, longest %d tokens (counted at "
+                                "an earlier start of the same rows and tokenizer: not tokenised again)", spec.name,
+                                kept.get("rows", 0), kept.get("too_long", 0), max_length, kept.get("longest", 0))
+                else:
+                    audit[spec.name] = audit_eval_lengths(spec, tokenizer, max_length, long_inputs, scoring)
+                if key:
+                    keys[spec.name] = key
     if state.is_main_process and audit:
-        write_json(out / AUDIT_FILE, {"max_length": max_length, "long_inputs": long_inputs, "suites": audit})
+        write_json(out / AUDIT_FILE, {"max_length": max_length, "long_inputs": long_inputs, "suites": audit,
+                                      "keys": keys})
     return audit
+
+
+def _audit_key(fingerprint: str | None, tokenizer: Any, max_length: int, long_inputs: str, scoring) -> str | None:
+    """What an eval length audit's counts depend on: the rows (their fingerprint), the tokenizer, max_length, the
+    long-input action, the scoring modes and the code that builds the sequences; None when the rows or the
+    tokenizer cannot be told apart."""
+    import hashlib
+    import json
+
+    from judgetrain.config.recipe import scoring_modes
+    from judgetrain.data.prepare import tokenizer_key
+
+    tok = tokenizer_key(tokenizer)
+    if not fingerprint or not tok:
+        return None
+    parts = [fingerprint, tok, max_length, long_inputs, scoring_modes(scoring)]
+    h = hashlib.sha256(json.dumps(parts, default=str).encode("utf-8"))
+    for name in ("scoring.py", "suites.py", "rows.py"):  # the code that builds the sequences it counts
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()
 
 
 def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_inputs: str = "truncate_prompt",
