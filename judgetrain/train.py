@@ -70,9 +70,12 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     from judgetrain.eval.callback import JudgeEvalCallback
     from judgetrain.trainer.dpo import JudgeDPOTrainer
 
+    from judgetrain.models.loading import pinned_snapshot
+
+    snapshot = pinned_snapshot(model_path, model_args.model_revision)  # offline: the pinned commit's own folder
     with JudgeEvalCallback.building(training_args):  # the suites, not an eval_dataset, are what eval_strategy runs
         trainer = JudgeDPOTrainer(
-            model=model_path,
+            model=snapshot,
             args=training_args,
             train_dataset=train_dataset,
             processing_class=tokenizer,
@@ -80,6 +83,9 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
             callbacks=callbacks,
             prefix_sharing=script_args.prefix_sharing,
         )
+    if snapshot != model_path:  # adapters name the hub model and its commit, not this machine's cache folder
+        for config in getattr(trainer.model, "peft_config", {}).values():
+            config.base_model_name_or_path, config.revision = model_path, model_args.model_revision
     report.attach(trainer)
     guard.attach(trainer)
     if training_args.eval_strategy != "no" or training_args.eval_on_start:

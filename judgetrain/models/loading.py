@@ -3,7 +3,10 @@ passes to ``from_pretrained`` for the policy."""
 
 from __future__ import annotations
 
+import logging
 import os
+
+logger = logging.getLogger(__name__)
 
 
 def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False, revision: str | None = None,
@@ -59,3 +62,28 @@ def model_init_kwargs(model_args, training_args) -> dict:
     if training_args.model_init_kwargs:
         kwargs.update(training_args.model_init_kwargs)
     return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def pinned_snapshot(name_or_path: str, revision: str | None) -> str:
+    """The folder of ``name_or_path``'s cached snapshot at ``revision`` when the hub is offline (``HF_HUB_OFFLINE``),
+    else ``name_or_path`` unchanged (a local folder, no revision, online, or a revision not in the cache: the load
+    then reports it).
+
+    TRL's ``create_model_from_path`` reads the model's config without the revision (to pick the architecture), so
+    offline, with only the pinned commit in the cache, the policy (and a full fine-tune's reference) failed to load:
+    "couldn't find them in the cached files". Loading from the snapshot folder loads the weights, config, tokenizer
+    and chat template of that one commit. checked: trl 1.16.0."""
+    from judgetrain.data.io import is_hub_id
+
+    if not revision or os.path.exists(name_or_path) or not is_hub_id(name_or_path):
+        return name_or_path
+    from huggingface_hub import constants, snapshot_download
+
+    if not constants.HF_HUB_OFFLINE:
+        return name_or_path
+    try:
+        folder = snapshot_download(name_or_path, revision=revision, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached at that revision: the model load says so with its own message
+        return name_or_path
+    logger.info("Model %s at %s: the hub is offline, loading its cached snapshot %s", name_or_path, revision, folder)
+    return folder
