@@ -101,7 +101,8 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
     from judgetrain.data.mixture import _adapters
     from judgetrain.run.state import library_versions
 
-    if tokenizer_key(tokenizer) is None:
+    tokenizer_part = tokenizer_key(tokenizer)
+    if tokenizer_part is None:
         return None, "the tokenizer has no serialised backend to compare"
     h = hashlib.sha256()
 
@@ -133,7 +134,7 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
         for f in files:
             st = f.stat()
             add([str(f.resolve()), st.st_size, st.st_mtime_ns])
-    add(tokenizer_key(tokenizer))
+    add(tokenizer_part)
     return h.hexdigest(), ""
 
 
