@@ -177,3 +177,19 @@ def test_a_malformed_json_line_names_its_own_line_and_column(good_lines, tmp_pat
     path = _jsonl(tmp_path, good_lines, b'{"prompt": "x",, }')
     (row,) = [r for r in read_file(path).rows if "__malformed_json__" in r]
     assert row["__malformed_json__"] == "malformed JSON: Expecting property name enclosed in double quotes at line 3 column 16"
+
+
+def test_json_lines_stream_into_the_datasets_cache_once_per_file_version(tmp_path):
+    from judgetrain.data.io import MALFORMED, JsonLines, read_file
+
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"a": 1}\n\n{"a": 2,\n' + b'{"a": "\xff"}\n{"a": 4}\n')
+    first = read_file(path)
+    assert isinstance(first.rows, JsonLines) and len(first.rows) == 4  # the blank line is not a row
+    assert first.rows[0] == {"a": 1} and first.rows[3] == {"a": 4}
+    assert "line 3" in first.rows[1][MALFORMED] and "not UTF-8 text" in first.rows[2][MALFORMED]
+    assert list(first.rows) == first.rows[:]
+    again = read_file(path)  # the same file version: the same Arrow file, not written again
+    assert again.rows.lines.cache_files == first.rows.lines.cache_files
+    path.write_text('{"a": 10}\n')
+    assert read_file(path).rows.to_list() == [{"a": 10}]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import abc
 import os
 import re
 from dataclasses import dataclass
@@ -126,20 +127,83 @@ def read_file(path: Path) -> Table:
         except JSON_ERRORS as exc:
             raise UnreadableFile(path, json_problem(exc)) from None
         return Table(str(path), rows)
-    rows = []
-    for lineno, raw in _lines(path):
+    return Table(str(path), JsonLines(path))
+
+
+class JsonLines(abc.Sequence):
+    """The rows of a JSON-lines file (plain or gzip), parsed as they are read.
+
+    The file is streamed once, a line at a time, into an Arrow file of the datasets cache (each non-blank line's
+    number and text; a line that is not UTF-8 keeps its problem), under a fingerprint of the file's path, size and
+    modification time: a later read of the same file opens that Arrow file. Rows are parsed when iterated or
+    indexed, so memory does not grow with the file. A line that is not JSON reads as a placeholder row naming its
+    line (`MALFORMED`), which the validator reports."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.lines = _lines_dataset(self.path)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        row = self.lines[i]
+        return _json_row(row["line"], row["text"], row["problem"])
+
+    def __iter__(self):
+        for batch in self.lines.iter(batch_size=1000):
+            yield from map(_json_row, batch["line"], batch["text"], batch["problem"])
+
+    def to_list(self) -> list:
+        return list(self)
+
+
+def _json_row(lineno: int, text: str, problem: str | None):
+    if problem is not None:
+        return {MALFORMED: problem, "line": text}
+    try:
+        return json.loads(text)
+    except JSON_ERRORS as exc:
+        return {MALFORMED: json_problem(exc, lineno), "line": text}
+
+
+def _jsonl_lines(path: str, stamp: str):
+    """Each non-blank line of ``path``: its number, its text and, for a line that is not UTF-8, the problem."""
+    del stamp  # the file version, part of the cache fingerprint only
+    for lineno, raw in _lines(Path(path)):
         if not raw.strip():
             continue
         try:
-            line = _decode(raw, path, lineno)
+            yield {"line": lineno, "text": _decode(raw, Path(path), lineno), "problem": None}
         except UnreadableFile as exc:
-            rows.append({MALFORMED: exc.problem, "line": raw.decode("utf-8", "replace")})
-            continue
-        try:
-            rows.append(json.loads(line))
-        except JSON_ERRORS as exc:
-            rows.append({MALFORMED: json_problem(exc, lineno), "line": line})
-    return Table(str(path), rows)
+            yield {"line": lineno, "text": raw.decode("utf-8", "replace"), "problem": exc.problem}
+
+
+def _lines_dataset(path: Path):
+    """The file's lines as an Arrow-backed datasets.Dataset (see `JsonLines`)."""
+    import hashlib
+
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+
+    features = datasets.Features({"line": datasets.Value("int64"), "text": datasets.Value("string"),
+                                  "problem": datasets.Value("string")})
+    st = path.stat()
+    stamp = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|jsonl-lines-1"
+    fingerprint = hashlib.sha256(stamp.encode("utf-8")).hexdigest()[:32]
+    try:
+        return datasets.Dataset.from_generator(_jsonl_lines, features=features, fingerprint=fingerprint,
+                                               gen_kwargs={"path": str(path), "stamp": stamp})
+    except DatasetGenerationError as exc:
+        if isinstance(exc.__cause__, UnreadableFile):
+            raise exc.__cause__ from None
+        raise
+    except ValueError as exc:
+        if "corresponds to no data" not in str(exc):
+            raise
+        return datasets.Dataset.from_dict({name: [] for name in features}, features=features)  # no non-blank line
 
 
 def _open(path: Path):
@@ -255,12 +319,29 @@ def build_dataset(tables: Sequence[Table], goods: Sequence[Sequence[int]], norma
             ds = table.rows.select(list(good)) if len(good) != len(table.rows) else table.rows
             parts.append(ds.map(lambda r: normalise(r, table), remove_columns=ds.column_names, features=features,
                                 desc=f"normalising {Path(table.source).name}"))
+        elif isinstance(table.rows, JsonLines) and good:
+            parts.append(_normalised_lines(table, list(good), normalise, features))
         else:
             rows = [normalise(table.rows[i], table) for i in good]
             parts.append(datasets.Dataset.from_list(rows, features=features) if rows else _empty(features))
     if not parts:
         return _empty(features)
     return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+
+
+def _normalised_lines(table: Table, good: list[int], normalise, features):
+    """``normalise(row)`` of a JSON-lines table's good rows, streamed into the datasets cache (memory does not grow
+    with the file), under a fingerprint of the file's lines, the rows kept and the normaliser."""
+    import datasets
+    from datasets.fingerprint import Hasher
+
+    def rows(indices):
+        for i in indices:
+            yield normalise(table.rows[i], table)
+
+    fingerprint = Hasher.hash([table.rows.lines._fingerprint, good, normalise, features.to_dict()])
+    return datasets.Dataset.from_generator(rows, features=features, fingerprint=fingerprint,
+                                           gen_kwargs={"indices": good})
 
 
 def _empty(features):
