@@ -179,8 +179,14 @@ def test_a_malformed_json_line_names_its_own_line_and_column(good_lines, tmp_pat
     assert row["__malformed_json__"] == "malformed JSON: Expecting property name enclosed in double quotes at line 3 column 16"
 
 
-def test_json_lines_stream_into_the_datasets_cache_once_per_file_version(tmp_path):
+def test_json_lines_stream_into_the_datasets_cache_once_per_file_version(tmp_path, monkeypatch):
+    import judgetrain.data.io as io
     from judgetrain.data.io import MALFORMED, JsonLines, read_file
+
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"a": 1}\n{"a": 2,\n')
+    assert read_file(small).rows == [{"a": 1}, read_file(small).rows[1]] and isinstance(read_file(small).rows, list)
+    monkeypatch.setattr(io, "STREAM_BYTES", 0)  # every file streams
 
     path = tmp_path / "rows.jsonl"
     path.write_bytes(b'{"a": 1}\n\n{"a": 2,\n' + b'{"a": "\xff"}\n{"a": 4}\n')
@@ -193,3 +199,4 @@ def test_json_lines_stream_into_the_datasets_cache_once_per_file_version(tmp_pat
     assert again.rows.lines.cache_files == first.rows.lines.cache_files
     path.write_text('{"a": 10}\n')
     assert read_file(path).rows.to_list() == [{"a": 10}]
+    assert list(JsonLines.parse(small))[0] == {"a": 1} and MALFORMED in list(JsonLines.parse(small))[1]

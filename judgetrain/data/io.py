@@ -127,11 +127,17 @@ def read_file(path: Path) -> Table:
         except JSON_ERRORS as exc:
             raise UnreadableFile(path, json_problem(exc)) from None
         return Table(str(path), rows)
-    return Table(str(path), JsonLines(path))
+    if path.stat().st_size >= STREAM_BYTES:
+        return Table(str(path), JsonLines(path))
+    return Table(str(path), list(JsonLines.parse(path)))
+
+
+STREAM_BYTES = 32 * 2**20  # JSON-lines files from this size on stream through the datasets cache (`JsonLines`)
 
 
 class JsonLines(abc.Sequence):
-    """The rows of a JSON-lines file (plain or gzip), parsed as they are read.
+    """The rows of a JSON-lines file (plain or gzip) of `STREAM_BYTES` or more, parsed as they are read (a smaller
+    file's rows are parsed into a list: what the cache would save is less than it costs).
 
     The file is streamed once, a line at a time, into an Arrow file of the datasets cache (each non-blank line's
     number and text; a line that is not UTF-8 keeps its problem), under a fingerprint of the file's path, size and
@@ -142,6 +148,12 @@ class JsonLines(abc.Sequence):
     def __init__(self, path: Path):
         self.path = Path(path)
         self.lines = _lines_dataset(self.path)
+
+    @staticmethod
+    def parse(path: Path):
+        """The rows of a small file, parsed straight from its lines (no cache file: for files under STREAM_BYTES)."""
+        for row in _jsonl_lines(str(path), ""):
+            yield _json_row(row["line"], row["text"], row["problem"])
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -335,11 +347,13 @@ def _normalised_lines(table: Table, good: list[int], normalise, features):
     import datasets
     from datasets.fingerprint import Hasher
 
+    from judgetrain.compat.datasets import dataset_fingerprint
+
     def rows(indices):
         for i in indices:
             yield normalise(table.rows[i], table)
 
-    fingerprint = Hasher.hash([table.rows.lines._fingerprint, good, normalise, features.to_dict()])
+    fingerprint = Hasher.hash([dataset_fingerprint(table.rows.lines), good, normalise, features.to_dict()])
     return datasets.Dataset.from_generator(rows, features=features, fingerprint=fingerprint,
                                            gen_kwargs={"indices": good})
 
