@@ -7,6 +7,7 @@ it). A jsonl line that is not JSON becomes a placeholder row that the validator 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import abc
@@ -218,56 +219,41 @@ def _lines_dataset(path: Path):
         return datasets.Dataset.from_dict({name: [] for name in features}, features=features)  # no non-blank line
 
 
-def _open(path: Path):
+@contextlib.contextmanager
+def _reading(path: Path):
+    """The file opened for bytes (gzip decompressed); a gzip file that cannot be read, at any point of the reading,
+    raises UnreadableFile naming it."""
     import gzip
-
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
-def _gzip_errors():
     import zlib
 
-    return (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; a torn file ends in EOFError
-
-
-def _unreadable_gzip(path: Path, exc: BaseException) -> UnreadableFile:
-    return UnreadableFile(path, f"not a readable gzip file: {exc or type(exc).__name__}")
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            yield f
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError; a torn file ends in EOFError
+        if path.suffix != ".gz":
+            raise
+        raise UnreadableFile(path, f"not a readable gzip file: {exc or type(exc).__name__}") from None
 
 
 def _opening(path: Path) -> bytes:
     """The first 64 KiB of the (decompressed) file, a UTF-8 byte order mark removed."""
-    try:
-        with _open(path) as f:
-            return f.read(65536).removeprefix(b"\xef\xbb\xbf")
-    except _gzip_errors() as exc:
-        if path.suffix != ".gz":
-            raise
-        raise _unreadable_gzip(path, exc) from None
+    with _reading(path) as f:
+        return f.read(65536).removeprefix(b"\xef\xbb\xbf")
 
 
 def _whole(path: Path) -> bytes:
-    try:
-        with _open(path) as f:
-            return f.read()
-    except _gzip_errors() as exc:
-        if path.suffix != ".gz":
-            raise
-        raise _unreadable_gzip(path, exc) from None
+    with _reading(path) as f:
+        return f.read()
 
 
 def _lines(path: Path):
     """(line number, bytes) of each line, without its line end; split on b"\\n" only (U+2028 inside a JSON string
     is not a line end); a UTF-8 byte order mark at the start is not content."""
-    try:
-        with _open(path) as f:
-            for lineno, raw in enumerate(f, 1):
-                if lineno == 1:
-                    raw = raw.removeprefix(b"\xef\xbb\xbf")
-                yield lineno, raw.removesuffix(b"\n").removesuffix(b"\r")
-    except _gzip_errors() as exc:
-        if path.suffix != ".gz":
-            raise
-        raise _unreadable_gzip(path, exc) from None
+    with _reading(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
+            yield lineno, raw.removesuffix(b"\n").removesuffix(b"\r")
 
 
 def _read_parquet(path: Path):
