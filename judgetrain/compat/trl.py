@@ -151,7 +151,7 @@ def dpo_token_ids(tokenizer: Any, prompts: list, chosens: list, rejecteds: list)
 
     Batched through ``apply_chat_template(tokenize=True)`` (TRL calls it once per sequence, without ``tools`` or
     ``chat_template_kwargs`` for rows that have neither column): the same rendering and the same tokenizer call, a
-    batch of texts at once. checked: trl 1.16.0; `tests/test_lengths.py` compares the two on several templates."""
+    batch of texts at once. checked: trl 1.16.0; `tests/test_families.py` compares the two on four chat templates."""
     from trl.data_utils import common_prefix_length
 
     def ids(conversations, generation_prompt):
