@@ -143,6 +143,9 @@ def chunked_logprobs(hidden: Any, weight: Any, targets: Any) -> Any:
     return ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32768, None, 1.0, ())[0]
 
 
+TOKEN_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")  # DPOTrainer's tokenised columns (trl 1.16.0)
+
+
 def dpo_token_ids(tokenizer: Any, prompts: list, chosens: list, rejecteds: list) -> dict[str, list]:
     """The token ids TRL's DPOTrainer computes for conversational rows (``_prepare_dataset``'s ``tokenize_fn``), a
     batch at a time: the prompt with the generation prompt, prompt + chosen and prompt + rejected through the chat
@@ -161,13 +164,9 @@ def dpo_token_ids(tokenizer: Any, prompts: list, chosens: list, rejecteds: list)
     prompt_ids = ids(list(prompts), True)
     with_chosen = ids([p + c for p, c in zip(prompts, chosens)], False)
     with_rejected = ids([p + r for p, r in zip(prompts, rejecteds)], False)
-    out: dict[str, list] = {"prompt_ids": [], "chosen_ids": [], "rejected_ids": []}
-    for p, c, r in zip(prompt_ids, with_chosen, with_rejected):
-        n = min(common_prefix_length(p, c), common_prefix_length(p, r))
-        out["prompt_ids"].append(p[:n])
-        out["chosen_ids"].append(c[n:])
-        out["rejected_ids"].append(r[n:])
-    return out
+    cut = [(p[:n], c[n:], r[n:]) for p, c, r in zip(prompt_ids, with_chosen, with_rejected)
+           for n in [min(common_prefix_length(p, c), common_prefix_length(p, r))]]
+    return {name: [row[i] for row in cut] for i, name in enumerate(TOKEN_COLUMNS)}
 
 
 class AuditedTokenIds:
@@ -189,7 +188,7 @@ class AuditedTokenIds:
         from datasets import Dataset
 
         columns = set(getattr(dataset, "column_names", None) or ())
-        if not isinstance(dataset, Dataset) or not {"prompt_ids", "chosen_ids", "rejected_ids"} <= columns:
+        if not isinstance(dataset, Dataset) or not set(TOKEN_COLUMNS) <= columns:
             return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
         logging.getLogger(__name__).info(
             "Training rows (%s): %d rows' token ids from the length audit reused, TRL's tokenisation skipped",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from judgetrain.compat.trl import TOKEN_COLUMNS  # TRL's tokenised columns, kept by the audit
 from judgetrain.config.recipe import RecipeError
 
 logger = logging.getLogger(__name__)
@@ -125,4 +126,3 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     return with_len.remove_columns(["_prompt_len", "_full_len"]), report
 
 
-TOKEN_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")  # TRL's tokenised columns, kept by the audit

@@ -96,10 +96,9 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
     import inspect
     import re
 
-    import judgetrain
     from judgetrain.data.io import resolve_local
     from judgetrain.data.mixture import _adapters
-    from judgetrain.run.state import library_versions
+    from judgetrain.run.state import code_digest, library_versions
 
     tokenizer_part = tokenizer_key(tokenizer)
     if tokenizer_part is None:
@@ -111,11 +110,7 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
             h.update(json.dumps(part, sort_keys=True, default=str).encode("utf-8") + b"\n")
 
     add(library_versions(), training_args.seed, training_args.max_length, script_args.long_rows,
-        script_args.on_bad_row)
-    root = Path(judgetrain.__file__).parent
-    for name in PREPARATION_CODE:
-        for f in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:
-            h.update(f.read_bytes())
+        script_args.on_bad_row, code_digest(*PREPARATION_CODE))
     for comp in script_args.train_datasets:
         comp = dict(comp)
         adapter = _adapters().get(comp.get("dataset"))

@@ -130,15 +130,14 @@ def _audit_key(fingerprint: str | None, tokenizer: Any, max_length: int, long_in
 
     from judgetrain.config.recipe import scoring_modes
     from judgetrain.data.prepare import tokenizer_key
+    from judgetrain.run.state import code_digest
 
     tok = tokenizer_key(tokenizer)
     if not fingerprint or not tok:
         return None
-    parts = [fingerprint, tok, max_length, long_inputs, scoring_modes(scoring)]
-    h = hashlib.sha256(json.dumps(parts, default=str).encode("utf-8"))
-    for name in ("scoring.py", "suites.py", "rows.py"):  # the code that builds the sequences it counts
-        h.update((Path(__file__).parent / name).read_bytes())
-    return h.hexdigest()
+    code = code_digest("eval/scoring.py", "eval/suites.py", "eval/rows.py")  # the code that builds what it counts
+    parts = [fingerprint, tok, max_length, long_inputs, scoring_modes(scoring), code]
+    return hashlib.sha256(json.dumps(parts, default=str).encode("utf-8")).hexdigest()
 
 
 def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_inputs: str = "truncate_prompt",

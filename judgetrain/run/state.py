@@ -71,6 +71,22 @@ def library_versions() -> dict:
     return versions
 
 
+def code_digest(*names: str) -> str:
+    """SHA-256 of judgetrain's own source files under ``names`` (files or folders, relative to the package): what
+    a cached result keyed on it was computed with; an edit to that code makes the cache stale."""
+    import hashlib
+
+    import judgetrain
+
+    root = Path(judgetrain.__file__).parent
+    h = hashlib.sha256()
+    for name in names:
+        path = root / name
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(str(f.relative_to(root)).encode("utf-8") + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def data_fingerprint(dataset) -> str:
     """SHA-256 of the training rows as the trainer sees them (after mixture, validation and the length audit): two
     runs with equal fingerprints train on the same rows in the same order. Token-id columns (the audit's, TRL's
