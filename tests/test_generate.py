@@ -82,6 +82,48 @@ def test_batched_greedy_equals_one_prompt_at_a_time_token_for_token(models, fami
     assert model.training is False
 
 
+RUBRIC = [{"role": "system", "content": SYSTEM * 3}]
+SHARED = [RUBRIC + [{"role": "user", "content": "Recipe:\n" + RECIPE * n + ask}]
+          for n, ask in ((1, "Score it."), (4, "Is it feasible?"), (2, "Check the equipment."))]
+
+
+@pytest.mark.parametrize("family", ["tiny", "qwen3", "llama31"])
+def test_a_shared_rubric_runs_once_per_batch_and_changes_no_token(models, family):
+    model, tok = models[family]
+    gen = _generator(model, tok)
+    shared = gen.generate(SHARED)
+    ids = [gen.prompt_ids(p) for p in SHARED]
+    n = min(len(ids[0]), len(ids[1]), len(ids[2])) - 1
+    for other in ids[1:]:
+        n = min(n, next(j for j, (a, b) in enumerate(zip(ids[0], other)) if a != b))
+    assert n > 100  # the chat template's opening and the rubric, as a JudgeBias eval's prompts share them
+    assert gen.stats.batches == 1 and gen.stats.shared_prefix_batches == 1 and gen.stats.prefix_sharing_off == ""
+    assert gen.stats.shared_prefix_tokens == 2 * n  # two of the three rows did not run it again
+    assert gen.stats.padded_prompt_tokens == n + 3 * (max(map(len, ids)) - n)
+    whole = _generator(model, tok, share_prefix=False)
+    unshared = whole.generate(SHARED)
+    assert whole.stats.shared_prefix_batches == 0 and whole.stats.padded_prompt_tokens == 3 * max(map(len, ids))
+    for i, prompt in enumerate(SHARED):
+        alone = _generator(model, tok).generate([prompt])[0]
+        assert shared[i].token_ids == alone.token_ids == unshared[i].token_ids, (family, i)
+        assert shared[i].prompt_tokens == len(ids[i]) and shared[i].n_tokens == alone.n_tokens
+    assert len({t for g in shared for t in g.token_ids}) > 10
+
+
+def test_prefix_sharing_says_why_it_is_off_and_still_generates_the_same(models):
+    model, tok = models["tiny"]
+    attn = model.config._attn_implementation
+    model.config._attn_implementation = "flash_attention_2"  # what sharing_problem refuses, never run here
+    try:
+        gen = _generator(model, tok)
+        assert gen._can_share(model) is False
+        assert "flash_attention_2" in gen.stats.prefix_sharing_off
+    finally:
+        model.config._attn_implementation = attn
+    out = _generator(model, tok, share_prefix=False).generate(SHARED[:2])
+    assert [g.token_ids for g in out] == [g.token_ids for g in _generator(model, tok).generate(SHARED[:2])]
+
+
 def test_each_row_stops_on_its_own_and_max_new_tokens_and_truncation_hold(models):
     model, tok = models["tiny"]
     free = _generator(model, tok).generate(PROMPTS)

@@ -109,6 +109,21 @@ def non_dynamic_cache_layers(config: Any) -> list[str]:
     return sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers if type(layer) is not DynamicLayer})
 
 
+def cache_keyword(model: Any) -> str:
+    """The keyword a model's forward (and ``generate``) takes its key/value cache by: ``cache`` (transformers 5.x,
+    which keeps ``past_key_values`` as a deprecated alias) or ``past_key_values`` (older releases, remote code)."""
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
+def output_cache(outputs: Any) -> Any:
+    """The key/value cache a forward returned (``outputs.cache`` in transformers 5.x, ``past_key_values`` before)."""
+    cache = getattr(outputs, "cache", None)
+    return outputs.past_key_values if cache is None else cache
+
+
 def select_cache_entries(cache: Any, index: Any) -> Any:
     """A new ``DynamicCache`` holding batch entries ``index`` (repeats allowed) of every layer of ``cache``, which is
     left as it is: each layer's ``keys`` / ``values`` tensors, passed as ``ddp_cache_data``.

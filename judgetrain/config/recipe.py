@@ -176,8 +176,9 @@ class EvalArguments:
     eval_batch_tokens: int = field(default=8192, metadata={"help": "Padded-token budget of one scoring batch."})
     eval_prefix_sharing: bool = field(
         default=True,
-        metadata={"help": "Run each row's prompt (and a suite's common prefix) once for all its responses; false: "
-                  "score every sequence whole (same scores, slower)."},
+        metadata={"help": "Run each row's prompt (and a suite's common prefix) once for all its responses, and in "
+                  "generate mode the prompt prefix a batch shares once per batch; false: score and generate every "
+                  "sequence whole (same scores and texts, slower)."},
     )
     eval_merge_lora: bool = field(
         default=True,
@@ -233,7 +234,8 @@ class EvalArguments:
         """The `judgetrain.eval.generate.Generator` options these arguments set (generate mode)."""
         return dict(max_new_tokens=self.eval_generate_max_new_tokens, batch_tokens=self.eval_batch_tokens,
                     do_sample=self.eval_generate_do_sample, temperature=self.eval_generate_temperature,
-                    seed=self.eval_generate_seed, merge_lora=self.eval_merge_lora, backend=self.eval_generate_backend)
+                    seed=self.eval_generate_seed, merge_lora=self.eval_merge_lora, backend=self.eval_generate_backend,
+                    share_prefix=self.eval_prefix_sharing)
 
 
 def scoring_modes(value: Any) -> list[str]:

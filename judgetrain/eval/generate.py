@@ -15,6 +15,14 @@
   ``max_new_tokens``) fits ``batch_tokens`` (`judgetrain.eval.batching.budget_batches`), left padded, one
   ``model.generate`` call per batch (transformers keeps the key/value cache and builds the position ids from the
   attention mask, so a left-padded row decodes as it would alone).
+- Shared prompt prefix: the token prefix every prompt of a batch begins with (the chat template's opening and the
+  judge rubric that every JudgeBias prompt repeats) runs once, as one forward of batch 1; its key/value cache,
+  repeated to the batch, is where ``model.generate`` starts. A row reads ``[prefix][pads][rest of its prompt]`` with
+  the pads masked, and transformers counts positions over the mask, so every token sees the same tokens at the same
+  positions as alone (as `judgetrain.eval.sharing` does for scoring). Off (``share_prefix=False``), or where that
+  module's `sharing_problem` names a reason the cache cannot be reused that way (flash attention, sliding-window
+  layers): then the whole prompt runs in the batch, with one warning, and ``GenerationStats.prefix_sharing_off`` says
+  why.
 - Stops: the tokenizer's eos and the chat template's end-of-turn token (the first token the template writes after an
   assistant message's content: ``<|im_end|>`` for ChatML templates, ``<|eot_id|>`` for Llama 3), read from the
   template, not from a table of models. Each row stops on its own; its text ends before the stop token.
@@ -44,7 +52,7 @@ from typing import Any
 import torch
 
 from judgetrain.data.chat import text_ids
-from judgetrain.eval.batching import budget_batches
+from judgetrain.eval.batching import budget_batches, common_prefix_length
 from judgetrain.eval.scoring import StopPoints, _as_ids
 from judgetrain.models.templates import assistant_prefix
 
@@ -75,10 +83,13 @@ class GenerationStats:
     padding_batches: int = 0  # generate calls run only to keep the ranks in step (sync)
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    padded_prompt_tokens: int = 0  # batch size x longest prompt, summed over batches
+    padded_prompt_tokens: int = 0  # prompt tokens fed, padding included (a shared prefix once a batch), summed
     truncated: int = 0
     stopped: int = 0
     merged_lora_layers: int = 0  # LoRA layers that ran merged in the last call
+    shared_prefix_batches: int = 0  # generate calls whose rows' common prompt prefix ran once
+    shared_prefix_tokens: int = 0  # prompt tokens not run again thanks to it (batch size - 1) x prefix, summed
+    prefix_sharing_off: str = ""  # why the prompt prefix was not shared ("" when it was, or was not asked for)
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -127,6 +138,7 @@ class Generator(StopPoints):
         max_batch_size: cap on prompts per generate call.
         do_sample, temperature, top_p, seed: sampling (off by default: greedy).
         merge_lora: LoRA layers run merged during generation.
+        share_prefix: the prompt prefix common to a batch's rows runs once per batch.
         backend: ``transformers``, ``vllm`` or ``auto``.
         stop_token_ids: extra tokens to stop on, beside the eos and the template's end of turn.
         vllm_kwargs: extra keyword arguments of ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
@@ -135,7 +147,7 @@ class Generator(StopPoints):
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, max_length: int | None = None,
                  batch_tokens: int = 8192, max_batch_size: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, merge_lora: bool = True,
-                 backend: str = "transformers", stop_token_ids: Sequence[int] = (),
+                 share_prefix: bool = True, backend: str = "transformers", stop_token_ids: Sequence[int] = (),
                  vllm_kwargs: dict | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -166,6 +178,8 @@ class Generator(StopPoints):
         self.top_p = float(top_p)
         self.seed = int(seed)
         self.merge_lora = bool(merge_lora)
+        self.share_prefix = bool(share_prefix)
+        self._sharing: tuple[Any, str | None] | None = None  # (model, why not) of the last sharing check
         self.stats = GenerationStats()
         stops = _eos_ids(tokenizer) + end_of_turn_ids(tokenizer) + [int(t) for t in stop_token_ids]
         self.stop_token_ids: list[int] = list(dict.fromkeys(stops))
@@ -237,6 +251,7 @@ class Generator(StopPoints):
             synced = sharding_of(self.model)["sharded_tensors"] > 0
         model = self.model
         device = next(model.parameters()).device
+        share = self._can_share(model)
         was_training = model.training
         model.eval()
         results: list[Generated | None] = [None] * len(fitted)
@@ -248,18 +263,34 @@ class Generator(StopPoints):
                     torch.manual_seed(self.seed)
                 for batch in batches:
                     self._stop_point()
-                    for i, g in zip(batch, self._run_batch(model, [fitted[i][0] for i in batch], device, synced)):
+                    rows = [fitted[i][0] for i in batch]
+                    for i, g in zip(batch, self._run_batch(model, rows, device, synced, share=share)):
                         g.truncated = fitted[i][1]
                         results[i] = g
                     self.stats.batches += 1
                 for _ in range(n_calls - len(batches)):  # keep the ranks' generate calls (and forwards) in step
                     self._stop_point()
-                    self._run_batch(model, [[self.pad_token_id]], device, synced, max_new_tokens=1)
+                    self._run_batch(model, [[self.pad_token_id]], device, synced, max_new_tokens=1, share=share)
                     self.stats.padding_batches += 1
         finally:
             if was_training:
                 model.train()
         return results  # type: ignore[return-value]
+
+    def _can_share(self, model) -> bool:
+        """Whether the batches' common prompt prefix may run once (checked once per model, warned once)."""
+        if not self.share_prefix:
+            return False
+        if self._sharing is None or self._sharing[0] is not model:
+            from judgetrain.eval.sharing import sharing_problem
+
+            problem = sharing_problem(model)
+            self._sharing = (model, problem)
+            if problem:
+                logger.warning("generation: prompt prefix sharing OFF (%s): every prompt runs whole in its batch, "
+                               "slower, the same texts", problem)
+        self.stats.prefix_sharing_off = self._sharing[1] or ""
+        return not self._sharing[1]
 
     def _merged(self, model):
         if not self.merge_lora:
@@ -284,19 +315,54 @@ class Generator(StopPoints):
             kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0, min_p=0.0, typical_p=1.0)
         return GenerationConfig(**kwargs)
 
-    def _run_batch(self, model, batch: list[list[int]], device, synced: bool,
-                   max_new_tokens: int | None = None) -> list[Generated]:
-        longest = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), longest), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+    def _run_batch(self, model, batch: list[list[int]], device, synced: bool, max_new_tokens: int | None = None,
+                   share: bool = False) -> list[Generated]:
+        prefix = self._shared_prefix(batch) if share else 0
+        longest = max(len(ids) for ids in batch) - prefix
+        input_ids = torch.full((len(batch), prefix + longest), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), prefix + longest), dtype=torch.long)
         for r, ids in enumerate(batch):  # left padding: every prompt ends at the last column
-            input_ids[r, longest - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            mask[r, longest - len(ids):] = 1
-        self.stats.padded_prompt_tokens += input_ids.numel()
+            input_ids[r, :prefix] = torch.tensor(ids[:prefix], dtype=torch.long)
+            input_ids[r, prefix + longest - (len(ids) - prefix):] = torch.tensor(ids[prefix:], dtype=torch.long)
+            mask[r, :prefix] = 1
+            mask[r, prefix + longest - (len(ids) - prefix):] = 1
+        self.stats.padded_prompt_tokens += input_ids.numel() - (len(batch) - 1) * prefix
+        from judgetrain.compat.transformers import cache_keyword
+
+        kwargs: dict[str, Any] = {}
+        if prefix:  # [prefix][pads][rest]: the prefix's cache, one entry per row, holds its first `prefix` columns
+            kwargs[cache_keyword(model)] = self._prefix_cache(model, input_ids[:1, :prefix].to(device), len(batch))
+            self.stats.shared_prefix_batches += 1
+            self.stats.shared_prefix_tokens += (len(batch) - 1) * prefix
+        elif synced and share:  # the ranks run one prefix forward per call, whether or not this batch shares one
+            model(input_ids=torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=device), use_cache=False)
         out = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                             generation_config=self.generation_config(max_new_tokens), synced_gpus=synced)
-        new = out[:, longest:].tolist()
+                             generation_config=self.generation_config(max_new_tokens), synced_gpus=synced, **kwargs)
+        new = out[:, prefix + longest:].tolist()
         return [self.completion(tokens, len(ids)) for tokens, ids in zip(new, batch)]
+
+    @staticmethod
+    def _shared_prefix(batch: list[list[int]]) -> int:
+        """Tokens every prompt of the batch begins with, each left at least one of its own (0: not worth a forward
+        of its own, or a batch of one)."""
+        from judgetrain.eval.sharing import MIN_SUITE_PREFIX
+
+        if len(batch) < 2:
+            return 0
+        n = min(len(ids) for ids in batch) - 1
+        for ids in batch[1:]:
+            n = min(n, common_prefix_length(batch[0], ids))
+        return n if n >= MIN_SUITE_PREFIX else 0
+
+    def _prefix_cache(self, model, prefix_ids: torch.Tensor, rows: int):
+        """The key/value cache of one forward of the shared prefix, repeated to ``rows`` entries."""
+        from transformers.cache_utils import DynamicCache
+
+        from judgetrain.compat.transformers import cache_keyword, output_cache, select_cache_entries
+
+        out = model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), use_cache=True,
+                    logits_to_keep=1, **{cache_keyword(model): DynamicCache()})
+        return select_cache_entries(output_cache(out), torch.zeros(rows, dtype=torch.long, device=prefix_ids.device))
 
     def completion(self, tokens: list[int], prompt_tokens: int) -> Generated:
         """A row's generated tokens (after its stop come padding tokens) -> Generated."""

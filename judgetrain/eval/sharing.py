@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from judgetrain.compat.transformers import attn_implementation, non_dynamic_cache_layers, select_cache_entries
+from judgetrain.compat.transformers import (attn_implementation, cache_keyword, non_dynamic_cache_layers, output_cache,
+                                            select_cache_entries)
 from judgetrain.eval.batching import budget_batches, common_prefix_length
 from judgetrain.models.attention import SUPPORTED_ATTENTION
 
@@ -161,8 +162,7 @@ class SharedScorer:
         self.token_logps = token_logps
         self.judge_value = judge_value
         self.logits_to_keep = logits_to_keep
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.cache_kw = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+        self.cache_kw = cache_keyword(model)
         self.device = next(model.parameters()).device
         self.before_forward: Callable | None = None  # called before each forward (the engine's stop point)
 
@@ -192,10 +192,7 @@ class SharedScorer:
         if self.logits_to_keep:
             kwargs["logits_to_keep"] = keep
         out = self.model(**kwargs)
-        cache = getattr(out, "cache", None)
-        if cache is None:
-            cache = out.past_key_values
-        return out.logits[:, -keep:, :], cache, full_mask, start + mask.sum(-1), ids
+        return out.logits[:, -keep:, :], output_cache(out), full_mask, start + mask.sum(-1), ids
 
     @staticmethod
     def _select(cache: Any, index: torch.Tensor):
