@@ -1,6 +1,8 @@
 """The generation part: the batched engine (`judgetrain.eval.generate.Generator`) against a one-prompt-at-a-time
 ``model.generate`` loop (what judge mode's ``generate_samples`` did), on the same JudgeBias prompts, greedy, with the
-same stop tokens and ``max_new_tokens``; tokens generated per second on each side and their ratio.
+same stop tokens and ``max_new_tokens``; tokens generated per second on each side and their ratio. A third side, the
+engine with prefix sharing off (every prompt run whole in its batch), says what sharing the batch's prompt prefix
+gains.
 
 The models carry the recipe's LoRA adapter, randomly initialised (`judgetrain.bench.eval.load_eval_model`), as a
 judge under training does; the engine runs it merged, the loop through PEFT's forward, as before.
@@ -53,12 +55,16 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
     # untimed: one short prompt through each path (first-call allocations, lazy imports)
     Generator(model, tokenizer, max_new_tokens=2).generate(prompts[:1])
     one_at_a_time(Generator(model, tokenizer, max_new_tokens=2, merge_lora=False), prompt_ids[:1])
-    times: dict[str, list[float]] = {"engine": [], "one_at_a_time": []}
+    whole = Generator(model, tokenizer, max_new_tokens=gen.max_new_tokens, max_length=gen.max_length,
+                      batch_tokens=gen.batch_tokens, max_batch_size=gen.max_batch_size, share_prefix=False)
+    run = {"engine": lambda: gen.generate(prompts), "engine_whole_prompts": lambda: whole.generate(prompts),
+           "one_at_a_time": lambda: one_at_a_time(gen, prompt_ids)}
+    times: dict[str, list[float]] = {side: [] for side in run}
     outs: dict[str, list] = {}
-    for _, warm, order in alternating(0, cfg.generation_repeats, ["engine", "one_at_a_time"]):
+    for _, warm, order in alternating(0, cfg.generation_repeats, list(run)):
         for side in order:
             t0 = time.perf_counter()
-            outs[side] = gen.generate(prompts) if side == "engine" else one_at_a_time(gen, prompt_ids)
+            outs[side] = run[side]()
             times[side].append(time.perf_counter() - t0)
     e, n = outs["engine"], outs["one_at_a_time"]
     if [g.prompt_tokens for g in e] != [g.prompt_tokens for g in n]:
@@ -75,6 +81,7 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
                 "stopped": sum(g.stopped for g in outputs)}
 
     engine, loop = side("engine", e), side("one_at_a_time", n)
+    unshared = side("engine_whole_prompts", outs["engine_whole_prompts"])
     prompt_tokens = [g.prompt_tokens for g in e]
     return {
         "architecture": type(getattr(model, "get_base_model", lambda: model)()).__name__,
@@ -83,6 +90,10 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
         "truncated": sum(g.truncated for g in e),
         "engine": engine, "one_at_a_time": loop,
         "tokens_per_s_ratio": ratio(engine["tokens_per_s"], loop["tokens_per_s"]),
+        # the engine with every prompt run whole in its batch: what running the batch's shared prefix once gains
+        "engine_whole_prompts": unshared,
+        "prefix_sharing_speedup": ratio(engine["tokens_per_s"], unshared["tokens_per_s"]),
+        "whole_prompts_texts_equal": all(a.text == b.text for a, b in zip(e, outs["engine_whole_prompts"])),
         "texts_equal": all(a.text == b.text for a, b in zip(e, n)), "token_ids_equal_rows": sum(equal),
         "engine_stats": gen.stats.as_dict(), "batch_tokens": gen.batch_tokens, "load_average": load_average(),
     }
