@@ -91,6 +91,10 @@ def test_quick_bench_generation_engine_against_one_prompt_at_a_time(quick_report
     assert _positive(engine["tokens_per_s"]) and _positive(loop["tokens_per_s"])
     assert g["tokens_per_s_ratio"] == pytest.approx(engine["tokens_per_s"] / loop["tokens_per_s"])
     assert g["engine_stats"]["batches"] == 1 and g["prompt_tokens_mean"] > 100  # JudgeBias-shaped, one batch
+    # the two prompts' shared rubric ran once; the third side ran them whole and wrote the same
+    assert g["engine_stats"]["shared_prefix_batches"] == 1 and g["engine_stats"]["shared_prefix_tokens"] > 100
+    assert g["whole_prompts_texts_equal"] is True and g["engine_whole_prompts"]["generated_tokens"] > 0
+    assert g["prefix_sharing_speedup"] == pytest.approx(engine["tokens_per_s"] / g["engine_whole_prompts"]["tokens_per_s"])
     assert quick_report["summary"]["generation_tiny_judge_tokens_per_s_ratio"] == g["tokens_per_s_ratio"]
 
 
