@@ -83,7 +83,9 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
             callbacks=callbacks,
             prefix_sharing=script_args.prefix_sharing,
         )
-    if snapshot != model_path:  # adapters name the hub model and its commit, not this machine's cache folder
+    from judgetrain.data.io import is_hub_id
+
+    if snapshot != model_path or is_hub_id(model_path):  # adapters name the hub model and its commit, not a cache folder
         for config in getattr(trainer.model, "peft_config", {}).values():
             config.base_model_name_or_path, config.revision = model_path, model_args.model_revision
     report.attach(trainer)
@@ -206,8 +208,11 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
 
     check_before_start(script_args, training_args, model_args, resolved)  # every predicted failure, before any load
     model_path = resolve_model(model_args.model_name_or_path)
+    from judgetrain.run.revisions import pin_hub_revisions
+
+    revisions = pin_hub_revisions(script_args, model_args, model_path, training_args.output_dir)  # before any load
     tokenizer = load_recipe_tokenizer(model_path, training_args, model_args)
-    resume_from, identity, plan = prepare_output_dir(script_args, training_args, resolved)
+    resume_from, identity, plan = prepare_output_dir(script_args, training_args, resolved, revisions)
     train_dataset, audit = load_audited_dataset(script_args, training_args, tokenizer)
     identity["data"] = audit.get("rows_fingerprint") or data_fingerprint(train_dataset)
     out = Path(training_args.output_dir)

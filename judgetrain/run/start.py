@@ -13,11 +13,13 @@ from judgetrain.utils.ranks import decided_on_main
 logger = logging.getLogger(__name__)
 
 
-def prepare_output_dir(script_args, training_args, resolved: dict) -> tuple[str | None, dict, dict]:
+def prepare_output_dir(script_args, training_args, resolved: dict,
+                       revisions: dict | None = None) -> tuple[str | None, dict, dict]:
     """Before anything is written: take the output_dir lock (one run per folder), pick the checkpoint to resume from
     (verified), and decide how this run starts there (`judgetrain.run.state.plan_start`: a resume of the same run, a
     restart, a fresh run; refused with the reason otherwise). Returns (checkpoint or None, identity without the data
-    fingerprint yet, plan)."""
+    fingerprint yet, plan). ``revisions``: the hub commits pinned at the start (`judgetrain.run.revisions`), part of
+    the identity."""
     from accelerate import PartialState
 
     from judgetrain.run.checkpoints import resolve_resume_everywhere
@@ -26,7 +28,7 @@ def prepare_output_dir(script_args, training_args, resolved: dict) -> tuple[str 
     out = Path(training_args.output_dir)
     decided_on_main(lambda: hold_output_dir(out))  # held until this process exits, however it exits
     resume_from = resolve_resume_everywhere(script_args.resume, training_args.output_dir)  # on every machine's disk
-    identity = run_identity(resolved, num_processes=PartialState().num_processes, data=None)
+    identity = run_identity(resolved, num_processes=PartialState().num_processes, data=None, revisions=revisions)
 
     def decide():
         plan = plan_start(out, identity, checkpoint=resume_from, resume_asked=bool(script_args.resume),

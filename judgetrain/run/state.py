@@ -2,7 +2,8 @@
 
 - Identity (``judgetrain_run.json`` in output_dir and in every checkpoint): the recipe as run (less the keys that
   only change how a run is watched: logging, saving, evaluation, output paths), a fingerprint of the training rows,
-  the process count and the judgetrain / library versions. ``--resume`` continues a checkpoint only when its
+  the process count, the judgetrain / library versions and the commits of the hub repositories it reads at a branch
+  (`judgetrain.run.revisions`: pinned at the first start, reused by every resume). ``--resume`` continues a checkpoint only when its
   identity equals this run's; otherwise it refuses, naming each differing field. ``--resume_force`` continues anyway
   and keeps the new values (a new learning rate is applied over the restored optimizer and scheduler state).
 - A fresh run refuses an output_dir that already holds a run unless ``--overwrite_output_dir`` is given.
@@ -111,18 +112,22 @@ def data_fingerprint(dataset) -> str:
     return h.hexdigest()
 
 
-def run_identity(resolved: dict, *, num_processes: int, data: str) -> dict:
-    """What defines a run (see the module docstring); compared field by field on resume."""
+def run_identity(resolved: dict, *, num_processes: int, data: str, revisions: dict | None = None) -> dict:
+    """What defines a run (see the module docstring); compared field by field on resume. ``revisions``: the commits
+    of the hub repositories it reads at a branch (`judgetrain.run.revisions`)."""
     from judgetrain.config.recipe import _plain
 
     recipe = {k: _plain(v) for k, v in sorted(resolved.items()) if k not in OPERATIONAL_KEYS}
-    return {"recipe": recipe, "data": data, "num_processes": num_processes, "versions": library_versions()}
+    return {"recipe": recipe, "data": data, "num_processes": num_processes, "versions": library_versions(),
+            "revisions": dict(revisions or {})}
 
 
 def identity_differences(old: dict, new: dict) -> list[str]:
     """One line per differing field, ``field: old -> new`` (a recipe key absent on one side is ``(default)``)."""
     diffs = []  # a ``data`` of None on the new side: not known yet (checked once the rows are loaded)
-    for section in ("recipe", "versions"):
+    for section in ("recipe", "versions", "revisions"):
+        if section == "revisions" and "revisions" not in old:
+            continue  # a run from before revisions were pinned
         a, b = old.get(section) or {}, new.get(section) or {}
         for key in sorted(set(a) | set(b)):
             if a.get(key, "(default)") != b.get(key, "(default)"):
