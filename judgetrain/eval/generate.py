@@ -51,10 +51,8 @@ from typing import Any
 
 import torch
 
-from judgetrain.data.chat import text_ids
 from judgetrain.eval.batching import budget_batches, common_prefix_length
-from judgetrain.eval.scoring import StopPoints, _as_ids
-from judgetrain.models.templates import assistant_prefix
+from judgetrain.eval.scoring import StopPoints, _as_ids, judge_prompt_ids
 
 logger = logging.getLogger(__name__)
 
@@ -204,11 +202,9 @@ class Generator(StopPoints):
         return 0
 
     def prompt_ids(self, prompt) -> list[int]:
-        """Token ids of a prompt (a messages list, or a plain string: one user turn), before truncation."""
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if getattr(self.tokenizer, "chat_template", None):
-            return _as_ids(self.tokenizer(text=assistant_prefix(self.tokenizer, messages), add_special_tokens=False))
-        return text_ids(self.tokenizer, "\n".join(m["content"] for m in messages) + "\n")
+        """Token ids of a prompt (a messages list, or a plain string: one user turn), before truncation: judge mode's
+        rendering without its forced score prefix (`judgetrain.eval.scoring.judge_prompt_ids`)."""
+        return judge_prompt_ids(self.tokenizer, prompt)
 
     def _fit(self, ids: list[int]) -> tuple[list[int], bool]:
         room = self.max_length - self.max_new_tokens

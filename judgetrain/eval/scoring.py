@@ -130,6 +130,19 @@ def _as_ids(encoded: Any) -> list[int]:
     return list(ids)
 
 
+def judge_prompt_ids(tokenizer: Any, messages: Any, suffix: str = "") -> list[int]:
+    """A judge prompt's token ids up to where the judge writes, then ``suffix`` (judge mode's forced score prefix;
+    nothing for generation): the chat template up to where an assistant turn's content starts, as training renders it
+    (`judgetrain.models.templates.assistant_prefix`; Qwen3: after the empty think block), encoded without adding
+    special tokens; without a chat template the contents joined by newlines, plus one newline. ``messages``: a
+    messages list, or a plain string (one user turn)."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if getattr(tokenizer, "chat_template", None):  # content neutralised; the template and the suffix are ours
+        return _as_ids(tokenizer(text=assistant_prefix(tokenizer, list(messages)) + suffix, add_special_tokens=False))
+    return text_ids(tokenizer, "\n".join(m["content"] for m in messages) + "\n" + suffix)
+
+
 @dataclass
 class EngineStats:
     """Counters over the engine's life (the callback reuses one engine every epoch)."""
@@ -287,16 +300,10 @@ class ScoringEngine(StopPoints):
         """Prompt tokens up to where the assistant's content starts, as training renders the turn."""
         if not self._has_chat_template():
             return self._chat_ids(messages, add_generation_prompt=True)
-        return _as_ids(self.tokenizer(text=assistant_prefix(self.tokenizer, messages), add_special_tokens=False))
+        return judge_prompt_ids(self.tokenizer, messages)
 
     def _judge_ids(self, messages: Any) -> list[int]:
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        if self._has_chat_template():  # content neutralised; the template and the prefix are ours
-            text = assistant_prefix(self.tokenizer, messages)  # where a DPO-trained judge writes (Qwen3: after </think>)
-            return _as_ids(self.tokenizer(text=text + self.judge_prefix, add_special_tokens=False))
-        text = "\n".join(m["content"] for m in messages) + "\n"
-        return text_ids(self.tokenizer, text + self.judge_prefix)
+        return judge_prompt_ids(self.tokenizer, messages, self.judge_prefix)
 
     def score_token_ids(self) -> tuple[list[int], list[float]]:
         """(token ids, score values) of the candidate score tokens after the judge prefix."""
