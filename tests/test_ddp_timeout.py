@@ -3,7 +3,7 @@ Accelerate does not create it again, so without this the group keeps the backend
 rank 0 alone prepares data behind barriers.
 
 Rank 0 is made slow for real: a ``sitecustomize`` on the workers' path holds rank 0's first read of the training file
-for 20 s (an audit hook on open), as a large dataset's preparation does, with no hook in judgetrain itself."""
+for 12 s (an audit hook on open), as a large dataset's preparation does, with no hook in judgetrain itself."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _launch(tmp_path, timeout_s: int, name: str):
     shim = tmp_path / "shim"
     shim.mkdir(exist_ok=True)
     (shim / "sitecustomize.py").write_text(SLOW_RANK0)
-    env = {**os.environ, "JUDGETRAIN_TEST_SLOW_READ": "20",
+    env = {**os.environ, "JUDGETRAIN_TEST_SLOW_READ": "12",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml",
            "-m", "judgetrain.train", str(recipe), "--output_dir", str(tmp_path / name), "--max_steps", "1",

@@ -216,13 +216,15 @@ def _tokens_per_response(tb: TrainBench, rows: list[dict], max_length: int | Non
 
 
 def bench_train_shapes(cfg: argparse.Namespace, tb: TrainBench, workdir: Path, model_path: str | None = None,
-                       dpo_extra: dict | None = None) -> dict:
+                       dpo_extra: dict | None = None, shapes: list[str] | None = None) -> dict:
     """The bare TRL script against the same script with `PrefixSharingDPOTrainer`, on JudgeBias- and RM-Bench-shaped
     rows: samples/s, peak memory and tokens computed per response. ``model_path``: another model than the recipe's
-    (the GPU part's real shape), with ``dpo_extra`` DPOConfig keys (bf16)."""
+    (the GPU part's real shape), with ``dpo_extra`` DPOConfig keys (bf16). ``shapes``: of ``cfg.train_shapes``, these
+    only (None: all)."""
     out: dict[str, Any] = {}
     n = cfg.train_steps * tb.batch
-    for shape in getattr(cfg, "train_shapes", None) or TRAIN_SHAPES:
+    wanted = getattr(cfg, "train_shapes", None) or TRAIN_SHAPES
+    for shape in [s for s in wanted if shapes is None or s in shapes]:
         rows = _shape_rows(tb, shape, n, cfg.rmbench_source)
         path = str(workdir / f"shape_{shape}.parquet")
         from datasets import Dataset

@@ -71,7 +71,7 @@ SIZES = {
                     quickstart_steps=4,
                     parser_chars=CAP, parser_panel_copies=PANEL_COPIES, checkpoint_gb=1.0,
                     generation_rows=8, generation_max_new_tokens=64, generation_repeats=1,
-                    generation_models=list(GENERATION_MODELS),
+                    generation_models=list(GENERATION_MODELS), train_shapes_bf16=None,
                     quickstart_overrides={}),
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
@@ -79,6 +79,7 @@ SIZES = {
                   quickstart_steps=2,
                   parser_chars=20_000, parser_panel_copies=1, checkpoint_gb=0.05,
                   generation_rows=2, generation_max_new_tokens=8, generation_repeats=1, generation_models=["tiny-judge"],
+                  train_shapes_bf16=["judgebias"],  # the bf16 summary keys are JudgeBias-shaped
                   quickstart_overrides={"eval_max_rows": 2, "eval_suites": "rmbench"}),
 }
 
@@ -209,7 +210,8 @@ def run_bench(args: argparse.Namespace) -> dict:
                 report["train_shapes"] = bench_train_shapes(args, tb, workdir / "train")
             if "bfloat16" in args.train_shapes_dtypes:  # the dtype the recipes train in: bf16 base, LoRA as PEFT casts it
                 report["train_shapes_bf16"] = bench_train_shapes(args, tb, workdir / "train-bf16",
-                                                                 dpo_extra={"model_init_kwargs": {"dtype": "bfloat16"}})
+                                                                 dpo_extra={"model_init_kwargs": {"dtype": "bfloat16"}},
+                                                                 shapes=args.train_shapes_bf16)
         if "scale" in parts:
             report["train_scale"] = bench_train_scale(args, tb, workdir / "train")
         if "eval" in parts or "scale" in parts:
