@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from judgetrain.eval.batching import budget_batches, common_prefix_length
+from judgetrain.eval.batching import budget_batches
 from judgetrain.eval.scoring import StopPoints, _as_ids, judge_prompt_ids
 
 logger = logging.getLogger(__name__)
@@ -313,7 +313,9 @@ class Generator(StopPoints):
 
     def _run_batch(self, model, batch: list[list[int]], device, synced: bool, max_new_tokens: int | None = None,
                    share: bool = False) -> list[Generated]:
-        prefix = self._shared_prefix(batch) if share else 0
+        from judgetrain.eval.sharing import shared_token_prefix
+
+        prefix = shared_token_prefix(batch) if share else 0
         longest = max(len(ids) for ids in batch) - prefix
         input_ids = torch.full((len(batch), prefix + longest), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(batch), prefix + longest), dtype=torch.long)
@@ -336,19 +338,6 @@ class Generator(StopPoints):
                              generation_config=self.generation_config(max_new_tokens), synced_gpus=synced, **kwargs)
         new = out[:, prefix + longest:].tolist()
         return [self.completion(tokens, len(ids)) for tokens, ids in zip(new, batch)]
-
-    @staticmethod
-    def _shared_prefix(batch: list[list[int]]) -> int:
-        """Tokens every prompt of the batch begins with, each left at least one of its own (0: not worth a forward
-        of its own, or a batch of one)."""
-        from judgetrain.eval.sharing import MIN_SUITE_PREFIX
-
-        if len(batch) < 2:
-            return 0
-        n = min(len(ids) for ids in batch) - 1
-        for ids in batch[1:]:
-            n = min(n, common_prefix_length(batch[0], ids))
-        return n if n >= MIN_SUITE_PREFIX else 0
 
     def _prefix_cache(self, model, prefix_ids: torch.Tensor, rows: int):
         """The key/value cache of one forward of the shared prefix, repeated to ``rows`` entries."""

@@ -110,17 +110,23 @@ def plan_rows(seqs: Sequence[Any], judge: bool) -> tuple[list[SharedRow], list[A
     return rows, unshared
 
 
-def suite_prefix(rows: Sequence[SharedRow]) -> int:
-    """Length of the token prefix common to every row's prefix, leaving each row at least one token of its own."""
-    if len(rows) < 2:
+def shared_token_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix common to every sequence, leaving each at least one token of its own; 0 for fewer
+    than two sequences or a prefix shorter than MIN_SUITE_PREFIX (not worth a forward of its own)."""
+    if len(seqs) < 2:
         return 0
-    n = min(len(r.prefix) for r in rows) - 1
-    first = rows[0].prefix
-    for r in rows[1:]:
-        n = min(n, common_prefix_length(first, r.prefix))
+    n = min(len(s) for s in seqs) - 1
+    first = seqs[0]
+    for s in seqs[1:]:
+        n = min(n, common_prefix_length(first, s))
         if n < MIN_SUITE_PREFIX:
             return 0
     return n if n >= MIN_SUITE_PREFIX else 0
+
+
+def suite_prefix(rows: Sequence[SharedRow]) -> int:
+    """Length of the token prefix common to every row's prefix, leaving each row at least one token of its own."""
+    return shared_token_prefix([r.prefix for r in rows])
 
 
 def group_rows(rows: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> list[list[SharedRow]]:
