@@ -30,6 +30,17 @@ def _adapters():
     return {"judgebias": load_judgebias, "ideation": load_ideation}
 
 
+def component_source(comp: dict) -> str | None:
+    """The source a ``train_datasets`` component reads: its ``source``, else its adapter's default; None for an
+    unknown dataset (the mixture names it)."""
+    import inspect
+
+    adapter = _adapters().get(comp.get("dataset"))
+    if adapter is None:
+        return None
+    return comp.get("source", inspect.signature(adapter).parameters["source"].default)
+
+
 MIXTURE_KEYS = ("dataset", "name", "weight", "rows")  # read by the mixture; every other key goes to the adapter
 
 

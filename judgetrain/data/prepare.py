@@ -93,11 +93,10 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
     tokenizer's vocabulary, merges, special tokens and chat template; judgetrain's data code and the versions of
     the libraries that read and tokenise the rows."""
     import hashlib
-    import inspect
-    import re
 
     from judgetrain.data.io import resolve_local
-    from judgetrain.data.mixture import _adapters
+    from judgetrain.data.mixture import component_source
+    from judgetrain.run.revisions import is_commit
     from judgetrain.run.state import code_digest, library_versions
 
     tokenizer_part = tokenizer_key(tokenizer)
@@ -113,15 +112,14 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
         script_args.on_bad_row, code_digest(*PREPARATION_CODE))
     for comp in script_args.train_datasets:
         comp = dict(comp)
-        adapter = _adapters().get(comp.get("dataset"))
-        if adapter is None:
+        source = component_source(comp)
+        if source is None:
             return None, f"unknown dataset {comp.get('dataset')!r}"
-        source = comp.get("source", inspect.signature(adapter).parameters["source"].default)
         add(comp)
         path = resolve_local(source, comp["dataset"])
         if path is None:
             revision = str(comp.get("revision") or "")
-            if not re.fullmatch(r"[0-9a-f]{40}", revision):
+            if not is_commit(revision):
                 return None, f"{source} is read from the hub at {revision or 'main'}, not at a commit"
             continue
         files = [path] if path.is_file() else sorted(

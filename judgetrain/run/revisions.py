@@ -61,19 +61,16 @@ def hub_commit(repo_id: str, revision: str | None, repo_type: str = "model") -> 
 def hub_reads(script_args, model_args, model_path: str) -> list[dict]:
     """The hub repositories the run reads at a branch or tag: the model, and each training component whose source is
     a hub id (``index``: its place in ``train_datasets``)."""
-    import inspect
-
     from judgetrain.data.io import is_hub_id, resolve_local
-    from judgetrain.data.mixture import _adapters
+    from judgetrain.data.mixture import component_source
 
     reads = []
     if is_hub_id(model_path) and not is_commit(model_args.model_revision):
         reads.append({"kind": "model", "repo": model_path, "asked": model_args.model_revision or "main"})
     for i, comp in enumerate(script_args.train_datasets or []):
-        adapter = _adapters().get(comp.get("dataset"))
-        if adapter is None:
+        source = component_source(comp)
+        if source is None:
             continue  # the mixture names the unknown dataset itself
-        source = comp.get("source", inspect.signature(adapter).parameters["source"].default)
         try:
             local = resolve_local(source, comp["dataset"])
         except FileNotFoundError:
