@@ -85,7 +85,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
         )
     from judgetrain.data.io import is_hub_id
 
-    if snapshot != model_path or is_hub_id(model_path):  # adapters name the hub model and its commit, not a cache folder
+    if snapshot != model_path or is_hub_id(model_path):  # adapters name the hub model and its commit, not a folder
         for config in getattr(trainer.model, "peft_config", {}).values():
             config.base_model_name_or_path, config.revision = model_path, model_args.model_revision
     report.attach(trainer)

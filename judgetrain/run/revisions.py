@@ -135,5 +135,6 @@ def pin_hub_revisions(script_args, model_args, model_path: str, output_dir: str 
         if read["kind"] == "model":
             model_args.model_revision = commit
         else:
-            script_args.train_datasets[read["index"]] = {**script_args.train_datasets[read["index"]], "revision": commit}
+            i = read["index"]
+            script_args.train_datasets[i] = {**script_args.train_datasets[i], "revision": commit}
     return pins
