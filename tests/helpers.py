@@ -39,3 +39,29 @@ def accelerate_launch(config: str, module_args, *, port: int | None = None, **kw
 
 def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def check_report(run_dir, out):
+    """judgetrain report on a real run: the files, decodable PNGs, every image embedded, table values == metrics.jsonl."""
+    import base64
+    import re
+
+    from matplotlib.image import imread
+
+    from judgetrain.report.build import make_report
+
+    paths = make_report([run_dir], out)
+    html = (out / "report.html").read_text()
+    pngs = sorted(p for name, p in paths.items() if name.endswith(".png"))
+    assert pngs and "train_curves.png" in paths
+    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(embedded) == len(pngs)
+    for png in pngs:
+        img = imread(png)
+        assert img.shape[0] >= 300 and img.shape[1] >= 400 and img.shape[2] in (3, 4), png
+        assert base64.b64encode(png.read_bytes()).decode() in embedded, png
+    last = {}
+    for record in read_jsonl(Path(run_dir) / "metrics.jsonl"):
+        last.update({k: v for k, v in record.items() if k.startswith("eval/")})
+    summary = json.loads((out / "summary.json").read_text())
+    return paths, html, summary, last

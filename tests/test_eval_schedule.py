@@ -121,6 +121,9 @@ def test_best_checkpoint_is_the_best_eval_in_metrics_jsonl_and_only_improving_on
 
     evals = [(r["step"], r[METRIC]) for r in read_jsonl(out / "metrics.jsonl") if METRIC in r]
     assert [step for step, _ in evals] == [0, 2, 4, 6]  # eval_on_start, then every eval_steps: once each
+    # the baseline: before the first step the LoRA adapter is the identity, policy == reference, every margin 0
+    before = read_jsonl(out / "eval" / "0" / "judgebias.jsonl")
+    assert len(before) == 8 and max(abs(r["score_chosen"] - r["score_rejected"]) for r in before) < 1e-4
     improving, best = [], None
     for step, value in evals[1:]:  # the eval_on_start baseline has no checkpoint and does not compete
         if best is None or value > best[1]:

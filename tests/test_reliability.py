@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import QUICKSTART, REPO
+from helpers import QUICKSTART, REPO, check_report
 
 MAX_STEPS = 6
 
@@ -152,6 +152,9 @@ def test_sigkill_mid_step_during_eval_and_during_checkpoint_save_then_resume_mat
     assert len(records(run)) == len(records(reference))
     assert all((run / f"checkpoint-{s}" / "judgetrain_complete.json").is_file() for s in (4, 6))
     assert len(kills) == 3
+    # and the report of the killed-then-resumed run draws the reference's train curve, each step once
+    paths, html, _, _ = check_report(run, tmp_path / "report")
+    assert "train_curves.png" in paths and "status" in html
 
 
 def test_resuming_a_finished_run_trains_no_step_past_max_steps(recipe, reference, tmp_path):

@@ -1,29 +1,18 @@
-"""Training end to end on the tiny judge: the quickstart (1 and 2 processes), learning, resume, logging backends."""
+"""Training end to end on the tiny judge: the quickstart (2 processes), learning, the report, checkpoint listing,
+logging backends (kill-and-resume: tests/test_reliability.py)."""
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from helpers import QUICKSTART, REPO, accelerate_launch, read_jsonl, run
+from helpers import QUICKSTART, accelerate_launch, check_report, read_jsonl, run
 
 
 def read_metrics(run_dir) -> list[dict]:
     return read_jsonl(Path(run_dir) / "metrics.jsonl")
-
-
-def launch(args, *, env=None, timeout=900):
-    """One process through accelerate launch."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "judgetrain.train", *args]
-    return run(cmd, env=env, timeout=timeout)
 
 
 def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> str:
@@ -37,12 +26,27 @@ def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> s
     return str(path)
 
 
+# .ci/run launches the README's quickstart line from a cold start just before the tests, and names that run here
+# (its folder and the launch's stderr) so the module reads it instead of training the same recipe again.
+GIVEN_RUN = "JUDGETRAIN_TEST_QUICKSTART_RUN"
+
+
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory):
-    """The README's main command as written: 2 processes, real DDP (gloo on CPU), plus a baseline eval at step 0."""
-    out = tmp_path_factory.mktemp("quickstart")
-    proc = accelerate_launch("cpu.yaml", [QUICKSTART, "--output_dir", str(out), "--eval_on_start"])
-    assert "Traceback" not in proc.stderr
+    """The README's main command as written: 2 processes, real DDP (gloo on CPU), the recipe unchanged."""
+    import yaml
+
+    given = os.environ.get(GIVEN_RUN)
+    if given:
+        out = Path(given)
+        assert (out / "judgetrain_complete.json").is_file(), f"{GIVEN_RUN}={given}: not a finished run"
+        ran = yaml.safe_load((out / "recipe.yaml").read_text())
+        assert ran == yaml.safe_load(QUICKSTART.read_text()), f"{GIVEN_RUN}={given}: not the quickstart recipe as written"
+        stderr = Path(f"{given}.stderr.log").read_text()
+    else:
+        out = tmp_path_factory.mktemp("quickstart")
+        stderr = accelerate_launch("cpu.yaml", [QUICKSTART, "--output_dir", str(out)]).stderr
+    assert "Traceback" not in stderr
     return out
 
 
@@ -53,8 +57,7 @@ def test_quickstart_writes_train_and_eval_keys_checkpoints_and_final_adapter(qui
     assert train_records, "no train/loss logged"
     assert {"train/rewards/margins", "train/rewards/accuracies", "train/learning_rate"} <= set(train_records[0])
     eval_records = [r for r in records if "eval/rmbench/total_avg_acc" in r]
-    # baseline before training + one per epoch
-    assert len(eval_records) == 3, [r["step"] for r in eval_records]
+    assert [r["step"] for r in eval_records] == [31, 62]  # one per epoch
     for r in eval_records:
         for key in ("eval/rmbench/hard_acc", "eval/rmbench/normal_acc", "eval/rmbench/easy_acc",
                     "eval/judgebias/error/accuracy", "eval/judgebias/represent/accuracy",
@@ -80,25 +83,19 @@ def _judgebias_rows(run_dir, step):
 
 def test_quickstart_judge_learns_the_bundled_judgebias_signal(quickstart_run):
     evals = [r for r in read_metrics(quickstart_run) if "eval/judgebias/error/accuracy" in r]
-    assert [r["step"] for r in evals] == [0, 31, 62]
-    # Before training the LoRA adapter is the identity: policy == reference, every implicit margin is exactly 0,
-    # i.e. chance (0.5 when ties split evenly; the strict metric counts ties as wrong).
-    before = _judgebias_rows(quickstart_run, 0)
-    assert len(before) == 96
-    margins = [r["score_chosen"] - r["score_rejected"] for r in before]
-    assert max(abs(m) for m in margins) < 1e-4
-    tie_half = sum(1.0 if m > 1e-4 else 0.5 if abs(m) <= 1e-4 else 0.0 for m in margins) / len(margins)
-    assert tie_half == pytest.approx(0.5)
+    assert [r["step"] for r in evals] == [31, 62]
+    # Before training the LoRA adapter is the identity, every margin 0: chance (test_eval_schedule checks it at step 0).
     # After: validation preference accuracy (implicit reward margin > 0), held-out samples, both categories
     after = _judgebias_rows(quickstart_run, 62)
+    assert len(after) == 96
     acc = sum(r["score_chosen"] > r["score_rejected"] for r in after) / len(after)
     assert acc >= 0.9, acc
     final = evals[-1]
     assert final["eval/judgebias/error/accuracy"] >= 0.9 and final["eval/judgebias/represent/accuracy"] >= 0.9
     assert final["eval/judgebias/error/margin"] > 0 and final["eval/judgebias/represent/margin"] > 0
-    # accuracy rises over the epochs
+    # accuracy does not fall over the epochs, and the first epoch is already past chance
     acc_by_epoch = [(r["eval/judgebias/error/accuracy"] + r["eval/judgebias/represent/accuracy"]) / 2 for r in evals]
-    assert acc_by_epoch[0] < acc_by_epoch[1] <= acc_by_epoch[2] + 1e-9
+    assert 0.6 < acc_by_epoch[0] <= acc_by_epoch[1] + 1e-9, acc_by_epoch
 
 
 def test_quickstart_ran_as_two_process_ddp_and_logged_once(quickstart_run):
@@ -108,76 +105,14 @@ def test_quickstart_ran_as_two_process_ddp_and_logged_once(quickstart_run):
     assert len({json.dumps(r, sort_keys=True) for r in records}) == len(records), "an event was logged twice"
 
 
-def _check_report(run_dir, out):
-    """judgetrain report on a real run: the files, decodable PNGs, every image embedded, table values == metrics.jsonl."""
-    import base64
-    import re
-
-    from matplotlib.image import imread
-
-    from judgetrain.report.build import make_report
-
-    paths = make_report([run_dir], out)
-    html = (out / "report.html").read_text()
-    pngs = sorted(p for name, p in paths.items() if name.endswith(".png"))
-    assert pngs and "train_curves.png" in paths
-    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
-    assert len(embedded) == len(pngs)
-    for png in pngs:
-        img = imread(png)
-        assert img.shape[0] >= 300 and img.shape[1] >= 400 and img.shape[2] in (3, 4), png
-        assert base64.b64encode(png.read_bytes()).decode() in embedded, png
-    last = {}
-    for record in read_metrics(run_dir):
-        last.update({k: v for k, v in record.items() if k.startswith("eval/")})
-    summary = json.loads((out / "summary.json").read_text())
-    return paths, html, summary, last
-
-
 def test_report_on_the_quickstart_run(quickstart_run, tmp_path):
-    paths, html, summary, last = _check_report(quickstart_run, tmp_path / "report")
-    for name in ("rmbench_matrix_step0.png", "rmbench_matrix_step31.png", "rmbench_matrix_step62.png", "style_bias.png",
+    paths, html, summary, last = check_report(quickstart_run, tmp_path / "report")
+    for name in ("rmbench_matrix_step31.png", "rmbench_matrix_step62.png", "style_bias.png",
                  "rmbench_curves.png", "judgebias_categories.png", "judgebias_types.png", "ideation.png"):
         assert name in paths, name
     assert "eval/rmbench/total_avg_acc" in html and "eval/judgebias/error/accuracy" in html
     assert f"{last['eval/rmbench/total_avg_acc']:.4f}" in html
     assert f"{last['eval/judgebias/represent/accuracy']:.4f}" in html
-
-
-def _adapter(run_dir):
-    return load_file(str(Path(run_dir) / "adapter_model.safetensors"))
-
-
-def test_killed_run_resumes_to_the_same_adapter_and_metrics(tmp_path):
-    recipe = small_recipe(tmp_path, extra="max_steps: 8\nsave_steps: 3\nlogging_steps: 1\nper_device_train_batch_size: 4\n")
-    ref = tmp_path / "uninterrupted"
-    launch([recipe, "--output_dir", str(ref)])
-
-    killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "judgetrain.train", recipe, "--output_dir", str(killed)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 600
-    while time.time() < deadline and not (killed / "checkpoint-3" / "judgetrain_complete.json").exists():
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert (killed / "checkpoint-3" / "judgetrain_complete.json").exists()
-    assert not (killed / "adapter_model.safetensors").exists(), "the run finished before it was killed"
-
-    launch([recipe, "--output_dir", str(killed), "--resume", "auto"])
-    a, b = _adapter(ref), _adapter(killed)
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
-    steps_ref = [r["step"] for r in read_metrics(ref) if "train/loss" in r]
-    steps_run = [r["step"] for r in read_metrics(killed) if "train/loss" in r]
-    assert steps_run == steps_ref == list(range(1, 9))
-    losses_ref = [r["train/loss"] for r in read_metrics(ref) if "train/loss" in r]
-    losses_run = [r["train/loss"] for r in read_metrics(killed) if "train/loss" in r]
-    assert losses_run == pytest.approx(losses_ref, rel=1e-4)
-    # and the report of the killed-then-resumed run draws the same train curve, each step once
-    paths, html, summary, _ = _check_report(killed, tmp_path / "report")
-    assert "train_curves.png" in paths and "status" in html
 
 
 def test_half_written_checkpoint_is_skipped(tmp_path, caplog):
