@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, free_port, read_jsonl, run
-from test_scale import EVERY, STEPS, _assert_same_run, _kill_after_first_checkpoint, _launch
+from test_scale import (EVERY, STEPS, _assert_same_generations, _assert_same_run, _kill_after_first_checkpoint,
+                        _launch)
 
 pytestmark = [
     pytest.mark.slow,
@@ -122,6 +123,7 @@ def test_zero3_full_fine_tune_gathers_a_whole_model_that_scores_as_the_live_one(
     _assert_zero(zero, 3, trainable_whole=True)
     _assert_eval_on_partitions(zero)
     _assert_same_run(ddp, zero, final="model.safetensors")
+    _assert_same_generations(ddp, zero)
 
     a = AutoModelForCausalLM.from_pretrained(ddp).state_dict()
     with safe_open(str(zero / "model.safetensors"), "pt") as f:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import QUICKSTART, REPO, free_port, read_jsonl
 STEPS, EVERY = 6, 3
+GENERATED_ROWS = 5  # JudgeBias: 3 + 2 prompts over 2 ranks, 2 + 1 generate calls: rank 1 runs a padding call
 TOL = dict(rel=2e-3, abs=2e-3)
 
 
@@ -29,6 +30,9 @@ def _recipe(path: Path, full: bool = False) -> str:
     text = QUICKSTART.read_text()
     if full:  # a full fine-tune: no adapter, a learning rate for all weights
         text = text.replace("use_peft: true", "use_peft: false").replace("learning_rate: 2.0e-3", "learning_rate: 1.0e-4")
+        # and generate mode on 5 rows a suite, in batches of 2 JudgeBias prompts (about 400 tokens each)
+        text = text.replace("eval_scoring: implicit", "eval_scoring: [implicit, generate]")
+        text += f"\neval_generate_max_rows: {GENERATED_ROWS}\neval_generate_max_new_tokens: 6\neval_batch_tokens: 1024\n"
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [rmbench, judgebias]")
     text = text.replace("eval_max_rows: null", "eval_max_rows: 12")
@@ -138,7 +142,7 @@ def _assert_same_run(one: Path, two: Path, *, final: str = "adapter_model.safete
     for step in (EVERY, STEPS):
         for key, value in a_eval[step].items():
             if key.startswith("eval/") and not key.endswith("runtime"):
-                assert b_eval[step][key] == pytest.approx(value, **TOL), (step, key)
+                assert b_eval[step][key] == pytest.approx(value, nan_ok=True, **TOL), (step, key)
         for suite in ("rmbench", "judgebias"):
             lines = (two / "eval" / str(step) / f"{suite}.jsonl").read_text().splitlines()
             ids = [json.loads(line)["row_index"] for line in lines]
@@ -170,6 +174,23 @@ def test_two_machines_killed_and_resumed_match_one_machine_with_two_processes(dd
     assert (effect["distributed_type"], effect["processes"], effect["machines"], effect["backend"]) == \
         ("MULTI_CPU", 2, 2, "gloo")
     _assert_same_run(single, multi)
+
+
+def _assert_same_generations(one: Path, two: Path) -> None:
+    """Generate mode (the full fine-tune's recipe) on `two`'s model as on `one`'s: every row once, the same texts
+    token for token, greedy. Under sharded weights (FSDP2, ZeRO-3) the ranks' generate calls run in step
+    (synced_gpus), the rank with fewer rows running a padding call."""
+    for step in (EVERY, STEPS):
+        for suite in ("rmbench", "judgebias"):
+            a, b = (read_jsonl(run / "eval" / str(step) / f"{suite}.generate.jsonl") for run in (one, two))
+            assert [r["row_index"] for r in b] == [r["row_index"] for r in a] and len(a) == GENERATED_ROWS
+            assert all(o["n_tokens"] > 0 for r in b for o in r["outputs"])
+            texts = [[o["text"] for o in r["outputs"]] for r in a]
+            assert [[o["text"] for o in r["outputs"]] for r in b] == texts, (step, suite)
+        # rank 0 (whose figures results.json holds) ran 2 generate calls on its 3 JudgeBias prompts; under sharded
+        # weights rank 1, with 2 prompts in 1 call, ran a padding call in step with the second (or the run would hang)
+        stats = json.loads((two / "eval" / str(step) / "results.json").read_text())["mode_stats"]["judgebias"]["generate"]
+        assert (stats["prompts"], stats["batches"], stats["padding_batches"]) == (3, 2, 0), stats
 
 
 def _assert_sharded(out: Path) -> None:
@@ -214,6 +235,7 @@ def test_fsdp2_on_cpu_full_fine_tune_matches_ddp(ddp_full, tmp_path):
     fsdp = _run("accelerate_configs/fsdp2_cpu.yaml", recipe, tmp_path / "fsdp", tmp_path / "fsdp.log")
     _assert_sharded(fsdp)
     _assert_same_run(ddp, fsdp, final="model.safetensors")
+    _assert_same_generations(ddp, fsdp)
     a = AutoModelForCausalLM.from_pretrained(ddp).state_dict()
     b = AutoModelForCausalLM.from_pretrained(fsdp).state_dict()
     assert a.keys() == b.keys()
