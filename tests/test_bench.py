@@ -38,6 +38,10 @@ def test_quick_bench_records_versions_machine_and_config(quick_report):
     assert "gpu" in machine
     assert quick_report["config"]["quick"] is True
     assert quick_report["config"]["repeats"] == 1
+    # the wall time of each part run, which together make up nearly all of the bench's own
+    parts = quick_report["part_seconds"]
+    assert {"train", "train_shapes", "scale", "eval", "quickstart", "parser", "generation"} == set(parts)
+    assert all(_positive(v) for v in parts.values()) and sum(parts.values()) <= quick_report["seconds"]
 
 
 def test_quick_bench_train_sides_share_one_trainer_config(quick_report):

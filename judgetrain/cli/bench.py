@@ -197,44 +197,55 @@ def run_bench(args: argparse.Namespace) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="judgetrain-bench-") if args.workdir is None else None
     workdir = Path(args.workdir or tmp.name)
     t0 = time.perf_counter()
+    part_seconds: dict[str, float] = {}  # wall time of each part as run (train_shapes: both dtypes)
+    report["part_seconds"] = part_seconds
+
+    def timed(name, fn, *a, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            part_seconds[name] = part_seconds.get(name, 0.0) + time.perf_counter() - t
+
     try:
         tb = None
         if "train" in parts:
-            report["train"] = bench_train(args, workdir / "train")
+            report["train"] = timed("train", bench_train, args, workdir / "train")
             tb = report["train"].pop("_bench")
         if parts & {"scale", "quickstart", "train_shapes"}:
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
             args.quickstart_rows = tb.rows
         if "train_shapes" in parts:
             if "float32" in args.train_shapes_dtypes:
-                report["train_shapes"] = bench_train_shapes(args, tb, workdir / "train")
+                report["train_shapes"] = timed("train_shapes", bench_train_shapes, args, tb, workdir / "train")
             if "bfloat16" in args.train_shapes_dtypes:  # the dtype the recipes train in: bf16 base, LoRA as PEFT casts it
-                report["train_shapes_bf16"] = bench_train_shapes(args, tb, workdir / "train-bf16",
-                                                                 dpo_extra={"model_init_kwargs": {"dtype": "bfloat16"}},
-                                                                 shapes=args.train_shapes_bf16)
+                report["train_shapes_bf16"] = timed("train_shapes", bench_train_shapes, args, tb,
+                                                    workdir / "train-bf16", shapes=args.train_shapes_bf16,
+                                                    dpo_extra={"model_init_kwargs": {"dtype": "bfloat16"}})
         if "scale" in parts:
-            report["train_scale"] = bench_train_scale(args, tb, workdir / "train")
+            report["train_scale"] = timed("scale", bench_train_scale, args, tb, workdir / "train")
         if "eval" in parts or "scale" in parts:
             from judgetrain.config.recipe import parse_recipe
 
             _, _, model_args, _ = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")])
             args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts
             location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
-            report["eval"] = bench_eval(args, location, load_kwargs)
+            report["eval"] = timed("eval", bench_eval, args, location, load_kwargs)
         if "quickstart" in parts:
-            report["quickstart"] = bench_quickstart(args, workdir)
+            report["quickstart"] = timed("quickstart", bench_quickstart, args, workdir)
         if "parser" in parts:
-            report["parser"] = bench_parser(args)
+            report["parser"] = timed("parser", bench_parser, args)
         if "checkpoint" in parts:
-            report["checkpoint"] = bench_checkpoint(args, workdir / "checkpoint")
+            report["checkpoint"] = timed("checkpoint", bench_checkpoint, args, workdir / "checkpoint")
         if "generation" in parts:
-            report["generation"] = bench_generation(args)
+            report["generation"] = timed("generation", bench_generation, args)
         if "startup" in parts:
-            report["startup"] = bench_startup(args, workdir / "startup")
+            report["startup"] = timed("startup", bench_startup, args, workdir / "startup")
         if "device" in parts:
-            report["device_bench"] = bench_device(args)
+            report["device_bench"] = timed("device", bench_device, args)
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
-            report["device_bench"]["prefix_sharing"] = bench_device_prefix_sharing(args, tb, workdir / "device")
+            report["device_bench"]["prefix_sharing"] = timed("device", bench_device_prefix_sharing, args, tb,
+                                                              workdir / "device")
     finally:
         if tmp is not None:
             tmp.cleanup()
