@@ -100,6 +100,19 @@ def test_quick_bench_generation_engine_against_one_prompt_at_a_time(quick_report
     assert g["whole_prompts_texts_equal"] is True and g["engine_whole_prompts"]["generated_tokens"] > 0
     assert g["prefix_sharing_speedup"] == pytest.approx(engine["tokens_per_s"] / g["engine_whole_prompts"]["tokens_per_s"])
     assert quick_report["summary"]["generation_tiny_judge_tokens_per_s_ratio"] == g["tokens_per_s_ratio"]
+    assert (quick_report["generation"]["dtype"], g["base_dtype"], g["adapter_dtype"]) == ("float32",) * 3
+
+
+def test_generation_part_in_bf16_keeps_the_adapter_in_float32(tmp_path):
+    """--generation-dtype bfloat16: both sides on bf16 base weights with the adapter in float32, as training holds it."""
+    out = tmp_path / "bench.json"
+    assert bench_cli.main(["--quick", "--only", "generation", "--generation-dtype", "bfloat16", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    g = report["generation"]["models"]["tiny_judge"]
+    assert report["generation"]["dtype"] == "bfloat16"
+    assert (g["base_dtype"], g["adapter_dtype"]) == ("bfloat16", "float32")
+    assert g["engine"]["generated_tokens"] > 0 and g["one_at_a_time"]["generated_tokens"] > 0
+    assert _positive(g["tokens_per_s_ratio"]) and set(report["part_seconds"]) == {"generation"}
 
 
 def test_cuda_without_a_gpu_exits_with_a_clear_message(capsys):

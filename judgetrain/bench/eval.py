@@ -37,9 +37,11 @@ def eval_model_location(name: str) -> tuple[str, dict]:
     return resolve_model(name), {}
 
 
-def load_eval_model(model_path: str, recipe: str, seed: int = 0, load_kwargs: dict | None = None):
+def load_eval_model(model_path: str, recipe: str, seed: int = 0, load_kwargs: dict | None = None,
+                    dtype: str = "float32"):
     """The model (by default the tiny judge) with the recipe's LoRA adapter, randomly initialised (B != 0) so policy
-    and reference differ and the implicit scores are not all zero."""
+    and reference differ and the implicit scores are not all zero. ``dtype``: of the base weights; PEFT keeps a
+    half-precision base's adapter in float32, as in training."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -56,7 +58,7 @@ def load_eval_model(model_path: str, recipe: str, seed: int = 0, load_kwargs: di
             tokenizer.pad_token = tokenizer.eos_token
     else:
         tokenizer = load_tokenizer(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **load_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype), **load_kwargs)
     torch.manual_seed(seed)
     config = LoraConfig(r=model_keys.get("lora_r", 16), lora_alpha=model_keys.get("lora_alpha", 32),
                         target_modules=model_keys.get("lora_target_modules") or "all-linear",

@@ -83,8 +83,11 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
     engine, loop = side("engine", e), side("one_at_a_time", n)
     unshared = side("engine_whole_prompts", outs["engine_whole_prompts"])
     prompt_tokens = [g.prompt_tokens for g in e]
+    dtypes = {("adapter" if "lora_" in name else "base"): str(param.dtype).replace("torch.", "")
+              for name, param in model.named_parameters()}
     return {
         "architecture": type(getattr(model, "get_base_model", lambda: model)()).__name__,
+        "base_dtype": dtypes.get("base"), "adapter_dtype": dtypes.get("adapter"),
         "rows": len(prompts), "max_new_tokens": gen.max_new_tokens,
         "prompt_tokens_mean": sum(prompt_tokens) / len(prompt_tokens), "prompt_tokens_max": max(prompt_tokens),
         "truncated": sum(g.truncated for g in e),
@@ -107,7 +110,8 @@ def bench_generation(cfg: argparse.Namespace) -> dict:
 
     prompts = [r["prompt"] for r in _judgebias_rows(cfg.generation_rows)]
     out: dict[str, Any] = {"prompts": "JudgeBias validation prompts (rubric + recipe)", "rows": len(prompts),
-                           "torch_threads": torch.get_num_threads(), "models": {}}
+                           "dtype": cfg.generation_dtype, "torch_threads": torch.get_num_threads(),
+                           "models": {}}
     for name in cfg.generation_models:
         label = generation_label(name)
         try:
@@ -116,7 +120,7 @@ def bench_generation(cfg: argparse.Namespace) -> dict:
             logger.warning("generation bench: %s skipped: %s", name, e)
             out["models"][label] = {"skipped": str(e)}
             continue
-        model, tokenizer = load_eval_model(path, cfg.recipe)
+        model, tokenizer = load_eval_model(path, cfg.recipe, dtype=cfg.generation_dtype)
         out["models"][label] = {"model": name, **bench_generation_model(cfg, model, tokenizer, prompts)}
         del model
     return out

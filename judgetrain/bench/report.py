@@ -174,7 +174,8 @@ def print_table(report: dict) -> None:
         if "skipped" in g:
             continue
         e, n = g["engine"], g["one_at_a_time"]
-        row(f"generation {label} tokens/s (batched engine / one at a time), texts equal: {g['texts_equal']}",
+        row(f"generation {label} ({g.get('base_dtype', 'float32')}) tokens/s (batched engine / one at a time), "
+            f"texts equal: {g['texts_equal']}",
             f"{e['tokens_per_s']:.1f}", f"{n['tokens_per_s']:.1f}", g["tokens_per_s_ratio"],
             f"generation_{label}_tokens_per_s_ratio")
     console.print(table)

@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generation-batch-tokens", type=int, default=16384,
                    help="engine budget of batch size x (prompt + max new tokens) per generate call (default 16384)")
     p.add_argument("--generation-max-batch-size", type=int, default=32, help="engine prompts per generate call")
+    p.add_argument("--generation-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="base weights of the generation part's models, both sides (default float32; the LoRA adapter "
+                        "stays float32, as in training)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("start-up (--only startup)")
     g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",
