@@ -124,6 +124,21 @@ def test_prefix_sharing_says_why_it_is_off_and_still_generates_the_same(models):
     assert [g.token_ids for g in out] == [g.token_ids for g in _generator(model, tok).generate(SHARED[:2])]
 
 
+def test_replace_keeps_every_other_option_and_gives_fresh_stats(models):
+    model, tok = models["tiny"]
+    gen = _generator(model, tok, max_new_tokens=7, batch_tokens=999, max_batch_size=3, do_sample=True, seed=5,
+                     stop_token_ids=[11])
+    gen.generate(SHARED[:1])
+    other = gen.replace(share_prefix=False, max_new_tokens=4)
+    assert (other.model, other.tokenizer) == (gen.model, gen.tokenizer)
+    assert (other.max_new_tokens, other.share_prefix, gen.max_new_tokens, gen.share_prefix) == (4, False, 7, True)
+    for name in ("max_length", "batch_tokens", "max_batch_size", "do_sample", "seed", "merge_lora", "stop_token_ids"):
+        assert getattr(other, name) == getattr(gen, name), name
+    assert gen.stats.prompts == 1 and other.stats.prompts == 0
+    with pytest.raises(TypeError, match="unknown Generator options: \\['max_tokens'\\]"):
+        gen.replace(max_tokens=3)
+
+
 def test_each_row_stops_on_its_own_and_max_new_tokens_and_truncation_hold(models):
     model, tok = models["tiny"]
     free = _generator(model, tok).generate(PROMPTS)

@@ -53,10 +53,9 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
     prompt_ids = [gen.prompt_ids(p)[-room:] for p in prompts]
     model.eval()
     # untimed: one short prompt through each path (first-call allocations, lazy imports)
-    Generator(model, tokenizer, max_new_tokens=2).generate(prompts[:1])
-    one_at_a_time(Generator(model, tokenizer, max_new_tokens=2, merge_lora=False), prompt_ids[:1])
-    whole = Generator(model, tokenizer, max_new_tokens=gen.max_new_tokens, max_length=gen.max_length,
-                      batch_tokens=gen.batch_tokens, max_batch_size=gen.max_batch_size, share_prefix=False)
+    gen.replace(max_new_tokens=2).generate(prompts[:1])
+    one_at_a_time(gen.replace(max_new_tokens=2, merge_lora=False), prompt_ids[:1])
+    whole = gen.replace(share_prefix=False)
     run = {"engine": lambda: gen.generate(prompts), "engine_whole_prompts": lambda: whole.generate(prompts),
            "one_at_a_time": lambda: one_at_a_time(gen, prompt_ids)}
     times: dict[str, list[float]] = {side: [] for side in run}

@@ -162,6 +162,10 @@ class Generator(StopPoints):
                              "left for the prompt")
         self.model = model
         self.tokenizer = tokenizer
+        self._options = dict(max_new_tokens=max_new_tokens, max_length=max_length, batch_tokens=batch_tokens,
+                             max_batch_size=max_batch_size, do_sample=do_sample, temperature=temperature, top_p=top_p,
+                             seed=seed, merge_lora=merge_lora, share_prefix=share_prefix, backend=backend,
+                             stop_token_ids=tuple(stop_token_ids), vllm_kwargs=vllm_kwargs)
         # called before every generate call; True abandons the generation (`judgetrain.eval.scoring.EvalStopped`).
         # Under several processes it must give every rank the same answer (the callback's is reduced over them):
         # every rank makes the same number of calls, so they all stop at the same one
@@ -272,6 +276,13 @@ class Generator(StopPoints):
             if was_training:
                 model.train()
         return results  # type: ignore[return-value]
+
+    def replace(self, **changes: Any) -> Generator:
+        """A new generator of the same model and tokenizer, with this one's options but ``changes`` (fresh stats)."""
+        unknown = set(changes) - set(self._options)
+        if unknown:
+            raise TypeError(f"unknown Generator options: {sorted(unknown)}")
+        return Generator(self.model, self.tokenizer, **{**self._options, **changes})
 
     def _can_share(self, model) -> bool:
         """Whether the batches' common prompt prefix may run once (checked once per model, warned once)."""
