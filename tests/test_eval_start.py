@@ -205,7 +205,10 @@ def test_full_fine_tune_eval_is_zero_at_start_a_sigterm_in_an_eval_stops_at_once
     assert not (run / "eval" / "2" / "results.json").exists() and took < 60
     start_scores = [json.loads(line) for line in (run / "eval" / "0" / "judgebias.jsonl").read_text().splitlines()]
     assert len(start_scores) == 8
-    assert max(abs(r[k]) for r in start_scores for k in ("score_chosen", "score_rejected")) < 1e-4
+    # exactly 0: the policy before the first step is the reference just scored, so its log-probs are not run again
+    assert max(abs(r[k]) for r in start_scores for k in ("score_chosen", "score_rejected")) == 0.0
+    stats = json.loads((run / "eval" / "0" / "results.json").read_text())["stats"]["judgebias"]
+    assert (stats["policy_from_reference"], stats["policy_batches"], stats["ref_batches"]) == (16, 0, 0), stats
     assert (run / reference.REFERENCE_FILE).is_file()
 
     proc = start([str(recipe), "--output_dir", str(run), "--resume", "auto"], log2)

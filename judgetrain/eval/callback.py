@@ -182,6 +182,11 @@ class JudgeEvalCallback(TrainerCallback):
             self.run(state)
         return control
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.engine is not None:  # an optimizer step follows: the policy is no longer its reference
+            self.engine.policy_is_reference = False
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
         if self._scheduling(args) and self.every_n_steps and state.global_step % self.every_n_steps == 0:
             control.should_evaluate = True
@@ -237,6 +242,7 @@ class JudgeEvalCallback(TrainerCallback):
             reference.score_reference(engine, self.suites, PartialState())
         except EvalStopped as stop:
             self._abandon(state, stop, "the eval reference")
+        engine.policy_is_reference = True  # until the first step: the start eval's implicit scores are 0, not rerun
         if self.trainer.is_world_process_zero():
             reference.save_reference(engine, self.output_dir)
 

@@ -8,7 +8,10 @@ every process gets the whole cache, and the main process writes it to ``<output_
 (``{"namespace": ..., "values": {key: log-prob}}``, keys as `ScoringEngine` makes them: token ids + reference
 name). The engine then reads only that cache (``policy_reference = "frozen"``); a resumed run loads the file
 instead of scoring a trained policy as its reference, and a row that was not in the eval set at the start has no
-reference: left unscored and counted (``n_no_reference``), never scored against 0.
+reference: left unscored and counted (``n_no_reference``), never scored against 0. Until the first optimizer step
+the policy is that reference (``ScoringEngine.policy_is_reference``): the start eval (``eval_on_start``) takes each
+cached sequence's reference log-prob as its policy log-prob, so it scores exactly 0 without a second forward
+(counted as ``policy_from_reference``).
 """
 
 from __future__ import annotations

@@ -156,6 +156,9 @@ class EngineStats:
     real_tokens: int = 0  # tokens of the sequences fed to the model
     padded_tokens: int = 0  # batch slots (batch size x longest sequence) actually computed
     sequences: int = 0
+    # implicit sequences whose policy log-prob is the frozen reference's own (the weights have not changed since
+    # the reference was scored: the eval_on_start of a full fine-tune with precompute_ref_log_probs), not run again
+    policy_from_reference: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -232,6 +235,10 @@ class ScoringEngine(StopPoints):
         # the reference (the untrained policy, before the first step); "frozen" reads the reference cache only, and
         # a sequence missing from it leaves its row unscored (`RowScore.no_reference`), never scored against 0
         self.policy_reference: str | None = None
+        # True while the policy's weights are those the frozen reference was scored with (set by the eval callback
+        # from the reference pass to the first optimizer step): implicit sequences in the cache score exactly 0
+        # without a policy forward
+        self.policy_is_reference = False
         self.no_reference_sequences = 0
         # called before every forward; True stops the eval (`EvalStopped`). Under several processes it must be the
         # same collective on every rank (every rank runs the same number of forwards when scoring with ``sync``)
@@ -553,6 +560,14 @@ class ScoringEngine(StopPoints):
             judge = [s for s in seqs if kinds[s.row] == "judge"]
             lik = [s for s in seqs if kinds[s.row] != "judge"]
             implicit = [s for s in lik if kinds[s.row] == "implicit"]
+            if self.policy_is_reference and self.policy_reference == "frozen":
+                self._key_sequences(implicit)
+                reused = {id(s) for s in implicit if s.key in self._ref_cache}
+                for s in implicit:
+                    if id(s) in reused:
+                        rows[s.row].scores[s.slot] = self._ref_cache[s.key]
+                lik = [s for s in lik if id(s) not in reused]
+                self.stats.policy_from_reference += len(reused)
             # under sync every rank runs each stage (collectives), even with nothing of its own to score
             with self._policy_forwards(model):
                 for group, is_judge in ((judge, True), (lik, False)):
@@ -576,12 +591,16 @@ class ScoringEngine(StopPoints):
         self.stats.seconds += time.perf_counter() - t0
         return rows
 
-    def _reference_logps(self, seqs: list[_Seq], sync: bool) -> dict[str, float]:
+    def _key_sequences(self, seqs: list[_Seq]) -> None:
+        """Each sequence's reference-cache key: its token ids, where its completion starts, the reference's name."""
         namespace = self._reference_namespace()
         for s in seqs:
             h = hashlib.blake2b(np.asarray(s.ids, dtype=np.int64).tobytes(), digest_size=16)
             h.update(f"|{s.start}|{namespace}".encode())
             s.key = h.hexdigest()
+
+    def _reference_logps(self, seqs: list[_Seq], sync: bool) -> dict[str, float]:
+        self._key_sequences(seqs)
         todo, seen = [], set()
         for s in seqs:
             if s.key in self._ref_cache or s.key in seen:
