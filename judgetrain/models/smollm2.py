@@ -64,7 +64,11 @@ def convert(out: str | Path, path: Path | None = None) -> str:
     folder, name = str(path.parent), path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    # the loaded model's own config (a second AutoConfig.from_pretrained would parse the GGUF file again), less
+    # the GGUF quantisation record its loading added: the folder holds plain float32 weights
+    fields = loaded.config.to_dict()
+    fields.pop("quantization_config", None)
+    config = AutoConfig.for_model(**fields)
     config.dtype = torch.float32
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
