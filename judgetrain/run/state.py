@@ -4,8 +4,9 @@
   only change how a run is watched: logging, saving, evaluation, output paths), a fingerprint of the training rows,
   the process count, the judgetrain / library versions and the commits of the hub repositories it reads at a branch
   (`judgetrain.run.revisions`: pinned at the first start, reused by every resume). ``--resume`` continues a
-  checkpoint only when its identity equals this run's; otherwise it refuses, naming each differing field. ``--resume_force`` continues anyway
-  and keeps the new values (a new learning rate is applied over the restored optimizer and scheduler state).
+  checkpoint only when its identity equals this run's; otherwise it refuses, naming each differing field.
+  ``--resume_force`` continues anyway and keeps the new values (a new learning rate is applied over the restored
+  optimizer and scheduler state).
 - A fresh run refuses an output_dir that already holds a run unless ``--overwrite_output_dir`` is given.
 - Lock: the main process holds an exclusive ``flock`` on ``output_dir/.judgetrain.lock`` for the whole run; a second
   run in the same output_dir stops with a message naming the holder. The kernel drops the lock when the holder exits,
