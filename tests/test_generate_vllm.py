@@ -67,7 +67,7 @@ def _same(a, b, where):
 
 
 def _release(gen):
-    gen._vllm = None
+    gen.close()
     gc.collect()
 
 
@@ -95,6 +95,9 @@ def test_a_lora_request_writes_what_the_transformers_engine_writes_and_follows_t
     _same(second, hf.generate(prompts), family)
     assert [g.token_ids for g in second] != [g.token_ids for g in first]
     assert vl._vllm._lora_id == 2 and vl.stats.prompts == 2 * len(prompts)
+    vl.close()  # one process: the engine and the process group it set up go; the next call starts a new engine
+    assert vl._vllm is None and not torch.distributed.is_initialized()
+    _same(vl.generate(prompts[:2]), second[:2], family)
     _release(vl)
 
 

@@ -2,7 +2,8 @@
 ``model.generate`` loop (what judge mode's ``generate_samples`` did), on the same JudgeBias prompts, greedy, with the
 same stop tokens and ``max_new_tokens``; tokens generated per second on each side and their ratio. A third side, the
 engine with prefix sharing off (every prompt run whole in its batch), says what sharing the batch's prompt prefix
-gains.
+gains. With ``--generation-vllm`` a fourth, the vLLM backend (engine start and first prompt untimed), where vLLM can
+run.
 
 The models carry the recipe's LoRA adapter, randomly initialised (`judgetrain.bench.eval.load_eval_model`), as a
 judge under training does; the engine runs it merged, the loop through PEFT's forward, as before.
@@ -58,6 +59,17 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
     whole = gen.replace(share_prefix=False)
     run = {"engine": lambda: gen.generate(prompts), "engine_whole_prompts": lambda: whole.generate(prompts),
            "one_at_a_time": lambda: one_at_a_time(gen, prompt_ids)}
+    vllm: dict[str, Any] = {}
+    if getattr(cfg, "generation_vllm", False):
+        try:  # untimed: the engine's start and one prompt
+            t0 = time.perf_counter()
+            vgen = gen.replace(backend="vllm")
+            vgen.generate(prompts[:1])
+            vllm["start_seconds"] = time.perf_counter() - t0
+            run["vllm"] = lambda: vgen.generate(prompts)
+        except Exception as e:  # noqa: BLE001 - vLLM's own errors (head size, platform): the other sides still run
+            logger.warning("generation bench: the vLLM side of %s did not run: %s", type(model).__name__, e)
+            vllm["skipped"] = f"{type(e).__name__}: {e}"
     times: dict[str, list[float]] = {side: [] for side in run}
     outs: dict[str, list] = {}
     for _, warm, order in alternating(0, cfg.generation_repeats, list(run)):
@@ -98,7 +110,21 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
         "whole_prompts_texts_equal": all(a.text == b.text for a, b in zip(e, outs["engine_whole_prompts"])),
         "texts_equal": all(a.text == b.text for a, b in zip(e, n)), "token_ids_equal_rows": sum(equal),
         "engine_stats": gen.stats.as_dict(), "batch_tokens": gen.batch_tokens, "load_average": load_average(),
+        **({"vllm": _vllm_side(vllm, side, outs, n)} if vllm else {}),
     }
+
+
+def _vllm_side(vllm: dict, side, outs: dict, loop: list) -> dict:
+    """The vLLM backend's side (`--generation-vllm`) against the one-at-a-time loop, or why it did not run."""
+    if "skipped" in vllm:
+        return vllm
+    v = outs["vllm"]
+    equal = [a.token_ids == b.token_ids for a, b in zip(v, loop)]
+    out = {**vllm, **side("vllm", v), "token_ids_equal_rows": sum(equal),
+           "engine_token_ids_equal_rows": sum(a.token_ids == b.token_ids for a, b in zip(v, outs["engine"]))}
+    out["tokens_per_s_ratio"] = ratio(out["tokens_per_s"], side("one_at_a_time", loop)["tokens_per_s"])
+    out["vs_engine_tokens_per_s_ratio"] = ratio(out["tokens_per_s"], side("engine", outs["engine"])["tokens_per_s"])
+    return out
 
 
 def bench_generation(cfg: argparse.Namespace) -> dict:

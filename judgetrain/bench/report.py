@@ -178,6 +178,11 @@ def print_table(report: dict) -> None:
             f"texts equal: {g['texts_equal']}",
             f"{e['tokens_per_s']:.1f}", f"{n['tokens_per_s']:.1f}", g["tokens_per_s_ratio"],
             f"generation_{label}_tokens_per_s_ratio")
+        v = g.get("vllm") or {}
+        if "tokens_per_s" in v:
+            row(f"generation {label} tokens/s (vLLM backend / one at a time), token ids equal: "
+                f"{v['token_ids_equal_rows']} of {g['rows']}", f"{v['tokens_per_s']:.1f}", f"{n['tokens_per_s']:.1f}",
+                v["tokens_per_s_ratio"], f"generation_{label}_vllm_tokens_per_s_ratio")
     console.print(table)
     dev = report.get("device_bench")
     if dev:
@@ -246,6 +251,8 @@ def summarize(report: dict) -> dict:
             s[f"eval_{name}_tokens_per_response_{side.replace('_epoch', '')}"] = tokens.get("computed")
     for label, g in ((report.get("generation") or {}).get("models") or {}).items():
         s[f"generation_{label}_tokens_per_s_ratio"] = g.get("tokens_per_s_ratio")
+        if "tokens_per_s_ratio" in (g.get("vllm") or {}):
+            s[f"generation_{label}_vllm_tokens_per_s_ratio"] = g["vllm"]["tokens_per_s_ratio"]
     for opt, o in (tr.get("options") or {}).items():
         s[f"option_{opt}_samples_per_s_ratio"] = o["samples_per_s_ratio"]
         s[f"option_{opt}_peak_memory_ratio"] = o["peak_memory_ratio"]

@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generation-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="base weights of the generation part's models, both sides (default float32; the LoRA adapter "
                         "stays float32, as in training)")
+    p.add_argument("--generation-vllm", action="store_true",
+                   help="the generation part also times the vLLM backend (vLLM installed, with CUDA or its CPU build)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("start-up (--only startup)")
     g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",

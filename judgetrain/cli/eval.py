@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         summary[name] = doc["metrics"]
         if state.is_main_process:
             print_table(name, results)
+        if generator is not None:  # a vLLM engine per model evaluated: each goes before the next starts
+            generator.close()
         del model, engine, generator
     if state.is_main_process:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)

@@ -182,6 +182,11 @@ class JudgeEvalCallback(TrainerCallback):
             self.run(state)
         return control
 
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.generator is not None:  # a vLLM engine goes before the trainer's end takes the process group down
+            self.generator.close()
+        return control
+
     def on_step_begin(self, args, state, control, **kwargs):
         if self.engine is not None:  # an optimizer step follows: the policy is no longer its reference
             self.engine.policy_is_reference = False

@@ -279,6 +279,12 @@ class Generator(StopPoints):
                 model.train()
         return results  # type: ignore[return-value]
 
+    def close(self) -> None:
+        """Release the vLLM engine, if one was started (a later call starts a new one); nothing for transformers."""
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
+
     def replace(self, **changes: Any) -> Generator:
         """A new generator of the same model and tokenizer, with this one's options but ``changes`` (fresh stats)."""
         unknown = set(changes) - set(self._options)
@@ -486,11 +492,21 @@ class _VLLMBackend:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
+        # a single process: the in-process engine sets up a torch.distributed group of its own, which `close` takes
+        # down with the engine (left to exit, its teardown would meet a group the trainer's end already destroyed)
+        self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         logger.info("generation: vLLM engine of %s (%s%s) ready in %.1f s", path, kwargs["dtype"],
                     ", LoRA requests" if self.peft else ", weights loaded on each call", time.perf_counter() - t0)
         self._lora_id = 0
+
+    def close(self) -> None:
+        """Shut the engine down when it owns its process group (one process). Under a launcher's group the engine
+        stays up to the process's end (vLLM's teardown destroys the distributed environment it runs in)."""
+        if self._owns_process_group and self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
 
     def _sampling_params(self):
         from vllm import SamplingParams
