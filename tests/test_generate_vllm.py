@@ -80,7 +80,9 @@ def test_a_lora_request_writes_what_the_transformers_engine_writes_and_follows_t
     hf = Generator(model, tok, max_new_tokens=NEW)
     vl = Generator(model, tok, max_new_tokens=NEW, backend="vllm")
     assert vl.backend == "vllm"
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
     first = vl.generate(prompts)
+    assert torch.set_num_threads is set_num_threads and torch.get_num_threads() == threads  # training's, as they were
     assert vl._vllm.llm.llm_engine.vllm_config.lora_config.max_lora_rank == 16  # rank 12, rounded up
     _same(first, hf.generate(prompts), family)
     assert len({t for g in first for t in g.token_ids}) > 20  # varied text
@@ -166,3 +168,19 @@ def test_judgetrain_eval_writes_the_same_evaluations_with_the_vllm_backend(folde
                                   for o in json.loads(line)["outputs"]] for suite in ("rmbench", "judgebias", "ideation")}
     assert all(texts["vllm"][suite] for suite in texts["vllm"])
     assert texts["vllm"] == texts["transformers"]
+
+
+@needs_vllm
+def test_the_generation_bench_times_the_vllm_backend_beside_the_engine(folders):
+    import argparse
+
+    from judgetrain.bench.generation import bench_generation_model
+
+    model, tok = _load(folders["qwen2"])
+    cfg = argparse.Namespace(generation_max_new_tokens=8, eval_max_length=1024, generation_batch_tokens=16384,
+                             generation_max_batch_size=32, generation_repeats=1, generation_vllm=True)
+    out = bench_generation_model(cfg, _lora(model), tok, PROMPTS)
+    v = out["vllm"]
+    assert v["token_ids_equal_rows"] == v["engine_token_ids_equal_rows"] == len(PROMPTS) == out["rows"]
+    assert v["generated_tokens"] == out["engine"]["generated_tokens"] > 0 and v["start_seconds"] > 0
+    assert v["tokens_per_s_ratio"] == pytest.approx(v["tokens_per_s"] / out["one_at_a_time"]["tokens_per_s"])

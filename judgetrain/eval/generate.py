@@ -495,8 +495,17 @@ class _VLLMBackend:
         # a single process: the in-process engine sets up a torch.distributed group of its own, which `close` takes
         # down with the engine (left to exit, its teardown would meet a group the trainer's end already destroyed)
         self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-        t0 = time.perf_counter()
+        threads, set_num_threads, t0 = torch.get_num_threads(), torch.set_num_threads, time.perf_counter()
         self.llm = LLM(**kwargs)
+        if torch.set_num_threads is not set_num_threads:
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the training that
+            # shares this process keeps the real one
+            torch.set_num_threads = set_num_threads
+            logger.info("generation: torch.set_num_threads restored after vLLM's CPU worker replaced it")
+        if torch.get_num_threads() != threads:
+            logger.info("generation: torch threads back to %d after vLLM's start set %d", threads,
+                        torch.get_num_threads())
+            torch.set_num_threads(threads)
         logger.info("generation: vLLM engine of %s (%s%s) ready in %.1f s", path, kwargs["dtype"],
                     ", LoRA requests" if self.peft else ", weights loaded on each call", time.perf_counter() - t0)
         self._lora_id = 0
