@@ -51,13 +51,13 @@ def _load(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
 
 
-def _lora(model, r: int = 8):
+def _lora(model, r: int = 8, name: str = "default"):
     """A LoRA adapter on every linear layer, randomly initialised (B != 0), as a judge under training carries it."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(1)
     return get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", lora_dropout=0.0,
-                                            init_lora_weights=False, task_type="CAUSAL_LM")).eval()
+                                            init_lora_weights=False, task_type="CAUSAL_LM"), adapter_name=name).eval()
 
 
 def _same(a, b, where):
@@ -118,6 +118,16 @@ def test_a_full_fine_tune_generates_with_the_weights_in_memory_not_the_folders(f
     after = hf.generate(PROMPTS)
     assert [g.token_ids for g in after] != [g.token_ids for g in before]
     _same(vl.generate(PROMPTS), after, "after")  # not the folder's weights, nor a stale prefix cache
+    _release(vl)
+
+
+@needs_vllm
+def test_an_adapter_not_named_default_is_the_one_vllm_runs(folders):
+    """PEFT saves an adapter of another name in a subfolder of that name; the LoRA request must point there."""
+    model, tok = _load(folders["qwen3"])
+    model = _lora(model, name="judge")
+    vl = Generator(model, tok, max_new_tokens=NEW, backend="vllm")
+    _same(vl.generate(PROMPTS), Generator(model, tok, max_new_tokens=NEW).generate(PROMPTS), "judge")
     _release(vl)
 
 
