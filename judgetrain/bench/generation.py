@@ -60,7 +60,7 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
     run = {"engine": lambda: gen.generate(prompts), "engine_whole_prompts": lambda: whole.generate(prompts),
            "one_at_a_time": lambda: one_at_a_time(gen, prompt_ids)}
     vllm: dict[str, Any] = {}
-    if getattr(cfg, "generation_vllm", False):
+    if cfg.generation_vllm:
         try:  # untimed: the engine's start and one prompt
             t0 = time.perf_counter()
             vgen = gen.replace(backend="vllm")
@@ -110,20 +110,21 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
         "whole_prompts_texts_equal": all(a.text == b.text for a, b in zip(e, outs["engine_whole_prompts"])),
         "texts_equal": all(a.text == b.text for a, b in zip(e, n)), "token_ids_equal_rows": sum(equal),
         "engine_stats": gen.stats.as_dict(), "batch_tokens": gen.batch_tokens, "load_average": load_average(),
-        **({"vllm": _vllm_side(vllm, side, outs, n)} if vllm else {}),
+        **({"vllm": _vllm_side(vllm, side, outs, engine, loop)} if vllm else {}),
     }
 
 
-def _vllm_side(vllm: dict, side, outs: dict, loop: list) -> dict:
-    """The vLLM backend's side (`--generation-vllm`) against the one-at-a-time loop, or why it did not run."""
+def _vllm_side(vllm: dict, side, outs: dict, engine: dict, loop: dict) -> dict:
+    """The vLLM backend's side (`--generation-vllm`) against the one-at-a-time loop and the engine (their sides as
+    reported), or why it did not run."""
     if "skipped" in vllm:
         return vllm
     v = outs["vllm"]
-    equal = [a.token_ids == b.token_ids for a, b in zip(v, loop)]
-    out = {**vllm, **side("vllm", v), "token_ids_equal_rows": sum(equal),
+    out = {**vllm, **side("vllm", v),
+           "token_ids_equal_rows": sum(a.token_ids == b.token_ids for a, b in zip(v, outs["one_at_a_time"])),
            "engine_token_ids_equal_rows": sum(a.token_ids == b.token_ids for a, b in zip(v, outs["engine"]))}
-    out["tokens_per_s_ratio"] = ratio(out["tokens_per_s"], side("one_at_a_time", loop)["tokens_per_s"])
-    out["vs_engine_tokens_per_s_ratio"] = ratio(out["tokens_per_s"], side("engine", outs["engine"])["tokens_per_s"])
+    out["tokens_per_s_ratio"] = ratio(out["tokens_per_s"], loop["tokens_per_s"])
+    out["vs_engine_tokens_per_s_ratio"] = ratio(out["tokens_per_s"], engine["tokens_per_s"])
     return out
 
 
