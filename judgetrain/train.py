@@ -5,8 +5,9 @@
 setup (process group, recipe, logging, model alias, tokenizer, output_dir start, training rows, trainer with its
 callbacks) -> ``trainer.train()`` -> final model and marker -> cleanup (trackers, barrier, signal handlers). Every
 stage lives in its own folder: judgetrain.config (the recipe), judgetrain.data (rows), judgetrain.models (weights
-and tokenizer), judgetrain.trainer (the DPOTrainer subclass and its callbacks), judgetrain.eval (the per-epoch
-evaluation), judgetrain.run (the output_dir). `judgetrain train` (judgetrain.cli.train) launches this module.
+and tokenizer), judgetrain.run (the output_dir), judgetrain.trainer (the DPOTrainer subclass and its callbacks),
+judgetrain.eval (the per-epoch evaluation), judgetrain.checks (the preflight and the dry run). `judgetrain train`
+(judgetrain.cli.train) launches this module.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
             callbacks=callbacks,
             prefix_sharing=script_args.prefix_sharing,
         )
-    from judgetrain.data.io import is_hub_id
+    from judgetrain.utils.hub import is_hub_id
 
     if snapshot != model_path or is_hub_id(model_path):  # adapters name the hub model and its commit, not a folder
         for config in getattr(trainer.model, "peft_config", {}).values():
@@ -195,7 +196,7 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
 
 def _train(script_args, training_args, model_args, resolved: dict, command: str | None) -> dict:
     from judgetrain.models.aliases import resolve_model
-    from judgetrain.run.state import data_fingerprint
+    from judgetrain.utils.fingerprints import data_fingerprint
 
     from accelerate import PartialState
 
@@ -204,7 +205,7 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
     warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
     if warning and PartialState().is_main_process:
         logger.warning(warning)
-    from judgetrain.config.preflight import check_before_start
+    from judgetrain.checks.preflight import check_before_start
 
     check_before_start(script_args, training_args, model_args, resolved)  # every predicted failure, before any load
     model_path = resolve_model(model_args.model_name_or_path)
@@ -250,7 +251,7 @@ def run(argv: list[str] | None = None) -> dict:
     setup_logging(state.is_main_process, force=True)
     command = "accelerate launch -m judgetrain.train " + " ".join(shlex.quote(a) for a in argv)
     if script_args.dry_run:
-        from judgetrain.config.dry_run import dry_run
+        from judgetrain.checks.dry_run import dry_run
 
         report = dry_run(script_args, training_args, model_args, resolved)
         print(json.dumps(report, indent=1, default=str))

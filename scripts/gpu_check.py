@@ -17,7 +17,7 @@ script goes on after a failed one; the exit code is 1 when any check failed. The
 * ``eval_engine``: judgetrain.eval.scoring.ScoringEngine with prefix sharing and merged LoRA against the plain engine
   (both off) on the same requests, fp32 (merged LoRA runs there) and bf16;
 * ``memory``: torch.cuda.max_memory_allocated of real DPOTrainer steps against the dry run's estimate
-  (judgetrain.config.memory) for Qwen3-0.6B- and -1.7B-shaped random models, LoRA and full, checkpointing on and off;
+  (judgetrain.checks.memory) for Qwen3-0.6B- and -1.7B-shaped random models, LoRA and full, checkpointing on and off;
 * ``bench``: ``judgetrain bench --device cuda --only device`` (tokens/s, MFU), its JSON kept beside this one.
 
 ``--device cpu`` runs the same checks at tiny shapes in seconds each (tests/test_gpu_check.py runs it, so the script

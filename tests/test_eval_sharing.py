@@ -204,7 +204,7 @@ def test_merged_lora_holds_at_most_its_budget_and_leaves_the_weights_bit_for_bit
     bits as with every layer merged up front, and the weights are byte-identical after it, also when the scoring
     inside it raises."""
     from judgetrain.bench.memory import LiveTensorBytes
-    from judgetrain.config.memory import merged_extra_bytes
+    from judgetrain.checks.memory import merged_extra_bytes
     from judgetrain.eval.merged import merged_lora
 
     adapted = [m.base_layer.weight for m in peft_model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]

@@ -1,4 +1,4 @@
-"""The dry run's per-device memory estimate (judgetrain.config.memory): its figures against peaks measured on this machine
+"""The dry run's per-device memory estimate (judgetrain.checks.memory): its figures against peaks measured on this machine
 (real DPOTrainer steps, every live tensor storage counted), and the verdict `judgetrain train --dry-run` gives."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 from helpers import run
 
 from judgetrain.bench.memory import check, llama_model_folder as random_model_folder
-from judgetrain.config.memory import BUILTIN_SHAPES, GIB
+from judgetrain.checks.memory import BUILTIN_SHAPES, GIB
 WITHIN = 0.15
 
 
@@ -86,7 +86,7 @@ def test_the_estimate_counts_the_merged_lora_weights_of_an_fp32_eval_within_thei
     """fp32 Llama-3.1-8B with LoRA on every projection: the scoring engine's merged weights are bounded by the cache
     (256 MiB) plus one 4096 x 14336 fp32 projection merged in its forward (224 MiB), not a copy of every adapted
     weight (~28 GB); bf16 layers keep PEFT's forward, and a run with merge_lora off holds none."""
-    from judgetrain.config.memory import MERGED_CACHE_BYTES, Plan, estimate
+    from judgetrain.checks.memory import MERGED_CACHE_BYTES, Plan, estimate
 
     shape = BUILTIN_SHAPES["meta-llama/Llama-3.1-8B-Instruct"]
     every = sum(a * b for a, b in shape.adapted_projections(None)) * shape.layers * 4
@@ -102,7 +102,7 @@ def test_lora_saved_activations_of_a_bf16_base_with_the_fp32_adapter():
     """Qwen3-8B, LoRA on every projection: 176 KiB per token per layer from ACT_* for bf16, plus LoRA's bf16 copy of
     each adapted input (2 bytes x 36,864 = 72 KiB), plus a live dropout's mask (bool on CUDA, an fp32 noise tensor
     on CPU); nothing more for an fp32 base without dropout (the case ACT_* were fitted on)."""
-    from judgetrain.config.memory import Plan, activation_bytes_per_token_layer, lora_saved_bytes_per_token_layer
+    from judgetrain.checks.memory import Plan, activation_bytes_per_token_layer, lora_saved_bytes_per_token_layer
 
     shape = BUILTIN_SHAPES["Qwen/Qwen3-8B"]
     kib = {}
@@ -122,7 +122,7 @@ def test_estimate_of_a_bf16_lora_step_with_live_dropout_is_within_15_percent_abo
     """The recipes' LoRA setup (bf16 weights and autocast, PEFT's fp32 adapter, lora_dropout 0.05 with TRL's
     disable_dropout off) at two small Llama shapes, 2 layers, 617 tokens a sequence: the estimate is never below the
     measured peak and at most 15% above it."""
-    from judgetrain.config.memory import ModelShape
+    from judgetrain.checks.memory import ModelShape
 
     shape = ModelShape(hidden, 3 * hidden, 2, hidden // 64, 2, 64, 2048, True)
     model = random_model_folder(shape, tmp_path / "m", tiny_judge)

@@ -131,7 +131,7 @@ def test_deepspeed_configs_load_into_accelerates_deepspeed_plugin(config, stage)
     """What can be checked without CUDA or the deepspeed package: the plugin Accelerate builds from each config."""
     from accelerate.commands.config.config_args import load_config_from_file
 
-    from judgetrain.config.dry_run import deepspeed_plugin_config
+    from judgetrain.checks.dry_run import deepspeed_plugin_config
 
     cfg = load_config_from_file(str(REPO / "accelerate_configs" / config))
     ds = deepspeed_plugin_config(cfg)

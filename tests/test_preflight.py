@@ -1,5 +1,5 @@
 """The preflight: what would fail later, found before any weights load, one line per problem with its fix, all at
-once, no traceback (judgetrain.config.preflight)."""
+once, no traceback (judgetrain.checks.preflight)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections import namedtuple
 import pytest
 
 from helpers import QUICKSTART, REPO
-from judgetrain.config import preflight as pf
+from judgetrain.checks import preflight as pf
 from judgetrain.config.recipe import parse_recipe
 
 ZERO3 = str(REPO / "recipes" / "judgebias_qwen3_8b_full_zero3.yaml")

@@ -76,6 +76,16 @@ def test_train_dataset_keys_are_the_mixture_keys_and_the_adapter_parameters():
     assert "min_score_delta" in component_keys("judgebias") and "min_score_delta" not in component_keys("ideation")
 
 
+def test_the_recipe_schema_lists_each_adapters_keys_in_its_order():
+    """The recipe check (config, below the data stage) reads COMPONENT_KEYS; the adapters' signatures are the truth."""
+    from judgetrain.config.recipe import COMPONENT_KEYS
+    from judgetrain.data.mixture import component_keys
+
+    assert sorted(COMPONENT_KEYS) == ["ideation", "judgebias"]
+    for name, keys in COMPONENT_KEYS.items():
+        assert list(keys) == component_keys(name), name
+
+
 def test_unknown_command_line_option_names_the_nearest(tmp_path):
     with pytest.raises(RecipeError, match=r"unknown option --num_train_epoch; did you mean --num_train_epochs"):
         parse_recipe([str(QUICKSTART), "--num_train_epoch", "3"])

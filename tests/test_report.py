@@ -20,7 +20,7 @@ from PIL import Image
 from judgetrain import cli
 from judgetrain.eval.suites import suite_metrics
 from judgetrain.eval.metrics import flatten_eval_metrics, rmbench_matrices
-from judgetrain.report.plots import log_matrix_images, matrix_figure
+from judgetrain.eval.plots import log_matrix_images, matrix_figure
 from judgetrain.report.build import build_report, load_run, make_report, read_metrics
 
 DOMAINS = ("chat", "code", "safety-refuse", "safety-response")

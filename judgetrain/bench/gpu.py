@@ -12,7 +12,7 @@ from typing import Any
 
 from judgetrain.bench.common import alternating, median, ratio
 from judgetrain.compat.trl import chunked_logprobs
-from judgetrain.config.memory import ModelShape, Plan, estimate
+from judgetrain.checks.memory import ModelShape, Plan, estimate
 from judgetrain.bench.train import TrainBench, bench_train_shapes
 
 logger = logging.getLogger(__name__)

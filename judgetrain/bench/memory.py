@@ -1,5 +1,5 @@
 """The memory-measurement harness: real DPOTrainer steps on this CPU with every live tensor storage counted, beside
-the dry run's estimate (judgetrain.config.memory) for the same shape, tokens and options. docs/scale.md gives the
+the dry run's estimate (judgetrain.checks.memory) for the same shape, tokens and options. docs/scale.md gives the
 figures; `judgetrain memory check` runs it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.memory import ModelShape, Plan, estimate, model_shape
+from judgetrain.checks.memory import ModelShape, Plan, estimate, model_shape
 
 
 def _pairs(n: int, words: int) -> list[dict]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from judgetrain.models.cache import NOT_ENTRIES, cache_root, list_entries
+from judgetrain.models.cache import NOT_ENTRIES, list_entries
+from judgetrain.utils.files import cache_root
 from judgetrain.models.cache import __doc__ as _LIBRARY_DOC
 
 

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.eval.runner import evaluate_and_write
     from judgetrain.eval.scoring import ScoringEngine
     from judgetrain.eval.suites import suite_specs
-    from judgetrain.eval.metrics import nan_to_none
+    from judgetrain.utils.numbers import nan_to_none
 
     state = PartialState(cpu=_cpu_only())
     setup_logging(state.is_main_process)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from judgetrain.bench.memory import check, llama_model_folder
-from judgetrain.config.memory import BUILTIN_SHAPES
+from judgetrain.checks.memory import BUILTIN_SHAPES
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,7 @@ _PREFIX_SHARING = "prefix sharing in DPO training (trainer.prefix_sharing, Judge
 _NONFINITE = "the non-finite guard (NonFiniteGuard: policy stop/skip, exit code 3)"
 _EVAL_SHARING = "prefix-shared eval scoring (eval.sharing)"
 _PRECOMPUTE = "precompute_ref_log_probs on several machines: the cache in every machine's rows folder"
-_WANDB = "W&B: the final history flush (train.finish) and the RM-Bench heatmap images (report.plots)"
+_WANDB = "W&B: the final history flush (train.finish) and the RM-Bench heatmap images (eval.plots)"
 
 HOOKS: tuple[Hook, ...] = (
     # accelerate

@@ -24,6 +24,7 @@ import yaml
 
 from judgetrain.config.packaged import packaged_names, resolve_packaged
 from judgetrain.utils.device import has_accelerator
+from judgetrain.utils.errors import RecipeError
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +45,9 @@ class ScoringModes(tuple):
 RENAMED_KEYS = {"eval_every_n_steps": "eval_steps", "eval_suites_on_start": "eval_on_start"}
 SUITE_EXAMPLE_METRIC = {"rmbench": "total_avg_acc", "judgebias": "error/accuracy", "ideation": "accuracy"}
 
-
-class RecipeError(ValueError):
-    """A recipe that cannot run: unknown key, bad value, missing file. Raised before any weights load."""
+# What judgetrain.eval.merged may hold for merged LoRA weights for a whole scoring call; layers beyond it merge in
+# their own forward (one layer's weight at a time).
+MERGED_CACHE_BYTES = 256 * 2**20
 
 
 # A recipe is a file that may come from someone else (docs/reliability.md: "What a recipe can do"). Its `env:` mapping is applied
@@ -325,7 +326,7 @@ class JudgeTrainArguments(EvalArguments):
     gpu: str | None = field(
         default=None,
         metadata={"help": "Dry run: the GPU the memory estimate is checked against (H100-80GB, A100-40GB, ...; "
-                  "judgetrain.config.memory.GPUS)."},
+                  "judgetrain.checks.memory.GPUS)."},
     )
     num_processes: int | None = field(
         default=None,
@@ -351,16 +352,26 @@ class JudgeTrainArguments(EvalArguments):
             _check_component(i, comp)
 
 
+# What a `train_datasets` entry takes: the mixture's keys, then the keyword parameters of the dataset's adapter
+# (judgetrain.data.load_judgebias / load_ideation). The recipe is checked against this table at parse, before the
+# data stage loads; tests/test_recipes.py checks it against the adapters' signatures.
+MIXTURE_KEYS = ("dataset", "name", "weight", "rows")  # read by the mixture; every other key goes to the adapter
+COMPONENT_KEYS = {
+    "judgebias": (*MIXTURE_KEYS, "source", "split", "categories", "types", "min_score_delta", "max_rows", "seed",
+                  "on_bad_row", "rejects_path", "revision"),
+    "ideation": (*MIXTURE_KEYS, "source", "split", "mode", "group_disjoint", "validation_fraction", "seed",
+                 "max_rows", "on_bad_row", "rejects_path", "revision"),
+}
+
+
 def _check_component(i: int, comp: Any) -> None:
     """A `train_datasets` entry names its adapter and only keys that adapter (or the mixture) takes: a typo fails
     here, with a hint, before anything is written to output_dir, not as a TypeError inside the loader."""
-    from judgetrain.data.mixture import component_keys
-
-    if not isinstance(comp, dict) or comp.get("dataset") not in ("judgebias", "ideation"):
+    if not isinstance(comp, dict) or comp.get("dataset") not in COMPONENT_KEYS:
         raise RecipeError(
             f"train_datasets[{i}]: each component needs `dataset: judgebias` or `dataset: ideation`, got {comp!r}"
         )
-    valid = component_keys(comp["dataset"])
+    valid = COMPONENT_KEYS[comp["dataset"]]
     for key in comp:
         if key not in valid:
             raise RecipeError(
@@ -400,7 +411,7 @@ def load_recipe_file(path: str | os.PathLike) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
-        from judgetrain.data.io import utf8_problem
+        from judgetrain.utils.files import utf8_problem
 
         raise RecipeError(f"recipe {path}: {utf8_problem(e.object, e)}") from None
     except yaml.YAMLError as e:

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from judgetrain.utils.files import utf8_problem
+from judgetrain.utils.hub import is_hub_id
+
 from .validate import JSON_ERRORS, MALFORMED, DataValidationError, RowProblem, json_problem
 
 logger = logging.getLogger(__name__)
@@ -24,7 +27,6 @@ logger = logging.getLogger(__name__)
 SAMPLES_DIR = Path(__file__).parent / "samples"
 SAMPLE_NAMES = ("judgebias", "ideation", "rmbench", "panel")
 DATA_EXTS = (".parquet", ".jsonl", ".json")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def sample_source(name: str) -> str:
@@ -44,10 +46,6 @@ class Table:
     source: str
     rows: Sequence[Any]
     domain_hint: str | None = None  # RM-Bench: domain taken from a per-domain file name
-
-
-def is_hub_id(source: str) -> bool:
-    return not Path(source).exists() and bool(_HUB_ID.match(source)) and not source.startswith((".", "/", "~"))
 
 
 def resolve_local(source: str | os.PathLike, dataset: str) -> Path | None:
@@ -101,13 +99,6 @@ def _decode(data: bytes, path: Path, line: int | None = None) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UnreadableFile(path, utf8_problem(data, exc, line)) from None
-
-
-def utf8_problem(data: bytes, exc: UnicodeDecodeError, line: int | None = None) -> str:
-    """Where the first byte that is not UTF-8 sits, as a line and column (``line`` when data is one line)."""
-    where = line if line is not None else data.count(b"\n", 0, exc.start) + 1
-    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-    return f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {where} column {column}"
 
 
 def read_file(path: Path) -> Table:

@@ -17,6 +17,8 @@ import logging
 
 import datasets
 
+from judgetrain.config.recipe import MIXTURE_KEYS
+
 from .io import message_feature
 from .sampling import deterministic_subset
 
@@ -39,9 +41,6 @@ def component_source(comp: dict) -> str | None:
     if adapter is None:
         return None
     return comp.get("source", inspect.signature(adapter).parameters["source"].default)
-
-
-MIXTURE_KEYS = ("dataset", "name", "weight", "rows")  # read by the mixture; every other key goes to the adapter
 
 
 def component_keys(dataset: str) -> list[str]:

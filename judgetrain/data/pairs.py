@@ -43,7 +43,7 @@ from judgetrain.data.chat import judge_turn
 from judgetrain.data.io import UnreadableFile, read_file
 from judgetrain.data.judgebias import PERTURBATION_SETS, TYPE_ALIASES, TYPE_CATEGORY, perturbation_set
 from judgetrain.data.validate import MALFORMED
-from judgetrain.eval.metrics import nan_to_none
+from judgetrain.utils.numbers import nan_to_none
 from judgetrain.data.scoreparse import parse_overall_score_result
 
 logger = logging.getLogger(__name__)

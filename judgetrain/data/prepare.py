@@ -96,8 +96,8 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
 
     from judgetrain.data.io import resolve_local
     from judgetrain.data.mixture import component_source
-    from judgetrain.run.revisions import is_commit
-    from judgetrain.run.state import code_digest, library_versions
+    from judgetrain.utils.hub import is_commit
+    from judgetrain.utils.fingerprints import code_digest, library_versions
 
     tokenizer_part = tokenizer_key(tokenizer)
     if tokenizer_part is None:
@@ -262,7 +262,7 @@ def reload_memory_mapped(dataset, path: Path, state, record: dict | None = None,
 
     from datasets import load_from_disk
 
-    from judgetrain.run.state import data_fingerprint
+    from judgetrain.utils.fingerprints import data_fingerprint
     from judgetrain.utils.files import write_json
 
     # One copy per machine, written by that machine's main process: every process reads its own machine's copy,

@@ -182,7 +182,7 @@ def json_safe(value: Any) -> Any:
 
 def default_rejects_path(dataset: str, split: str) -> Path:
     """``$JUDGETRAIN_CACHE/rejects/<dataset>-<split>.jsonl`` (default cache ~/.cache/judgetrain)."""
-    from judgetrain.models.cache import cache_root
+    from judgetrain.utils.files import cache_root
 
     return cache_root() / "rejects" / f"{dataset}-{split}.jsonl"
 

@@ -344,7 +344,7 @@ class JudgeEvalCallback(TrainerCallback):
         if self.log_matrix_images and "rmbench" in results and results["rmbench"].records \
                 and self.trainer.is_world_process_zero():
             from judgetrain.eval.metrics import rmbench_matrices
-            from judgetrain.report.plots import log_matrix_images
+            from judgetrain.eval.plots import log_matrix_images
 
             log_matrix_images(self.trainer, rmbench_matrices(results["rmbench"].records), step)
         return flat

@@ -14,7 +14,7 @@ every further layer builds ``W + s B A`` in its own forward and frees it on retu
 (``W += s B A``, undone after) would hold nothing at all but cannot be undone bit for bit in float arithmetic without a
 copy of ``W``, and the reference (the same weights with the adapter disabled) must stay exact; merging in the forward
 keeps the weights untouched at a cost of ``r / tokens`` of the layer's matmul. The memory estimate counts the bound
-(`judgetrain.config.memory.merged_extra_bytes`, where the constant lives).
+(`judgetrain.checks.memory.merged_extra_bytes`, where the constant lives).
 
 A layer keeps PEFT's own forward unless every active adapter is plain LoRA on an ``nn.Linear`` with float32 weights
 held as ordinary tensors: DoRA and other variants, LoRA bias, half-precision weights (a merged bf16 weight rounds the
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from judgetrain.compat.peft import lora_linear_type, restore_forward, shadow_forward
-from judgetrain.config.memory import MERGED_CACHE_BYTES
+from judgetrain.config.recipe import MERGED_CACHE_BYTES
 
 
 def _mergeable(module: torch.nn.Module) -> list[str] | None:

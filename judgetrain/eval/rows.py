@@ -130,7 +130,7 @@ def _audit_key(fingerprint: str | None, tokenizer: Any, max_length: int, long_in
 
     from judgetrain.config.recipe import scoring_modes
     from judgetrain.data.prepare import tokenizer_key
-    from judgetrain.run.state import code_digest
+    from judgetrain.utils.fingerprints import code_digest
 
     tok = tokenizer_key(tokenizer)
     if not fingerprint or not tok:

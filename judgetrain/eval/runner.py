@@ -20,7 +20,8 @@ from judgetrain.config.recipe import PROXY_MODES
 from judgetrain.eval.scoring import ScoringEngine, score_sharded
 from judgetrain.eval.suites import (SuiteSpec, build_generate_record, build_record, build_request, generate_metrics,
                                     generate_prompts, load_suite_rows, select_rows, suite_metrics)
-from judgetrain.eval.metrics import flatten_eval_metrics, flatten_mode_metrics, nan_to_none
+from judgetrain.eval.metrics import flatten_eval_metrics, flatten_mode_metrics
+from judgetrain.utils.numbers import nan_to_none
 
 logger = logging.getLogger(__name__)
 

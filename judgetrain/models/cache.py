@@ -27,17 +27,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from judgetrain.utils.files import MANIFEST, append_jsonl, file_lock, fsync_path, manifest_problem, write_manifest
+from judgetrain.utils.files import (MANIFEST, append_jsonl, cache_root, file_lock, fsync_path, manifest_problem,
+                                    write_manifest)
 
 logger = logging.getLogger(__name__)
 
 NOT_ENTRIES = {"rejects"}  # default rejects folder of `judgetrain data check` (judgetrain.data.validate)
 _VERIFIED: dict[str, tuple] = {}  # folder -> stat signature of its files when this process verified it
-
-
-def cache_root() -> Path:
-    """``$JUDGETRAIN_CACHE``, or ``~/.cache/judgetrain``."""
-    return Path(os.environ.get("JUDGETRAIN_CACHE") or Path.home() / ".cache" / "judgetrain")
 
 
 # --------------------------------------------------------------------------------------------- manifests

@@ -73,7 +73,7 @@ def pinned_snapshot(name_or_path: str, revision: str | None) -> str:
     offline, with only the pinned commit in the cache, the policy (and a full fine-tune's reference) failed to load:
     "couldn't find them in the cached files". Loading from the snapshot folder loads the weights, config, tokenizer
     and chat template of that one commit. checked: trl 1.16.0."""
-    from judgetrain.data.io import is_hub_id
+    from judgetrain.utils.hub import is_hub_id
 
     if not revision or os.path.exists(name_or_path) or not is_hub_id(name_or_path):
         return name_or_path

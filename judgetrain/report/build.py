@@ -11,7 +11,7 @@ got), ``eval/<step>/<suite>.jsonl`` (per-row scores: the RM-Bench matrices are r
 generate mode also gets, per suite, its last eval's figures in each mode side by side (`generated_tables`) and the
 parse rate and agreement over its evals (``generate.png``).
 
-The heatmaps are drawn by `judgetrain.report.plots` (also used by training), the matrices computed by
+The heatmaps are drawn by `judgetrain.eval.plots` (also used by training), the matrices computed by
 `judgetrain.eval.metrics.rmbench_matrices`.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.eval.metrics import rmbench_matrices
-from judgetrain.report.plots import DPI, figure_grid, matrices_figure
+from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
 
 logger = logging.getLogger(__name__)
 

@@ -18,16 +18,11 @@ run reads that commit from then on.
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
+from judgetrain.utils.hub import is_commit
+
 logger = logging.getLogger(__name__)
-
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-def is_commit(revision: str | None) -> bool:
-    return bool(revision) and bool(_COMMIT.fullmatch(str(revision)))
 
 
 def hub_commit(repo_id: str, revision: str | None, repo_type: str = "model") -> str | None:
@@ -61,7 +56,8 @@ def hub_commit(repo_id: str, revision: str | None, repo_type: str = "model") -> 
 def hub_reads(script_args, model_args, model_path: str) -> list[dict]:
     """The hub repositories the run reads at a branch or tag: the model, and each training component whose source is
     a hub id (``index``: its place in ``train_datasets``)."""
-    from judgetrain.data.io import is_hub_id, resolve_local
+    from judgetrain.data.io import resolve_local
+    from judgetrain.utils.hub import is_hub_id
     from judgetrain.data.mixture import component_source
 
     reads = []

@@ -30,6 +30,7 @@ from pathlib import Path
 from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE  # noqa: F401
 from judgetrain.utils.files import LockBusy, LockUnsupported, append_jsonl, file_lock, write_json
 from judgetrain.config.recipe import EvalArguments, RecipeError
+from judgetrain.utils.fingerprints import library_versions
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,6 @@ EXIT_BAD_INPUT = 2     # recipe, data, output_dir or resume refused before train
 EXIT_NONFINITE = 3     # stopped on a NaN/inf loss or gradient; the last good checkpoint is kept
 EXIT_PREEMPTED = 143   # stopped by SIGTERM/SIGINT after saving a checkpoint: requeue with --resume auto (128 + 15)
 
-LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
 
 # Recipe keys that change how a run is watched or where it writes, not what it computes.
 OPERATIONAL_KEYS = frozenset({
@@ -57,60 +57,6 @@ OPERATIONAL_KEYS = frozenset({
 
 
 # --------------------------------------------------------------------------------------------- identity
-
-
-def library_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import judgetrain
-
-    versions = {"judgetrain": judgetrain.__version__}
-    for name in LIBRARIES:
-        try:
-            versions[name] = version(name)
-        except PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-def code_digest(*names: str) -> str:
-    """SHA-256 of judgetrain's own source files under ``names`` (files or folders, relative to the package): what
-    a cached result keyed on it was computed with; an edit to that code makes the cache stale."""
-    import hashlib
-
-    import judgetrain
-
-    root = Path(judgetrain.__file__).parent
-    h = hashlib.sha256()
-    for name in names:
-        path = root / name
-        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            h.update(str(f.relative_to(root)).encode("utf-8") + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
-def data_fingerprint(dataset) -> str:
-    """SHA-256 of the training rows as the trainer sees them (after mixture, validation and the length audit): two
-    runs with equal fingerprints train on the same rows in the same order. Token-id columns (the audit's, TRL's
-    tokenisation) are hashed as their Arrow values and lengths, not as JSON: ~4k ids a row at real lengths."""
-    import hashlib
-
-    import numpy as np
-    import pyarrow.compute as pc
-
-    h = hashlib.sha256()
-    h.update(f"{len(dataset)}\n".encode())
-    ids = [c for c in dataset.column_names if c.endswith("_ids")]
-    text = dataset.select_columns([c for c in dataset.column_names if c not in ids]) if ids else dataset
-    for batch in text.iter(batch_size=1000):
-        h.update(json.dumps(batch, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8"))
-    for name in ids:  # the rows in order (an indices mapping applied), 10k rows' ids at a time
-        h.update(f"\n{name}\n".encode())
-        for batch in dataset.select_columns([name]).with_format("arrow").iter(batch_size=10_000):
-            for chunk in batch.column(name).chunks:
-                h.update(np.ascontiguousarray(pc.list_value_length(chunk).to_numpy(zero_copy_only=False), np.int64))
-                h.update(np.ascontiguousarray(chunk.flatten().to_numpy(zero_copy_only=False), np.int64))
-    return h.hexdigest()
 
 
 def run_identity(resolved: dict, *, num_processes: int, data: str, revisions: dict | None = None) -> dict:

@@ -286,3 +286,15 @@ def append_jsonl(path: str | os.PathLike, record: dict[str, Any], *, fsync: bool
         f.flush()
         if fsync:
             os.fsync(f.fileno())
+
+
+def utf8_problem(data: bytes, exc: UnicodeDecodeError, line: int | None = None) -> str:
+    """Where the first byte that is not UTF-8 sits, as a line and column (``line`` when data is one line)."""
+    where = line if line is not None else data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    return f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {where} column {column}"
+
+
+def cache_root() -> Path:
+    """``$JUDGETRAIN_CACHE``, or ``~/.cache/judgetrain``."""
+    return Path(os.environ.get("JUDGETRAIN_CACHE") or Path.home() / ".cache" / "judgetrain")

@@ -3,7 +3,7 @@ all ranks."""
 
 from __future__ import annotations
 
-from judgetrain.config.recipe import RecipeError
+from judgetrain.utils.errors import RecipeError
 
 
 def decided_on_main(decide):

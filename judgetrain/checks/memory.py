@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from judgetrain.config.recipe import MERGED_CACHE_BYTES
+
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
@@ -268,9 +270,6 @@ def lm_head_bytes(shape: ModelShape, tokens: int, wb: int, *, device: str = "cud
 TILE_TEMPS = 7
 EVAL_SCORED_FRACTION = 0.5
 
-# What judgetrain.eval.merged may hold for merged LoRA weights for a whole scoring call; layers beyond it merge in
-# their own forward (one layer's weight at a time).
-MERGED_CACHE_BYTES = 256 * 2**20
 
 
 def merged_extra_bytes(layer_weight_bytes: list[int], cache_bytes: int = MERGED_CACHE_BYTES) -> int:

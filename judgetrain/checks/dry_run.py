@@ -81,7 +81,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     report["audit"] = audit
     report["eval"] = _eval_rows(script_args, training_args, tokenizer, n, report)
     report["memory"] = _memory(script_args, training_args, model_args, resolved, cfg, report)
-    from judgetrain.config.preflight import preflight
+    from judgetrain.checks.preflight import preflight
 
     # what would fail at the start of the run, checked on this machine (a dry run on a login node checks the login
     # node's packages, disk and hub cache: run it where the job runs)
@@ -117,8 +117,8 @@ def _eval_rows(script_args, training_args, tokenizer, n: int, report) -> dict:
 
 
 def _memory(script_args, training_args, model_args, resolved, cfg, report) -> dict | None:
-    """The per-device memory estimate (judgetrain.config.memory); a model whose shape is unknown offline is a note."""
-    from judgetrain.config.memory import dry_run_memory
+    """The per-device memory estimate (judgetrain.checks.memory); a model whose shape is unknown offline is a note."""
+    from judgetrain.checks.memory import dry_run_memory
 
     try:
         return dry_run_memory(script_args, training_args, model_args, resolved, cfg)

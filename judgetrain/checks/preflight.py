@@ -130,7 +130,7 @@ def checkpoint_bytes(script_args, training_args, model_args, resolved: dict) -> 
     """A checkpoint's size from the model's shape (None when the shape is unknown offline): LoRA saves the adapter
     and its Adam state (fp32: 4 + 8 bytes per trainable number); a full fine-tune saves the weights in their dtype
     and the fp32 Adam state (and master weights under mixed precision), 8-16 bytes per weight in all."""
-    from judgetrain.config.memory import model_shape, plan_from_recipe
+    from judgetrain.checks.memory import model_shape, plan_from_recipe
     from judgetrain.models.aliases import is_alias
 
     if is_alias(model_args.model_name_or_path):  # judgetrain's own small models: building one here is no check
