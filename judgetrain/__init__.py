@@ -1,3 +1,26 @@
-"""judgetrain: fine-tune LLM judges with DPO so they ignore surface form and catch real errors."""
+"""judgetrain: fine-tune LLM judges with DPO so they ignore surface form and catch real errors.
+
+The package is built in layers. From the bottom up, each folder (or top-level module) imports only the package root
+and the layers listed before it, lazy imports inside functions included (tests/test_layout.py checks it):
+
+    compat       every reach into a library's private state, one module per library
+    utils        shared leaves: the recipe error, files and atomic writes, rank decisions, hub ids and commits,
+                 fingerprints and code digests, NaN in JSON, logging, devices
+    config       the recipe schema (every key, the component table, the parser) and the packaged recipes
+    data         sources to validated TRL rows: adapters, mixture, chat text, the length audit, the rows cache,
+                 panel pairs and the score parser
+    models       aliases, the model cache, the tiny judge, SmolLM2, tokenizer and template handling, attention
+    run          one output_dir: identity, lock, exit codes, checkpoints and their markers, hub pinning
+    trainer      the one DPOTrainer subclass, prefix sharing, callbacks, parallelism
+    eval         the scoring and generation engines, suites, eval rows, the per-epoch callback, metrics, heatmaps
+    report       `judgetrain report`
+    checks       a piece of every stage run before a launch: the dry run, the preflight, the memory estimate
+    metrics.py   the metric functions' public home
+    train.py     the per-process recipe that `accelerate launch -m judgetrain.train` runs
+    bench        `judgetrain bench`
+    cli          every `judgetrain` command; nothing imports it
+
+A helper that two stages need lives in the lower one's layer or below (utils when no stage owns it).
+"""
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The package layout: no import circle between judgetrain's modules, and nothing outside judgetrain.cli imports it.
+"""The package layout: the layers of judgetrain's docstring (each folder imports only the ones below it), no import
+circle between judgetrain's modules, and nothing outside judgetrain.cli imports it.
 
 Imports are read from the source (module level and inside functions alike), so a circle hidden behind a lazy import
 counts too: a lazy import only moves the failure from import time to the first call.
@@ -7,7 +8,10 @@ counts too: a lazy import only moves the failure from import time to the first c
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 import judgetrain
 
@@ -87,6 +91,68 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def layers() -> list[str]:
+    """The layer order the package docstring writes, bottom first: the indented lines ``name  what it holds``."""
+    text = judgetrain.__doc__
+    return [m.group(1) for m in re.finditer(r"^    ([a-z_]+(?:\.py)?)  +\S", text, re.M)]
+
+
+def layer_of(module: str) -> str:
+    """``judgetrain.eval.scoring`` -> ``eval``; ``judgetrain.train`` -> ``train.py``; the package root -> ``""``."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return ""
+    return parts[1] if len(parts) > 2 or (PACKAGE / parts[1]).is_dir() else parts[1] + ".py"
+
+
+def layer_violations(graph: dict[str, set[str]], order: list[str]) -> list[str]:
+    """Every import from a layer to one above it (or to a layer the order does not place), named module to module."""
+    rank = {name: i for i, name in enumerate(order)}
+    rank[""] = -1  # the package root (its version) is below everything
+    problems = []
+    for mod in sorted(graph):
+        here = layer_of(mod)
+        if here not in rank:
+            problems.append(f"{mod}: its layer {here!r} is not in the package docstring's order")
+            continue
+        for dep in sorted(graph[mod]):
+            there = layer_of(dep)
+            if rank.get(there, len(order)) > rank[here]:
+                problems.append(f"{mod} ({here}) imports {dep} ({there}), a layer above it")
+    return problems
+
+
+def test_the_package_docstring_orders_every_folder_and_top_level_module():
+    order = layers()
+    present = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    present |= {p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    assert sorted(order) == sorted(present), order
+    assert order[:3] == ["compat", "utils", "config"] and order[-2:] == ["bench", "cli"]
+    assert order.index("checks") > max(order.index(s) for s in ("config", "data", "models", "trainer", "eval"))
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    problems = layer_violations(import_graph(), layers())
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_layer_check_catches_an_import_from_below_to_above():
+    graph = {"judgetrain.data.io": {"judgetrain.utils.files", "judgetrain.eval.metrics"},
+             "judgetrain.utils.files": {"judgetrain"}, "judgetrain.eval.metrics": set(), "judgetrain": set()}
+    assert layer_violations(graph, ["utils", "data", "eval"]) == [
+        "judgetrain.data.io (data) imports judgetrain.eval.metrics (eval), a layer above it"]
+    assert layer_violations(graph, ["utils", "eval", "data"]) == []
+    graph["judgetrain.newstage.x"] = {"judgetrain.utils.files"}
+    assert layer_violations(graph, ["utils", "eval", "data"]) == [
+        "judgetrain.newstage.x: its layer 'newstage' is not in the package docstring's order"]
+
+
+@pytest.mark.parametrize("module, layer", [("judgetrain", ""), ("judgetrain.train", "train.py"),
+                                           ("judgetrain.checks.dry_run", "checks"), ("judgetrain.utils", "utils")])
+def test_a_modules_layer_is_its_folder_or_its_file(module, layer):
+    assert layer_of(module) == layer
+
+
 def test_no_import_circle():
     cycle = _cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
@@ -117,8 +183,18 @@ def test_every_command_lives_in_the_cli_package():
 
 
 def test_the_stage_folders_exist():
-    stages = ("config", "data", "models", "trainer", "eval", "run", "report", "compat", "utils", "bench", "cli")
+    stages = ("config", "data", "models", "trainer", "eval", "run", "report", "compat", "utils", "checks", "bench", "cli")
     missing = [s for s in stages if not (PACKAGE / s / "__init__.py").is_file()]
     assert missing == []
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert top == ["__init__.py", "metrics.py", "train.py"], top
+
+
+def test_no_function_is_longer_than_100_lines():
+    """A longer function is split into named parts (the bench's table and device shape were)."""
+    long = []
+    for mod, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 100:
+                long.append(f"{mod}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []
