@@ -89,9 +89,6 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
     (``checkpointing``) and TRL's chunked LM-head log-probs (no [tokens x vocab] logits, no entropy), so the default
     shapes fit an 80 GB card (the dry run's estimate for the same step is in the result, beside the measured peak)."""
     import torch
-    import torch.nn.functional as F
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
     shape = REAL_SHAPES[name]
     cuda = device == "cuda"
@@ -100,6 +97,41 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     t_setup = time.perf_counter()
+    model = _lora_model(shape, device, dtype, checkpointing)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, shape["vocab_size"], (2 * pairs, seq_len), generator=gen).to(device)
+    prompt = seq_len // 2
+    step, opt = _dpo_step(model, ids, prompt, pairs)
+    model.train()
+    setup_s = time.perf_counter() - t_setup
+    train_s = _timed(step, warmup, steps, sync)
+    fl = flops_per_token(shape, seq_len)
+    train_tps = steps * ids.numel() / train_s
+    out: dict[str, Any] = {
+        "shape": shape, "seq_len": seq_len, "pairs_per_step": pairs, "steps": steps, "setup_s": setup_s,
+        "flops_per_token": fl,
+        "train_tokens_per_s": train_tps,
+        "train_mfu": train_tps * fl["dpo_lora_step"] / peak_flops,
+        "train_mfu_full_backward_convention": train_tps * fl["dpo_full_backward_convention"] / peak_flops,
+        "checkpointing": checkpointing,
+        "train_peak_estimated_mb": _estimated_peak(shape, pairs, seq_len, checkpointing) / 2**20,
+    }
+    if cuda:
+        out["train_peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    opt.zero_grad(set_to_none=True)
+    del opt, step
+    out.update(_eval_forward(model, ids, eval_batch, keep=seq_len - prompt + 1, steps=steps, sync=sync, cuda=cuda))
+    out["eval_mfu"] = out["eval_tokens_per_s"] * fl["forward"] / peak_flops
+    del model
+    return out
+
+
+def _lora_model(shape: dict, device: str, dtype, checkpointing: bool):
+    """A random-init Qwen3 of ``shape`` with LoRA r=16 on every projection, as the recipes adapt it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
     config = Qwen3Config(**shape, attn_implementation="sdpa")
     torch.manual_seed(0)
     with torch.device(device):
@@ -111,22 +143,26 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+    return model
+
+
+def _dpo_step(model, ids, prompt: int, pairs: int):
+    """One DPO step over ``ids`` (chosen rows, then rejected; the tokens after ``prompt`` scored) and its optimizer:
+    reference log-probs with the adapter off, policy log-probs, sigmoid loss, backward, AdamW."""
+    import torch
+    import torch.nn.functional as F
+
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    V = shape["vocab_size"]
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    ids = torch.randint(0, V, (2 * pairs, seq_len), generator=gen).to(device)
-    prompt = seq_len // 2
+    backbone, head = model.get_base_model().model, model.get_output_embeddings()
     mask = torch.zeros_like(ids, dtype=torch.bool)
     mask[:, prompt:] = True
-
-    backbone, head = model.get_base_model().model, model.get_output_embeddings()
     scored = mask[:, 1:]
-    row = torch.arange(ids.shape[0], device=device)[:, None].expand_as(scored)[scored]
+    row = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(scored)[scored]
 
     def seq_logps():
         hidden = backbone(input_ids=ids).last_hidden_state[:, :-1][scored]
         lp = chunked_logprobs(hidden, head.weight, ids[:, 1:][scored])
-        return torch.zeros(ids.shape[0], device=device, dtype=lp.dtype).index_add(0, row, lp)
+        return torch.zeros(ids.shape[0], device=ids.device, dtype=lp.dtype).index_add(0, row, lp)
 
     def step():
         with torch.no_grad(), model.disable_adapter():
@@ -139,41 +175,38 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
         opt.zero_grad(set_to_none=True)
         return loss
 
-    model.train()
-    setup_s = time.perf_counter() - t_setup
+    return step, opt
+
+
+def _timed(fn, warmup: int, steps: int, sync) -> float:
+    """Seconds of ``steps`` calls of ``fn`` after ``warmup`` untimed ones, the device synchronised at both ends."""
     for _ in range(warmup):
-        step()
+        fn()
     sync()
     t0 = time.perf_counter()
     for _ in range(steps):
-        step()
+        fn()
     sync()
-    train_s = time.perf_counter() - t0
-    tokens = steps * ids.numel()
-    fl = flops_per_token(shape, seq_len)
-    train_tps = tokens / train_s
-    out: dict[str, Any] = {
-        "shape": shape, "seq_len": seq_len, "pairs_per_step": pairs, "steps": steps, "setup_s": setup_s,
-        "flops_per_token": fl,
-        "train_tokens_per_s": train_tps,
-        "train_mfu": train_tps * fl["dpo_lora_step"] / peak_flops,
-        "train_mfu_full_backward_convention": train_tps * fl["dpo_full_backward_convention"] / peak_flops,
-    }
-    est = estimate(ModelShape(shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"],
-                              shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"],
-                              shape["vocab_size"], shape["tie_word_embeddings"]),
-                   Plan(processes=1, parallelism="single", weight_bytes=2, lora_r=16, batch=pairs, seq_len=seq_len,
-                        checkpointing=checkpointing, eval_batch_tokens=0, device="cuda"))
-    out["checkpointing"] = checkpointing
-    out["train_peak_estimated_mb"] = est["peak"] / 2**20
-    if cuda:
-        out["train_peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    # ---- eval forward: policy + reference (first epoch), the response half's logits only
-    opt.zero_grad(set_to_none=True)
-    del opt
+    return time.perf_counter() - t0
+
+
+def _estimated_peak(shape: dict, pairs: int, seq_len: int, checkpointing: bool) -> float:
+    """The memory estimate's peak bytes for the same LoRA step on one device."""
+    return estimate(ModelShape(shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"],
+                               shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"],
+                               shape["vocab_size"], shape["tie_word_embeddings"]),
+                    Plan(processes=1, parallelism="single", weight_bytes=2, lora_r=16, batch=pairs, seq_len=seq_len,
+                         checkpointing=checkpointing, eval_batch_tokens=0, device="cuda"))["peak"]
+
+
+def _eval_forward(model, ids, eval_batch: int, *, keep: int, steps: int, sync, cuda: bool) -> dict:
+    """The eval forward (policy + reference, the response's logits kept) over ``eval_batch`` rows: tokens/s and,
+    on CUDA, the peak memory."""
+    import torch
+
     model.eval()
-    eval_ids = ids[:eval_batch] if eval_batch <= ids.shape[0] else ids.repeat((eval_batch + ids.shape[0] - 1) // ids.shape[0], 1)[:eval_batch]
-    keep = seq_len - prompt + 1
+    reps = (eval_batch + ids.shape[0] - 1) // ids.shape[0]
+    eval_ids = ids[:eval_batch] if eval_batch <= ids.shape[0] else ids.repeat(reps, 1)[:eval_batch]
 
     def forward_pair():
         with torch.inference_mode():
@@ -183,20 +216,11 @@ def device_bench_shape(name: str, device: str, dtype, seq_len: int, pairs: int, 
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    forward_pair()
-    sync()
-    t0, n = time.perf_counter(), 0
-    while n < max(steps, 2):
-        forward_pair()
-        n += 1
-    sync()
-    eval_s = time.perf_counter() - t0
-    eval_tokens = 2 * n * eval_ids.numel()  # policy and reference forwards
-    out["eval_tokens_per_s"] = eval_tokens / eval_s
-    out["eval_mfu"] = out["eval_tokens_per_s"] * fl["forward"] / peak_flops
+    n = max(steps, 2)
+    eval_s = _timed(forward_pair, 1, n, sync)
+    out = {"eval_tokens_per_s": 2 * n * eval_ids.numel() / eval_s}  # policy and reference forwards
     if cuda:
         out["eval_peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    del model
     return out
 
 

@@ -83,11 +83,11 @@ def _target_text(key: str) -> str:
 
 
 def print_table(report: dict) -> None:
+    """The report as one table of figures (A, B, A/B against its target), the device shapes' table, the summary."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    s = report["summary"]
     table = Table(title=f"judgetrain bench ({report['config']['device']}, load {report.get('load_average')})")
     for col in ("figure", "A", "B", "A/B", "target", "ok"):
         table.add_column(col)
@@ -97,6 +97,16 @@ def print_table(report: dict) -> None:
         table.add_row(name, a, b, f"{r:.3f}" if isinstance(r, float) and math.isfinite(r) else "-",
                       _target_text(key) if key else "", {True: "yes", False: "NO", None: ""}[ok])
 
+    for part in (_train_rows, _shape_rows, _eval_rows, _scale_rows, _parser_rows, _generation_rows):
+        part(row, report)
+    console.print(table)
+    if report.get("device_bench"):
+        console.print(_device_table(report))
+    console.print(f"summary: {json.dumps(report['summary'])}")
+
+
+def _train_rows(row, report: dict) -> None:
+    """judgetrain's training against bare TRL's, and each option on against off."""
     tr = report.get("train")
     if tr:
         jt, bt = tr["judgetrain"], tr["bare_trl"]
@@ -116,6 +126,10 @@ def print_table(report: dict) -> None:
                 o["samples_per_s_ratio"])
             row(f"option {opt}: wall, peak RSS (on / off)", f"{o['on']['wall_s']:.1f}s {o['on']['peak_rss_mb']:.0f}MB",
                 f"{o['plain']['wall_s']:.1f}s {o['plain']['peak_rss_mb']:.0f}MB", o["peak_memory_ratio"])
+
+
+def _shape_rows(row, report: dict) -> None:
+    """Prefix sharing against TRL's forward on each real-size row shape, float32 and bf16."""
     for tag, part in (("", "train_shapes"), ("_bf16", "train_shapes_bf16")):
         for shape, sh in (report.get(part) or {}).items():
             a, b, t = sh["prefix_sharing"], sh["trl"], sh["tokens_per_response"]
@@ -125,6 +139,10 @@ def print_table(report: dict) -> None:
             row(f"{label} tokens per response", f"{t['prefix_sharing']:.0f}", f"{t['trl']:.0f}", t["ratio"])
             row(f"{label} peak RSS MB", f"{a['peak_rss_mb']:.0f}", f"{b['peak_rss_mb']:.0f}", sh["peak_memory_ratio"],
                 f"train_prefix_sharing_peak_memory_ratio_{shape}{tag}" if tag else None)
+
+
+def _eval_rows(row, report: dict) -> None:
+    """Each eval suite's engine against the naive evaluator and the plain engine."""
     ev = report.get("eval") or {}
     for name in EVAL_SETS:
         part = ev.get(name)
@@ -143,6 +161,11 @@ def print_table(report: dict) -> None:
         row(f"eval {name} real/padded tokens (engine, naive)", f"{part['engine_first_epoch']['padding_efficiency']:.3f}",
             f"{nv['padding_efficiency']:.3f}", part["engine_first_epoch"]["padding_efficiency"],
             "eval_padding_efficiency" if name == "rmbench" else None)
+
+
+def _scale_rows(row, report: dict) -> None:
+    """Eval and train time at 2x and 4x the size, and the quickstart's eval share."""
+    ev = report.get("eval") or {}
     if ev.get("scale"):
         sc = ev["scale"]
         row("eval time 2x rows / 1x", f"{sc['seconds']['2x']:.2f}s", f"{sc['seconds']['1x']:.2f}s", sc["scale_2x"], "eval_scale_2x")
@@ -160,6 +183,10 @@ def print_table(report: dict) -> None:
             f"{qs['epoch_train_seconds']:.1f}s", qs["eval_share_later_epoch"])
         row(f"quickstart eval share of the whole {report['config']['quickstart_epochs']}-epoch run", "", "",
             qs["eval_share"], "quickstart_eval_share")
+
+
+def _parser_rows(row, report: dict) -> None:
+    """The score parser and pairs build on hostile text against clean text."""
     pr = report.get("parser")
     if pr:
         row(f"parser CPU s, slowest hostile family ({pr['slowest_family']}) / clean, {pr['chars']:,} chars",
@@ -170,6 +197,10 @@ def print_table(report: dict) -> None:
             if pb:
                 row(f"pairs build CPU s, {pb['hostile_evaluations']} hostile / clean, {pb['evaluations']} evaluations",
                     f"{pb['cpu_s']['hostile']:.3f}", f"{pb['cpu_s']['clean']:.3f}", pb["hostile_vs_clean_ratio"], key)
+
+
+def _generation_rows(row, report: dict) -> None:
+    """Batched generation (and vLLM) against one prompt at a time."""
     for label, g in ((report.get("generation") or {}).get("models") or {}).items():
         if "skipped" in g:
             continue
@@ -183,19 +214,22 @@ def print_table(report: dict) -> None:
             row(f"generation {label} tokens/s (vLLM backend / one at a time), token ids equal: "
                 f"{v['token_ids_equal_rows']} of {g['rows']}", f"{v['tokens_per_s']:.1f}", f"{n['tokens_per_s']:.1f}",
                 v["tokens_per_s_ratio"], f"generation_{label}_vllm_tokens_per_s_ratio")
-    console.print(table)
-    dev = report.get("device_bench")
-    if dev:
-        t2 = Table(title=f"real shapes on {report['machine'].get('gpu') or report['config']['device']} "
-                         f"(bf16 matmul {dev['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s)")
-        for col in ("shape", "train tok/s", "train MFU", "peak GPU MB", "eval tok/s", "eval MFU"):
-            t2.add_column(col)
-        for name, r in dev["shapes"].items():
-            t2.add_row(name, f"{r['train_tokens_per_s']:.0f}", f"{100 * r['train_mfu']:.1f}%",
-                       f"{r.get('train_peak_gpu_mb', float('nan')):.0f}", f"{r['eval_tokens_per_s']:.0f}",
-                       f"{100 * r['eval_mfu']:.1f}%")
-        console.print(t2)
-    console.print(f"summary: {json.dumps(s)}")
+
+
+def _device_table(report: dict):
+    """The real shapes measured on the device: tokens/s and MFU of training and eval."""
+    from rich.table import Table
+
+    dev = report["device_bench"]
+    t2 = Table(title=f"real shapes on {report['machine'].get('gpu') or report['config']['device']} "
+                     f"(bf16 matmul {dev['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s)")
+    for col in ("shape", "train tok/s", "train MFU", "peak GPU MB", "eval tok/s", "eval MFU"):
+        t2.add_column(col)
+    for name, r in dev["shapes"].items():
+        t2.add_row(name, f"{r['train_tokens_per_s']:.0f}", f"{100 * r['train_mfu']:.1f}%",
+                   f"{r.get('train_peak_gpu_mb', float('nan')):.0f}", f"{r['eval_tokens_per_s']:.0f}",
+                   f"{100 * r['eval_mfu']:.1f}%")
+    return t2
 
 
 def jsonable(value):
