@@ -205,3 +205,87 @@ def test_forced_evaluation_text():
     assert evaluation_text("4.5,\n  \"x\": 1", prefix) == prefix + "4.5\n}\n```"
     assert evaluation_text("55555555", prefix) == prefix + "5\n}\n```"
     assert evaluation_text("free text", None) == "free text"
+
+
+# ------------------------------------------------------------------------------------------------ kills (slow)
+def _start(args, log: Path) -> subprocess.Popen:
+    """A real `judgetrain judge` (or accelerate launch of it) in its own process group."""
+    return subprocess.Popen([str(a) for a in args], cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _committed(out: Path) -> Counter:
+    from judgetrain.judge.output import read_done
+
+    return Counter((b["judge"], i) for c in read_done(out) for b in c.batches for i in b["items"])
+
+
+def _wait_for_batches(proc, out: Path, n: int, timeout: float = 240) -> None:
+    t0 = time.monotonic()
+    while sum(_committed(out).values()) < n:
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {n} evaluations were committed"
+        assert time.monotonic() - t0 < timeout, "no batch committed in time"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["one process", "two processes"])
+def test_sigkill_mid_run_then_the_same_command_generates_only_what_is_missing(tmp_path, tiny_judge, launch):
+    n_items, judges = 12, ["tiny-judge", f"model={tiny_judge},name=second"]
+    items = write_items(tmp_path / "items.jsonl", n_items)
+    out = tmp_path / "panel"
+    tail = ["--items", items, "--judge", judges[0], "--judge", judges[1], "--output_dir", out, "--chunk_size", 2,
+            "--max_new_tokens", 8]
+    cli = [sys.executable, "-m", "judgetrain.cli.judge"]
+    if launch == "two processes":
+        from helpers import free_port
+
+        cli = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", REPO / "accelerate_configs" /
+               "cpu.yaml", "--main_process_port", free_port(), "-m", "judgetrain.cli.judge"]
+    proc = _start(cli + tail, tmp_path / "first.log")
+    _wait_for_batches(proc, out, 4)
+    import psutil
+
+    tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in tree:  # every process of the run (torchrun's workers too), mid-batch
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    before = _committed(out)
+    assert max(before.values()) == 1 and 0 < sum(before.values()) < n_items * 2
+    assert not (out / "evaluations.jsonl").exists()
+    # resumed in one process, whatever ran before
+    second = subprocess.run([*map(str, [sys.executable, "-m", "judgetrain.cli.judge", *tail])], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    missing = n_items * 2 - sum(before.values())
+    assert f"{sum(before.values())}/{n_items * 2} evaluations done, {missing} to generate" in second.stderr
+    after = _committed(out)
+    assert max(after.values()) == 1 and len(after) == n_items * 2  # each (judge, item) committed exactly once
+    rows = read_jsonl(out / "evaluations.jsonl")
+    assert len(rows) == n_items * 2
+    keys = Counter((r["judge_model"], r["sample_id"], r["perturbation_set"]) for r in rows)
+    assert max(keys.values()) == 1 and len(keys) == n_items * 2
+    for judge_name in ("tiny-judge", "second"):
+        assert json.loads((out / "summary.json").read_text())[judge_name]["rows"] == n_items
+
+
+@pytest.mark.slow
+def test_sigterm_ends_with_143_keeping_the_committed_batches(tmp_path, tiny_judge):
+    items = write_items(tmp_path / "items.jsonl", 16)
+    out = tmp_path / "panel"
+    args = [sys.executable, "-m", "judgetrain.cli.judge", "--items", items, "--judge", "tiny-judge", "--output_dir",
+            out, "--chunk_size", 1, "--max_new_tokens", 32]
+    proc = _start(args, tmp_path / "run.log")
+    _wait_for_batches(proc, out, 2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert time.monotonic() - t0 < 30
+    log = (tmp_path / "run.log").read_text()
+    assert "SIGTERM received" in log and "run the same command to continue" in log
+    done = sum(_committed(out).values())
+    assert 2 <= done < 16
+    final = subprocess.run([str(a) for a in args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert f"{done}/16 evaluations done, {16 - done} to generate" in final.stderr
+    assert len(read_jsonl(out / "evaluations.jsonl")) == 16
