@@ -163,7 +163,7 @@ def read_items(source: str, *, split: str = "train", on_bad_row: str = "error", 
     rejects = Rejects("items", split, on_bad_row, rejects_path)
     tables = read_split(source, "items", split, rejects, **({"revision": revision} if revision else {}))
     items: list[Item] = []
-    seen: dict[tuple, tuple[str, int, str]] = {}  # key -> (source, row, prompt json) of its first row
+    seen: dict[tuple, tuple[str, int, list]] = {}  # key -> (source, row, messages) of its first row
     judgebias = False
     for table in tables:
         rows = table.rows
@@ -177,10 +177,9 @@ def read_items(source: str, *, split: str = "train", on_bad_row: str = "error", 
             row = judgebias_items(rows[i]) if jb else dict(rows[i])
             messages, _ = check_prompt(row["prompt"])
             key = (_sample_id(row["sample_id"]), row.get("perturbation_set"))
-            text = json.dumps(messages, ensure_ascii=False)
             if key in seen:
-                first_source, first_row, first_text = seen[key]
-                if jb and text == first_text:
+                first_source, first_row, first_messages = seen[key]
+                if jb and messages == first_messages:
                     continue  # several pairs of one sample and set: one item
                 what = f"sample_id {key[0]!r}" + (f", perturbation_set {key[1]!r}" if key[1] is not None else "")
                 detail = "with another prompt" if jb else ""
@@ -188,7 +187,7 @@ def read_items(source: str, *, split: str = "train", on_bad_row: str = "error", 
                                                f"duplicated item: {what} already at {first_source} row {first_row}"
                                                + (f" {detail}" if detail else "")), _plain(rows[i]), n_rows=0)
                 continue
-            seen[key] = (table.source, i, text)
+            seen[key] = (table.source, i, messages)
             columns_out = {k: _plain(v) for k, v in row.items() if k != "prompt"}
             columns_out["sample_id"] = key[0]
             items.append(Item(key, messages, columns_out, table.source, i))
