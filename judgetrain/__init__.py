@@ -15,6 +15,7 @@ and the layers listed before it, lazy imports inside functions included (tests/t
     eval         the scoring and generation engines, suites, eval rows, the per-epoch callback, metrics, heatmaps
     report       `judgetrain report`
     checks       a piece of every stage run before a launch: the dry run, the preflight, the memory estimate
+    judge        `judgetrain judge`: judges over items into panel rows, resumable and sharded
     metrics.py   the metric functions' public home
     train.py     the per-process recipe that `accelerate launch -m judgetrain.train` runs
     bench        `judgetrain bench`

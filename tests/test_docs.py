@@ -251,6 +251,8 @@ def plan_judgetrain(args: list[str]) -> Plan:
     if words == "memory check":
         return Plan("help", ("memory", "check"), "real DPO steps under a tensor tracker: 45 s on busy cores for the "
                     "tiny judge, minutes for a real shape (tests/test_memory.py measures them)")
+    if words == "judge":
+        return Plan("help", ("judge",), "judge models over items: minutes of CPU (tests/test_judge.py runs it)")
     if words == "bench":
         return Plan("help", ("bench",), "minutes of CPU even at its smallest (tests/test_bench.py runs --quick)")
     raise Unclassified(f"judgetrain {words}: the test does not know how to run it; add it to plan_judgetrain")
@@ -283,6 +285,9 @@ def plan_accelerate(args: list[str]) -> Plan:
                           "train", launcher_flags)
     if module == "judgetrain.cli.eval":
         return plan_eval(rest, launcher_flags)
+    if module == "judgetrain.cli.judge":
+        return Plan("help", ("judge",), "several processes of judges over items (tests/test_judge.py launches two)",
+                    "cli", launcher_flags)
     raise Unclassified(f"accelerate launch -m {module}: unknown module")
 
 

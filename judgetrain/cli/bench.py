@@ -30,6 +30,9 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
 - **startup** (only with ``--only startup``): launch to the first optimizer step, ``python -m judgetrain.train``
   against a bare TRL script on JudgeBias-shaped rows at real lengths (``--rows``) with SmolLM2's tokenizer, cold
   and on resume, with the cache files each resume created (`judgetrain.bench.startup`).
+- **judge** (only with ``--only judge``): `judgetrain judge`'s evaluations/s against a one-item-at-a-time
+  ``model.generate`` loop on the same items and judge, and the time to the exit of a resume with nothing left to do
+  at ``--judge-resume-rows`` done rows (`judgetrain.bench.judge`).
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
 - **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint-gb`` twice per round): the marker's
@@ -95,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+",
                    choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint",
                             "generation",
-                            "startup"),
-                   help="run only these parts (default: all that apply to --device, but checkpoint and startup)")
+                            "startup", "judge"),
+                   help="run only these parts (default: all that apply to --device, but checkpoint, startup and judge)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
     p.add_argument("--train-shapes-dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
@@ -144,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "stays float32, as in training)")
     p.add_argument("--generation-vllm", action="store_true",
                    help="the generation part also times the vLLM backend (vLLM installed, with CUDA or its CPU build)")
+    g = p.add_argument_group("judgetrain judge (--only judge)")
+    g.add_argument("--judge-models", nargs="+", default=["tiny-judge"],
+                   help="judges of the speed side (aliases or paths; default tiny-judge)")
+    g.add_argument("--judge-items", type=int, default=16, help="items of the speed side (default 16)")
+    g.add_argument("--judge-max-new-tokens", type=int, default=32, help="tokens per evaluation (default 32)")
+    g.add_argument("--judge-resume-rows", type=int, default=136_000,
+                   help="done rows of the resume side (default 136,000: 34,000 items x 4 judges)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("start-up (--only startup)")
     g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",
@@ -244,6 +254,10 @@ def run_bench(args: argparse.Namespace) -> dict:
             report["checkpoint"] = timed("checkpoint", bench_checkpoint, args, workdir / "checkpoint")
         if "generation" in parts:
             report["generation"] = timed("generation", bench_generation, args)
+        if "judge" in parts:
+            from judgetrain.bench.judge import bench_judge
+
+            report["judge"] = timed("judge", bench_judge, args, workdir / "judge")
         if "startup" in parts:
             report["startup"] = timed("startup", bench_startup, args, workdir / "startup")
         if "device" in parts:

@@ -1,0 +1,150 @@
+"""`judgetrain judge`: run one or many judges over items and write their evaluations as a panel file.
+
+    judgetrain judge --items items.jsonl --judge tiny-judge --output_dir panel
+    judgetrain judge --items iknow-lab/JudgeBias-DPO-RefFree --items_split validation \\
+        --judge Qwen/Qwen3-8B --judge model=Qwen/Qwen3-8B,adapter=runs/x/checkpoint-500,name=trained \\
+        --judge endpoint=https://api.example.com/v1,model=gpt-4o-mini,key_env=OPENAI_API_KEY --output_dir panel
+    accelerate launch --num_processes 8 -m judgetrain.cli.judge --items items.parquet --judges_file judges.yaml \\
+        --output_dir panel --backend vllm
+
+Writes ``<output_dir>/evaluations.jsonl``: one row per item x judge in the panel schema `judgetrain pairs build`
+reads (``sample_id``, ``perturbation_set``, ``perturbation_category``, ``perturbation_rate``, ``judge_model``,
+``prompt``, ``evaluation``), the item's other columns, and ``score`` / ``reason`` (the score parser's reading),
+``n_tokens``, ``stopped``; ``summary.json`` (per judge: parse rate, reasons, mean score, tokens/s). Killed at any
+moment, the same command continues where the committed batches end (`judgetrain.judge.output`); SIGTERM ends it
+with exit code 143 after the batch in flight is dropped. Exit codes: 0 done, 1 crashed, 2 refused (bad items, bad
+judge, another run's output_dir), 143 stopped by a signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from judgetrain.utils.logging import setup_logging
+
+logger = logging.getLogger(__name__)
+
+FORCED_MAX_NEW_TOKENS = 4  # after the forced prefix: the score (4, ., 5) and one more
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="judgetrain judge", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2], allow_abbrev=False)
+    p.add_argument("--items", required=True, help="JSONL / JSON / parquet file, folder, or hub dataset (owner/name)")
+    p.add_argument("--items_split", default="train", help="split of a hub dataset or folder (default train)")
+    p.add_argument("--items_revision", help="branch, tag or commit of a hub dataset")
+    p.add_argument("--judge", action="append", default=[],
+                   help="a model (alias, hub id, folder) or key=value pairs: model=M,adapter=PATH,name=N or "
+                        "endpoint=URL,model=NAME,key_env=VAR,name=N (repeatable)")
+    p.add_argument("--judges_file", help="YAML list of judges (mappings with the --judge keys)")
+    p.add_argument("--output_dir", required=True, help="where the shards, evaluations.jsonl and summary.json go")
+    p.add_argument("--force_score_prefix", action="store_true",
+                   help="start the judge's turn with judge mode's JSON prefix up to \"overall_score\": , its first "
+                        "token one of the score tokens (for judges that do not write the format themselves)")
+    p.add_argument("--max_new_tokens", type=int,
+                   help=f"tokens written per evaluation (default 512; {FORCED_MAX_NEW_TOKENS} with --force_score_prefix)")
+    p.add_argument("--max_length", type=int, help="longest prompt + evaluation (default: the model's context)")
+    p.add_argument("--backend", choices=("auto", "transformers", "vllm"), default="auto",
+                   help="generation engine of local judges (auto: vLLM with CUDA when installed)")
+    p.add_argument("--batch_tokens", type=int, default=8192, help="batch size x (prompt + max_new_tokens) per call")
+    p.add_argument("--max_batch_size", type=int, default=32, help="prompts per generate call at most")
+    p.add_argument("--chunk_size", type=int, default=64,
+                   help="items per process per committed batch: what a kill can cost at most (default 64)")
+    p.add_argument("--do_sample", action="store_true", help="sample (default greedy)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top_p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight per endpoint judge and process")
+    p.add_argument("--on_bad_row", choices=("error", "skip"), default="error",
+                   help="bad items: stop naming them (default), or skip them to the rejects file, counted")
+    p.add_argument("--rejects_path", help="where skipped items go (default <output_dir>/rejects.jsonl)")
+    p.add_argument("--score_key", default="overall_score", help="JSON key of the overall score")
+    p.add_argument("--scale", type=float, nargs=2, default=(0.5, 5.5), metavar=("LO", "HI"),
+                   help="accepted score range, inclusive (as judgetrain pairs build)")
+    p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off)")
+    return p
+
+
+def options(args: argparse.Namespace):
+    from judgetrain.judge.runner import Options
+
+    force = args.force_score_prefix
+    backend = args.backend
+    if force and backend == "vllm":
+        raise ValueError("--force_score_prefix restricts the first token to the score tokens on the transformers "
+                         "backend only; use --backend transformers (or auto)")
+    if force and backend == "auto":
+        backend = "transformers"
+    max_new = args.max_new_tokens or (FORCED_MAX_NEW_TOKENS if force else 512)
+    for name in ("chunk_size", "batch_tokens", "max_batch_size", "concurrency"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1")
+    return Options(max_new_tokens=max_new, max_length=args.max_length, batch_tokens=args.batch_tokens,
+                   max_batch_size=args.max_batch_size, chunk_size=args.chunk_size, backend=backend,
+                   do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                   force_score_prefix=force, score_key=args.score_key, scale=tuple(args.scale), dtype=args.dtype,
+                   concurrency=args.concurrency, trust_remote_code=args.trust_remote_code)
+
+
+def summary_table(summary: dict):
+    from rich.table import Table
+
+    table = Table(title="judgetrain judge: per judge")
+    for col in ("judge", "rows", "parse rate", "mean score", "stopped", "tokens/s", "reasons"):
+        table.add_column(col, justify="left" if col in ("judge", "reasons") else "right")
+    for judge, s in summary.items():
+        table.add_row(judge, f"{s['rows']:,}", "-" if s["parse_rate"] is None else f"{s['parse_rate']:.2f}",
+                      "-" if s["mean_score"] is None else f"{s['mean_score']:.2f}", f"{s['stopped']:,}",
+                      "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.1f}",
+                      ", ".join(f"{k} {v}" for k, v in s["reasons"].items()))
+    return table
+
+
+def _refuse(message: str) -> int:
+    print(f"judgetrain judge: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from accelerate import PartialState
+
+    from judgetrain.cli.eval import _cpu_only
+    from judgetrain.config.recipe import RecipeError
+    from judgetrain.data.validate import DataValidationError
+    from judgetrain.judge.items import read_items
+    from judgetrain.judge.judges import JudgeSpecError, judge_specs
+    from judgetrain.judge.output import REJECTS
+    from judgetrain.judge.runner import run_panel
+    from judgetrain.run.state import EXIT_PREEMPTED
+
+    state = PartialState(cpu=_cpu_only())
+    setup_logging(state.is_main_process)
+    out = Path(args.output_dir)
+    try:  # everything that can be refused is, before any model loads
+        opts = options(args)
+        specs = judge_specs(args.judge, args.judges_file)
+        item_set = read_items(args.items, split=args.items_split, on_bad_row=args.on_bad_row,
+                              rejects_path=args.rejects_path or str(out / REJECTS), revision=args.items_revision)
+        result = run_panel(item_set, specs, opts, out, state)
+    except (DataValidationError, JudgeSpecError, RecipeError, FileNotFoundError, ValueError) as err:
+        return _refuse(str(err))
+    if result["status"] == "stopped":
+        return EXIT_PREEMPTED
+    if state.is_main_process:
+        from rich.console import Console
+
+        Console().print(summary_table(result["summary"]))
+        rejected = f"; {item_set.n_rejected} item(s) rejected, see {item_set.rejects_path}" if item_set.n_rejected else ""
+        logger.info("wrote %s (%d rows) and %s%s", result["evaluations"], len(item_set.items) * len(specs),
+                    out / "summary.json", rejected)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

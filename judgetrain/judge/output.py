@@ -1,0 +1,243 @@
+"""What `judgetrain judge` writes, so that a kill at any moment loses at most the batch in flight.
+
+    <output_dir>/judge_run.json          the run's identity: items digest, judges (adapter SHA-256), options
+    <output_dir>/shards/rank-R.jsonl     the rows process R generated, one JSON object a line, appended per batch
+    <output_dir>/shards/rank-R.index     the done index: one line per committed batch
+    <output_dir>/evaluations.jsonl       the merged panel (every item x judge once), written at the end
+    <output_dir>/summary.json            per judge: parse rate, reasons, mean score, tokens/s
+
+A batch is committed in two appends, each one ``write`` then ``fsync``: its rows to the shard, then one index line
+``{"end": <shard size after the rows>, "judge": ..., "items": [...], "score": [...], ...}``. A batch whose index line
+is not complete (no newline, not JSON) does not exist: at start the owner of a shard cuts the shard back to the last
+committed ``end`` and the index to its last complete line, so a row is never duplicated, lost or torn. The index
+alone says what is done and holds each row's score, reason and token count: a resume and the summary never read the
+rows themselves. ``shards/rank-R.lock`` (an flock the kernel drops when its holder dies) keeps two runs from writing
+one shard.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from judgetrain.utils.files import file_lock, fsync_path, write_json
+
+logger = logging.getLogger(__name__)
+
+IDENTITY = "judge_run.json"
+SHARDS = "shards"
+EVALUATIONS = "evaluations.jsonl"
+SUMMARY = "summary.json"
+REJECTS = "rejects.jsonl"
+
+
+@dataclass
+class Committed:
+    """The committed batches of one shard."""
+
+    shard: Path
+    end: int = 0  # bytes of the shard that belong to committed batches
+    index_bytes: int = 0  # bytes of the index that are complete lines
+    batches: list[dict] = field(default_factory=list)
+
+
+def shard_paths(out: Path, rank: int) -> tuple[Path, Path]:
+    folder = out / SHARDS
+    return folder / f"rank-{rank}.jsonl", folder / f"rank-{rank}.index"
+
+
+def read_index(index: Path) -> Committed:
+    """The committed batches of ``index`` (its shard beside it): complete JSON lines whose rows are in the shard."""
+    shard = index.with_suffix(".jsonl")
+    out = Committed(shard)
+    try:
+        data = index.read_bytes()
+    except FileNotFoundError:
+        return out
+    size = shard.stat().st_size if shard.exists() else 0
+    pos = 0
+    while True:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break
+        try:
+            batch = json.loads(data[pos:nl])
+        except ValueError:
+            break  # a torn line can only be the last one; nothing after it was committed
+        if not isinstance(batch, dict) or batch.get("end", size + 1) > size or batch["end"] < out.end:
+            break
+        out.batches.append(batch)
+        out.end = batch["end"]
+        pos = nl + 1
+    out.index_bytes = pos
+    return out
+
+
+def read_done(out: Path) -> list[Committed]:
+    """Every shard's committed batches (the shards of every process count: a resume may run on fewer or more)."""
+    folder = out / SHARDS
+    if not folder.is_dir():
+        return []
+    return [read_index(p) for p in sorted(folder.glob("rank-*.index"))]
+
+
+def done_items(committed: Iterable[Committed]) -> dict[str, set[int]]:
+    """judge name -> the item indices committed for it."""
+    done: dict[str, set[int]] = {}
+    for c in committed:
+        for batch in c.batches:
+            done.setdefault(batch["judge"], set()).update(batch["items"])
+    return done
+
+
+class ShardWriter:
+    """Process ``rank``'s shard: locked, cut back to its committed part, appended one batch at a time."""
+
+    def __init__(self, out: Path, rank: int):
+        self.shard, self.index = shard_paths(out, rank)
+        self.shard.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = file_lock(self.shard.with_suffix(".lock"), wait=False)
+        self._lock.__enter__()  # LockBusy: another process writes this shard
+        committed = read_index(self.index)
+        for path, keep in ((self.shard, committed.end), (self.index, committed.index_bytes)):
+            if path.exists() and path.stat().st_size > keep:
+                logger.warning("%s: %d byte(s) of a batch that was never committed cut off (a kill mid-write)",
+                               path, path.stat().st_size - keep)
+                os.truncate(path, keep)
+        self._shard = self.shard.open("ab")
+        self._index = self.index.open("ab")
+        fsync_path(self.shard.parent)
+
+    def append(self, rows: list[dict], judge: str, items: list[int], meta: dict[str, list]) -> None:
+        """Commit one batch: the rows, then the index line that makes them count."""
+        data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+        self._shard.write(data)
+        self._shard.flush()
+        os.fsync(self._shard.fileno())
+        record = {"end": self._shard.tell(), "judge": judge, "items": items, **meta}
+        self._index.write((json.dumps(record) + "\n").encode("utf-8"))
+        self._index.flush()
+        os.fsync(self._index.fileno())
+
+    def close(self) -> None:
+        for f in (self._shard, self._index):
+            f.close()
+        self._lock.__exit__(None, None, None)
+
+
+def merge(out: Path, judges: list[str], n_items: int, committed: list[Committed]) -> tuple[Path, int]:
+    """Write ``evaluations.jsonl``: every item x judge once, by item then judge, from the committed rows (the lines
+    are copied as they are, never parsed again). Returns (path, rows). Raises RuntimeError when a row is missing;
+    a row committed twice (never, unless two runs shared a shard) is written once and counted."""
+    rows: dict[tuple[str, int], bytes] = {}
+    twice = 0
+    for c in committed:
+        if not c.batches:
+            continue
+        with c.shard.open("rb") as f:
+            data = f.read(c.end)
+        lines = data.split(b"\n")
+        k = 0
+        for batch in c.batches:
+            for item in batch["items"]:
+                key = (batch["judge"], item)
+                twice += key in rows
+                rows.setdefault(key, lines[k])
+                k += 1
+    missing = [(j, i) for i in range(n_items) for j in judges if (j, i) not in rows]
+    if missing:
+        raise RuntimeError(f"{len(missing)} evaluation(s) missing from the shards, first {missing[:3]}")
+    if twice:
+        logger.warning("%d evaluation(s) were committed twice; each is written once", twice)
+    path = out / EVALUATIONS
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        for i in range(n_items):
+            for judge in judges:
+                f.write(rows[(judge, i)] + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(out)
+    return path, n_items * len(judges)
+
+
+# ------------------------------------------------------------------------------------------------ identity
+def identity_differences(old: dict, new: dict) -> list[str]:
+    """One line per difference that makes the rows already written not those this command would write."""
+    diffs = []
+    if old.get("items", {}).get("digest") != new["items"]["digest"]:
+        o, n = old.get("items", {}), new["items"]
+        diffs.append(f"items: {o.get('source')!r} ({o.get('n_items')} items, digest {str(o.get('digest'))[:12]}) -> "
+                     f"{n['source']!r} ({n['n_items']} items, digest {n['digest'][:12]})")
+    old_j, new_j = old.get("judges", []), new["judges"]
+    if [j.get("name") for j in old_j] != [j["name"] for j in new_j]:
+        diffs.append(f"judges: {[j.get('name') for j in old_j]} -> {[j['name'] for j in new_j]}")
+    else:
+        for a, b in zip(old_j, new_j):
+            for key in sorted(set(a) | set(b)):
+                if a.get(key) != b.get(key):
+                    what = "adapter weights" if key == "adapter_sha256" else key
+                    diffs.append(f"judge {b['name']!r} {what}: {a.get(key)!r} -> {b.get(key)!r}"
+                                 if key != "adapter_sha256" else f"judge {b['name']!r} {what} changed "
+                                 f"({str(a.get(key))[:12]} -> {str(b.get(key))[:12]})")
+    for key in sorted(set(old.get("options", {})) | set(new["options"])):
+        a, b = old.get("options", {}).get(key), new["options"].get(key)
+        if a != b:
+            diffs.append(f"option {key}: {a!r} -> {b!r}")
+    return diffs
+
+
+def check_identity(out: Path, identity: dict) -> str:
+    """``fresh`` (identity written) or ``resume``; RecipeError naming every difference when the output_dir holds
+    another run's rows."""
+    from judgetrain.config.recipe import RecipeError
+
+    path = out / IDENTITY
+    if path.exists():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise RecipeError(f"{path} is unreadable ({e}); move the folder away to start again") from None
+        diffs = identity_differences(old, identity)
+        if diffs:
+            raise RecipeError(f"{out} holds evaluations of another run; refusing to mix them. What changed: "
+                              + "; ".join(diffs) + ". Use another --output_dir, or put the old values back.")
+        return "resume"
+    if (out / SHARDS).is_dir() and any((out / SHARDS).glob("rank-*.index")):
+        raise RecipeError(f"{out} has shards but no {IDENTITY}: not a run this command can continue")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(path, identity)
+    return "fresh"
+
+
+# ------------------------------------------------------------------------------------------------ summary
+def summarize(committed: list[Committed], judges: list[str], n_items: int) -> dict[str, Any]:
+    """Per judge, from the done index: rows, parse rate, reasons, mean score, stopped share, tokens and tokens/s."""
+    out: dict[str, Any] = {}
+    for judge in judges:
+        batches = [b for c in committed for b in c.batches if b["judge"] == judge]
+        scores = [s for b in batches for s in b.get("score", []) if s is not None]
+        reasons = Counter(r for b in batches for r in b.get("reason", []))
+        rows = sum(len(b["items"]) for b in batches)
+        tokens = sum(sum(b.get("n_tokens", [])) for b in batches)
+        seconds = sum(b.get("seconds", 0.0) for b in batches)
+        out[judge] = {
+            "rows": rows, "items": n_items, "parsed": len(scores), "parse_rate": len(scores) / rows if rows else None,
+            "reasons": dict(reasons.most_common()), "mean_score": sum(scores) / len(scores) if scores else None,
+            "stopped": sum(sum(b.get("stopped", [])) for b in batches),
+            "truncated_prompts": sum(b.get("truncated", 0) for b in batches),
+            "generated_tokens": tokens, "generate_seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds else None,  # per process: the seconds are each process's own
+        }
+    return out
+
+
+def write_summary(out: Path, summary: dict) -> Path:
+    write_json(out / SUMMARY, summary)
+    return out / SUMMARY

@@ -1,0 +1,289 @@
+"""The loop of `judgetrain judge`: every judge over every item not yet done, committed a batch at a time.
+
+- Work: per judge, the items the done index (`judgetrain.judge.output`) does not list, longest prompt first, in
+  chunks of ``chunk_size`` items per process; process r takes items r, r + world, ... of each chunk, so every item
+  is generated once per judge. A local judge runs on `judgetrain.eval.generate.Generator` (length-sorted, left-padded
+  batches, the shared prompt prefix once per batch, merged LoRA; the transformers engine or vLLM) with ``sync``: every
+  process makes the same number of generate calls, as `generate_sharded` does, but each keeps its own texts (there
+  is nothing to gather: each writes its own shard). An endpoint judge (`judgetrain.judge.endpoint`) sends its share
+  of each chunk as concurrent requests.
+- Forced score prefix (``force_score_prefix``): the judge's turn starts with judge mode's forced prefix
+  (`judgetrain.eval.scoring.DEFAULT_JUDGE_PREFIX`, the JSON up to ``"overall_score": ``), its first token is one of the
+  score tokens judge mode reads (`ScoringEngine.score_token_ids`), then it writes a few tokens; the evaluation written
+  is the prefix, the score it wrote (``4``, ``4.5``) and the JSON block's end (`evaluation_text`).
+- Stop: SIGTERM or Ctrl-C is checked before every generate call and between chunks (OR-ed over the processes); the
+  batches committed stay, the one in flight is dropped, and the command ends with 143 (`EXIT_PREEMPTED`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from judgetrain.judge.items import Item
+from judgetrain.judge.judges import JudgeSpec, load_local
+from judgetrain.judge.output import ShardWriter
+
+logger = logging.getLogger(__name__)
+
+CLOSE_BLOCK = "\n}\n```"
+_FORCED_SCORE = re.compile(r"[ \t]*([0-9](?:\.[0-9])?)")  # one class per quantifier, nothing to backtrack into
+
+
+class JudgeStopped(Exception):
+    """SIGTERM / Ctrl-C: the committed batches stay, the rest is left for the next run."""
+
+
+@dataclass
+class Options:
+    max_new_tokens: int = 512
+    max_length: int | None = None
+    batch_tokens: int = 8192
+    max_batch_size: int = 32
+    chunk_size: int = 64
+    backend: str = "auto"
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    force_score_prefix: bool = False
+    score_key: str = "overall_score"
+    scale: tuple[float, float] = (0.5, 5.5)
+    dtype: str = "auto"
+    concurrency: int = 8
+    trust_remote_code: bool = False
+
+    def identity(self) -> dict[str, Any]:
+        """The options that change what is written (batching and backend do not, beyond float noise)."""
+        return {"max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "do_sample": self.do_sample,
+                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                "force_score_prefix": self.force_score_prefix, "score_key": self.score_key, "scale": list(self.scale)}
+
+
+def stop_flag():
+    """Training's graceful stop (`judgetrain.trainer.callbacks.GracefulStop`: its SIGTERM / SIGINT handlers) as a
+    flag the loop reads between generate calls; a second Ctrl-C gives up at once."""
+    from judgetrain.trainer.callbacks import GracefulStop
+
+    class StopFlag(GracefulStop):
+        def _handle(self, signum, frame):
+            if self.requested and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            if not self.requested:
+                self.signal_name = signal.Signals(signum).name
+                logger.warning("%s received: keeping the committed batches and stopping", self.signal_name)
+            self.requested = True
+
+    return StopFlag()
+
+
+# ------------------------------------------------------------------------------------------------ generators
+def forced_generator_class():
+    from judgetrain.eval.generate import Generator
+    from judgetrain.eval.scoring import judge_prompt_ids
+
+    class ForcedScoreGenerator(Generator):
+        """A Generator whose prompts end with the forced score prefix and whose first token is a score token."""
+
+        def __init__(self, model, tokenizer, *, prefix: str, score_ids: list[int], **kwargs):
+            super().__init__(model, tokenizer, **kwargs)
+            self.prefix = prefix
+            vocab = max(int(getattr(model.config, "vocab_size", 0) or 0), len(tokenizer))
+            keep = set(score_ids)
+            self.suppress = [i for i in range(vocab) if i not in keep]
+
+        def prompt_ids(self, prompt) -> list[int]:
+            return judge_prompt_ids(self.tokenizer, prompt, self.prefix)
+
+        def generation_config(self, max_new_tokens: int | None = None):
+            config = super().generation_config(max_new_tokens)
+            config.begin_suppress_tokens = self.suppress
+            return config
+
+    return ForcedScoreGenerator
+
+
+def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | None]:
+    """(generator, forced prefix or None) of a local judge."""
+    from judgetrain.eval.generate import Generator
+    from judgetrain.eval.scoring import ScoringEngine
+
+    model, tokenizer = load_local(spec, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, device=device)
+    kwargs = dict(max_new_tokens=opts.max_new_tokens, max_length=opts.max_length, batch_tokens=opts.batch_tokens,
+                  max_batch_size=opts.max_batch_size, do_sample=opts.do_sample, temperature=opts.temperature,
+                  top_p=opts.top_p, seed=opts.seed, backend=opts.backend)
+    if not opts.force_score_prefix:
+        return Generator(model, tokenizer, **kwargs), None
+    engine = ScoringEngine(model, tokenizer, scoring="judge")
+    score_ids, values = engine.score_token_ids()  # the tokens judge mode reads; the prefix as it reads them
+    logger.info("judge %s: forced prefix %r, first token one of the scores %s", spec.name, engine.judge_prefix, values)
+    cls = forced_generator_class()
+    return cls(model, tokenizer, prefix=engine.judge_prefix, score_ids=score_ids, **kwargs), engine.judge_prefix
+
+
+def endpoint_generator(spec: JudgeSpec, opts: Options) -> tuple[Any, str | None]:
+    from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX
+    from judgetrain.judge.endpoint import EndpointGenerator
+
+    prefix = DEFAULT_JUDGE_PREFIX if opts.force_score_prefix else None
+    gen = EndpointGenerator(base_url=spec.endpoint, model=spec.model, api_key_env=spec.key_env,
+                            max_new_tokens=opts.max_new_tokens, temperature=opts.temperature if opts.do_sample else 0.0,
+                            seed=opts.seed, concurrency=opts.concurrency, force_prefix=prefix)
+    return gen, prefix
+
+
+def evaluation_text(text: str, prefix: str | None) -> str:
+    """The evaluation as written into the panel: the judge's text; after a forced prefix, the prefix, the score the
+    judge wrote (a digit and, when it writes one, a decimal: ``4``, ``4.5``) and the block's end. What a forced judge
+    writes after its score is not kept (a pair built from the row trains on this short answer). A forced judge that
+    writes no digit first (an endpoint, which cannot be held to the score tokens) keeps its text after the prefix."""
+    if prefix is None:
+        return text
+    score = _FORCED_SCORE.match(text)
+    return prefix + (score.group(1) if score else text) + CLOSE_BLOCK
+
+
+def output_row(item: Item, judge: str, evaluation: str, g, opts: Options) -> dict:
+    """One panel row (`judgetrain.data.pairs` reads it): the item's columns, then the judge's evaluation and what
+    the score parser read from it (the parse `judgetrain pairs build` makes)."""
+    from judgetrain.data.chat import judge_turn
+    from judgetrain.data.scoreparse import parse_overall_score_result
+
+    turn, fake = judge_turn(evaluation)
+    parsed = None if fake else parse_overall_score_result(turn, key=opts.score_key, lo=opts.scale[0], hi=opts.scale[1])
+    row = {"sample_id": item.key[0], "perturbation_set": None, "perturbation_category": None,
+           "perturbation_rate": None}
+    row.update(item.columns)
+    row.update(judge_model=judge, prompt=item.messages, evaluation=evaluation,
+               score=parsed.score if parsed else None, reason=parsed.reason if parsed else "fake_turn",
+               n_tokens=int(g.n_tokens), stopped=bool(g.stopped))
+    return row
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+class Progress:
+    """Items done / total, evaluations/s and ETA, logged by the main process at most every ``every`` seconds."""
+
+    def __init__(self, total: int, done: int, main: bool, every: float = 10.0):
+        self.total, self.done, self.main, self.every = total, done, main, every
+        self.start_done, self.t0, self.last, self.logged = done, time.monotonic(), 0.0, -1
+
+    def add(self, n: int, judge: str, force: bool = False) -> None:
+        self.done += n
+        now = time.monotonic()
+        if not self.main or (not force and now - self.last < self.every) or (force and self.done == self.logged):
+            return
+        self.last, self.logged = now, self.done
+        rate = (self.done - self.start_done) / max(now - self.t0, 1e-9)
+        left = self.total - self.done
+        eta = f"{left / rate / 60:.1f} min" if rate > 0 else "?"
+        logger.info("%s: %d/%d evaluations done (%.1f%%), %.2f evaluations/s, ETA %s", judge, self.done, self.total,
+                    100 * self.done / max(self.total, 1), rate, eta)
+
+    def rate(self) -> float:
+        return (self.done - self.start_done) / max(time.monotonic() - self.t0, 1e-9)
+
+
+def _chunks(order: list[int], size: int) -> list[list[int]]:
+    return [order[i: i + size] for i in range(0, len(order), size)]
+
+
+def judge_one(spec: JudgeSpec, items: list[Item], missing: list[int], opts: Options, writer: ShardWriter, state,
+              stop, progress: Progress) -> int:
+    """Generate ``missing`` (item indices) with one judge; returns the evaluations this process committed."""
+    from judgetrain.eval.scoring import EvalStopped
+
+    rank, world = state.process_index, state.num_processes
+    gen, prefix = endpoint_generator(spec, opts) if spec.is_endpoint else local_generator(spec, opts, state.device)
+    if not spec.is_endpoint:
+        gen.stop_check = stop._any_requested  # OR-ed over the processes (the flag itself in one process)
+    # longest prompt first: each chunk holds prompts of like length, so its batches pad little
+    order = sorted(missing, key=lambda i: (-sum(len(m["content"]) for m in items[i].messages), i))
+    committed = 0
+    try:
+        for chunk in _chunks(order, opts.chunk_size * world):
+            if stop._any_requested():
+                raise JudgeStopped
+            mine = chunk[rank::world]
+            t0 = time.perf_counter()
+            prompts = [items[i].messages for i in mine]
+            outs = gen.generate(prompts) if spec.is_endpoint else gen.generate(prompts, sync=world > 1)
+            seconds = time.perf_counter() - t0
+            rows = [output_row(items[i], spec.name, evaluation_text(g.text, prefix), g, opts) for i, g in zip(mine, outs)]
+            writer.append(rows, spec.name, mine, {
+                "score": [r["score"] for r in rows], "reason": [r["reason"] for r in rows],
+                "n_tokens": [r["n_tokens"] for r in rows], "stopped": [r["stopped"] for r in rows],
+                "truncated": sum(bool(getattr(g, "truncated", False)) for g in outs), "seconds": seconds})
+            committed += len(rows)
+            progress.add(len(chunk), spec.name)
+    except EvalStopped:
+        raise JudgeStopped from None
+    finally:
+        if hasattr(gen, "stats") and spec.is_endpoint and state.is_main_process:
+            logger.info("judge %s: endpoint requests %s", spec.name, dict(gen.stats))
+        gen.close()
+    progress.add(0, spec.name, force=True)
+    return committed
+
+
+def identity(item_set, specs: list[JudgeSpec], opts: Options) -> dict:
+    return {"items": {"source": item_set.source, "digest": item_set.digest(), "n_items": len(item_set.items)},
+            "judges": [s.identity() for s in specs], "options": opts.identity()}
+
+
+def run_panel(item_set, specs: list[JudgeSpec], opts: Options, out, state) -> dict:
+    """Every judge over every item into ``out`` (see the module doc), resuming what is there. Returns
+    ``{"status": "finished" | "stopped", "generated": this process's rows, "summary": ..., "evaluations": path}``;
+    RecipeError when ``out`` holds another run's rows."""
+    from pathlib import Path
+
+    from judgetrain.judge.output import check_identity, done_items, merge, read_done, summarize, write_summary
+    from judgetrain.utils.ranks import decided_on_main
+
+    out = Path(out)
+    items = item_set.items
+    names = [s.name for s in specs]
+    start = decided_on_main(lambda: check_identity(out, identity(item_set, specs, opts)))
+    done = done_items(read_done(out))
+    total = len(items) * len(specs)
+    n_done = sum(len(done.get(n, set()) & set(range(len(items)))) for n in names)
+    main = state.is_main_process
+    final = out / "evaluations.jsonl"
+    if main:
+        logger.info("%s %s: %d/%d evaluations done, %d to generate (%d item(s) x %d judge(s))", start, out, n_done,
+                    total, total - n_done, len(items), len(specs))
+    state.wait_for_everyone()  # every process has read the index before any shard is cut back
+    stop = stop_flag().install()
+    writer = ShardWriter(out, state.process_index)
+    progress = Progress(total, n_done, main)
+    generated = 0
+    try:
+        for spec in specs:
+            missing = [i for i in range(len(items)) if i not in done.get(spec.name, ())]
+            if missing:
+                generated += judge_one(spec, items, missing, opts, writer, state, stop, progress)
+    except JudgeStopped:
+        if main:
+            logger.warning("stopped by %s: %d/%d evaluations committed to %s; run the same command to continue",
+                           stop.signal_name or "a stop request of another process", progress.done, total, out)
+        return {"status": "stopped", "generated": generated}
+    finally:
+        writer.close()
+        stop.uninstall()
+    state.wait_for_everyone()
+    result: dict[str, Any] = {"status": "finished", "generated": generated, "evaluations": str(final),
+                              "evaluations_per_s": progress.rate()}
+    if main:
+        committed = read_done(out)
+        if generated or progress.done > n_done or not final.exists():
+            merge(out, names, len(items), committed)
+        else:
+            logger.info("nothing left to do: %s holds every evaluation", final)
+        result["summary"] = summarize(committed, names, len(items))
+        write_summary(out, result["summary"])
+    state.wait_for_everyone()
+    return result

@@ -1,0 +1,291 @@
+"""`judgetrain judge`: items checked before any model loads, judge specifications, the panel rows `judgetrain pairs
+build` reads, resume (nothing generated twice, a changed run refused), torn batches cut back, and (slow) a real
+process killed with SIGKILL or stopped with SIGTERM mid-run, two processes, and the loop judges -> pairs -> DPO ->
+the trained judge."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, read_jsonl
+
+JUDGEBIAS_VALIDATION = REPO / "judgetrain" / "data" / "samples" / "judgebias" / "validation.parquet"
+PANEL_COLUMNS = ["sample_id", "perturbation_set", "perturbation_category", "perturbation_rate", "judge_model", "prompt",
+                 "evaluation"]
+
+
+def write_items(path: Path, n: int, *, start: int = 0) -> Path:
+    """``n`` JudgeBias-shaped items (the bundled validation prompts), one per sample and perturbation set."""
+    from judgetrain.judge.items import judgebias_items
+    import pyarrow.parquet as pq
+
+    rows, seen = [], set()
+    for row in pq.read_table(JUDGEBIAS_VALIDATION).to_pylist():
+        item = judgebias_items(row)
+        key = (item["sample_id"], item["perturbation_set"])
+        if key not in seen:
+            seen.add(key)
+            rows.append({**item, "prompt": json.loads(item["prompt"]), "domain": "materials"})
+    rows = rows[start: start + n]
+    assert len(rows) == n
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def judge(*argv) -> int:
+    from judgetrain.cli.judge import main
+
+    return main([str(a) for a in argv])
+
+
+# ------------------------------------------------------------------------------------------------ items
+def test_bad_items_are_named_by_file_row_and_field_before_any_model_loads(tmp_path, capsys):
+    items = tmp_path / "items.jsonl"
+    good = {"sample_id": 1, "prompt": [{"role": "user", "content": "Rate this."}]}
+    rows = [good, {"prompt": good["prompt"]}, {"sample_id": 2, "prompt": "plain text"},
+            {"sample_id": 1, "prompt": [{"role": "user", "content": "Another."}]},
+            {"sample_id": 3, "prompt": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}]
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the judge does not exist: a run that loaded it first would fail on the model, not on the items
+    code = judge("--items", items, "--judge", "model=/no/such/judge", "--output_dir", tmp_path / "out")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{items} [split=train] row 1, field 'sample_id': missing column" in err
+    assert "4 of 5 rows are bad" in err
+    assert not (tmp_path / "out" / "judge_run.json").exists()
+
+    from judgetrain.data.validate import DataValidationError
+    from judgetrain.judge.items import read_items
+
+    with pytest.raises(DataValidationError) as info:
+        read_items(str(items))
+    problems = {(p.row, p.field): p.problem for p in info.value.problems}
+    assert problems[(1, "sample_id")] == "missing column"
+    assert problems[(2, "prompt")].startswith("not valid JSON") or "JSON" in problems[(2, "prompt")]
+    assert problems[(3, "sample_id")] == f"duplicated item: sample_id 1 already at {items} row 0"
+    assert problems[(4, "prompt")] == "the last message is the assistant's: the judge writes that turn"
+
+    skipped = read_items(str(items), on_bad_row="skip", rejects_path=str(tmp_path / "rejects.jsonl"))
+    assert [i.key for i in skipped.items] == [(1, None)] and skipped.n_rejected == 4 and skipped.n_rows == 5
+    rejects = read_jsonl(tmp_path / "rejects.jsonl")
+    assert sorted((r["row"], r["field"]) for r in rejects) == [(1, "sample_id"), (2, "prompt"), (3, "sample_id"),
+                                                               (4, "prompt")]
+
+
+def test_judgebias_rows_are_items_one_per_sample_and_perturbation_set():
+    import pyarrow.parquet as pq
+
+    from judgetrain.judge.items import read_items
+
+    rows = pq.read_table(JUDGEBIAS_VALIDATION).to_pylist()
+    item_set = read_items(str(JUDGEBIAS_VALIDATION))
+    keys = {(r["sample_id"], f"{r['perturbation_type']}_{round(r['perturbation_rate'] * 100)}pct") for r in rows}
+    assert item_set.judgebias and len(item_set.items) == len(keys) == 96
+    assert {i.key for i in item_set.items} == keys
+    first = item_set.items[0]
+    row = next(r for r in rows if r["sample_id"] == first.key[0])
+    assert first.messages == json.loads(row["prompt"])
+    assert set(first.columns) == {"sample_id", "perturbation_set", "perturbation_category", "perturbation_rate",
+                                  "perturbation_type"}
+    assert item_set.digest() == read_items(str(JUDGEBIAS_VALIDATION)).digest()
+
+
+# ------------------------------------------------------------------------------------------------ judges
+def test_judge_specifications():
+    from judgetrain.judge.judges import JudgeSpecError, judge_specs, parse_judge
+
+    assert parse_judge("tiny-judge").name == "tiny-judge"
+    spec = parse_judge("endpoint=http://127.0.0.1:8000/v1,model=gpt-x,key_env=MY_KEY")
+    assert (spec.is_endpoint, spec.name, spec.model, spec.key_env) == (True, "gpt-x", "gpt-x", "MY_KEY")
+    assert parse_judge("model=Qwen/Qwen3-8B,name=q").name == "q"
+    for bad, message in (("model=a,colour=red", "unknown key(s) colour"), ("endpoint=http://x", "needs model=NAME"),
+                         ("model=a,key_env=K", "key_env is for endpoint judges"), ("name=x", "a judge needs model=M")):
+        with pytest.raises(JudgeSpecError, match=re.escape(message)):
+            parse_judge(bad)
+    with pytest.raises(JudgeSpecError, match="both named 'tiny-judge'"):
+        judge_specs(["tiny-judge", "model=tiny-judge"], None)
+    with pytest.raises(JudgeSpecError, match="has no adapter_config.json"):
+        judge_specs(["model=tiny-judge,adapter=/nonexistent"], None)
+
+
+def test_judges_file_is_read_safely(tmp_path):
+    from judgetrain.judge.judges import JudgeSpecError, judge_specs
+
+    path = tmp_path / "judges.yaml"
+    path.write_text("- model: tiny-judge\n  name: a\n- tiny-judge\n- endpoint: http://127.0.0.1:1/v1\n  model: m\n")
+    assert [s.name for s in judge_specs(["model=tiny-judge,name=c"], str(path))] == ["a", "tiny-judge", "m", "c"]
+    path.write_text("- !!python/object/apply:os.system ['echo hi']\n")
+    with pytest.raises(JudgeSpecError, match="cannot read it"):
+        judge_specs(None, str(path))
+
+
+# ------------------------------------------------------------------------------------------------ runs
+def test_panel_rows_resume_and_refusal(tmp_path, tiny_judge, capsys):
+    """Two judges over 6 items with the forced prefix: 12 rows in the panel schema that pairs build scores; the same
+    command again generates nothing; another option is refused naming it."""
+    items = write_items(tmp_path / "items.jsonl", 6)
+    out = tmp_path / "panel"
+    args = ["--items", items, "--judge", "tiny-judge", "--judge", f"model={tiny_judge},name=second",
+            "--output_dir", out, "--force_score_prefix", "--chunk_size", 4]
+    assert judge(*args) == 0
+    rows = read_jsonl(out / "evaluations.jsonl")
+    assert len(rows) == 12
+    assert list(rows[0])[:4] == PANEL_COLUMNS[:4] and set(PANEL_COLUMNS) <= set(rows[0])
+    assert [(r["sample_id"], r["judge_model"]) for r in rows[:2]] == [(rows[0]["sample_id"], "tiny-judge"),
+                                                                      (rows[0]["sample_id"], "second")]
+    assert rows[0]["domain"] == "materials" and rows[0]["perturbation_category"] in ("error", "represent")
+    assert all(r["evaluation"].startswith('```json\n{\n  "overall_score": ') for r in rows)
+    assert all(r["reason"] == "ok" and r["score"] in (1.0, 2.0, 3.0, 4.0, 5.0) for r in rows)
+    from judgetrain.data.pairs import load_table, score_evaluations
+
+    evals, rejects = score_evaluations(load_table(out / "evaluations.jsonl"))
+    assert len(evals) == 12 and rejects == []
+    assert [e.score for e in evals] == [r["score"] for r in rows]  # the parse pairs build makes
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["second"]["rows"] == 6 and summary["second"]["parse_rate"] == 1.0
+    assert summary["second"]["reasons"] == {"ok": 6}
+
+    index = (out / "shards" / "rank-0.index").read_bytes()
+    capsys.readouterr()
+    assert judge(*args) == 0
+    assert (out / "shards" / "rank-0.index").read_bytes() == index  # nothing generated again
+    assert read_jsonl(out / "evaluations.jsonl") == rows
+    assert judge(*args[:-2], "--max_new_tokens", 3) == 2
+    assert "option max_new_tokens: 4 -> 3" in capsys.readouterr().err
+    other = write_items(tmp_path / "other.jsonl", 6, start=1)
+    assert judge("--items", other, *args[2:]) == 2
+    assert "What changed: items:" in capsys.readouterr().err
+
+
+def test_a_batch_cut_mid_write_is_dropped_and_never_duplicated(tmp_path):
+    """What a SIGKILL between the two appends leaves: rows without their index line, a torn index line."""
+    from judgetrain.judge.output import ShardWriter, done_items, merge, read_done
+
+    out = tmp_path / "run"
+    writer = ShardWriter(out, 0)
+    writer.append([{"i": 0}, {"i": 1}], "j", [0, 1], {"score": [1.0, 2.0]})
+    writer.close()
+    shard, index = out / "shards" / "rank-0.jsonl", out / "shards" / "rank-0.index"
+    committed = shard.read_bytes()
+    with shard.open("ab") as f:
+        f.write(b'{"i": 2}\n{"i": 3')  # the next batch's rows, torn, and no index line
+    with index.open("ab") as f:
+        f.write(b'{"end": 999, "judge": "j", "ite')
+    assert done_items(read_done(out)) == {"j": {0, 1}}
+    writer = ShardWriter(out, 0)  # cuts both back
+    assert shard.read_bytes() == committed
+    writer.append([{"i": 2}, {"i": 3}], "j", [2, 3], {})
+    writer.close()
+    path, n = merge(out, ["j"], 4, read_done(out))
+    assert n == 4 and [r["i"] for r in read_jsonl(path)] == [0, 1, 2, 3]
+    from judgetrain.utils.files import LockBusy
+
+    holder = ShardWriter(out, 0)
+    with pytest.raises(LockBusy):
+        ShardWriter(out, 0)
+    holder.close()
+    with pytest.raises(RuntimeError, match="1 evaluation\\(s\\) missing"):
+        merge(out, ["j"], 5, read_done(out))
+
+
+def test_forced_evaluation_text():
+    from judgetrain.judge.runner import evaluation_text
+
+    prefix = '```json\n{\n  "overall_score": '
+    assert evaluation_text("4.5,\n  \"x\": 1", prefix) == prefix + "4.5\n}\n```"
+    assert evaluation_text("55555555", prefix) == prefix + "5\n}\n```"
+    assert evaluation_text("free text", None) == "free text"
+
+
+# ------------------------------------------------------------------------------------------------ kills (slow)
+def _start(args, log: Path) -> subprocess.Popen:
+    """A real `judgetrain judge` (or accelerate launch of it) in its own process group."""
+    return subprocess.Popen([str(a) for a in args], cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _committed(out: Path) -> Counter:
+    from judgetrain.judge.output import read_done
+
+    return Counter((b["judge"], i) for c in read_done(out) for b in c.batches for i in b["items"])
+
+
+def _wait_for_batches(proc, out: Path, n: int, timeout: float = 240) -> None:
+    t0 = time.monotonic()
+    while sum(_committed(out).values()) < n:
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {n} evaluations were committed"
+        assert time.monotonic() - t0 < timeout, "no batch committed in time"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["one process", "two processes"])
+def test_sigkill_mid_run_then_the_same_command_generates_only_what_is_missing(tmp_path, tiny_judge, launch):
+    n_items, judges = 12, ["tiny-judge", f"model={tiny_judge},name=second"]
+    items = write_items(tmp_path / "items.jsonl", n_items)
+    out = tmp_path / "panel"
+    tail = ["--items", items, "--judge", judges[0], "--judge", judges[1], "--output_dir", out, "--chunk_size", 2,
+            "--max_new_tokens", 8]
+    cli = [sys.executable, "-m", "judgetrain.cli.judge"]
+    if launch == "two processes":
+        from helpers import free_port
+
+        cli = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", REPO / "accelerate_configs" /
+               "cpu.yaml", "--main_process_port", free_port(), "-m", "judgetrain.cli.judge"]
+    proc = _start(cli + tail, tmp_path / "first.log")
+    _wait_for_batches(proc, out, 4)
+    import psutil
+
+    tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in tree:  # every process of the run (torchrun's workers too), mid-batch
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    before = _committed(out)
+    assert max(before.values()) == 1 and 0 < sum(before.values()) < n_items * 2
+    assert not (out / "evaluations.jsonl").exists()
+    # resumed in one process, whatever ran before
+    second = subprocess.run([*map(str, [sys.executable, "-m", "judgetrain.cli.judge", *tail])], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    missing = n_items * 2 - sum(before.values())
+    assert f"{sum(before.values())}/{n_items * 2} evaluations done, {missing} to generate" in second.stderr
+    after = _committed(out)
+    assert max(after.values()) == 1 and len(after) == n_items * 2  # each (judge, item) committed exactly once
+    rows = read_jsonl(out / "evaluations.jsonl")
+    assert len(rows) == n_items * 2
+    keys = Counter((r["judge_model"], r["sample_id"], r["perturbation_set"]) for r in rows)
+    assert max(keys.values()) == 1 and len(keys) == n_items * 2
+    for judge_name in ("tiny-judge", "second"):
+        assert json.loads((out / "summary.json").read_text())[judge_name]["rows"] == n_items
+
+
+@pytest.mark.slow
+def test_sigterm_ends_with_143_keeping_the_committed_batches(tmp_path, tiny_judge):
+    items = write_items(tmp_path / "items.jsonl", 16)
+    out = tmp_path / "panel"
+    args = [sys.executable, "-m", "judgetrain.cli.judge", "--items", items, "--judge", "tiny-judge", "--output_dir",
+            out, "--chunk_size", 1, "--max_new_tokens", 32]
+    proc = _start(args, tmp_path / "run.log")
+    _wait_for_batches(proc, out, 2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert time.monotonic() - t0 < 30
+    log = (tmp_path / "run.log").read_text()
+    assert "SIGTERM received" in log and "run the same command to continue" in log
+    done = sum(_committed(out).values())
+    assert 2 <= done < 16
+    final = subprocess.run([str(a) for a in args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert f"{done}/16 evaluations done, {16 - done} to generate" in final.stderr
+    assert len(read_jsonl(out / "evaluations.jsonl")) == 16
