@@ -151,14 +151,22 @@ def save_final(trainer, tokenizer, training_args, model_args) -> None:
 
 def finish(trainer, stopper) -> None:
     """Close the trackers and wait for every process; the signal handlers go last, so a SIGTERM during the final
-    save only set the stop flag."""
+    save only set the stop flag. Nothing C++-side is left running for the interpreter's exit: the background marker
+    threads are joined, then every process group (the markers' own gloo group and the default one) is destroyed
+    after the last barrier; left to the interpreter's teardown, a gloo group's threads could still be joinable when
+    it is freed (std::terminate: "terminate called without an active exception", SIGABRT)."""
     import torch
+
+    from judgetrain.run.checkpoints import finish_markers, forget_marker_group
 
     _finish_wandb(trainer)
     if hasattr(trainer, "end"):
         trainer.end()
+    finish_markers()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+        torch.distributed.destroy_process_group()  # every group, the markers' included
+        forget_marker_group()
     stopper.uninstall()
 
 
