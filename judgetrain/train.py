@@ -151,14 +151,22 @@ def save_final(trainer, tokenizer, training_args, model_args) -> None:
 
 def finish(trainer, stopper) -> None:
     """Close the trackers and wait for every process; the signal handlers go last, so a SIGTERM during the final
-    save only set the stop flag."""
+    save only set the stop flag. Nothing C++-side is left running for the interpreter's exit: the background marker
+    threads are joined, then every process group (the markers' own gloo group and the default one) is destroyed
+    after the last barrier; left to the interpreter's teardown, a gloo group's threads could still be joinable when
+    it is freed (std::terminate: "terminate called without an active exception", SIGABRT)."""
     import torch
+
+    from judgetrain.run.checkpoints import finish_markers, forget_marker_group
 
     _finish_wandb(trainer)
     if hasattr(trainer, "end"):
         trainer.end()
+    finish_markers()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+        torch.distributed.destroy_process_group()  # every group, the markers' included
+        forget_marker_group()
     stopper.uninstall()
 
 
@@ -178,13 +186,20 @@ def train(script_args, training_args, model_args, resolved: dict, command: str |
     exit_code); ``judgetrain_status.jsonl`` records how it ended, for `judgetrain train` and schedulers."""
     from judgetrain.data import DataValidationError
     from judgetrain.trainer.parallelism import ParallelismError
-    from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_FAILED, outcome_code, write_status
+    from judgetrain.run.diskfull import DiskFull
+    from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_FAILED, outcome_code, write_status
 
     out = Path(training_args.output_dir)
     try:
         summary = _train(script_args, training_args, model_args, resolved, command)
     except (RecipeError, DataValidationError, FileNotFoundError, ParallelismError) as e:
         write_status(out, "refused", EXIT_BAD_INPUT, message=f"{type(e).__name__}: {e}")
+        raise
+    except DiskFull as e:
+        try:  # the torn checkpoint is gone, which leaves room for this line; if not, the message still says it
+            write_status(out, "disk_full", EXIT_DISK_FULL, message=str(e))
+        except OSError:
+            pass
         raise
     except BaseException as e:
         write_status(out, "failed", EXIT_FAILED, message=f"{type(e).__name__}: {e}")
@@ -229,12 +244,35 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
         trainer.judge_eval.suites = eval_suites
     try:
         outcome, result = run_training(trainer, resume_from, guard)
+    except Exception as e:
+        stop_if_disk_full(e, trainer, out)
+        raise
     finally:  # the recipe's value back in the arguments (Trainer's own rotation was off during training)
         training_args.save_total_limit = keep
     if result is not None:
-        save_final(trainer, tokenizer, training_args, model_args)
+        try:
+            save_final(trainer, tokenizer, training_args, model_args)
+        except Exception as e:
+            stop_if_disk_full(e, trainer, out, final=True)
+            raise
     finish(trainer, stopper)
     return {"output_dir": str(out), "resumed_from": resume_from, "audit": audit, "start": plan["kind"], **outcome}
+
+
+def stop_if_disk_full(error: Exception, trainer, out: Path, *, final: bool = False) -> None:
+    """Raise `DiskFull` (one message: where, how much, what to do) when ``error`` is a full output_dir, after the
+    background markers of earlier checkpoints are done (judgetrain.run.diskfull)."""
+    from judgetrain.run.checkpoints import finish_markers
+    from judgetrain.run.diskfull import DiskFull, disk_full_error, disk_full_message
+
+    cause = disk_full_error(error, out)
+    if cause is None:
+        return
+    try:
+        finish_markers()
+    except Exception:  # noqa: BLE001 - a marker the full disk also stopped: that checkpoint stays unmarked
+        logger.warning("the marker of an earlier checkpoint could not be written either", exc_info=False)
+    raise DiskFull(disk_full_message(out, trainer.state.global_step, cause, final=final)) from None
 
 
 # ----------------------------------------------------------------------------------------------- entry points
@@ -263,6 +301,8 @@ def process_main(argv: list[str] | None = None) -> int:
     """The training process: run, and exit with the run's code (judgetrain.run.state: 0 finished, 1 crashed,
     2 refused, 3 non-finite stop, 143 preempted after its checkpoint)."""
     from judgetrain.data import DataValidationError
+    from judgetrain.run.diskfull import DiskFull
+    from judgetrain.run.state import EXIT_DISK_FULL
     from judgetrain.trainer.parallelism import ParallelismError
 
     try:
@@ -270,6 +310,9 @@ def process_main(argv: list[str] | None = None) -> int:
     except (RecipeError, DataValidationError, FileNotFoundError, ParallelismError) as e:  # bad recipe, bad rows, missing data: one message
         print(f"judgetrain.train: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except DiskFull as e:  # one message, no traceback: where, how much, what to do
+        print(f"judgetrain.train: {e}", file=sys.stderr)
+        return EXIT_DISK_FULL
     if isinstance(outcome, dict) and outcome.get("stop_reason") == "nonfinite":
         print(f"judgetrain.train: {outcome['stopped']}", file=sys.stderr)
     return int(outcome.get("exit_code", 0)) if isinstance(outcome, dict) else 0

@@ -65,3 +65,20 @@ def check_report(run_dir, out):
         last.update({k: v for k, v in record.items() if k.startswith("eval/")})
     summary = json.loads((out / "summary.json").read_text())
     return paths, html, summary, last
+
+
+# What a dry run of a documented command refuses on this test machine alone: an 8B model that is not in the offline
+# hub cache, DeepSpeed (not installed here), the disk for an 8B model's checkpoints, an output_dir that a test's
+# earlier run already used.
+MACHINE_REFUSALS = ("not in the local Hugging Face cache", "the deepspeed package is not installed", " GiB free, ",
+                    "already holds a run")
+
+
+def dry_run_verdict_holds(code: int, report: dict) -> bool:
+    """A dry run's exit code is its verdict: 0 with no problem, else 2 and every problem one this machine causes."""
+    problems = report.get("preflight") or []
+    if report.get("exit_code") != code:
+        return False
+    if code == 0:
+        return not problems
+    return code == 2 and bool(problems) and all(any(m in p for m in MACHINE_REFUSALS) for p in problems)

@@ -97,13 +97,116 @@ def test_a_run_stops_before_loading_anything_naming_every_problem_at_once(tmp_pa
     assert not (tmp_path / "run" / "train_rows").exists()
 
 
-def test_the_dry_run_lists_the_problems(tmp_path):
+def test_the_dry_run_lists_the_problems_and_exits_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path)
     p = subprocess.run([sys.executable, "-m", "judgetrain.train", str(QUICKSTART), "--dry-run", "--output_dir",
                         str(tmp_path / "run"), "--report_to", "wandb"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 2, p.stderr[-3000:]  # the launch's verdict: it would be refused
     report = json.loads(p.stdout[p.stdout.index("{"):])
     assert len(report["preflight"]) == 1 and "WANDB_MODE=offline" in report["preflight"][0]
+    assert report["exit_code"] == 2 and "Traceback" not in p.stderr
     assert "preflight: report_to: wandb" in p.stderr
+
+
+# ------------------------------------------------------------------ the dry run's exit code is the launch's verdict
+
+def _dry_run(tmp_path, *extra, out=None):
+    """`judgetrain train QUICKSTART --dry-run` in this process (a few rows, no eval suites): (exit code, report)."""
+    from judgetrain.cli.train import main
+
+    out = out or tmp_path / "run"
+    argv = [str(QUICKSTART), "--dry-run", "--output_dir", str(out), "--audit_rows", "4", "--eval_suites", "none", *extra]
+    import contextlib
+    import io
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(argv)
+    text = stdout.getvalue()
+    return code, json.loads(text[text.index("{"):])
+
+
+def _no_wandb_login(tmp_path, monkeypatch, request):
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return []
+
+
+def _busy(tmp_path, monkeypatch, request):
+    from judgetrain.run.state import hold_output_dir, release_output_dir
+
+    out = tmp_path / "run"
+    hold_output_dir(out)  # another run holds the lock (flock: a second open file in this process is refused too)
+    request.addfinalizer(lambda: release_output_dir(out))
+    return []
+
+
+def _flock_unsupported(tmp_path, monkeypatch, request):
+    import fcntl
+
+    real = fcntl.flock
+
+    def no_flock(fd, op):  # only output_dir's filesystem lacks flock (the datasets cache elsewhere has it)
+        fd = fd if isinstance(fd, int) else fd.fileno()
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path)):
+            raise OSError(errno.ENOLCK, "No locks available")
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    return []
+
+
+def _small_disk(tmp_path, monkeypatch, request):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(pf.shutil, "disk_usage", lambda p: usage(10**13, 0, 10 * 2**20))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # (the hub check off) an 8B model's shape is known offline
+    return ["--model_name_or_path", "Qwen/Qwen3-8B"]
+
+
+def _used(tmp_path, monkeypatch, request=None):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    return []
+
+
+# (what makes the check fail, the recipe overrides it needs, a phrase of its one line)
+REFUSALS = {
+    "wandb_login": (_no_wandb_login, ["--report_to", "wandb"], "wandb has no API key"),
+    "integration": (None, ["--report_to", "dvclive"], "dvclive is not installed"),
+    "flash_attn": (None, ["--attn_implementation", "flash_attention_2"], "needs flash-attn"),
+    "liger": (None, ["--use_liger_kernel", "true"], "needs liger-kernel"),
+    "bitsandbytes": (None, ["--load_in_4bit", "true"], "need bitsandbytes"),
+    "deepspeed": (None, ["--accelerate_config", str(REPO / "accelerate_configs" / "zero2.yaml")], "deepspeed"),
+    "flock": (_flock_unsupported, [], "does not support flock"),
+    "disk": (_small_disk, [], "GiB free"),
+    "hub_offline": (None, ["--model_name_or_path", "Qwen/Qwen3-8B"], "not in the local Hugging Face cache"),
+    "output_dir_in_use": (_busy, [], "is in use by another judgetrain run"),
+    "output_dir_used": (_used, [], "already holds a run"),
+}
+
+
+@pytest.mark.parametrize("check", sorted(REFUSALS))
+def test_a_dry_run_exits_2_when_a_check_would_refuse_the_launch(check, tmp_path, monkeypatch, capfd, request):
+    make, overrides, phrase = REFUSALS[check]
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    extra = (make(tmp_path, monkeypatch, request) if make else []) + overrides
+    code, report = _dry_run(tmp_path, *extra)
+    assert code == 2 and report["exit_code"] == 2, report
+    lines = [p for p in report["preflight"] if phrase in p]
+    assert len(lines) == 1, report["preflight"]
+    err = capfd.readouterr().err
+    logged = [line for line in err.splitlines() if " preflight: " in line]
+    assert len(logged) == len(report["preflight"]) and any(phrase in m for m in logged), err[-3000:]
+    assert "the launch would be refused" in err and "Traceback" not in err
+
+
+def test_a_dry_run_exits_0_only_when_the_launch_would_start(tmp_path, monkeypatch):
+    code, report = _dry_run(tmp_path)
+    assert (code, report["exit_code"], report["preflight"]) == (0, 0, [])
+    _used(tmp_path, monkeypatch)  # the same folder, now holding a run: resuming or overwriting it would start
+    assert _dry_run(tmp_path, "--resume", "auto")[0] == 0
+    assert _dry_run(tmp_path, "--overwrite_output_dir", "true")[0] == 0
+    assert _dry_run(tmp_path)[0] == 2

@@ -23,6 +23,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     from judgetrain.models.aliases import is_alias, resolve_model
 
     report: dict = {"recipe": "ok", "problems": [], "notes": []}
+    in_the_way = output_dir_problems(script_args, training_args)  # before the audit below writes any rejects there
     warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
     if warning:
         logger.warning(warning)
@@ -86,9 +87,30 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     # what would fail at the start of the run, checked on this machine (a dry run on a login node checks the login
     # node's packages, disk and hub cache: run it where the job runs)
     report["preflight"] = preflight(script_args, training_args, model_args, resolved)
+    report["preflight"] += in_the_way
     for problem in report["preflight"]:
         logger.warning("preflight: %s", problem)
+    # the launch's verdict: 2 (refused, as the launch would be: EXIT_BAD_INPUT) when any check would stop it
+    report["exit_code"] = 2 if report["preflight"] else 0
     return report
+
+
+def output_dir_problems(script_args, training_args) -> list[str]:
+    """What the launch would refuse about output_dir itself: another run holding its lock, or an earlier run in it
+    that this start neither resumes nor overwrites (the same lines the launch gives)."""
+    from judgetrain.run.state import output_dir_in_use, plan_start
+
+    out = Path(training_args.output_dir)
+    busy = output_dir_in_use(out)
+    if busy:
+        return [busy]
+    if script_args.resume or script_args.overwrite_output_dir:
+        return []
+    try:
+        plan_start(out, {}, checkpoint=None, resume_asked=False, force=False, overwrite=False)
+    except RecipeError as e:
+        return [str(e)]
+    return []
 
 
 def _eval_rows(script_args, training_args, tokenizer, n: int, report) -> dict:

@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if script_args.dry_run:
         try:
-            run(argv)
+            report = run(argv)
         except (RecipeError, ValueError) as e:
             print(f"judgetrain train --dry-run: {e}", file=sys.stderr)
             return 2
-        return 0
+        return dry_run_verdict(report)
     from judgetrain.run.state import EXIT_BAD_INPUT, output_dir_in_use
 
     busy = output_dir_in_use(Path(training_args.output_dir))
@@ -69,6 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     cmd = launch + ["-m", "judgetrain.train"] + ([recipe] if recipe else []) + overrides
     logging.getLogger(__name__).info("Launching: %s", " ".join(shlex.quote(c) for c in cmd))
     return launch_and_wait(cmd, Path(training_args.output_dir))
+
+
+def dry_run_verdict(report: dict) -> int:
+    """The dry run's exit code is the launch's verdict: 2 when a check would refuse it (each problem is one line of
+    the log and of the report's ``preflight``), 0 when it would start."""
+    problems = report.get("preflight") or []
+    if problems:
+        print(f"judgetrain train --dry-run: the launch would be refused ({len(problems)} problem"
+              f"{'s' if len(problems) > 1 else ''}: see preflight above)", file=sys.stderr)
+    return int(report.get("exit_code", 2 if problems else 0))
 
 
 def launch_and_wait(cmd: list[str], output_dir: Path) -> int:

@@ -55,7 +55,7 @@ def load_audited_dataset(script_args, training_args, tokenizer):
         if state.is_local_main_process:
             try:
                 key, why = preparation_key(script_args, training_args, tokenizer)
-                kept = _rows_record(folder) or {}
+                kept = trusted_rows_record(folder) or {}
                 if key and kept.get("preparation") == key and isinstance(kept.get("audit"), dict):
                     record, audit = kept, dict(kept["audit"])
                     if state.is_main_process:
@@ -263,7 +263,7 @@ def reload_memory_mapped(dataset, path: Path, state, record: dict | None = None,
     from datasets import load_from_disk
 
     from judgetrain.utils.fingerprints import data_fingerprint
-    from judgetrain.utils.files import write_json
+    from judgetrain.utils.files import write_manifest
 
     # One copy per machine, written by that machine's main process: every process reads its own machine's copy,
     # whether output_dir is on a shared file system or not.
@@ -273,14 +273,17 @@ def reload_memory_mapped(dataset, path: Path, state, record: dict | None = None,
         reused = True
     elif state.is_local_main_process:
         fingerprint = data_fingerprint(dataset)
-        kept = _rows_record(path)
+        kept = trusted_rows_record(path)
         reused = bool(kept) and kept.get("fingerprint") == fingerprint and kept.get("rows") == len(dataset)
         if not reused:
             if path.exists():  # other rows (or a folder a killed start left half written): its caches go with it
                 shutil.rmtree(path)
             dataset.save_to_disk(str(path))
         if not reused or any(kept.get(k) != v for k, v in (extra or {}).items()):
-            write_json(path / ROWS_FILE, {"fingerprint": fingerprint, "rows": len(dataset), **(extra or {})})
+            # the record lists the saved files (size, SHA-256, sampled blocks), written last: a torn folder is seen
+            files = None if not reused else kept["files"]
+            write_manifest(path, {"fingerprint": fingerprint, "rows": len(dataset), **(extra or {})}, name=ROWS_FILE,
+                           only=None if files else _saved_files(path), entries=files, details=True)
     state.wait_for_everyone()
     del dataset
     gc.collect()
@@ -302,6 +305,29 @@ def _rows_record(path: Path) -> dict | None:
         return json.loads((path / ROWS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _saved_files(path: Path) -> list[Path]:
+    """The files `Dataset.save_to_disk` wrote (Arrow shards, dataset_info.json, state.json), not TRL's caches."""
+    return sorted(p for p in path.iterdir() if p.is_file() and p.name != ROWS_FILE and not p.name.startswith("cache-"))
+
+
+def trusted_rows_record(path: Path) -> dict | None:
+    """The record of the rows folder ``path`` when its files match it (size, and the sampled blocks, or every byte
+    of a file rewritten since); a torn folder (a file truncated or zero-filled, as a crash during its write or a
+    full disk leaves it) is named in one warning and removed, so the caller prepares it again. None: no rows there."""
+    import shutil
+
+    from judgetrain.utils.files import manifest_problem
+
+    if not (path / ROWS_FILE).is_file():
+        return None
+    problem = manifest_problem(path, name=ROWS_FILE, quick=True)
+    if problem is None:
+        return _rows_record(path)
+    logger.warning("Rows folder %s is torn or from an older judgetrain (%s): preparing it again", path, problem)
+    shutil.rmtree(path, ignore_errors=True)
+    return None
 
 
 def release_freed_memory() -> None:

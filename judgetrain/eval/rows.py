@@ -83,7 +83,7 @@ def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_
     out = Path(output_dir)
     audit: dict[str, Any] = {}
     keys: dict[str, str] = {}
-    earlier = (read_json(out / AUDIT_FILE) or {}) if state.is_main_process else {}
+    earlier = _earlier_audit(out / AUDIT_FILE, read_json) if state.is_main_process else {}
     for spec in specs:
         if spec.rows is not None:
             continue
@@ -119,6 +119,14 @@ def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_
         write_json(out / AUDIT_FILE, {"max_length": max_length, "long_inputs": long_inputs, "suites": audit,
                                       "keys": keys})
     return audit
+
+
+def _earlier_audit(path: Path, read_json) -> dict:
+    """The counts an earlier start wrote; a torn file (truncated, zero-filled) is named and counted again."""
+    value = read_json(path)
+    if value is None and path.exists():
+        logger.warning("%s is torn (not a JSON object): the eval lengths are counted again", path)
+    return value or {}
 
 
 def _audit_key(fingerprint: str | None, tokenizer: Any, max_length: int, long_inputs: str, scoring) -> str | None:

@@ -247,6 +247,13 @@ def marker_group():
     return _group if dist is not None else None
 
 
+def forget_marker_group() -> None:
+    """After `torch.distributed.destroy_process_group()` (which destroys the markers' group with the others): a
+    later run in this process makes a new one."""
+    global _group
+    _group = None
+
+
 def start_marker(ckpt: Path, step: int, identity: dict | None = None, *, after=None) -> MarkerJob:
     """`write_marker` in a background thread (every process at the same save), ``after(result)`` once it is
     written (rotation). The marker before it is finished first, so markers are written in save order."""

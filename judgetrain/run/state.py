@@ -41,6 +41,7 @@ EXIT_FINISHED = 0      # trained to the end, final model saved
 EXIT_FAILED = 1        # crashed (a traceback in the log)
 EXIT_BAD_INPUT = 2     # recipe, data, output_dir or resume refused before training
 EXIT_NONFINITE = 3     # stopped on a NaN/inf loss or gradient; the last good checkpoint is kept
+EXIT_DISK_FULL = 4     # a write into output_dir failed for lack of space; the last complete checkpoint is kept
 EXIT_PREEMPTED = 143   # stopped by SIGTERM/SIGINT after saving a checkpoint: requeue with --resume auto (128 + 15)
 
 

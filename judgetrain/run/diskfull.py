@@ -1,0 +1,119 @@
+"""A full disk mid-run: one error that says where and what to do, instead of a traceback from deep inside torch.
+
+The preflight checks the free space at the start only; on a shared filesystem other jobs fill it later. A write that
+fails for lack of space (a checkpoint save, the final save, an evaluation's per-row files, a metrics.jsonl line)
+ends the run with `DiskFull` (exit code 4, `EXIT_DISK_FULL`): the output_dir's filesystem (mount point, type,
+device), its free and total space, the space the save needed (the size of the last complete checkpoint), and what
+to do. The checkpoint being written when the disk filled has no completion marker, so it is never taken for a
+complete one; it is removed to give the space back (a resume would pass over it anyway), and rotation, which runs
+after a marker only, has deleted nothing. After space is freed, ``--resume auto`` continues from the last complete
+checkpoint.
+
+torch's checkpoint writer reports a full disk as ``RuntimeError: [enforce fail at inline_container.cc] ...
+unexpected pos`` (or an ``iostream error``) with no errno; such an error counts as a full disk when output_dir's
+filesystem has almost nothing left.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+TORCH_WRITE_FAILURES = ("inline_container", "iostream error", "file write failed", "unexpected pos")
+LOW_FREE = 4 * 2**20  # what a torch write failure leaves free on a full disk is below this
+
+
+class DiskFull(OSError):
+    """A write into output_dir failed for lack of space; the message says where, how much and what to do."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _existing(path: Path) -> Path:
+    return path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
+
+
+def disk_full_error(exc: BaseException, output_dir: str | os.PathLike) -> OSError | RuntimeError | None:
+    """The error of ``exc``'s chain that says the disk is full (an ENOSPC / EDQUOT OSError, or torch's write
+    failure on a filesystem with almost nothing left), or None."""
+    chain = list(_chain(exc))
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            return e
+    torch_write = next((e for e in chain if isinstance(e, RuntimeError)
+                        and any(s in str(e) for s in TORCH_WRITE_FAILURES)), None)
+    if torch_write is not None and shutil.disk_usage(_existing(Path(output_dir))).free < LOW_FREE:
+        return torch_write
+    return None
+
+
+def filesystem_of(path: str | os.PathLike) -> str:
+    """``<mount point> (<type>, <device>)`` of the filesystem that holds ``path`` (from /proc/self/mounts)."""
+    target = os.path.realpath(_existing(Path(path)))
+    best = ("", "", "")
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                device, mount, kind = line.split()[:3]
+                mount = mount.replace("\\040", " ")
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best[0]):
+                    best = (mount, kind, device)
+    except OSError:
+        pass
+    return f"{best[0]} ({best[1]}, {best[2]})" if best[0] else target
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def disk_full_message(output_dir: str | os.PathLike, step: int, error: BaseException, *, final: bool = False) -> str:
+    """The one error of a run stopped by a full disk (main process: the torn checkpoint of ``step`` is removed)."""
+    from judgetrain.run.checkpoints import COMPLETE_MARKER, checkpoint_dir, list_checkpoints
+
+    out = Path(output_dir)
+    torn = checkpoint_dir(out, step)
+    complete = [c for c in list_checkpoints(out) if (c / COMPLETE_MARKER).is_file()]
+    last = complete[-1] if complete else None
+    written = 0
+    if not final and torn.is_dir() and not (torn / COMPLETE_MARKER).exists():
+        written = _size(torn)
+        shutil.rmtree(torn, ignore_errors=True)  # never complete; its space back, the resume passes over it anyway
+        what = f"the save of {torn.name} (never complete: removed)"
+    elif final:
+        what = "the final save"
+    else:
+        where = getattr(error, "filename", None)
+        what = f"writing {where}" if where else "a write"
+    needed = _size(last) if last is not None else written
+    usage = shutil.disk_usage(_existing(out))
+    need = f"about {_mib(needed)} (the size of {last.name})" if last is not None else f"more than {_mib(needed)}"
+    resume = (f"then `--resume auto` continues from {last.name}, the last complete checkpoint"
+              if last is not None else "then run again with `--resume auto` (no complete checkpoint yet: from step 0)")
+    return (f"disk full at step {step}: {what} failed: the filesystem of output_dir {out}, {filesystem_of(out)}, "
+            f"has {_mib(usage.free)} free of {_mib(usage.total)}; a save needs {need}. Free space there (or lower "
+            f"save_total_limit, or choose an output_dir on a larger filesystem), {resume}")

@@ -1,0 +1,86 @@
+"""Stress the end of 2-process runs: N consecutive quickstart launches, half fresh, half resumed after a SIGKILL
+after the first checkpoint, counting exit codes. A finished run must exit 0 every time (a race at interpreter exit
+shows as rank 1 dying with SIGABRT, "terminate called without an active exception", and accelerate's exit 1).
+
+    python scripts/stress_exit.py --runs 20
+    python scripts/stress_exit.py --runs 4 -- --num_train_epochs 1     # overrides go to every launch
+
+Not part of the test suite (a quickstart takes minutes on 2 CPU cores). Prints one line per launch and the counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def launch(out: Path, overrides: list[str], resume: bool = False) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(REPO / "accelerate_configs" / "cpu.yaml"), "-m", "judgetrain.train",
+           str(REPO / "recipes" / "quickstart.yaml"), "--output_dir", str(out), *overrides]
+    if resume:
+        cmd += ["--resume", "auto"]
+    log = open(out.parent / f"{out.name}{'.resume' if resume else ''}.log", "w")
+    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_after_first_checkpoint(proc: subprocess.Popen, out: Path, timeout: float) -> bool:
+    """SIGKILL the whole launch once a checkpoint with its completion marker exists."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        if any((c / "judgetrain_complete.json").is_file() for c in out.glob("checkpoint-*")):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20, help="launches in all, half fresh and half resumed")
+    parser.add_argument("--workdir", default=None, help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one launch may take")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides for every launch (after --)")
+    args = parser.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="stress-exit-"))
+    work.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, collections.Counter] = {"fresh": collections.Counter(), "resumed": collections.Counter()}
+    for i in range(args.runs):
+        kind = "fresh" if i % 2 == 0 else "resumed"
+        out = work / f"run-{i:02d}"
+        t0 = time.monotonic()
+        if kind == "resumed":
+            first = launch(out, args.overrides)
+            if not kill_after_first_checkpoint(first, out, args.timeout):
+                first.wait()
+                print(f"run {i}: no checkpoint before the first launch ended ({first.returncode}); skipped", flush=True)
+                counts[kind]["no checkpoint"] += 1
+                continue
+        proc = launch(out, args.overrides, resume=kind == "resumed")
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = "timeout"
+        counts[kind][code] += 1
+        print(f"run {i} ({kind}): exit {code} in {time.monotonic() - t0:.0f}s, log {out}.{'resume.' if kind == 'resumed' else ''}log",
+              flush=True)
+    failures = sum(n for c in counts.values() for code, n in c.items() if code != 0)
+    for kind, c in counts.items():
+        print(f"{kind}: {dict(c)}")
+    print(f"{args.runs} launches, {failures} not exiting 0 (workdir {work})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

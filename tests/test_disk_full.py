@@ -1,0 +1,114 @@
+"""A full disk mid-run (judgetrain.run.diskfull), on a small filesystem of the test's own (a size-limited tmpfs): the
+run stops with one error naming output_dir's filesystem, the space a save needs and what to do, exit code 4, no
+traceback; the last complete checkpoint still verifies, the torn one is never taken for complete, rotation deleted
+nothing it should keep; after space is freed `--resume auto` ends with the uninterrupted run's adapter."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import QUICKSTART, REPO, read_jsonl
+
+
+def _mount(folder: Path, size: str) -> str | None:
+    """Mount a tmpfs of ``size`` on ``folder``; None, or why this machine cannot."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"mount: {e}"
+    return None if p.returncode == 0 else f"mount -t tmpfs: {p.stderr.strip() or p.returncode}"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    folder = tmp_path / "small"
+    why = _mount(folder, "1300k")  # the rows, one checkpoint, and part of the next
+    if why:
+        pytest.skip(f"this machine cannot mount a size-limited filesystem ({why})")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+def _recipe(tmp_path) -> Path:
+    recipe = tmp_path / "small.yaml"  # the quickstart on 12 + 12 rows: 3 steps an epoch
+    recipe.write_text(QUICKSTART.read_text().replace("split: train}", "split: train, rows: 12}")
+                      .replace("split: train, mode: pairwise}", "split: train, mode: pairwise, rows: 12}"))
+    return recipe
+
+
+def _train(recipe, out, *extra):
+    cmd = [sys.executable, "-m", "judgetrain.train", str(recipe), "--output_dir", str(out), "--eval_suites", "none",
+           "--max_steps", "4", "--save_steps", "2", "--save_total_limit", "1", "--report_to", "none", *extra]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+
+
+def _adapter(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_at_a_checkpoint_save_stops_with_one_error_and_the_resume_finishes(tmp_path, small_disk):
+    from judgetrain.run.checkpoints import checkpoint_problem, list_checkpoints
+
+    recipe = _recipe(tmp_path)
+    out = small_disk / "run"
+    full = _train(recipe, out)
+    assert full.returncode == 4, full.stderr[-4000:]
+    assert "Traceback" not in full.stderr, full.stderr[-4000:]
+    [line] = [ln[ln.index("judgetrain.train: disk full"):] for ln in full.stderr.splitlines()
+              if "judgetrain.train: disk full" in ln]  # (after the progress bar's last \r)
+    assert f"output_dir {out}" in line and f"{small_disk} (tmpfs, tmpfs)" in line and "a save needs about" in line
+    assert "--resume auto` continues from checkpoint-2" in line and "never complete: removed" in line
+    kept = list_checkpoints(out)
+    assert [c.name for c in kept] == ["checkpoint-2"]  # rotation deleted nothing; the torn one is gone
+    assert checkpoint_problem(kept[0], full=True) is None  # every byte against its SHA-256
+    [status] = [s for s in read_jsonl(out / "judgetrain_status.jsonl") if s["status"] != "started"][-1:]
+    assert (status["status"], status["exit_code"]) == ("disk_full", 4)
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True, timeout=30)  # space freed
+    resumed = _train(recipe, out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "Resuming from" in resumed.stderr and "checkpoint-2" in resumed.stderr
+
+    reference = _train(recipe, tmp_path / "uninterrupted")
+    assert reference.returncode == 0, reference.stderr[-4000:]
+    import torch
+
+    a, b = _adapter(out), _adapter(tmp_path / "uninterrupted")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-4, rtol=1e-4)
+
+
+def test_a_full_disk_is_told_from_other_errors(tmp_path):
+    """ENOSPC / EDQUOT anywhere in the chain, or torch's errno-less write failure on a filesystem with nothing left;
+    not any other error."""
+    from judgetrain.run.diskfull import disk_full_error
+
+    def chained(inner: BaseException, outer: BaseException) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException:
+                raise outer
+        except BaseException as e:
+            return e
+
+    enospc = OSError(errno.ENOSPC, "No space left on device", "metrics.jsonl")
+    assert disk_full_error(chained(enospc, RuntimeError("x")), tmp_path) is enospc
+    quota = OSError(errno.EDQUOT, "Disk quota exceeded")
+    assert disk_full_error(quota, tmp_path) is quota
+    assert disk_full_error(OSError(errno.EACCES, "Permission denied"), tmp_path) is None
+    torch_write = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 121920 vs 121808")
+    assert disk_full_error(torch_write, tmp_path) is None  # this disk has room: another failure of the writer
+    assert disk_full_error(ValueError("unexpected pos"), tmp_path) is None
