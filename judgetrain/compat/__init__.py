@@ -134,7 +134,8 @@ HOOKS: tuple[Hook, ...] = (
          "judgetrain.compat.trl.AuditedTokenIds", ("self", "dataset", "processing_class", "args", "dataset_name")),
     Hook("trl", "trl.data_utils.common_prefix_length", "callable",
          "one tokenisation per start: where the audit's completion ids start, as TRL's tokenisation cuts them",
-         "judgetrain.compat.trl.dpo_token_ids", ("ids", "other_ids"), private=False),
+         "judgetrain.compat.trl.dpo_token_ids / judgetrain.data.tokenise.PairTokeniser", ("ids", "other_ids"),
+         private=False),
     # datasets
     Hook("datasets", "datasets.Dataset._fingerprint", "instance attribute",
          _PRECOMPUTE + ": the cache's fingerprint; a JSON-lines file's normalised rows' cache (data.io)",

@@ -1,9 +1,9 @@
 """The length audit: rows that do not fit ``max_length`` are counted per mixture component, then failed, skipped,
 left to TRL's truncation or shortened, as the recipe's ``long_rows`` says; nothing is dropped silently.
 
-The audit tokenises each row as TRL's DPOTrainer does and keeps the ids (``prompt_ids``, ``chosen_ids``,
+The audit computes each row's ids as TRL's DPOTrainer does and keeps them (``prompt_ids``, ``chosen_ids``,
 ``rejected_ids``): judgetrain's trainer then skips TRL's own tokenisation of the same rows (one tokenisation per
-start, not two)."""
+start, not two). Each prompt is tokenised once, not three times (`judgetrain.data.tokenise`)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,38 @@ from judgetrain.config.recipe import RecipeError
 logger = logging.getLogger(__name__)
 
 
-def _lengths_batched(batch, tokenizer):
-    """TRL's token ids of each row (`judgetrain.compat.trl.dpo_token_ids`: what its DPOTrainer would compute, which
-    then reuses them) and the counts the audit reads: the prompt, and the prompt with the longer completion."""
-    from judgetrain.compat.trl import dpo_token_ids
+_CHECK = "check"  # `_lengths_batched` without ``tokens``: the tokenizer's boundary checked on probes here
 
-    out = dpo_token_ids(tokenizer, batch["prompt"], batch["chosen"], batch["rejected"])
+
+def _lengths_batched(batch, tokenizer, tokens=_CHECK):
+    """TRL's token ids of each row (what its DPOTrainer would compute, which then reuses them: `judgetrain.data.
+    tokenise`, each prompt tokenised once after ``tokens``, `check_boundary`'s first value) and the counts the audit
+    reads: the prompt, and the prompt with the longer completion; ``_as_trl``: 1 for a row tokenised as TRL does."""
+    from judgetrain.data.tokenise import pair_tokeniser
+
+    if tokens is _CHECK:
+        tokens = _checked_tokens(tokenizer)
+    out = pair_tokeniser(tokenizer, tokens)(batch["prompt"], batch["chosen"], batch["rejected"])
+    out["_as_trl"] = out.pop("as_trl")
     out["_prompt_len"] = [len(p) for p in out["prompt_ids"]]
     out["_full_len"] = [len(p) + max(len(c), len(r))
                         for p, c, r in zip(out["prompt_ids"], out["chosen_ids"], out["rejected_ids"])]
     return out
 
 
-def _shorten_prompt(example, tokenizer, max_length: int):
+_CHECKED: dict[int, tuple] = {}
+
+
+def _checked_tokens(tokenizer):
+    from judgetrain.data.tokenise import check_boundary
+
+    kept = _CHECKED.get(id(tokenizer))
+    if kept is None or kept[0] is not tokenizer:
+        kept = _CHECKED[id(tokenizer)] = (tokenizer, check_boundary(tokenizer)[0])
+    return kept[1]
+
+
+def _shorten_prompt(example, tokenizer, max_length: int, tokens=_CHECK):
     """Cut the middle of the last user message so prompt + the longer completion fits ``max_length``."""
     over = example["_full_len"] - max_length
     prompt = [dict(m) for m in example["prompt"]]
@@ -43,7 +62,7 @@ def _shorten_prompt(example, tokenizer, max_length: int):
         keep = (len(content_ids) - cut) // 2
         prompt[user]["content"] = tokenizer.decode(content_ids[:keep]) + marker + tokenizer.decode(content_ids[-keep:])
         new = dict(example, prompt=[dict(m) for m in prompt])
-        counted = _lengths_batched({k: [new[k]] for k in ("prompt", "chosen", "rejected")}, tokenizer)  # ids too
+        counted = _lengths_batched({k: [new[k]] for k in ("prompt", "chosen", "rejected")}, tokenizer, tokens)
         new.update({k: v[0] for k, v in counted.items()})
         if new["_full_len"] <= max_length:
             return new, True
@@ -56,13 +75,18 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     completion would be cut (the judge's score lost), then apply the recipe's action. Returns (dataset, report)."""
     if max_length is None:
         return dataset, {"max_length": None}
+    tokens, tokenisation = _tokenisation_plan(dataset, tokenizer)
     with_len = dataset.map(
-        _lengths_batched, fn_kwargs={"tokenizer": tokenizer}, batched=True, batch_size=256, num_proc=num_proc,
-        desc="Tokenising and auditing sequence lengths",
+        _lengths_batched, fn_kwargs={"tokenizer": tokenizer, "tokens": tokens}, batched=True, batch_size=256,
+        num_proc=num_proc, desc="Tokenising and auditing sequence lengths",
     )
+    tokenisation["rows_as_trl"] = sum(with_len["_as_trl"])
+    tokenisation["rows_prompt_once"] = len(with_len) - tokenisation["rows_as_trl"]
+    logger.info("Tokenisation: %d rows with the prompt tokenised once, %d as TRL does (three times)",
+                tokenisation["rows_prompt_once"], tokenisation["rows_as_trl"])
     names = with_len["dataset"] if "dataset" in with_len.column_names else ["train"] * len(with_len)
     prompt_lens, full_lens = with_len["_prompt_len"], with_len["_full_len"]
-    report: dict = {"max_length": max_length, "action": action, "datasets": {}}
+    report: dict = {"max_length": max_length, "action": action, "datasets": {}, "tokenisation": tokenisation}
     bad_rows = []
     for i, (name, p, f) in enumerate(zip(names, prompt_lens, full_lens)):
         entry = report["datasets"].setdefault(
@@ -95,7 +119,7 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
         fixed = 0
         rows = {}
         for i, why in bad_rows:
-            new, ok = _shorten_prompt(with_len[i], tokenizer, max_length)
+            new, ok = _shorten_prompt(with_len[i], tokenizer, max_length, tokens)
             if ok:
                 rows[i] = new
                 fixed += 1
@@ -123,6 +147,23 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     report["skipped"] = len(drop)
     if action == "truncate" and bad_rows:
         logger.warning("Data audit: %d rows will be truncated by TRL (their completion end is lost)", len(bad_rows))
-    return with_len.remove_columns(["_prompt_len", "_full_len"]), report
+    return with_len.remove_columns(["_prompt_len", "_full_len", "_as_trl"]), report
+
+
+def _tokenisation_plan(dataset, tokenizer) -> tuple[tuple[str, ...] | None, dict]:
+    """The boundary tokens the rows are cut after (`judgetrain.data.tokenise.check_boundary`, on the first rows and
+    the probes), said once at start, and the report's ``tokenisation`` entry."""
+    from judgetrain.data.tokenise import check_boundary
+
+    first = dataset.select_columns(["prompt", "chosen", "rejected"]).select(range(min(4, len(dataset))))
+    tokens, why = check_boundary(tokenizer, list(first))
+    if tokens is None:
+        logger.info("Tokenisation: no boundary to tokenise each prompt once (%s): rows are tokenised as TRL's "
+                    "DPOTrainer does, prompt and completions rendered and tokenised three times a row", why)
+    else:
+        logger.info("Tokenisation: each prompt tokenised once, completions from the end of the template's last added "
+                    "token before them (one of %s), an opening shared by the rows tokenised once per process",
+                    ", ".join(tokens[:4]) + (", ..." if len(tokens) > 4 else ""))
+    return tokens, {"boundary": tokens is not None, "why_not": why or None}
 
 
