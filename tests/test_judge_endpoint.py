@@ -1,0 +1,164 @@
+"""The OpenAI-compatible endpoint judge against real servers on localhost: llama.cpp's server (llama-cpp-python)
+serving SmolLM2-135M-Instruct's GGUF (completions, counts, 404, 401, a server killed and restarted mid-run), and a
+small stdlib HTTP server (tests/openai_server.py) for what a served model cannot do on cue (429 and 503 with
+Retry-After, a stalled answer, how many requests it holds at once)."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from helpers import free_port
+from openai_server import ScriptedServer
+
+from judgetrain.judge.endpoint import EndpointError, EndpointGenerator, retry_after_seconds
+
+KEY_VAR = "JUDGETRAIN_TEST_ENDPOINT_KEY"
+SECRET = "sk-test-4f1d9c2b7a"
+
+
+def prompts(n: int) -> list[list[dict]]:
+    return [[{"role": "system", "content": "grade it"}, {"role": "user", "content": f"item {i} alpha beta gamma"}]
+            for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------- the stdlib server
+def test_completions_come_back_in_input_order_with_the_servers_counts():
+    with ScriptedServer(model="judge") as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=3, concurrency=3)
+        outs = gen.generate(prompts(7))
+    assert [o.text for o in outs] == ["gamma beta alpha"] * 7
+    assert [o.n_tokens for o in outs] == [3] * 7 and [o.prompt_tokens for o in outs] == [7] * 7
+    assert [o.stopped for o in outs] == [False] * 7  # cut at max_tokens: finish_reason "length"
+    assert gen.stats == {"ok": 7, "retried_429": 0, "retried_5xx": 0, "retried_timeout": 0,
+                         "retried_connection": 0, "failed": 0, "abandoned": 0}
+    sent = server.requests[0]
+    assert sent["model"] == "judge" and sent["max_tokens"] == 3 and sent["temperature"] == 0.0
+    assert sent["stream"] is False and "seed" not in sent and "continue_final_message" not in sent
+    assert sorted(r["messages"][-1]["content"] for r in server.requests) == sorted(f"item {i} alpha beta gamma"
+                                                                                  for i in range(7))
+
+
+def test_429_waits_what_retry_after_asks_then_the_prompt_completes():
+    with ScriptedServer(model="judge", script=["429", "429"], retry_after="1") as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, concurrency=1, backoff_s=0.01)
+        start = time.monotonic()
+        [out] = gen.generate(prompts(1))
+        waited = time.monotonic() - start
+    assert server.statuses == [429, 429, 200]
+    assert 2.0 <= waited < 6, waited  # two Retry-After: 1 honoured (a 0.01 s backoff alone would be ~0.02 s)
+    assert out.text == "gamma beta alpha 0 item" and out.stopped and out.n_tokens == 5
+    assert gen.stats["retried_429"] == 2 and gen.stats["ok"] == 1 and gen.stats["failed"] == 0
+
+
+def test_5xx_backs_off_exponentially_and_fails_clearly_when_retries_run_out():
+    with ScriptedServer(model="judge", script=["503"] * 10) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, max_retries=3, backoff_s=0.2,
+                                backoff_max_s=10)
+        start = time.monotonic()
+        with pytest.raises(EndpointError) as err:
+            gen.generate(prompts(1))
+        waited = time.monotonic() - start
+    assert server.statuses == [503] * 4  # the first try and 3 retries
+    # backoffs of 0.2, 0.4, 0.8 s, each jittered to between half and all of it: 0.7 to 1.4 s
+    assert 0.7 <= waited < 3, waited
+    message = str(err.value)
+    assert server.base_url + "/chat/completions" in message and "'judge'" in message
+    assert "failed after 3 retries" in message and "HTTP 503: scripted 503" in message
+    assert gen.stats["retried_5xx"] == 3 and gen.stats["failed"] == 1 and gen.stats["ok"] == 0
+
+
+def test_a_stalled_answer_times_out_and_is_retried():
+    with ScriptedServer(model="judge", script=["stall"], stall_s=2.0) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, timeout_s=0.5, backoff_s=0.01)
+        [out] = gen.generate(prompts(1))
+    assert out.text == "gamma beta alpha 0 item"
+    assert gen.stats["retried_timeout"] == 1 and gen.stats["ok"] == 1
+    assert len(server.requests) == 2
+
+
+def test_requests_in_flight_never_exceed_concurrency():
+    with ScriptedServer(model="judge", delay_s=0.15) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=2, concurrency=4)
+        start = time.monotonic()
+        outs = gen.generate(prompts(16))
+        took = time.monotonic() - start
+    assert len(outs) == 16 and gen.stats["ok"] == 16
+    assert server.max_in_flight == 4  # reached, never passed
+    assert took < 16 * 0.15 / 2, took  # concurrent: four waves of 0.15 s, not sixteen
+
+
+def test_a_missing_key_variable_fails_before_any_request(monkeypatch):
+    monkeypatch.delenv(KEY_VAR, raising=False)
+    with ScriptedServer(model="judge", key=SECRET) as server:
+        with pytest.raises(EndpointError, match=f"environment variable {KEY_VAR} is not set.*{server.base_url}"):
+            EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4)
+        monkeypatch.setenv(KEY_VAR, "")
+        with pytest.raises(EndpointError, match=f"environment variable {KEY_VAR} is empty"):
+            EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4)
+    assert server.requests == []
+
+
+def test_the_key_is_sent_but_never_shown(monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    with ScriptedServer(model="judge", key=SECRET, script=["503"]) as server:
+        gen = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4, backoff_s=0.01)
+        assert len(gen.generate(prompts(2))) == 2
+        # the server echoes a wrong key in its 401 message (OpenAI does, in part): the error shows it redacted
+        monkeypatch.setenv(KEY_VAR, SECRET + "-old")
+        stale = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4)
+        with pytest.raises(EndpointError) as err:
+            stale.generate(prompts(1))
+    assert "HTTP 401" in str(err.value) and f"${KEY_VAR} was refused" in str(err.value)
+    assert "Bearer ***" in str(err.value)
+    for shown in (str(err.value), caplog.text, repr(gen), repr(gen.__dict__.get("stats"))):
+        assert SECRET not in shown
+    assert gen.stats["retried_5xx"] == 1 and gen.stats["ok"] == 2
+
+
+@pytest.mark.parametrize("echo_prefix", [False, True])
+def test_force_prefix_is_a_final_assistant_message_the_server_continues(echo_prefix):
+    prefix = '```json\n{\n  "overall_score": '
+    with ScriptedServer(model="judge", echo_prefix=echo_prefix) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, force_prefix=prefix, seed=3,
+                                temperature=0.7)
+        [out] = gen.generate(prompts(1))
+    sent = server.requests[0]
+    assert sent["messages"][:2] == prompts(1)[0]
+    assert sent["messages"][-1] == {"role": "assistant", "content": prefix} and len(sent["messages"]) == 3
+    assert sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
+    assert sent["seed"] == 3 and sent["temperature"] == 0.7
+    # what the judge wrote after the prefix, whether or not the server's answer repeats it
+    assert out.text == "gamma beta alpha 0 item" and out.n_tokens == 5
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds(None) is None and retry_after_seconds("soon") is None
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
+    assert retry_after_seconds("86400") == 600.0  # capped
+
+
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(EndpointError, match="not an http"):
+        EndpointGenerator("api.example.com/v1", "m", max_new_tokens=4)
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        EndpointGenerator("http://127.0.0.1:9/v1", "m", max_new_tokens=4, concurrency=0)
+
+
+def test_a_refused_connection_is_retried_then_named():
+    port = free_port()  # nothing listens there
+    gen = EndpointGenerator(f"http://127.0.0.1:{port}/v1", "m", max_new_tokens=4, max_retries=2, backoff_s=0.01)
+    with pytest.raises(EndpointError, match=f"127.0.0.1:{port}/v1/chat/completions.*failed after 2 retries; last: "
+                                            "connection failed"):
+        gen.generate(prompts(3))
+    assert gen.stats["retried_connection"] >= 2 and gen.stats["failed"] >= 1
+    assert gen.stats["failed"] + gen.stats["abandoned"] == 3
