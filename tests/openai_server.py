@@ -10,7 +10,7 @@ requests it holds at once.
 It answers each request with the next entry of ``script`` ("429", "503", "stall": no answer before the client's
 timeout), then with a completion: the last user message's content reversed word by word, as many "tokens" as words, cut at
 ``max_tokens`` (``finish_reason`` "length") or whole ("stop"). A wrong model is a 404, a wrong key a 401, as OpenAI
-answers them.
+answers them; ``GET /v1/models`` lists the model. ``requests`` and ``statuses`` are the chat requests'.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class ScriptedServer:
     def __init__(self, *, model: str = "judge", key: str | None = None, script=(), delay_s: float = 0.0,
-                 retry_after: str | None = None, stall_s: float = 3.0, echo_prefix: bool = False) -> None:
-        self.echo_prefix = echo_prefix
+                 retry_after: str | None = None, stall_s: float = 3.0, echo_prefix: bool = False,
+                 list_models: bool = True) -> None:
+        self.echo_prefix, self.list_models = echo_prefix, list_models
         self.model, self.key, self.delay_s, self.retry_after, self.stall_s = model, key, delay_s, retry_after, stall_s
         self.script = list(script)
         self.requests: list[dict] = []
@@ -81,6 +82,14 @@ class ScriptedServer:
             def log_message(self, *args) -> None:  # quiet
                 pass
 
+            def do_GET(self) -> None:  # the model list, behind the same key
+                if self.path.rstrip("/") != "/v1/models" or not server.list_models:
+                    return self._send(404, {}, {"error": {"message": f"no route {self.path}"}})
+                auth = self.headers.get("Authorization")
+                if server.key is not None and auth != f"Bearer {server.key}":
+                    return self._send(401, {}, {"error": {"message": f"Incorrect API key provided: {auth}"}})
+                self._send(200, {}, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
+
             def do_POST(self) -> None:
                 with server.lock:
                     server.in_flight += 1
@@ -93,6 +102,9 @@ class ScriptedServer:
                         server.in_flight -= 1
                 with server.lock:
                     server.statuses.append(status)
+                self._send(status, headers, payload)
+
+            def _send(self, status: int, headers: dict, payload: dict) -> None:
                 data = json.dumps(payload).encode()
                 try:
                     self.send_response(status)

@@ -140,6 +140,22 @@ def test_force_prefix_is_a_final_assistant_message_the_server_continues(echo_pre
     assert out.text == "gamma beta alpha 0 item" and out.n_tokens == 5
 
 
+@pytest.mark.parametrize("list_models", [True, False])
+def test_a_wrong_model_is_a_clear_404_before_any_prompt_runs_on(list_models):
+    with ScriptedServer(model="judge", list_models=list_models) as server:
+        gen = EndpointGenerator(server.base_url, "judeg", max_new_tokens=4, backoff_s=0.01)
+        with pytest.raises(EndpointError) as err:
+            gen.generate(prompts(3))
+    message = str(err.value)
+    assert err.value.status == 404 and server.base_url in message and "'judeg'" in message
+    if list_models:  # the model list names what the server has, and no prompt was sent
+        assert "not found (404)" in message and "has judge" in message and server.requests == []
+        assert set(gen.stats.values()) == {0}
+    else:  # no model list: the first requests' 404, with the server's own words, nothing retried
+        assert "HTTP 404" in message and "The model `judeg` does not exist" in message
+        assert gen.stats["failed"] >= 1 and gen.stats["ok"] == 0 and gen.stats["retried_5xx"] == 0
+
+
 def test_retry_after_reads_seconds_and_http_dates():
     assert retry_after_seconds("3") == 3.0
     assert retry_after_seconds(None) is None and retry_after_seconds("soon") is None

@@ -63,7 +63,11 @@ MAX_RETRY_AFTER_S = 600.0  # a Retry-After past this is read as this (a server a
 
 class EndpointError(RuntimeError):
     """An endpoint judge that cannot go on: a refused key, a wrong model or URL, a missing key variable, retries run
-    out. The message names the URL and the model, never the key."""
+    out. The message names the URL and the model, never the key; ``status`` is the HTTP status where one came."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class _Retry(Exception):
@@ -157,6 +161,7 @@ class EndpointGenerator:
         self._lock = threading.Lock()
         self._random = random.Random()
         self._closed = False
+        self._checked = False  # the model list is asked for once, at the first generate
         handlers = [urllib.request.ProxyHandler({})] if _is_loopback(parsed.hostname) else []
         self._opener = urllib.request.build_opener(*handlers)
 
@@ -187,18 +192,21 @@ class EndpointGenerator:
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "***") if self._key else text
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One request. Returns the decoded response; raises `_Retry` or `EndpointError`."""
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    def _send(self, url: str, body: dict[str, Any] | None = None) -> bytes:
+        """One request (POST with a JSON body, GET without). Returns the response's bytes; raises `_Retry` or
+        `EndpointError`."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        request = urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"), headers=headers,
-                                         method="POST")
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
         try:
             with self._opener.open(request, timeout=self.timeout_s) as response:
-                raw = response.read()
+                return response.read()
         except urllib.error.HTTPError as e:
-            raise self._http_error(e) from None
+            raise self._http_error(e, url) from None
         except (TimeoutError, socket.timeout) as e:
             raise _Retry("retried_timeout", f"no response in {self.timeout_s:g}s ({e})") from None
         except urllib.error.URLError as e:
@@ -206,20 +214,45 @@ class EndpointGenerator:
                 raise _Retry("retried_timeout", f"no response in {self.timeout_s:g}s") from None
             if isinstance(e.reason, OSError):  # refused, reset, unreachable: the server is down or restarting
                 raise _Retry("retried_connection", f"connection failed ({e.reason})") from None
-            raise EndpointError(f"endpoint {self.url} (model {self.model!r}): {e.reason}") from None
+            raise EndpointError(f"endpoint {url} (model {self.model!r}): {e.reason}") from None
         except (ConnectionError, HTTPException, OSError) as e:  # dropped mid-response (a server killed)
             raise _Retry("retried_connection", f"connection dropped ({type(e).__name__}: {e})") from None
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One chat completion request. Returns the decoded response; raises `_Retry` or `EndpointError`."""
+        raw = self._send(self.url, body)
         try:
             data = json.loads(raw)
-            choice = data["choices"][0]
-            choice["message"]["content"]
+            data["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise EndpointError(f"endpoint {self.url} (model {self.model!r}) answered 200 with no chat completion "
                                 f"(is it OpenAI-compatible?): {self._redact(raw[:300].decode('utf-8', 'replace'))!r}"
                                 ) from None
         return data
 
-    def _http_error(self, e: urllib.error.HTTPError) -> Exception:
+    def check_model(self) -> list[str] | None:
+        """Ask ``GET {base_url}/models`` once: a refused key fails here, before any prompt is sent, and so does a model
+        the server lists no model of that name for (some servers, llama-cpp-python's among them, answer a chat
+        request for any name with the model they serve). Returns the listed ids; None where the server lists none
+        (no such route, or it is down: the requests then find out)."""
+        try:
+            raw = self._send(self.base_url + "/models")
+            ids = [str(m["id"]) for m in json.loads(raw)["data"]]
+        except _Retry:
+            return None
+        except EndpointError as e:
+            if e.status in (401, 403):
+                raise
+            return None
+        except (ValueError, KeyError, TypeError):
+            return None
+        if ids and not any(i == self.model or i.endswith("/" + self.model) for i in ids):
+            shown = ", ".join(ids[:10]) + (f", ... ({len(ids)} in all)" if len(ids) > 10 else "")
+            raise EndpointError(f"endpoint {self.base_url}: model {self.model!r} not found (404): the server's model "
+                                f"list (GET {self.base_url}/models) has {shown}", 404)
+        return ids
+
+    def _http_error(self, e: urllib.error.HTTPError, url: str) -> Exception:
         try:
             detail = e.read(2000).decode("utf-8", "replace")
             payload = json.loads(detail)
@@ -234,14 +267,14 @@ class EndpointGenerator:
             return _Retry("retried_429", what, retry_after)
         if e.code >= 500 or e.code == 408:
             return _Retry("retried_5xx" if e.code >= 500 else "retried_timeout", what, retry_after)
-        where = f"endpoint {self.url} (model {self.model!r})"
+        where = f"endpoint {url} (model {self.model!r})"
         if e.code in (401, 403):
             key = f"the key in ${self.api_key_env}" if self.api_key_env else "no key (none was given: key_env=VAR)"
-            return EndpointError(f"{where}: HTTP {e.code}, {key} was refused: {detail}")
+            return EndpointError(f"{where}: HTTP {e.code}, {key} was refused: {detail}", e.code)
         if e.code == 404:
             return EndpointError(f"{where}: HTTP 404, no such model or path on this server (check model=NAME, and "
-                                 f"that the base URL is what OpenAI clients take, usually ending in /v1): {detail}")
-        return EndpointError(f"{where}: HTTP {e.code}: {detail}")
+                                 f"that the base URL is what OpenAI clients take, usually ending in /v1): {detail}", 404)
+        return EndpointError(f"{where}: HTTP {e.code}: {detail}", e.code)
 
     def _count(self, outcome: str) -> None:
         with self._lock:
@@ -293,6 +326,9 @@ class EndpointGenerator:
         """Every prompt (a list of chat messages) through the endpoint, ``concurrency`` at a time; input order."""
         if self._closed:
             raise RuntimeError("EndpointGenerator.generate after close()")
+        if not self._checked:
+            self.check_model()
+            self._checked = True
         prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else list(p) for p in prompts]
         results: list[Generated | None] = [None] * len(prompts)
         errors: list[tuple[int, BaseException]] = []
