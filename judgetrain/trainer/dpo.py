@@ -12,6 +12,7 @@ non-finite guard reads, all as method overrides.
   them on every machine loads them instead of recomputing.
 - one tokenisation per start (`judgetrain.compat.trl.AuditedTokenIds`): rows that carry the length audit's token
   ids (TRL's own, `judgetrain.data.lengths`) are not tokenised again by TRL.
+- the model card: ``create_model_card`` writes the judge's card (`judgetrain.report.card`), not TRL's.
 - non-finite checks: ``training_step`` records a micro-batch loss that is not finite, and the grad-norm hook
   (`judgetrain.compat.transformers.GradNormHook`) the step's global gradient norm; `NonFiniteGuard` reads and clears
   both (`StepRecord.take`) before every optimizer step.
@@ -19,6 +20,7 @@ non-finite guard reads, all as method overrides.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,19 @@ from trl import DPOTrainer
 from judgetrain.compat.transformers import GradNormHook
 from judgetrain.compat.trl import AuditedTokenIds, PerMachineRefLogps
 from judgetrain.trainer.prefix_sharing import PrefixSharingMixin
+
+logger = logging.getLogger(__name__)
+
+
+def write_card(output_dir: str) -> None:
+    """The judge's model card into ``output_dir``; a failure is a warning (the model files are what a run must not
+    lose over it)."""
+    from judgetrain.report.card import write_model_card
+
+    try:
+        write_model_card(output_dir)
+    except Exception as e:  # noqa: BLE001 - any failure of the card: warned, the run goes on
+        logger.warning("the model card could not be written to %s/README.md: %s: %s", output_dir, type(e).__name__, e)
 
 
 @dataclass
@@ -77,7 +92,8 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
         metrics.update(self.judge_eval.evaluate())
         return metrics
 
-    # -- non-finite checks: what Trainer computes but gives no callback
+    # -- the model card: ``create_model_card`` writes the judge's card (`judgetrain.report.card`), not TRL's.
+- non-finite checks: what Trainer computes but gives no callback
     def training_step(self, *args, **kwargs):
         loss = super().training_step(*args, **kwargs)
         if not bool(loss.detach().isfinite().all()):
@@ -86,6 +102,12 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
 
     def record_grad_norm(self, norm: Any) -> None:
         self.step_record.grad_norm = norm
+
+    # -- the model card: the judge's (`judgetrain.report.card`) wherever TRL writes its generic one (each checkpoint
+    # save, push_to_hub), so that TRL's never replaces it
+    def create_model_card(self, *args, **kwargs) -> None:
+        if self.is_world_process_zero():
+            write_card(self.args.output_dir)
 
 
 PrefixSharingDPOTrainer = JudgeDPOTrainer  # the name bench scripts and tests know (prefix_sharing defaults to True)
