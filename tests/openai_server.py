@@ -116,3 +116,26 @@ class ScriptedServer:
                     pass
 
         return Handler
+
+
+def main() -> None:
+    """Serve on a given port until killed: ``python tests/openai_server.py --port P --model M [--delay_s S]``."""
+    import argparse
+    from http.server import ThreadingHTTPServer as Server
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="judge")
+    parser.add_argument("--delay_s", type=float, default=0.0)
+    args = parser.parse_args()
+    server = ScriptedServer(model=args.model, delay_s=args.delay_s)
+    server.httpd.server_close()
+    Server.allow_reuse_address = True
+    server.httpd = Server(("127.0.0.1", args.port), server._handler())
+    server.httpd.daemon_threads = True
+    print("ready", flush=True)
+    server.httpd.serve_forever(poll_interval=0.05)
+
+
+if __name__ == "__main__":
+    main()

@@ -323,3 +323,37 @@ def test_a_server_killed_and_restarted_mid_run_loses_no_prompt(llama_server, tmp
     assert [o.text for o in done["outs"]] == expected  # every prompt answered, in its place
     assert gen.stats["ok"] == 8 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
     assert gen.stats["retried_connection"] >= 1
+
+
+def test_a_server_process_killed_and_restarted_mid_run_loses_no_prompt(tmp_path):
+    """The same as with llama.cpp's server below, on the small stdlib server run as its own process (this one runs
+    wherever the tests do)."""
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("openai_server.py")), "--port", str(port), "--delay_s", "0.1"]
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+
+    server = start()
+    gen = EndpointGenerator(f"http://127.0.0.1:{port}/v1", "judge", max_new_tokens=8, concurrency=3,
+                            max_retries=20, backoff_s=0.1, backoff_max_s=0.5)
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.update(outs=gen.generate(prompts(24))), daemon=True)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 30
+        while gen.stats["ok"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.send_signal(signal.SIGKILL)  # with requests in flight and prompts still queued
+        server.wait(timeout=10)
+        time.sleep(0.5)
+        server = start()
+        runner.join(timeout=60)
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+    assert not runner.is_alive() and "outs" in done, gen.stats
+    assert [o.text for o in done["outs"]] == [f"gamma beta alpha {i} item" for i in range(24)]
+    assert gen.stats["ok"] == 24 and gen.stats["failed"] == 0 and gen.stats["retried_connection"] >= 1
