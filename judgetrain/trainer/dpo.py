@@ -92,8 +92,7 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
         metrics.update(self.judge_eval.evaluate())
         return metrics
 
-    # -- the model card: ``create_model_card`` writes the judge's card (`judgetrain.report.card`), not TRL's.
-- non-finite checks: what Trainer computes but gives no callback
+    # -- non-finite checks: what Trainer computes but gives no callback
     def training_step(self, *args, **kwargs):
         loss = super().training_step(*args, **kwargs)
         if not bool(loss.detach().isfinite().all()):
