@@ -326,6 +326,8 @@ class EndpointGenerator:
         """Every prompt (a list of chat messages) through the endpoint, ``concurrency`` at a time; input order."""
         if self._closed:
             raise RuntimeError("EndpointGenerator.generate after close()")
+        if not prompts:
+            return []
         if not self._checked:
             self.check_model()
             self._checked = True
