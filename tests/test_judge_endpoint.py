@@ -253,6 +253,7 @@ def chats(n: int) -> list[list[dict]]:
 
 
 @needs_llama_server
+@pytest.mark.slow
 def test_llama_server_completions_equal_llama_cpp_in_process(llama_server, monkeypatch):
     from llama_cpp import Llama
 
@@ -262,7 +263,9 @@ def test_llama_server_completions_equal_llama_cpp_in_process(llama_server, monke
     assert gen.stats["ok"] == 4 and gen.stats["failed"] == 0
     llm = Llama(model_path=str(_smollm2_gguf()), n_ctx=int(N_CTX), n_threads=2, seed=0, verbose=False)
     for messages, out in zip(chats(4), outs):  # greedy: the served answer is llama.cpp's own, token counts included
-        ref = llm.create_chat_completion(messages=messages, max_tokens=24, temperature=0.0)
+        # (with the server's sampling defaults, which differ from the library's: repeat_penalty 1.1, top_k 40, ...)
+        ref = llm.create_chat_completion(messages=messages, max_tokens=24, temperature=0.0, repeat_penalty=1.1,
+                                         top_k=40, top_p=0.95, min_p=0.05)
         assert out.text == ref["choices"][0]["message"]["content"] and out.text.strip()
         assert out.n_tokens == ref["usage"]["completion_tokens"] and 1 <= out.n_tokens <= 24
         assert out.prompt_tokens == ref["usage"]["prompt_tokens"] > 20
@@ -297,13 +300,14 @@ def test_llama_server_wrong_model_or_base_url_is_a_clear_404(llama_server, monke
 
 
 @needs_llama_server
+@pytest.mark.slow
 def test_a_server_killed_and_restarted_mid_run_loses_no_prompt(llama_server, tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_VAR, SECRET)
-    prompts_ = chats(8)
-    expected = [o.text for o in EndpointGenerator(llama_server.base_url, "smollm2", KEY_VAR, max_new_tokens=24,
+    prompts_ = chats(6)
+    expected = [o.text for o in EndpointGenerator(llama_server.base_url, "smollm2", KEY_VAR, max_new_tokens=16,
                                                   concurrency=2).generate(prompts_)]
     server = LlamaServer(free_port(), tmp_path / "server.log").start()
-    gen = EndpointGenerator(server.base_url, "smollm2", KEY_VAR, max_new_tokens=24, concurrency=2, max_retries=30,
+    gen = EndpointGenerator(server.base_url, "smollm2", KEY_VAR, max_new_tokens=16, concurrency=2, max_retries=30,
                             backoff_s=0.1, backoff_max_s=1.0)
     done: dict = {}
     runner = threading.Thread(target=lambda: done.update(outs=gen.generate(prompts_)), daemon=True)
@@ -321,7 +325,7 @@ def test_a_server_killed_and_restarted_mid_run_loses_no_prompt(llama_server, tmp
         server.kill()
     assert not runner.is_alive() and "outs" in done, gen.stats
     assert [o.text for o in done["outs"]] == expected  # every prompt answered, in its place
-    assert gen.stats["ok"] == 8 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
+    assert gen.stats["ok"] == 6 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
     assert gen.stats["retried_connection"] >= 1
 
 
