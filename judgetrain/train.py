@@ -89,6 +89,9 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     if snapshot != model_path or is_hub_id(model_path):  # adapters name the hub model and its commit, not a folder
         for config in getattr(trainer.model, "peft_config", {}).values():
             config.base_model_name_or_path, config.revision = model_path, model_args.model_revision
+    from judgetrain.report.card import write_card
+
+    trainer.model_card_writer = write_card  # the judge's card wherever TRL would write its own
     report.attach(trainer)
     guard.attach(trainer)
     if training_args.eval_strategy != "no" or training_args.eval_on_start:
@@ -137,13 +140,16 @@ def run_training(trainer, resume_from: str | None, guard) -> tuple[dict, object 
 
 
 def save_final(trainer, tokenizer, training_args, model_args) -> None:
-    """The final model or adapter (safetensors) and its tokenizer, beside recipe.yaml, then its completion marker
-    (the model files with their SHA-256, as for a checkpoint)."""
+    """The final model or adapter (safetensors) and its tokenizer, beside recipe.yaml, and the judge's model card
+    (README.md, in place of the one PEFT's save just updated), then its completion marker (the model files with their
+    SHA-256, as for a checkpoint)."""
     from judgetrain.run.checkpoints import write_final_marker
+    from judgetrain.report.card import write_card
 
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
         tokenizer.save_pretrained(training_args.output_dir)
+        write_card(training_args.output_dir)
         write_final_marker(training_args.output_dir)
         logger.info("Final %s saved to %s (safetensors) with recipe.yaml", "adapter" if model_args.use_peft else "model",
                     training_args.output_dir)

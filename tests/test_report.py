@@ -392,3 +392,34 @@ def test_no_active_backend_logs_nothing_and_import_stays_light():
     code = "import sys, judgetrain.report.build; print('matplotlib' in sys.modules, 'rich' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_report_opens_with_the_model_cards_headline_at_the_best_and_last_eval(single):
+    from judgetrain.report.card import render_card
+
+    run, events, _, out, printed = single
+    evals = {}
+    for e in events:
+        if any(k.startswith("eval/") for k in e):
+            evals.setdefault(e["step"], {}).update(e)
+    best = max(evals, key=lambda s: (evals[s]["eval/rmbench/total_avg_acc"], -s))  # the earliest best
+    last = max(evals)
+    html = (out / "report.html").read_text()
+    assert html.index("<h2>Headline: quick</h2>") < html.index("<h2>Runs</h2>") < html.index("<h2>Summary: quick")
+    table = re.search(r'<table class="headline" id="headline-quick">(.*?)</table>', html, re.S).group(1)
+    cells = re.findall(r'<tr data-metric="([^"]+)">.*?data-value="([^"]+)">.*?data-value="([^"]+)">', table)
+    assert [c[0] for c in cells] == ["eval/rmbench/hard_acc", "eval/rmbench/normal_acc", "eval/rmbench/easy_acc",
+                                     "eval/rmbench/total_avg_acc", "eval/judgebias/error/accuracy",
+                                     "eval/judgebias/represent/accuracy", "eval/ideation/accuracy"]
+    for key, at_best, at_last in cells:
+        assert float(at_best) == evals[best][key] and float(at_last) == evals[last][key], key
+    md = (out / "report.md").read_text()
+    assert md.index("## Headline: quick") < md.index("## Runs") < md.index("## Summary: quick")
+    row = (f"| RM-Bench hard accuracy | {evals[best]['eval/rmbench/hard_acc']:.4f} | "
+           f"{evals[last]['eval/rmbench/hard_acc']:.4f} |")
+    assert row in md
+    assert row in render_card(run)  # the model card shows the same figures, from the same function
+    head = json.loads((out / "summary.json").read_text())["headline"]["quick"]
+    assert head["best_step"] == best and head["last_step"] == last
+    assert head["selected_by"] == "eval/rmbench/total_avg_acc"
+    assert printed.index("quick: headline") < printed.index("last eval and best epoch")

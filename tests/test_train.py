@@ -3,6 +3,7 @@ logging backends (kill-and-resume: tests/test_reliability.py)."""
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -113,6 +114,38 @@ def test_report_on_the_quickstart_run(quickstart_run, tmp_path):
     assert "eval/rmbench/total_avg_acc" in html and "eval/judgebias/error/accuracy" in html
     assert f"{last['eval/rmbench/total_avg_acc']:.4f}" in html
     assert f"{last['eval/judgebias/represent/accuracy']:.4f}" in html
+
+
+def test_quickstart_writes_the_judges_model_card(quickstart_run):
+    import yaml
+
+    from judgetrain.report.build import read_metrics as merged_metrics
+    from judgetrain.run.checkpoints import checkpoint_problem
+
+    text = (quickstart_run / "README.md").read_text()
+    _, meta_text, body = text.split("---\n", 2)
+    meta = yaml.safe_load(meta_text)
+    assert "base_model" not in meta and "`tiny-judge` (judgetrain alias: the embedded tiny judge" in body
+    assert meta["library_name"] == "peft" and "judgetrain" in meta["tags"]
+    evals = {s: r for s, r in merged_metrics(quickstart_run / "metrics.jsonl").items() if "eval/rmbench/hard_acc" in r}
+    best = max(evals, key=lambda s: (evals[s]["eval/rmbench/total_avg_acc"], -s))
+    last = max(evals)
+    [entry] = meta["model-index"]
+    figures = {m["name"]: m["value"] for r in entry["results"] for m in r["metrics"]}
+    for key, label in (("eval/rmbench/hard_acc", "RM-Bench hard accuracy"),
+                       ("eval/rmbench/normal_acc", "RM-Bench normal accuracy"),
+                       ("eval/rmbench/easy_acc", "RM-Bench easy accuracy"),
+                       ("eval/judgebias/error/accuracy", "JudgeBias error accuracy"),
+                       ("eval/judgebias/represent/accuracy", "JudgeBias represent accuracy"),
+                       ("eval/ideation/accuracy", "Ideation accuracy")):
+        assert figures[label] == round(evals[last][key], 4), label  # the final weights are the last eval's
+        assert f"| {label} | {evals[best][key]:.4f} | {evals[last][key]:.4f} |" in body, label
+    # TRL's and PEFT's generic card is gone, no machine path is shown, and the final marker vouches for the card
+    assert "fine-tuned version of" not in text and "time machine" not in text
+    assert str(quickstart_run.resolve()) not in text and not re.search(r"(?<![\w.:/])/(tmp|home|root|work)/", text)
+    assert ".cache" not in text
+    assert checkpoint_problem(quickstart_run, full=True) is None
+    assert "README.md" in (quickstart_run / "judgetrain_complete.json").read_text()
 
 
 def test_half_written_checkpoint_is_skipped(tmp_path, caplog):

@@ -11,6 +11,7 @@ import logging
 
 from judgetrain.report.build import SUMMARY_HEADER, cmp_cell, cmp_label, fmt_epoch, summary_cells, build_report
 from judgetrain.report.build import __doc__ as _LIBRARY_DOC
+from judgetrain.report.headline import headline, headline_note, headline_table
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,16 @@ def _print_tables(result: Mapping[str, Any]) -> None:
     if not console.is_terminal:  # piped or logged: rich would fold the metric names into 80 columns
         console = Console(width=160)
     runs = result["runs"]
+    for run in runs:  # the headline first: the figures the model card shows
+        head = headline(run.records, run.recipe)
+        if head is not None:
+            header, rows = headline_table(head)
+            table = Table(title=f"{run.name}: headline", caption=headline_note(head))
+            for i, h in enumerate(header):
+                table.add_column(h, justify="left" if i == 0 else "right", style="cyan" if i == 0 else None)
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
     for info in result["infos"]:
         console.print(f"[bold]{info['name']}[/bold]: {info['status']}; last step {info['last_step']}, epoch "
                       f"{fmt_epoch(info['last_epoch'])}, {len(info['eval_points'])} eval point(s)")

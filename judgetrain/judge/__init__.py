@@ -5,6 +5,7 @@ endpoints) over items, resumable and sharded over processes, written as the pane
 - `judges`: the ``--judge`` / ``--judges_file`` specifications and local model loading.
 - `output`: per-process shards appended a batch at a time, the done index, the run identity, the merge, the summary.
 - `runner`: the loop (chunks, generators, the forced score prefix, SIGTERM, progress).
+- `endpoint`: an OpenAI-compatible endpoint as a judge (bounded concurrency, retries with backoff, outcomes counted).
 
 This stage sits above `judgetrain.eval` and below the commands: only `judgetrain.cli` and `judgetrain.bench` import it.
 """

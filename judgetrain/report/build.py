@@ -32,6 +32,7 @@ import numpy as np
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
+from judgetrain.report.headline import headline, headline_note, headline_table
 
 logger = logging.getLogger(__name__)
 
@@ -617,13 +618,29 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
                 "loss": _fmt(i["final_train_loss"]),
                 "recipe": ", ".join(f"{k}={v}" for k, v in i["recipe"].items()) or "-"} for i in infos],
         runs=[{"name": run.name, "slug": _slug(run.name), "notes": run.notes, "recipe_text": run.recipe_text,
-               "generated": [_generated_cells(t) for t in generated_tables(run)],
+               "headline": _headline_cells(run), "generated": [_generated_cells(t) for t in generated_tables(run)],
                "summary": [{"metric": row["metric"], "last": repr(row["last"]), "best": repr(row["best"]),
                             "cells": summary_cells(row)} for row in tables[run.name]]} for run in runs],
         comparison=[{"metric": row["metric"], "label": cmp_label(row), "better": row["better"],
                      "cells": [cell(run, row) for run in runs]} for row in comparison] if len(runs) > 1 else [],
         figures=[figure(*f) for f in figures], matrices=[figure(*m) for m in matrices])
     path.write_text(page, encoding="utf-8")
+
+
+def _headline_dict(run: Run) -> dict[str, Any] | None:
+    head = headline(run.records, run.recipe)
+    return None if head is None else head.as_dict()
+
+
+def _headline_cells(run: Run) -> dict[str, Any] | None:
+    """The run's headline figures (`judgetrain.report.headline`, the model card's) as page cells."""
+    head = headline(run.records, run.recipe)
+    if head is None:
+        return None
+    header, cells = headline_table(head)
+    return {"note": headline_note(head), "header": header,
+            "rows": [{"metric": r["metric"], "best": repr(r["best"]), "last": repr(r["last"]), "cells": c}
+                     for r, c in zip(head.rows, cells)]}
 
 
 def _generated_cells(table: Mapping[str, Any]) -> dict[str, Any]:
@@ -644,7 +661,13 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) -> None:
-    out = [f"# judgetrain report: {', '.join(run.name for run in runs)}", "", "## Runs", ""]
+    out = [f"# judgetrain report: {', '.join(run.name for run in runs)}"]
+    for run in runs:
+        head = _headline_cells(run)
+        if head is not None:
+            out += ["", f"## Headline: {run.name}", "", head["note"], "",
+                    _md_table(head["header"], [r["cells"] for r in head["rows"]])]
+    out += ["", "## Runs", ""]
     out.append(_md_table(("run", "status", "last step", "epoch", "eval points", "last train loss"),
                          [(i["name"], i["status"], str(i["last_step"] if i["last_step"] is not None else "-"),
                            fmt_epoch(i["last_epoch"]), str(len(i["eval_points"])), _fmt(i["final_train_loss"]))
@@ -720,6 +743,7 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     infos = [_run_info(run) for run in runs]
     comparison = _comparison(runs, tables)
     summary = {"runs": infos, "tables": tables, "comparison": comparison if len(runs) > 1 else [],
+               "headline": {run.name: _headline_dict(run) for run in runs},
                "generated": {run.name: generated_tables(run) for run in runs},
                "figures": dict(figures), "matrices": dict(matrices)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=True), encoding="utf-8")

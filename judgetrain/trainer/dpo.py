@@ -12,6 +12,8 @@ non-finite guard reads, all as method overrides.
   them on every machine loads them instead of recomputing.
 - one tokenisation per start (`judgetrain.compat.trl.AuditedTokenIds`): rows that carry the length audit's token
   ids (TRL's own, `judgetrain.data.lengths`) are not tokenised again by TRL.
+- the model card: ``create_model_card`` calls the run's ``model_card_writer`` (train.py gives the judge's card,
+  `judgetrain.report.card`) instead of writing TRL's generic one; without a writer it is TRL's.
 - non-finite checks: ``training_step`` records a micro-batch loss that is not finite, and the grad-norm hook
   (`judgetrain.compat.transformers.GradNormHook`) the step's global gradient norm; `NonFiniteGuard` reads and clears
   both (`StepRecord.take`) before every optimizer step.
@@ -20,14 +22,13 @@ non-finite guard reads, all as method overrides.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from trl import DPOTrainer
 
 from judgetrain.compat.transformers import GradNormHook
 from judgetrain.compat.trl import AuditedTokenIds, PerMachineRefLogps
 from judgetrain.trainer.prefix_sharing import PrefixSharingMixin
-
 
 @dataclass
 class StepRecord:
@@ -86,6 +87,17 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
 
     def record_grad_norm(self, norm: Any) -> None:
         self.step_record.grad_norm = norm
+
+    # -- the model card: the run's writer (the judge's card) wherever TRL writes its generic one (each checkpoint
+    # save, push_to_hub), so that TRL's never replaces it
+    model_card_writer: Callable[[str], None] | None = None
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        if self.model_card_writer is None:
+            return super().create_model_card(*args, **kwargs)
+        if self.is_world_process_zero():
+            self.model_card_writer(self.args.output_dir)
+        return None
 
 
 PrefixSharingDPOTrainer = JudgeDPOTrainer  # the name bench scripts and tests know (prefix_sharing defaults to True)

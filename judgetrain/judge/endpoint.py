@@ -1,0 +1,373 @@
+"""A judge behind an OpenAI-compatible endpoint (a hosted model, or vLLM / llama.cpp / SGLang serving one).
+
+    from judgetrain.judge.endpoint import EndpointGenerator
+    gen = EndpointGenerator("https://api.example.com/v1", "judge-model", "JUDGE_API_KEY", max_new_tokens=512)
+    outs = gen.generate([messages_1, messages_2])   # list[judgetrain.eval.generate.Generated], input order
+    gen.stats                                        # {"ok": 2, "retried_429": 0, ...}
+    gen.close()
+
+The command line names such a judge as ``endpoint=BASE_URL,model=NAME,key_env=VAR,name=N``.
+
+- Requests: ``POST {base_url}/chat/completions`` (``base_url`` as OpenAI clients take it, usually ending in ``/v1``)
+  with ``model``, ``messages``, ``max_tokens``, ``temperature`` and ``seed`` (when given), no streaming. The text is
+  the first choice's message content; ``n_tokens`` and ``prompt_tokens`` are the response's ``usage`` counts (0 where
+  the server sends none); ``stopped`` is ``finish_reason == "stop"`` (``"length"``: cut at ``max_new_tokens``).
+- The key: read from the environment variable ``api_key_env`` names, when the generator is made (a missing or empty
+  variable is an error before any request), and sent only as the ``Authorization: Bearer`` header. It is never
+  logged, written or put into an error message (a server's error text that echoes it is redacted). No variable:
+  no header (a local server without a key).
+- Concurrency: at most ``concurrency`` requests in flight, from daemon threads (an interrupted run does not wait for
+  them to finish). Results come back in input order.
+- Retries: a 429, a 5xx (and 408), a timeout and a refused, reset or dropped connection are retried up to
+  ``max_retries`` times per prompt, after ``Retry-After`` seconds when the server sends that header, else after an
+  exponential backoff with jitter (``backoff_s`` x 2^attempt, capped at ``backoff_max_s``, between half and all of
+  it). A server killed and restarted mid-run is waited for that way.
+- Errors: 401 / 403 (the key refused), 404 (no such model, or a wrong base URL) and other 4xx stop the call at once
+  with an `EndpointError` naming the URL, the model and the server's message; so does a prompt whose retries run
+  out. The other prompts in flight are abandoned (a resumable caller generates them again).
+- ``stats`` counts every request's outcome over the generator's life: ``ok`` (answered), ``retried_429``,
+  ``retried_5xx``, ``retried_timeout``, ``retried_connection`` (one per retried attempt), ``failed`` (a prompt that
+  ended in an error) and ``abandoned`` (prompts given up because another one failed).
+- ``force_prefix``: the prompt gets a final assistant message holding the prefix and the request asks the server to
+  continue it (``continue_final_message: true``, ``add_generation_prompt: false``: vLLM's and SGLang's chat
+  options; llama.cpp's ``llama-server`` continues a final assistant message by itself). ``text`` is what the judge
+  wrote after the prefix (a server that repeats the prefix has it removed), as the local generator returns it.
+  Hosted APIs that do not continue an assistant message (OpenAI's own) answer a new turn instead: use the
+  free-writing default with them.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import ipaddress
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.client import HTTPException
+from typing import Any
+
+from judgetrain.eval.generate import Generated
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = ("ok", "retried_429", "retried_5xx", "retried_timeout", "retried_connection", "failed", "abandoned")
+MAX_RETRY_AFTER_S = 600.0  # a Retry-After past this is read as this (a server asking for hours is waited for 10 min)
+
+
+class EndpointError(RuntimeError):
+    """An endpoint judge that cannot go on: a refused key, a wrong model or URL, a missing key variable, retries run
+    out. The message names the URL and the model, never the key; ``status`` is the HTTP status where one came."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Retry(Exception):
+    """A retryable outcome: its kind (an ``OUTCOMES`` retried_* key), what happened, the server's Retry-After."""
+
+    def __init__(self, kind: str, what: str, retry_after: float | None = None) -> None:
+        super().__init__(what)
+        self.kind, self.what, self.retry_after = kind, what, retry_after
+
+
+class _Abandoned(Exception):
+    """Another prompt failed: this one is given up."""
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """The wait a ``Retry-After`` header asks for: delay seconds or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class EndpointGenerator:
+    """Generates judge evaluations through an OpenAI-compatible chat completions endpoint (see the module doc).
+
+    Args:
+        base_url: the API's base URL as OpenAI clients take it (``http://127.0.0.1:8000/v1``).
+        model: the model name the server knows.
+        api_key_env: the environment variable holding the key (None: no key is sent).
+        max_new_tokens: ``max_tokens`` of each request.
+        temperature, seed: sampling (greedy by default; ``seed`` sent when given).
+        concurrency: requests in flight at most.
+        max_retries: retries per prompt of a 429, 5xx, timeout or connection error.
+        timeout_s: seconds to wait for one response.
+        force_prefix: the start of the judge's answer, which it continues.
+        backoff_s, backoff_max_s: the exponential backoff's first and largest wait.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key_env: str | None = None, *, max_new_tokens: int,
+                 temperature: float = 0.0, seed: int | None = None, concurrency: int = 8, max_retries: int = 8,
+                 timeout_s: float = 120.0, force_prefix: str | None = None, backoff_s: float = 0.5,
+                 backoff_max_s: float = 30.0) -> None:
+        parsed = urllib.parse.urlsplit(str(base_url))
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise EndpointError(f"endpoint base URL {base_url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
+        if not model:
+            raise EndpointError(f"endpoint {base_url}: no model name given (model=NAME)")
+        for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("concurrency", concurrency, 1),
+                                 ("max_retries", max_retries, 0)):
+            if int(value) < low:
+                raise ValueError(f"{name} must be at least {low}, got {value}")
+        if not float(timeout_s) > 0 or float(temperature) < 0 or float(backoff_s) < 0:
+            raise ValueError(f"timeout_s must be > 0, temperature and backoff_s >= 0 (got {timeout_s}, {temperature}, "
+                             f"{backoff_s})")
+        self.base_url = str(base_url).rstrip("/")
+        self.url = self.base_url + "/chat/completions"
+        self.model = str(model)
+        self.api_key_env = api_key_env
+        self._key = self._read_key(api_key_env)
+        self.max_new_tokens = int(max_new_tokens)
+        self.temperature = float(temperature)
+        self.seed = None if seed is None else int(seed)
+        self.concurrency = int(concurrency)
+        self.max_retries = int(max_retries)
+        self.timeout_s = float(timeout_s)
+        self.force_prefix = force_prefix or None
+        self.backoff_s = float(backoff_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self.stats: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self._lock = threading.Lock()
+        self._random = random.Random()
+        self._closed = False
+        self._checked = False  # the model list is asked for once, at the first generate
+        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(parsed.hostname) else []
+        self._opener = urllib.request.build_opener(*handlers)
+
+    def _read_key(self, var: str | None) -> str | None:
+        if var is None:
+            return None
+        key = os.environ.get(var)
+        if not key:
+            raise EndpointError(f"environment variable {var} is {'empty' if key == '' else 'not set'}: it holds the "
+                                f"API key of endpoint {self.base_url} (model {self.model!r}); export it before the run")
+        return key
+
+    def __repr__(self) -> str:  # the key stays out of any printed object
+        return f"EndpointGenerator({self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
+
+    # ------------------------------------------------------------------------------------------------ requests
+    def _body(self, messages: list[dict]) -> dict[str, Any]:
+        messages = [dict(m) for m in messages]
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_new_tokens,
+                                "temperature": self.temperature, "stream": False}
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.force_prefix:
+            messages.append({"role": "assistant", "content": self.force_prefix})
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        return body
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+    def _send(self, url: str, body: dict[str, Any] | None = None) -> bytes:
+        """One request (POST with a JSON body, GET without). Returns the response's bytes; raises `_Retry` or
+        `EndpointError`."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                return response.read()
+        except urllib.error.HTTPError as e:
+            raise self._http_error(e, url) from None
+        except (TimeoutError, socket.timeout) as e:
+            raise _Retry("retried_timeout", f"no response in {self.timeout_s:g}s ({e})") from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, (TimeoutError, socket.timeout)):
+                raise _Retry("retried_timeout", f"no response in {self.timeout_s:g}s") from None
+            if isinstance(e.reason, OSError):  # refused, reset, unreachable: the server is down or restarting
+                raise _Retry("retried_connection", f"connection failed ({e.reason})") from None
+            raise EndpointError(f"endpoint {url} (model {self.model!r}): {e.reason}") from None
+        except (ConnectionError, HTTPException, OSError) as e:  # dropped mid-response (a server killed)
+            raise _Retry("retried_connection", f"connection dropped ({type(e).__name__}: {e})") from None
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One chat completion request. Returns the decoded response; raises `_Retry` or `EndpointError`."""
+        raw = self._send(self.url, body)
+        try:
+            data = json.loads(raw)
+            data["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise EndpointError(f"endpoint {self.url} (model {self.model!r}) answered 200 with no chat completion "
+                                f"(is it OpenAI-compatible?): {self._redact(raw[:300].decode('utf-8', 'replace'))!r}"
+                                ) from None
+        return data
+
+    def check_model(self) -> list[str] | None:
+        """Ask ``GET {base_url}/models`` once: a refused key fails here, before any prompt is sent, and so does a model
+        the server lists no model of that name for (some servers, llama-cpp-python's among them, answer a chat
+        request for any name with the model they serve). Returns the listed ids; None where the server lists none
+        (no such route, or it is down: the requests then find out)."""
+        try:
+            raw = self._send(self.base_url + "/models")
+            ids = [str(m["id"]) for m in json.loads(raw)["data"]]
+        except _Retry:
+            return None
+        except EndpointError as e:
+            if e.status in (401, 403):
+                raise
+            return None
+        except (ValueError, KeyError, TypeError):
+            return None
+        if ids and not any(i == self.model or i.endswith("/" + self.model) for i in ids):
+            shown = ", ".join(ids[:10]) + (f", ... ({len(ids)} in all)" if len(ids) > 10 else "")
+            raise EndpointError(f"endpoint {self.base_url}: model {self.model!r} not found (404): the server's model "
+                                f"list (GET {self.base_url}/models) has {shown}", 404)
+        return ids
+
+    def _http_error(self, e: urllib.error.HTTPError, url: str) -> Exception:
+        try:
+            detail = e.read(2000).decode("utf-8", "replace")
+            payload = json.loads(detail)
+            err = payload.get("error", payload) if isinstance(payload, dict) else payload
+            detail = str(err.get("message", err) if isinstance(err, dict) else err)
+        except (ValueError, OSError, AttributeError):
+            pass
+        detail = self._redact(str(detail)).strip()[:500]
+        retry_after = retry_after_seconds(e.headers.get("Retry-After") if e.headers else None)
+        what = f"HTTP {e.code}" + (f": {detail}" if detail else "")
+        if e.code == 429:
+            return _Retry("retried_429", what, retry_after)
+        if e.code >= 500 or e.code == 408:
+            return _Retry("retried_5xx" if e.code >= 500 else "retried_timeout", what, retry_after)
+        where = f"endpoint {url} (model {self.model!r})"
+        if e.code in (401, 403):
+            key = f"the key in ${self.api_key_env}" if self.api_key_env else "no key (none was given: key_env=VAR)"
+            return EndpointError(f"{where}: HTTP {e.code}, {key} was refused: {detail}", e.code)
+        if e.code == 404:
+            return EndpointError(f"{where}: HTTP 404, no such model or path on this server (check model=NAME, and "
+                                 f"that the base URL is what OpenAI clients take, usually ending in /v1): {detail}", 404)
+        return EndpointError(f"{where}: HTTP {e.code}: {detail}", e.code)
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.stats[outcome] += 1
+
+    def _wait(self, attempt: int, retry_after: float | None, abort: threading.Event) -> None:
+        if retry_after is not None:
+            delay = retry_after
+        else:
+            cap = min(self.backoff_max_s, self.backoff_s * 2 ** attempt)
+            with self._lock:
+                delay = cap / 2 + self._random.uniform(0, cap / 2)
+        if abort.wait(delay):
+            raise _Abandoned
+
+    def _one(self, index: int, messages: list[dict], abort: threading.Event) -> Generated:
+        """One prompt, with its retries."""
+        body = self._body(messages)
+        for attempt in range(self.max_retries + 1):
+            if abort.is_set():
+                raise _Abandoned
+            try:
+                data = self._post(body)
+            except _Retry as r:
+                if attempt == self.max_retries:
+                    raise EndpointError(f"endpoint {self.url} (model {self.model!r}): prompt {index} failed after "
+                                        f"{self.max_retries} retries; last: {r.what}") from None
+                self._count(r.kind)
+                logger.warning("endpoint %s (model %s): prompt %d: %s; retry %d/%d", self.url, self.model, index,
+                               r.what, attempt + 1, self.max_retries)
+                self._wait(attempt, r.retry_after, abort)
+                continue
+            self._count("ok")
+            return self._generated(data)
+        raise AssertionError("unreachable")
+
+    def _generated(self, data: dict[str, Any]) -> Generated:
+        choice = data["choices"][0]
+        text = choice["message"].get("content") or ""
+        if self.force_prefix and text.startswith(self.force_prefix):
+            text = text[len(self.force_prefix):]
+        usage = data.get("usage") or {}
+        return Generated(text=text, n_tokens=int(usage.get("completion_tokens") or 0),
+                         prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                         stopped=choice.get("finish_reason") == "stop")
+
+    # ------------------------------------------------------------------------------------------------ the batch
+    def generate(self, prompts: list[list[dict]]) -> list[Generated]:
+        """Every prompt (a list of chat messages) through the endpoint, ``concurrency`` at a time; input order."""
+        if self._closed:
+            raise RuntimeError("EndpointGenerator.generate after close()")
+        if not prompts:
+            return []
+        if not self._checked:
+            self.check_model()
+            self._checked = True
+        prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else list(p) for p in prompts]
+        results: list[Generated | None] = [None] * len(prompts)
+        errors: list[tuple[int, BaseException]] = []
+        abort = threading.Event()
+        todo = iter(range(len(prompts)))
+        take = threading.Lock()
+
+        def worker() -> None:
+            while True:
+                with take:
+                    index = next(todo, None)
+                if index is None:
+                    return
+                try:
+                    results[index] = self._one(index, prompts[index], abort)
+                except _Abandoned:
+                    self._count("abandoned")
+                except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+                    self._count("failed")
+                    with take:
+                        errors.append((index, e))
+                    abort.set()
+
+        threads = [threading.Thread(target=worker, name=f"endpoint-{i}", daemon=True)
+                   for i in range(min(self.concurrency, len(prompts)))]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        except BaseException:  # interrupted (a signal): requests in flight are left to the daemon threads
+            abort.set()
+            raise
+        if errors:  # the first prompt's error (the others were abandoned or failed the same way)
+            raise min(errors, key=lambda e: e[0])[1]
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """No more requests (connections are per request: nothing stays open)."""
+        self._closed = True

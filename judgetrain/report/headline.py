@@ -1,0 +1,109 @@
+"""The few figures a judge is read by first, at its best evaluation and at its last: RM-Bench hard / normal / easy
+accuracy, JudgeBias accuracy per category (error: detects real errors; represent: unmoved by representation),
+Ideation accuracy, and the parse rate of the evaluations it wrote (generate mode). The model card
+(`judgetrain.report.card`) and `judgetrain report` both open with them.
+
+    from judgetrain.report.headline import headline
+    head = headline(records, recipe)     # records: metrics.jsonl as {step: merged record}; None without any eval
+    head.best_step, head.last_step, head.rows[0]   # {"metric", "label", "best", "last"}
+
+The best evaluation is the one where the recipe's ``metric_for_best_model`` (with ``greater_is_better``) is best, or
+else ``eval/rmbench/total_avg_acc``, else the first headline figure logged; the earliest such step on a tie.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+HEADLINE = (
+    ("eval/rmbench/hard_acc", "RM-Bench hard accuracy"),
+    ("eval/rmbench/normal_acc", "RM-Bench normal accuracy"),
+    ("eval/rmbench/easy_acc", "RM-Bench easy accuracy"),
+    ("eval/rmbench/total_avg_acc", "RM-Bench average accuracy"),
+    ("eval/judgebias/error/accuracy", "JudgeBias error accuracy"),
+    ("eval/judgebias/represent/accuracy", "JudgeBias represent accuracy"),
+    ("eval/ideation/accuracy", "Ideation accuracy"),
+    ("eval/rmbench/generate/parse_rate", "RM-Bench parse rate (written evaluations)"),
+    ("eval/judgebias/generate/parse_rate", "JudgeBias parse rate (written evaluations)"),
+    ("eval/ideation/generate/parse_rate", "Ideation parse rate (written verdicts)"),
+)
+DEFAULT_SELECTION = "eval/rmbench/total_avg_acc"
+
+
+@dataclass
+class Headline:
+    selected_by: str  # the figure the best evaluation is chosen by
+    greater_is_better: bool
+    best_step: int
+    best_epoch: float | None
+    last_step: int
+    last_epoch: float | None
+    rows: list[dict[str, Any]] = field(default_factory=list)  # {"metric", "label", "best", "last"}; None: not logged
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _epoch(record: Mapping[str, Any]) -> float | None:
+    return float(record["epoch"]) if _num(record.get("epoch")) else None
+
+
+def selection(recipe: Mapping[str, Any] | None, logged: set[str]) -> tuple[str, bool] | None:
+    """(figure, greater is better) the best evaluation is chosen by; None when nothing headline-worthy was logged."""
+    recipe = recipe or {}
+    wanted = recipe.get("metric_for_best_model")
+    if wanted:
+        key = "eval/" + str(wanted).removeprefix("eval/").removeprefix("eval_")
+        if key in logged:
+            greater = recipe.get("greater_is_better")
+            return key, bool(greater) if greater is not None else not any(w in key for w in ("loss", "mae"))
+    for key in (DEFAULT_SELECTION, *(k for k, _ in HEADLINE)):
+        if key in logged:
+            return key, True
+    return None
+
+
+def headline(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None) -> Headline | None:
+    """The headline figures at the best and the last evaluation of a run's merged metrics records."""
+    evals = {step: rec for step, rec in sorted(records.items()) if any(_num(rec.get(k)) for k, _ in HEADLINE)}
+    if not evals:
+        return None
+    logged = {k for rec in evals.values() for k, v in rec.items() if k.startswith("eval/") and _num(v)}
+    chosen = selection(recipe, logged)
+    if chosen is None:
+        return None
+    key, greater = chosen
+    scored = [(step, float(rec[key])) for step, rec in evals.items() if _num(rec.get(key))]
+    best_step = (max if greater else min)(scored, key=lambda p: p[1])[0]  # the first step reaching the best value
+    last_step = max(evals)
+    best, last = evals[best_step], evals[last_step]
+    rows = [{"metric": k, "label": label, "best": float(best[k]) if _num(best.get(k)) else None,
+             "last": float(last[k]) if _num(last.get(k)) else None} for k, label in HEADLINE if k in logged]
+    return Headline(key, greater, best_step, _epoch(best), last_step, _epoch(last), rows)
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def headline_table(head: Headline) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the headline as text cells, for Markdown and HTML tables."""
+    def when(step: int, epoch: float | None) -> str:
+        return f"step {step}" + ("" if epoch is None else f", epoch {epoch:g}")
+
+    header = ["figure", f"best eval ({when(head.best_step, head.best_epoch)})",
+              f"last eval ({when(head.last_step, head.last_epoch)})"]
+    return header, [[r["label"], fmt(r["best"]), fmt(r["last"])] for r in head.rows]
+
+
+def headline_note(head: Headline) -> str:
+    """One line on how the best evaluation was chosen."""
+    return (f"Best evaluation: where {head.selected_by} is {'highest' if head.greater_is_better else 'lowest'} "
+            f"(step {head.best_step}); last evaluation: step {head.last_step}.")

