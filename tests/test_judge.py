@@ -289,3 +289,31 @@ def test_sigterm_ends_with_143_keeping_the_committed_batches(tmp_path, tiny_judg
     assert final.returncode == 0, final.stderr[-3000:]
     assert f"{done}/16 evaluations done, {16 - done} to generate" in final.stderr
     assert len(read_jsonl(out / "evaluations.jsonl")) == 16
+
+
+# ------------------------------------------------------------------------------------------------ endpoint judges
+def test_an_endpoint_judge_writes_panel_rows_through_the_command_and_its_key_stays_out(tmp_path, monkeypatch):
+    """`--judge endpoint=...` runs the OpenAI-compatible client inside `judgetrain judge` against a real HTTP server
+    on localhost: one row per item, the server's text as the evaluation, a 429 retried, the key in no output file."""
+    from openai_server import ScriptedServer
+
+    items = write_items(tmp_path / "items.jsonl", 5)
+    monkeypatch.setenv("JT_TEST_KEY", "sk-test-secret-123")
+    out = tmp_path / "out"
+    with ScriptedServer(model="hosted-judge", key="sk-test-secret-123", script=["429"], retry_after="0") as server:
+        code = judge("--items", items, "--output_dir", out, "--max_new_tokens", 16,
+                     "--judge", f"endpoint={server.base_url},model=hosted-judge,key_env=JT_TEST_KEY,name=hosted")
+        assert code == 0
+        assert server.statuses.count(429) == 1 and server.statuses.count(200) == 5
+        sent = {json.dumps(r["messages"]) for r in server.requests}
+    rows = read_jsonl(out / "evaluations.jsonl")
+    assert len(rows) == 5 and {r["judge_model"] for r in rows} == {"hosted"}
+    assert all(c in rows[0] for c in PANEL_COLUMNS + ["score", "reason", "n_tokens", "stopped"])
+    by_prompt = {json.dumps(r["prompt"] if isinstance(r["prompt"], list) else json.loads(r["prompt"])): r for r in rows}
+    assert set(by_prompt) == sent  # every item's prompt went to the server once
+    for prompt, row in by_prompt.items():
+        last_user = [m for m in json.loads(prompt) if m["role"] == "user"][-1]["content"]
+        assert row["evaluation"] == " ".join(reversed(last_user.split()))[: len(row["evaluation"])]
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert "sk-test-secret-123" not in path.read_text(encoding="utf-8", errors="replace"), path
