@@ -77,7 +77,7 @@ def test_a_run_on_local_folders_gets_a_card_without_machine_paths(tmp_path):
     assert "| judgebias | a local file or folder (`judgebias.parquet`) | train | - | 91639 |" in body
     assert "3 row(s) were skipped" in body
     assert "8 pairs per device x 4 process(es) x 1 accumulation step(s) = 32 pairs" in body
-    assert "judgetrain judge --judge model=path/to/my-base,adapter=path/to/judge-run" in body
+    assert "judgetrain judge --items items.jsonl --judge model=path/to/my-base,adapter=path/to/judge-run --output_dir" in body
     assert "**Pairwise verdicts.**" in body and "**Reading the score.**" in body
 
 

@@ -166,8 +166,9 @@ def _usage(name: str, base: str, recipe: Mapping[str, Any]) -> list[str]:
            "grade (the shape of its training rows' `prompt`). It writes its reasoning, then its scores.", "",
            "With judgetrain, over a file of items (`sample_id`, `prompt` as messages), writing one row per item with "
            "the evaluation, the parsed `score` and the parser's `reason`:", "", "```bash",
-           f"judgetrain judge --judge {spec}", "```", "",
-           "(see `judgetrain judge --help` for the items file, the output and `--force_score_prefix`). In Python:", "",
+           f"judgetrain judge --items items.jsonl --judge {spec} --output_dir judged", "```", "",
+           "(`judged/evaluations.jsonl` holds the rows, `judged/summary.json` the parse rate and mean score; see "
+           "`judgetrain judge --help` for `--force_score_prefix` and the rest). In Python:", "",
            "```python", *(["from peft import PeftModel"] if adapter else []),
            "from transformers import AutoModelForCausalLM, AutoTokenizer",
            "from judgetrain.data.scoreparse import parse_overall_score",
