@@ -160,11 +160,46 @@ def test_panel_rows_resume_and_refusal(tmp_path, tiny_judge, capsys):
     assert judge(*args) == 0
     assert (out / "shards" / "rank-0.index").read_bytes() == index  # nothing generated again
     assert read_jsonl(out / "evaluations.jsonl") == rows
+    check_nothing_left_is_decided_before_torch(args, items, out, rows)
     assert judge(*args[:-2], "--max_new_tokens", 3) == 2
     assert "option max_new_tokens: 4 -> 3" in capsys.readouterr().err
     other = write_items(tmp_path / "other.jsonl", 6, start=1)
     assert judge("--items", other, *args[2:]) == 2
     assert "What changed: items:" in capsys.readouterr().err
+
+
+def check_nothing_left_is_decided_before_torch(args, items: Path, out: Path, rows: list[dict]):
+    """A finished run started again exits 0 without importing torch or accelerate, the summary printed; an items
+    file touched, or a merged file cut short, sends the start down the full path, which writes them again."""
+    from judgetrain.judge.resume import ITEMS_FILE, nothing_left
+    from judgetrain.judge.judges import judge_specs
+    from judgetrain.judge.options import Options
+
+    code = ("import sys; from judgetrain.cli.judge import main; rc = main(sys.argv[1:]); "
+            "print('imported', sorted(m for m in ('torch', 'accelerate', 'transformers', 'datasets') if m in sys.modules)); "
+            "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "imported []" in proc.stdout and "parse rate" in proc.stdout
+    assert "nothing left to do" in proc.stderr and "12/12 evaluations done, 0 to generate" in proc.stderr
+    record = json.loads((out / ITEMS_FILE).read_text())
+    assert record["path"] == str(items.resolve()) and record["n_items"] == 6 and record["size"] == items.stat().st_size
+
+    specs = judge_specs([str(args[3]), str(args[5])], None)
+    opts = Options(max_new_tokens=4, force_score_prefix=True)
+    assert nothing_left(out, str(items), specs, opts) is not None
+    assert nothing_left(out, str(items), specs, Options(max_new_tokens=5, force_score_prefix=True)) is None
+    assert nothing_left(out, str(items), specs[:1], opts) is None
+    os.utime(items, ns=(items.stat().st_atime_ns, items.stat().st_mtime_ns + 10**9))  # same bytes, touched
+    assert nothing_left(out, str(items), specs, opts) is None
+    assert judge(*args) == 0  # the full start: the items compared, the stamp written again
+    assert nothing_left(out, str(items), specs, opts) is not None
+    final = out / "evaluations.jsonl"
+    final.write_bytes(final.read_bytes()[:-50])  # a merged file cut short
+    assert nothing_left(out, str(items), specs, opts) is None
+    assert judge(*args) == 0
+    assert read_jsonl(final) == rows
 
 
 def test_a_batch_cut_mid_write_is_dropped_and_never_duplicated(tmp_path):

@@ -6,7 +6,9 @@
   ``max_new_tokens``; the ratio in one run.
 - **resume**: the time from a start to the exit of a resume with nothing left to do, on an output folder holding
   ``--judge-resume-rows`` done rows (default 136,000: 34,000 items x 4 judges, the size of JudgeBias-DPO-RefFree's
-  panel): the items read and checked, the identity compared, the done index read, nothing generated or merged.
+  panel), as the command leaves it: decided from the items file's stamp, the identity and the done index before
+  torch is imported (`judgetrain.judge.resume`); then the same with the items file touched (same bytes, another
+  modification time): the full start, which imports the stack, reads and checks the items and compares them.
   The rows are synthetic (a short prompt per item), written the way the command writes them.
 """
 
@@ -75,12 +77,12 @@ def _done_folder(out: Path, n_items: int, judges: list[str], items_path: Path) -
     the merged file (the rows are short: their size does not enter a resume, which never reads them)."""
     from judgetrain.judge.items import read_items
     from judgetrain.judge.judges import parse_judge
-    from judgetrain.judge.output import ShardWriter, check_identity, merge, read_done
-    from judgetrain.judge.runner import Options, identity
+    from judgetrain.judge.output import ShardWriter, merge, read_done
+    from judgetrain.judge.runner import Options, confirmed, identity
 
     item_set = read_items(str(items_path))
     specs = [parse_judge(f"model=tiny-judge,name={j}") for j in judges]
-    check_identity(out, identity(item_set, specs, Options()))
+    confirmed(out, item_set, identity(item_set, specs, Options()))
     writers = [ShardWriter(out, r) for r in range(2)]
     for j in judges:
         for start in range(0, n_items, 64):
@@ -98,7 +100,7 @@ def _done_folder(out: Path, n_items: int, judges: list[str], items_path: Path) -
 
 
 def bench_judge_resume(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    import subprocess
+    import os
     import sys
 
     n_judges = 4
@@ -116,14 +118,26 @@ def bench_judge_resume(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]
     cmd = [sys.executable, "-m", "judgetrain.cli.judge", "--items", str(items), "--output_dir", str(out)]
     for j in judges:
         cmd += ["--judge", f"model=tiny-judge,name={j}"]
+    seconds, proc = _timed(cmd)
+    os.utime(items)  # the same bytes, touched: the full start reads and compares the items
+    touched_s, touched = _timed(cmd)
+    return {"done_rows": n_items * n_judges, "items": n_items, "judges": n_judges, "seconds_to_exit": seconds,
+            "target_seconds": 5.0, "nothing_generated": "nothing left to do" in proc.stderr,
+            "decided_before_torch": "the file the run read" in proc.stderr,
+            "seconds_to_exit_items_touched": touched_s,
+            "items_touched_nothing_generated": "nothing left to do" in touched.stderr, "setup_seconds": build_s}
+
+
+def _timed(cmd: list[str]):
+    """(seconds from start to exit, the finished process) of one command."""
+    import subprocess
+
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"resume run failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return {"done_rows": n_items * n_judges, "items": n_items, "judges": n_judges, "seconds_to_exit": seconds,
-            "target_seconds": 5.0, "nothing_generated": "nothing left to do" in proc.stderr,
-            "setup_seconds": build_s}
+    return seconds, proc
 
 
 def bench_judge(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]:
