@@ -3,7 +3,10 @@
 - **speed**: evaluations/s of the command's loop (`judgetrain.judge.runner.run_panel`: chunks, batched generation,
   per-batch commits to its shard) against a one-item-at-a-time ``model.generate`` loop
   (`judgetrain.bench.generation.one_at_a_time`), on the same JudgeBias items and judge, greedy, the same stops and
-  ``max_new_tokens``; the ratio in one run.
+  ``max_new_tokens``; the ratio in one run, with both sides measured the same two ways: start to end with the
+  model load (the command as run against the loop's model load plus the loop) and the generate calls alone (the
+  command's batch seconds from its done index against the loop), after one untimed 2-token generate that warms
+  the process for both.
 - **resume**: the time from a start to the exit of a resume with nothing left to do, on an output folder holding
   ``--judge-resume-rows`` done rows (default 136,000: 34,000 items x 4 judges, the size of JudgeBias-DPO-RefFree's
   panel), as the command leaves it: decided from the items file's stamp, the identity and the done index before
@@ -52,24 +55,33 @@ def bench_judge_speed(cfg: argparse.Namespace, workdir: Path, model_name: str) -
     opts = Options(max_new_tokens=cfg.judge_max_new_tokens, backend="transformers", chunk_size=cfg.judge_items)
     state = PartialState(cpu=True)
     out_dir = workdir / f"judge-{time.monotonic_ns()}"
+    warm = Generator(*load_local(spec), max_new_tokens=2)  # untimed, before both sides: first-call allocations
+    one_at_a_time(warm, [warm._fit(warm.prompt_ids(item_set.items[0].messages))[0]])
+    del warm
     t0 = time.perf_counter()
     result = run_panel(item_set, [spec], opts, out_dir, state)
     command_s = time.perf_counter() - t0  # model load included, as a user waits for it
+    command_generate_s = result["summary"][spec.name]["generate_seconds"]  # its generate calls alone
+    t0 = time.perf_counter()
     model, tokenizer = load_local(spec)
     gen = Generator(model, tokenizer, max_new_tokens=cfg.judge_max_new_tokens)
     prompt_ids = [gen._fit(gen.prompt_ids(i.messages))[0] for i in item_set.items]
-    one_at_a_time(gen.replace(max_new_tokens=2), prompt_ids[:1])  # untimed: first-call allocations
+    load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     loop = one_at_a_time(gen, prompt_ids)
     loop_s = time.perf_counter() - t0
     n = len(item_set.items)
     rows = [json.loads(line) for line in (out_dir / "evaluations.jsonl").read_text().splitlines()]
     same = sum(r["evaluation"] == g.text for r, g in zip(rows, loop))
+    # both sides measured the same two ways: start to end with the model load (the command against the loop's
+    # load + loop), and the generate calls alone (the command's batches against the loop)
     return {"model": model_name, "items": n, "max_new_tokens": cfg.judge_max_new_tokens,
             "command_seconds": command_s, "command_evaluations_per_s": n / command_s,
-            "loop_seconds": loop_s, "loop_evaluations_per_s": n / loop_s,
-            "evaluations_per_s_ratio": ratio(n / command_s, n / loop_s), "texts_equal_rows": same,
-            "generated_tokens": result["summary"][spec.name]["generated_tokens"]}
+            "loop_load_seconds": load_s, "loop_seconds": loop_s, "loop_evaluations_per_s": n / loop_s,
+            "evaluations_per_s_ratio": ratio(n / command_s, n / (load_s + loop_s)),
+            "command_generate_seconds": command_generate_s,
+            "generate_evaluations_per_s_ratio": ratio(n / command_generate_s, n / loop_s) if command_generate_s else None,
+            "texts_equal_rows": same, "generated_tokens": result["summary"][spec.name]["generated_tokens"]}
 
 
 def _done_folder(out: Path, n_items: int, judges: list[str], items_path: Path) -> None:
