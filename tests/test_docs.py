@@ -180,6 +180,7 @@ class Plan:
     entry: str = "cli"  # cli: judgetrain.cli.main; train: judgetrain.train.process_main; script: a subprocess
     launcher_flags: tuple[str, ...] = ()  # `accelerate launch` flags, checked against its --help
     needs_run: bool = False  # reads runs/quickstart (the `trained_run` fixture)
+    reads: tuple[str, ...] = ()  # what earlier commands of its page write (`plan_chained`)
     env: dict = field(default_factory=dict, hash=False, compare=False)
 
 
@@ -291,10 +292,55 @@ def plan_accelerate(args: list[str]) -> Plan:
     raise Unclassified(f"accelerate launch -m {module}: unknown module")
 
 
+OUTPUT_FLAGS = ("--out", "--output_dir")
+
+
+def written_before(cmd: DocCommand) -> set[str]:
+    """The folders the commands above ``cmd`` on its page write (their --out / --output_dir values)."""
+    doc, line = cmd.where.rsplit(":", 1)
+    written = set()
+    for other in docs_commands():
+        other_doc, other_line = other.where.rsplit(":", 1)
+        if other_doc == doc and int(other_line) < int(line):
+            written |= {v.rstrip("/") for f in OUTPUT_FLAGS if (v := _value(list(other.argv), f)) not in (None, "...")}
+    return written
+
+
+def chained_reads(cmd: DocCommand, words: list[str]) -> tuple[str, ...]:
+    """What ``cmd`` reads of what an earlier command of its page writes (a path, or a path inside a value such as
+    ``{dataset: judgebias, source: loop/pairs}``); its own --out / --output_dir values are not reads."""
+    own = {_value(words, f) for f in OUTPUT_FLAGS}
+    args = [a for a in words[1:] if a not in own]
+    return tuple(sorted(w for w in written_before(cmd)
+                        if any(re.search(rf"(?<![\w./-]){re.escape(w)}(?![\w.-])", a) for a in args)))
+
+
+def plan_chained(words: list[str], reads: tuple[str, ...]) -> Plan:
+    """A command that reads what an earlier command of its page writes (a panel, pairs, a trained adapter: a chain
+    that tests/test_judge.py::test_the_loop_judges_pairs_dpo_then_the_trained_judge_on_held_out_items runs end to
+    end at its smallest): a training command's recipe and overrides are parsed, any other command's flags are
+    checked against its --help."""
+    why = f"reads {', '.join(reads)}, which an earlier command of the page writes (the loop test runs the chain)"
+    train = words[:2] == ["judgetrain", "train"] or words[:3] == ["python", "-m", "judgetrain.train"]
+    if train:
+        rest = words[2:] if words[0] == "judgetrain" else words[3:]
+        return Plan("parse", tuple(a for a in rest if a not in ("--dry-run", "--dry_run")), why,
+                    "cli" if words[0] == "judgetrain" else "train", reads=reads)
+    inner = plan_judgetrain(words[1:]) if words[0] == "judgetrain" else plan(DocCommand("", "", tuple(words)))
+    if inner.mode in ("run", "dry-run"):
+        from judgetrain.cli import COMMANDS as CLI
+
+        name = next(n for n in (" ".join(words[1:3]), words[1]) if n in CLI)
+        return Plan("help", tuple(name.split()), why, reads=reads)
+    return inner
+
+
 def plan(cmd: DocCommand) -> Plan:
     words = _normalise(cmd.argv)
     if not words:
         raise Unclassified("empty command")
+    if cmd.where and words[0] in ("judgetrain", "python") and (reads := chained_reads(cmd, words)):
+        return plan_chained(words, reads)
     for prefix, why in NOT_RUN.items():
         if tuple(words[:len(prefix)]) == prefix:
             if prefix == ("sbatch",):
@@ -450,7 +496,7 @@ def test_docs_command_runs(cmd: DocCommand, p: Plan, workspace, request, monkeyp
         script_args, training_args, model_args, _ = parse_recipe(list(p.argv))
         if script_args.accelerate_config:
             assert load_config_from_file(script_args.accelerate_config).num_processes >= 1
-        assert model_args.model_name_or_path in CONVERTED_MODELS
+        assert model_args.model_name_or_path in CONVERTED_MODELS or p.reads
     elif p.mode == "dry-run":
         rc, out, err = _call(_entry(p.entry), p.argv)
         assert rc in (0, 2), f"{cmd}\n{' '.join(p.argv)} exited {rc}:\n{err[-3000:]}"

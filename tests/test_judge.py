@@ -160,11 +160,46 @@ def test_panel_rows_resume_and_refusal(tmp_path, tiny_judge, capsys):
     assert judge(*args) == 0
     assert (out / "shards" / "rank-0.index").read_bytes() == index  # nothing generated again
     assert read_jsonl(out / "evaluations.jsonl") == rows
+    check_nothing_left_is_decided_before_torch(args, items, out, rows)
     assert judge(*args[:-2], "--max_new_tokens", 3) == 2
     assert "option max_new_tokens: 4 -> 3" in capsys.readouterr().err
     other = write_items(tmp_path / "other.jsonl", 6, start=1)
     assert judge("--items", other, *args[2:]) == 2
     assert "What changed: items:" in capsys.readouterr().err
+
+
+def check_nothing_left_is_decided_before_torch(args, items: Path, out: Path, rows: list[dict]):
+    """A finished run started again exits 0 without importing torch or accelerate, the summary printed; an items
+    file touched, or a merged file cut short, sends the start down the full path, which writes them again."""
+    from judgetrain.judge.resume import ITEMS_FILE, nothing_left
+    from judgetrain.judge.judges import judge_specs
+    from judgetrain.judge.options import Options
+
+    code = ("import sys; from judgetrain.cli.judge import main; rc = main(sys.argv[1:]); "
+            "print('imported', sorted(m for m in ('torch', 'accelerate', 'transformers', 'datasets') if m in sys.modules)); "
+            "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "imported []" in proc.stdout and "parse rate" in proc.stdout
+    assert "nothing left to do" in proc.stderr and "12/12 evaluations done, 0 to generate" in proc.stderr
+    record = json.loads((out / ITEMS_FILE).read_text())
+    assert record["path"] == str(items.resolve()) and record["n_items"] == 6 and record["size"] == items.stat().st_size
+
+    specs = judge_specs([str(args[3]), str(args[5])], None)
+    opts = Options(max_new_tokens=4, force_score_prefix=True)
+    assert nothing_left(out, str(items), specs, opts) is not None
+    assert nothing_left(out, str(items), specs, Options(max_new_tokens=5, force_score_prefix=True)) is None
+    assert nothing_left(out, str(items), specs[:1], opts) is None
+    os.utime(items, ns=(items.stat().st_atime_ns, items.stat().st_mtime_ns + 10**9))  # same bytes, touched
+    assert nothing_left(out, str(items), specs, opts) is None
+    assert judge(*args) == 0  # the full start: the items compared, the stamp written again
+    assert nothing_left(out, str(items), specs, opts) is not None
+    final = out / "evaluations.jsonl"
+    final.write_bytes(final.read_bytes()[:-50])  # a merged file cut short
+    assert nothing_left(out, str(items), specs, opts) is None
+    assert judge(*args) == 0
+    assert read_jsonl(final) == rows
 
 
 def test_a_batch_cut_mid_write_is_dropped_and_never_duplicated(tmp_path):
@@ -317,3 +352,73 @@ def test_an_endpoint_judge_writes_panel_rows_through_the_command_and_its_key_sta
     for path in out.rglob("*"):
         if path.is_file():
             assert "sk-test-secret-123" not in path.read_text(encoding="utf-8", errors="replace"), path
+
+
+# ------------------------------------------------------------------------------------------------ the loop (slow)
+def judgebias_items(parquet: Path, path: Path, samples: set | None = None, n: int | None = None) -> Path:
+    """Items of a bundled JudgeBias split (one per sample and perturbation set): those of ``samples``, or the first
+    ``n``."""
+    from judgetrain.judge.items import read_items
+
+    items = [i for i in read_items(str(parquet)).items if samples is None or i.key[0] in samples][:n]
+    path.write_text("".join(json.dumps({**i.columns, "prompt": i.messages}) + "\n" for i in items), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_the_loop_judges_pairs_dpo_then_the_trained_judge_on_held_out_items(tmp_path, tiny_judge, capsys):
+    """Three tiny judges (seeds 0, 1, 2) over the perturbed items of one sample -> pairs build -> a DPO LoRA run of
+    4 steps on those pairs -> the trained adapter and its base over held-out items (other samples). The tiny judges
+    write nothing parseable by themselves (checked first), so every stage runs with --force_score_prefix."""
+    from judgetrain.cli import main as cli
+
+    heldout = judgebias_items(REPO / "judgetrain" / "data" / "samples" / "judgebias" / "train.parquet",
+                              tmp_path / "heldout.jsonl", n=4)
+    assert judge("--items", heldout, "--judge", "tiny-judge", "--output_dir", tmp_path / "free", "--max_new_tokens",
+                 8) == 0
+    assert json.loads((tmp_path / "free" / "summary.json").read_text())["tiny-judge"]["parse_rate"] == 0.0
+
+    for seed in (1, 2):
+        assert cli(["tiny", "build", "--seed", str(seed), "--out", str(tmp_path / f"tiny-seed{seed}")]) == 0
+    items = judgebias_items(JUDGEBIAS_VALIDATION, tmp_path / "items.jsonl", samples={1001})
+    panel = tmp_path / "panel"
+    assert judge("--items", items, "--judge", "tiny-judge", "--judge", f"model={tmp_path / 'tiny-seed1'},name=seed1",
+                 "--judge", f"model={tmp_path / 'tiny-seed2'},name=seed2", "--force_score_prefix",
+                 "--output_dir", panel) == 0
+    n_items = len(read_jsonl(items))
+    summary = json.loads((panel / "summary.json").read_text())
+    assert [s["rows"] for s in summary.values()] == [n_items] * 3 and n_items >= 6
+    assert all(s["parse_rate"] == 1.0 for s in summary.values())
+    assert len({s["mean_score"] for s in summary.values()}) > 1  # judges that differ: pairs to build
+
+    capsys.readouterr()
+    assert cli(["pairs", "build", "--evaluations", str(panel / "evaluations.jsonl"), "--out", str(tmp_path / "pairs"),
+                "--validation-fraction", "0"]) == 0
+    stats = json.loads((tmp_path / "pairs" / "stats.json").read_text())
+    assert stats["scored_rows"] == 3 * n_items and stats["rejected_rows"] == 0 and stats["skipped_samples"] == 0
+    import pyarrow.parquet as pq
+
+    pairs = pq.read_table(tmp_path / "pairs" / "train.parquet").to_pylist()
+    assert len(pairs) >= 4 and {p["sample_id"] for p in pairs} == {1001}
+
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.train", "recipes/quickstart.yaml", "--train_datasets",
+                           f"{{dataset: judgebias, source: {tmp_path / 'pairs'}, split: train}}", "--eval_suites",
+                           "none", "--output_dir", str(run), "--max_steps", "4", "--per_device_train_batch_size", "2",
+                           "--logging_steps", "1", "--save_steps", "4", "--warmup_steps", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    losses = [m["train/loss"] for m in read_jsonl(run / "metrics.jsonl") if "train/loss" in m]
+    assert len(losses) == 4 and all(0 < x < 2 for x in losses)
+    assert "mixture: %d rows (judgebias %d)" % (len(pairs), len(pairs)) in proc.stderr
+
+    out = tmp_path / "heldout"
+    assert judge("--items", heldout, "--judge", "tiny-judge", "--judge", f"model=tiny-judge,adapter={run},name=trained",
+                 "--force_score_prefix", "--output_dir", out) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trained"]["rows"] == 4 and summary["trained"]["parse_rate"] == 1.0
+    identity = json.loads((out / "judge_run.json").read_text())
+    assert identity["judges"][1]["adapter"] == str(run) and len(identity["judges"][1]["adapter_sha256"]) == 64
+    rows = read_jsonl(out / "evaluations.jsonl")
+    assert [r["judge_model"] for r in rows[:2]] == ["tiny-judge", "trained"]
+    assert {r["sample_id"] for r in rows}.isdisjoint({1001})  # held out: samples the pairs never saw

@@ -3,10 +3,15 @@
 - **speed**: evaluations/s of the command's loop (`judgetrain.judge.runner.run_panel`: chunks, batched generation,
   per-batch commits to its shard) against a one-item-at-a-time ``model.generate`` loop
   (`judgetrain.bench.generation.one_at_a_time`), on the same JudgeBias items and judge, greedy, the same stops and
-  ``max_new_tokens``; the ratio in one run.
+  ``max_new_tokens``; the ratio in one run, with both sides measured the same two ways: start to end with the
+  model load (the command as run against the loop's model load plus the loop) and the generate calls alone (the
+  command's batch seconds from its done index against the loop), after one untimed 2-token generate that warms
+  the process for both.
 - **resume**: the time from a start to the exit of a resume with nothing left to do, on an output folder holding
   ``--judge-resume-rows`` done rows (default 136,000: 34,000 items x 4 judges, the size of JudgeBias-DPO-RefFree's
-  panel): the items read and checked, the identity compared, the done index read, nothing generated or merged.
+  panel), as the command leaves it: decided from the items file's stamp, the identity and the done index before
+  torch is imported (`judgetrain.judge.resume`); then the same with the items file touched (same bytes, another
+  modification time): the full start, which imports the stack, reads and checks the items and compares them.
   The rows are synthetic (a short prompt per item), written the way the command writes them.
 """
 
@@ -50,24 +55,33 @@ def bench_judge_speed(cfg: argparse.Namespace, workdir: Path, model_name: str) -
     opts = Options(max_new_tokens=cfg.judge_max_new_tokens, backend="transformers", chunk_size=cfg.judge_items)
     state = PartialState(cpu=True)
     out_dir = workdir / f"judge-{time.monotonic_ns()}"
+    warm = Generator(*load_local(spec), max_new_tokens=2)  # untimed, before both sides: first-call allocations
+    one_at_a_time(warm, [warm._fit(warm.prompt_ids(item_set.items[0].messages))[0]])
+    del warm
     t0 = time.perf_counter()
     result = run_panel(item_set, [spec], opts, out_dir, state)
     command_s = time.perf_counter() - t0  # model load included, as a user waits for it
+    command_generate_s = result["summary"][spec.name]["generate_seconds"]  # its generate calls alone
+    t0 = time.perf_counter()
     model, tokenizer = load_local(spec)
     gen = Generator(model, tokenizer, max_new_tokens=cfg.judge_max_new_tokens)
     prompt_ids = [gen._fit(gen.prompt_ids(i.messages))[0] for i in item_set.items]
-    one_at_a_time(gen.replace(max_new_tokens=2), prompt_ids[:1])  # untimed: first-call allocations
+    load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     loop = one_at_a_time(gen, prompt_ids)
     loop_s = time.perf_counter() - t0
     n = len(item_set.items)
     rows = [json.loads(line) for line in (out_dir / "evaluations.jsonl").read_text().splitlines()]
     same = sum(r["evaluation"] == g.text for r, g in zip(rows, loop))
+    # both sides measured the same two ways: start to end with the model load (the command against the loop's
+    # load + loop), and the generate calls alone (the command's batches against the loop)
     return {"model": model_name, "items": n, "max_new_tokens": cfg.judge_max_new_tokens,
             "command_seconds": command_s, "command_evaluations_per_s": n / command_s,
-            "loop_seconds": loop_s, "loop_evaluations_per_s": n / loop_s,
-            "evaluations_per_s_ratio": ratio(n / command_s, n / loop_s), "texts_equal_rows": same,
-            "generated_tokens": result["summary"][spec.name]["generated_tokens"]}
+            "loop_load_seconds": load_s, "loop_seconds": loop_s, "loop_evaluations_per_s": n / loop_s,
+            "evaluations_per_s_ratio": ratio(n / command_s, n / (load_s + loop_s)),
+            "command_generate_seconds": command_generate_s,
+            "generate_evaluations_per_s_ratio": ratio(n / command_generate_s, n / loop_s) if command_generate_s else None,
+            "texts_equal_rows": same, "generated_tokens": result["summary"][spec.name]["generated_tokens"]}
 
 
 def _done_folder(out: Path, n_items: int, judges: list[str], items_path: Path) -> None:
@@ -75,12 +89,12 @@ def _done_folder(out: Path, n_items: int, judges: list[str], items_path: Path) -
     the merged file (the rows are short: their size does not enter a resume, which never reads them)."""
     from judgetrain.judge.items import read_items
     from judgetrain.judge.judges import parse_judge
-    from judgetrain.judge.output import ShardWriter, check_identity, merge, read_done
-    from judgetrain.judge.runner import Options, identity
+    from judgetrain.judge.output import ShardWriter, merge, read_done
+    from judgetrain.judge.runner import Options, confirmed, identity
 
     item_set = read_items(str(items_path))
     specs = [parse_judge(f"model=tiny-judge,name={j}") for j in judges]
-    check_identity(out, identity(item_set, specs, Options()))
+    confirmed(out, item_set, identity(item_set, specs, Options()))
     writers = [ShardWriter(out, r) for r in range(2)]
     for j in judges:
         for start in range(0, n_items, 64):
@@ -98,7 +112,7 @@ def _done_folder(out: Path, n_items: int, judges: list[str], items_path: Path) -
 
 
 def bench_judge_resume(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    import subprocess
+    import os
     import sys
 
     n_judges = 4
@@ -116,14 +130,26 @@ def bench_judge_resume(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]
     cmd = [sys.executable, "-m", "judgetrain.cli.judge", "--items", str(items), "--output_dir", str(out)]
     for j in judges:
         cmd += ["--judge", f"model=tiny-judge,name={j}"]
+    seconds, proc = _timed(cmd)
+    os.utime(items)  # the same bytes, touched: the full start reads and compares the items
+    touched_s, touched = _timed(cmd)
+    return {"done_rows": n_items * n_judges, "items": n_items, "judges": n_judges, "seconds_to_exit": seconds,
+            "target_seconds": 5.0, "nothing_generated": "nothing left to do" in proc.stderr,
+            "decided_before_torch": "the file the run read" in proc.stderr,
+            "seconds_to_exit_items_touched": touched_s,
+            "items_touched_nothing_generated": "nothing left to do" in touched.stderr, "setup_seconds": build_s}
+
+
+def _timed(cmd: list[str]):
+    """(seconds from start to exit, the finished process) of one command."""
+    import subprocess
+
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"resume run failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return {"done_rows": n_items * n_judges, "items": n_items, "judges": n_judges, "seconds_to_exit": seconds,
-            "target_seconds": 5.0, "nothing_generated": "nothing left to do" in proc.stderr,
-            "setup_seconds": build_s}
+    return seconds, proc
 
 
 def bench_judge(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]:

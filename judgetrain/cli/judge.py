@@ -23,7 +23,7 @@ import logging
 import sys
 from pathlib import Path
 
-from judgetrain.utils.logging import setup_logging
+from judgetrain.utils.logging import FORMAT, setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options(args: argparse.Namespace):
-    from judgetrain.judge.runner import Options
+    from judgetrain.judge.options import Options
 
     force = args.force_score_prefix
     backend = args.backend
@@ -110,8 +110,42 @@ def _refuse(message: str) -> int:
     return 2
 
 
+def finished_already(args: argparse.Namespace) -> int | None:
+    """0 when the output_dir already holds every evaluation of this command (`judgetrain.judge.resume`: decided
+    before torch, transformers or accelerate are imported, the summary printed again); None to start in full."""
+    from judgetrain.judge.judges import JudgeSpecError, judge_specs
+    from judgetrain.judge.output import REJECTS
+    from judgetrain.judge.resume import launch_rank, nothing_left
+
+    out = Path(args.output_dir)
+    main = launch_rank() == 0
+    logging.basicConfig(format=FORMAT, level=logging.INFO if main else logging.WARNING)
+    try:
+        opts, specs = options(args), judge_specs(args.judge, args.judges_file)
+    except (JudgeSpecError, ValueError):
+        return None  # the full start refuses it, with the same message
+    done = nothing_left(out, args.items, specs, opts, on_bad_row=args.on_bad_row,
+                        rejects_path=args.rejects_path or str(out / REJECTS), main=main)
+    if done is None:
+        return None
+    if main:
+        print_result(done["summary"], done["evaluations"], done["n_items"] * len(specs), out,
+                     done["n_rejected"], done["rejects_path"])
+    return 0
+
+
+def print_result(summary: dict, evaluations: str, rows: int, out: Path, n_rejected: int, rejects_path) -> None:
+    from rich.console import Console
+
+    Console().print(summary_table(summary))
+    rejected = f"; {n_rejected} item(s) rejected, see {rejects_path}" if n_rejected else ""
+    logger.info("wrote %s (%d rows) and %s%s", evaluations, rows, out / "summary.json", rejected)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if (code := finished_already(args)) is not None:
+        return code
     from accelerate import PartialState
 
     from judgetrain.cli.eval import _cpu_only
@@ -137,12 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if state.is_main_process:
-        from rich.console import Console
-
-        Console().print(summary_table(result["summary"]))
-        rejected = f"; {item_set.n_rejected} item(s) rejected, see {item_set.rejects_path}" if item_set.n_rejected else ""
-        logger.info("wrote %s (%d rows) and %s%s", result["evaluations"], len(item_set.items) * len(specs),
-                    out / "summary.json", rejected)
+        print_result(result["summary"], result["evaluations"], len(item_set.items) * len(specs), out,
+                     item_set.n_rejected, item_set.rejects_path)
     return 0
 
 

@@ -449,7 +449,26 @@ def recipe_parser():
         def error(self, message):
             raise RecipeError(f"command line: {message}")
 
-    return RecipeParser(dataclass_types(), allow_abbrev=False)
+    parser = RecipeParser(dataclass_types(), allow_abbrev=False)
+    for action in parser._actions:  # list[dict] keys (train_datasets): each value a YAML / JSON mapping
+        if action.type is dict:
+            action.type = _mapping_option
+    return parser
+
+
+def _mapping_option(text: str) -> dict:
+    """One ``--train_datasets`` value: a YAML (or JSON) mapping such as ``{dataset: judgebias, source: pairs_out}``."""
+    import argparse
+
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise argparse.ArgumentTypeError(f"not YAML: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a mapping such as {{dataset: judgebias, source: PATH}}, got {text!r}")
+    return value
 
 
 def given_options(parser, overrides: list[str]) -> dict[str, Any]:

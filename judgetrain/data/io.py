@@ -176,11 +176,12 @@ def _json_row(lineno: int, text: str, problem: str | None):
 def _jsonl_lines(path: str, stamp: str):
     """Each non-blank line of ``path``: its number, its text and, for a line that is not UTF-8, the problem."""
     del stamp  # the file version, part of the cache fingerprint only
-    for lineno, raw in _lines(Path(path)):
+    path = Path(path)
+    for lineno, raw in _lines(path):
         if not raw.strip():
             continue
         try:
-            yield {"line": lineno, "text": _decode(raw, Path(path), lineno), "problem": None}
+            yield {"line": lineno, "text": _decode(raw, path, lineno), "problem": None}
         except UnreadableFile as exc:
             yield {"line": lineno, "text": raw.decode("utf-8", "replace"), "problem": exc.problem}
 

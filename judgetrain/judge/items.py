@@ -24,8 +24,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from judgetrain.data.io import read_split
-from judgetrain.data.validate import RowProblem, Rejects, parse_messages, validate_rows
+from judgetrain.data.io import JsonLines, Table, read_split, resolve_local
+from judgetrain.data.validate import RowProblem, Rejects, json_safe, parse_messages, validate_rows
+from judgetrain.judge.resume import file_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +56,20 @@ class ItemSet:
     rejects_path: str | None = None
     judgebias: bool = False  # read from JudgeBias-DPO-RefFree pair rows
     problems: list[str] = field(default_factory=list)
+    stamp: dict | None = None  # a local file's path, size, modification time and inode, taken before reading it
+    on_bad_row: str = "error"
+    _digest: str | None = field(default=None, repr=False)
 
     def digest(self) -> str:
         """SHA-256 over every item's key and messages, in order: what a resume compares (the file's bytes may
-        differ, a hub dataset has none; the items must not)."""
-        h = hashlib.sha256()
-        for item in self.items:
-            h.update(json.dumps([list(item.key), item.messages], ensure_ascii=False).encode("utf-8"))
-            h.update(b"\n")
-        return h.hexdigest()
+        differ, a hub dataset has none; the items must not). Computed once."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            for item in self.items:
+                h.update(json.dumps([list(item.key), item.messages], ensure_ascii=False).encode("utf-8"))
+                h.update(b"\n")
+            self._digest = h.hexdigest()
+        return self._digest
 
 
 def check_sample_id(value: Any) -> str | None:
@@ -117,10 +123,11 @@ def check_item(row: dict) -> list[tuple[str, str]]:
     return problems
 
 
-def _plain(value: Any) -> Any:
-    from judgetrain.data.validate import json_safe
+_PLAIN = (str, int, bool, type(None))
 
-    return json_safe(value)
+
+def _plain(value: Any) -> Any:
+    return value if type(value) in _PLAIN else json_safe(value)
 
 
 def _sample_id(value: Any) -> Any:
@@ -156,12 +163,30 @@ def _check_judgebias(row: dict) -> list[tuple[str, str]]:
     return problems
 
 
+def _read_tables(source: str, split: str, rejects: Rejects, revision: str | None) -> list[Table]:
+    """The rows of ``source``: a local JSONL file parsed a line at a time into a list and a parquet file through
+    pyarrow (the items are all held anyway: no datasets cache to write or index a row at a time); anything else, or
+    a file these readers cannot read (for `read_split`'s message naming what is wrong), through `read_split`."""
+    path = resolve_local(source, "items") if revision is None else None
+    if path is not None and path.is_file() and path.suffix in (".jsonl", ".parquet"):
+        try:
+            if path.suffix == ".jsonl":
+                return [Table(str(path), list(JsonLines.parse(path)))]
+            import pyarrow.parquet as pq
+
+            return [Table(str(path), pq.read_table(path).to_pylist())]
+        except Exception:  # noqa: BLE001 - read_split names the problem (a torn parquet file, a bad byte)
+            pass
+    return read_split(source, "items", split, rejects, **({"revision": revision} if revision else {}))
+
+
 def read_items(source: str, *, split: str = "train", on_bad_row: str = "error", rejects_path: str | None = None,
                revision: str | None = None) -> ItemSet:
     """The items of ``source`` (see the module doc), checked; raises `DataValidationError` naming file, row and field
     (``on_bad_row="error"``) or writes the bad rows to ``rejects_path`` and counts them (``"skip"``)."""
     rejects = Rejects("items", split, on_bad_row, rejects_path)
-    tables = read_split(source, "items", split, rejects, **({"revision": revision} if revision else {}))
+    stamp = file_stamp(source)
+    tables = _read_tables(source, split, rejects, revision)
     items: list[Item] = []
     seen: dict[tuple, tuple[str, int, list]] = {}  # key -> (source, row, messages) of its first row
     judgebias = False
@@ -192,7 +217,8 @@ def read_items(source: str, *, split: str = "train", on_bad_row: str = "error", 
             columns_out["sample_id"] = key[0]
             items.append(Item(key, messages, columns_out, table.source, i))
     path = rejects.finish()
-    out = ItemSet(items, str(source), rejects.n_rows, rejects.n_bad, str(path) if path else None, judgebias)
+    out = ItemSet(items, str(source), rejects.n_rows, rejects.n_bad, str(path) if path else None, judgebias,
+                  stamp=stamp, on_bad_row=on_bad_row)
     if not items:
         raise ValueError(f"{source}: no items to judge" + (f" ({rejects.n_bad} rejected, see {path})" if path else ""))
     logger.info("items: %d from %s%s%s", len(items), source,

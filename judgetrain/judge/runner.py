@@ -21,11 +21,11 @@ import logging
 import re
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from judgetrain.judge.items import Item
 from judgetrain.judge.judges import JudgeSpec, load_local
+from judgetrain.judge.options import Options
 from judgetrain.judge.output import ShardWriter
 
 logger = logging.getLogger(__name__)
@@ -36,32 +36,6 @@ _FORCED_SCORE = re.compile(r"[ \t]*([0-9](?:\.[0-9])?)")  # one class per quanti
 
 class JudgeStopped(Exception):
     """SIGTERM / Ctrl-C: the committed batches stay, the rest is left for the next run."""
-
-
-@dataclass
-class Options:
-    max_new_tokens: int = 512
-    max_length: int | None = None
-    batch_tokens: int = 8192
-    max_batch_size: int = 32
-    chunk_size: int = 64
-    backend: str = "auto"
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    force_score_prefix: bool = False
-    score_key: str = "overall_score"
-    scale: tuple[float, float] = (0.5, 5.5)
-    dtype: str = "auto"
-    concurrency: int = 8
-    trust_remote_code: bool = False
-
-    def identity(self) -> dict[str, Any]:
-        """The options that change what is written (batching and backend do not, beyond float noise)."""
-        return {"max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "do_sample": self.do_sample,
-                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
-                "force_score_prefix": self.force_score_prefix, "score_key": self.score_key, "scale": list(self.scale)}
 
 
 def stop_flag():
@@ -230,9 +204,43 @@ def judge_one(spec: JudgeSpec, items: list[Item], missing: list[int], opts: Opti
     return committed
 
 
+def generate_missing(specs: list[JudgeSpec], items: list[Item], done: dict, opts: Options, out, state,
+                     progress: Progress) -> int | None:
+    """Every judge over the items ``done`` does not hold; the evaluations this process committed, or None when a
+    signal stopped it (the committed batches stay)."""
+    stop = stop_flag().install()
+    writer = ShardWriter(out, state.process_index)
+    generated = 0
+    try:
+        for spec in specs:
+            missing = [i for i in range(len(items)) if i not in done.get(spec.name, ())]
+            if missing:
+                generated += judge_one(spec, items, missing, opts, writer, state, stop, progress)
+    except JudgeStopped:
+        if state.is_main_process:
+            logger.warning("stopped by %s: %d/%d evaluations committed to %s; run the same command to continue",
+                           stop.signal_name or "a stop request of another process", progress.done, progress.total,
+                           out)
+        return None
+    finally:
+        writer.close()
+        stop.uninstall()
+    return generated
+
+
 def identity(item_set, specs: list[JudgeSpec], opts: Options) -> dict:
     return {"items": {"source": item_set.source, "digest": item_set.digest(), "n_items": len(item_set.items)},
             "judges": [s.identity() for s in specs], "options": opts.identity()}
+
+
+def confirmed(out, item_set, ident: dict) -> str:
+    """`check_identity`, then the items file's stamp for the next start (`judgetrain.judge.resume`)."""
+    from judgetrain.judge.output import check_identity
+    from judgetrain.judge.resume import record_items
+
+    start = check_identity(out, ident)
+    record_items(out, item_set)
+    return start
 
 
 def run_panel(item_set, specs: list[JudgeSpec], opts: Options, out, state) -> dict:
@@ -241,13 +249,13 @@ def run_panel(item_set, specs: list[JudgeSpec], opts: Options, out, state) -> di
     RecipeError when ``out`` holds another run's rows."""
     from pathlib import Path
 
-    from judgetrain.judge.output import check_identity, done_items, merge, read_done, summarize, write_summary
+    from judgetrain.judge.output import done_items, merge, read_done, summarize, write_summary
     from judgetrain.utils.ranks import decided_on_main
 
     out = Path(out)
     items = item_set.items
     names = [s.name for s in specs]
-    start = decided_on_main(lambda: check_identity(out, identity(item_set, specs, opts)))
+    start = decided_on_main(lambda: confirmed(out, item_set, identity(item_set, specs, opts)))
     done = done_items(read_done(out))
     total = len(items) * len(specs)
     n_done = sum(len(done.get(n, set()) & set(range(len(items)))) for n in names)
@@ -257,29 +265,17 @@ def run_panel(item_set, specs: list[JudgeSpec], opts: Options, out, state) -> di
         logger.info("%s %s: %d/%d evaluations done, %d to generate (%d item(s) x %d judge(s))", start, out, n_done,
                     total, total - n_done, len(items), len(specs))
     state.wait_for_everyone()  # every process has read the index before any shard is cut back
-    stop = stop_flag().install()
-    writer = ShardWriter(out, state.process_index)
     progress = Progress(total, n_done, main)
-    generated = 0
-    try:
-        for spec in specs:
-            missing = [i for i in range(len(items)) if i not in done.get(spec.name, ())]
-            if missing:
-                generated += judge_one(spec, items, missing, opts, writer, state, stop, progress)
-    except JudgeStopped:
-        if main:
-            logger.warning("stopped by %s: %d/%d evaluations committed to %s; run the same command to continue",
-                           stop.signal_name or "a stop request of another process", progress.done, total, out)
-        return {"status": "stopped", "generated": generated}
-    finally:
-        writer.close()
-        stop.uninstall()
+    generated = generate_missing(specs, items, done, opts, out, state, progress) if n_done < total else 0
+    if generated is None:
+        return {"status": "stopped", "generated": 0}
     state.wait_for_everyone()
     result: dict[str, Any] = {"status": "finished", "generated": generated, "evaluations": str(final),
                               "evaluations_per_s": progress.rate()}
     if main:
         committed = read_done(out)
-        if generated or progress.done > n_done or not final.exists():
+        merged = sum(c.end for c in committed)  # the size of a merge of the committed rows, each once
+        if generated or progress.done > n_done or not final.exists() or final.stat().st_size != merged:
             merge(out, names, len(items), committed)
         else:
             logger.info("nothing left to do: %s holds every evaluation", final)

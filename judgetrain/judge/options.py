@@ -1,0 +1,33 @@
+"""The options of a `judgetrain judge` run (standard library only: a resume with nothing left to do decides with
+them before torch is imported, `judgetrain.judge.resume`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Options:
+    max_new_tokens: int = 512
+    max_length: int | None = None
+    batch_tokens: int = 8192
+    max_batch_size: int = 32
+    chunk_size: int = 64
+    backend: str = "auto"
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    force_score_prefix: bool = False
+    score_key: str = "overall_score"
+    scale: tuple[float, float] = (0.5, 5.5)
+    dtype: str = "auto"
+    concurrency: int = 8
+    trust_remote_code: bool = False
+
+    def identity(self) -> dict[str, Any]:
+        """The options that change what is written (batching and backend do not, beyond float noise)."""
+        return {"max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "do_sample": self.do_sample,
+                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                "force_score_prefix": self.force_score_prefix, "score_key": self.score_key, "scale": list(self.scale)}
