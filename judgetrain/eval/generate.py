@@ -259,7 +259,9 @@ class Generator(StopPoints):
         results: list[Generated | None] = [None] * len(fitted)
         rng = torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [], enabled=self.do_sample)
         try:
-            with rng, torch.inference_mode(), self._merged(model) as merged:
+            # no_grad, not inference_mode: the model is the live training model, and a tensor made under inference
+            # mode (a ZeRO-3 gathered parameter, a lazily built buffer) cannot be saved for backward later
+            with rng, torch.no_grad(), self._merged(model) as merged:
                 self.stats.merged_lora_layers = merged
                 if self.do_sample:
                     torch.manual_seed(self.seed)
