@@ -121,3 +121,23 @@ def test_the_probe_runs_under_the_trainings_autocast_with_the_tolerance_of_its_d
     else:
         assert trainer.prefix_sharing is False
         assert "where bfloat16 rounding allows" in caplog.text and "does not honour the custom mask" in caplog.text
+
+
+def test_tf32_is_read_whichever_torch_api_set_it():
+    # transformers' `tf32: true` sets torch's newer fp32_precision flag (torch >= 2.9), after which the older
+    # allow_tf32 / get_float32_matmul_precision raise; the flags are read without a CUDA device
+    cuda = torch.device("cuda")
+    before = torch.backends.fp32_precision
+    try:
+        assert ps.compute_dtype(torch.float32, cuda) == (torch.float32, "float32")
+        torch.backends.fp32_precision = "tf32"  # as transformers.utils.import_utils.enable_tf32(True) does
+        assert ps.compute_dtype(torch.float32, cuda) == (torch.float16, "tf32")
+        assert ps.compute_dtype(torch.bfloat16, cuda) == (torch.bfloat16, "bfloat16")
+        assert ps.compute_dtype(torch.float32, torch.device("cpu")) == (torch.float32, "float32")
+        torch.backends.fp32_precision = "ieee"
+        torch.set_float32_matmul_precision("high")  # the older API
+        assert ps.compute_dtype(torch.float32, cuda) == (torch.float16, "tf32")
+        torch.set_float32_matmul_precision("highest")
+        assert ps.compute_dtype(torch.float32, cuda) == (torch.float32, "float32")
+    finally:
+        torch.backends.fp32_precision = before

@@ -54,6 +54,16 @@ def probe_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return max(1e-5, 0.15 * eps), max(1e-4, 4 * eps)
 
 
+def fp32_matmuls_in_tf32() -> bool:
+    """Whether CUDA fp32 matmuls run in tf32, read through torch's newer ``fp32_precision`` flags where torch has them
+    (they answer whichever API set it). The older ``allow_tf32`` / ``get_float32_matmul_precision`` raise once
+    transformers' ``tf32: true`` has set the newer flag (torch >= 2.9: "mix of the legacy and new APIs")."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+
+
 def compute_dtype(weights: torch.dtype, device: torch.device) -> tuple[torch.dtype, str]:
     """The dtype whose rounding the maths of a forward on ``device`` runs in, and its name: the autocast dtype when
     autocast is on there (fp32 weights under bf16 mixed precision compute their matmuls in bf16), tf32 for fp32
@@ -62,8 +72,7 @@ def compute_dtype(weights: torch.dtype, device: torch.device) -> tuple[torch.dty
     if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
         dtype = torch.get_autocast_dtype(kind)
         return dtype, str(dtype).removeprefix("torch.")
-    if weights == torch.float32 and kind == "cuda" and (
-            torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"):
+    if weights == torch.float32 and kind == "cuda" and fp32_matmuls_in_tf32():
         return torch.float16, "tf32"
     return weights, str(weights).removeprefix("torch.")
 
