@@ -123,6 +123,18 @@ def test_a_hub_id_with_the_hub_offline_must_be_in_the_local_cache(tmp_path, monk
     assert pf.hub_problem(str(tmp_path), env={"HF_HUB_OFFLINE": "1"}) is None
 
 
+def test_the_preflight_reads_offline_mode_by_the_hubs_own_rule(tmp_path, monkeypatch):
+    """One answer to "is the hub offline" (utils.hub.hub_offline): HF_HUB_OFFLINE=ON is offline for huggingface_hub,
+    and a set HF_HUB_OFFLINE=0 wins over TRANSFORMERS_OFFLINE=1."""
+    from judgetrain.utils.hub import hub_offline
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    for env, offline in (({"HF_HUB_OFFLINE": "ON"}, True), ({"TRANSFORMERS_OFFLINE": "yes"}, True),
+                         ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False), ({}, False)):
+        assert hub_offline(env) is offline, env
+        assert (pf.hub_problem("Qwen/Qwen3-8B", env=env) is not None) is offline, env
+
+
 def test_a_run_stops_before_loading_anything_naming_every_problem_at_once(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path)

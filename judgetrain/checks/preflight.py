@@ -230,8 +230,9 @@ def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.env
 
     if is_alias(model_name_or_path) or Path(model_name_or_path).exists():
         return None
-    offline = env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or env.get("TRANSFORMERS_OFFLINE", "").lower() in ("1", "true", "yes")
-    if not offline:
+    from judgetrain.utils.hub import hub_offline
+
+    if not hub_offline(env):
         return None
     try:
         from huggingface_hub import try_to_load_from_cache

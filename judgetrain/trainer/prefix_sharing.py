@@ -37,7 +37,6 @@ import torch
 
 from judgetrain.compat.transformers import attn_implementation
 from judgetrain.compat.trl import forward_is_wrapped, unwrap_fused_forward, uses_vision_data, wrap_fused_forward
-from judgetrain.models.attention import SUPPORTED_ATTENTION
 
 logger = logging.getLogger(__name__)
 
@@ -245,23 +244,11 @@ def install_pair_forward(model, stats: dict) -> None:
 
 
 def unsupported_reason(model) -> str | None:
-    """Why prefix sharing cannot run on this model (None when it can), judged from its config."""
-    config = model.config.get_text_config()
-    attn = attn_implementation(model.config)
-    if attn not in SUPPORTED_ATTENTION:
-        return (f"attn_implementation={attn!r} takes no custom 4D attention mask (prefix sharing needs one of "
-                f"{', '.join(SUPPORTED_ATTENTION)})")
-    layer_types = set(getattr(config, "layer_types", None) or [])
-    if layer_types - {"full_attention"}:
-        return f"{config.model_type} has {sorted(layer_types)} layers: sliding-window/chunked attention is not expressed in the shared mask"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return f"{config.model_type} uses sliding-window attention (sliding_window={config.sliding_window})"
-    if getattr(config, "alibi", False) or "alibi" in str(getattr(config, "position_embedding_type", "")):
-        return f"{config.model_type} uses ALiBi positions, computed from a 2D mask"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and "mrope_section" in rope:
-        return f"{config.model_type} uses multimodal rotary positions"
-    return None
+    """Why prefix sharing cannot run on this model (None when it can), judged from its config: the one rule of
+    `judgetrain.models.attention.shared_prefix_problem`, which eval's shared cache follows too."""
+    from judgetrain.models.attention import shared_prefix_problem
+
+    return shared_prefix_problem(model.config)
 
 
 # ----------------------------------------------------------------------------------------------- the trainer
