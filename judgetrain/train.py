@@ -95,7 +95,8 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     report.attach(trainer)
     guard.attach(trainer)
     if training_args.eval_strategy != "no" or training_args.eval_on_start:
-        trainer.add_callback(JudgeEvalCallback.from_recipe(script_args, training_args, tokenizer, trainer=trainer))
+        trainer.add_callback(JudgeEvalCallback.from_recipe(script_args, training_args, tokenizer, trainer=trainer,
+                                                           model_revision=model_args.model_revision))
     return trainer, guard, stopper
 
 

@@ -18,10 +18,21 @@ script goes on after a failed one; the exit code is 1 when any check failed. The
   (both off) on the same requests, fp32 (merged LoRA runs there) and bf16;
 * ``memory``: torch.cuda.max_memory_allocated of real DPOTrainer steps against the dry run's estimate
   (judgetrain.checks.memory) for Qwen3-0.6B- and -1.7B-shaped random models, LoRA and full, checkpointing on and off;
-* ``bench``: ``judgetrain bench --device cuda --only device`` (tokens/s, MFU), its JSON kept beside this one.
+* ``bench``: ``judgetrain bench --device cuda --only device`` (tokens/s, MFU), its JSON kept beside this one;
+* ``vllm`` (GPU, vLLM installed; a subprocess): the vLLM generation backend on a LoRA model loaded by hub id at a
+  pinned commit of a local hub cache whose ``main`` holds other weights: the engine is built at the pinned revision
+  and writes what transformers writes, the allocator's cache is emptied before it starts (free memory before and
+  after), and sleep mode frees its memory between evals (free memory asleep and awake);
+* ``flash_attention``: transformers' own availability of flash-attention 2 and 3 (``is_flash_attn_N_available``), the
+  preflight's verdict for each, and whether a model loads with it: the verdict and the load must agree;
+* ``tf32``: with fp32 matmuls in tf32 as ``tf32: true`` sets them (transformers, torch's ``fp32_precision``) a
+  matmul's error is tf32's, ``compute_dtype`` names tf32, and the prefix-sharing probe of fp32 weights runs at tf32's tolerance and keeps
+  prefix sharing on.
 
 ``--device cpu`` runs the same checks at tiny shapes in seconds each (tests/test_gpu_check.py runs it, so the script
-cannot rot; the memory check then counts live tensors, and the bench check times the tiny shape in process).
+cannot rot; the memory check then counts live tensors, and the bench check times the tiny shape in process). The last
+three are GPU questions: on ``--device cuda`` they run by default, on ``--device cpu`` when named with ``--only`` (their
+CPU halves: the flash-attention verdicts against the loads, tf32 not in effect, vLLM skipped).
 """
 
 from __future__ import annotations
@@ -42,8 +53,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BF16_EPS = 2.0**-7  # bf16's relative rounding step: the tolerances below are small multiples of it
-CAPS = {"cuda": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 150, "bench": 180},
-        "cpu": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 60, "bench": 60}}
+CAPS = {"cuda": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 150, "bench": 180,
+                 "vllm": 240, "flash_attention": 60, "tf32": 60},
+        "cpu": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 60, "bench": 60,
+                "vllm": 30, "flash_attention": 60, "tf32": 60}}
+GPU_QUESTIONS = ("vllm", "flash_attention", "tf32")  # run by default on cuda only
 
 
 class CheckTimeout(Exception):
@@ -52,6 +66,10 @@ class CheckTimeout(Exception):
 
 class CheckFailed(AssertionError):
     pass
+
+
+class CheckSkipped(Exception):
+    """Nothing to check here (a package or the device missing): reported as skipped, with the reason."""
 
 
 def expect(ok: bool, what: str) -> None:
@@ -306,8 +324,167 @@ def check_bench(cfg) -> dict:
                                          "peak_memory_gib")} for name, v in shapes_.items()}
 
 
+VLLM_CHILD = r"""
+import json, sys, torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from judgetrain.eval.generate import Generator
+repo, pinned, main = sys.argv[1:4]
+prompts = [[{"role": "user", "content": f"Grade recipe {i}: heat the alloy at {700 + 37 * i} C for {i + 1} h."}]
+           for i in range(8)]
+tok = AutoTokenizer.from_pretrained(repo, revision=pinned)
+model = AutoModelForCausalLM.from_pretrained(repo, revision=pinned, dtype=torch.float32).cuda()
+model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                                         revision=pinned)).eval()
+hf = Generator(model, tok, max_new_tokens=16).generate(prompts)
+junk = torch.empty(2**30, dtype=torch.uint8, device="cuda"); del junk  # freed training memory, held in the cache
+cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+gen = Generator(model, tok, max_new_tokens=16, backend="vllm", model_revision=pinned,
+                vllm_kwargs={"gpu_memory_utilization": 0.3, "enable_sleep_mode": True})
+first = gen.generate(prompts)
+engine = gen._vllm
+config = engine.llm.llm_engine.vllm_config.model_config
+out = {"revision": config.revision, "tokenizer_revision": getattr(config, "tokenizer_revision", None),
+       "cached_gib_before_start": cached / 2**30,
+       "cached_gib_after_start": (torch.cuda.memory_reserved() - torch.cuda.memory_allocated()) / 2**30,
+       "equal_rows": sum(a.token_ids == b.token_ids for a, b in zip(first, hf)), "rows": len(prompts)}
+out["slept"] = gen.release()
+second = gen.generate(prompts)  # wakes the engine
+out["equal_rows_after_wake"] = sum(a.token_ids == b.token_ids for a, b in zip(second, hf))
+out["memory"] = dict(engine.memory)
+print("VLLM_CHECK " + json.dumps(out))
+"""
+
+
+def _hub_cache(root: Path, repo: str, shape: dict, tok_dir: str) -> tuple[str, str]:
+    """A hub cache (HF_HUB_CACHE) of ``repo`` with two snapshots of different weights; refs/main names the other."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    main, pinned = "a" * 40, "b" * 40
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    config = Qwen3Config(**{**shape, "vocab_size": max(shape["vocab_size"], len(tok))})
+    config.architectures = ["Qwen3ForCausalLM"]
+    folder = root / ("models--" + repo.replace("/", "--"))
+    for commit, seed in ((main, 1), (pinned, 2)):
+        torch.manual_seed(seed)
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder / "snapshots" / commit)
+        tok.save_pretrained(folder / "snapshots" / commit)
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / "main").write_text(main)
+    return main, pinned
+
+
+def check_vllm(cfg) -> dict:
+    """The vLLM backend on a GPU: pinned revision, the allocator's cache emptied before the engine, sleep mode."""
+    if cfg.device != "cuda":
+        raise CheckSkipped("vLLM's GPU engine: CUDA only (the engine's arguments are tested on CPU)")
+    if importlib.util.find_spec("vllm") is None:
+        raise CheckSkipped("vllm is not installed")
+    from judgetrain.bench.gpu import REAL_SHAPES
+
+    repo, hub = "judgetrain-check/judge", cfg.work / "hub"
+    main, pinned = _hub_cache(hub, repo, {**REAL_SHAPES["qwen3-0.6b"], "num_hidden_layers": 4}, tiny_tokenizer_dir())
+    proc = subprocess.run([sys.executable, "-c", VLLM_CHILD, repo, pinned, main], cwd=REPO, capture_output=True,
+                          text=True, timeout=cfg.cap - 10, env={**os.environ, "HF_HUB_CACHE": str(hub),
+                                                                "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
+    (cfg.work / "vllm.log").write_text(proc.stdout + proc.stderr)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("VLLM_CHECK ")), None)
+    expect(proc.returncode == 0 and line is not None, f"the vLLM child ended {proc.returncode}: "
+                                                       f"{(proc.stdout + proc.stderr)[-1500:]}")
+    out = json.loads(line.removeprefix("VLLM_CHECK "))
+    mem = out["memory"]
+    expect(out["revision"] == pinned, f"the engine loaded revision {out['revision']}, not the pinned {pinned}")
+    expect(out["cached_gib_after_start"] < out["cached_gib_before_start"],
+           f"the allocator's cache was not emptied before the engine started: {out}")
+    expect(out["equal_rows"] >= out["rows"] - 1, f"vLLM wrote other tokens than transformers: {out}")
+    expect(out["slept"] and mem["free_gib_asleep"] > mem["free_gib_after"], f"sleep mode freed nothing: {mem}")
+    expect(out["equal_rows_after_wake"] == out["equal_rows"], f"after wake_up the engine writes otherwise: {out}")
+    return out
+
+
+def check_flash_attention(cfg) -> dict:
+    """transformers' availability of flash-attention 2/3, the preflight's verdict, and a model load with each."""
+    import torch
+    from transformers.utils import import_utils
+
+    from judgetrain.checks.preflight import attention_problem
+
+    s = shapes(cfg.device)
+    out = {}
+    for version in ("2", "3"):
+        attn = f"flash_attention_{version}"
+        got = {"transformers_available": getattr(import_utils, f"is_flash_attn_{version}_available")(),
+               "kernels_installed": importlib.util.find_spec("kernels") is not None,
+               "preflight_problem": attention_problem(attn)}
+        try:
+            model = qwen3_model(s["layer"], 512, s["layers"], torch.bfloat16, cfg.device, attn)
+            ids = torch.randint(0, 512, (2, 64), device=cfg.device)
+            with torch.no_grad():
+                flash = model(ids).logits.float()
+                model.set_attn_implementation("sdpa")
+                sdpa = model(ids).logits.float()
+            got["loads"], got["logits_max_abs_diff_vs_sdpa"] = True, (flash - sdpa).abs().max().item()
+            del model
+        except Exception as e:  # noqa: BLE001 - the load's refusal is the figure
+            got["loads"], got["load_error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+        out[attn] = got
+        expect((got["preflight_problem"] is None) == got["loads"],
+               f"{attn}: the preflight says {got['preflight_problem']!r} but the model "
+               f"{'loads' if got['loads'] else 'does not load'}")
+        if got["loads"]:
+            expect(got["logits_max_abs_diff_vs_sdpa"] <= 0.1, f"{attn}: logits differ from sdpa: {got}")
+    return out
+
+
+def check_tf32(cfg) -> dict:
+    """fp32 matmuls in tf32 as a recipe's ``tf32: true`` sets them (transformers, through torch's fp32_precision): their
+    error, compute_dtype's name for it, and the prefix-sharing probe of fp32 weights at tf32's tolerance."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import DPOConfig
+
+    from judgetrain.models.loading import load_recipe_tokenizer
+    from judgetrain.trainer.dpo import PrefixSharingDPOTrainer
+    from judgetrain.trainer.prefix_sharing import compute_dtype, probe_tolerance
+
+    previous = getattr(torch.backends, "fp32_precision", None)
+    try:
+        args = DPOConfig(output_dir=str(cfg.work / "tf32"), per_device_train_batch_size=2, max_length=512,
+                         report_to="none", use_cpu=cfg.device == "cpu", bf16=False,
+                         tf32=True if cfg.device == "cuda" else None)
+        a, b = (torch.randn(512, 512, generator=torch.Generator().manual_seed(i)).to(cfg.device) for i in (0, 1))
+        exact = a.double() @ b.double()
+        rel = ((a @ b).double() - exact).abs().max().item() / exact.abs().max().item()
+        dtype, name = compute_dtype(torch.float32, torch.device(cfg.device))
+        out = {"fp32_precision": previous and torch.backends.fp32_precision, "matmul_rel_error": rel,
+               "compute_dtype": name}
+        tok = load_recipe_tokenizer(tiny_tokenizer_dir(), args)
+        s = shapes(cfg.device)
+        trainer = PrefixSharingDPOTrainer(model=qwen3_model(s["layer"], len(tok), s["layers"], torch.float32, cfg.device),
+                                          args=args, train_dataset=Dataset.from_list(rows(4)), processing_class=tok,
+                                          peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
+                                                                 task_type="CAUSAL_LM"))
+        stats = trainer.prefix_sharing_stats
+        out["probe"] = {"compute_dtype": stats.get("probe_compute_dtype"), "max_abs_diff": stats["probe_max_abs_diff"],
+                        "mean_abs_diff": stats["probe_mean_abs_diff"], "allowed": probe_tolerance(dtype),
+                        "prefix_sharing": trainer.prefix_sharing}
+    finally:
+        if previous is not None:
+            torch.backends.fp32_precision = previous
+    want = "tf32" if cfg.device == "cuda" else "float32"
+    expect(name == want and out["probe"]["compute_dtype"] == want, f"compute dtype {name}, probe's "
+                                                                   f"{out['probe']['compute_dtype']}; want {want}")
+    expect(trainer.prefix_sharing is True, f"the probe turned prefix sharing off: {out['probe']}")
+    if cfg.device == "cuda":  # tf32 in effect: its rounding shows, far beyond fp32's
+        expect(rel > 1e-5, f"fp32 matmul error {rel:.1e}: tf32 is not in effect")
+    return out
+
+
 CHECKS = {"quickstart": check_quickstart, "prefix_sharing": check_prefix_sharing, "eval_engine": check_eval_engine,
-          "memory": check_memory, "bench": check_bench}
+          "memory": check_memory, "bench": check_bench, "vllm": check_vllm, "flash_attention": check_flash_attention,
+          "tf32": check_tf32}
 
 
 # ------------------------------------------------------------------------------------------------- driver
@@ -324,6 +501,8 @@ def run_check(name: str, cfg) -> dict:
     try:
         figures = CHECKS[name](cfg)
         result = {"ok": True, "figures": figures}
+    except CheckSkipped as e:
+        result = {"ok": True, "skipped": str(e)}
     except (CheckFailed, CheckTimeout, subprocess.TimeoutExpired) as e:
         result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     except Exception as e:  # a crash is a failed check, the others still run
@@ -349,7 +528,8 @@ def parse(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--out", default="gpu_check.json", help="the JSON report (default: gpu_check.json)")
     p.add_argument("--wheels", type=Path, default=None, help="folder of wheels for trl / datasets (offline install)")
-    p.add_argument("--only", nargs="+", choices=list(CHECKS), default=list(CHECKS))
+    p.add_argument("--only", nargs="+", choices=list(CHECKS), default=None,
+                   help="the checks to run (default: all on cuda; on cpu all but " + ", ".join(GPU_QUESTIONS) + ")")
     p.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     return p.parse_args(argv)
 
@@ -367,7 +547,8 @@ def run(args) -> int:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        for name in args.only:
+        only = args.only or [c for c in CHECKS if args.device == "cuda" or c not in GPU_QUESTIONS]
+        for name in only:
             cfg = argparse.Namespace(device=args.device, work=work, cap=CAPS[args.device][name])
             report["checks"][name] = result = run_check(name, cfg)
             print(f"gpu_check: {name}: {'pass' if result['ok'] else 'FAIL ' + result['error'][:300]} "

@@ -32,3 +32,22 @@ def test_the_gpu_check_runs_every_check_on_cpu_and_writes_its_figures(tmp_path):
     assert all(c["measured_mib"] > 0 and c["bf16"] for c in mem)
     assert checks["bench"]["figures"]["tiny"]["train_tokens_per_s"] > 0
     assert report["environment"]["device"] == "cpu" and report["setup"]["missing"] == []
+
+
+def test_the_gpu_questions_run_their_cpu_halves_when_named(tmp_path):
+    """vLLM, flash-attention and tf32 are GPU questions (run by default on cuda only); on CPU, named with --only: vLLM
+    skipped with its reason, each flash-attention verdict of the preflight agreeing with the model load, tf32 not in
+    effect and the probe computing in fp32."""
+    out = tmp_path / "gpu_check.json"
+    proc = run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--only", "vllm", "flash_attention", "tf32",
+                "--out", out, "--workdir", tmp_path / "w"], cwd=REPO, env={"OMP_NUM_THREADS": "1"}, timeout=300,
+               check=False)
+    checks = json.loads(out.read_text())["checks"]
+    assert proc.returncode == 0 and all(c["ok"] for c in checks.values()), (proc.stderr[-3000:], checks)
+    assert checks["vllm"]["skipped"].startswith("vLLM's GPU engine: CUDA only")
+    flash = checks["flash_attention"]["figures"]
+    for attn in ("flash_attention_2", "flash_attention_3"):
+        assert (flash[attn]["preflight_problem"] is None) == flash[attn]["loads"]
+    tf32 = checks["tf32"]["figures"]
+    assert tf32["compute_dtype"] == tf32["probe"]["compute_dtype"] == "float32" and tf32["probe"]["prefix_sharing"]
+    assert tf32["matmul_rel_error"] < 1e-5

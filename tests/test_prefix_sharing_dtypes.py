@@ -47,7 +47,9 @@ def _positions_without_restart(pack):
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
 def test_the_probe_keeps_prefix_sharing_on_in_every_dtype_and_says_by_how_much(tiny_judge, tmp_path, kind, dtype):
     tok = _tokenizer(tiny_judge)
-    trainer = _trainer(PrefixSharingDPOTrainer, _factory(kind, tok, dtype, tiny_judge), tok, tmp_path, lora=True)
+    # fp32 computed in fp32 (DPOConfig's bf16 default would run it under bf16 autocast: the autocast test below)
+    mixed = {"bf16": False} if dtype == torch.float32 else {}
+    trainer = _trainer(PrefixSharingDPOTrainer, _factory(kind, tok, dtype, tiny_judge), tok, tmp_path, lora=True, **mixed)
     assert trainer.prefix_sharing is True
     mean_tol, max_tol = ps.probe_tolerance(dtype)
     stats = trainer.prefix_sharing_stats
@@ -96,3 +98,46 @@ def test_half_precision_training_equals_trls_forward_within_the_dtype_rounding(t
     for name, g in grad_a.items():
         scale = g.float().abs().max().clamp(min=1e-8)
         assert ((grad_b[name].float() - g.float()).abs().max() / scale).item() <= GRAD_EPS[dtype] * eps, name
+
+
+@pytest.mark.parametrize("fault", [None, "mask"])
+def test_the_probe_runs_under_the_trainings_autocast_with_the_tolerance_of_its_dtype(tiny_judge, tmp_path, monkeypatch,
+                                                                                       caplog, fault):
+    # fp32 weights under bf16 mixed precision: training computes its matmuls in bf16, and so does the probe
+    if fault == "mask":
+        monkeypatch.setattr(ps.PackedPairs, "attention_mask", _mask_without_the_pair_rule)
+    tok = _tokenizer(tiny_judge)
+    with caplog.at_level(logging.WARNING, logger="judgetrain.trainer.prefix_sharing"):
+        trainer = _trainer(PrefixSharingDPOTrainer, _factory("qwen2", tok, torch.float32, tiny_judge), tok, tmp_path,
+                           lora=True, bf16=True)
+    assert trainer.model.get_input_embeddings().weight.dtype == torch.float32
+    stats = trainer.prefix_sharing_stats
+    assert stats["probe_compute_dtype"] == "bfloat16"
+    if fault is None:
+        assert trainer.prefix_sharing is True
+        assert 0 <= stats["probe_mean_abs_diff"] <= ps.probe_tolerance(torch.bfloat16)[0]
+        # bf16 rounding, beyond what fp32 weights' own rounding allows: the weights' dtype would turn it off
+        assert stats["probe_max_abs_diff"] > ps.probe_tolerance(torch.float32)[1]
+    else:
+        assert trainer.prefix_sharing is False
+        assert "where bfloat16 rounding allows" in caplog.text and "does not honour the custom mask" in caplog.text
+
+
+def test_tf32_is_read_whichever_torch_api_set_it():
+    # transformers' `tf32: true` sets torch's newer fp32_precision flag (torch >= 2.9), after which the older
+    # allow_tf32 / get_float32_matmul_precision raise; the flags are read without a CUDA device
+    cuda = torch.device("cuda")
+    before = torch.backends.fp32_precision
+    try:
+        assert ps.compute_dtype(torch.float32, cuda) == (torch.float32, "float32")
+        torch.backends.fp32_precision = "tf32"  # as transformers.utils.import_utils.enable_tf32(True) does
+        assert ps.compute_dtype(torch.float32, cuda) == (torch.float16, "tf32")
+        assert ps.compute_dtype(torch.bfloat16, cuda) == (torch.bfloat16, "bfloat16")
+        assert ps.compute_dtype(torch.float32, torch.device("cpu")) == (torch.float32, "float32")
+        torch.backends.fp32_precision = "ieee"
+        torch.set_float32_matmul_precision("high")  # the older API
+        assert ps.compute_dtype(torch.float32, cuda) == (torch.float16, "tf32")
+        torch.set_float32_matmul_precision("highest")
+        assert ps.compute_dtype(torch.float32, cuda) == (torch.float32, "float32")
+    finally:
+        torch.backends.fp32_precision = before

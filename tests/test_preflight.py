@@ -45,7 +45,47 @@ def test_packages_the_recipe_names_by_its_keys(monkeypatch):
     assert len(problems) == 3, problems
     assert "flash-attn" in problems[0] and "liger-kernel" in problems[1] and "bitsandbytes" in problems[2]
     monkeypatch.setattr(pf, "_installed", lambda module: True)
+    monkeypatch.setattr(pf, "attention_problem", lambda attn: None)  # transformers' own check: see the next test
     assert pf.package_problems(script_args, training_args, model_args) == []
+
+
+def test_flash_attention_is_checked_as_transformers_checks_it(tmp_path, monkeypatch):
+    # this machine: no CUDA device, no flash-attention build, no kernels package
+    assert pf.attention_problem("sdpa") is None and pf.attention_problem("eager") is None
+    assert pf.attention_problem(None) is None
+    fa2 = pf.attention_problem("flash_attention_2")
+    assert fa2.startswith("attn_implementation: flash_attention_2 needs flash-attn: install `pip install flash-attn")
+    assert "`pip install kernels`" in fa2 and "or use sdpa" in fa2
+    # a module named flash_attn is not flash-attention 3 (another module, another distribution), nor a flash-attn
+    # transformers would use: the distribution's name and a CUDA device decide, as at model load
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fa3 = pf.attention_problem("flash_attention_3")
+    assert fa3.startswith("attn_implementation: flash_attention_3 needs flash-attn-3: install flash-attn-3"), fa3
+    assert "flash-attn" in pf.attention_problem("flash_attention_2")
+    assert "not one transformers knows" in pf.attention_problem("flash_attention_9")
+    assert "`pip install kernels`" in pf.attention_problem("kernels-community/vllm-flash-attn3")
+
+
+def test_a_flash_attention_build_that_does_not_import_is_named(tmp_path, monkeypatch):
+    (tmp_path / "builtforothertorch.py").write_text(
+        "raise ImportError('builtforothertorch_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert pf._import_problem("builtforothertorch") == (
+        "ImportError: builtforothertorch_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi")
+    assert pf._import_problem("json") is None
+
+
+def test_report_to_is_checked_against_transformers_integrations(monkeypatch):
+    [unknown] = pf.report_to_problems(["tensorbord"], {})
+    assert unknown.startswith("report_to: tensorbord is not an integration transformers knows (one of ")
+    assert "tensorboard" in unknown and "wandb" in unknown
+    monkeypatch.delenv("KUBEFLOW_TRAINER_SERVER_URL", raising=False)
+    [kubeflow] = pf.report_to_problems(["kubeflow"], {})
+    assert kubeflow.startswith("report_to: transformers finds kubeflow unavailable here")
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "http://127.0.0.1:1")
+    assert pf.report_to_problems(["kubeflow", "tensorboard"], {}) == []
 
 
 def test_a_filesystem_without_flock_is_named_before_the_run_takes_its_lock(tmp_path, monkeypatch):
@@ -81,6 +121,18 @@ def test_a_hub_id_with_the_hub_offline_must_be_in_the_local_cache(tmp_path, monk
     assert pf.hub_problem("Qwen/Qwen3-8B", env={}) is None  # online: transformers downloads it
     assert pf.hub_problem("tiny-judge", env={"HF_HUB_OFFLINE": "1"}) is None
     assert pf.hub_problem(str(tmp_path), env={"HF_HUB_OFFLINE": "1"}) is None
+
+
+def test_the_preflight_reads_offline_mode_by_the_hubs_own_rule(tmp_path, monkeypatch):
+    """One answer to "is the hub offline" (utils.hub.hub_offline): HF_HUB_OFFLINE=ON is offline for huggingface_hub,
+    and a set HF_HUB_OFFLINE=0 wins over TRANSFORMERS_OFFLINE=1."""
+    from judgetrain.utils.hub import hub_offline
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    for env, offline in (({"HF_HUB_OFFLINE": "ON"}, True), ({"TRANSFORMERS_OFFLINE": "yes"}, True),
+                         ({"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, False), ({}, False)):
+        assert hub_offline(env) is offline, env
+        assert (pf.hub_problem("Qwen/Qwen3-8B", env=env) is not None) is offline, env
 
 
 def test_a_run_stops_before_loading_anything_naming_every_problem_at_once(tmp_path):

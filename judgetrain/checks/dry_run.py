@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from judgetrain.data.chat import neutralise_dataset
@@ -11,6 +10,7 @@ from judgetrain.data.lengths import audit_lengths
 from judgetrain.config.recipe import RecipeError, remote_code_routes, remote_code_warning
 from judgetrain.data.prepare import build_train_dataset
 from judgetrain.models.loading import load_recipe_tokenizer
+from judgetrain.utils.hub import hub_refusal, hub_unreachable, is_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -43,19 +43,18 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     else:
         cfg = None
     n = script_args.audit_rows or DEFAULT_AUDIT_ROWS
-    for i, comp in enumerate(script_args.train_datasets):
-        src = comp.get("source", "bundled")
-        if src != "bundled" and (src.startswith((".", "/")) or os.path.sep in src and not _looks_like_hub_id(src)):
-            if not Path(src).exists():
-                raise RecipeError(f"train_datasets[{i}].source {src}: file or folder not found")
+    sources = [str(comp.get("source", "bundled")) for comp in script_args.train_datasets]
+    for i, src in enumerate(sources):
+        if src != "bundled" and not Path(src).expanduser().exists() and not is_hub_id(src):
+            raise RecipeError(f"train_datasets[{i}].source {src}: file or folder not found (nor a hub id, owner/name)")
     try:
         dataset = build_train_dataset(script_args, training_args, max_rows_each=n)
         report["rows_audited"] = len(dataset)
     except RecipeError:
         raise
     except Exception as e:  # the hub is unreachable offline: audit the bundled samples of the same datasets
-        if not _is_offline_error(e):
-            raise
+        if not hub_unreachable(e):
+            _raise_refused(e, [(f"train_datasets[{i}].source", s) for i, s in enumerate(sources)])
         report["notes"].append(f"a hub source is unreachable ({type(e).__name__}); audited the bundled samples instead")
         logger.warning("Dry run: %s; auditing the bundled samples of the same datasets in its place", e)
         script_args.train_datasets = [dict(c, source="bundled") for c in script_args.train_datasets]
@@ -66,9 +65,11 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     try:
         tokenizer = load_recipe_tokenizer(resolve_model(model) if is_alias(model) else model, training_args, model_args)
         report["tokenizer"] = model
+    except RecipeError:
+        raise
     except Exception as e:
-        if isinstance(e, RecipeError) or not _is_offline_error(e):
-            raise
+        if not hub_unreachable(e):
+            _raise_refused(e, [("model_name_or_path", model)])
         from judgetrain.models.tiny import ensure_tiny_judge
 
         report["notes"].append(
@@ -126,9 +127,11 @@ def _eval_rows(script_args, training_args, tokenizer, n: int, report) -> dict:
         try:
             rows = suite_dataset(spec, on_bad_row=script_args.on_bad_row, rejects_path=str(
                 Path(training_args.output_dir) / "rejects" / f"eval_{spec.name}.jsonl"))
+        except RecipeError:
+            raise
         except Exception as e:
-            if isinstance(e, RecipeError) or not _is_offline_error(e):
-                raise
+            if not hub_unreachable(e):
+                _raise_refused(e, [(f"eval_{spec.name}_source", src)])
             report["notes"].append(f"eval_{spec.name}_source {src} unreachable offline ({type(e).__name__}); not checked")
             continue
         spec.rows, spec.max_rows = rows.select(range(min(n, len(rows)))), None
@@ -170,16 +173,14 @@ def deepspeed_plugin_config(cfg) -> dict:
     return plugin.deepspeed_config
 
 
-def _looks_like_hub_id(src: str) -> bool:
-    parts = src.split("/")
-    return len(parts) == 2 and all(parts) and not src.startswith((".", "/"))
-
-
-def _is_offline_error(e: Exception) -> bool:
-    text = f"{type(e).__name__}: {e}".lower()
-    return any(
-        s in text
-        for s in ("offline", "connection", "couldn't reach", "could not reach", "not found on the hub",
-                  "does not appear to have", "is not a local folder", "repository not found", "huggingface.co",
-                  "localentrynotfound", "cannot find the requested files", "doesn't exist on the hub")
-    )
+def _raise_refused(error: Exception, fields: list[tuple[str, str]]):
+    """A load that the hub answered (no such repository or revision, gated, a missing file) or that failed for
+    another reason than an unreachable hub: a RecipeError naming the recipe key whose hub id the error names, with
+    the hub's own message. An error that names no hub source of the recipe is raised as it is."""
+    answer = hub_refusal(error)
+    for key, source in fields if answer is not None else ():
+        if is_hub_id(source) and source in f"{error}\n{answer}":
+            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise RecipeError(f"{key} {source}: the hub refused it ({type(answer).__name__}: {first}): check the "
+                              "id (owner/name), its revision and your access to it") from error
+    raise error

@@ -2,8 +2,8 @@
 
 Run by `judgetrain train --dry-run` and at the start of every run (before the model loads, on the main process):
 - every ``report_to`` integration is importable and can log (W&B: an API key, or offline / disabled mode);
-- what the recipe names is installed: deepspeed (a DeepSpeed accelerate config), flash-attn
-  (``attn_implementation: flash_attention_2``), liger-kernel (``use_liger_kernel``), bitsandbytes (4/8-bit loading);
+- what the recipe names is installed: deepspeed (a DeepSpeed accelerate config), flash attention
+  (``attn_implementation: flash_attention_2`` / ``_3``, by transformers' own checks, hub kernels included), liger-kernel (``use_liger_kernel``), bitsandbytes (4/8-bit loading);
 - the output_dir filesystem takes the run's lock (``flock``: Lustre without ``-o flock`` and NFSv3 ``nolock``
   refuse it);
 - there is disk for ``save_total_limit`` (+1 while the next one is written) checkpoints of the estimated size;
@@ -37,25 +37,35 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+# the pip line of an integration whose module or package is named otherwise (the rest: its own name)
+_INSTALL = {"azure_ml": "azureml-core", "dagshub": "dagshub mlflow", "flyte": "flytekit flytekitplugins-deck-standard"}
+_MODULE = {"azure_ml": "azureml", "flyte": "flytekit"}
+
+
 def report_to_problems(report_to, env=os.environ) -> list[str]:
-    """Each ``report_to`` integration importable, and W&B able to log (an API key, a netrc login, or a mode that
-    needs neither)."""
+    """Each ``report_to`` integration one that transformers knows and finds available
+    (``get_available_reporting_integrations``, the rule its Trainer uses), and W&B able to log (an API key, a netrc
+    login, or a mode that needs neither)."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    available = set(get_available_reporting_integrations())
     problems = []
-    packages = {"wandb": "wandb", "tensorboard": "tensorboard", "trackio": "trackio", "mlflow": "mlflow",
-                "comet_ml": "comet_ml", "clearml": "clearml", "neptune": "neptune", "dvclive": "dvclive",
-                "swanlab": "swanlab", "codecarbon": "codecarbon", "azure_ml": "azureml"}
     for name in names:
         if name in ("none", "all"):
             continue
-        module = packages.get(name, name)
-        if name == "tensorboard":
-            ok = _installed("tensorboard") or _installed("tensorboardX")
-        else:
-            ok = _installed(module)
-        if not ok:
-            problems.append(f"report_to: {name} is not installed: `pip install {module}`, or drop it from report_to "
-                            "(metrics.jsonl is always written)")
+        if name not in INTEGRATION_TO_CALLBACK:
+            problems.append(f"report_to: {name} is not an integration transformers knows (one of "
+                            f"{', '.join(INTEGRATION_TO_CALLBACK)})")
+            continue
+        module = _MODULE.get(name, name)
+        if name not in available:
+            if not _installed(module) and name != "kubeflow":
+                problems.append(f"report_to: {name} is not installed: `pip install {_INSTALL.get(name, module)}`, or "
+                                "drop it from report_to (metrics.jsonl is always written)")
+            else:  # comet_ml without its API key, mlflow or kubeflow switched off, azure_ml beside mlflow
+                problems.append(f"report_to: transformers finds {name} unavailable here (not configured, or "
+                                "switched off by its DISABLE_* variable): see its setup, or drop it from report_to")
             continue
         if name == "wandb" and not wandb_can_log(env):
             problems.append("report_to: wandb has no API key and is not offline: `wandb login` (or set WANDB_API_KEY),"
@@ -86,15 +96,66 @@ def package_problems(script_args, training_args, model_args) -> list[str]:
         missing = deepspeed_missing(config)  # the check `judgetrain train` makes before it launches
         if missing:
             problems.append(missing)
-    attn = str(getattr(model_args, "attn_implementation", None) or "")
-    if attn.startswith("flash_attention") and not _installed("flash_attn"):
-        problems.append(f"attn_implementation: {attn} needs flash-attn: `pip install flash-attn --no-build-isolation`"
-                        " (a CUDA build), or use sdpa")
+    attn = attention_problem(getattr(model_args, "attn_implementation", None))
+    if attn:
+        problems.append(attn)
     if getattr(training_args, "use_liger_kernel", False) and not _installed("liger_kernel"):
         problems.append("use_liger_kernel: true needs liger-kernel: `pip install liger-kernel`, or set it to false")
     if (getattr(model_args, "load_in_4bit", False) or getattr(model_args, "load_in_8bit", False)) and not _installed("bitsandbytes"):
         problems.append("load_in_4bit / load_in_8bit need bitsandbytes: `pip install 'judgetrain[quant]'`")
     return problems
+
+
+# flash_attention_N: the distribution transformers looks for, its module, and how to install it
+_FLASH = {"2": ("flash-attn", "flash_attn", "`pip install flash-attn --no-build-isolation` (a CUDA build)"),
+          "3": ("flash-attn-3", "flash_attn_interface", "flash-attn-3 (flash-attention's hopper/ build; H100-class GPUs)"),
+          "4": ("flash-attn-4", "flash_attn.cute", "`pip install flash-attn-4`")}
+
+
+def attention_problem(attn: str | None) -> str | None:
+    """Whether the model load will find the ``attn_implementation`` asked for, by transformers' own checks
+    (checked: transformers 5.24, ``PreTrainedModel._check_and_adjust_attn_implementation``): ``flash_attention_N`` is
+    there when ``is_flash_attn_N_available()`` (the package, its version and a CUDA device), or else when the
+    ``kernels`` package is installed, as transformers then loads the kernel from the hub
+    (``kernels-community/...``); a hub kernel named directly (``owner/repo``) needs ``kernels``. An installed
+    flash-attn that does not import (built for another torch or CUDA) is named here, not at model load."""
+    from transformers.utils import import_utils
+
+    attn = str(attn or "")
+    if not attn.startswith("flash_attention") and "/" not in attn:
+        return None  # eager, sdpa, flex_attention: torch's own
+    kernels = import_utils.is_kernels_available()
+    if "/" in attn:
+        return None if kernels else (f"attn_implementation: {attn} is a hub kernel, loaded with the kernels package: "
+                                     "`pip install kernels`, or use sdpa")
+    version = attn.rsplit("_", 1)[-1]
+    if version not in _FLASH:
+        return f"attn_implementation: {attn} is not one transformers knows (flash_attention_2, _3 or _4), or use sdpa"
+    dist, module, install = _FLASH[version]
+    if getattr(import_utils, f"is_flash_attn_{version}_available")():
+        broken = _import_problem(module)
+        return None if broken is None else (
+            f"attn_implementation: {attn}: the installed {dist} does not load ({broken}): it was built for another "
+            f"torch or CUDA; reinstall it for this torch ({install}), or use sdpa")
+    if kernels:
+        return None  # transformers falls back to the kernels-community build (downloaded at load, cached after)
+    import torch
+
+    here = "" if torch.cuda.is_available() else (" and no CUDA device is visible here (run this check where the job "
+                                                 "runs)" if _installed(module.split(".")[0]) else "")
+    return (f"attn_implementation: {attn} needs {dist}{here}: install {install}, or `pip install kernels` to load "
+            "it from the hub, or use sdpa")
+
+
+def _import_problem(module: str) -> str | None:
+    """Why ``module`` does not import (None when it does): a compiled extension built for another torch fails here."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - ImportError (undefined symbol), OSError (a missing CUDA library), ...
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
 
 
 def _existing_folder(path: str | os.PathLike) -> Path:
@@ -169,8 +230,9 @@ def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.env
 
     if is_alias(model_name_or_path) or Path(model_name_or_path).exists():
         return None
-    offline = env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or env.get("TRANSFORMERS_OFFLINE", "").lower() in ("1", "true", "yes")
-    if not offline:
+    from judgetrain.utils.hub import hub_offline
+
+    if not hub_offline(env):
         return None
     try:
         from huggingface_hub import try_to_load_from_cache

@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
 
             gen_kwargs = eval_args.generator_kwargs()
             room = args.max_length + gen_kwargs["max_new_tokens"] if args.max_length else None  # prompt as scored, answer on top
-            generator = Generator(model, tokenizer, max_length=room, **gen_kwargs)
+            generator = Generator(model, tokenizer, max_length=room, model_revision=getattr(args, "model_revision", None),
+                                  **gen_kwargs)
         results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state,
                                           modes=eval_args.eval_scoring, generator=generator, model=target,
                                           adapter=args.adapter)

@@ -208,6 +208,12 @@ class EvalArguments:
                   "(weights and key/value cache), beside the training process's own (vLLM's default, 0.9, leaves "
                   "training none)."},
     )
+    eval_generate_vllm_sleep: bool = field(
+        default=False,
+        metadata={"help": "generate mode, vLLM backend on a GPU: put the engine to sleep after each eval (vLLM's sleep "
+                  "mode: its key/value cache freed, a LoRA run's base weights moved to CPU memory), so training gets "
+                  "that memory back until the next eval."},
+    )
     eval_generate_samples: int = field(
         default=0,
         metadata={"help": "Deprecated: generate mode with this many rows (eval_scoring: [..., generate] and "
@@ -245,7 +251,8 @@ class EvalArguments:
                     do_sample=self.eval_generate_do_sample, temperature=self.eval_generate_temperature,
                     seed=self.eval_generate_seed, merge_lora=self.eval_merge_lora, backend=self.eval_generate_backend,
                     share_prefix=self.eval_prefix_sharing,
-                    vllm_kwargs={"gpu_memory_utilization": self.eval_generate_vllm_gpu_memory_utilization})
+                    vllm_kwargs={"gpu_memory_utilization": self.eval_generate_vllm_gpu_memory_utilization,
+                                 "enable_sleep_mode": self.eval_generate_vllm_sleep})
 
 
 def scoring_modes(value: Any) -> list[str]:

@@ -114,9 +114,11 @@ class JudgeEvalCallback(TrainerCallback):
             self.attach(trainer)
 
     @classmethod
-    def from_recipe(cls, script_args: Any, training_args: Any, tokenizer: Any, *, trainer: Any = None) -> JudgeEvalCallback:
+    def from_recipe(cls, script_args: Any, training_args: Any, tokenizer: Any, *, trainer: Any = None,
+                    model_revision: str | None = None) -> JudgeEvalCallback:
         """Build from judgetrain's recipe dataclasses (JudgeTrainArguments, DPOConfig, ModelConfig); the schedule is
-        the DPOConfig's (eval_strategy, eval_steps, eval_on_start)."""
+        the DPOConfig's (eval_strategy, eval_steps, eval_on_start). ``model_revision``: the run's pinned model
+        revision, which a vLLM engine loads the base model at."""
         ideation_mode = "implicit"
         for comp in getattr(script_args, "train_datasets", None) or []:
             if comp.get("dataset") == "ideation" and comp.get("mode"):
@@ -128,7 +130,7 @@ class JudgeEvalCallback(TrainerCallback):
             max_length=getattr(training_args, "max_length", None),
             long_inputs="skip" if getattr(script_args, "long_rows", "") == "skip" else "truncate_prompt",
             **{**script_args.engine_kwargs(), "scoring": script_args.eval_scoring},
-            generator_kwargs=script_args.generator_kwargs(),
+            generator_kwargs={**script_args.generator_kwargs(), "model_revision": model_revision},
             output_dir=training_args.output_dir,
             log_matrix_images=getattr(script_args, "log_matrix_images", False),
             trainer=trainer,
@@ -338,6 +340,9 @@ class JudgeEvalCallback(TrainerCallback):
                                                   generator=self.generator, step=step, epoch=state.epoch)
         except EvalStopped as stop:
             self._abandon(state, stop, "the eval")
+        finally:
+            if self.generator is not None:  # a vLLM engine in sleep mode gives its GPU memory back to training
+                self.generator.release()
         flat = summary["metrics"]
         self.history.append(flat)
         self._log(to_trainer_log_keys(flat))

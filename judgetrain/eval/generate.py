@@ -42,6 +42,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
@@ -141,14 +142,17 @@ class Generator(StopPoints):
         share_prefix: the prompt prefix common to a batch's rows runs once per batch.
         backend: ``transformers``, ``vllm`` or ``auto``.
         stop_token_ids: extra tokens to stop on, beside the eos and the template's end of turn.
-        vllm_kwargs: extra keyword arguments of ``vllm.LLM`` (e.g. ``gpu_memory_utilization``).
+        vllm_kwargs: extra keyword arguments of ``vllm.LLM`` (e.g. ``gpu_memory_utilization``; ``enable_sleep_mode``:
+            `release` frees the engine's GPU memory between evals).
+        model_revision: the revision (the pinned commit) of the hub repository the model was loaded from: the vLLM
+            engine loads the base model at it (`vllm_revision`).
     """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, max_length: int | None = None,
                  batch_tokens: int = 8192, max_batch_size: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, merge_lora: bool = True,
                  share_prefix: bool = True, backend: str = "transformers", stop_token_ids: Sequence[int] = (),
-                 vllm_kwargs: dict | None = None) -> None:
+                 vllm_kwargs: dict | None = None, model_revision: str | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if int(max_new_tokens) < 1:
@@ -167,7 +171,8 @@ class Generator(StopPoints):
         self._options = dict(max_new_tokens=max_new_tokens, max_length=max_length, batch_tokens=batch_tokens,
                              max_batch_size=max_batch_size, do_sample=do_sample, temperature=temperature, top_p=top_p,
                              seed=seed, merge_lora=merge_lora, share_prefix=share_prefix, backend=backend,
-                             stop_token_ids=tuple(stop_token_ids), vllm_kwargs=vllm_kwargs)
+                             stop_token_ids=tuple(stop_token_ids), vllm_kwargs=vllm_kwargs,
+                             model_revision=model_revision)
         # called before every generate call; True abandons the generation (`judgetrain.eval.scoring.EvalStopped`).
         # Under several processes it must give every rank the same answer (the callback's is reduced over them):
         # every rank makes the same number of calls, so they all stop at the same one
@@ -193,6 +198,7 @@ class Generator(StopPoints):
         self.backend = _resolve_backend(backend)
         self._vllm: _VLLMBackend | None = None
         self._vllm_kwargs = dict(vllm_kwargs or {})
+        self.model_revision = model_revision
 
     # ------------------------------------------------------------------------------------------ model and prompts
     def set_model(self, model) -> None:
@@ -259,7 +265,9 @@ class Generator(StopPoints):
         results: list[Generated | None] = [None] * len(fitted)
         rng = torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else [], enabled=self.do_sample)
         try:
-            with rng, torch.inference_mode(), self._merged(model) as merged:
+            # no_grad, not inference_mode: the model is the live training model, and a tensor made under inference
+            # mode (a ZeRO-3 gathered parameter, a lazily built buffer) cannot be saved for backward later
+            with rng, torch.no_grad(), self._merged(model) as merged:
                 self.stats.merged_lora_layers = merged
                 if self.do_sample:
                     torch.manual_seed(self.seed)
@@ -284,6 +292,11 @@ class Generator(StopPoints):
         if self._vllm is not None:
             self._vllm.close()
             self._vllm = None
+
+    def release(self) -> bool:
+        """Free the vLLM engine's GPU memory until the next call, where its sleep mode is on (``vllm_kwargs``
+        ``enable_sleep_mode``, CUDA); the engine is kept. Returns whether memory was freed."""
+        return self._vllm.release() if self._vllm is not None else False
 
     def replace(self, **changes: Any) -> Generator:
         """A new generator of the same model and tokenizer, with this one's options but ``changes`` (fresh stats)."""
@@ -435,6 +448,70 @@ def vllm_lora_rank(r: int) -> int:
                        f"({VLLM_LORA_RANKS[-1]}); use backend 'transformers'")
 
 
+def vllm_revision(model, path: str, model_revision: str | None = None) -> str | None:
+    """The revision of ``path`` (the base model's folder or hub id) the vLLM engine loads, so it runs the weights
+    training runs: None for a local folder (its files are what loaded; offline, a pinned run loads the commit's own
+    snapshot folder); for a hub id the run's pinned ``model_revision``, else the revision the adapter records (the
+    training sets it to the pinned commit; a saved adapter's ``adapter_config.json`` carries it), else None (the
+    hub's main, as the model was loaded)."""
+    from judgetrain.utils.hub import is_hub_id
+
+    if not is_hub_id(str(path)):
+        return None
+    if model_revision:
+        return str(model_revision)
+    if hasattr(model, "peft_config") and hasattr(model, "active_adapter"):
+        return getattr(model.peft_config[model.active_adapter], "revision", None) or None
+    return None
+
+
+def vllm_engine_kwargs(generator: Generator, llm_kwargs: dict) -> tuple[dict, bool]:
+    """The keyword arguments of ``vllm.LLM`` for the generator's model (built without importing vLLM), and whether it
+    runs a LoRA adapter; refuses, before any engine starts, what the engine cannot run (see `_VLLMBackend`)."""
+    from judgetrain.trainer.parallelism import sharding_of
+
+    model = generator.model
+    if sharding_of(model)["sharded_tensors"]:
+        raise RuntimeError("generation backend 'vllm' does not take sharded weights (FSDP2, ZeRO-3): a rank holds a "
+                           "part of each tensor; use backend 'transformers'")
+    peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+    if not peft and not torch.cuda.is_available():
+        raise RuntimeError("generation backend 'vllm' on vLLM's CPU build runs LoRA adapters only: it repacks the "
+                           "linear weights for its CPU kernels as it loads them, and weights loaded again after "
+                           "that (a full fine-tune's, on every call) do not all take effect; use backend "
+                           "'transformers'")
+    base = model.get_base_model() if peft else model
+    path = getattr(base.config, "_name_or_path", None) or getattr(base, "name_or_path", None)
+    if not path:
+        raise RuntimeError("generation backend 'vllm' needs the model's folder or hub id (config._name_or_path)")
+    dtype = next(base.parameters()).dtype
+    kwargs = dict(model=path, tokenizer=path, seed=generator.seed, max_model_len=generator.max_length,
+                  dtype=str(dtype).replace("torch.", ""), trust_remote_code=False)
+    revision = vllm_revision(model, path, generator.model_revision)
+    if revision:  # the weights, config and tokenizer of the commit training loaded, not the branch's newest
+        kwargs.update(revision=revision, tokenizer_revision=revision)
+    llm_kwargs = dict(llm_kwargs)
+    if not torch.cuda.is_available():  # the CPU build sizes its key/value cache by VLLM_CPU_KVCACHE_SPACE
+        llm_kwargs.pop("gpu_memory_utilization", None)
+        if llm_kwargs.pop("enable_sleep_mode", False):
+            logger.warning("generation: vLLM's sleep mode needs CUDA; the engine stays resident between evals")
+    elif torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        # one engine per rank on the rank's own GPU (LOCAL_RANK, set by the launcher), as TRL's colocated vLLM
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    if peft:
+        config = model.peft_config[model.active_adapter]
+        if getattr(config, "peft_type", None) is not None and str(config.peft_type).split(".")[-1] != "LORA":
+            raise RuntimeError(f"generation backend 'vllm' runs LoRA adapters only, got {config.peft_type}")
+        unsupported = [k for k in ("use_dora", "modules_to_save") if getattr(config, k, None)]
+        if unsupported:
+            raise RuntimeError(f"generation backend 'vllm': vLLM's LoRA requests do not take {', '.join(unsupported)} "
+                               "of this adapter; use backend 'transformers'")
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(int(getattr(config, "r", 16))), max_loras=1)
+    kwargs.update({k: v for k, v in llm_kwargs.items() if v is not None})
+    return kwargs, peft
+
+
 class _VLLMBackend:
     """The model in a vLLM engine in this process, generating with the weights being trained:
 
@@ -452,43 +529,9 @@ class _VLLMBackend:
     on vLLM's CPU build (tests/test_generate_vllm.py); the full fine-tune path needs CUDA and has not run here."""
 
     def __init__(self, generator: Generator, **llm_kwargs) -> None:
-        from judgetrain.trainer.parallelism import sharding_of
-
         self.generator = generator
-        model = generator.model
-        if sharding_of(model)["sharded_tensors"]:
-            raise RuntimeError("generation backend 'vllm' does not take sharded weights (FSDP2, ZeRO-3): a rank holds a "
-                               "part of each tensor; use backend 'transformers'")
-        self.peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
-        if not self.peft and not torch.cuda.is_available():
-            raise RuntimeError("generation backend 'vllm' on vLLM's CPU build runs LoRA adapters only: it repacks the "
-                               "linear weights for its CPU kernels as it loads them, and weights loaded again after "
-                               "that (a full fine-tune's, on every call) do not all take effect; use backend "
-                               "'transformers'")
-        base = model.get_base_model() if self.peft else model
-        path = getattr(base.config, "_name_or_path", None) or getattr(base, "name_or_path", None)
-        if not path:
-            raise RuntimeError("generation backend 'vllm' needs the model's folder or hub id (config._name_or_path)")
-        dtype = next(base.parameters()).dtype
-        kwargs = dict(model=path, tokenizer=path, seed=generator.seed, max_model_len=generator.max_length,
-                      dtype=str(dtype).replace("torch.", ""), trust_remote_code=False)
-        llm_kwargs = dict(llm_kwargs)
-        if not torch.cuda.is_available():  # the CPU build sizes its key/value cache by VLLM_CPU_KVCACHE_SPACE
-            llm_kwargs.pop("gpu_memory_utilization", None)
-        elif torch.distributed.is_available() and torch.distributed.is_initialized() and \
-                torch.distributed.get_world_size() > 1:
-            # one engine per rank on the rank's own GPU (LOCAL_RANK, set by the launcher), as TRL's colocated vLLM
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        if self.peft:
-            config = model.peft_config[model.active_adapter]
-            if getattr(config, "peft_type", None) is not None and str(config.peft_type).split(".")[-1] != "LORA":
-                raise RuntimeError(f"generation backend 'vllm' runs LoRA adapters only, got {config.peft_type}")
-            unsupported = [k for k in ("use_dora", "modules_to_save") if getattr(config, k, None)]
-            if unsupported:
-                raise RuntimeError(f"generation backend 'vllm': vLLM's LoRA requests do not take {', '.join(unsupported)} "
-                                   "of this adapter; use backend 'transformers'")
-            kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(int(getattr(config, "r", 16))), max_loras=1)
-        kwargs.update(llm_kwargs)
+        kwargs, self.peft = vllm_engine_kwargs(generator, llm_kwargs)
+        path = kwargs["model"]
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
@@ -496,7 +539,20 @@ class _VLLMBackend:
         # down with the engine (left to exit, its teardown would meet a group the trainer's end already destroyed)
         self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         threads, set_num_threads, t0 = torch.get_num_threads(), torch.set_num_threads, time.perf_counter()
+        self.memory: dict[str, float] = {}
+        if torch.cuda.is_available():
+            # vLLM sizes its share from the memory free now: what training's allocator holds cached (freed
+            # activations, gradients of the last step) goes back to the device first, or the engine gets less than
+            # its share, or fails to start
+            gc.collect()
+            torch.cuda.empty_cache()
+            self.memory["free_gib_before"] = torch.cuda.mem_get_info()[0] / 2**30
         self.llm = LLM(**kwargs)
+        if torch.cuda.is_available():
+            self.memory["free_gib_after"] = torch.cuda.mem_get_info()[0] / 2**30
+        # sleep mode (asked by enable_sleep_mode, CUDA only): `sleep` frees the engine's GPU memory between evals
+        self.sleeps = bool(kwargs.get("enable_sleep_mode")) and hasattr(self.llm, "sleep")
+        self.asleep = False
         if torch.set_num_threads is not set_num_threads:
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the training that
             # shares this process keeps the real one
@@ -516,6 +572,29 @@ class _VLLMBackend:
         if self._owns_process_group and self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
+
+    def release(self) -> bool:
+        """Free the engine's GPU memory until the next call, where sleep mode is on (vLLM's ``sleep``): a LoRA
+        engine's base weights go to CPU memory (level 1, back as they were on ``wake_up``), a full fine-tune's are
+        dropped (level 2: the next call loads the current weights anyway); the key/value cache is dropped. Returns
+        whether it slept."""
+        if not self.sleeps or self.asleep or self.llm is None:
+            return False
+        torch.cuda.synchronize()
+        self.llm.sleep(level=1 if self.peft else 2)
+        self.asleep = True
+        self.memory["free_gib_asleep"] = torch.cuda.mem_get_info()[0] / 2**30
+        logger.info("generation: vLLM engine asleep until the next eval (%.1f GiB free on the GPU)",
+                    self.memory["free_gib_asleep"])
+        return True
+
+    def _wake(self) -> None:
+        if self.asleep:
+            gc.collect()
+            torch.cuda.empty_cache()
+            self.llm.wake_up()
+            self.asleep = False
+            self.memory["free_gib_awake"] = torch.cuda.mem_get_info()[0] / 2**30
 
     def _sampling_params(self):
         from vllm import SamplingParams
@@ -538,6 +617,7 @@ class _VLLMBackend:
         from vllm.inputs import TokensPrompt
 
         g = self.generator
+        self._wake()
         with tempfile.TemporaryDirectory(prefix="judgetrain-vllm-lora-") as folder:
             request = None
             if self.peft:

@@ -49,7 +49,7 @@ def score_reference(engine: ScoringEngine, specs: list[SuiteSpec], state: Any) -
     model.eval()
     n = 0
     try:
-        with torch.inference_mode():
+        with torch.no_grad():  # the live training model: no inference tensors (ZeRO-3 gathers params here)
             for spec in specs:
                 if spec.rows is None:
                     spec.rows = load_suite_rows(spec)

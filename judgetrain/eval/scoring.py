@@ -545,7 +545,7 @@ class ScoringEngine(StopPoints):
         return out, n_forwards
 
     # ------------------------------------------------------------------------------------------ scoring
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the model is the live training model (see generate.py)
     def score_requests(self, requests: Sequence[Request], *, sync: bool = False) -> list[RowScore]:
         """Score the requests held by this process (no communication unless ``sync``)."""
         t0 = time.perf_counter()

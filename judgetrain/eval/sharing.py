@@ -33,10 +33,8 @@ from typing import Any
 
 import torch
 
-from judgetrain.compat.transformers import (attn_implementation, cache_keyword, non_dynamic_cache_layers, output_cache,
-                                            select_cache_entries)
+from judgetrain.compat.transformers import cache_keyword, output_cache, select_cache_entries
 from judgetrain.eval.batching import budget_batches, common_prefix_length
-from judgetrain.models.attention import SUPPORTED_ATTENTION
 
 MIN_SUITE_PREFIX = 8  # a shorter common prefix is not worth a forward of its own
 
@@ -67,17 +65,9 @@ def sharing_problem(model: torch.nn.Module) -> str | None:
         return f"{type(inner).__name__}.forward takes no cache / past_key_values"
     if "position_ids" not in params:
         return f"{type(inner).__name__}.forward takes no position_ids (masked padding would shift positions)"
-    config = getattr(inner, "config", None)
-    attn = attn_implementation(config)
-    if attn not in SUPPORTED_ATTENTION:
-        return f"attention implementation {attn!r} (prefix sharing runs on {' / '.join(SUPPORTED_ATTENTION)})"
-    try:
-        odd = non_dynamic_cache_layers(config)
-    except Exception as e:  # noqa: BLE001 - any failure to build the cache means: do not share
-        return f"no DynamicCache for {type(inner).__name__}: {e}"
-    if odd:
-        return f"cache layers {', '.join(odd)} (sliding-window, chunked, recurrent or shared layers)"
-    return None
+    from judgetrain.models.attention import shared_prefix_problem
+
+    return shared_prefix_problem(getattr(inner, "config", None))
 
 
 def plan_rows(seqs: Sequence[Any], judge: bool) -> tuple[list[SharedRow], list[Any]]:

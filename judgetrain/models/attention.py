@@ -3,3 +3,38 @@ judgetrain packs a shared prompt with its responses, in training (judgetrain.tra
 (judgetrain.eval.sharing). Flash attention takes neither, so both fall back to unpacked sequences there."""
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def shared_prefix_problem(config) -> str | None:
+    """Why a model of ``config`` cannot run a prompt once for the sequences that share it (None: it can): one answer
+    for training's packed rows (judgetrain.trainer.prefix_sharing) and scoring's and generation's shared key/value
+    cache (judgetrain.eval.sharing). A shared prefix is right only where every token sees the same tokens at the same
+    positions as it would alone: an attention implementation that honours a custom 4-D mask and explicit position ids
+    (`SUPPORTED_ATTENTION`), every layer full attention (a sliding-window, chunked, recurrent or shared layer is not
+    expressed in the shared mask, nor kept whole in a cache), no ALiBi positions (computed from a 2-D mask), no
+    multimodal rotary positions."""
+    from judgetrain.compat.transformers import attn_implementation, non_dynamic_cache_layers
+
+    attn = attn_implementation(config)
+    if attn not in SUPPORTED_ATTENTION:
+        return (f"attn_implementation={attn!r} takes no custom 4D attention mask (prefix sharing needs one of "
+                f"{', '.join(SUPPORTED_ATTENTION)})")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kind = getattr(text, "model_type", type(text).__name__)
+    try:
+        odd = non_dynamic_cache_layers(text)
+    except Exception as e:  # noqa: BLE001 - a cache that cannot be built is not one known to be plain
+        return f"no DynamicCache for {kind}: {e}"
+    other = sorted(set(getattr(text, "layer_types", None) or []) - {"full_attention"})
+    if odd or other:
+        return (f"{kind} has {', '.join(other or ['non-full-attention'])} layers (cache layers "
+                f"{', '.join(odd) or 'DynamicLayer'}): sliding-window/chunked attention is not expressed in the "
+                "shared mask")
+    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
+        return f"{kind} uses sliding-window attention (sliding_window={text.sliding_window})"
+    if getattr(text, "alibi", False) or "alibi" in str(getattr(text, "position_embedding_type", "")):
+        return f"{kind} uses ALiBi positions, computed from a 2D mask"
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and "mrope_section" in rope:
+        return f"{kind} uses multimodal rotary positions"
+    return None

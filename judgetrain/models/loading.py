@@ -77,9 +77,11 @@ def pinned_snapshot(name_or_path: str, revision: str | None) -> str:
 
     if not revision or os.path.exists(name_or_path) or not is_hub_id(name_or_path):
         return name_or_path
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import snapshot_download
 
-    if not constants.HF_HUB_OFFLINE:
+    from judgetrain.utils.hub import hub_offline
+
+    if not hub_offline():
         return name_or_path
     try:
         folder = snapshot_download(name_or_path, revision=revision, local_files_only=True)

@@ -29,10 +29,10 @@ def hub_commit(repo_id: str, revision: str | None, repo_type: str = "model") -> 
     """The commit ``revision`` (a branch, a tag; None: ``main``) of a hub repository names now: asked of the hub,
     or read from the local cache's ``refs`` when the hub is offline. None when neither can tell (with the reason
     logged)."""
-    from huggingface_hub import constants
+    from judgetrain.utils.hub import hub_offline
 
     revision = revision or "main"
-    if constants.HF_HUB_OFFLINE:
+    if hub_offline():
         from huggingface_hub import snapshot_download
 
         try:  # local_files_only: the cache's refs/<revision> names the snapshot folder, named by its commit

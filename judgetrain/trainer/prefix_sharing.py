@@ -37,7 +37,6 @@ import torch
 
 from judgetrain.compat.transformers import attn_implementation
 from judgetrain.compat.trl import forward_is_wrapped, unwrap_fused_forward, uses_vision_data, wrap_fused_forward
-from judgetrain.models.attention import SUPPORTED_ATTENTION
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +51,29 @@ def probe_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     """
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
     return max(1e-5, 0.15 * eps), max(1e-4, 4 * eps)
+
+
+def fp32_matmuls_in_tf32() -> bool:
+    """Whether CUDA fp32 matmuls run in tf32, read through torch's newer ``fp32_precision`` flags where torch has them
+    (they answer whichever API set it). The older ``allow_tf32`` / ``get_float32_matmul_precision`` raise once
+    transformers' ``tf32: true`` has set the newer flag (torch >= 2.9: "mix of the legacy and new APIs")."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+
+
+def compute_dtype(weights: torch.dtype, device: torch.device) -> tuple[torch.dtype, str]:
+    """The dtype whose rounding the maths of a forward on ``device`` runs in, and its name: the autocast dtype when
+    autocast is on there (fp32 weights under bf16 mixed precision compute their matmuls in bf16), tf32 for fp32
+    matmuls on a CUDA device that allows it (10 mantissa bits, as fp16: its dtype stands in), else the weights'."""
+    kind = device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        return dtype, str(dtype).removeprefix("torch.")
+    if weights == torch.float32 and kind == "cuda" and fp32_matmuls_in_tf32():
+        return torch.float16, "tf32"
+    return weights, str(weights).removeprefix("torch.")
 
 
 # Set while DPOTrainer computes a loss or reference log-probs: only those calls carry the [chosen; rejected] layout.
@@ -222,23 +244,11 @@ def install_pair_forward(model, stats: dict) -> None:
 
 
 def unsupported_reason(model) -> str | None:
-    """Why prefix sharing cannot run on this model (None when it can), judged from its config."""
-    config = model.config.get_text_config()
-    attn = attn_implementation(model.config)
-    if attn not in SUPPORTED_ATTENTION:
-        return (f"attn_implementation={attn!r} takes no custom 4D attention mask (prefix sharing needs one of "
-                f"{', '.join(SUPPORTED_ATTENTION)})")
-    layer_types = set(getattr(config, "layer_types", None) or [])
-    if layer_types - {"full_attention"}:
-        return f"{config.model_type} has {sorted(layer_types)} layers: sliding-window/chunked attention is not expressed in the shared mask"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return f"{config.model_type} uses sliding-window attention (sliding_window={config.sliding_window})"
-    if getattr(config, "alibi", False) or "alibi" in str(getattr(config, "position_embedding_type", "")):
-        return f"{config.model_type} uses ALiBi positions, computed from a 2D mask"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and "mrope_section" in rope:
-        return f"{config.model_type} uses multimodal rotary positions"
-    return None
+    """Why prefix sharing cannot run on this model (None when it can), judged from its config: the one rule of
+    `judgetrain.models.attention.shared_prefix_problem`, which eval's shared cache follows too."""
+    from judgetrain.models.attention import shared_prefix_problem
+
+    return shared_prefix_problem(model.config)
 
 
 # ----------------------------------------------------------------------------------------------- the trainer
@@ -307,8 +317,8 @@ class PrefixSharingMixin:
                         models[0].config.model_type, attn_implementation(models[0].config))
 
     def _probe(self) -> str | None:
-        """Run two synthetic pairs through TRL's forward and the packed one; their per-token log-probs must agree within
-        the rounding of the weights' dtype (`probe_tolerance`). The chosen completions are long, so a rejected one
+        """Run two synthetic pairs through TRL's forward and the packed one, under the training's autocast; their per-token
+        log-probs must agree within the rounding of the dtype the maths runs in (`compute_dtype`, `probe_tolerance`). The chosen completions are long, so a rejected one
         that sees them (a mask the attention ignores) or whose positions do not restart shows clearly."""
         policy = self._models()[0]
         vocab = policy.config.get_text_config().vocab_size
@@ -322,8 +332,9 @@ class PrefixSharingMixin:
         labels = ids.masked_fill(batch["completion_mask"].to(device) == 0, -100)
         was_training = self.model.training
         self.model.eval()
-        try:
-            with torch.no_grad():
+        try:  # under the autocast training runs in (mixed precision), so in the dtype its maths uses
+            with torch.no_grad(), self.accelerator.autocast():
+                dtype, dtype_name = compute_dtype(policy.get_input_embeddings().weight.dtype, device)
                 plain = self.model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False)
                 with _pair_call("force"):
                     shared = self.model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False)
@@ -336,13 +347,13 @@ class PrefixSharingMixin:
         self.prefix_sharing_stats.update(batches_packed=0, batches_unpacked_cheaper=0, tokens_computed=0, tokens_unshared=0)
         scored = labels[:, 1:] != -100
         diff = (shared.log_probs.float() - plain.log_probs.float()).abs()[scored]
-        dtype = policy.get_input_embeddings().weight.dtype
         mean_tol, max_tol = probe_tolerance(dtype)
         mean_diff, max_diff = diff.mean().item(), diff.max().item()
-        self.prefix_sharing_stats.update(probe_mean_abs_diff=mean_diff, probe_max_abs_diff=max_diff)
+        self.prefix_sharing_stats.update(probe_mean_abs_diff=mean_diff, probe_max_abs_diff=max_diff,
+                                         probe_compute_dtype=dtype_name)
         if not (mean_diff <= mean_tol and max_diff <= max_tol):  # NaN fails too
             return (f"{policy.config.model_type} gives different log-probs packed (mean abs diff {mean_diff:.2e}, max "
-                    f"{max_diff:.2e} on the probe pairs, where {dtype} rounding "
+                    f"{max_diff:.2e} on the probe pairs, where {dtype_name} rounding "
                     f"allows {mean_tol:.1e} / {max_tol:.1e}): its attention does not honour the custom mask or "
                     "position ids")
         return None

@@ -18,3 +18,58 @@ def is_hub_id(source: str) -> bool:
 def is_commit(revision: str | None) -> bool:
     """A full 40-hex commit hash (a branch or tag name can move; a commit cannot)."""
     return bool(revision) and bool(_COMMIT.fullmatch(str(revision)))
+
+
+def hub_offline(env=None) -> bool:
+    """Whether the hub is offline for this process, by huggingface_hub's own rule (``HF_HUB_OFFLINE``, else
+    ``TRANSFORMERS_OFFLINE``, read when it is imported); ``env``: decide for that environment instead."""
+    from huggingface_hub import constants
+
+    if env is None:
+        return constants.HF_HUB_OFFLINE
+    return constants._is_true(env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE"))
+
+
+def _causes(exc: BaseException):
+    """``exc`` and the exceptions it was raised from or during (transformers and datasets wrap the hub's own)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def hub_refusal(exc: BaseException) -> BaseException | None:
+    """The hub's answer in the chain of a failed load (None when there is none): no such repository or revision, a
+    gated or disabled one, a missing file, an invalid id; huggingface_hub's exception types, and datasets' wrapper
+    of them (which drops the cause)."""
+    from huggingface_hub import errors
+
+    answers = (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.DisabledRepoError,
+               errors.RemoteEntryNotFoundError, errors.HFValidationError, errors.BadRequestError)
+    try:
+        from datasets.exceptions import DatasetNotFoundError
+
+        answers += (DatasetNotFoundError,)
+    except ImportError:
+        pass
+    return next((e for e in _causes(exc) if isinstance(e, answers)), None)
+
+
+def hub_unreachable(exc: BaseException) -> bool:
+    """Whether a failure to load a hub repository means the hub could not be asked (offline mode, no connection, a
+    timeout, a server error), as opposed to its answer (`hub_refusal`), read from the exception types anywhere in
+    the chain: a mistyped id is never taken for an offline hub."""
+    from huggingface_hub import errors
+
+    if hub_refusal(exc) is not None:
+        return False
+    unreachable = (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)
+    return any(isinstance(e, unreachable) or _transport_error(e) or isinstance(e, errors.HfHubHTTPError)
+               and getattr(e.response, "status_code", 0) >= 500 for e in _causes(exc))
+
+
+def _transport_error(exc: BaseException) -> bool:
+    """An httpx transport failure (connect, timeout, protocol), whichever httpx build huggingface_hub uses."""
+    return any(c.__name__ == "TransportError" and c.__module__.split(".")[0].startswith("httpx")
+               for c in type(exc).__mro__)
