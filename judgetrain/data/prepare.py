@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError
+from judgetrain.utils.machines import machine_key, placement_of  # noqa: F401 - their home before utils.machines
 
 logger = logging.getLogger(__name__)
 
@@ -216,33 +217,9 @@ def machine_placement(state) -> tuple[int, int, int]:
     if local < 0:
         raise RecipeError("cannot tell which machine this process runs on: the launcher set no LOCAL_RANK (launch "
                           "with accelerate launch or torchrun, or export LOCAL_RANK per task, e.g. from SLURM_LOCALID)")
-    import socket
+    from judgetrain.utils.machines import machine_placement as placement
 
-    from accelerate.utils import gather_object
-
-    return placement_of(gather_object([(state.process_index, local, socket.gethostname())]), state.process_index)
-
-
-def placement_of(seen: list[tuple[int, int, str]], rank: int) -> tuple[int, int, int]:
-    """(first global rank, index, count) of ``rank``'s machine from every process's (global rank, local rank, host)
-    (`machine_key`'s refusal included)."""
-    first = machine_key(seen, rank)
-    firsts = sorted({r for r, loc, _ in seen if loc == 0})
-    return first, firsts.index(first), len(firsts)
-
-
-def machine_key(seen: list[tuple[int, int, str]], rank: int) -> int:
-    """The global rank of the local main process of ``rank``'s machine, from every process's (global rank, local
-    rank, host); `RecipeError` when the ranks are not numbered machine by machine (a process whose machine's first
-    rank is not a local rank 0 on its own host)."""
-    hosts = {r: host for r, loc, host in seen if loc == 0}
-    wrong = [f"rank {r} (local rank {loc}) on {host}" for r, loc, host in seen if hosts.get(r - loc) != host]
-    if wrong:
-        raise RecipeError("the processes are not numbered machine by machine (global rank = machine's first rank + "
-                          "local rank), so a machine's rows folder cannot be named: " + "; ".join(wrong[:4]) +
-                          ". Launch with accelerate launch / torchrun, or srun with --distribution=block")
-    local = next(loc for r, loc, _ in seen if r == rank)
-    return rank - local
+    return placement(state.process_index, state.num_processes, local)  # gathered once per process, then remembered
 
 
 def reload_memory_mapped(dataset, path: Path, state, record: dict | None = None, extra: dict | None = None):

@@ -136,13 +136,16 @@ def assign_files(views: list[dict]) -> tuple[dict[int, list[str]], dict[int, lis
 
 def _world():
     """torch.distributed when it runs several processes (else None), rank, world size and this machine's first
-    rank (LOCAL_RANK, set by torchrun / accelerate launch: ranks of one machine are consecutive)."""
+    rank (`judgetrain.utils.machines.machine_first_rank`: the run's one answer, gathered when the rows folder was
+    named, read without a collective: a marker may be written in a background thread)."""
     import torch.distributed as dist
+
+    from judgetrain.utils.machines import local_rank, machine_first_rank
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return None, 0, 1, 0
-    rank = dist.get_rank()
-    return dist, rank, dist.get_world_size(), rank - int(os.environ.get("LOCAL_RANK", rank))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return dist, rank, world, machine_first_rank(rank, world, local_rank())
 
 
 def _gather(dist, value, world: int, group=None) -> list:
@@ -153,6 +156,47 @@ def _gather(dist, value, world: int, group=None) -> list:
     out = [None] * world
     dist.all_gather_object(out, value, group=group)
     return out
+
+
+SHARED_WAIT_S = 2.0  # how long a process looks for the main process's probe file before it calls its disk its own
+_SHARED: dict[tuple[str, int], bool] = {}  # (output_dir, world size) -> whether this process sees rank 0's
+
+
+def sees_main_folder(folder: Path, dist, rank: int, group=None) -> bool:
+    """Whether this process sees the main process's ``folder`` (output_dir on one shared disk) or a folder of its own
+    machine's disk of the same path: decided once per run and folder (a collective on its first call: every rank),
+    then remembered. The main process writes a probe file holding a fresh token; each other process opens it by
+    name and reads the token, for up to `SHARED_WAIT_S` (a directory listing right after a barrier can be stale
+    under NFS's attribute caching; opening a file revalidates it)."""
+    if dist is None:
+        return True
+    key = (str(folder), dist.get_world_size())
+    if key not in _SHARED:
+        _SHARED[key] = _probe_round(Path(folder), dist, rank, group)
+    return _SHARED[key]
+
+
+def _probe_round(folder: Path, dist, rank: int, group) -> bool:
+    token = _gather(dist, uuid.uuid4().hex if rank == 0 else None, dist.get_world_size(), group)[0]
+    probe = folder / f"{_PROBE}{token}"
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+    dist.barrier(group=group)
+    seen = rank == 0
+    until = time.monotonic() + SHARED_WAIT_S
+    while not seen:
+        try:
+            seen = probe.read_text() == token
+        except OSError:
+            pass
+        if seen or time.monotonic() >= until:
+            break
+        time.sleep(0.1)
+    dist.barrier(group=group)  # every process has looked
+    if rank == 0:
+        probe.unlink(missing_ok=True)
+    return seen
 
 
 def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadline=None, workers: int | None = None,
@@ -169,18 +213,14 @@ def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadlin
     wrote a marker, "ranks": its group, "marker": what it wrote}``."""
     ckpt = Path(ckpt)
     dist, rank, world, machine = _world()
+    shared = sees_main_folder(ckpt.parent, dist, rank, group)  # decided at the run's first save, then remembered
     token = uuid.uuid4().hex
-    if rank == 0 and ckpt.is_dir():
-        if identity is not None:
-            write_json(ckpt / IDENTITY_FILE, identity)
-        (ckpt / f"{_PROBE}{token}").touch()
+    if rank == 0 and ckpt.is_dir() and identity is not None:
+        write_json(ckpt / IDENTITY_FILE, identity)
     if dist is not None:
         dist.barrier(group=group)
-    view = {"rank": rank, "machine": machine, "token": token, "files": checkpoint_files(ckpt),
-            "shared": rank == 0 or any(ckpt.glob(f"{_PROBE}*"))}
+    view = {"rank": rank, "machine": machine, "token": token, "files": checkpoint_files(ckpt), "shared": shared}
     views = _gather(dist, view, world, group)
-    if rank == 0:
-        (ckpt / f"{_PROBE}{token}").unlink(missing_ok=True)  # every process has looked
     files, owners = assign_files(views)
     started = time.monotonic()
     entries, failed = {}, None

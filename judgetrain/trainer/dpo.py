@@ -56,7 +56,7 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
 
     # -- prefix sharing: mark the calls that carry a [chosen; rejected] batch
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        with self._pair_calls():
+        with self._pair_calls(training_step=model.training):
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 

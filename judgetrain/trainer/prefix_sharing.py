@@ -266,9 +266,35 @@ class PrefixSharingMixin:
                                      "tokens_computed": 0, "tokens_unshared": 0}
         self.prefix_sharing: bool | None = None  # decided once the models carry TRL's fused head; None: not asked
 
-    def _pair_calls(self):
-        """The context of a call whose model forwards carry TRL's [chosen; rejected] layout."""
+    _probe_pending = False  # DeepSpeed / FSDP: the probe waits for the weights to be placed (the first step)
+
+    def _pair_calls(self, training_step: bool = False):
+        """The context of a call whose model forwards carry TRL's [chosen; rejected] layout. ``training_step``: a
+        loss computed in training, where the weights are placed (DeepSpeed, FSDP): a probe still pending runs first;
+        before it has run, calls take TRL's forward."""
+        if self._probe_pending:
+            if not training_step:
+                return contextlib.nullcontext()
+            self._probe_placed()
         return _pair_call() if self.prefix_sharing else contextlib.nullcontext()
+
+    def _probe_placed(self) -> None:
+        """The start-up probe under DeepSpeed / FSDP, at the first step (every rank: its forwards gather the sharded
+        weights); prefix sharing stays on only where it passes on every process."""
+        from judgetrain.utils.ranks import any_rank
+
+        self._probe_pending = False
+        reason = self._probe()
+        if any_rank([reason is not None])[0]:
+            reason = reason or "the start-up probe failed on another process"
+            for m in self._models():
+                unwrap_fused_forward(m)
+            self.prefix_sharing = False
+            logger.warning("prefix_sharing: OFF for this run: %s. Training uses TRL's two-sequence forward (same "
+                           "results, each prompt computed twice).", reason)
+        else:
+            logger.info("prefix_sharing: the start-up probe passed at the first step (max abs diff %.2e)",
+                        self.prefix_sharing_stats.get("probe_max_abs_diff", float("nan")))
 
     # -- deciding and installing
     def _models(self) -> list:
@@ -303,7 +329,9 @@ class PrefixSharingMixin:
             for m in models:
                 install_pair_forward(m, self.prefix_sharing_stats)
             if self.is_deepspeed_enabled or self.is_fsdp_enabled:  # weights are placed/sharded only in train()
-                logger.info("prefix_sharing: DeepSpeed/FSDP: the start-up probe is skipped (weights not placed yet)")
+                self._probe_pending = True  # `_probe_placed`, at the first training step; TRL's forward until then
+                logger.info("prefix_sharing: DeepSpeed/FSDP: the start-up probe runs at the first step, once the "
+                            "weights are placed")
             else:
                 reason = self._probe()
         self.prefix_sharing = reason is None
