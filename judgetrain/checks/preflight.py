@@ -46,7 +46,7 @@ def report_to_problems(report_to, env=os.environ) -> list[str]:
     """Each ``report_to`` integration one that transformers knows and finds available
     (``get_available_reporting_integrations``, the rule its Trainer uses), and W&B able to log (an API key, a netrc
     login, or a mode that needs neither)."""
-    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     available = set(get_available_reporting_integrations())
