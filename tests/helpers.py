@@ -70,8 +70,9 @@ def check_report(run_dir, out):
 # What a dry run of a documented command refuses on this test machine alone: an 8B model that is not in the offline
 # hub cache, DeepSpeed (not installed here), the disk for an 8B model's checkpoints, an output_dir that a test's
 # earlier run already used.
+# "is in use by another judgetrain run": the suite's own runs share runs/quickstart with the docs' dry runs
 MACHINE_REFUSALS = ("not in the local Hugging Face cache", "the deepspeed package is not installed", " GiB free, ",
-                    "already holds a run")
+                    "already holds a run", "is in use by another judgetrain run")
 
 
 def dry_run_verdict_holds(code: int, report: dict) -> bool:

@@ -23,7 +23,7 @@ import logging
 import sys
 from pathlib import Path
 
-from judgetrain.utils.logging import FORMAT, setup_logging
+from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def finished_already(args: argparse.Namespace) -> int | None:
 
     out = Path(args.output_dir)
     main = launch_rank() == 0
-    logging.basicConfig(format=FORMAT, level=logging.INFO if main else logging.WARNING)
+    setup_logging(main)
     try:
         opts, specs = options(args), judge_specs(args.judge, args.judges_file)
     except (JudgeSpecError, ValueError):
