@@ -76,7 +76,7 @@ def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_
     from accelerate import PartialState
 
     from judgetrain.data.prepare import reload_memory_mapped
-    from judgetrain.run.state import read_json
+    from judgetrain.utils.files import read_json
     from judgetrain.utils.files import write_json
 
     state = state or PartialState()

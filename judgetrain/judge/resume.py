@@ -21,13 +21,13 @@ starts in full, which refuses or resumes as it always did.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from judgetrain.judge.output import EVALUATIONS, IDENTITY, done_items, identity_differences, read_done
+from judgetrain.utils.files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +55,9 @@ def record_items(out: Path, item_set) -> None:
                                   "rejects_path": item_set.rejects_path, "on_bad_row": item_set.on_bad_row})
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _items_unchanged(out: Path, source: str, on_bad_row: str, rejects_path: str, old: dict) -> dict | None:
     """The recorded items (``items_file.json``) when the file is the one the run read and would be read the same."""
-    record = _read_json(out / ITEMS_FILE)
+    record = read_json(out / ITEMS_FILE)
     stamp = file_stamp(source)
     if record is None or stamp is None or any(record.get(k) != v for k, v in stamp.items()):
         return None
@@ -98,7 +90,7 @@ def nothing_left(out: Path, source: str, specs: list, opts, *, on_bad_row: str =
     """``{"summary", "evaluations", "n_items", "n_rejected", "rejects_path"}`` when the run in ``out`` has every
     evaluation of these items, judges and options (the summary written again by the main process); None when the
     command has to start in full (see the module doc)."""
-    old = _read_json(out / IDENTITY)
+    old = read_json(out / IDENTITY)
     if old is None:
         return None
     record = _items_unchanged(out, source, on_bad_row, rejects_path, old)

@@ -17,7 +17,6 @@ marker) and wherever TRL would write its own card (`JudgeDPOTrainer.create_model
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Mapping
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.report.headline import Headline, headline, headline_note, headline_table
+from judgetrain.utils.files import read_json, write_lines
+from judgetrain.utils.hub import is_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -37,20 +38,7 @@ _SUITE_DATA = {  # eval suite -> (its name, the hub dataset it comes from, what 
                  "judgetrain's bundled synthetic sample in the Research Ideation Arena schema"),
 }
 _TRAIN_HUB = {"judgebias": "iknow-lab/JudgeBias-DPO-RefFree", "ideation": "tintin1027/research-ideation-arena-si-rm"}
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _CACHE_DIR = re.compile(r"(?:^|/)models--([\w.-]+)--([\w.-]+)(?:/|$)")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _is_hub_id(name: str) -> bool:
-    return bool(_HUB_ID.fullmatch(name)) and not Path(name).exists() and not name.startswith((".", "/", "~"))
 
 
 def base_model(name: str) -> tuple[str | None, str, str]:
@@ -62,7 +50,7 @@ def base_model(name: str) -> tuple[str | None, str, str]:
     known = aliases()
     if name in known:
         return None, f"`{name}` (judgetrain alias: {known[name]})", name
-    if _is_hub_id(name):
+    if is_hub_id(name):
         return name, f"[{name}](https://huggingface.co/{name})", name
     cached = _CACHE_DIR.search(str(name).replace("\\", "/"))
     if cached:
@@ -77,7 +65,7 @@ def _source(source: Any, hub_default: str | None, bundled: str) -> tuple[str | N
     source = str(source or "bundled")
     if source == "bundled":
         return None, bundled
-    if _is_hub_id(source):
+    if is_hub_id(source):
         return source, f"[{source}](https://huggingface.co/datasets/{source})"
     return None, f"a local file or folder (`{Path(source.rstrip('/')).name}`)"
 
@@ -134,7 +122,7 @@ def _suite_dataset(suite: str, recipe: Mapping[str, Any]) -> dict[str, Any]:
     source = str(recipe.get(f"eval_{suite}_source") or "bundled")
     if source == "bundled":
         return {"name": f"{name} ({bundled})", "type": hub}
-    if _is_hub_id(source):
+    if is_hub_id(source):
         return {"name": name, "type": source}
     return {"name": f"{name} (local copy)", "type": hub}
 
@@ -208,12 +196,12 @@ def render_card(run_dir: str | Path) -> str:
         recipe = yaml.safe_load((out / "recipe.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         recipe = {}
-    current = _read_json(out / "judgetrain_run.json").get("current") or {}
+    current = (read_json(out / "judgetrain_run.json") or {}).get("current") or {}
     records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else {}
     head = headline(records, recipe)
     which = "best" if recipe.get("load_best_model_at_end") else "last"
     hub_base, base_text, base_cli = base_model(str(recipe.get("model_name_or_path", "")))
-    datasets, data_lines = _training_data(recipe, _read_json(out / "data_audit.json"))
+    datasets, data_lines = _training_data(recipe, read_json(out / "data_audit.json") or {})
     meta: dict[str, Any] = {}
     if hub_base:
         meta["base_model"] = hub_base
@@ -260,8 +248,6 @@ def _evaluation_lines(head: Headline | None, which: str, final_step: int | None)
 
 def write_model_card(run_dir: str | Path) -> Path:
     """Write ``run_dir``/README.md (through a temporary file and a rename). Returns its path."""
-    from judgetrain.utils.files import write_lines
-
     text = render_card(run_dir)
     return write_lines(Path(run_dir) / CARD_FILE, text.rstrip("\n").split("\n"))
 

@@ -22,6 +22,8 @@ import os
 import shutil
 from pathlib import Path
 
+from judgetrain.utils.errors import exception_chain
+
 logger = logging.getLogger(__name__)
 
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -40,14 +42,6 @@ class DiskFull(OSError):
         return self.message
 
 
-def _chain(exc: BaseException):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 def _existing(path: Path) -> Path:
     return path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
 
@@ -55,7 +49,7 @@ def _existing(path: Path) -> Path:
 def disk_full_error(exc: BaseException, output_dir: str | os.PathLike) -> OSError | RuntimeError | None:
     """The error of ``exc``'s chain that says the disk is full (an ENOSPC / EDQUOT OSError, or torch's write
     failure on a filesystem with almost nothing left), or None."""
-    chain = list(_chain(exc))
+    chain = list(exception_chain(exc))
     for e in chain:
         if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
             return e

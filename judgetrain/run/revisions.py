@@ -83,7 +83,8 @@ def read_key(read: dict) -> str:
 
 def recorded_revisions(output_dir: str | Path) -> dict:
     """The commits the run in ``output_dir`` recorded at its start (empty: none, or a run from before pinning)."""
-    from judgetrain.run.state import IDENTITY_FILE, read_json
+    from judgetrain.run.state import IDENTITY_FILE
+    from judgetrain.utils.files import read_json
 
     current = (read_json(Path(output_dir) / IDENTITY_FILE) or {}).get("current") or {}
     return dict(current.get("revisions") or {})

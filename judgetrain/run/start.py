@@ -45,7 +45,8 @@ def record_run(out: Path, identity: dict, plan: dict, resolved: dict, command, r
     identity, the recipe (recipe.yaml stays the first run's; each resume adds recipe.resume-<step>.yaml) and cut
     metrics.jsonl back to the resumed step."""
     from judgetrain.run.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_step, truncate_metrics
-    from judgetrain.run.state import IDENTITY_FILE, checkpoint_identity, read_json, record_start, recipe_path
+    from judgetrain.run.state import IDENTITY_FILE, checkpoint_identity, record_start, recipe_path
+    from judgetrain.utils.files import read_json
 
     step = checkpoint_step(resume_from) if resume_from else 0
 

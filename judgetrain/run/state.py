@@ -28,7 +28,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE  # noqa: F401
-from judgetrain.utils.files import LockBusy, LockUnsupported, append_jsonl, file_lock, write_json
+from judgetrain.utils.files import LockBusy, LockUnsupported, append_jsonl, file_lock, read_json, write_json
 from judgetrain.config.recipe import EvalArguments, RecipeError
 from judgetrain.utils.fingerprints import library_versions
 
@@ -86,14 +86,6 @@ def identity_differences(old: dict, new: dict) -> list[str]:
         if old.get(key) != new.get(key):
             diffs.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
     return diffs
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def checkpoint_identity(checkpoint: str | os.PathLike) -> dict | None:

@@ -298,3 +298,12 @@ def utf8_problem(data: bytes, exc: UnicodeDecodeError, line: int | None = None) 
 def cache_root() -> Path:
     """``$JUDGETRAIN_CACHE``, or ``~/.cache/judgetrain``."""
     return Path(os.environ.get("JUDGETRAIN_CACHE") or Path.home() / ".cache" / "judgetrain")
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON object file's contents; None when it is missing, unreadable, not JSON or not an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from judgetrain.utils.errors import exception_chain
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -30,15 +32,6 @@ def hub_offline(env=None) -> bool:
     return constants._is_true(env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE"))
 
 
-def _causes(exc: BaseException):
-    """``exc`` and the exceptions it was raised from or during (transformers and datasets wrap the hub's own)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 def hub_refusal(exc: BaseException) -> BaseException | None:
     """The hub's answer in the chain of a failed load (None when there is none): no such repository or revision, a
     gated or disabled one, a missing file, an invalid id; huggingface_hub's exception types, and datasets' wrapper
@@ -53,7 +46,7 @@ def hub_refusal(exc: BaseException) -> BaseException | None:
         answers += (DatasetNotFoundError,)
     except ImportError:
         pass
-    return next((e for e in _causes(exc) if isinstance(e, answers)), None)
+    return next((e for e in exception_chain(exc) if isinstance(e, answers)), None)
 
 
 def hub_unreachable(exc: BaseException) -> bool:
@@ -66,7 +59,7 @@ def hub_unreachable(exc: BaseException) -> bool:
         return False
     unreachable = (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)
     return any(isinstance(e, unreachable) or _transport_error(e) or isinstance(e, errors.HfHubHTTPError)
-               and getattr(e.response, "status_code", 0) >= 500 for e in _causes(exc))
+               and getattr(e.response, "status_code", 0) >= 500 for e in exception_chain(exc))
 
 
 def _transport_error(exc: BaseException) -> bool:
