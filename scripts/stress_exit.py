@@ -1,9 +1,17 @@
-"""Stress the end of 2-process runs: N consecutive quickstart launches, half fresh, half resumed after a SIGKILL
-after the first checkpoint, counting exit codes. A finished run must exit 0 every time (a race at interpreter exit
-shows as rank 1 dying with SIGABRT, "terminate called without an active exception", and accelerate's exit 1).
+"""Stress the end of 2-process runs: N consecutive launches, counting exit codes. A finished run must exit 0 every
+time (a race at interpreter exit shows as rank 1 dying with SIGABRT, "terminate called without an active exception",
+and accelerate's exit 1).
+
+- `--command train` (default): quickstart launches, half fresh, half resumed with `--resume auto` after a SIGKILL
+  once the first checkpoint is complete;
+- `--command eval`: `judgetrain eval` of the tiny judge on the bundled RM-Bench and JudgeBias rows, every launch fresh;
+- `--command judge`: `judgetrain judge` of two tiny judges over bundled JudgeBias items, half fresh, half resumed
+  (the same command again) after a SIGKILL once the first chunk is committed; the items are the bundled JudgeBias
+  validation rows.
 
     python scripts/stress_exit.py --runs 20
-    python scripts/stress_exit.py --runs 4 -- --num_train_epochs 1     # overrides go to every launch
+    python scripts/stress_exit.py --runs 4 -- --num_train_epochs 1     # overrides go to every train launch
+    python scripts/stress_exit.py --command judge --runs 10
 
 Not part of the test suite (a quickstart takes minutes on 2 CPU cores). Prints one line per launch and the counts.
 """
@@ -21,23 +29,37 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+VALIDATION = REPO / "judgetrain" / "data" / "samples" / "judgebias" / "validation.parquet"
 
 
-def launch(out: Path, overrides: list[str], resume: bool = False) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(REPO / "accelerate_configs" / "cpu.yaml"), "-m", "judgetrain.train",
-           str(REPO / "recipes" / "quickstart.yaml"), "--output_dir", str(out), *overrides]
-    if resume:
-        cmd += ["--resume", "auto"]
+def command_line(command: str, out: Path, overrides: list[str], resume: bool) -> list[str]:
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                str(REPO / "accelerate_configs" / "cpu.yaml")]
+    if command == "eval":
+        return [*launcher, "-m", "judgetrain.cli.eval", "--model", "tiny-judge", "--eval_suites", "rmbench",
+                "judgebias", "--output-dir", str(out), *overrides]
+    if command == "judge":
+        return [*launcher, "-m", "judgetrain.cli.judge", "--items", str(VALIDATION), "--judge", "tiny-judge",
+                "--judge", "model=tiny-judge,name=second",
+                "--output_dir", str(out), "--chunk_size", "2", "--max_new_tokens", "8", "--force_score_prefix",
+                *overrides]
+    cmd = [*launcher, "-m", "judgetrain.train", str(REPO / "recipes" / "quickstart.yaml"), "--output_dir", str(out),
+           *overrides]
+    return cmd + ["--resume", "auto"] if resume else cmd
+
+
+def launch(command: str, out: Path, overrides: list[str], resume: bool = False) -> subprocess.Popen:
+    cmd = command_line(command, out, overrides, resume)
     log = open(out.parent / f"{out.name}{'.resume' if resume else ''}.log", "w")
     return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def kill_after_first_checkpoint(proc: subprocess.Popen, out: Path, timeout: float) -> bool:
-    """SIGKILL the whole launch once a checkpoint with its completion marker exists."""
+    """SIGKILL the whole launch once a checkpoint with its completion marker (a judge: a committed chunk) exists."""
     end = time.monotonic() + timeout
     while time.monotonic() < end and proc.poll() is None:
-        if any((c / "judgetrain_complete.json").is_file() for c in out.glob("checkpoint-*")):
+        done = [c / "judgetrain_complete.json" for c in out.glob("checkpoint-*")] + list(out.glob("shards/*.index"))
+        if any(p.is_file() and p.stat().st_size for p in done):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return True
@@ -47,6 +69,7 @@ def kill_after_first_checkpoint(proc: subprocess.Popen, out: Path, timeout: floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--command", choices=("train", "eval", "judge"), default="train", help="what each launch runs")
     parser.add_argument("--runs", type=int, default=20, help="launches in all, half fresh and half resumed")
     parser.add_argument("--workdir", default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one launch may take")
@@ -56,17 +79,17 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     counts: dict[str, collections.Counter] = {"fresh": collections.Counter(), "resumed": collections.Counter()}
     for i in range(args.runs):
-        kind = "fresh" if i % 2 == 0 else "resumed"
+        kind = "fresh" if i % 2 == 0 or args.command == "eval" else "resumed"
         out = work / f"run-{i:02d}"
         t0 = time.monotonic()
         if kind == "resumed":
-            first = launch(out, args.overrides)
+            first = launch(args.command, out, args.overrides)
             if not kill_after_first_checkpoint(first, out, args.timeout):
                 first.wait()
                 print(f"run {i}: no checkpoint before the first launch ended ({first.returncode}); skipped", flush=True)
                 counts[kind]["no checkpoint"] += 1
                 continue
-        proc = launch(out, args.overrides, resume=kind == "resumed")
+        proc = launch(args.command, out, args.overrides, resume=kind == "resumed")
         try:
             code = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
