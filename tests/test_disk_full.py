@@ -90,9 +90,45 @@ def test_a_disk_that_fills_at_a_checkpoint_save_stops_with_one_error_and_the_res
         torch.testing.assert_close(a[key], b[key], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
+def test_a_disk_that_fills_at_the_final_save_stops_with_one_error_and_the_resume_saves_it(tmp_path):
+    """The rows and checkpoint-3 fit (about 880 KiB), the final adapter and tokenizer beside them (about 300 KiB
+    more) do not: exit 4 naming the final save, no final marker for what was half written, checkpoint-3 verifies;
+    after space is freed `--resume auto` trains no step and saves the final adapter: checkpoint-3's weights."""
+    from judgetrain.run.checkpoints import COMPLETE_MARKER, checkpoint_problem, list_checkpoints
+
+    disk = tmp_path / "small"
+    why = _mount(disk, "1000k")
+    if why:
+        pytest.skip(f"this machine cannot mount a size-limited filesystem ({why})")
+    try:
+        recipe, out = _recipe(tmp_path), disk / "run"
+        full = _train(recipe, out, "--max_steps", "3", "--save_steps", "3")  # one checkpoint: the last step
+        assert full.returncode == 4, full.stderr[-4000:]
+        assert "Traceback" not in full.stderr, full.stderr[-4000:]
+        [line] = [ln[ln.index("judgetrain.train: disk full"):] for ln in full.stderr.splitlines()
+                  if "judgetrain.train: disk full" in ln]
+        assert line.startswith("judgetrain.train: disk full at step 3: the final save failed"), line
+        assert f"{disk} (tmpfs, tmpfs)" in line and "--resume auto` continues from checkpoint-3" in line
+        assert not (out / COMPLETE_MARKER).exists()  # the half-written final model is never taken for complete
+        [kept] = list_checkpoints(out)
+        assert kept.name == "checkpoint-3" and checkpoint_problem(kept, full=True) is None
+        status = [s for s in read_jsonl(out / "judgetrain_status.jsonl") if s["status"] != "started"][-1]
+        assert (status["status"], status["exit_code"]) == ("disk_full", 4)
+
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True, timeout=30)  # space freed
+        resumed = _train(recipe, out, "--max_steps", "3", "--save_steps", "3", "--resume", "auto")
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        assert checkpoint_problem(out, full=True) is None  # the final marker, every file against its SHA-256
+        a, b = _adapter(out), _adapter(kept)
+        assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
+
+
 def test_a_full_disk_is_told_from_other_errors(tmp_path):
-    """ENOSPC / EDQUOT anywhere in the chain, or torch's errno-less write failure on a filesystem with nothing left;
-    not any other error."""
+    """ENOSPC / EDQUOT anywhere in the chain (an OSError's errno, or a Rust writer's `(os error 28)`), or torch's
+    errno-less write failure on a filesystem with nothing left; not any other error."""
     from judgetrain.run.diskfull import disk_full_error
 
     def chained(inner: BaseException, outer: BaseException) -> BaseException:
@@ -112,3 +148,8 @@ def test_a_full_disk_is_told_from_other_errors(tmp_path):
     torch_write = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 121920 vs 121808")
     assert disk_full_error(torch_write, tmp_path) is None  # this disk has room: another failure of the writer
     assert disk_full_error(ValueError("unexpected pos"), tmp_path) is None
+    from safetensors import SafetensorError  # the adapter's writer: the errno in its message only
+
+    rust = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert disk_full_error(chained(rust, RuntimeError("x")), tmp_path) is rust
+    assert disk_full_error(SafetensorError("I/O error: Permission denied (os error 13)"), tmp_path) is None

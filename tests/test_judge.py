@@ -6,6 +6,7 @@ the trained judge."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import os
 import signal
@@ -130,7 +131,7 @@ def test_judges_file_is_read_safely(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ runs
-def test_panel_rows_resume_and_refusal(tmp_path, tiny_judge, capsys):
+def test_panel_rows_resume_and_refusal(tmp_path, tiny_judge, capsys, caplog):
     """Two judges over 6 items with the forced prefix: 12 rows in the panel schema that pairs build scores; the same
     command again generates nothing; another option is refused naming it."""
     items = write_items(tmp_path / "items.jsonl", 6)
@@ -160,7 +161,7 @@ def test_panel_rows_resume_and_refusal(tmp_path, tiny_judge, capsys):
     assert judge(*args) == 0
     assert (out / "shards" / "rank-0.index").read_bytes() == index  # nothing generated again
     assert read_jsonl(out / "evaluations.jsonl") == rows
-    check_nothing_left_is_decided_before_torch(args, items, out, rows)
+    check_nothing_left_is_decided_before_torch(args, items, out, rows, caplog)
     assert judge(*args[:-2], "--max_new_tokens", 3) == 2
     assert "option max_new_tokens: 4 -> 3" in capsys.readouterr().err
     other = write_items(tmp_path / "other.jsonl", 6, start=1)
@@ -168,9 +169,10 @@ def test_panel_rows_resume_and_refusal(tmp_path, tiny_judge, capsys):
     assert "What changed: items:" in capsys.readouterr().err
 
 
-def check_nothing_left_is_decided_before_torch(args, items: Path, out: Path, rows: list[dict]):
+def check_nothing_left_is_decided_before_torch(args, items: Path, out: Path, rows: list[dict], caplog):
     """A finished run started again exits 0 without importing torch or accelerate, the summary printed; an items
-    file touched, or a merged file cut short, sends the start down the full path, which writes them again."""
+    file touched, or a merged file cut short, sends the start down the full path, which writes them again; a
+    zero-filled done index is named in one line and every evaluation generated again, to the same rows."""
     from judgetrain.judge.resume import ITEMS_FILE, nothing_left
     from judgetrain.judge.judges import judge_specs
     from judgetrain.judge.options import Options
@@ -200,6 +202,52 @@ def check_nothing_left_is_decided_before_torch(args, items: Path, out: Path, row
     assert nothing_left(out, str(items), specs, opts) is None
     assert judge(*args) == 0
     assert read_jsonl(final) == rows
+    index = out / "shards" / "rank-0.index"  # a done index zero-filled (a write the disk never completed)
+    index.write_bytes(bytes(index.stat().st_size))
+    assert nothing_left(out, str(items), specs, opts) is None
+    caplog.clear()
+    assert judge(*args) == 0  # every evaluation generated again
+    [torn] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"done index {index} is torn at byte 0 (zero bytes" in torn and "0 committed batch(es)" in torn
+    assert "generated again" in torn and read_jsonl(final) == rows
+
+
+TEARS = {  # how the done index of three batches of two rows is torn -> the batches it still commits
+    "a half-written last line": (lambda d: d + b'{"end": 999, "judge": "j", "ite', 3, "without its newline"),
+    "cut to half its size": (lambda d: d[:len(d) // 2], 1, "without its newline"),
+    "zero-filled": (lambda d: bytes(len(d)), 0, "zero bytes"),
+    "a line of the wrong shape": (lambda d: d.replace(b'"items": [2, 3]', b'"items": "2, 3"'), 1,
+                                  "without its judge name and item indices"),
+    "rows past the shard": (lambda d: d.replace(b'"end": 54', b'"end": 9999'), 2, "past the shard's 54"),
+}
+
+
+@pytest.mark.parametrize("how", list(TEARS))
+def test_a_torn_done_index_is_named_once_and_only_its_items_are_generated_again(tmp_path, caplog, how):
+    from judgetrain.judge.output import ShardWriter, done_items, merge, read_done
+
+    out = tmp_path / "run"
+    batches = [([{"i": 2 * k}, {"i": 2 * k + 1}], [2 * k, 2 * k + 1]) for k in range(3)]
+    writer = ShardWriter(out, 0)
+    for rows, items in batches:
+        writer.append(rows, "j", items, {"score": [1.0, 2.0]})
+    writer.close()
+    shard, index = out / "shards" / "rank-0.jsonl", out / "shards" / "rank-0.index"
+    assert shard.stat().st_size == 54  # (the batch ends the tears name)
+    change, kept, why = TEARS[how]
+    index.write_bytes(change(index.read_bytes()))
+    done = done_items(read_done(out))
+    assert done.get("j", set()) == set(range(2 * kept))  # what every process reads before any cut
+    with caplog.at_level(logging.INFO, logger="judgetrain"):
+        writer = ShardWriter(out, 0)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"done index {index} is torn" in line and why in line and f"its {kept} committed batch(es)" in line
+    assert shard.stat().st_size == 18 * kept  # the rows past the last trusted batch are cut off
+    for rows, items in batches[kept:]:  # the runner generates what the index does not hold
+        writer.append(rows, "j", items, {"score": [1.0, 2.0]})
+    writer.close()
+    path, n = merge(out, ["j"], 6, read_done(out))
+    assert n == 6 and [r["i"] for r in read_jsonl(path)] == list(range(6))  # each once, none torn
 
 
 def test_a_batch_cut_mid_write_is_dropped_and_never_duplicated(tmp_path):

@@ -1,6 +1,6 @@
 """Torn caches are rebuilt, never trusted: every file judgetrain writes for its own later use (the training rows
-folder, the eval rows folders and their length audit, the model cache) is written whole or not at all and checked
-when read back. One cut to half its size or zero-filled (what a crash during its write, or a full disk, leaves) is
+folder, the eval rows folders and their length audit, the eval reference, the model cache) is written whole or not
+at all and checked when read back. One cut to half its size or zero-filled (what a crash during its write, or a full disk, leaves) is
 named in one warning and prepared again, and the start goes on with the same result as from an untorn cache."""
 
 from __future__ import annotations
@@ -105,3 +105,74 @@ def test_a_torn_model_cache_entry_is_built_again_to_the_same_bytes(tmp_path, mon
     [line] = _warnings(caplog, "incomplete or corrupt")
     assert weights.parent.name in line and "rebuilding" in line
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == digest
+
+
+
+def _break_reference(path: Path, how: str) -> None:
+    import json
+
+    if how == "not_json":
+        path.write_text('{"namespace": "base:x", "values": {"a": 1.5,')
+    elif how == "wrong_shape":
+        path.write_text(json.dumps({"namespace": "base:x", "values": [1.0, 2.0]}))
+    else:
+        tear(path, how)
+
+
+def test_a_torn_eval_reference_is_scored_again_from_the_base_weights(tmp_path, caplog):
+    """A resumed full fine-tune's eval reference (the weights before step 1, scored at the start): cut short,
+    zero-filled, not JSON or the wrong shape, it is named in one warning and scored again with the base model loaded
+    again; the eval scores are the untorn resume's and the file is written whole again."""
+    import json
+
+    import torch
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from judgetrain.config.recipe import RecipeError
+    from judgetrain.eval import reference
+    from judgetrain.eval.runner import evaluate
+    from judgetrain.eval.scoring import ScoringEngine
+    from judgetrain.eval.suites import SuiteSpec
+    from judgetrain.models.tiny import build_tiny_judge
+    from test_eval_scoring import SMALL
+
+    tiny = build_tiny_judge(tmp_path / "tiny", seed=0, config=SMALL)  # the eval tests' small tiny Qwen2
+    state, tokenizer = PartialState(), AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    specs = [SuiteSpec("ideation", max_rows=2)]
+
+    def engine():
+        return ScoringEngine(model, tokenizer, max_length=512, batch_tokens=2048)
+
+    def scores(e):
+        return [r[k] for r in evaluate(e, specs)["ideation"].records for k in ("score_chosen", "score_rejected")]
+
+    start = engine()
+    reference.score_reference(start, specs, state)
+    path = reference.save_reference(start, tmp_path)
+    written = json.loads(path.read_text())["values"]
+    with torch.no_grad():  # "training": the policy moves, the reference must not
+        torch.manual_seed(1)
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    untorn = engine()
+    reference.load_reference(untorn, tmp_path, state, "checkpoint-2")
+    expected = scores(untorn)
+    assert min(abs(x) for x in expected) > 1e-3
+
+    for how in TEARS + ("not_json", "wrong_shape"):
+        _break_reference(path, how)
+        with pytest.raises(RecipeError, match=r"eval_reference.json is torn .*checkpoint-2"):  # nothing to rebuild with
+            reference.load_reference(engine(), tmp_path, state, "checkpoint-2")
+        resumed = engine()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="judgetrain"):
+            reference.load_reference(resumed, tmp_path, state, "checkpoint-2", rebuild=lambda: (
+                reference.rescore_initial_weights(resumed, specs, state, {})))
+        [line] = _warnings(caplog, reference.REFERENCE_FILE)
+        assert str(path) in line and "is torn" in line and "scoring the weights before step 1 again" in line, how
+        assert resumed.model is model and resumed.policy_reference == "frozen"  # the trained policy back in place
+        if how == TEARS[0]:  # the eval on the rebuilt reference (the others rebuild the same values)
+            assert scores(resumed) == pytest.approx(expected, abs=1e-5)
+        assert json.loads(path.read_text())["values"] == pytest.approx(written, abs=1e-5), how  # whole again

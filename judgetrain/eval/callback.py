@@ -243,7 +243,8 @@ class JudgeEvalCallback(TrainerCallback):
         if not reference.needs_policy_reference(engine):
             return
         if state.global_step > 0:
-            reference.load_reference(engine, self.output_dir, PartialState(), f"the checkpoint at step {state.global_step}")
+            reference.load_reference(engine, self.output_dir, PartialState(), f"the checkpoint at step {state.global_step}",
+                                     rebuild=self._reference_rebuild(engine))
             return
         try:
             reference.score_reference(engine, self.suites, PartialState())
@@ -252,6 +253,18 @@ class JudgeEvalCallback(TrainerCallback):
         engine.policy_is_reference = True  # until the first step: the start eval's implicit scores are 0, not rerun
         if self.trainer.is_world_process_zero():
             reference.save_reference(engine, self.output_dir)
+
+    def _reference_rebuild(self, engine: ScoringEngine):
+        """How a torn eval_reference.json is scored again: the base model's weights loaded again, as the trainer
+        loaded them (not under ZeRO-3, whose loading would partition the copy: there the resume is refused)."""
+        from accelerate import PartialState
+
+        from judgetrain.eval import reference
+
+        if any(hasattr(p, "ds_id") for p in self._model().parameters()):
+            return None
+        init_kwargs = getattr(self.trainer.args, "model_init_kwargs", None)
+        return lambda: reference.rescore_initial_weights(engine, self.suites, PartialState(), init_kwargs)
 
     def _abandon(self, state, stop: EvalStopped, what: str) -> None:
         """A stop request came during an eval: nothing of it is logged or written; the stop checkpoint is saved now

@@ -7,7 +7,8 @@ eval scores would then be plain log-likelihood. The weights before the first opt
 every process gets the whole cache, and the main process writes it to ``<output_dir>/eval_reference.json``
 (``{"namespace": ..., "values": {key: log-prob}}``, keys as `ScoringEngine` makes them: token ids + reference
 name). The engine then reads only that cache (``policy_reference = "frozen"``); a resumed run loads the file
-instead of scoring a trained policy as its reference, and a row that was not in the eval set at the start has no
+instead of scoring a trained policy as its reference (a torn file is scored again with the base model's weights,
+loaded again: they are the weights before step 1), and a row that was not in the eval set at the start has no
 reference: left unscored and counted (``n_no_reference``), never scored against 0. Until the first optimizer step
 the policy is that reference (``ScoringEngine.policy_is_reference``): the start eval (``eval_on_start``) takes each
 cached sequence's reference log-prob as its policy log-prob, so it scores exactly 0 without a second forward
@@ -20,7 +21,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -88,26 +89,73 @@ def save_reference(engine: ScoringEngine, output_dir: str | Path) -> Path:
     return path
 
 
-def load_reference(engine: ScoringEngine, output_dir: str | Path, state: Any, resumed_from: str) -> None:
+def initial_weights(model: torch.nn.Module, init_kwargs: dict | None) -> torch.nn.Module:
+    """The weights before step 1 of a full fine-tune, loaded again: the base model ``model`` was loaded from (its
+    ``name_or_path``), with the run's ``model_init_kwargs``, in ``model``'s dtype and on its device."""
+    from transformers import AutoModelForCausalLM
+
+    first = next(model.parameters())
+    kwargs = {k: v for k, v in (init_kwargs or {}).items() if k not in ("device_map", "dtype", "torch_dtype")}
+    fresh = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=first.dtype, **kwargs)
+    return fresh.to(first.device).eval()
+
+
+def rescore_initial_weights(engine: ScoringEngine, specs: list[SuiteSpec], state: Any,
+                            init_kwargs: dict | None) -> int:
+    """`score_reference` with the weights before step 1 loaded again (`initial_weights`) in place of the engine's
+    trained model, which is put back after. The keys are the same as the start's: the same base model name."""
+    live = engine.model
+    engine.model = initial_weights(live, init_kwargs)
+    try:
+        return score_reference(engine, specs, state)
+    finally:
+        engine.model = live
+
+
+def _reference_problem(path: Path, engine: ScoringEngine) -> tuple[dict | None, str | None]:
+    """The reference file's document, or why it cannot be one ("missing" when absent; a torn one's reason)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, ValueError) as e:  # cut short, zero-filled, not UTF-8, not JSON
+        return None, f"unreadable: {type(e).__name__}: {str(e)[:120]}"
+    values = doc.get("values") if isinstance(doc, dict) else None
+    if not isinstance(values, dict):
+        return None, "not a {namespace, values} object"
+    bad = next((k for k, v in values.items() if isinstance(v, bool) or not isinstance(v, (int, float))), None)
+    if bad is not None:
+        return None, f"value {bad!r} is not a number"
+    if doc.get("namespace") != engine._reference_namespace():
+        return None, f"its namespace {doc.get('namespace')!r} is not this model's {engine._reference_namespace()!r}"
+    return doc, None
+
+
+def load_reference(engine: ScoringEngine, output_dir: str | Path, state: Any, resumed_from: str,
+                   rebuild: Callable[[], Any] | None = None) -> None:
     """A resumed run's reference: the file its start wrote (read by the main process, sent to the others).
-    Without it the run is refused: its weights are trained, so they cannot stand in for the reference."""
+    A torn one (cut short, zero-filled, not JSON, the wrong shape) is named in one warning and scored again with
+    ``rebuild`` (`rescore_initial_weights`: the weights before step 1, loaded again; on every process), then
+    written whole. A missing one, or a torn one without ``rebuild``, refuses the run: its weights are trained, so
+    they cannot stand in for the reference."""
     path = Path(output_dir) / REFERENCE_FILE
-    doc: Any = None
+    box: list[Any] = [None, None]
     if getattr(state, "is_main_process", True):
-        try:
-            doc = json.loads(path.read_text())
-        except FileNotFoundError:
-            doc = None
-        except (OSError, ValueError) as e:
-            doc = f"{path}: unreadable ({type(e).__name__}: {e})"
+        box = list(_reference_problem(path, engine))
     if getattr(state, "num_processes", 1) > 1:
         from accelerate.utils import broadcast_object_list
 
-        box = [doc]
         broadcast_object_list(box)
-        doc = box[0]
-    if not isinstance(doc, dict) or not isinstance(doc.get("values"), dict):
-        why = doc if isinstance(doc, str) else f"{path} is missing"
+    doc, problem = box
+    if problem is not None and problem != "missing" and rebuild is not None:
+        logger.warning("eval reference %s is torn or stale (%s): scoring the weights before step 1 again (loaded from the "
+                       "base model) and writing it whole", path, problem)
+        rebuild()
+        if getattr(state, "is_main_process", True):
+            save_reference(engine, output_dir)
+        return
+    if problem is not None:
+        why = f"{path} is missing" if problem == "missing" else f"{path} is torn ({problem})"
         raise RecipeError(
             f"implicit eval of a resumed full fine-tune without a reference model: {why}, so there is no reference "
             f"(the weights before step 1, scored at the run's start) and {resumed_from}'s trained weights cannot "

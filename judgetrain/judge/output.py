@@ -8,8 +8,10 @@
 
 A batch is committed in two appends, each one ``write`` then ``fsync``: its rows to the shard, then one index line
 ``{"end": <shard size after the rows>, "judge": ..., "items": [...], "score": [...], ...}``. A batch whose index line
-is not complete (no newline, not JSON) does not exist: at start the owner of a shard cuts the shard back to the last
-committed ``end`` and the index to its last complete line, so a row is never duplicated, lost or torn. The index
+is not complete (no newline, not JSON, zero bytes, not the shape above, rows past the shard's end) does not exist, nor
+does any line after it: at start the owner of a shard cuts the shard back to the last committed ``end`` and the index
+to the end of that batch's line, saying so in one warning, and their items are generated again, so a row is never
+duplicated, lost or torn. The index
 alone says what is done and holds each row's score, reason and token count: a resume and the summary never read the
 rows themselves. ``shards/rank-R.lock`` (an flock the kernel drops when its holder dies) keeps two runs from writing
 one shard.
@@ -44,6 +46,7 @@ class Committed:
     end: int = 0  # bytes of the shard that belong to committed batches
     index_bytes: int = 0  # bytes of the index that are complete lines
     batches: list[dict] = field(default_factory=list)
+    torn: str | None = None  # why the index stops being trusted at index_bytes (None: every byte of it is)
 
 
 def shard_paths(out: Path, rank: int) -> tuple[Path, Path]:
@@ -51,8 +54,29 @@ def shard_paths(out: Path, rank: int) -> tuple[Path, Path]:
     return folder / f"rank-{rank}.jsonl", folder / f"rank-{rank}.index"
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _batch_problem(batch: Any, end_before: int, shard_size: int) -> str | None:
+    """Why one index line is not a committed batch whose rows are in the shard (None when it is)."""
+    if not isinstance(batch, dict):
+        return "a line that is not a JSON object"
+    end, items = batch.get("end"), batch.get("items")
+    if not _is_int(end) or end < end_before:
+        return f"a line whose end {end!r} is not a byte offset after {end_before}"
+    if end > shard_size:
+        return f"a line whose rows end at byte {end}, past the shard's {shard_size}"
+    if not isinstance(batch.get("judge"), str) or not isinstance(items, list) or not all(map(_is_int, items)):
+        return "a line without its judge name and item indices"
+    if any(isinstance(v, list) and len(v) != len(items) for v in batch.values() if v is not items):
+        return f"a line whose per-row lists do not have its {len(items)} item(s)"
+    return None
+
+
 def read_index(index: Path) -> Committed:
-    """The committed batches of ``index`` (its shard beside it): complete JSON lines whose rows are in the shard."""
+    """The committed batches of ``index`` (its shard beside it): complete JSON lines of the right shape whose rows
+    are in the shard, up to the first line that is not one (``torn`` says what it is; nothing after it counts)."""
     shard = index.with_suffix(".jsonl")
     out = Committed(shard)
     try:
@@ -68,13 +92,19 @@ def read_index(index: Path) -> Committed:
         try:
             batch = json.loads(data[pos:nl])
         except ValueError:
-            break  # a torn line can only be the last one; nothing after it was committed
-        if not isinstance(batch, dict) or batch.get("end", size + 1) > size or batch["end"] < out.end:
+            out.torn = "a line that is not JSON"
+            break
+        out.torn = _batch_problem(batch, out.end, size)
+        if out.torn is not None:
             break
         out.batches.append(batch)
         out.end = batch["end"]
         pos = nl + 1
     out.index_bytes = pos
+    if out.torn is None and pos < len(data):
+        out.torn = "a last line without its newline (a batch never committed)"
+    if out.torn is not None and not data[pos:].strip(b"\0"):
+        out.torn = "zero bytes (a write the disk never completed)"
     return out
 
 
@@ -104,11 +134,17 @@ class ShardWriter:
         self._lock = file_lock(self.shard.with_suffix(".lock"), wait=False)
         self._lock.__enter__()  # LockBusy: another process writes this shard
         committed = read_index(self.index)
+        cut = {}
         for path, keep in ((self.shard, committed.end), (self.index, committed.index_bytes)):
             if path.exists() and path.stat().st_size > keep:
-                logger.warning("%s: %d byte(s) of a batch that was never committed cut off (a kill mid-write)",
-                               path, path.stat().st_size - keep)
+                cut[path] = path.stat().st_size - keep
                 os.truncate(path, keep)
+        if cut:
+            rows = sum(len(b["items"]) for b in committed.batches)
+            logger.warning("done index %s is torn at byte %d (%s): its %d committed batch(es) (%d row(s)) kept, %d "
+                           "byte(s) of it and %d of %s cut off; the items they held are generated again", self.index,
+                           committed.index_bytes, committed.torn or "rows past its last line", len(committed.batches),
+                           rows, cut.get(self.index, 0), cut.get(self.shard, 0), self.shard.name)
         self._shard = self.shard.open("ab")
         self._index = self.index.open("ab")
         fsync_path(self.shard.parent)

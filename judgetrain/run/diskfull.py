@@ -11,7 +11,9 @@ checkpoint.
 
 torch's checkpoint writer reports a full disk as ``RuntimeError: [enforce fail at inline_container.cc] ...
 unexpected pos`` (or an ``iostream error``) with no errno; such an error counts as a full disk when output_dir's
-filesystem has almost nothing left.
+filesystem has almost nothing left. Writers in Rust (safetensors: ``SafetensorError: Error while serializing: I/O
+error: No space left on device (os error 28)``) carry the errno in their message only: ``(os error 28)`` or ``122``
+counts as ENOSPC / EDQUOT.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 TORCH_WRITE_FAILURES = ("inline_container", "iostream error", "file write failed", "unexpected pos")
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's std::io::Error shows its errno
 LOW_FREE = 4 * 2**20  # what a torch write failure leaves free on a full disk is below this
 
 
@@ -47,11 +51,13 @@ def _existing(path: Path) -> Path:
 
 
 def disk_full_error(exc: BaseException, output_dir: str | os.PathLike) -> OSError | RuntimeError | None:
-    """The error of ``exc``'s chain that says the disk is full (an ENOSPC / EDQUOT OSError, or torch's write
-    failure on a filesystem with almost nothing left), or None."""
+    """The error of ``exc``'s chain that says the disk is full (an ENOSPC / EDQUOT OSError, a Rust writer's error
+    naming that errno, or torch's write failure on a filesystem with almost nothing left), or None."""
     chain = list(exception_chain(exc))
     for e in chain:
         if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            return e
+        if not isinstance(e, OSError) and any(int(n) in DISK_ERRNOS for n in RUST_OS_ERROR.findall(str(e))):
             return e
     torch_write = next((e for e in chain if isinstance(e, RuntimeError)
                         and any(s in str(e) for s in TORCH_WRITE_FAILURES)), None)
