@@ -127,8 +127,6 @@ HOOKS: tuple[Hook, ...] = (
          "judgetrain.compat.trl.PerMachineRefLogps", ("self", "dataset", "name", "batch_size")),
     Hook("trl", "trl.DPOTrainer._precompute_model_hash", "instance attribute", _PRECOMPUTE + ": the cache's fingerprint",
          "judgetrain.compat.trl.PerMachineRefLogps"),
-    Hook("trl", "trl.DPOTrainer._precompute_engine", "instance attribute",
-         _PRECOMPUTE + ": the DeepSpeed inference engine of the reference pass", "judgetrain.compat.trl.PerMachineRefLogps"),
     Hook("trl", "trl.DPOTrainer._prepare_dataset", "callable",
          "one tokenisation per start: rows that carry the length audit's ids skip TRL's tokenisation (overridden)",
          "judgetrain.compat.trl.AuditedTokenIds", ("self", "dataset", "processing_class", "args", "dataset_name")),
