@@ -42,27 +42,48 @@ def uses_vision_data(trainer: Any) -> bool:
     return bool(getattr(trainer, "_is_vision_dataset", False))
 
 
+class _LocalMainWrites:
+    """The trainer's accelerator as TRL's ``_precompute_ref_logps`` sees it under `PerMachineRefLogps`: the same
+    object in every respect but ``is_main_process``, which answers whether this process is its machine's local main
+    process (the one that writes the machine's rows folder)."""
+
+    def __init__(self, accelerator: Any) -> None:
+        self._accelerator = accelerator
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._accelerator, name)
+
+    @property
+    def is_main_process(self) -> bool:
+        return self._accelerator.is_local_main_process
+
+
 class PerMachineRefLogps:
     """DPOTrainer's ``precompute_ref_log_probs`` with its cache on every machine (a mixin over ``trl.DPOTrainer``).
 
     TRL's ``_precompute_ref_logps`` gathers the reference log-probs of every rank onto every rank, writes them as
-    ``cache-<fingerprint>.arrow`` beside the tokenised rows on the global main process only, and then every rank opens
-    that path in its own dataset's folder. judgetrain keeps one rows folder per machine (``train_rows/node-<K>``), so
-    on several machines every other machine's ranks found no file after the whole pass (FileNotFoundError). Here:
+    ``cache-<fingerprint>.arrow`` beside the tokenised rows on the global main process only (``if
+    self.accelerator.is_main_process``), and then every rank opens that path in its own dataset's folder; each rank
+    skips the pass where it finds the file. judgetrain keeps one rows folder per machine (``train_rows/node-<K>``),
+    so on several machines every other machine's ranks found no file after the whole pass (FileNotFoundError).
+    TRL's method still does all the work here (fingerprint, batches, reference engine, ``compute_ref_log_probs``,
+    which judgetrain's trainer runs prefix-shared, ``gather_for_metrics``, the write and the read); around it:
 
-    - whether the pass runs is decided once for all ranks: it is skipped only when the file is in every machine's
-      folder (a per-rank check would send some ranks into the pass's collectives and others past them);
-    - the gathered values are written by each machine's local main process into its own folder (the others wait),
-      so machine-local disks and a shared output_dir both work, and a resume on either loads them again;
+    - whether the pass runs is decided once for all ranks: TRL loads the file (no pass) only when it is in every
+      machine's folder; otherwise the machines that hold it drop it first, so that every rank enters the pass's
+      collectives (a per-rank check would send some ranks into them and others past them). The pass writes the
+      same values again;
+    - TRL's write runs on each machine's local main process into its own folder (TRL is given the accelerator
+      with ``is_main_process`` read as the local main process, `_LocalMainWrites`), and the others wait, so
+      machine-local disks and a shared output_dir both work, and a resume on either loads them again;
     - the main process logs whether they were loaded (not recomputed) or computed.
 
-    The fingerprint, the batches and the values are TRL's: rank 0's hash of the dataset and of the reference model,
-    TRL's collator, ``compute_ref_log_probs`` (judgetrain's trainer runs it prefix-shared), ``gather_for_metrics``.
-
-    checked: trl 1.16.0 (``_precompute_ref_logps(dataset, name, batch_size)``, ``_precompute_model_hash``,
-    ``_precompute_engine``) and datasets 5.2.0 (the cache file's name: `judgetrain.compat.datasets`). A TRL
-    that renames the method leaves this one unused (TRL's own runs; several machines then fail as before); one that
-    renames the attributes fails here at the first precompute, by name (`tests/test_compat.py` checks all of them)."""
+    checked: trl 1.16.0 (``_precompute_ref_logps(dataset, name, batch_size)`` reads ``self.accelerator`` for its
+    pass and its one ``is_main_process`` test, and names the file ``dataset._get_cache_file_path`` of rank 0's
+    broadcast hash of the dataset's fingerprint and ``_precompute_model_hash``) and datasets 5.2.0 (the cache file's
+    name: `judgetrain.compat.datasets`). A TRL that renames the method leaves this one unused (TRL's own runs;
+    several machines then fail as before); one that renames the hash fails here at the first precompute, by name
+    (`tests/test_compat.py` checks all of them)."""
 
     def _precompute_ref_logps(self, dataset, name, batch_size):
         import logging
@@ -70,7 +91,7 @@ class PerMachineRefLogps:
         import time
 
         from accelerate.utils import broadcast_object_list, gather_object
-        from datasets import Dataset, IterableDataset, concatenate_datasets
+        from datasets import IterableDataset
         from datasets.fingerprint import Hasher
 
         from judgetrain.compat.datasets import cache_file_beside, dataset_fingerprint
@@ -79,7 +100,7 @@ class PerMachineRefLogps:
             return super()._precompute_ref_logps(dataset, name, batch_size)
         log = logging.getLogger("judgetrain.trainer.dpo")
         accelerator = self.accelerator
-        fingerprint = [Hasher.hash((dataset_fingerprint(dataset), self._precompute_model_hash))]
+        fingerprint = [Hasher.hash((dataset_fingerprint(dataset), self._precompute_model_hash))]  # TRL's file name
         broadcast_object_list(fingerprint, from_process=0)
         cache_file = cache_file_beside(dataset, fingerprint[0])
         # the local main process of each machine answers for its folder
@@ -87,48 +108,19 @@ class PerMachineRefLogps:
         if all(gather_object([here])):
             log.info("Reference log-probs of the %s rows: loaded from %s on every machine (%d rows, computed at an "
                      "earlier start: not recomputed)", name, os.path.basename(cache_file), len(dataset))
-            return concatenate_datasets([dataset, Dataset.from_file(cache_file)], axis=1)
-
-        started = time.perf_counter()
-        chosen, rejected = self._reference_pass(dataset, name, batch_size)
-        if accelerator.is_local_main_process:
-            def add_ref_logps(batch, indices):
-                return {"ref_chosen_logps": chosen[indices], "ref_rejected_logps": rejected[indices]}
-
-            dataset.map(add_ref_logps, with_indices=True, batched=True, remove_columns=dataset.column_names,
-                        new_fingerprint=fingerprint[0], cache_file_name=cache_file,
-                        desc=f"Caching reference log probs for {name} dataset")
+            return super()._precompute_ref_logps(dataset, name, batch_size)  # TRL finds the file on every rank
+        if accelerator.is_local_main_process and os.path.exists(cache_file):
+            os.remove(cache_file)  # another machine lacks it: every rank runs the pass, which writes it again
         accelerator.wait_for_everyone()
+        started = time.perf_counter()
+        self.accelerator = _LocalMainWrites(accelerator)
+        try:
+            rows = super()._precompute_ref_logps(dataset, name, batch_size)
+        finally:
+            self.accelerator = accelerator
         log.info("Reference log-probs of the %s rows: computed (%d rows, %.1f s) and written as %s into each "
-                 "machine's rows folder", name, len(chosen), time.perf_counter() - started,
-                 os.path.basename(cache_file))
-        return concatenate_datasets([dataset, Dataset.from_file(cache_file)], axis=1)
-
-    def _reference_pass(self, dataset, name, batch_size):
-        """The reference log-probs (chosen, rejected) of every row, in row order, on every rank: TRL's pass."""
-        import os
-
-        import torch
-        from accelerate.utils import tqdm
-        from torch.utils.data import DataLoader
-        from trl.models import prepare_deepspeed
-
-        loader = self.accelerator.prepare(DataLoader(
-            dataset, batch_size=batch_size, collate_fn=self.data_collator, num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory, shuffle=False))
-        if self.ref_model is None and self.is_deepspeed_enabled:  # one inference engine, reused (as TRL does)
-            if self._precompute_engine is None:
-                self._precompute_engine = prepare_deepspeed(self.model, self.accelerator)
-            model = self._precompute_engine
-        else:
-            model = self.ref_model or self.model
-        chosen, rejected = [], []
-        for batch in tqdm(loader, desc=f"Computing reference log probs for {name} dataset",
-                          disable=bool(os.environ.get("TQDM_DISABLE", ""))):
-            c, r = self.accelerator.gather_for_metrics(self.compute_ref_log_probs(model, batch))
-            chosen.append(c.cpu())
-            rejected.append(r.cpu())
-        return torch.cat(chosen), torch.cat(rejected)
+                 "machine's rows folder", name, len(rows), time.perf_counter() - started, os.path.basename(cache_file))
+        return rows
 
 
 def chunked_logprobs(hidden: Any, weight: Any, targets: Any) -> Any:

@@ -461,28 +461,31 @@ def resolve_resume_everywhere(resume: str | None, output_dir: str) -> str | None
     lists the checkpoints its own disk holds complete (a shared output_dir gives every machine the same list;
     machine-local disks each their own), and the run resumes from a step every machine holds (`common_resume_step`:
     ``--resume auto`` falls back to the newest common one, a named checkpoint missing on a machine is refused).
-    One process, or one machine: `resolve_resume` alone."""
+    One process, or one machine: `resolve_resume` alone. Which machine a process is on is the run's one answer
+    (`judgetrain.data.prepare.machine_placement`, gathered once and remembered for the rows folder)."""
     import socket
 
     from accelerate import PartialState
 
+    from judgetrain.data.prepare import machine_placement
     from judgetrain.utils.ranks import decided_on_main
 
     state = PartialState()
     picked = decided_on_main(lambda: resolve_resume(resume, output_dir))
     if picked is None or state.num_processes == 1:
         return picked
+    first, _, machines = machine_placement(state)  # the same count on every rank: all return here, or none
+    if machines == 1:
+        return picked
     from accelerate.utils import gather_object
 
     # auto: this machine's own output_dir (the same path on every machine, on a shared disk or each its own);
     # a named checkpoint: its run folder, on this machine's disk
     folder = Path(output_dir) if resume == "auto" else Path(picked).parent
-    mine = resumable_steps(folder) if state.is_local_main_process else None
+    mine = resumable_steps(folder) if state.process_index == first else None
     seen = [(f"rank {rank}'s machine ({host})", steps)
             for rank, host, steps in gather_object([(state.process_index, socket.gethostname(), mine)])
             if steps is not None]
-    if len(seen) == 1:
-        return picked
 
     def decide():
         step, warning = common_resume_step(checkpoint_step(picked), seen, auto=resume == "auto")
