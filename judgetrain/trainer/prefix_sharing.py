@@ -42,12 +42,21 @@ logger = logging.getLogger(__name__)
 
 PER_TOKEN_FIELDS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
 
+# The start-up probe's two pairs (prompt, chosen, rejected tokens): 264 tokens through the model in its two forwards
+# (736 with the 16/96/32 and 12/80/40 tokens it had: 2.8x the probe's time on a CPU). A chosen completion of 28-32
+# tokens moves a rejected one that sees it, or whose positions do not restart, as far as 80-96 did (`probe_tolerance`).
+PROBE_PAIRS = ((8, 32, 12), (6, 28, 14))
+
+
 def probe_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     """(mean, max) absolute difference of per-token log-probs the start-up probe allows between the packed and the
     two-sequence forward, from the rounding of the weights' dtype (machine epsilon: 1.2e-7 fp32, 9.8e-4 fp16,
     7.8e-3 bf16). Measured on CPU (Qwen2, Qwen3 sdpa, Llama eager; the probe's pairs): rounding gives a mean of at most
     9e-5 in bf16 and 1.1e-5 in fp16; a rejected completion that sees the chosen one gives >= 6.7e-2, position ids
-    that do not restart >= 4.6e-3, in every dtype. So the mean bound sits at 0.15 eps (bf16 1.2e-3), the max at 4 eps.
+    that do not restart >= 4.6e-3, in every dtype. With the shorter `PROBE_PAIRS`, on the tests' tiny random Qwen2,
+    Qwen3 and Llama with LoRA in fp32, bf16 and fp16: rounding a mean of at most 1.4e-5 (2.1e-5 with the longer
+    pairs), a mask ignored >= 2.3e-2 (1.9e-2), positions that do not restart >= 1.4e-3 (1.4e-3). So the mean bound
+    sits at 0.15 eps (bf16 1.2e-3), the max at 4 eps.
     """
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
     return max(1e-5, 0.15 * eps), max(1e-4, 4 * eps)
@@ -345,15 +354,15 @@ class PrefixSharingMixin:
                         models[0].config.model_type, attn_implementation(models[0].config))
 
     def _probe(self) -> str | None:
-        """Run two synthetic pairs through TRL's forward and the packed one, under the training's autocast; their per-token
-        log-probs must agree within the rounding of the dtype the maths runs in (`compute_dtype`, `probe_tolerance`). The chosen completions are long, so a rejected one
-        that sees them (a mask the attention ignores) or whose positions do not restart shows clearly."""
+        """Run two synthetic pairs (`PROBE_PAIRS`) through TRL's forward and the packed one, under the training's
+        autocast; their per-token log-probs must agree within the rounding of the dtype the maths runs in
+        (`compute_dtype`, `probe_tolerance`). The chosen completions are the longest part, so a rejected one that
+        sees them (a mask the attention ignores) or whose positions do not restart shows clearly."""
         policy = self._models()[0]
         vocab = policy.config.get_text_config().vocab_size
         g = torch.Generator().manual_seed(0)
         tok = lambda n: torch.randint(3, min(vocab, 1000), (n,), generator=g).tolist()  # noqa: E731
-        examples = [{"prompt_ids": tok(16), "chosen_ids": tok(96), "rejected_ids": tok(32)},
-                    {"prompt_ids": tok(12), "chosen_ids": tok(80), "rejected_ids": tok(40)}]
+        examples = [{"prompt_ids": tok(p), "chosen_ids": tok(c), "rejected_ids": tok(r)} for p, c, r in PROBE_PAIRS]
         batch = self.data_collator(examples)
         device = next(policy.parameters()).device
         ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
