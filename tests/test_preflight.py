@@ -30,6 +30,14 @@ def test_wandb_without_a_key_or_offline_mode_is_a_problem_with_its_fix(tmp_path)
     assert pf.report_to_problems(["none"], env) == pf.report_to_problems([], env) == []
 
 
+def test_report_to_none_imports_no_reporting_integration(monkeypatch):
+    # transformers' availability check imports W&B (half a second of start-up): none and all alone need no check
+    monkeypatch.setitem(sys.modules, "transformers.integrations", None)  # importing it now raises ImportError
+    assert pf.report_to_problems("none") == pf.report_to_problems(["none"]) == pf.report_to_problems(None) == []
+    with pytest.raises(ImportError):
+        pf.report_to_problems(["wandb"])
+
+
 def test_an_integration_that_is_not_installed_is_named_with_its_install_line(monkeypatch):
     monkeypatch.setattr(pf, "_installed", lambda module: module != "mlflow")
     [problem] = pf.report_to_problems(["tensorboard", "mlflow"], {})

@@ -45,10 +45,13 @@ _MODULE = {"azure_ml": "azureml", "flyte": "flytekit"}
 def report_to_problems(report_to, env=os.environ) -> list[str]:
     """Each ``report_to`` integration one that transformers knows and finds available
     (``get_available_reporting_integrations``, the rule its Trainer uses), and W&B able to log (an API key, a netrc
-    login, or a mode that needs neither)."""
+    login, or a mode that needs neither). ``none`` and ``all`` alone import nothing (transformers' availability
+    check imports W&B, half a second of start-up, when it is installed)."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if all(name in ("none", "all") for name in names):
+        return []
     from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
-    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     available = set(get_available_reporting_integrations())
     problems = []
     for name in names:
