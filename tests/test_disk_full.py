@@ -228,3 +228,43 @@ def test_a_write_that_fails_at_its_flush_names_its_file_and_leaves_no_part_of_an
     (folder / "b.jsonl").unlink()
     write_evaluation(results, {"metrics": {}}, folder)
     assert sorted(p.name for p in folder.iterdir()) == ["a.jsonl", "b.jsonl", "c.jsonl", RESULTS_FILE]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("JUDGETRAIN_TEST_MULTIPROC_FAULTS"),
+                    reason="two 2-process launches (~2 min on 2 cores): set JUDGETRAIN_TEST_MULTIPROC_FAULTS=1")
+def test_two_processes_stop_together_when_the_disk_fills_at_a_checkpoint_save(tmp_path, small_disk):
+    """2 processes (cpu.yaml, gloo) on the 1,300 KiB tmpfs: the main process's save of checkpoint-4 fails; the
+    ranks agree on it (one all-reduce after the save) and meet once more after the main process wrote its status,
+    so all stop at once, none waits in a collective; one line (the main process's), no worker traceback;
+    `judgetrain train` exits 4 (bare `accelerate launch`: 1; torchrun's report gives 4 as the root cause and SIGTERM
+    for a worker still exiting when it saw the first one end); checkpoint-2 verifies; after a remount the resume
+    finishes with the final model's marker."""
+    from judgetrain.run.checkpoints import checkpoint_problem, list_checkpoints
+
+    from helpers import free_port
+
+    config = tmp_path / "cpu.yaml"  # a port of its own: parallel launches do not meet
+    config.write_text((REPO / "accelerate_configs" / "cpu.yaml").read_text() + f"main_process_port: {free_port()}\n")
+    recipe, out = _recipe(tmp_path), small_disk / "run"
+    cmd = [sys.executable, "-m", "judgetrain.cli", "train", str(recipe), "--accelerate_config", str(config),
+           "--output_dir", str(out), "--eval_suites", "none", "--max_steps", "4", "--save_steps", "2",
+           "--save_total_limit", "1", "--report_to", "none"]
+    full = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert full.returncode == 4, full.stderr[-6000:]
+    line = _disk_full_line(full)
+    assert "the save of checkpoint-4 (never complete: removed)" in line and f"{small_disk} (tmpfs, tmpfs)" in line
+    worker_errors = [ln for ln in full.stderr.splitlines() if ln.startswith("[rank") and ("Traceback" in ln or "Error" in ln)]
+    assert not worker_errors and "Connection closed by peer" not in full.stderr, worker_errors
+    report = full.stderr[full.stderr.index("Failures:"):]  # torchrun's: each worker ended at once (or was ended)
+    root = report[report.index("Root Cause"):]
+    assert "exitcode  : 4 " in root and "SIGKILL" not in report, report  # none had to be killed
+    [kept] = list_checkpoints(out)
+    assert kept.name == "checkpoint-2" and checkpoint_problem(kept, full=True) is None
+    status = [s for s in read_jsonl(out / "judgetrain_status.jsonl") if s["status"] != "started"][-1]
+    assert (status["status"], status["exit_code"]) == ("disk_full", 4)
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True, timeout=30)  # space freed
+    resumed = subprocess.run(cmd + ["--resume", "auto"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    assert checkpoint_problem(out, full=True) is None  # the final model with its marker

@@ -6,10 +6,11 @@ ends the run with `DiskFull` (exit code 4, `EXIT_DISK_FULL`): the output_dir's f
 device), its free and total space, the space the save needed (the size of the last complete checkpoint), and what
 to do; a write that names its file is named (judgetrain's writers name theirs: `naming_failures`), with where
 it leads when it is a link elsewhere (a device such as /dev/full is said to be one). The checkpoint being written
-when the disk filled has no completion marker, so it is never taken for a
-complete one; it is removed to give the space back (a resume would pass over it anyway), and rotation, which runs
-after a marker only, has deleted nothing. After space is freed, ``--resume auto`` continues from the last complete
-checkpoint.
+when the disk filled has no completion marker, so it is never taken for a complete one; it is removed to give the
+space back (a resume would pass over it anyway), and rotation, which runs after a marker only, has deleted nothing. After space is freed, ``--resume auto`` continues from the last complete
+checkpoint. On several processes a checkpoint save and the final save are agreed on by every rank
+(`every_rank_stops`): all of them stop together with exit code 4, none waits in a collective for the one that
+failed.
 
 torch's checkpoint writer reports a full disk as ``RuntimeError: [enforce fail at inline_container.cc] ...
 unexpected pos`` (or an ``iostream error``) with no errno; such an error counts as a full disk when output_dir's
@@ -20,6 +21,7 @@ counts as ENOSPC / EDQUOT.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -29,6 +31,7 @@ import stat
 from pathlib import Path
 
 from judgetrain.utils.errors import exception_chain
+from judgetrain.utils.ranks import any_rank
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +44,10 @@ LOW_FREE = 4 * 2**20  # what a torch write failure leaves free on a full disk is
 class DiskFull(OSError):
     """A write into output_dir failed for lack of space; the message says where, how much and what to do."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, *, agreed: bool = False):
         super().__init__(errno.ENOSPC, message)
         self.message = message
+        self.agreed = agreed  # every process stops with it (`every_rank_stops`): they can meet once more to exit
 
     def __str__(self) -> str:
         return self.message
@@ -69,6 +73,30 @@ def disk_full_error(exc: BaseException, output_dir: str | os.PathLike) -> OSErro
     return None
 
 
+@contextlib.contextmanager
+def every_rank_stops(output_dir: str | os.PathLike, what: str):
+    """Run the block (a save) on every process and agree on its outcome with one small all-reduce: when it failed on
+    any process, it fails on all of them, so that no rank goes on to a collective that the failed one never joins
+    (it would wait there until its connection closes, then end in a traceback). The rank that failed raises its own
+    error; the others raise an ENOSPC OSError when that failure was a full disk (`DiskFull` follows on every rank,
+    exit code 4), a RuntimeError otherwise. One process alone: the block as it is."""
+    failure = None
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - agreed on below, then raised again
+        failure = e
+    failed, full = any_rank([failure is not None,
+                             failure is not None and disk_full_error(failure, output_dir) is not None])
+    if failure is None and full:
+        failure = OSError(errno.ENOSPC, f"{what} failed for lack of space on another process")
+    elif failure is None and failed:
+        failure = RuntimeError(f"{what} failed on another process (its error is in the log)")
+    if failure is not None:
+        with contextlib.suppress(AttributeError):
+            failure.agreed = True  # every rank raises it: `DiskFull.agreed`
+        raise failure
+
+
 def filesystem_of(path: str | os.PathLike) -> str:
     """``<mount point> (<type>, <device>)`` of the filesystem that holds ``path`` (from /proc/self/mounts)."""
     target = os.path.realpath(_existing(Path(path)))
@@ -87,7 +115,13 @@ def filesystem_of(path: str | os.PathLike) -> str:
 
 
 def _size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    """The bytes of the files below ``folder`` (what another process removes meanwhile counts as gone)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for p in folder.rglob("*"):
+            with contextlib.suppress(OSError):
+                total += p.stat().st_size if p.is_file() else 0
+    return total
 
 
 def _mib(n: int) -> str:
@@ -121,9 +155,11 @@ def _where(out: Path, failed: Path | None) -> tuple[str, str]:
     return here, todo
 
 
-def disk_full_message(output_dir: str | os.PathLike, step: int, error: BaseException, *, final: bool = False) -> str:
-    """The one error of a run stopped by a full disk (main process: the torn checkpoint of ``step`` is removed
-    when the failed write was its own). It names the file that failed when the error does."""
+def disk_full_message(output_dir: str | os.PathLike, step: int, error: BaseException, *, final: bool = False,
+                      remove: bool = True) -> str:
+    """The one error of a run stopped by a full disk. It names the file that failed when the error does; the torn
+    checkpoint of ``step`` is removed when the failed write was its own and ``remove`` (each machine's first
+    process: one remover per folder)."""
     from judgetrain.run.checkpoints import COMPLETE_MARKER, checkpoint_dir, list_checkpoints
 
     out = Path(output_dir)
@@ -136,7 +172,8 @@ def disk_full_message(output_dir: str | os.PathLike, step: int, error: BaseExcep
         what = "the final save"
     elif (failed is None or _inside(failed, torn)) and torn.is_dir() and not (torn / COMPLETE_MARKER).exists():
         written = _size(torn)
-        shutil.rmtree(torn, ignore_errors=True)  # never complete; its space back, the resume passes over it anyway
+        if remove:  # never complete; its space back, the resume passes over it anyway
+            shutil.rmtree(torn, ignore_errors=True)
         what = f"the save of {torn.name} (never complete: removed)"
     else:
         what = f"writing {failed}" if failed is not None else "a write"
