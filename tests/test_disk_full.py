@@ -109,7 +109,8 @@ def _full_at_an_eval_file_then_at_metrics(recipe, out: Path) -> None:
     for link in (rows, metrics):  # at step 3 the eval's files are written first, then its metrics line
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/full")
-    for failed in (rows, metrics):
+    # each run costs ~25 s of CI; the metrics.jsonl one runs on demand (its naming: the test below)
+    for failed in (rows, metrics) if os.environ.get("JUDGETRAIN_TEST_DISK_FULL_ALL") else (rows,):
         run = _train(recipe, out, "--resume", "auto", *EVAL)
         assert run.returncode == 4, run.stderr[-4000:]
         assert "Traceback" not in run.stderr, run.stderr[-4000:]
@@ -123,7 +124,10 @@ def _full_at_an_eval_file_then_at_metrics(recipe, out: Path) -> None:
         if failed == rows:  # nothing else of that eval was written (no results.json); no eval line was logged
             assert sorted(p.name for p in rows.parent.iterdir()) == ["judgebias.jsonl"]
         failed.unlink()  # space again: the next run writes a regular file there
-    assert (out / "eval" / "3" / "results.json").is_file()  # the eval's files, then its metrics line failed
+    if metrics.is_symlink():
+        metrics.unlink()
+    else:  # the eval's files were written, then its metrics line failed
+        assert (out / "eval" / "3" / "results.json").is_file()
 
 
 def _disk_full_line(run) -> str:
