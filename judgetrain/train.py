@@ -257,8 +257,11 @@ def _train(script_args, training_args, model_args, resolved: dict, command: str 
     finally:  # the recipe's value back in the arguments (Trainer's own rotation was off during training)
         training_args.save_total_limit = keep
     if result is not None:
+        from judgetrain.run.diskfull import every_rank_stops
+
         try:
-            save_final(trainer, tokenizer, training_args, model_args)
+            with every_rank_stops(out, "the final save"):
+                save_final(trainer, tokenizer, training_args, model_args)
         except Exception as e:
             stop_if_disk_full(e, trainer, out, final=True)
             raise
@@ -279,7 +282,9 @@ def stop_if_disk_full(error: Exception, trainer, out: Path, *, final: bool = Fal
         finish_markers()
     except Exception:  # noqa: BLE001 - a marker the full disk also stopped: that checkpoint stays unmarked
         logger.warning("the marker of an earlier checkpoint could not be written either", exc_info=False)
-    raise DiskFull(disk_full_message(out, trainer.state.global_step, cause, final=final)) from None
+    remove = trainer.accelerator.is_local_main_process
+    raise DiskFull(disk_full_message(out, trainer.state.global_step, cause, final=final, remove=remove),
+                   agreed=getattr(error, "agreed", False)) from None
 
 
 # ----------------------------------------------------------------------------------------------- entry points
@@ -317,12 +322,35 @@ def process_main(argv: list[str] | None = None) -> int:
     except (RecipeError, DataValidationError, FileNotFoundError, ParallelismError) as e:  # bad recipe, bad rows, missing data: one message
         print(f"judgetrain.train: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    except DiskFull as e:  # one message, no traceback: where, how much, what to do
-        print(f"judgetrain.train: {e}", file=sys.stderr)
+    except DiskFull as e:  # one message (the main process's), no traceback: where, how much, what to do
+        if _close_process_group(e.agreed):
+            print(f"judgetrain.train: {e}", file=sys.stderr)
         return EXIT_DISK_FULL
     if isinstance(outcome, dict) and outcome.get("stop_reason") == "nonfinite":
         print(f"judgetrain.train: {outcome['stopped']}", file=sys.stderr)
     return int(outcome.get("exit_code", 0)) if isinstance(outcome, dict) else 0
+
+
+def _close_process_group(agreed: bool) -> bool:
+    """After a stop (a full disk): the process group destroyed here, not by the interpreter's teardown (see
+    `finish`). When every rank ``agreed`` on the stop they meet at a barrier first, so that none exits while the main
+    process still writes its status (torchrun ends the others at the first exit); otherwise no barrier (the other
+    ranks are in another collective, or gone). Returns whether this is the main process."""
+    import torch
+
+    from judgetrain.run.checkpoints import forget_marker_group
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return True
+    main = torch.distributed.get_rank() == 0
+    try:
+        if agreed:
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+        forget_marker_group()
+    except Exception:  # noqa: BLE001 - the exit code says what happened; the teardown is best effort
+        pass
+    return main
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ write the same files: ``<suite>.jsonl`` (one record per row, the first of implic
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -21,6 +22,7 @@ from judgetrain.eval.scoring import ScoringEngine, score_sharded
 from judgetrain.eval.suites import (SuiteSpec, build_generate_record, build_record, build_request, generate_metrics,
                                     generate_prompts, load_suite_rows, select_rows, suite_metrics)
 from judgetrain.eval.metrics import flatten_eval_metrics, flatten_mode_metrics
+from judgetrain.utils.files import naming_failures
 from judgetrain.utils.numbers import nan_to_none
 
 logger = logging.getLogger(__name__)
@@ -158,23 +160,51 @@ def flat_metrics(results: dict[str, SuiteResult], prefix: str = "eval/") -> dict
 
 def write_records(results: dict[str, SuiteResult], directory: str | Path) -> list[Path]:
     """Write <directory>/<suite>.jsonl (one record per row) and <directory>/<suite>.<mode>.jsonl for each other mode.
-    Call on the main process only."""
+    Call on the main process only. A write that fails (a full disk) removes every file of this call, the one it was
+    writing included, and raises naming that file: no part of a set of per-row files is left to be read as whole."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, res in results.items():
-        parts = ([(f"{name}.jsonl", res.records)] if res.metrics else []) + [
-            (f"{name}.{mode}.jsonl", sub.records) for mode, sub in res.modes.items()]
-        for filename, records in parts:
-            path = directory / filename
-            with path.open("w") as f:
-                for rec in records:
-                    f.write(json.dumps(nan_to_none(rec)) + "\n")
-            paths.append(path)
+    paths: list[Path] = []
+    try:
+        for name, res in results.items():
+            parts = ([(f"{name}.jsonl", res.records)] if res.metrics else []) + [
+                (f"{name}.{mode}.jsonl", sub.records) for mode, sub in res.modes.items()]
+            for filename, records in parts:
+                path = directory / filename
+                paths.append(path)
+                with naming_failures(path), path.open("w") as f:
+                    for rec in records:
+                        f.write(json.dumps(nan_to_none(rec)) + "\n")
+    except OSError:
+        _remove(paths)
+        raise
     return paths
 
 
+def _remove(paths: list[Path]) -> None:
+    """The files this evaluation wrote; a link is left as it is (not ours: the error names where it leads)."""
+    for path in paths:
+        if not path.is_symlink():
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+
+
 RESULTS_FILE = "results.json"
+
+
+def write_evaluation(results: dict[str, SuiteResult], summary: dict[str, Any], directory: str | Path) -> None:
+    """The per-row files (`write_records`), then ``results.json``: a folder that holds it holds a whole evaluation.
+    An earlier evaluation's results.json goes first (a resumed run scoring this step again), and a write that fails
+    removes what this one wrote. Call on the main process only."""
+    path = Path(directory) / RESULTS_FILE
+    path.unlink(missing_ok=True)
+    paths = write_records(results, directory)
+    try:
+        with naming_failures(path):
+            path.write_text(json.dumps(nan_to_none(summary), indent=1))
+    except OSError:
+        _remove([*paths, path])
+        raise
 
 
 def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_processes: int = 1,
@@ -224,6 +254,5 @@ def evaluate_and_write(
     summary = eval_summary(results, engine, num_processes=getattr(state, "num_processes", 1), modes=modes,
                            generator=generator, **about)
     if state is None or state.is_main_process:
-        write_records(results, directory)
-        (Path(directory) / RESULTS_FILE).write_text(json.dumps(nan_to_none(summary), indent=1))
+        write_evaluation(results, summary, directory)
     return results, summary

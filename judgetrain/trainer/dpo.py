@@ -54,6 +54,14 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
         super().__init__(*args, **kwargs)
         self._setup_prefix_sharing()
 
+    def _save_checkpoint(self, model, trial):
+        """Trainer's save, its failure agreed over the processes: a rank whose save failed (a full disk) stops with
+        every other rank instead of leaving them waiting in the next collective (`every_rank_stops`)."""
+        from judgetrain.run.diskfull import every_rank_stops
+
+        with every_rank_stops(self.args.output_dir, f"the save of checkpoint-{self.state.global_step}"):
+            super()._save_checkpoint(model, trial)
+
     # -- prefix sharing: mark the calls that carry a [chosen; rejected] batch
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         with self._pair_calls(training_step=model.training):

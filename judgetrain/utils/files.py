@@ -2,6 +2,7 @@
 
 - `write_json` / `write_lines`: through a temporary file, an fsync and an atomic rename (the old or the new file).
 - `append_jsonl`: one JSON line appended and fsynced (metrics.jsonl, judgetrain_status.jsonl, builds.jsonl).
+- `naming_failures`: a failed write names its file (a buffered write's error at flush or close names none).
 - `write_manifest` / `manifest_problem`: a folder's files with their sizes and SHA-256, written last; a folder is
   trusted only when its files match (model cache entries, checkpoints, the final model). `hash_files` fsyncs and
   hashes files in a thread pool (hashlib releases the GIL), optionally stopping the full hashes at a deadline; a
@@ -276,12 +277,24 @@ def write_lines(path: str | os.PathLike, lines: Iterable[str]) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def naming_failures(path: str | os.PathLike) -> Iterator[None]:
+    """An OSError raised inside names ``path`` (the errno kept): a buffered write that fails at its flush or close
+    (ENOSPC on a full disk) carries no file name, and the error that stops a run must say which file failed."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
+
+
 def append_jsonl(path: str | os.PathLike, record: dict[str, Any], *, fsync: bool = True, **dumps) -> None:
     """Append ``record`` as one JSON line (the folder created if needed), flushed and fsynced: a killed writer
-    leaves at most a torn last line, which the readers skip."""
+    leaves at most a torn last line, which the readers skip. A failed write names ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
+    with naming_failures(path), path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(record, **dumps) + "\n")
         f.flush()
         if fsync:
