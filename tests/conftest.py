@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import EXTENDED, REPO
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -14,6 +14,17 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.extended` tests (long launches whose paths the default run covers more cheaply elsewhere) run
+    only with JUDGETRAIN_TEST_EXTENDED=1; otherwise they are skipped, and the skip says so."""
+    if os.environ.get(EXTENDED):
+        return
+    for item in items:
+        marker = item.get_closest_marker("extended")
+        if marker is not None:
+            why = marker.kwargs.get("reason") or "a long launch"
+            item.add_marker(pytest.mark.skip(reason=f"extended ({why}): set {EXTENDED}=1 to run it"))
 
 
 def _shared_dir() -> Path | None:

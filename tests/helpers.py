@@ -83,3 +83,11 @@ def dry_run_verdict_holds(code: int, report: dict) -> bool:
     if code == 0:
         return not problems
     return code == 2 and bool(problems) and all(any(m in p for m in MACHINE_REFUSALS) for p in problems)
+
+
+EXTENDED = "JUDGETRAIN_TEST_EXTENDED"  # runs the tests marked `extended` (tests/conftest.py)
+
+
+def extended_run() -> bool:
+    """Whether the extended tests run (a test's optional extra runs read this too)."""
+    return bool(os.environ.get(EXTENDED))

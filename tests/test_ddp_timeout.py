@@ -65,6 +65,7 @@ def _launch(tmp_path, timeout_s: int, name: str):
 
 
 @pytest.mark.slow
+@pytest.mark.extended(reason="two 2-process launches, one waiting out a DDP timeout")
 def test_a_short_ddp_timeout_stops_a_run_whose_rank_0_is_slow_and_a_long_one_passes(tmp_path):
     short = _launch(tmp_path, 5, "short")
     assert short.returncode != 0, short.stderr[-3000:]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import QUICKSTART, REPO, read_jsonl
+from helpers import QUICKSTART, REPO, extended_run, read_jsonl
 
 
 def _mount(folder: Path, size: str) -> str | None:
@@ -110,7 +110,7 @@ def _full_at_an_eval_file_then_at_metrics(recipe, out: Path) -> None:
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/full")
     # each run costs ~25 s of CI; the metrics.jsonl one runs on demand (its naming: the test below)
-    for failed in (rows, metrics) if os.environ.get("JUDGETRAIN_TEST_DISK_FULL_ALL") else (rows,):
+    for failed in (rows, metrics) if extended_run() else (rows,):
         run = _train(recipe, out, "--resume", "auto", *EVAL)
         assert run.returncode == 4, run.stderr[-4000:]
         assert "Traceback" not in run.stderr, run.stderr[-4000:]
@@ -137,6 +137,7 @@ def _disk_full_line(run) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.extended(reason="three launches on a tmpfs; the checkpoint-save case and the safetensors error's classification run by default")
 def test_a_disk_that_fills_at_the_final_save_stops_with_one_error_and_the_resume_saves_it(tmp_path):
     """The rows and checkpoint-3 fit (about 880 KiB), the final adapter and tokenizer beside them (about 300 KiB
     more) do not: exit 4 naming the final save, no final marker for what was half written, checkpoint-3 verifies;
@@ -235,8 +236,7 @@ def test_a_write_that_fails_at_its_flush_names_its_file_and_leaves_no_part_of_an
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("JUDGETRAIN_TEST_MULTIPROC_FAULTS"),
-                    reason="two 2-process launches (~2 min on 2 cores): set JUDGETRAIN_TEST_MULTIPROC_FAULTS=1")
+@pytest.mark.extended(reason="two 2-process launches, ~2 min on 2 cores")
 def test_two_processes_stop_together_when_the_disk_fills_at_a_checkpoint_save(tmp_path, small_disk):
     """2 processes (cpu.yaml, gloo) on the 1,300 KiB tmpfs: the main process's save of checkpoint-4 fails; the
     ranks agree on it (one all-reduce after the save) and meet once more after the main process wrote its status,

@@ -27,7 +27,9 @@ def test_estimate_is_within_15_percent_of_the_measured_peak_of_the_tiny_judge(ti
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lora_r", [16, None], ids=["lora", "full"])
+@pytest.mark.parametrize("lora_r", [16, pytest.param(None, marks=pytest.mark.extended(
+    reason="the full fine-tune's estimate on a real architecture; the tiny judge's full case runs by default"))],
+    ids=["lora", "full"])
 def test_estimate_is_within_15_percent_on_a_real_architecture(tiny_judge, tmp_path_factory, tmp_path, lora_r):
     """SmolLM2-135M's layer shapes (hidden 576, GQA 9/3 heads, SwiGLU 1536, vocab 49152, tied), 2 of its 30
     layers to keep the test short; the full depth is measured in docs/scale.md."""
@@ -118,7 +120,8 @@ def test_lora_saved_activations_of_a_bf16_base_with_the_fp32_adapter():
                    "zero3 bf16 adapter": 176}
 
 
-@pytest.mark.parametrize("hidden", [256, 512])
+@pytest.mark.parametrize("hidden", [256, pytest.param(512, marks=pytest.mark.extended(
+    reason="the same estimate at twice the width; 256 runs by default"))])
 def test_estimate_of_a_bf16_lora_step_with_live_dropout_is_within_15_percent_above_the_measured_peak(
         tiny_judge, tmp_path, hidden):
     """The recipes' LoRA setup (bf16 weights and autocast, PEFT's fp32 adapter, lora_dropout 0.05 with TRL's

@@ -10,9 +10,7 @@ import sys
 import pytest
 from helpers import QUICKSTART, REPO, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not os.environ.get("JUDGETRAIN_TEST_SHARDED_PROBE"),
-    reason="four 2-process ZeRO-3 / FSDP2 launches (~5-7 min on 2 cores): set JUDGETRAIN_TEST_SHARDED_PROBE=1")]
+pytestmark = [pytest.mark.slow, pytest.mark.extended(reason="four 2-process ZeRO-3 / FSDP2 launches, ~5-7 min on 2 cores")]
 
 # judgetrain.train, with the packed rows' mask broken when JUDGETRAIN_TEST_FAULT=mask
 LAUNCHED = """

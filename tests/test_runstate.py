@@ -505,6 +505,7 @@ def test_judgetrain_train_exits_with_the_preempted_code_on_sigterm(tmp_path):
 # ----------------------------------------------------------------------------------------------- non-finite guard
 
 
+@pytest.mark.extended(reason="fp16 loss scaling on CPU, about a minute")
 def test_fp16_loss_scaler_overflow_steps_are_skipped_and_counted_not_stopped(tiny_judge, tmp_path):
     """accelerate enables fp16 loss scaling only on an accelerator; here Trainer's accelerator gets the real
     torch.amp.GradScaler('cpu') (the model runs fp16 weights, as TRL loads them with fp16: true). An initial scale

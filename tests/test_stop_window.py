@@ -39,6 +39,7 @@ if _delay:
 
 
 @pytest.mark.slow
+@pytest.mark.extended(reason="waits out a stop checkpoint slower than 30 s on purpose")
 def test_a_two_process_stop_checkpoint_slower_than_30_s_still_ends_143_complete(tmp_path):
     shim = tmp_path / "shim"
     shim.mkdir()
