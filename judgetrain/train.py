@@ -45,6 +45,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
         MetricsJsonlCallback,
         NonFiniteGuard,
         NoStepsLeft,
+        RecipeSteps,
     )
 
     from judgetrain.trainer.parallelism import (
@@ -64,7 +65,7 @@ def build_trainer(script_args, training_args, model_args, model_path: str, token
     allow_fsdp_on_cpu(request)  # ... so an FSDP2 request on CPU is let through again, checked at the first step
     allow_deepspeed_on_cpu(request)  # and a DeepSpeed one (on CPU: DeepSpeed's CPU accelerator over gloo)
     report = ParallelismReport(request, training_args.output_dir)
-    callbacks = [NoStepsLeft(), report, MetricsJsonlCallback(training_args.output_dir),
+    callbacks = [NoStepsLeft(), RecipeSteps(), report, MetricsJsonlCallback(training_args.output_dir),
                  CheckpointMarkerCallback(keep, identity, stopper), guard, stopper]
     if forced:
         callbacks.append(ForcedResume(forced))

@@ -181,6 +181,27 @@ def test_resuming_a_finished_run_trains_no_step_past_max_steps(recipe, reference
     assert status[-1]["status"] == "finished" and status[-1]["exit_code"] == 0 and status[-1]["step"] == MAX_STEPS
 
 
+def test_a_resume_logs_evaluates_and_saves_at_the_intervals_it_was_resumed_with(recipe, reference, tmp_path):
+    """Trainer restores the checkpoint's logging / eval / save steps with its state; judgetrain applies the resumed
+    recipe's again (they may change on resume), says so, and the run evaluates and saves at the new steps."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    for name in ("checkpoint-4", "checkpoint-6"):  # as if killed after checkpoint-2
+        shutil.rmtree(run / name, ignore_errors=True)
+    for name in ("judgetrain_complete.json", "adapter_model.safetensors"):
+        (run / name).unlink()
+    assert (run / "checkpoint-2" / "judgetrain_complete.json").is_file()
+    text = run_to_end([recipe, "--output_dir", str(run), "--resume", "auto", "--eval_steps", "3", "--save_steps", "3"],
+                      tmp_path / "resume.log")
+    assert ("resumed at step 2 with the recipe's eval_steps 3 (the checkpoint had 4), save_steps 3 (the checkpoint "
+            "had 2)") in text, text[-4000:]
+    assert (run / "checkpoint-3" / "judgetrain_complete.json").is_file() and not (run / "checkpoint-4").exists()
+    evals = sorted({r["step"] for r in records(run) if any(k.startswith("eval/") for k in r)})
+    assert 3 in evals and 4 not in evals, evals
+
+
 def _wait_exit(proc, timeout):
     try:
         return proc.wait(timeout=timeout)

@@ -51,6 +51,23 @@ class NoStepsLeft(TrainerCallback):
                              f"step {state.global_step} is the run's last (max_steps {state.max_steps}): nothing left to train")
 
 
+class RecipeSteps(TrainerCallback):
+    """A resumed run logs, evaluates and saves at the intervals of the recipe it was resumed with. Trainer replaces
+    its state with the checkpoint's on resume, and with it the checkpoint's ``logging_steps``, ``eval_steps`` and
+    ``save_steps`` (it only warns that they differ), so `--eval_steps 3` on a resume would be ignored while the
+    recipe record says 3. These keys are operational (a resume may change them), so they are applied again here and
+    each change is logged."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        kinds = ("logging", "eval", "save")
+        before = {k: getattr(state, f"{k}_steps") for k in kinds}
+        state.compute_steps(args, state.max_steps)
+        changed = [f"{k}_steps {getattr(state, f'{k}_steps')} (the checkpoint had {before[k]})" for k in kinds
+                   if getattr(state, f"{k}_steps") != before[k]]
+        if changed and state.global_step > 0:
+            logger.info("resumed at step %d with the recipe's %s", state.global_step, ", ".join(changed))
+
+
 class MetricsJsonlCallback(TrainerCallback):
     """Append every logging event to ``<output_dir>/metrics.jsonl`` on the main process, with the same key names
     (``train/...``, ``eval/...``) that the W&B and TensorBoard callbacks produce."""
