@@ -54,14 +54,35 @@ def launch(command: str, out: Path, overrides: list[str], resume: bool = False) 
     return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def kill_after_first_checkpoint(proc: subprocess.Popen, out: Path, timeout: float) -> bool:
+def kill_tree(proc: subprocess.Popen, launcher_only: bool) -> None:
+    """SIGKILL the launch: every process of it (torchrun starts its workers in sessions of their own, so a kill of
+    the launcher's process group does not reach them), or with ``launcher_only`` the launcher's group alone (as a
+    scheduler that kills the command it started), then wait until the workers are gone."""
+    import psutil
+
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    if not launcher_only:
+        for w in workers:
+            try:
+                w.kill()
+            except psutil.NoSuchProcess:
+                pass
+    proc.wait()
+    _, alive = psutil.wait_procs(workers, timeout=120)
+    if alive:
+        print(f"workers {[w.pid for w in alive]} still running 120 s after the launcher was killed", flush=True)
+        for w in alive:
+            w.kill()
+
+
+def kill_after_first_checkpoint(proc: subprocess.Popen, out: Path, timeout: float, launcher_only: bool) -> bool:
     """SIGKILL the whole launch once a checkpoint with its completion marker (a judge: a committed chunk) exists."""
     end = time.monotonic() + timeout
     while time.monotonic() < end and proc.poll() is None:
         done = [c / "judgetrain_complete.json" for c in out.glob("checkpoint-*")] + list(out.glob("shards/*.index"))
         if any(p.is_file() and p.stat().st_size for p in done):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_tree(proc, launcher_only)
             return True
         time.sleep(0.5)
     return False
@@ -71,6 +92,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--command", choices=("train", "eval", "judge"), default="train", help="what each launch runs")
     parser.add_argument("--runs", type=int, default=20, help="launches in all, half fresh and half resumed")
+    parser.add_argument("--kill_launcher_only", action="store_true",
+                        help="SIGKILL only the launcher's process group (the workers then get the parent-death SIGTERM)")
     parser.add_argument("--workdir", default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one launch may take")
     parser.add_argument("overrides", nargs="*", help="recipe overrides for every launch (after --)")
@@ -84,7 +107,7 @@ def main() -> int:
         t0 = time.monotonic()
         if kind == "resumed":
             first = launch(args.command, out, args.overrides)
-            if not kill_after_first_checkpoint(first, out, args.timeout):
+            if not kill_after_first_checkpoint(first, out, args.timeout, args.kill_launcher_only):
                 first.wait()
                 print(f"run {i}: no checkpoint before the first launch ended ({first.returncode}); skipped", flush=True)
                 counts[kind]["no checkpoint"] += 1

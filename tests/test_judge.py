@@ -312,7 +312,7 @@ def _wait_for_batches(proc, out: Path, n: int, timeout: float = 240) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launch", ["one process", "two processes"])
+@pytest.mark.parametrize("launch", ["one process", "two processes", "two processes, the launcher alone killed"])
 def test_sigkill_mid_run_then_the_same_command_generates_only_what_is_missing(tmp_path, tiny_judge, launch):
     n_items, judges = 12, ["tiny-judge", f"model={tiny_judge},name=second"]
     items = write_items(tmp_path / "items.jsonl", n_items)
@@ -320,7 +320,7 @@ def test_sigkill_mid_run_then_the_same_command_generates_only_what_is_missing(tm
     tail = ["--items", items, "--judge", judges[0], "--judge", judges[1], "--output_dir", out, "--chunk_size", 2,
             "--max_new_tokens", 8]
     cli = [sys.executable, "-m", "judgetrain.cli.judge"]
-    if launch == "two processes":
+    if launch.startswith("two processes"):
         from helpers import free_port
 
         cli = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", REPO / "accelerate_configs" /
@@ -330,8 +330,14 @@ def test_sigkill_mid_run_then_the_same_command_generates_only_what_is_missing(tm
     import psutil
 
     tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    if launch.endswith("killed"):  # as a scheduler kills the job's command: torchrun's workers, in sessions of
+        os.killpg(proc.pid, signal.SIGKILL)  # their own, must not run on (they get SIGTERM: stop after a batch)
+        proc.wait()
+        gone, alive = psutil.wait_procs([psutil.Process(p) for p in tree[1:] if psutil.pid_exists(p)], timeout=60)
+        assert not alive, f"workers still running 60 s after their launcher was killed: {alive}"
     for pid in tree:  # every process of the run (torchrun's workers too), mid-batch
-        os.kill(pid, signal.SIGKILL)
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGKILL)
     proc.wait()
     before = _committed(out)
     assert max(before.values()) == 1 and 0 < sum(before.values()) < n_items * 2

@@ -199,7 +199,9 @@ def _cpu_only() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     from judgetrain.config.recipe import RecipeError
+    from judgetrain.utils.launcher import die_with_launcher
 
+    die_with_launcher()  # torchrun's workers live in sessions of their own: a killed launcher must not leave them
     try:
         eval_args, args = parse_args(argv)
     except RecipeError as err:  # an EvalArguments value refused (an unknown suite)

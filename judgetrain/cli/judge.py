@@ -143,6 +143,9 @@ def print_result(summary: dict, evaluations: str, rows: int, out: Path, n_reject
 
 
 def main(argv: list[str] | None = None) -> int:
+    from judgetrain.utils.launcher import die_with_launcher
+
+    die_with_launcher()  # torchrun's workers live in sessions of their own: a killed launcher must not leave them
     args = build_parser().parse_args(argv)
     if (code := finished_already(args)) is not None:
         return code

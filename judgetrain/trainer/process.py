@@ -3,40 +3,7 @@ GPU) and follow the launcher if it dies."""
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
-
-def _die_with_launcher() -> None:
-    """Ask Linux to send this process SIGTERM when its `accelerate launch` / torchrun parent dies.
-
-    accelerate's single-process launcher does not forward signals: a SIGTERM to `accelerate launch` (what a
-    scheduler or spot reclaim sends to the command it started) killed the launcher and left the training process
-    running on, orphaned, to the end of the run. With the parent-death signal the child gets SIGTERM too and
-    GracefulStop saves a checkpoint and stops. Only when the parent is a launcher: a shell parent exiting must not
-    stop a `nohup python -m judgetrain.train` run."""
-    if not sys.platform.startswith("linux"):
-        return
-    ppid = os.getppid()
-    try:
-        cmdline = Path(f"/proc/{ppid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return
-    if not any(s in cmdline for s in ("accelerate", "torchrun", "torch.distributed.run")):
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
-            return
-        if os.getppid() != ppid:  # the launcher died before the request took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+from judgetrain.utils.launcher import die_with_launcher
 
 
 def init_process_state(argv: list[str] | None = None):
@@ -47,7 +14,7 @@ def init_process_state(argv: list[str] | None = None):
     group created without it would keep the backend's default (NCCL's 10 minutes) while rank 0 alone prepares data."""
     from judgetrain.trainer.parallelism import join_process_group
 
-    _die_with_launcher()
+    die_with_launcher()
     state, _ = join_process_group(timeout_s=ddp_timeout_of(argv or []))
     return state
 
