@@ -345,7 +345,8 @@ class JudgeEvalCallback(TrainerCallback):
 
                 self.generator = Generator(model, self.tokenizer, **self.generator_kwargs)
                 self.generator.stop_check = self.engine.stop_check  # a SIGTERM stops generation between its calls too
-            self.generator.set_model(model, self.trainer.accelerator)  # ZeRO-3: gathered once per generate call
+            else:
+                self.generator.set_model(model)
         out = Path(self.output_dir) / "eval" / str(step)
         try:
             results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,
