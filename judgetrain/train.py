@@ -163,19 +163,29 @@ def finish(trainer, stopper) -> None:
     threads are joined, then every process group (the markers' own gloo group and the default one) is destroyed
     after the last barrier; left to the interpreter's teardown, a gloo group's threads could still be joinable when
     it is freed (std::terminate: "terminate called without an active exception", SIGABRT)."""
-    import torch
-
-    from judgetrain.run.checkpoints import finish_markers, forget_marker_group
+    from judgetrain.run.checkpoints import finish_markers
 
     _finish_wandb(trainer)
     if hasattr(trainer, "end"):
         trainer.end()
     finish_markers()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()  # every group, the markers' included
-        forget_marker_group()
+    _destroy_process_groups(barrier=True)
     stopper.uninstall()
+
+
+def _destroy_process_groups(*, barrier: bool) -> None:
+    """Every process group (the markers' own gloo group and the default one) destroyed here, not by the interpreter's
+    teardown (see `finish`); after a ``barrier`` when every rank is known to reach it."""
+    import torch
+
+    from judgetrain.run.checkpoints import forget_marker_group
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if barrier:
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    forget_marker_group()
 
 
 def _finish_wandb(trainer) -> None:
@@ -339,16 +349,11 @@ def _close_process_group(agreed: bool) -> bool:
     ranks are in another collective, or gone). Returns whether this is the main process."""
     import torch
 
-    from judgetrain.run.checkpoints import forget_marker_group
-
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return True
     main = torch.distributed.get_rank() == 0
     try:
-        if agreed:
-            torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        forget_marker_group()
+        _destroy_process_groups(barrier=agreed)
     except Exception:  # noqa: BLE001 - the exit code says what happened; the teardown is best effort
         pass
     return main

@@ -7,8 +7,8 @@ device), its free and total space, the space the save needed (the size of the la
 to do; a write that names its file is named (judgetrain's writers name theirs: `naming_failures`), with where
 it leads when it is a link elsewhere (a device such as /dev/full is said to be one). The checkpoint being written
 when the disk filled has no completion marker, so it is never taken for a complete one; it is removed to give the
-space back (a resume would pass over it anyway), and rotation, which runs after a marker only, has deleted nothing. After space is freed, ``--resume auto`` continues from the last complete
-checkpoint. On several processes a checkpoint save and the final save are agreed on by every rank
+space back (a resume would pass over it anyway), and rotation, which runs after a marker only, has deleted nothing.
+After space is freed, ``--resume auto`` continues from the last complete checkpoint. On several processes a checkpoint save and the final save are agreed on by every rank
 (`every_rank_stops`): all of them stop together with exit code 4, none waits in a collective for the one that
 failed.
 
@@ -129,8 +129,7 @@ def _mib(n: int) -> str:
 
 
 def _inside(path: Path, folder: Path) -> bool:
-    return os.path.abspath(path) == os.path.abspath(folder) or os.path.abspath(path).startswith(
-        os.path.abspath(folder) + os.sep)
+    return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder))
 
 
 def _where(out: Path, failed: Path | None) -> tuple[str, str]:

@@ -15,8 +15,8 @@ def die_with_launcher() -> None:
     running on, orphaned, to the end of the run. With the parent-death signal the child gets SIGTERM too and
     GracefulStop saves a checkpoint and stops. The same for every process of `judgetrain judge` and `judgetrain eval`:
     torchrun starts its workers in sessions of their own, so a kill of the launcher's process group leaves them
-    running, still writing the output_dir that a requeued launch reads. Only when the parent is a launcher: a shell parent exiting must not
-    stop a `nohup python -m judgetrain.train` run."""
+    running, still writing the output_dir that a requeued launch reads. Only when the parent is a launcher: a shell
+    parent exiting must not stop a `nohup python -m judgetrain.train` run."""
     if not sys.platform.startswith("linux"):
         return
     ppid = os.getppid()
