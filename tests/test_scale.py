@@ -178,8 +178,9 @@ def test_two_machines_killed_and_resumed_match_one_machine_with_two_processes(dd
 
 def _assert_same_generations(one: Path, two: Path) -> None:
     """Generate mode (the full fine-tune's recipe) on `two`'s model as on `one`'s: every row once, the same texts
-    token for token, greedy. Under sharded weights (FSDP2, ZeRO-3) the ranks' generate calls run in step
-    (synced_gpus), the rank with fewer rows running a padding call."""
+    token for token, greedy. Under FSDP2 the ranks' generate calls run in step (synced_gpus), the rank with fewer
+    rows running a padding call; under ZeRO-3 the parameters are gathered once for the suite (``gathered_calls``)
+    and the rank with fewer batches passes its remaining stop points (collectives) without one."""
     for step in (EVERY, STEPS):
         for suite in ("rmbench", "judgebias"):
             a, b = (read_jsonl(run / "eval" / str(step) / f"{suite}.generate.jsonl") for run in (one, two))
@@ -187,10 +188,13 @@ def _assert_same_generations(one: Path, two: Path) -> None:
             assert all(o["n_tokens"] > 0 for r in b for o in r["outputs"])
             texts = [[o["text"] for o in r["outputs"]] for r in a]
             assert [[o["text"] for o in r["outputs"]] for r in b] == texts, (step, suite)
-        # rank 0 (whose figures results.json holds) ran 2 generate calls on its 3 JudgeBias prompts; under sharded
-        # weights rank 1, with 2 prompts in 1 call, ran a padding call in step with the second (or the run would hang)
+        # rank 0 (whose figures results.json holds) ran 2 generate calls on its 3 JudgeBias prompts; rank 1, with 2
+        # prompts in 1 call, kept in step with the second (FSDP2: a padding call; ZeRO-3: a stop point) or the run
+        # would hang
         stats = json.loads((two / "eval" / str(step) / "results.json").read_text())["mode_stats"]["judgebias"]["generate"]
         assert (stats["prompts"], stats["batches"], stats["padding_batches"]) == (3, 2, 0), stats
+        zero3 = json.loads((two / "parallelism.json").read_text()).get("zero_stage") == 3
+        assert stats["gathered_calls"] == int(zero3), stats
 
 
 def _assert_sharded(out: Path) -> None:

@@ -345,8 +345,7 @@ class JudgeEvalCallback(TrainerCallback):
 
                 self.generator = Generator(model, self.tokenizer, **self.generator_kwargs)
                 self.generator.stop_check = self.engine.stop_check  # a SIGTERM stops generation between its calls too
-            else:
-                self.generator.set_model(model)
+            self.generator.set_model(model, self.trainer.accelerator)  # ZeRO-3: gathered once per generate call
         out = Path(self.output_dir) / "eval" / str(step)
         try:
             results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,

