@@ -34,16 +34,10 @@ def _lengths_batched(batch, tokenizer, tokens=_CHECK):
     return out
 
 
-_CHECKED: dict[int, tuple] = {}
-
-
 def _checked_tokens(tokenizer):
-    from judgetrain.data.tokenise import check_boundary
+    from judgetrain.data.tokenise import checked_tokens
 
-    kept = _CHECKED.get(id(tokenizer))
-    if kept is None or kept[0] is not tokenizer:
-        kept = _CHECKED[id(tokenizer)] = (tokenizer, check_boundary(tokenizer)[0])
-    return kept[1]
+    return checked_tokens(tokenizer)
 
 
 def _shorten_prompt(example, tokenizer, max_length: int, tokens=_CHECK):

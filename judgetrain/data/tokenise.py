@@ -127,6 +127,45 @@ class PairTokeniser:
             out["as_trl"].append(int(b == 0))
         return out
 
+    def rows(self, prompts: list, completions: list[list]) -> list[tuple[list[int], list[list[int]]] | None]:
+        """Per row, a prompt with any number of completions (an eval row: RM-Bench's three chosen and three rejected,
+        a pair's two): the prompt's ids and each completion's, cut where the tokenised prompt and the tokenised
+        prompt + completion diverge, the prompt as long as its shortest common prefix with any completion (one cut
+        for the row, as `judgetrain.eval.scoring.ScoringEngine` scores its responses: with two completions, TRL's
+        cut). None for a row without a boundary or without completions (the caller tokenises it whole). The
+        messages are rendered as given: neutralise their content first, as the caller's whole tokenisation does."""
+        out: list[tuple[list[int], list[list[int]]] | None] = [None] * len(prompts)
+        if self.pattern is None or not prompts:
+            return out
+        from trl.data_utils import common_prefix_length
+
+        render = self.tokenizer.apply_chat_template
+        texts_p = render(list(prompts), tokenize=False, add_generation_prompt=True)
+        flat = [p + list(c) for p, cs in zip(prompts, completions) for c in cs]
+        texts_f = render(flat, tokenize=False) if flat else []
+        spans, at = [], 0
+        for p, cs in zip(texts_p, completions):
+            fulls = texts_f[at:at + len(cs)]
+            at += len(cs)
+            cut = self._last_end(p, min(common_prefix_chars(p, f) for f in fulls)) if fulls else 0
+            spans.append((cut, fulls))
+        kept = [i for i, (cut, _) in enumerate(spans) if cut]
+        heads = [texts_p[i][:spans[i][0]] for i in kept]
+        self._learn_shared(heads)
+        openings = [self._shared_of(h) for h in heads]
+        pieces = [h[len(o[0]):] for h, o in zip(heads, openings)]
+        for i in kept:
+            cut, fulls = spans[i]
+            pieces += [texts_p[i][cut:], *(f[cut:] for f in fulls)]
+        ids = self._ids(pieces)
+        rests = iter(ids[len(kept):])
+        for i, head, (_, opening) in zip(kept, ids[:len(kept)], openings):
+            p = next(rests)
+            fulls = [next(rests) for _ in spans[i][1]]
+            keep = min(common_prefix_length(p, f) for f in fulls)
+            out[i] = (opening + head + p[:keep], [f[keep:] for f in fulls])
+        return out
+
     def _ids(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, as TRL's tokenisation calls the tokenizer (no special tokens added); each
         distinct text tokenised once."""
@@ -197,6 +236,19 @@ def probe_rows(tokenizer, rows: list[dict] = ()) -> list[dict]:
             probes.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": a}],
                            "rejected": [{"role": "assistant", "content": b}]})
     return probes
+
+
+_CHECKED: dict[int, tuple] = {}  # per process: id(tokenizer) -> (it, `check_boundary`'s tokens)
+
+
+def checked_tokens(tokenizer) -> tuple[str, ...] | None:
+    """`check_boundary`'s tokens for ``tokenizer`` (on its probes; None: no boundary), checked once per process."""
+    kept = _CHECKED.get(id(tokenizer))
+    if kept is None or kept[0] is not tokenizer:
+        if len(_CHECKED) >= 8:
+            _CHECKED.clear()
+        kept = _CHECKED[id(tokenizer)] = (tokenizer, check_boundary(tokenizer)[0])
+    return kept[1]
 
 
 def check_boundary(tokenizer, rows: list[dict] = ()) -> tuple[tuple[str, ...] | None, str]:

@@ -22,6 +22,7 @@ from judgetrain.eval.suites import DEFAULT_SPLITS, SuiteSpec, build_request, loa
 logger = logging.getLogger(__name__)
 
 AUDIT_FILE = "eval_audit.json"
+AUDIT_BATCH = 256  # rows the length audit tokenises together
 _GROUP_FIELDS = ("domain", "id", "perturbation_type", "pair_id")  # what the row cap reads (suites._group_key)
 
 
@@ -159,12 +160,16 @@ def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_in
     kinds = [m for m in modes if m in PROXY_MODES] + (["judge"] if "generate" in modes and "judge" not in modes else [])
     counts = {"rows": 0, "too_long": 0, "longest": 0}
     engine = ScoringEngine(None, tokenizer, scoring=kinds[0], max_length=1 << 30)
-    for row in spec.rows:
-        seqs = [s for kind in kinds for s in engine._build_sequences([build_request(spec.name, row, kind)])[0]]
-        longest = max((len(s.ids) for s in seqs), default=0)
-        counts["rows"] += 1
-        counts["longest"] = max(counts["longest"], longest)
-        counts["too_long"] += longest > max_length
+    for start in range(0, len(spec.rows), AUDIT_BATCH):  # a batch of rows at a time: each prompt tokenised once
+        batch = list(spec.rows.select(range(start, min(start + AUDIT_BATCH, len(spec.rows))))) \
+            if hasattr(spec.rows, "select") else spec.rows[start:start + AUDIT_BATCH]
+        longest = [0] * len(batch)
+        for kind in kinds:
+            for s in engine._build_sequences([build_request(spec.name, row, kind) for row in batch])[0]:
+                longest[s.row] = max(longest[s.row], len(s.ids))
+        counts["rows"] += len(batch)
+        counts["longest"] = max([counts["longest"], *longest])
+        counts["too_long"] += sum(n > max_length for n in longest)
     action = "skipped" if long_inputs == "skip" else "cut from the left (the prompt)"
     logger.info("Eval audit [%s]: %d rows, %d longer than max_length=%d (%s at each eval), longest %d tokens",
                 spec.name, counts["rows"], counts["too_long"], max_length, action, counts["longest"])

@@ -246,6 +246,7 @@ class ScoringEngine(StopPoints):
         self._stop_points = 0
         self._seq_cache: dict[str, tuple[list[tuple[int, np.ndarray, int]], bool, bool]] = {}
         self._seq_cache_of: tuple | None = None
+        self._said_no_boundary = False
 
     # ------------------------------------------------------------------------------------------ model access
     def set_model(self, model: torch.nn.Module) -> None:
@@ -279,6 +280,38 @@ class ScoringEngine(StopPoints):
     def _chat_ids(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
         """The conversation's ids; control strings inside message content are text (judgetrain.data.chat)."""
         return chat_ids(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
+
+    def _chat_pairs(self, requests: Sequence[Request | None]) -> dict[int, tuple[list[int], list[list[int]]]]:
+        """`_pair_sequences`' ids of the conversational implicit / loglik requests (None: not asked), a batch at once
+        with each prompt tokenised once (`judgetrain.data.tokenise.PairTokeniser.rows`: the same ids, the prompt
+        rendered and tokenised up to the template's last added token before the responses, the rubric that opens
+        every prompt once per process); {} where the tokenizer gives no such boundary (said once), and rows without
+        one are left to `_pair_sequences`."""
+        from judgetrain.data.chat import control_pattern, neutral_messages
+        from judgetrain.data.tokenise import checked_tokens, pair_tokeniser
+
+        if not self._has_chat_template():
+            return {}
+        asked = [(r, req) for r, req in enumerate(requests) if req is not None and req.kind in ("implicit", "loglik")
+                 and isinstance(req.prompt, (list, str)) and req.responses]
+        if not asked:
+            return {}
+        tokens = checked_tokens(self.tokenizer)
+        if tokens is None:
+            if not self._said_no_boundary:
+                self._said_no_boundary = True
+                logger.info("eval: no boundary to tokenise each prompt once for this tokenizer: each response's "
+                            "sequence is rendered and tokenised whole, as TRL's DPOTrainer does")
+            return {}
+        tok, pattern = self.tokenizer, control_pattern(self.tokenizer)
+        # as `_pair_sequences` reads a row under a chat template: a string prompt is the user's turn, a string
+        # response the assistant's
+        prompts = [neutral_messages([{"role": "user", "content": req.prompt}] if isinstance(req.prompt, str)
+                                    else req.prompt, tok, pattern) for _, req in asked]
+        completions = [[neutral_messages([{"role": "assistant", "content": x}] if isinstance(x, str) else list(x),
+                                         tok, pattern) for x in req.responses] for _, req in asked]
+        got = pair_tokeniser(self.tokenizer, tokens).rows(prompts, completions)
+        return {r: ids for (r, _), ids in zip(asked, got) if ids is not None}
 
     def _pair_sequences(self, prompt: Any, responses: Sequence[Any]) -> tuple[list[int], list[list[int]]]:
         """TRL 1.16 DPOTrainer tokenization of one prompt with several completions."""
@@ -347,8 +380,11 @@ class ScoringEngine(StopPoints):
         seqs: list[_Seq] = []
         rows: list[RowScore] = []
         self._check_sequence_cache()
+        cached_of = [self._seq_cache.get(f"{req.kind}|{req.cache_key}") if req.cache_key is not None else None
+                     for req in requests]
+        pairs = self._chat_pairs([req if cached is None else None for req, cached in zip(requests, cached_of)])
         for r, req in enumerate(requests):
-            cached = self._seq_cache.get(f"{req.kind}|{req.cache_key}") if req.cache_key is not None else None
+            cached = cached_of[r]
             if cached is not None:  # tokenised at an earlier eval: the same ids (same tokenizer and length rule)
                 self._append_cached(r, cached, seqs, rows, len(req.judge_prompts if req.kind == "judge" else req.responses))
                 continue
@@ -366,7 +402,7 @@ class ScoringEngine(StopPoints):
                     row_seqs.append(_Seq(r, slot, ids, len(ids)))
             elif req.kind in ("implicit", "loglik"):
                 n = len(req.responses)
-                prompt_ids, completions = self._pair_sequences(req.prompt, req.responses)
+                prompt_ids, completions = pairs.get(r) or self._pair_sequences(req.prompt, req.responses)
                 for slot, comp in enumerate(completions):
                     ids, start = prompt_ids + comp, len(prompt_ids)
                     if len(ids) > self.max_length:
