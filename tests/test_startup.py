@@ -60,6 +60,62 @@ def test_startup_sides_run_one_recipe(tmp_path):
                             "target_modules": model_args.lora_target_modules}
     assert spec["data"] == str(tmp_path / "train.parquet") and spec["resume"] is True
     assert "dataset_num_proc" not in startup_recipe(tmp_path, 1, "cpu", 4096)
+    assert "eval_data" not in spec
+    # with the validation rows: TRL's eval_dataset, judgetrain's judgebias suite on the same file, every row
+    path.write_text(yaml.safe_dump(startup_recipe(tmp_path, 2, "cpu", 4096, eval_rows=True)))
+    script_args, targs, _, _ = parse_recipe([str(path), "--output_dir", str(tmp_path / "out")])
+    assert (script_args.eval_suites, script_args.eval_judgebias_source, script_args.eval_judgebias_split,
+            script_args.eval_max_rows, targs.eval_strategy, targs.eval_steps) == (
+        ["judgebias"], str(tmp_path), "validation", None, "steps", 1_000_000)
+    spec = bare_spec(path, tmp_path, "model-folder", tmp_path / "trl", resume=False)
+    assert spec["eval_data"] == str(tmp_path / "validation.parquet")
+    assert (spec["dpo"]["eval_strategy"], spec["dpo"]["eval_steps"]) == ("steps", 1_000_000)
+
+
+def test_an_earlier_trl_side_is_taken_only_for_the_same_recipe_and_rows(tmp_path):
+    import pytest
+
+    from judgetrain.bench.common import BenchError
+    from judgetrain.bench.startup import _earlier_trl, startup_recipe
+
+    recipe = startup_recipe(tmp_path, 2, "cpu", 4096, eval_rows=True)
+    trl = {"cold": {"to_first_step_s": 900.0}, "resume": {"to_first_step_s": 9.0}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"startup": {"recipe": recipe, "data": str(tmp_path), "trl": trl}}))
+    assert _earlier_trl(str(path), recipe, tmp_path) == trl
+    for other, data in ((startup_recipe(tmp_path, 1, "cpu", 4096, eval_rows=True), tmp_path),
+                        (recipe, tmp_path / "elsewhere")):
+        with pytest.raises(BenchError, match="not a start-up report of this recipe and these rows"):
+            _earlier_trl(str(path), other, data)
+
+
+def test_startup_memory_counts_the_launched_process_and_its_workers(tmp_path):
+    """A start's memory: the tree's peak PSS, a forked worker's own pages in it, shared ones once; the launched
+    process's own peak from the clock (VmHWM, not counting the bench's pages copied at the fork)."""
+    import subprocess
+
+    from judgetrain.bench.startup import _wait
+    from judgetrain.bench.startup_clock import vm_hwm_mb
+
+    script = (
+        "import os, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    b = b'x' * (200 << 20); time.sleep(2.0); os._exit(0)\n"  # a worker's own 200 MB
+        "a = b'y' * (300 << 20)\n"  # 300 MB in the launched process, beside it
+        "os.waitpid(pid, 0)\n"
+        "os._exit(3)\n"
+    )
+    ballast = b"z" * (400 << 20)  # the launching process is large: none of it may be counted
+    code, (tree_pss, anon) = _wait(subprocess.Popen([sys.executable, "-c", script]), timeout=60)
+    assert code == 3 and len(ballast)
+    assert 500 < tree_pss < 600, tree_pss  # both, the interpreter's pages shared by the fork counted once
+    assert 495 < anon < tree_pss, anon  # the two bytes objects are anonymous memory; the interpreter's files are not
+    code, _ = _wait(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]), timeout=1)
+    assert code == -9  # killed at the timeout
+    before = vm_hwm_mb()
+    more = b"w" * (100 << 20)
+    assert vm_hwm_mb() - before > 90 and len(more)
 
 
 def test_startup_cli_options_and_targets():
@@ -71,6 +127,14 @@ def test_startup_cli_options_and_targets():
     summary = summarize({"startup": {"cold_ratio": 1.3, "resume_ratio": 0.9, "resume_s": 42.0}})
     assert (summary["startup_cold_ratio"], summary["startup_resume_s"]) == (1.3, 42.0)
     assert "startup_cold_ratio" in summary["targets_missed"] and "startup_resume_s" not in summary["targets_missed"]
+    # the targets: half of TRL's launch to first step, no more memory than TRL
+    summary = summarize({"startup": {"cold_ratio": 0.49, "resume_ratio": 0.9, "resume_s": 42.0,
+                                     "cold_peak_rss_ratio": 1.2, "cold_peak_tree_pss_ratio": 1.01}})
+    assert summary["targets_missed"] == ["startup_cold_peak_tree_pss_ratio"]
+    assert summarize({"startup": {"cold_ratio": 0.51, "resume_ratio": 1, "resume_s": 1}})["targets_missed"] == [
+        "startup_cold_ratio"]
+    args = build_parser().parse_args(["--only", "startup", "--startup-eval-rows", "10183"])
+    assert (args.startup_eval_rows, build_parser().parse_args([]).startup_eval_rows) == (10183, 0)
 
 
 def test_neutralisation_in_processes_equals_one_process(tiny_judge):

@@ -1,6 +1,7 @@
 """What a start-up bench process runs, by path (``python .../startup_clock.py``, so that no judgetrain module is
 imported before the side it times): a clock on every Trainer (wall-clock times of the train loop's begin and of the
-first optimizer step's begin and end, written to CLOCK as JSON), then one side:
+first optimizer step's begin and end, with the process's peak resident memory at each, written to CLOCK as JSON),
+then one side:
 
     python startup_clock.py CLOCK MODE judgetrain RECIPE [--key value ...]   # python -m judgetrain.train, as launched
     python startup_clock.py CLOCK MODE trl SPEC                              # a bare TRL DPO script (below)
@@ -19,6 +20,15 @@ import sys
 import time
 
 
+def vm_hwm_mb() -> float | None:
+    """This process's high-water resident set since its exec (Linux ``VmHWM``), MB; None where /proc has none."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def install_clock(path: str, stop_after_first: bool, exit_at_first: bool) -> None:
     import transformers
 
@@ -30,6 +40,7 @@ def install_clock(path: str, stop_after_first: bool, exit_at_first: bool) -> Non
             if key not in self.times and state.is_world_process_zero:
                 self.times[key] = time.time()
                 self.times[key.replace("_time", "_global_step")] = state.global_step
+                self.times[key.replace("_time", "_vm_hwm_mb")] = vm_hwm_mb()
                 with open(path, "w") as f:
                     json.dump(self.times, f)
 
@@ -57,7 +68,8 @@ def install_clock(path: str, stop_after_first: bool, exit_at_first: bool) -> Non
 
 def bare_trl(spec: dict) -> None:
     """What a user writes from the TRL docs for these parquet rows: read them, decode the JSON message lists,
-    DPOTrainer with LoRA; a resume passes resume_from_checkpoint=True."""
+    DPOTrainer with LoRA (and the validation rows as its eval_dataset, where the spec has them); a resume passes
+    resume_from_checkpoint=True."""
     from datasets import load_dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer
@@ -68,9 +80,16 @@ def bare_trl(spec: dict) -> None:
     dataset = dataset.map(lambda b: {c: [json.loads(x) for x in b[c]] for c in columns}, batched=True,
                           num_proc=spec["dpo"].get("dataset_num_proc"),
                           remove_columns=[c for c in dataset.column_names if c not in columns])
+    eval_dataset = None
+    if spec.get("eval_data"):  # the validation split, as TRL's eval_dataset (tokenised at start like the train rows)
+        eval_dataset = load_dataset("parquet", data_files=spec["eval_data"], split="train")
+        eval_dataset = eval_dataset.map(lambda b: {c: [json.loads(x) for x in b[c]] for c in columns}, batched=True,
+                                        num_proc=spec["dpo"].get("dataset_num_proc"),
+                                        remove_columns=[c for c in eval_dataset.column_names if c not in columns])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     args = DPOConfig(**spec["dpo"])
-    trainer = DPOTrainer(model=spec["model"], args=args, train_dataset=dataset, processing_class=tokenizer,
+    trainer = DPOTrainer(model=spec["model"], args=args, train_dataset=dataset, eval_dataset=eval_dataset,
+                         processing_class=tokenizer,
                          peft_config=LoraConfig(task_type="CAUSAL_LM", **spec["lora"]))
     trainer.train(resume_from_checkpoint=True if spec.get("resume") else None)
 
@@ -93,5 +112,4 @@ def clock_run(argv: list[str]) -> int:
 if __name__ == "__main__":
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         sys.path.pop(0)  # run by path: the bench's own modules (train.py, eval.py, ...) must not shadow anything
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(clock_run(sys.argv[1:]))

@@ -163,7 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--startup-num-proc", type=int, default=os.cpu_count(),
                    help="dataset_num_proc of both sides (default: the CPU count)")
     g.add_argument("--startup-max-length", type=int, default=4096, help="max_length of both sides")
+    g.add_argument("--startup-eval-rows", type=int, default=0,
+                   help="validation rows read at start by both sides (TRL's eval_dataset, judgetrain's judgebias eval "
+                   "suite; the real split: 10183; default 0: none)")
     g.add_argument("--startup-timeout", type=float, default=7200, help="seconds one start may take")
+    g.add_argument("--startup-trl-from", default=None, metavar="REPORT",
+                   help="take the bare TRL side's figures from an earlier bench report of the same recipe and rows "
+                   "(TRL's side does not change with judgetrain's code; the report says where they came from)")
     g = p.add_argument_group("GPU (--device cuda)")
     g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
     g.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (prompt half, response half)")
