@@ -133,8 +133,12 @@ def test_startup_cli_options_and_targets():
     assert summary["targets_missed"] == ["startup_cold_peak_tree_pss_ratio"]
     assert summarize({"startup": {"cold_ratio": 0.51, "resume_ratio": 1, "resume_s": 1}})["targets_missed"] == [
         "startup_cold_ratio"]
-    args = build_parser().parse_args(["--only", "startup", "--startup-eval-rows", "10183"])
+    args = build_parser().parse_args(["--only", "startup", "--startup-eval-rows", "10183", "--startup-cold-only"])
     assert (args.startup_eval_rows, build_parser().parse_args([]).startup_eval_rows) == (10183, 0)
+    assert (args.startup_cold_only, build_parser().parse_args([]).startup_cold_only) == (True, False)
+    summary = summarize({"startup": {"cold_ratio": 0.3}})  # a cold-only report: no resume figures, none missed
+    assert summary["startup_cold_ratio"] == 0.3 and "startup_resume_s" not in summary
+    assert summary["targets_missed"] == []
 
 
 def test_neutralisation_in_processes_equals_one_process(tiny_judge):

@@ -306,8 +306,9 @@ def summarize(report: dict) -> dict:
                     s[f"train_gpu_prefix_sharing_peak_memory_ratio_{shape}_{name}"] = ratio(*gpu)
     st = report.get("startup")
     if st:
-        s.update(startup_cold_ratio=st["cold_ratio"], startup_resume_ratio=st["resume_ratio"],
-                 startup_resume_s=st["resume_s"])
+        s["startup_cold_ratio"] = st["cold_ratio"]
+        if "resume_s" in st:  # --startup-cold-only runs no resume
+            s.update(startup_resume_ratio=st["resume_ratio"], startup_resume_s=st["resume_s"])
         for key in ("cold_peak_rss_ratio", "cold_peak_tree_pss_ratio"):
             if key in st:  # reports written before the memory was measured have none
                 s[f"startup_{key}"] = st[key]

@@ -178,7 +178,7 @@ def launch(cmd: list[str], env: dict, clock: Path, log: Path, timeout: float) ->
 
 
 def run_side(side: str, phase: str, recipe_path: Path, data_dir: Path, model_path: str, workdir: Path,
-             timeout: float) -> dict:
+             timeout: float, cold_only: bool = False) -> dict:
     out_dir, hf_cache = workdir / f"{side}-out", workdir / f"{side}-hf-datasets"
     # TOKENIZERS_PARALLELISM as the user's launch has it (unset: the tokenizers library's default, batches encoded on
     # every core; TRL encodes one text at a time either way)
@@ -187,7 +187,8 @@ def run_side(side: str, phase: str, recipe_path: Path, data_dir: Path, model_pat
     env.pop("WORLD_SIZE", None)
     resume = phase == "resume"
     clock, log = workdir / f"{side}-{phase}.clock.json", workdir / f"{side}-{phase}.log"
-    cmd = [sys.executable, str(CLOCK_SCRIPT), str(clock), "exit-at-first" if resume else "stop-after-first", side]
+    mode = "exit-at-first" if resume or cold_only else "stop-after-first"  # cold_only: no step, no checkpoint
+    cmd = [sys.executable, str(CLOCK_SCRIPT), str(clock), mode, side]
     if side == "trl":
         spec = workdir / f"trl-{phase}.spec.json"
         spec.write_text(json.dumps(bare_spec(recipe_path, data_dir, model_path, out_dir, resume)))
@@ -243,22 +244,27 @@ def bench_startup(cfg: argparse.Namespace, workdir: Path) -> dict:
     runs: dict = {side: {} for side in SIDES}
     earlier = _earlier_trl(cfg.startup_trl_from, recipe, data) if cfg.startup_trl_from else None
     # cold: judgetrain then TRL; resume in the other order, so neither side always runs on the warmer machine
+    phases = ("cold",) if cfg.startup_cold_only else ("cold", "resume")
     for side, phase in (("judgetrain", "cold"), ("trl", "cold"), ("trl", "resume"), ("judgetrain", "resume")):
+        if phase not in phases:
+            continue
         if side == "trl" and earlier is not None:
             runs[side][phase] = earlier[phase]
             continue
-        runs[side][phase] = run_side(side, phase, recipe_path, data, model_path, workdir, cfg.startup_timeout)
+        runs[side][phase] = run_side(side, phase, recipe_path, data, model_path, workdir, cfg.startup_timeout,
+                                     cold_only=cfg.startup_cold_only)
     if earlier is not None:
         runs["trl"]["from"] = str(cfg.startup_trl_from)
     report = {"rows": int(_rows(data / "train.parquet")), "data": str(data), "model": model_path, "recipe": recipe,
               "eval_rows": int(_rows(data / "validation.parquet")) if cfg.startup_eval_rows else 0,
               "dataset_num_proc": recipe.get("dataset_num_proc"), **runs}
-    for phase in ("cold", "resume"):
+    for phase in phases:
         report[f"{phase}_ratio"] = ratio(runs["judgetrain"][phase]["to_first_step_s"], runs["trl"][phase]["to_first_step_s"])
         for key in ("peak_rss_mb", "peak_tree_pss_mb", "peak_tree_anon_pss_mb"):
             report[f"{phase}_{key.removesuffix('_mb')}_ratio"] = ratio(runs["judgetrain"][phase][key], runs["trl"][phase][key])
-    report["resume_s"] = runs["judgetrain"]["resume"]["to_first_step_s"]
-    report["resume_recomputed"] = {side: runs[side]["resume"]["cache_files_created"] for side in SIDES}
+    if "resume" in phases:
+        report["resume_s"] = runs["judgetrain"]["resume"]["to_first_step_s"]
+        report["resume_recomputed"] = {side: runs[side]["resume"]["cache_files_created"] for side in SIDES}
     return report
 
 

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="validation rows read at start by both sides (TRL's eval_dataset, judgetrain's judgebias eval "
                    "suite; the real split: 10183; default 0: none)")
     g.add_argument("--startup-timeout", type=float, default=7200, help="seconds one start may take")
+    g.add_argument("--startup-cold-only", action="store_true",
+                   help="time the cold starts alone: each ends as its first step begins (no step, no checkpoint, no "
+                   "resume)")
     g.add_argument("--startup-trl-from", default=None, metavar="REPORT",
                    help="take the bare TRL side's figures from an earlier bench report of the same recipe and rows "
                    "(TRL's side does not change with judgetrain's code; the report says where they came from)")
