@@ -21,6 +21,7 @@ from judgetrain.data import load_ideation, load_judgebias  # noqa: E402
 from judgetrain.data.chat import neutral_messages  # noqa: E402
 from judgetrain.data.lengths import audit_lengths  # noqa: E402
 from judgetrain.data.tokenise import (  # noqa: E402
+    fast_backend,
     PairTokeniser, boundary_tokens, check_boundary, common_prefix_chars, pair_tokeniser)
 
 COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
@@ -175,6 +176,7 @@ def test_audit_ids_equal_trl_dpo_trainer_on_every_row(family, request, tokenizer
     # the same from the tokeniser itself, with no start-up check to fall back on TRL's way
     direct = PairTokeniser(tokenizer, boundary_tokens(tokenizer)[0])(*([r[k] for r in rows] for k in PAIR))
     assert sum(direct["as_trl"]) == 0
+    assert fast_backend(tokenizer) is not None, family  # the ids compared came from the backend's encode_batch_fast
     assert_trl_ids(datasets.Dataset.from_dict({k: direct[k] for k in COLUMNS}), expected, family)
     # the check can fail: on some rows TRL cuts the completion inside the tokenised generation prompt
     early = [i for i, row in enumerate(rows) if len(expected[i]["prompt_ids"]) < len(
@@ -222,6 +224,33 @@ def test_a_tokenizer_whose_pre_tokenizer_marks_the_text_start_has_no_boundary(ti
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
     assert boundary_tokens(tokenizer) == (None, "its pre-tokenizer marks the start of the text (Metaspace, "
                                                 "prepend_scheme first)")
+
+
+def test_the_backends_fast_call_is_used_only_where_it_is_the_tokenizers_own_call(tiny_judge):
+    """``encode_batch_fast`` (no offsets) where it gives ``tokenizer(texts)``'s ids; a backend left truncating, a
+    tokenizer that splits special tokens or a class with its own encoding call keeps the tokenizer's call."""
+    from transformers import AutoTokenizer
+    from transformers.models.code_llama.tokenization_code_llama import CodeLlamaTokenizer
+
+    texts = ["<|im_start|>user\nGrade: 7 is prime.<|im_end|>\n", " \n\n  spaced", ""]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_judge)
+    backend = fast_backend(tokenizer)
+    assert backend is not None
+    assert PairTokeniser(tokenizer, None)._encode(texts) == tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)] == tokenizer(
+        texts, add_special_tokens=False)["input_ids"]
+    tokenizer.backend_tokenizer.enable_truncation(4)
+    assert fast_backend(tokenizer) is None
+    tokenizer.backend_tokenizer.no_truncation()
+    tokenizer.split_special_tokens = True
+    assert fast_backend(tokenizer) is None
+    expected = tokenizer(texts, add_special_tokens=False)["input_ids"]  # <|im_start|> as text
+    assert PairTokeniser(tokenizer, None)._encode(texts) == expected and len(expected[0]) > 8
+    tokenizer.split_special_tokens = False
+    assert fast_backend(tokenizer) is None  # the backend still splits them, until the tokenizer's next own call
+    tokenizer(texts)
+    assert fast_backend(tokenizer) is not None
+    assert fast_backend(CodeLlamaTokenizer.__new__(CodeLlamaTokenizer)) is None
 
 
 def test_common_prefix_chars():

@@ -72,6 +72,25 @@ def _marks_text_start(spec: Any) -> bool:
     return False
 
 
+def fast_backend(tokenizer):
+    """The Rust tokenizer whose ``encode_batch_fast(texts, add_special_tokens=False)`` gives the ids of
+    ``tokenizer(texts, add_special_tokens=False)``, or None. transformers' own call sets the backend to no
+    truncation and no padding, sets ``encode_special_tokens`` to the tokenizer's ``split_special_tokens``, calls
+    ``encode_batch`` and copies out each encoding's ids (and offsets, which the ids do not need); so the backend
+    qualifies when it is in that state already and the tokenizer class does not change that call."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (backend is None or not hasattr(backend, "encode_batch_fast")
+            or type(tokenizer)._encode_plus is not TokenizersBackend._encode_plus
+            or backend.truncation is not None or backend.padding is not None
+            or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))):
+        return None
+    return backend
+
+
 def common_prefix_chars(a: str, b: str) -> int:
     """Length of the longest common prefix of two strings (compared in C, a slice per halving)."""
     n = min(len(a), len(b))
@@ -170,8 +189,17 @@ class PairTokeniser:
         """Token ids of each text, as TRL's tokenisation calls the tokenizer (no special tokens added); each
         distinct text tokenised once."""
         unique = list(dict.fromkeys(texts))
-        encoded = dict(zip(unique, self.tokenizer(unique, add_special_tokens=False)["input_ids"])) if unique else {}
+        encoded = dict(zip(unique, self._encode(unique))) if unique else {}
         return [list(encoded[t]) for t in texts]
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """The tokenizer's ids of ``texts`` (no special tokens added): its Rust backend's ``encode_batch_fast`` (no
+        character offsets computed: about half the time of ``tokenizer(texts)`` on judge prompts) where that call is
+        exactly what ``tokenizer(texts)`` does (`fast_backend`), the tokenizer's own call otherwise."""
+        backend = fast_backend(self.tokenizer)  # asked per batch: the tokenizer's state may change between them
+        if backend is None:
+            return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
 
     def _last_end(self, text: str, limit: int) -> int:
         """The end of the last boundary token in ``text[:limit]`` (0: none), searched back from ``limit``."""
