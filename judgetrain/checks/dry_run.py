@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from judgetrain.data.chat import neutralise_dataset
 from judgetrain.data.lengths import audit_lengths
 from judgetrain.config.recipe import RecipeError, remote_code_routes, remote_code_warning
 from judgetrain.data.prepare import build_train_dataset
@@ -79,7 +78,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
         tokenizer = load_recipe_tokenizer(ensure_tiny_judge(), training_args)
         action = "truncate"  # count only
     # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
-    _, audit = audit_lengths(neutralise_dataset(dataset, tokenizer), tokenizer, training_args.max_length, action, None)
+    _, audit = audit_lengths(dataset, tokenizer, training_args.max_length, action, None, neutralise=True)
     report["audit"] = audit
     report["eval"] = _eval_rows(script_args, training_args, tokenizer, n, report)
     report["memory"] = _memory(script_args, training_args, model_args, resolved, cfg, report)

@@ -100,17 +100,33 @@ def neutral_messages(messages: Any, tokenizer, pattern: re.Pattern | None = None
 def neutralise_dataset(dataset, tokenizer, columns: Sequence[str] = ("prompt", "chosen", "rejected"),
                        num_proc: int | None = None):
     """The dataset with the message contents of ``columns`` neutralised (what TRL's DPOTrainer then tokenises), in
-    ``num_proc`` processes (the recipe's dataset_num_proc, as TRL tokenises)."""
+    ``num_proc`` processes (the recipe's dataset_num_proc, as TRL tokenises). (The training rows are neutralised
+    inside the length audit's own map instead: `neutralised_columns`, one pass over the rows.)"""
     present = [c for c in columns if c in dataset.column_names]
     strings = control_strings(tokenizer)
 
     def fix(batch):
-        pattern = _pattern(strings)
-        return {c: [neutral_messages(v, None, pattern) for v in batch[c]] for c in present}
+        return {c: [neutral_messages(v, None, _pattern(strings)) for v in batch[c]] for c in present}
 
     if _pattern(strings) is None:
         return dataset
     return dataset.map(fix, batched=True, num_proc=num_proc, desc="Neutralising control strings in content")
+
+
+def neutralised_columns(batch, strings: tuple[str, ...], columns: Sequence[str]) -> dict[str, list]:
+    """The columns of a `datasets` batch whose message contents hold a control string of ``strings``
+    (`control_strings`), neutralised: only those, so that a map returning them rewrites no column that did not
+    change (a clean batch returns nothing and its text is written as it was read)."""
+    pattern = _pattern(tuple(strings))
+    if pattern is None:
+        return {}
+    out = {}
+    for c in columns:
+        values = batch[c]
+        new = [neutral_messages(v, None, pattern) for v in values]
+        if new != values:
+            out[c] = new
+    return out
 
 
 def control_token_ids(tokenizer) -> set[int]:

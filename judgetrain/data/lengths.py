@@ -15,18 +15,24 @@ from judgetrain.config.recipe import RecipeError
 logger = logging.getLogger(__name__)
 
 
+PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 _CHECK = "check"  # `_lengths_batched` without ``tokens``: the tokenizer's boundary checked on probes here
 
 
-def _lengths_batched(batch, tokenizer, tokens=_CHECK):
+def _lengths_batched(batch, tokenizer, tokens=_CHECK, strings=()):
     """TRL's token ids of each row (what its DPOTrainer would compute, which then reuses them: `judgetrain.data.
     tokenise`, each prompt tokenised once after ``tokens``, `check_boundary`'s first value) and the counts the audit
-    reads: the prompt, and the prompt with the longer completion; ``_as_trl``: 1 for a row tokenised as TRL does."""
+    reads: the prompt, and the prompt with the longer completion; ``_as_trl``: 1 for a row tokenised as TRL does.
+    ``strings``: the control strings to neutralise in the messages first (`judgetrain.data.chat`); the columns
+    that changed are returned with the ids."""
+    from judgetrain.data.chat import neutralised_columns
     from judgetrain.data.tokenise import pair_tokeniser
 
     if tokens is _CHECK:
         tokens = _checked_tokens(tokenizer)
-    out = pair_tokeniser(tokenizer, tokens)(batch["prompt"], batch["chosen"], batch["rejected"])
+    fixed = neutralised_columns(batch, strings, PAIR_COLUMNS) if strings else {}
+    texts = {c: fixed.get(c, batch[c]) for c in PAIR_COLUMNS}
+    out = {**fixed, **pair_tokeniser(tokenizer, tokens)(texts["prompt"], texts["chosen"], texts["rejected"])}
     out["_as_trl"] = out.pop("as_trl")
     out["_prompt_len"] = [len(p) for p in out["prompt_ids"]]
     out["_full_len"] = [len(p) + max(len(c), len(r))
@@ -64,15 +70,24 @@ def _shorten_prompt(example, tokenizer, max_length: int, tokens=_CHECK):
     return example, False
 
 
-def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejects_path: str | None, num_proc=None):
+def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejects_path: str | None, num_proc=None,
+                  neutralise: bool = False):
     """Count, per mixture component, rows whose prompt alone fills max_length (TRL would drop them) and rows whose
-    completion would be cut (the judge's score lost), then apply the recipe's action. Returns (dataset, report)."""
+    completion would be cut (the judge's score lost), then apply the recipe's action. Returns (dataset, report).
+    ``neutralise``: neutralise the messages' control strings first (`judgetrain.data.chat`), in the same pass over
+    the rows as the tokenisation (the rows returned are the neutralised ones)."""
+    from judgetrain.data.chat import control_strings, neutralise_dataset
+
     if max_length is None:
-        return dataset, {"max_length": None}
-    tokens, tokenisation = _tokenisation_plan(dataset, tokenizer)
+        return (neutralise_dataset(dataset, tokenizer, num_proc=num_proc) if neutralise else dataset), {"max_length": None}
+    strings = control_strings(tokenizer) if neutralise else ()
+    tokens, tokenisation = _tokenisation_plan(
+        neutralise_dataset(_first_rows(dataset), tokenizer) if neutralise else _first_rows(dataset), tokenizer)
     with_len = dataset.map(
-        _lengths_batched, fn_kwargs={"tokenizer": tokenizer, "tokens": tokens}, batched=True, batch_size=256,
-        num_proc=num_proc, desc="Tokenising and auditing sequence lengths",
+        _lengths_batched, fn_kwargs={"tokenizer": tokenizer, "tokens": tokens, "strings": strings}, batched=True,
+        batch_size=256, num_proc=num_proc,
+        desc="Neutralising, tokenising and auditing sequence lengths" if neutralise else
+        "Tokenising and auditing sequence lengths",
     )
     tokenisation["rows_as_trl"] = sum(with_len["_as_trl"])
     tokenisation["rows_prompt_once"] = len(with_len) - tokenisation["rows_as_trl"]
@@ -144,12 +159,16 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     return with_len.remove_columns(["_prompt_len", "_full_len", "_as_trl"]), report
 
 
-def _tokenisation_plan(dataset, tokenizer) -> tuple[tuple[str, ...] | None, dict]:
-    """The boundary tokens the rows are cut after (`judgetrain.data.tokenise.check_boundary`, on the first rows and
-    the probes), said once at start, and the report's ``tokenisation`` entry."""
+def _first_rows(dataset):
+    """The rows `_tokenisation_plan` checks: the first four, their messages alone."""
+    return dataset.select_columns(list(PAIR_COLUMNS)).select(range(min(4, len(dataset))))
+
+
+def _tokenisation_plan(first, tokenizer) -> tuple[tuple[str, ...] | None, dict]:
+    """The boundary tokens the rows are cut after (`judgetrain.data.tokenise.check_boundary`, on ``first``, the
+    first rows, and the probes), said once at start, and the report's ``tokenisation`` entry."""
     from judgetrain.data.tokenise import check_boundary
 
-    first = dataset.select_columns(["prompt", "chosen", "rejected"]).select(range(min(4, len(dataset))))
     tokens, why = check_boundary(tokenizer, list(first))
     if tokens is None:
         logger.info("Tokenisation: no boundary to tokenise each prompt once (%s): rows are tokenised as TRL's "

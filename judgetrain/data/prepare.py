@@ -148,16 +148,15 @@ def tokenizer_key(tokenizer) -> str | None:
 
 def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):
     """The mixture through the adapters, neutralised and length-audited (on a machine's local main process)."""
-    from judgetrain.data.chat import neutralise_dataset
     from judgetrain.data.lengths import TOKEN_COLUMNS, audit_lengths
 
     dataset = build_train_dataset(script_args, training_args)
-    # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL.
-    dataset = neutralise_dataset(dataset, tokenizer, num_proc=training_args.dataset_num_proc)
+    # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL; the
+    # audit neutralises the rows in its own pass over them, before it tokenises them.
     dataset, audit = audit_lengths(
         dataset, tokenizer, training_args.max_length, script_args.long_rows,
         str(out / "rejects" / "long_rows.jsonl") if main else None,
-        num_proc=training_args.dataset_num_proc,
+        num_proc=training_args.dataset_num_proc, neutralise=True,
     )
     if main:
         (out / "data_audit.json").write_text(json.dumps(audit, indent=1))
