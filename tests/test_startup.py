@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -189,3 +190,30 @@ def test_the_audit_neutralises_in_its_own_pass_as_the_separate_pass_does(tiny_ju
     assert fused[310]["prompt"][1]["content"] == f"row 310 {marker[0]}{NEUTRAL}{marker[1:]}assistant\n5"
     assert fused[700]["chosen"][0]["content"].endswith(f"{marker[0]}{NEUTRAL}{marker[1:]}")
     assert fused[0]["prompt"] == rows[0]["prompt"] and fused.features == apart.features
+
+
+def test_the_audit_with_processes_leaves_tokenizers_parallelism_as_it_was(tiny_judge, monkeypatch):
+    """datasets' map(num_proc) leaves TOKENIZERS_PARALLELISM=false in the process's environment (the later encodes
+    of the main process on one core); the audit puts the user's value back, unset included."""
+    import ctypes
+
+    import datasets
+    from transformers import AutoTokenizer
+
+    from judgetrain.data.lengths import audit_lengths
+
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    tok = AutoTokenizer.from_pretrained(tiny_judge)
+    rows = [{"prompt": [{"role": "user", "content": f"row {i}"}], "chosen": [{"role": "assistant", "content": "a"}],
+             "rejected": [{"role": "assistant", "content": "b"}]} for i in range(20)]
+    ds = datasets.Dataset.from_list(rows)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    ds.map(lambda b: {"x": b["prompt"]}, batched=True, num_proc=2)
+    assert libc.getenv(b"TOKENIZERS_PARALLELISM") == b"false"  # what datasets leaves: the check can fail
+    os.unsetenv("TOKENIZERS_PARALLELISM")
+    audit_lengths(ds, tok, 4096, "truncate", None, num_proc=2, neutralise=True)
+    assert libc.getenv(b"TOKENIZERS_PARALLELISM") is None and "TOKENIZERS_PARALLELISM" not in os.environ
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    audit_lengths(ds, tok, 4096, "truncate", None, num_proc=2, neutralise=True)
+    assert libc.getenv(b"TOKENIZERS_PARALLELISM") == b"true" and os.environ["TOKENIZERS_PARALLELISM"] == "true"

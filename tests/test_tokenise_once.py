@@ -20,8 +20,8 @@ from families import qwen3_tokenizer, llama_tokenizer  # noqa: E402
 from judgetrain.data import load_ideation, load_judgebias  # noqa: E402
 from judgetrain.data.chat import neutral_messages  # noqa: E402
 from judgetrain.data.lengths import audit_lengths  # noqa: E402
+from judgetrain.compat.transformers import fast_backend  # noqa: E402
 from judgetrain.data.tokenise import (  # noqa: E402
-    fast_backend,
     PairTokeniser, boundary_tokens, check_boundary, common_prefix_chars, pair_tokeniser)
 
 COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")

@@ -102,6 +102,13 @@ HOOKS: tuple[Hook, ...] = (
          "judgetrain.compat.transformers.select_cache_entries"),
     Hook("transformers", "transformers.cache_utils.DynamicLayer.values", "instance attribute", _EVAL_SHARING,
          "judgetrain.compat.transformers.select_cache_entries"),
+    Hook("transformers", "transformers.tokenization_utils_tokenizers.TokenizersBackend._encode_plus", "callable",
+         "one tokenisation per start: the ids from the Rust backend's encode_batch_fast, the call this method makes",
+         "judgetrain.compat.transformers.fast_backend",
+         ("self", "text", "text_pair", "add_special_tokens", "padding_strategy", "truncation_strategy", "max_length",
+          "stride", "is_split_into_words", "pad_to_multiple_of", "padding_side", "return_tensors",
+          "return_token_type_ids", "return_attention_mask", "return_overflowing_tokens", "return_special_tokens_mask",
+          "return_offsets_mapping", "return_length", "verbose", "split_special_tokens", "kwargs")),
     Hook("transformers", "transformers.integrations.WandbCallback._wandb", "instance attribute", _WANDB,
          "judgetrain.compat.transformers.active_wandb"),
     # trl

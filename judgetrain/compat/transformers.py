@@ -79,6 +79,29 @@ def without_zero3_init() -> Iterator[None]:
         hf_deepspeed._hf_deepspeed_config_weak_ref = ref
 
 
+def fast_backend(tokenizer):
+    """The Rust tokenizer whose ``encode_batch_fast(texts, add_special_tokens=False)`` gives the ids of
+    ``tokenizer(texts, add_special_tokens=False)``, or None. transformers' own call sets the backend to no
+    truncation and no padding, sets ``encode_special_tokens`` to the tokenizer's ``split_special_tokens``, calls
+    ``encode_batch`` and copies out each encoding's ids (and offsets, which the ids do not need); so the backend
+    qualifies when it is in that state already and the tokenizer class does not change that call.
+
+    checked: transformers 5.24.0 (``TokenizersBackend._encode_plus``). A release that changes that call fails
+    ``tests/test_tokenise_once.py`` (the ids against TRL's on every row) rather than a user's run: the start-up
+    check compares the ids with TRL's own tokenisation on probes and falls back to it."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers: the tokenizer's own call
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (backend is None or not hasattr(backend, "encode_batch_fast")
+            or type(tokenizer)._encode_plus is not TokenizersBackend._encode_plus
+            or backend.truncation is not None or backend.padding is not None
+            or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))):
+        return None
+    return backend
+
+
 def chat_control_tokens(tokenizer: Any) -> tuple[str, ...]:
     """The added tokens that ``apply_chat_template(..., sanitize_control_tokens=True)`` would encode as text in user
     input for this tokenizer's chat template (its special tokens and the added tokens the template writes):

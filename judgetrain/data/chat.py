@@ -110,7 +110,10 @@ def neutralise_dataset(dataset, tokenizer, columns: Sequence[str] = ("prompt", "
 
     if _pattern(strings) is None:
         return dataset
-    return dataset.map(fix, batched=True, num_proc=num_proc, desc="Neutralising control strings in content")
+    from judgetrain.compat.datasets import tokenizers_parallelism_kept
+
+    with tokenizers_parallelism_kept():
+        return dataset.map(fix, batched=True, num_proc=num_proc, desc="Neutralising control strings in content")
 
 
 def neutralised_columns(batch, strings: tuple[str, ...], columns: Sequence[str]) -> dict[str, list]:

@@ -76,6 +76,7 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     completion would be cut (the judge's score lost), then apply the recipe's action. Returns (dataset, report).
     ``neutralise``: neutralise the messages' control strings first (`judgetrain.data.chat`), in the same pass over
     the rows as the tokenisation (the rows returned are the neutralised ones)."""
+    from judgetrain.compat.datasets import tokenizers_parallelism_kept
     from judgetrain.data.chat import control_strings, neutralise_dataset
 
     if max_length is None:
@@ -83,12 +84,13 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     strings = control_strings(tokenizer) if neutralise else ()
     tokens, tokenisation = _tokenisation_plan(
         neutralise_dataset(_first_rows(dataset), tokenizer) if neutralise else _first_rows(dataset), tokenizer)
-    with_len = dataset.map(
-        _lengths_batched, fn_kwargs={"tokenizer": tokenizer, "tokens": tokens, "strings": strings}, batched=True,
-        batch_size=256, num_proc=num_proc,
-        desc="Neutralising, tokenising and auditing sequence lengths" if neutralise else
-        "Tokenising and auditing sequence lengths",
-    )
+    with tokenizers_parallelism_kept():  # the later encodes of this process (the eval rows' audit) on every core
+        with_len = dataset.map(
+            _lengths_batched, fn_kwargs={"tokenizer": tokenizer, "tokens": tokens, "strings": strings}, batched=True,
+            batch_size=256, num_proc=num_proc,
+            desc="Neutralising, tokenising and auditing sequence lengths" if neutralise else
+            "Tokenising and auditing sequence lengths",
+        )
     tokenisation["rows_as_trl"] = sum(with_len["_as_trl"])
     tokenisation["rows_prompt_once"] = len(with_len) - tokenisation["rows_as_trl"]
     logger.info("Tokenisation: %d rows with the prompt tokenised once, %d as TRL does (three times)",

@@ -32,6 +32,7 @@ import json
 import re
 from typing import Any
 
+from judgetrain.compat.transformers import fast_backend
 from judgetrain.compat.trl import TOKEN_COLUMNS, dpo_token_ids
 
 MIN_SHARED_CHARS = 64  # a recurring opening shorter than this is not worth a cache entry
@@ -70,25 +71,6 @@ def _marks_text_start(spec: Any) -> bool:
     if isinstance(spec, list):
         return any(_marks_text_start(v) for v in spec)
     return False
-
-
-def fast_backend(tokenizer):
-    """The Rust tokenizer whose ``encode_batch_fast(texts, add_special_tokens=False)`` gives the ids of
-    ``tokenizer(texts, add_special_tokens=False)``, or None. transformers' own call sets the backend to no
-    truncation and no padding, sets ``encode_special_tokens`` to the tokenizer's ``split_special_tokens``, calls
-    ``encode_batch`` and copies out each encoding's ids (and offsets, which the ids do not need); so the backend
-    qualifies when it is in that state already and the tokenizer class does not change that call."""
-    try:
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:
-        return None
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (backend is None or not hasattr(backend, "encode_batch_fast")
-            or type(tokenizer)._encode_plus is not TokenizersBackend._encode_plus
-            or backend.truncation is not None or backend.padding is not None
-            or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))):
-        return None
-    return backend
 
 
 def common_prefix_chars(a: str, b: str) -> int:
