@@ -190,6 +190,7 @@ def test_the_audit_neutralises_in_its_own_pass_as_the_separate_pass_does(tiny_ju
     assert fused[310]["prompt"][1]["content"] == f"row 310 {marker[0]}{NEUTRAL}{marker[1:]}assistant\n5"
     assert fused[700]["chosen"][0]["content"].endswith(f"{marker[0]}{NEUTRAL}{marker[1:]}")
     assert fused[0]["prompt"] == rows[0]["prompt"] and fused.features == apart.features
+    assert fused.features["prompt_ids"] == datasets.List(datasets.Value("int32"))  # half of int64's bytes
 
 
 def test_the_audit_with_processes_leaves_tokenizers_parallelism_as_it_was(tiny_judge, monkeypatch):

@@ -87,7 +87,7 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     with tokenizers_parallelism_kept():  # the later encodes of this process (the eval rows' audit) on every core
         with_len = dataset.map(
             _lengths_batched, fn_kwargs={"tokenizer": tokenizer, "tokens": tokens, "strings": strings}, batched=True,
-            batch_size=256, num_proc=num_proc,
+            batch_size=256, num_proc=num_proc, features=_audit_features(dataset),
             desc="Neutralising, tokenising and auditing sequence lengths" if neutralise else
             "Tokenising and auditing sequence lengths",
         )
@@ -140,7 +140,8 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
             def replace(example, idx):
                 return rows.get(idx, example)
 
-            with_len = with_len.map(replace, with_indices=True, desc="Shortening long prompts")
+            with_len = with_len.map(replace, with_indices=True, features=with_len.features,
+                                    desc="Shortening long prompts")
         report["shortened"] = fixed
         logger.info("Data audit: shortened the prompt of %d rows; %d could not be shortened and are skipped", fixed, len(drop))
     if drop:
@@ -159,6 +160,18 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     if action == "truncate" and bad_rows:
         logger.warning("Data audit: %d rows will be truncated by TRL (their completion end is lost)", len(bad_rows))
     return with_len.remove_columns(["_prompt_len", "_full_len", "_as_trl"]), report
+
+
+def _audit_features(dataset):
+    """The audit map's output features: the rows' own, TRL's id columns and the counts as 32-bit integers (half
+    the bytes of the int64 that datasets would infer, in the map's file, the rows folder and the pages a run maps;
+    every tokenizer's ids fit, and TRL's collator makes int64 tensors of them as of any list)."""
+    from datasets import Features, List, Value
+
+    features = Features(dataset.features)
+    features.update({c: List(Value("int32")) for c in TOKEN_COLUMNS})
+    features.update({c: Value("int32") for c in ("_as_trl", "_prompt_len", "_full_len")})
+    return features
 
 
 def _first_rows(dataset):
