@@ -138,3 +138,43 @@ def test_unpinned_hub_reads_are_pinned_at_the_start_and_a_resume_keeps_the_first
     assert [r["repo"] for r in hub_reads(args()[0], pinned, "acme/judge")] == ["acme/judgebias"]
     assert [r["repo"] for r in hub_reads(args()[0], SimpleNamespace(model_revision=None), str(tmp_path))] == [
         "acme/judgebias"]
+
+
+def test_one_answer_to_is_it_cached_for_the_preflight_the_pinning_the_loader_and_the_memory_check(tmp_path, monkeypatch):
+    """utils.hub.cached_snapshot: the preflight (offline, a model not cached is refused), the run's pinning (the
+    commit main names), the loader (the snapshot folder of a pinned commit) and the memory check (its config) read
+    the same cache entry the same way; a repository not cached is absent for all four, an invalid id raises."""
+    import json
+
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError
+
+    from judgetrain.checks.memory import model_shape
+    from judgetrain.checks.preflight import hub_problem
+    from judgetrain.models.loading import pinned_snapshot
+    from judgetrain.run.revisions import hub_commit
+    from judgetrain.utils.hub import cached_snapshot
+
+    commit = "4" * 40
+    config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048}
+    hub = tmp_path / "hub"
+    _hub_cache(hub, "model", "acme/judge", commit, {"config.json": json.dumps(config)})
+    _hub_cache(hub, "model", "acme/weights-only", "5" * 40, {"model.safetensors": ""})
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    snapshot = hub / "models--acme--judge" / "snapshots" / commit
+    assert cached_snapshot("acme/judge") == snapshot == cached_snapshot("acme/judge", commit)
+    assert cached_snapshot("acme/absent") is None and cached_snapshot("acme/judge", "6" * 40) is None
+    with pytest.raises(HFValidationError):
+        cached_snapshot("not//an id")
+    offline = {"HF_HUB_OFFLINE": "1"}
+    assert hub_problem("acme/judge", env=offline) is None and hub_problem("acme/judge", commit, env=offline) is None
+    assert "not in the local Hugging Face cache" in hub_problem("acme/absent", env=offline)
+    assert "not in the local Hugging Face cache" in hub_problem("acme/weights-only", env=offline)  # no config.json
+    assert hub_problem("not//an id", env=offline) is None  # transformers names an invalid id itself
+    assert hub_commit("acme/judge", None) == commit and hub_commit("acme/absent", "main") is None
+    assert pinned_snapshot("acme/judge", commit) == str(snapshot)
+    assert pinned_snapshot("acme/absent", commit) == "acme/absent"
+    shape, where = model_shape("acme/judge")
+    assert (shape.hidden, shape.layers, where) == (64, 2, "cached hub config of acme/judge")

@@ -108,14 +108,14 @@ def model_shape(name_or_path: str) -> tuple[ModelShape, str]:
     local = Path(path) / "config.json"
     if local.is_file():
         return shape_from_config(json.loads(local.read_text())), f"config.json of {path}"
-    try:
-        from huggingface_hub import try_to_load_from_cache
+    from judgetrain.utils.hub import cached_snapshot
 
-        cached = try_to_load_from_cache(path, "config.json")
-        if isinstance(cached, str):
-            return shape_from_config(json.loads(Path(cached).read_text())), f"cached hub config of {path}"
-    except Exception:  # not a hub id
-        pass
+    try:
+        snapshot = cached_snapshot(path)
+    except Exception:  # noqa: BLE001 - not a hub id
+        snapshot = None
+    if snapshot is not None and (snapshot / "config.json").is_file():
+        return shape_from_config(json.loads((snapshot / "config.json").read_text())), f"cached hub config of {path}"
     if path in BUILTIN_SHAPES:
         return BUILTIN_SHAPES[path], f"judgetrain's built-in table ({path}'s config is not readable offline)"
     raise ValueError(f"no config.json for {name_or_path} offline and it is not in the built-in table "

@@ -237,13 +237,15 @@ def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.env
 
     if not hub_offline(env):
         return None
-    try:
-        from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
 
-        cached = try_to_load_from_cache(model_name_or_path, "config.json", revision=revision)
-    except Exception:  # not a valid hub id: transformers says so itself
+    from judgetrain.utils.hub import cached_snapshot
+
+    try:
+        snapshot = cached_snapshot(model_name_or_path, revision)
+    except HFValidationError:  # not a valid hub id: transformers says so itself
         return None
-    if isinstance(cached, str):
+    if snapshot is not None and (snapshot / "config.json").is_file():
         return None
     return (f"model_name_or_path {model_name_or_path}: the hub is offline (HF_HUB_OFFLINE) and the model is not in "
             "the local Hugging Face cache: download it first (`huggingface-cli download "

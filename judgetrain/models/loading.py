@@ -77,15 +77,16 @@ def pinned_snapshot(name_or_path: str, revision: str | None) -> str:
 
     if not revision or os.path.exists(name_or_path) or not is_hub_id(name_or_path):
         return name_or_path
-    from huggingface_hub import snapshot_download
-
-    from judgetrain.utils.hub import hub_offline
+    from judgetrain.utils.hub import cached_snapshot, hub_offline
 
     if not hub_offline():
         return name_or_path
     try:
-        folder = snapshot_download(name_or_path, revision=revision, local_files_only=True)
-    except Exception:  # noqa: BLE001 - not cached at that revision: the model load says so with its own message
+        folder = cached_snapshot(name_or_path, revision)
+    except Exception:  # noqa: BLE001 - not a repository id: the model load says so with its own message
+        folder = None
+    if folder is None:  # not cached at that revision: the model load says so with its own message
         return name_or_path
+    folder = str(folder)
     logger.info("Model %s at %s: the hub is offline, loading its cached snapshot %s", name_or_path, revision, folder)
     return folder

@@ -29,17 +29,19 @@ def hub_commit(repo_id: str, revision: str | None, repo_type: str = "model") -> 
     """The commit ``revision`` (a branch, a tag; None: ``main``) of a hub repository names now: asked of the hub,
     or read from the local cache's ``refs`` when the hub is offline. None when neither can tell (with the reason
     logged)."""
-    from judgetrain.utils.hub import hub_offline
+    from judgetrain.utils.hub import cached_snapshot, hub_offline
 
     revision = revision or "main"
     if hub_offline():
-        from huggingface_hub import snapshot_download
-
-        try:  # local_files_only: the cache's refs/<revision> names the snapshot folder, named by its commit
-            folder = Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True))
-        except Exception as e:  # noqa: BLE001 - not in the cache: the load reports it with its own message
+        try:  # the cache's refs/<revision> names the snapshot folder, named by its commit
+            folder = cached_snapshot(repo_id, revision, repo_type)
+        except Exception as e:  # noqa: BLE001 - not a repository id: the load reports it with its own message
+            folder, why = None, type(e).__name__
+        else:
+            why = "not in the cache"
+        if folder is None:  # the load reports it with its own message
             logger.warning("%s %s at %s: the hub is offline and the cache does not name its commit (%s)", repo_type,
-                           repo_id, revision, type(e).__name__)
+                           repo_id, revision, why)
             return None
         return folder.name if is_commit(folder.name) else None
     from huggingface_hub import HfApi

@@ -32,6 +32,23 @@ def hub_offline(env=None) -> bool:
     return constants._is_true(env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE"))
 
 
+def cached_snapshot(repo_id: str, revision: str | None = None, repo_type: str = "model") -> Path | None:
+    """The local Hugging Face cache's snapshot folder of a hub repository at ``revision`` (a commit, or a branch or
+    tag through the cache's ``refs``; None: main), found without asking the hub: the folder is named by its commit.
+    None where the cache holds no such snapshot; huggingface_hub's ``HFValidationError`` for a string that is not
+    a repository id. The one answer the preflight, the run's hub pinning and the model loader give to "is it
+    cached"."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_files_only=True))
+    except HFValidationError:
+        raise
+    except Exception:  # noqa: BLE001 - not in the cache (LocalEntryNotFoundError and the OS errors of a bare cache)
+        return None
+
+
 def hub_refusal(exc: BaseException) -> BaseException | None:
     """The hub's answer in the chain of a failed load (None when there is none): no such repository or revision, a
     gated or disabled one, a missing file, an invalid id; huggingface_hub's exception types, and datasets' wrapper
