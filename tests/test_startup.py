@@ -218,3 +218,24 @@ def test_the_audit_with_processes_leaves_tokenizers_parallelism_as_it_was(tiny_j
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
     audit_lengths(ds, tok, 4096, "truncate", None, num_proc=2, neutralise=True)
     assert libc.getenv(b"TOKENIZERS_PARALLELISM") == b"true" and os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+@pytest.mark.parametrize("num_proc", [None, 2])
+def test_the_audit_of_an_unflattened_mixture_writes_the_rows_of_the_flattened_one(tiny_judge, num_proc):
+    """The training rows' start keeps the mixture's shuffle as an indices mapping (no copy of every row before the
+    audit): the audit's map writes the same rows, in the same order, with the same ids."""
+    from transformers import AutoTokenizer
+
+    from judgetrain.data import load_mixture
+    from judgetrain.data.lengths import audit_lengths
+    from judgetrain.utils.fingerprints import data_fingerprint
+
+    tok = AutoTokenizer.from_pretrained(tiny_judge)
+    components = [{"dataset": "judgebias", "source": "bundled", "split": "train"},
+                  {"dataset": "ideation", "source": "bundled", "split": "train", "mode": "pairwise"}]
+    flat, lazy = load_mixture(components, seed=3), load_mixture(components, seed=3, flatten=False)
+    assert flat._indices is None and lazy._indices is not None and len(lazy) == len(flat) > 20
+    ours, _ = audit_lengths(lazy, tok, 4096, "truncate", None, num_proc=num_proc, neutralise=True)
+    theirs, _ = audit_lengths(flat, tok, 4096, "truncate", None, num_proc=num_proc, neutralise=True)
+    assert ours._indices is None  # the map wrote the rows in the shuffled order
+    assert ours.to_list() == theirs.to_list() and data_fingerprint(ours) == data_fingerprint(theirs)

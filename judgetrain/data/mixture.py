@@ -89,8 +89,11 @@ def load_component(component: dict, seed: int = 0) -> datasets.Dataset:
     return ds.cast(mixture_features())
 
 
-def load_mixture(components: list[dict], *, seed: int = 0) -> datasets.Dataset:
-    """Concatenate and shuffle (with ``seed``) the components; see the module docstring."""
+def load_mixture(components: list[dict], *, seed: int = 0, flatten: bool = True) -> datasets.Dataset:
+    """Concatenate and shuffle (with ``seed``) the components; see the module docstring. ``flatten=False``: the
+    shuffled order stays an indices mapping over the components' rows instead of a copy of them in that order,
+    for a caller whose next step maps every row anyway (the training rows' length audit writes them in that order:
+    one full copy of the rows less at start)."""
     if not components:
         raise ValueError("a mixture needs at least one component")
     parts = [load_component(c, seed) for c in components]
@@ -99,4 +102,4 @@ def load_mixture(components: list[dict], *, seed: int = 0) -> datasets.Dataset:
     for p in parts:
         counts[p[0]["dataset"] if len(p) else "?"] = counts.get(p[0]["dataset"] if len(p) else "?", 0) + len(p)
     logger.info("mixture: %d rows (%s)", len(mixed), ", ".join(f"{k} {v}" for k, v in counts.items()))
-    return mixed.flatten_indices()
+    return mixed.flatten_indices() if flatten else mixed

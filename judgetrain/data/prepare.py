@@ -14,8 +14,8 @@ from judgetrain.utils.machines import machine_key, placement_of  # noqa: F401 - 
 logger = logging.getLogger(__name__)
 
 
-def build_train_dataset(script_args, training_args, *, max_rows_each: int | None = None):
-    """The recipe's training mixture through the validating adapters."""
+def build_train_dataset(script_args, training_args, *, max_rows_each: int | None = None, flatten: bool = True):
+    """The recipe's training mixture through the validating adapters (``flatten``: see `load_mixture`)."""
     from judgetrain.data import load_mixture
 
     if not script_args.train_datasets:
@@ -31,7 +31,7 @@ def build_train_dataset(script_args, training_args, *, max_rows_each: int | None
             comp.pop("rows", None)
             comp.setdefault("weight", 1.0)
         components.append(comp)
-    return load_mixture(components, seed=training_args.seed)
+    return load_mixture(components, seed=training_args.seed, flatten=flatten)
 
 
 def load_audited_dataset(script_args, training_args, tokenizer):
@@ -150,7 +150,7 @@ def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):
     """The mixture through the adapters, neutralised and length-audited (on a machine's local main process)."""
     from judgetrain.data.lengths import TOKEN_COLUMNS, audit_lengths
 
-    dataset = build_train_dataset(script_args, training_args)
+    dataset = build_train_dataset(script_args, training_args, flatten=False)  # the audit's map writes them in order
     # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL; the
     # audit neutralises the rows in its own pass over them, before it tokenises them.
     dataset, audit = audit_lengths(
