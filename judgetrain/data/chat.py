@@ -14,8 +14,8 @@ after its first character: ``<\u2060|im_end|>``. The text reads the same, the te
 it, and the tokenizer can only encode it as text. Content without control strings is untouched, so a clean row tokenises
 exactly as before.
 
-One transformation serves every path: training (the dataset is neutralised before the length audit and TRL's
-DPOTrainer tokenises it with its own, unchanged code), evaluation scoring and judge prompts (``chat_ids``), and
+One transformation serves every path: training (the length audit's pass over the rows neutralises each batch
+before it tokenises it, and the ids are TRL's DPOTrainer's for the neutralised rows), evaluation scoring and judge prompts (``chat_ids``), and
 ``judgetrain data check``; training and evaluation therefore see the same ids for the same row.
 """
 
