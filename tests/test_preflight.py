@@ -279,3 +279,22 @@ def test_a_dry_run_exits_0_only_when_the_launch_would_start(tmp_path, monkeypatc
     assert _dry_run(tmp_path, "--resume", "auto")[0] == 0
     assert _dry_run(tmp_path, "--overwrite_output_dir", "true")[0] == 0
     assert _dry_run(tmp_path)[0] == 2
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--train_datasets", '{dataset: judgebias, source: no-such-rows}'], "train_datasets[0].source no-such-rows"),
+    (["--eval_suites", "judgebias", "--eval_judgebias_source", "no-such-rows"], "eval_judgebias_source no-such-rows"),
+])
+def test_the_dry_run_refuses_a_source_that_is_neither_a_path_nor_a_hub_id_by_the_loaders_rule(tmp_path, capsys, flags,
+                                                                                              named):
+    """A training or eval source that is no existing path and no hub id (owner/name) is refused by the dry run with
+    the loaders' own rule (`data.io.resolve_local`), the field named; an eval source used to pass when it did not
+    start with "." or "/"."""
+    from judgetrain.cli.train import main
+
+    argv = [str(QUICKSTART), "--dry-run", "--output_dir", str(tmp_path / "run"), "--audit_rows", "4",
+            "--eval_suites", "none", *flags]
+    code = main(argv)
+    said = capsys.readouterr()
+    assert code == 2, said
+    assert f"judgetrain train --dry-run: {named}: file or folder not found (nor a hub id, owner/name)" in said.err + said.out

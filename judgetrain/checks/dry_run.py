@@ -44,7 +44,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     n = script_args.audit_rows or DEFAULT_AUDIT_ROWS
     sources = [str(comp.get("source", "bundled")) for comp in script_args.train_datasets]
     for i, src in enumerate(sources):
-        if src != "bundled" and not Path(src).expanduser().exists() and not is_hub_id(src):
+        if not _names_a_source(src):
             raise RecipeError(f"train_datasets[{i}].source {src}: file or folder not found (nor a hub id, owner/name)")
     try:
         dataset = build_train_dataset(script_args, training_args, max_rows_each=n)
@@ -121,8 +121,8 @@ def _eval_rows(script_args, training_args, tokenizer, n: int, report) -> dict:
     out: dict = {}
     for spec in recipe_specs(script_args, training_args):
         src = spec.source or "bundled"
-        if src != "bundled" and src.startswith((".", "/")) and not Path(src).exists():
-            raise RecipeError(f"eval_{spec.name}_source {src}: file or folder not found")
+        if not _names_a_source(src):
+            raise RecipeError(f"eval_{spec.name}_source {src}: file or folder not found (nor a hub id, owner/name)")
         try:
             rows = suite_dataset(spec, on_bad_row=script_args.on_bad_row, rejects_path=str(
                 Path(training_args.output_dir) / "rejects" / f"eval_{spec.name}.jsonl"))
@@ -183,3 +183,17 @@ def _raise_refused(error: Exception, fields: list[tuple[str, str]]):
             raise RecipeError(f"{key} {source}: the hub refused it ({type(answer).__name__}: {first}): check the "
                               "id (owner/name), its revision and your access to it") from error
     raise error
+
+
+def _names_a_source(source: str) -> bool:
+    """Whether a recipe's source names something to read: "bundled", an existing path or a hub id, by the data
+    loaders' own rule (`judgetrain.data.io.resolve_local`)."""
+    from judgetrain.data.io import resolve_local
+
+    if source == "bundled":
+        return True
+    try:
+        resolve_local(source, "")
+    except FileNotFoundError:
+        return False
+    return True
