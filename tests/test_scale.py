@@ -316,6 +316,13 @@ def test_two_machines_with_their_own_output_dirs_precompute_and_resume_without_r
     assert "computed (16 rows" not in log
     assert [{p.name for p in f.glob("cache-*.arrow")} for f in folders] == caches  # nothing new: nothing re-tokenised
 
+    # one machine's file lost: every rank runs the pass again (machine 0 drops its copy first, so that both enter
+    # the pass's collectives), and both folders hold the same values again
+    (folders[1] / written[0]).unlink()
+    log = launch("recompute")
+    assert "Reference log-probs of the train rows: computed (16 rows" in log and "loaded from" not in log, log[-3000:]
+    assert [Dataset.from_file(str(f / written[0])).to_dict() for f in folders] == values
+
     # a machine whose disk lacks the checkpoint's trainer state: the resume is refused on both, before any load
     (outs[1] / "checkpoint-2" / "trainer_state.json").unlink()
     procs = _two_machines(str(recipe), outs, tmp_path, tag="lacking")
