@@ -167,7 +167,7 @@ def test_neutralisation_in_processes_equals_one_process(tiny_judge):
 
 
 @pytest.mark.parametrize("num_proc", [None, 2])
-def test_the_audit_neutralises_in_its_own_pass_as_the_separate_pass_does(tiny_judge, num_proc):
+def test_the_audit_neutralises_in_its_own_pass_as_the_separate_pass_does(tiny_judge, num_proc, monkeypatch):
     """audit_lengths(neutralise=True), one map that neutralises and tokenises, gives the rows and ids of the
     neutralisation pass followed by the audit: batches of clean rows (columns passed through as read) and batches
     with control strings (columns rewritten) in one map, in one process and in two."""
@@ -177,6 +177,7 @@ def test_the_audit_neutralises_in_its_own_pass_as_the_separate_pass_does(tiny_ju
     from judgetrain.data.chat import NEUTRAL, neutralise_dataset
     from judgetrain.data.lengths import audit_lengths
 
+    monkeypatch.setattr("judgetrain.data.lengths.MIN_ROWS_PER_PROCESS", 1)  # 2 processes even for 800 rows
     tok = AutoTokenizer.from_pretrained(tiny_judge)
     marker = next(s for s in tok.all_special_tokens if s.startswith("<|"))
     rows = [{"prompt": [{"role": "system", "content": "Grade the answer from 1 to 5."},
@@ -203,6 +204,7 @@ def test_the_audit_with_processes_leaves_tokenizers_parallelism_as_it_was(tiny_j
 
     from judgetrain.data.lengths import audit_lengths
 
+    monkeypatch.setattr("judgetrain.data.lengths.MIN_ROWS_PER_PROCESS", 1)  # 2 processes even for 20 rows
     libc = ctypes.CDLL(None)
     libc.getenv.restype = ctypes.c_char_p
     tok = AutoTokenizer.from_pretrained(tiny_judge)
@@ -221,7 +223,7 @@ def test_the_audit_with_processes_leaves_tokenizers_parallelism_as_it_was(tiny_j
 
 
 @pytest.mark.parametrize("num_proc", [None, 2])
-def test_the_audit_of_an_unflattened_mixture_writes_the_rows_of_the_flattened_one(tiny_judge, num_proc):
+def test_the_audit_of_an_unflattened_mixture_writes_the_rows_of_the_flattened_one(tiny_judge, num_proc, monkeypatch):
     """The training rows' start keeps the mixture's shuffle as an indices mapping (no copy of every row before the
     audit): the audit's map writes the same rows, in the same order, with the same ids."""
     from transformers import AutoTokenizer
@@ -230,6 +232,7 @@ def test_the_audit_of_an_unflattened_mixture_writes_the_rows_of_the_flattened_on
     from judgetrain.data.lengths import audit_lengths
     from judgetrain.utils.fingerprints import data_fingerprint
 
+    monkeypatch.setattr("judgetrain.data.lengths.MIN_ROWS_PER_PROCESS", 1)
     tok = AutoTokenizer.from_pretrained(tiny_judge)
     components = [{"dataset": "judgebias", "source": "bundled", "split": "train"},
                   {"dataset": "ideation", "source": "bundled", "split": "train", "mode": "pairwise"}]
@@ -239,3 +242,32 @@ def test_the_audit_of_an_unflattened_mixture_writes_the_rows_of_the_flattened_on
     theirs, _ = audit_lengths(flat, tok, 4096, "truncate", None, num_proc=num_proc, neutralise=True)
     assert ours._indices is None  # the map wrote the rows in the shuffled order
     assert ours.to_list() == theirs.to_list() and data_fingerprint(ours) == data_fingerprint(theirs)
+
+
+def test_the_audit_runs_fewer_processes_than_dataset_num_proc_only_where_each_would_get_too_few_rows(
+        tiny_judge, monkeypatch, caplog):
+    """dataset_num_proc as the recipe sets it from MIN_ROWS_PER_PROCESS rows a process; fewer below, one process
+    (the tokenizer's own threads on every core) below twice that, said in the log and counted in the audit report;
+    unchanged where TOKENIZERS_PARALLELISM is off."""
+    import logging
+
+    import datasets
+    from transformers import AutoTokenizer
+
+    from judgetrain.data.lengths import MIN_ROWS_PER_PROCESS as MIN
+    from judgetrain.data.lengths import audit_lengths, audit_processes
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    assert [audit_processes(n, 2) for n in (2000, 2 * MIN - 1, 2 * MIN, 91639)] == [None, None, 2, 2]
+    assert [audit_processes(n, 16) for n in (3 * MIN, 16 * MIN)] == [3, 16]
+    assert audit_processes(10, None) is None and audit_processes(10, 1) == 1
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    assert audit_processes(2000, 2) == 2
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    tok = AutoTokenizer.from_pretrained(tiny_judge)
+    rows = [{"prompt": [{"role": "user", "content": f"row {i}"}], "chosen": [{"role": "assistant", "content": "a"}],
+             "rejected": [{"role": "assistant", "content": "b"}]} for i in range(30)]
+    caplog.set_level(logging.INFO, logger="judgetrain.data.lengths")
+    _, report = audit_lengths(datasets.Dataset.from_list(rows), tok, 4096, "truncate", None, num_proc=2)
+    assert report["tokenisation"]["processes"] == 1
+    assert f"Tokenisation: 30 rows in 1 process(es), not dataset_num_proc=2: below {MIN} rows a process" in caplog.text
