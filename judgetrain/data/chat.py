@@ -15,7 +15,8 @@ it, and the tokenizer can only encode it as text. Content without control string
 exactly as before.
 
 One transformation serves every path: training (the length audit's pass over the rows neutralises each batch
-before it tokenises it, and the ids are TRL's DPOTrainer's for the neutralised rows), evaluation scoring and judge prompts (``chat_ids``), and
+before it tokenises it, and the ids are TRL's DPOTrainer's for the neutralised rows), evaluation scoring and judge
+prompts (``chat_ids``), and
 ``judgetrain data check``; training and evaluation therefore see the same ids for the same row.
 """
 
