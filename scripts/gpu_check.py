@@ -200,7 +200,7 @@ def check_prefix_sharing(cfg) -> dict:
     from trl import DPOTrainer
 
     from judgetrain.models.loading import load_recipe_tokenizer
-    from judgetrain.trainer.dpo import PrefixSharingDPOTrainer
+    from judgetrain.trainer.dpo import JudgeDPOTrainer
     from judgetrain.trainer.prefix_sharing import probe_tolerance
     from trl import DPOConfig
 
@@ -213,7 +213,7 @@ def check_prefix_sharing(cfg) -> dict:
     torch.manual_seed(0)
     ref = _loss_rewards_grads(_dpo_trainer(DPOTrainer, make("sdpa"), tok, cfg, data))
     torch.manual_seed(0)
-    trainer = _dpo_trainer(PrefixSharingDPOTrainer, make("sdpa"), tok, cfg, data)
+    trainer = _dpo_trainer(JudgeDPOTrainer, make("sdpa"), tok, cfg, data)
     expect(trainer.prefix_sharing is True, "prefix sharing turned itself off in bf16 (see the log)")
     mean_tol, max_tol = probe_tolerance(torch.bfloat16)
     stats = trainer.prefix_sharing_stats
@@ -227,7 +227,7 @@ def check_prefix_sharing(cfg) -> dict:
     expect(out["sdpa"]["grad_max_rel_diff"] <= 8 * BF16_EPS, f"gradients differ from TRL's: {out['sdpa']}")
     if cfg.device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         torch.manual_seed(0)
-        flash = _dpo_trainer(PrefixSharingDPOTrainer, make("flash_attention_2"), tok, cfg, data)
+        flash = _dpo_trainer(JudgeDPOTrainer, make("flash_attention_2"), tok, cfg, data)
         got = _loss_rewards_grads(flash)
         out["flash_attention_2"] = {"prefix_sharing": flash.prefix_sharing, **_compare(ref, got)}
         expect(out["flash_attention_2"]["loss_rel_diff"] <= 4 * BF16_EPS, f"flash-attention loss: {out['flash_attention_2']}")
@@ -446,7 +446,7 @@ def check_tf32(cfg) -> dict:
     from trl import DPOConfig
 
     from judgetrain.models.loading import load_recipe_tokenizer
-    from judgetrain.trainer.dpo import PrefixSharingDPOTrainer
+    from judgetrain.trainer.dpo import JudgeDPOTrainer
     from judgetrain.trainer.prefix_sharing import compute_dtype, probe_tolerance
 
     previous = getattr(torch.backends, "fp32_precision", None)
@@ -462,7 +462,7 @@ def check_tf32(cfg) -> dict:
                "compute_dtype": name}
         tok = load_recipe_tokenizer(tiny_tokenizer_dir(), args)
         s = shapes(cfg.device)
-        trainer = PrefixSharingDPOTrainer(model=qwen3_model(s["layer"], len(tok), s["layers"], torch.float32, cfg.device),
+        trainer = JudgeDPOTrainer(model=qwen3_model(s["layer"], len(tok), s["layers"], torch.float32, cfg.device),
                                           args=args, train_dataset=Dataset.from_list(rows(4)), processing_class=tok,
                                           peft_config=LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
                                                                  task_type="CAUSAL_LM"))

@@ -493,7 +493,8 @@ def test_docs_command_runs(cmd: DocCommand, p: Plan, workspace, request, monkeyp
 
         from judgetrain.config.recipe import parse_recipe
 
-        script_args, training_args, model_args, _ = parse_recipe(list(p.argv))
+        recipe = parse_recipe(list(p.argv))
+        script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
         if script_args.accelerate_config:
             assert load_config_from_file(script_args.accelerate_config).num_processes >= 1
         assert model_args.model_name_or_path in CONVERTED_MODELS or p.reads

@@ -26,15 +26,17 @@ def _recipe(tmp_path: Path, extra: str) -> str:
 
 # ------------------------------------------------------------------------------------------ schedule keys
 def test_eval_strategy_defaults_to_epoch_with_suites_to_steps_with_eval_steps_and_to_no_without_suites():
-    _, t, _, resolved = parse_recipe([str(QUICKSTART)])
+    recipe = parse_recipe([str(QUICKSTART)])
+    t, resolved = recipe.training_args, recipe.resolved
     assert t.eval_strategy == "epoch" and "eval_strategy" not in resolved  # the recipe as written is what is saved
-    _, t, _, _ = parse_recipe([str(QUICKSTART), "--eval_steps", "3"])
+    t = parse_recipe([str(QUICKSTART), "--eval_steps", "3"]).training_args
     assert t.eval_strategy == "steps" and t.eval_steps == 3
-    _, t, _, _ = parse_recipe([str(QUICKSTART), "--eval_steps", "3", "--eval_strategy", "epoch"])
+    t = parse_recipe([str(QUICKSTART), "--eval_steps", "3", "--eval_strategy", "epoch"]).training_args
     assert t.eval_strategy == "epoch"  # an explicit strategy is the recipe's, as in TrainingArguments
-    s, t, _, _ = parse_recipe([str(QUICKSTART), "--eval_suites", "none"])
+    recipe = parse_recipe([str(QUICKSTART), "--eval_suites", "none"])
+    s, t = recipe.script_args, recipe.training_args
     assert s.eval_suites == [] and t.eval_strategy == "no"
-    _, t, _, _ = parse_recipe([str(QUICKSTART), "--eval_strategy", "no"])
+    t = parse_recipe([str(QUICKSTART), "--eval_strategy", "no"]).training_args
     assert t.eval_strategy == "no"
 
 
@@ -58,8 +60,8 @@ def test_an_eval_schedule_without_suites_is_refused_naming_the_key():
 
 def test_metric_for_best_model_is_taken_as_metrics_jsonl_spells_it_or_as_trainer_does_and_checked():
     for spelling in ("eval/rmbench/total_avg_acc", "eval_rmbench/total_avg_acc", "rmbench/total_avg_acc"):
-        _, t, _, _ = parse_recipe([str(QUICKSTART), "--metric_for_best_model", spelling, "--load_best_model_at_end",
-                                   "--save_strategy", "best"])
+        t = parse_recipe([str(QUICKSTART), "--metric_for_best_model", spelling, "--load_best_model_at_end",
+                                   "--save_strategy", "best"]).training_args
         assert t.metric_for_best_model == "eval_rmbench/total_avg_acc" and t.greater_is_better is True
     with pytest.raises(RecipeError, match=r"metric_for_best_model: 'loss' \(TrainingArguments' default with "
                                           r"load_best_model_at_end\) is not a figure of the eval suites"):
@@ -93,7 +95,7 @@ def test_eval_options_are_recipe_keys_and_judgetrain_eval_flags_by_the_same_name
                                   "--no_eval_prefix_sharing", "--eval-batch-tokens", "512", "--max-length", "64"])
     assert eval_args.eval_suites == ["rmbench", "judgebias"] and eval_args.eval_max_rows == 7
     assert eval_args.eval_prefix_sharing is False and eval_args.eval_batch_tokens == 512 and args.max_length == 64
-    s, _, _, _ = parse_recipe([str(QUICKSTART), "--eval_suites", "rmbench", "judgebias", "--eval_max_rows", "7"])
+    s = parse_recipe([str(QUICKSTART), "--eval_suites", "rmbench", "judgebias", "--eval_max_rows", "7"]).script_args
     assert s.eval_suites == ["rmbench", "judgebias"] and s.eval_max_rows == 7
 
 

@@ -11,7 +11,8 @@ import torch
 
 from judgetrain.eval.runner import evaluate
 from judgetrain.eval.scoring import Request, ScoringEngine
-from judgetrain.eval.sharing import plan_rows, sharing_problem
+from judgetrain.eval.sharing import plan_rows
+from judgetrain.models.attention import prefix_sharing_problem
 from judgetrain.eval.suites import SuiteSpec
 
 from test_eval_scoring import SMALL, tiny_dir, tokenizer  # noqa: F401 (the same small tiny judge and fixtures)
@@ -116,7 +117,7 @@ def test_separate_reference_model_equals_whole_sequence_scores(tiny_dir, tokeniz
 
 def test_eager_attention_shares_too(tiny_dir, tokenizer):
     model = _model(tiny_dir, attn_implementation="eager")
-    assert sharing_problem(model) is None
+    assert prefix_sharing_problem(model, cache=True) is None
     specs = [SuiteSpec("rmbench", rows=RMBENCH[:2])]
     _assert_same(_scores(model, tokenizer, specs, True)[0], _scores(model, tokenizer, specs, False)[0])
 
@@ -164,7 +165,7 @@ def test_sliding_window_model_falls_back_loudly_with_the_same_scores(tiny_dir, t
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_dir, config=config, dtype=torch.float32)
     model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
-    assert "DynamicSlidingWindowLayer" in sharing_problem(model)
+    assert "DynamicSlidingWindowLayer" in prefix_sharing_problem(model, cache=True)
     specs = [SuiteSpec("rmbench", rows=RMBENCH[:2])]
     with caplog.at_level(logging.WARNING, logger="judgetrain.eval.scoring"):
         shared, engine = _scores(model, tokenizer, specs, True)

@@ -100,7 +100,7 @@ def test_a_shared_rubric_runs_once_per_batch_and_changes_no_token(models, family
     assert gen.stats.batches == 1 and gen.stats.shared_prefix_batches == 1 and gen.stats.prefix_sharing_off == ""
     assert gen.stats.shared_prefix_tokens == 2 * n  # two of the three rows did not run it again
     assert gen.stats.padded_prompt_tokens == n + 3 * (max(map(len, ids)) - n)
-    whole = _generator(model, tok, share_prefix=False)
+    whole = _generator(model, tok, prefix_sharing=False)
     unshared = whole.generate(SHARED)
     assert whole.stats.shared_prefix_batches == 0 and whole.stats.padded_prompt_tokens == 3 * max(map(len, ids))
     for i, prompt in enumerate(SHARED):
@@ -120,7 +120,7 @@ def test_prefix_sharing_says_why_it_is_off_and_still_generates_the_same(models):
         assert "flash_attention_2" in gen.stats.prefix_sharing_off
     finally:
         model.config._attn_implementation = attn
-    out = _generator(model, tok, share_prefix=False).generate(SHARED[:2])
+    out = _generator(model, tok, prefix_sharing=False).generate(SHARED[:2])
     assert [g.token_ids for g in out] == [g.token_ids for g in _generator(model, tok).generate(SHARED[:2])]
 
 
@@ -129,9 +129,9 @@ def test_replace_keeps_every_other_option_and_gives_fresh_stats(models):
     gen = _generator(model, tok, max_new_tokens=7, batch_tokens=999, max_batch_size=3, do_sample=True, seed=5,
                      stop_token_ids=[11])
     gen.generate(SHARED[:1])
-    other = gen.replace(share_prefix=False, max_new_tokens=4)
+    other = gen.replace(prefix_sharing=False, max_new_tokens=4)
     assert (other.model, other.tokenizer) == (gen.model, gen.tokenizer)
-    assert (other.max_new_tokens, other.share_prefix, gen.max_new_tokens, gen.share_prefix) == (4, False, 7, True)
+    assert (other.max_new_tokens, other.prefix_sharing, gen.max_new_tokens, gen.prefix_sharing) == (4, False, 7, True)
     for name in ("max_length", "batch_tokens", "max_batch_size", "do_sample", "seed", "merge_lora", "stop_token_ids"):
         assert getattr(other, name) == getattr(gen, name), name
     assert gen.stats.prompts == 1 and other.stats.prompts == 0

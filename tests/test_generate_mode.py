@@ -191,7 +191,7 @@ def test_a_recipe_with_an_unknown_mode_is_refused_naming_the_key(tmp_path):
     with pytest.raises(RecipeError, match=r"eval_scoring: 'generat' is not one of \['implicit', 'judge', 'generate'\]"):
         parse_recipe([str(path)])
     path.write_text(QUICKSTART.read_text().replace("eval_scoring: implicit", "eval_scoring: implicit,generate"))
-    assert parse_recipe([str(path)])[0].eval_scoring == ["implicit", "generate"]
+    assert parse_recipe([str(path)]).script_args.eval_scoring == ["implicit", "generate"]
 
 
 # ------------------------------------------------------------------------------------------------- end to end

@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 
-from judgetrain.trainer.dpo import PrefixSharingDPOTrainer
+from judgetrain.trainer.dpo import JudgeDPOTrainer
 from judgetrain.trainer.prefix_sharing import PackedPairs, pack_pairs
 
 RTOL = 1e-4
@@ -156,7 +156,7 @@ def test_tiny_judge_lora_matches_trl(tiny_judge, tmp_path):
     factory = lambda: AutoModelForCausalLM.from_pretrained(tiny_judge, dtype=torch.float32)  # noqa: E731
     # task_type CAUSAL_LM as recipes set it: PEFT's causal-LM forward passes inputs_embeds=None and friends along
     ref = _loss_metrics_grads(_trainer(DPOTrainer, factory, tok, tmp_path, lora=True, task_type="CAUSAL_LM"))
-    trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=True, task_type="CAUSAL_LM")
+    trainer = _trainer(JudgeDPOTrainer, factory, tok, tmp_path, lora=True, task_type="CAUSAL_LM")
     assert trainer.prefix_sharing is True
     _assert_same(ref, _loss_metrics_grads(trainer))
     stats = trainer.prefix_sharing_stats
@@ -172,7 +172,7 @@ def test_random_architectures_match_trl(tiny_judge, tmp_path, kind, attn, lora):
     factory = lambda: _random_model(kind, len(tok), attn)  # noqa: E731
     ref_factory = None if lora else factory  # full fine-tune: a separate reference model
     ref = _loss_metrics_grads(_trainer(DPOTrainer, factory, tok, tmp_path, lora=lora, ref_factory=ref_factory))
-    trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=lora, ref_factory=ref_factory)
+    trainer = _trainer(JudgeDPOTrainer, factory, tok, tmp_path, lora=lora, ref_factory=ref_factory)
     assert trainer.prefix_sharing is True
     _assert_same(ref, _loss_metrics_grads(trainer))
 
@@ -184,7 +184,7 @@ def test_precomputed_reference_log_probs_match_trl(tiny_judge, tmp_path):
     tok = _tokenizer(tiny_judge)
     factory = lambda: AutoModelForCausalLM.from_pretrained(tiny_judge, dtype=torch.float32)  # noqa: E731
     plain = _trainer(DPOTrainer, factory, tok, tmp_path / "a", lora=True, precompute_ref_log_probs=True)
-    shared = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path / "b", lora=True, precompute_ref_log_probs=True)
+    shared = _trainer(JudgeDPOTrainer, factory, tok, tmp_path / "b", lora=True, precompute_ref_log_probs=True)
     assert shared.prefix_sharing_stats["batches_packed"] == 2  # the precompute pass ran packed: 6 rows, batches of 3
     for col in ("ref_chosen_logps", "ref_rejected_logps"):
         a, b = torch.tensor(plain.train_dataset[col]), torch.tensor(shared.train_dataset[col])
@@ -204,7 +204,7 @@ def test_sliding_window_model_falls_back_loudly(tiny_judge, tmp_path, caplog):
                          max_window_layers=0)
     factory = lambda: AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")  # noqa: E731
     with caplog.at_level(logging.WARNING, logger="judgetrain.trainer.prefix_sharing"):
-        trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=True)
+        trainer = _trainer(JudgeDPOTrainer, factory, tok, tmp_path, lora=True)
     assert trainer.prefix_sharing is False
     assert "prefix_sharing: OFF" in caplog.text and "sliding" in caplog.text
     loss, _, _ = _loss_metrics_grads(trainer)  # still trains, on TRL's forward
@@ -217,6 +217,6 @@ def test_attention_without_4d_masks_falls_back_loudly(tiny_judge, tmp_path, capl
     tok = _tokenizer(tiny_judge)
     factory = lambda: AutoModelForCausalLM.from_pretrained(tiny_judge, attn_implementation="flex_attention")  # noqa: E731
     with caplog.at_level(logging.WARNING, logger="judgetrain.trainer.prefix_sharing"):
-        trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=True)
+        trainer = _trainer(JudgeDPOTrainer, factory, tok, tmp_path, lora=True)
     assert trainer.prefix_sharing is False
     assert "attn_implementation='flex_attention'" in caplog.text

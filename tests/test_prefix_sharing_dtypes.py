@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import judgetrain.trainer.prefix_sharing as ps
-from judgetrain.trainer.dpo import PrefixSharingDPOTrainer
+from judgetrain.trainer.dpo import JudgeDPOTrainer
 from test_prefix_sharing import _loss_metrics_grads, _random_model, _tokenizer, _trainer
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -49,7 +49,7 @@ def test_the_probe_keeps_prefix_sharing_on_in_every_dtype_and_says_by_how_much(t
     tok = _tokenizer(tiny_judge)
     # fp32 computed in fp32 (DPOConfig's bf16 default would run it under bf16 autocast: the autocast test below)
     mixed = {"bf16": False} if dtype == torch.float32 else {}
-    trainer = _trainer(PrefixSharingDPOTrainer, _factory(kind, tok, dtype, tiny_judge), tok, tmp_path, lora=True, **mixed)
+    trainer = _trainer(JudgeDPOTrainer, _factory(kind, tok, dtype, tiny_judge), tok, tmp_path, lora=True, **mixed)
     assert trainer.prefix_sharing is True
     mean_tol, max_tol = ps.probe_tolerance(dtype)
     stats = trainer.prefix_sharing_stats
@@ -67,7 +67,7 @@ def test_the_probe_catches_a_wrong_mask_or_wrong_positions_in_every_dtype(tiny_j
         monkeypatch.setattr(ps, "pack_pairs", _positions_without_restart(ps.pack_pairs))
     tok = _tokenizer(tiny_judge)
     with caplog.at_level(logging.WARNING, logger="judgetrain.trainer.prefix_sharing"):
-        trainer = _trainer(PrefixSharingDPOTrainer, _factory(kind, tok, dtype, tiny_judge), tok, tmp_path, lora=True)
+        trainer = _trainer(JudgeDPOTrainer, _factory(kind, tok, dtype, tiny_judge), tok, tmp_path, lora=True)
     assert trainer.prefix_sharing is False
     assert "gives different log-probs packed" in caplog.text and "does not honour the custom mask or position ids" in caplog.text
 
@@ -85,7 +85,7 @@ def test_half_precision_training_equals_trls_forward_within_the_dtype_rounding(t
     tok = _tokenizer(tiny_judge)
     factory = _factory(kind, tok, dtype, tiny_judge)
     (loss_a, met_a, grad_a) = _loss_metrics_grads(_trainer(DPOTrainer, factory, tok, tmp_path, lora=True))
-    trainer = _trainer(PrefixSharingDPOTrainer, factory, tok, tmp_path, lora=True)
+    trainer = _trainer(JudgeDPOTrainer, factory, tok, tmp_path, lora=True)
     assert trainer.prefix_sharing is True
     (loss_b, met_b, grad_b) = _loss_metrics_grads(trainer)
     assert trainer.prefix_sharing_stats["batches_packed"] > 0
@@ -108,7 +108,7 @@ def test_the_probe_runs_under_the_trainings_autocast_with_the_tolerance_of_its_d
         monkeypatch.setattr(ps.PackedPairs, "attention_mask", _mask_without_the_pair_rule)
     tok = _tokenizer(tiny_judge)
     with caplog.at_level(logging.WARNING, logger="judgetrain.trainer.prefix_sharing"):
-        trainer = _trainer(PrefixSharingDPOTrainer, _factory("qwen2", tok, torch.float32, tiny_judge), tok, tmp_path,
+        trainer = _trainer(JudgeDPOTrainer, _factory("qwen2", tok, torch.float32, tiny_judge), tok, tmp_path,
                            lora=True, bf16=True)
     assert trainer.model.get_input_embeddings().weight.dtype == torch.float32
     stats = trainer.prefix_sharing_stats

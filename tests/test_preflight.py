@@ -46,15 +46,15 @@ def test_an_integration_that_is_not_installed_is_named_with_its_install_line(mon
 
 def test_packages_the_recipe_names_by_its_keys(monkeypatch):
     monkeypatch.setattr(pf, "_installed", lambda module: False)
-    script_args, training_args, model_args, _ = parse_recipe(
+    recipe = parse_recipe(
         [str(QUICKSTART), "--attn_implementation", "flash_attention_2", "--use_liger_kernel", "true",
          "--load_in_4bit", "true"])
-    problems = pf.package_problems(script_args, training_args, model_args)
+    problems = pf.package_problems(recipe)
     assert len(problems) == 3, problems
     assert "flash-attn" in problems[0] and "liger-kernel" in problems[1] and "bitsandbytes" in problems[2]
     monkeypatch.setattr(pf, "_installed", lambda module: True)
     monkeypatch.setattr(pf, "attention_problem", lambda attn: None)  # transformers' own check: see the next test
-    assert pf.package_problems(script_args, training_args, model_args) == []
+    assert pf.package_problems(recipe) == []
 
 
 def test_flash_attention_is_checked_as_transformers_checks_it(tmp_path, monkeypatch):
@@ -110,16 +110,16 @@ def test_a_filesystem_without_flock_is_named_before_the_run_takes_its_lock(tmp_p
 
 
 def test_disk_for_the_kept_checkpoints_of_a_full_fine_tune(tmp_path, monkeypatch):
-    script_args, training_args, model_args, resolved = parse_recipe(
+    recipe = parse_recipe(
         [ZERO3, "--output_dir", str(tmp_path / "run"), "--save_total_limit", "2", "--bf16", "false"])
-    size = pf.checkpoint_bytes(script_args, training_args, model_args, resolved)
+    size = pf.checkpoint_bytes(recipe)
     assert 90 * pf.GIB < size < 140 * pf.GIB  # Qwen3-8B: bf16 weights + fp32 Adam state and master copy
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(pf.shutil, "disk_usage", lambda p: usage(10**13, 0, 100 * pf.GIB))
-    problem = pf.disk_problem(script_args, training_args, model_args, resolved)
+    problem = pf.disk_problem(recipe)
     assert problem and "100.0 GiB free" in problem and "2 + 1 checkpoints" in problem and "save_total_limit" in problem
     monkeypatch.setattr(pf.shutil, "disk_usage", lambda p: usage(10**13, 0, 10**13))
-    assert pf.disk_problem(script_args, training_args, model_args, resolved) is None
+    assert pf.disk_problem(recipe) is None
 
 
 def test_a_hub_id_with_the_hub_offline_must_be_in_the_local_cache(tmp_path, monkeypatch):

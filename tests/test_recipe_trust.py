@@ -46,7 +46,8 @@ def test_allow_env_on_the_command_line_lets_a_named_variable_through(tmp_path, m
     recipe = _recipe(tmp_path, f"env:\n  PYTHONPATH: '{value}'\n  LD_LIBRARY_PATH: /opt/lib")
     with pytest.raises(RecipeError, match="LD_LIBRARY_PATH"):  # allowing one does not allow the other
         parse_recipe([recipe, "--allow_env", "PYTHONPATH"])
-    _, args, _, resolved = parse_recipe([recipe, "--allow_env=PYTHONPATH,LD_LIBRARY_PATH", "--learning_rate", "1e-4"])
+    recipe = parse_recipe([recipe, "--allow_env=PYTHONPATH,LD_LIBRARY_PATH", "--learning_rate", "1e-4"])
+    args, resolved = recipe.training_args, recipe.resolved
     assert os.environ["LD_LIBRARY_PATH"] == "/opt/lib" and args.learning_rate == 1e-4
     assert "allow_env" not in resolved
 
@@ -90,7 +91,8 @@ ROUTES = {
 
 @pytest.mark.parametrize("line", list(ROUTES))
 def test_every_recipe_route_to_remote_code_is_named_in_the_one_warning(line, tmp_path):
-    _, training_args, model_args, _ = parse_recipe([_recipe(tmp_path, line)])
+    recipe = parse_recipe([_recipe(tmp_path, line)])
+    training_args, model_args = recipe.training_args, recipe.model_args
     routes = remote_code_routes(training_args, model_args)
     assert routes == [ROUTES[line]]
     warning = remote_code_warning(routes, model_args.model_name_or_path)
@@ -98,9 +100,11 @@ def test_every_recipe_route_to_remote_code_is_named_in_the_one_warning(line, tmp
 
 
 def test_command_line_model_init_kwargs_is_a_route_too(tmp_path):
-    _, training_args, model_args, _ = parse_recipe([str(QUICKSTART), "--model_init_kwargs", '{"trust_remote_code": true}'])
+    recipe = parse_recipe([str(QUICKSTART), "--model_init_kwargs", '{"trust_remote_code": true}'])
+    training_args, model_args = recipe.training_args, recipe.model_args
     assert remote_code_routes(training_args, model_args) == ["model_init_kwargs: {trust_remote_code: true}"]
-    _, training_args, model_args, _ = parse_recipe([str(QUICKSTART)])
+    recipe = parse_recipe([str(QUICKSTART)])
+    training_args, model_args = recipe.training_args, recipe.model_args
     assert remote_code_routes(training_args, model_args) == []
 
 

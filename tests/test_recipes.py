@@ -105,16 +105,18 @@ def test_recipe_must_be_a_mapping_and_is_read_with_safe_yaml(tmp_path):
 def test_command_line_overrides_win_and_are_saved(tmp_path):
     from judgetrain.config.recipe import save_recipe
 
-    s, t, m, resolved = parse_recipe([str(QUICKSTART), "--learning_rate", "3e-4", "--beta", "0.2"])
+    recipe = parse_recipe([str(QUICKSTART), "--learning_rate", "3e-4", "--beta", "0.2"])
+    s, t, m, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
     assert t.learning_rate == pytest.approx(3e-4) and t.beta == pytest.approx(0.2)
     save_recipe(resolved, tmp_path / "recipe.yaml")
-    s2, t2, _, _ = parse_recipe([str(tmp_path / "recipe.yaml")])
+    recipe = parse_recipe([str(tmp_path / "recipe.yaml")])
+    s2, t2 = recipe.script_args, recipe.training_args
     assert t2.learning_rate == pytest.approx(3e-4) and t2.beta == pytest.approx(0.2)
     assert s2.train_datasets == s.train_datasets
 
 
 def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
-    _, t, _, _ = parse_recipe([str(QUICKSTART)])
+    t = parse_recipe([str(QUICKSTART)]).training_args
     assert t.trust_remote_code is False
     for recipe in RECIPES:
         assert "trust_remote_code: true" not in recipe.read_text()

@@ -19,7 +19,7 @@ def test_a_component_with_a_revision_parses_and_a_misspelt_one_is_refused(tmp_pa
     good = tmp_path / "good.yaml"
     good.write_text(QUICKSTART.read_text().replace("{dataset: judgebias, source: bundled, split: train}",
                                                    "{dataset: judgebias, source: bundled, split: train, revision: 3f2a1b}"))
-    script_args, *_ = parse_recipe([str(good)])
+    script_args = parse_recipe([str(good)]).script_args
     assert script_args.train_datasets[0]["revision"] == "3f2a1b"
     bad = tmp_path / "bad.yaml"
     bad.write_text(good.read_text().replace("revision: 3f2a1b", "revison: 3f2a1b"))
@@ -82,6 +82,7 @@ def test_unpinned_hub_reads_are_pinned_at_the_start_and_a_resume_keeps_the_first
 
     from huggingface_hub import constants
 
+    from judgetrain.config.recipe import Recipe
     from judgetrain.run.revisions import hub_reads, pin_hub_revisions
     from judgetrain.run.state import IDENTITY_FILE, identity_differences, run_identity
 
@@ -93,6 +94,8 @@ def test_unpinned_hub_reads_are_pinned_at_the_start_and_a_resume_keeps_the_first
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
+    out = tmp_path / "run"
+
     def args(resume=None, revision=None):
         script = SimpleNamespace(resume=resume, train_datasets=[
             {"dataset": "judgebias", "source": "acme/judgebias", "split": "train"},
@@ -100,11 +103,13 @@ def test_unpinned_hub_reads_are_pinned_at_the_start_and_a_resume_keeps_the_first
             {"dataset": "ideation", "source": "acme/ideation", "split": "train", "revision": "3" * 40}])
         return script, SimpleNamespace(model_revision=revision)
 
-    out = tmp_path / "run"
+    def recipe(script, model) -> Recipe:
+        return Recipe(script, SimpleNamespace(output_dir=str(out)), model, {})
+
     script, model = args()
-    assert [r["repo"] for r in hub_reads(script, model, "acme/judge")] == ["acme/judge", "acme/judgebias"]
+    assert [r["repo"] for r in hub_reads(recipe(script, model), "acme/judge")] == ["acme/judge", "acme/judgebias"]
     with caplog.at_level("INFO"):
-        pins = pin_hub_revisions(script, model, "acme/judge", out)
+        pins = pin_hub_revisions(recipe(script, model), "acme/judge")
     assert pins == {"model:acme/judge@main": old, "dataset:acme/judgebias@main": old}
     assert model.model_revision == old and script.train_datasets[0]["revision"] == old
     assert "revision" not in script.train_datasets[1] and script.train_datasets[2]["revision"] == "3" * 40
@@ -118,11 +123,11 @@ def test_unpinned_hub_reads_are_pinned_at_the_start_and_a_resume_keeps_the_first
     caplog.clear()
     script, model = args(resume="auto")
     with caplog.at_level("INFO"):
-        again = pin_hub_revisions(script, model, "acme/judge", out)
+        again = pin_hub_revisions(recipe(script, model), "acme/judge")
     assert again == pins and model.model_revision == old and script.train_datasets[0]["revision"] == old
     assert f"main is now at {new[:12]}; this run started at {old[:12]} and resumes there" in caplog.text
     script, model = args()  # not a resume: a new run reads main as it is now
-    fresh = pin_hub_revisions(script, model, "acme/judge", out)
+    fresh = pin_hub_revisions(recipe(script, model), "acme/judge")
     assert set(fresh.values()) == {new}
     moved = identity_differences(first, run_identity({"learning_rate": 1e-5}, num_processes=1, data="d", revisions=fresh))
     assert moved == [f"revisions.dataset:acme/judgebias@main: {old!r} -> {new!r}",
@@ -132,11 +137,11 @@ def test_unpinned_hub_reads_are_pinned_at_the_start_and_a_resume_keeps_the_first
     caplog.clear()
     script, model = args()
     with caplog.at_level("WARNING"):
-        assert pin_hub_revisions(script, model, "acme/other", out)["model:acme/other@main"] is None
+        assert pin_hub_revisions(recipe(script, model), "acme/other")["model:acme/other@main"] is None
     assert model.model_revision is None and "not pinned to a commit" in caplog.text
     pinned = SimpleNamespace(model_revision=old)  # a commit already, or a local folder: nothing to look up
-    assert [r["repo"] for r in hub_reads(args()[0], pinned, "acme/judge")] == ["acme/judgebias"]
-    assert [r["repo"] for r in hub_reads(args()[0], SimpleNamespace(model_revision=None), str(tmp_path))] == [
+    assert [r["repo"] for r in hub_reads(recipe(args()[0], pinned), "acme/judge")] == ["acme/judgebias"]
+    assert [r["repo"] for r in hub_reads(recipe(args()[0], SimpleNamespace(model_revision=None)), str(tmp_path))] == [
         "acme/judgebias"]
 
 

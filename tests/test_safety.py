@@ -21,7 +21,7 @@ def _sources():
 
 
 def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
-    _, training_args, _, _ = parse_recipe([str(QUICKSTART)])
+    training_args = parse_recipe([str(QUICKSTART)]).training_args
     assert training_args.trust_remote_code is False
     for recipe in sorted((REPO / "recipes").glob("*.yaml")):
         assert "trust_remote_code: true" not in recipe.read_text().lower(), recipe
@@ -30,7 +30,8 @@ def test_trust_remote_code_is_off_unless_the_recipe_sets_it():
     assert build_parser().parse_args(["--model", "x"]).trust_remote_code is False
     from judgetrain.models.loading import model_init_kwargs
 
-    _, training_args, model_args, _ = parse_recipe([str(QUICKSTART)])
+    recipe = parse_recipe([str(QUICKSTART)])
+    training_args, model_args = recipe.training_args, recipe.model_args
     assert model_init_kwargs(model_args, training_args)["trust_remote_code"] is False
 
 
@@ -40,10 +41,10 @@ def test_a_recipe_that_sets_trust_remote_code_logs_a_warning(tmp_path, tiny_judg
     recipe = tmp_path / "r.yaml"
     recipe.write_text(QUICKSTART.read_text().replace("source: bundled, split: train}", "source: /nonexistent/none.jsonl}")
                       + "\ntrust_remote_code: true\n")
-    script_args, training_args, model_args, resolved = parse_recipe([str(recipe), "--output_dir", str(tmp_path / "run")])
-    assert training_args.trust_remote_code is True
+    recipe = parse_recipe([str(recipe), "--output_dir", str(tmp_path / "run")])
+    assert recipe.training_args.trust_remote_code is True
     with caplog.at_level(logging.WARNING, logger="judgetrain.train"), pytest.raises(Exception, match="none.jsonl"):
-        train(script_args, training_args, model_args, resolved)  # stops at the missing data, after the warning
+        train(recipe)  # stops at the missing data, after the warning
     assert "Remote code is ON (trust_remote_code: true)" in caplog.text
 
 

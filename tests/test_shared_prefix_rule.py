@@ -1,14 +1,11 @@
 """One answer to "does this model allow shared prefixes": training's packed rows
-(`judgetrain.trainer.prefix_sharing.unsupported_reason`) and eval's shared key/value cache
-(`judgetrain.eval.sharing.sharing_problem`) both ask `judgetrain.models.attention.shared_prefix_problem`."""
+and eval's shared key/value cache (``cache=True``) both ask `judgetrain.models.attention.prefix_sharing_problem`."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from judgetrain.eval.sharing import sharing_problem
-from judgetrain.models.attention import shared_prefix_problem
-from judgetrain.trainer.prefix_sharing import unsupported_reason
+from judgetrain.models.attention import prefix_sharing_problem
 
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1)
@@ -28,6 +25,6 @@ def test_training_and_eval_give_the_same_answer(case, expected):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**SMALL, **case), attn_implementation="sdpa")
     model.config._attn_implementation = attn  # flash attention is not installed here: the config says it is asked
-    got = shared_prefix_problem(model.config)
-    assert unsupported_reason(model) == sharing_problem(model) == got
+    got = prefix_sharing_problem(model.config)
+    assert prefix_sharing_problem(model) == prefix_sharing_problem(model, cache=True) == got
     assert (got is None) if expected is None else (expected in got), got

@@ -51,7 +51,8 @@ def test_startup_sides_run_one_recipe(tmp_path):
     recipe = startup_recipe(tmp_path, 2, "cpu", 4096)
     path = tmp_path / "startup.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    script_args, targs, model_args, _ = parse_recipe([str(path), "--output_dir", str(tmp_path / "out")])
+    recipe = parse_recipe([str(path), "--output_dir", str(tmp_path / "out")])
+    script_args, targs, model_args = recipe.script_args, recipe.training_args, recipe.model_args
     assert (targs.max_length, targs.max_steps, targs.save_steps, targs.dataset_num_proc) == (4096, 2, 1, 2)
     assert script_args.train_datasets[0]["source"] == str(tmp_path) and script_args.eval_suites == []
     spec = bare_spec(path, tmp_path, "model-folder", tmp_path / "trl", resume=True)
@@ -65,7 +66,8 @@ def test_startup_sides_run_one_recipe(tmp_path):
     assert "eval_data" not in spec
     # with the validation rows: TRL's eval_dataset, judgetrain's judgebias suite on the same file, every row
     path.write_text(yaml.safe_dump(startup_recipe(tmp_path, 2, "cpu", 4096, eval_rows=True)))
-    script_args, targs, _, _ = parse_recipe([str(path), "--output_dir", str(tmp_path / "out")])
+    recipe = parse_recipe([str(path), "--output_dir", str(tmp_path / "out")])
+    script_args, targs = recipe.script_args, recipe.training_args
     assert (script_args.eval_suites, script_args.eval_judgebias_source, script_args.eval_judgebias_split,
             script_args.eval_max_rows, targs.eval_strategy, targs.eval_steps) == (
         ["judgebias"], str(tmp_path), "validation", None, "steps", 1_000_000)

@@ -37,11 +37,12 @@ def _recipe(tmp_path, *extra):
     recipe = tmp_path / "small.yaml"  # the quickstart on 12 + 12 rows
     recipe.write_text(QUICKSTART.read_text().replace("split: train}", "split: train, rows: 12}")
                       .replace("split: train, mode: pairwise}", "split: train, mode: pairwise, rows: 12}"))
-    script_args, training_args, model_args, _ = parse_recipe(
+    recipe = parse_recipe(
         [str(recipe), "--output_dir", str(tmp_path / "run"), "--report_to", "none", *extra])
     (tmp_path / "run").mkdir()
-    tokenizer = load_recipe_tokenizer(resolve_model(model_args.model_name_or_path), training_args, model_args)
-    return script_args, training_args, tokenizer
+    model_args = recipe.model_args
+    tokenizer = load_recipe_tokenizer(resolve_model(model_args.model_name_or_path), recipe.training_args, model_args)
+    return recipe, tokenizer
 
 
 def _rows(dataset) -> list:
@@ -53,21 +54,21 @@ def _rows(dataset) -> list:
 def test_a_torn_training_rows_folder_is_prepared_again(tmp_path, caplog, how, torn):
     from judgetrain.data.prepare import load_audited_dataset
 
-    script_args, training_args, tokenizer = _recipe(tmp_path)
-    first, audit = load_audited_dataset(script_args, training_args, tokenizer)
+    recipe, tokenizer = _recipe(tmp_path)
+    first, audit = load_audited_dataset(recipe, tokenizer)
     expected, fingerprint = _rows(first), audit["rows_fingerprint"]
     folder = tmp_path / "run" / "train_rows" / "node-0"
     del first
     tear(folder / torn, how)
     with caplog.at_level(logging.INFO, logger="judgetrain"):
-        again, audit = load_audited_dataset(script_args, training_args, tokenizer)  # a resume's start
+        again, audit = load_audited_dataset(recipe, tokenizer)  # a resume's start
     [line] = _warnings(caplog, "is torn")
     assert str(folder) in line and "preparing it again" in line
     assert audit["rows_fingerprint"] == fingerprint and _rows(again) == expected
     assert not audit["rows_reused"]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="judgetrain"):
-        third, audit = load_audited_dataset(script_args, training_args, tokenizer)  # the rebuilt folder is trusted
+        third, audit = load_audited_dataset(recipe, tokenizer)  # the rebuilt folder is trusted
     assert not _warnings(caplog, "is torn") and _rows(third) == expected
 
 
@@ -75,15 +76,15 @@ def test_a_torn_training_rows_folder_is_prepared_again(tmp_path, caplog, how, to
 def test_torn_eval_rows_and_their_audit_are_prepared_again(tmp_path, caplog, how):
     from judgetrain.eval.rows import AUDIT_FILE, recipe_eval_suites
 
-    script_args, training_args, tokenizer = _recipe(tmp_path, "--eval_suites", "judgebias", "--eval_max_rows", "6")
-    [spec] = recipe_eval_suites(script_args, training_args, tokenizer)
+    recipe, tokenizer = _recipe(tmp_path, "--eval_suites", "judgebias", "--eval_max_rows", "6")
+    [spec] = recipe_eval_suites(recipe, tokenizer)
     expected = _rows(spec.rows)
     out = tmp_path / "run"
     audit = (out / AUDIT_FILE).read_text()
     tear(out / "eval_rows" / "judgebias" / "node-0" / "data-00000-of-00001.arrow", how)
     tear(out / AUDIT_FILE, how)
     with caplog.at_level(logging.INFO, logger="judgetrain"):
-        [again] = recipe_eval_suites(script_args, training_args, tokenizer)
+        [again] = recipe_eval_suites(recipe, tokenizer)
     [rows_line] = _warnings(caplog, "Rows folder")
     assert "eval_rows/judgebias" in rows_line and "is torn" in rows_line and "preparing it again" in rows_line
     [audit_line] = _warnings(caplog, AUDIT_FILE)

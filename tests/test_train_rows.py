@@ -93,6 +93,7 @@ def test_the_preparation_key_follows_the_inputs_and_refuses_to_guess(tmp_path, t
     from transformers import AutoTokenizer
 
     from judgetrain.data.io import sample_source
+    from judgetrain.config.recipe import Recipe
     from judgetrain.data.prepare import preparation_key
 
     tok = AutoTokenizer.from_pretrained(tiny_judge)
@@ -101,7 +102,7 @@ def test_the_preparation_key_follows_the_inputs_and_refuses_to_guess(tmp_path, t
     def key(source="%s" % (tmp_path / "jb"), **comp):
         script = SimpleNamespace(train_datasets=[{"dataset": "judgebias", "source": source, "split": "train", **comp}],
                                  long_rows="error", on_bad_row="error")
-        return preparation_key(script, SimpleNamespace(seed=42, max_length=1024), tok)
+        return preparation_key(Recipe(script, SimpleNamespace(seed=42, max_length=1024), None, {}), tok)
 
     first, why = key()
     assert len(first) == 64 and why == "" and key() == (first, "")

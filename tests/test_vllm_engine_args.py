@@ -78,15 +78,16 @@ def test_sleep_mode_and_the_gpu_share_are_dropped_where_vllm_has_no_gpu(tiny_jud
 
 
 def test_the_recipe_and_the_run_pass_sleep_mode_and_the_pinned_revision_to_the_generator(tmp_path):
-    from judgetrain.config.recipe import JudgeTrainArguments
+    from judgetrain.config.recipe import JudgeTrainArguments, Recipe
     from judgetrain.eval.callback import JudgeEvalCallback
-    from trl import DPOConfig
+    from judgetrain.eval.rows import recipe_specs
+    from trl import DPOConfig, ModelConfig
 
     script = JudgeTrainArguments(eval_scoring=["implicit", "generate"], eval_generate_vllm_sleep=True,
                                  eval_suites=["judgebias"])
     assert script.generator_kwargs()["vllm_kwargs"] == {"gpu_memory_utilization": 0.3, "enable_sleep_mode": True}
-    cb = JudgeEvalCallback.from_recipe(script, DPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True,
-                                                                 bf16=False), None,
-                                       model_revision=PINNED)
+    training = DPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
+    recipe = Recipe(script, training, ModelConfig(model_revision=PINNED), {})
+    cb = JudgeEvalCallback.from_recipe(recipe, recipe_specs(recipe), None)
     assert cb.generator_kwargs["model_revision"] == PINNED
     assert cb.generator_kwargs["vllm_kwargs"]["enable_sleep_mode"] is True

@@ -160,11 +160,12 @@ def test_a_packaged_recipe_and_accelerate_config_can_be_named_from_any_folder(tm
     from judgetrain.config.recipe import parse_recipe
 
     monkeypatch.chdir(tmp_path)
-    script_args, _, model_args, resolved = parse_recipe(["quickstart", "--accelerate_config", "cpu"])
+    recipe = parse_recipe(["quickstart", "--accelerate_config", "cpu"])
+    script_args, model_args, resolved = recipe.script_args, recipe.model_args, recipe.resolved
     assert model_args.model_name_or_path == "tiny-judge"
     assert script_args.accelerate_config == str(REPO / "accelerate_configs" / "cpu.yaml")
     assert resolved["accelerate_config"] == "cpu"  # the saved recipe keeps the name
-    assert parse_recipe(["quickstart.yaml"])[2].model_name_or_path == "tiny-judge"
+    assert parse_recipe(["quickstart.yaml"]).model_args.model_name_or_path == "tiny-judge"
 
 
 def test_a_path_that_exists_wins_over_a_packaged_name(tmp_path, monkeypatch):
@@ -173,7 +174,8 @@ def test_a_path_that_exists_wins_over_a_packaged_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "quickstart").write_text("model_name_or_path: my-own-model\nbf16: false\nactivation_checkpointing: false\n")
     (tmp_path / "cpu").write_text("distributed_type: 'NO'\n")
-    script_args, _, model_args, _ = parse_recipe(["quickstart", "--accelerate_config", "cpu"])
+    recipe = parse_recipe(["quickstart", "--accelerate_config", "cpu"])
+    script_args, model_args = recipe.script_args, recipe.model_args
     assert model_args.model_name_or_path == "my-own-model"
     assert script_args.accelerate_config == "cpu"
 

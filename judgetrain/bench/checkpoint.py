@@ -18,11 +18,15 @@ Figures are medians over ``--repeats`` rounds, the ways alternating which goes f
 The load average is recorded with them: on a shared machine each figure moves with it.
 """
 
+# Late imports: judgetrain.run, judgetrain.utils, torch (inside the functions that use them): each benchmark part
+# loads only what it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -132,7 +136,6 @@ def rank_process(rank: int, spec: dict) -> None:
                 rounds.append(record)
             dist.barrier()
             if rank == 0:
-                import shutil
 
                 shutil.rmtree(ckpt.parent)
             dist.barrier()

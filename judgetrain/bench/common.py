@@ -2,9 +2,14 @@
 alternating rounds, and the fresh-subprocess plumbing (`run_worker`) that gives each train run its own peak memory.
 """
 
+# Late imports: torch, yaml, trl (inside the functions that use them): each benchmark part loads only what it
+# measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib.metadata as md
 import json
 import math
 import os
@@ -16,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
 
 # Keys of the trainer arguments that name a run rather than configure it (left out of the config comparison).
 _RUN_NAMING_KEYS = {"output_dir", "logging_dir", "run_name", "hub_model_id"}
@@ -41,7 +45,6 @@ def peak_rss_mb() -> float:
 
 
 def package_versions() -> dict[str, str]:
-    import importlib.metadata as md
 
     out = {"python": platform.python_version()}
     for name in ("judgetrain", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "numpy"):
@@ -130,7 +133,6 @@ def run_worker(spec: dict, workdir: Path, name: str, timeout: float = 3600) -> d
 
 def recipe_parts(recipe_path: str) -> tuple[dict, dict, dict]:
     """(DPOConfig keys, ModelConfig keys, judgetrain keys) of a recipe file."""
-    import dataclasses
 
     import yaml
     from trl import DPOConfig, ModelConfig

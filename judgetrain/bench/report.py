@@ -1,6 +1,9 @@
 """bench.json's summary (one figure per target), the targets and which are missed, and the printed table.
 """
 
+# Late imports: rich (inside the functions that use them): each benchmark part loads only what it measures, and a
+# timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import json
@@ -8,7 +11,6 @@ import math
 
 from judgetrain.bench.common import ratio
 from judgetrain.bench.eval import EVAL_SETS
-
 
 SCHEMA_VERSION = 1
 

@@ -3,6 +3,9 @@ extends; train time at 1x, 2x, 4x steps) and the quickstart overhead
 (the quickstart recipe run for real; its eval time as a share of its epoch time).
 """
 
+# Late imports: judgetrain.config (inside the functions that use them): each benchmark part loads only what it
+# measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +55,7 @@ def bench_quickstart(cfg: argparse.Namespace, workdir: Path) -> dict:
     else:
         from judgetrain.config.recipe import parse_recipe
 
-        _, targs, _, _ = parse_recipe([cfg.recipe, "--output_dir", str(out_dir)])
+        targs = parse_recipe([cfg.recipe, "--output_dir", str(out_dir)]).training_args
         rows = cfg.quickstart_rows
         steps_per_epoch = math.ceil(rows / (targs.per_device_train_batch_size * targs.gradient_accumulation_steps))
         epoch_train = train_only / max(res["global_step"], 1) * steps_per_epoch

@@ -28,6 +28,9 @@ The environment is the user's: ``TOKENIZERS_PARALLELISM`` is passed through as t
 uses and TRL's one-text-at-a-time tokenisation cannot).
 """
 
+# Late imports: judgetrain.models, pyarrow (inside the functions that use them): each benchmark part loads only what
+# it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import argparse

@@ -11,6 +11,9 @@ that a resume picks up; exit-at-first ends the process as the first step begins 
 its step). Only the standard library and the libraries each side imports anyway are imported here.
 """
 
+# Late imports: transformers, datasets, peft, trl (inside the functions that use them): each benchmark part loads only
+# what it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import json
@@ -29,39 +32,51 @@ def vm_hwm_mb() -> float | None:
         return None
 
 
+class StepClock:
+    """A Trainer callback (duck-typed: transformers is imported by the side being timed, not here): the wall-clock
+    times of the train loop's begin and of the first optimizer step's begin and end, with the peak resident memory at
+    each, written to ``path``; the other events do nothing."""
+
+    def __init__(self, path: str, stop_after_first: bool, exit_at_first: bool):
+        self.path, self.stop_after_first, self.exit_at_first = path, stop_after_first, exit_at_first
+        self.times: dict = {}
+
+    def __getattr__(self, name: str):
+        if name.startswith("on_"):  # every other Trainer event
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def _mark(self, key: str, state) -> None:
+        if key not in self.times and state.is_world_process_zero:
+            self.times[key] = time.time()
+            self.times[key.replace("_time", "_global_step")] = state.global_step
+            self.times[key.replace("_time", "_vm_hwm_mb")] = vm_hwm_mb()
+            with open(self.path, "w") as f:
+                json.dump(self.times, f)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._mark("train_begin_time", state)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._mark("first_step_begin_time", state)
+        if self.exit_at_first:  # a resume's start-up ends here: the step itself is not what is timed
+            os._exit(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._mark("first_step_end_time", state)
+        if self.stop_after_first:
+            control.should_training_stop = True
+
+
 def install_clock(path: str, stop_after_first: bool, exit_at_first: bool) -> None:
-    import transformers
-
-    class StepClock(transformers.TrainerCallback):
-        def __init__(self):
-            self.times: dict = {}
-
-        def _mark(self, key: str, state) -> None:
-            if key not in self.times and state.is_world_process_zero:
-                self.times[key] = time.time()
-                self.times[key.replace("_time", "_global_step")] = state.global_step
-                self.times[key.replace("_time", "_vm_hwm_mb")] = vm_hwm_mb()
-                with open(path, "w") as f:
-                    json.dump(self.times, f)
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self._mark("train_begin_time", state)
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._mark("first_step_begin_time", state)
-            if exit_at_first:  # a resume's start-up ends here: the step itself is not what is timed
-                os._exit(0)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self._mark("first_step_end_time", state)
-            if stop_after_first:
-                control.should_training_stop = True
+    """Add a `StepClock` to every Trainer built in this process."""
+    import transformers  # the side being timed imports it anyway: here only once the clock goes in
 
     original = transformers.Trainer.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        self.add_callback(StepClock())
+        self.add_callback(StepClock(path, stop_after_first, exit_at_first))
 
     transformers.Trainer.__init__ = init
 

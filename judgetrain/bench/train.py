@@ -3,9 +3,13 @@
 rows.
 """
 
+# Late imports: torch, datasets, judgetrain.config, judgetrain.data, judgetrain.models (inside the functions that use
+# them): each benchmark part loads only what it measures, and a timed side's imports are part of what it times.
+
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,9 +25,9 @@ class TrainBench:
 
     def __init__(self, recipe: str, workdir: Path, steps: int, batch_size: int | None, device: str):
         from judgetrain.config.recipe import parse_recipe
-        from judgetrain.models.aliases import resolve_model
         from judgetrain.data.lengths import audit_lengths
         from judgetrain.data.prepare import build_train_dataset
+        from judgetrain.models.aliases import resolve_model
         from judgetrain.models.loading import load_recipe_tokenizer, model_init_kwargs
 
         self.recipe, self.workdir, self.steps, self.device = recipe, workdir, steps, device
@@ -33,12 +37,13 @@ class TrainBench:
             self.base["per_device_train_batch_size"] = batch_size
         if device == "cpu":
             self.base["use_cpu"] = True
-        script_args, training_args, model_args, _ = parse_recipe(
+        parsed = parse_recipe(
             [recipe, *overrides_argv({**self.base, "output_dir": str(workdir / "prep"), "max_steps": steps})]
         )
+        script_args, training_args, model_args = parsed.script_args, parsed.training_args, parsed.model_args
         self.model_path = resolve_model(model_args.model_name_or_path)
         tokenizer = load_recipe_tokenizer(self.model_path, training_args, model_args)
-        dataset = build_train_dataset(script_args, training_args)
+        dataset = build_train_dataset(parsed)
         dataset, _ = audit_lengths(dataset, tokenizer, training_args.max_length, script_args.long_rows, None)
         self.tokenizer = tokenizer
         self.components = dataset["dataset"] if "dataset" in dataset.column_names else ["train"] * len(dataset)
@@ -148,7 +153,6 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
 
     out["options"] = {}
     if cfg.device == "cuda" and torch.cuda.is_available():
-        import importlib.util
 
         if importlib.util.find_spec("liger_kernel") is not None:
             options["use_liger_kernel"] = {"use_liger_kernel": True}
@@ -217,7 +221,7 @@ def _tokens_per_response(tb: TrainBench, rows: list[dict], max_length: int | Non
 
 def bench_train_shapes(cfg: argparse.Namespace, tb: TrainBench, workdir: Path, model_path: str | None = None,
                        dpo_extra: dict | None = None, shapes: list[str] | None = None) -> dict:
-    """The bare TRL script against the same script with `PrefixSharingDPOTrainer`, on JudgeBias- and RM-Bench-shaped
+    """The bare TRL script against the same script with `JudgeDPOTrainer`, on JudgeBias- and RM-Bench-shaped
     rows: samples/s, peak memory and tokens computed per response. ``model_path``: another model than the recipe's
     (the GPU part's real shape), with ``dpo_extra`` DPOConfig keys (bf16). ``shapes``: of ``cfg.train_shapes``, these
     only (None: all)."""

@@ -2,6 +2,10 @@
 TRL script, or the quickstart recipe; each writes its timings and its own peak memory to RESULT.
 """
 
+# Late imports: judgetrain.config, judgetrain.train, judgetrain.trainer, datasets, peft, transformers, trl (inside the
+# functions that use them): each benchmark part loads only what it measures, and a timed side's imports are part of
+# what it times.
+
 from __future__ import annotations
 
 import json
@@ -15,16 +19,16 @@ from judgetrain.utils.logging import setup_logging
 
 def _worker_train_judgetrain(spec: dict) -> dict:
     """judgetrain's own trainer path, exactly as `accelerate launch -m judgetrain.train` runs it."""
-    from judgetrain.trainer.process import init_process_state
     from judgetrain.config.recipe import parse_recipe
     from judgetrain.train import train
+    from judgetrain.trainer.process import init_process_state
 
     init_process_state()
-    script_args, training_args, model_args, resolved = parse_recipe(spec["argv"])
+    recipe = parse_recipe(spec["argv"])
     t0 = time.perf_counter()
-    summary = train(script_args, training_args, model_args, resolved, command="judgetrain bench")
+    summary = train(recipe, command="judgetrain bench")
     wall = time.perf_counter() - t0
-    digest, args_dict = args_digest(training_args)
+    digest, args_dict = args_digest(recipe.training_args)
     m = summary["train_metrics"]
     return {
         "train_runtime": m["train_runtime"],
@@ -53,7 +57,7 @@ def _worker_train_bare(spec: dict) -> dict:
     peft_config = LoraConfig(**spec["lora"]) if spec.get("lora") else None
     trainer_cls = DPOTrainer
     if spec.get("trainer") == "prefix_sharing":  # the same script with judgetrain's prefix-sharing subclass
-        from judgetrain.trainer.dpo import PrefixSharingDPOTrainer as trainer_cls
+        from judgetrain.trainer.dpo import JudgeDPOTrainer as trainer_cls
     trainer = trainer_cls(model=spec["model"], args=args, train_dataset=dataset, processing_class=tokenizer,
                           peft_config=peft_config)
     result = trainer.train()

@@ -5,10 +5,21 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.utils import DeepSpeedPlugin
+
+from judgetrain.checks.memory import dry_run_memory
+from judgetrain.checks.preflight import preflight
+from judgetrain.config.packaged import packaged_names
+from judgetrain.config.recipe import Recipe, RecipeError, remote_code_routes, remote_code_warning
+from judgetrain.data.io import resolve_local
 from judgetrain.data.lengths import audit_lengths
-from judgetrain.config.recipe import RecipeError, remote_code_routes, remote_code_warning
 from judgetrain.data.prepare import build_train_dataset
+from judgetrain.eval.rows import audit_eval_lengths, recipe_specs, suite_dataset
+from judgetrain.models.aliases import is_alias, resolve_model
 from judgetrain.models.loading import load_recipe_tokenizer
+from judgetrain.models.tiny import ensure_tiny_judge
+from judgetrain.run.state import output_dir_in_use, plan_start
 from judgetrain.utils.hub import hub_refusal, hub_unreachable, is_hub_id
 
 logger = logging.getLogger(__name__)
@@ -16,22 +27,20 @@ logger = logging.getLogger(__name__)
 DEFAULT_AUDIT_ROWS = 64
 
 
-def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
+def dry_run(recipe: Recipe) -> dict:
     """Check a recipe without loading weights: schema (already parsed), files, accelerate config, data and lengths
     on the first ``audit_rows`` rows. Hub sources and tokenizers unreachable offline are reported, not fatal."""
-    from judgetrain.models.aliases import is_alias, resolve_model
+    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
 
     report: dict = {"recipe": "ok", "problems": [], "notes": []}
-    in_the_way = output_dir_problems(script_args, training_args)  # before the audit below writes any rejects there
+    in_the_way = output_dir_problems(recipe)  # before the audit below writes any rejects there
     warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
     if warning:
         logger.warning(warning)
         report["notes"].append(warning)
     if script_args.accelerate_config:
-        from accelerate.commands.config.config_args import load_config_from_file
 
         if not Path(script_args.accelerate_config).is_file():
-            from judgetrain.config.packaged import packaged_names
 
             raise RecipeError(f"accelerate_config {script_args.accelerate_config}: file not found; packaged configs: "
                               f"{', '.join(packaged_names('accelerate_configs'))}")
@@ -47,7 +56,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
         if not _names_a_source(src):
             raise RecipeError(f"train_datasets[{i}].source {src}: file or folder not found (nor a hub id, owner/name)")
     try:
-        dataset = build_train_dataset(script_args, training_args, max_rows_each=n)
+        dataset = build_train_dataset(recipe, max_rows_each=n)
         report["rows_audited"] = len(dataset)
     except RecipeError:
         raise
@@ -57,7 +66,7 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
         report["notes"].append(f"a hub source is unreachable ({type(e).__name__}); audited the bundled samples instead")
         logger.warning("Dry run: %s; auditing the bundled samples of the same datasets in its place", e)
         script_args.train_datasets = [dict(c, source="bundled") for c in script_args.train_datasets]
-        dataset = build_train_dataset(script_args, training_args, max_rows_each=n)
+        dataset = build_train_dataset(recipe, max_rows_each=n)
         report["rows_audited"] = len(dataset)
     model = model_args.model_name_or_path
     action = script_args.long_rows
@@ -69,7 +78,6 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     except Exception as e:
         if not hub_unreachable(e):
             _raise_refused(e, [("model_name_or_path", model)])
-        from judgetrain.models.tiny import ensure_tiny_judge
 
         report["notes"].append(
             f"tokenizer of {model} unreachable offline; lengths measured with the tiny judge's tokenizer (approximate, "
@@ -80,13 +88,12 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
     _, audit = audit_lengths(dataset, tokenizer, training_args.max_length, action, None, neutralise=True)
     report["audit"] = audit
-    report["eval"] = _eval_rows(script_args, training_args, tokenizer, n, report)
-    report["memory"] = _memory(script_args, training_args, model_args, resolved, cfg, report)
-    from judgetrain.checks.preflight import preflight
+    report["eval"] = _eval_rows(recipe, tokenizer, n, report)
+    report["memory"] = _memory(recipe, cfg, report)
 
     # what would fail at the start of the run, checked on this machine (a dry run on a login node checks the login
     # node's packages, disk and hub cache: run it where the job runs)
-    report["preflight"] = preflight(script_args, training_args, model_args, resolved)
+    report["preflight"] = preflight(recipe)
     report["preflight"] += in_the_way
     for problem in report["preflight"]:
         logger.warning("preflight: %s", problem)
@@ -95,10 +102,10 @@ def dry_run(script_args, training_args, model_args, resolved: dict) -> dict:
     return report
 
 
-def output_dir_problems(script_args, training_args) -> list[str]:
+def output_dir_problems(recipe: Recipe) -> list[str]:
     """What the launch would refuse about output_dir itself: another run holding its lock, or an earlier run in it
     that this start neither resumes nor overwrites (the same lines the launch gives)."""
-    from judgetrain.run.state import output_dir_in_use, plan_start
+    script_args, training_args = recipe.script_args, recipe.training_args
 
     out = Path(training_args.output_dir)
     busy = output_dir_in_use(out)
@@ -113,13 +120,13 @@ def output_dir_problems(script_args, training_args) -> list[str]:
     return []
 
 
-def _eval_rows(script_args, training_args, tokenizer, n: int, report) -> dict:
+def _eval_rows(recipe: Recipe, tokenizer, n: int, report) -> dict:
     """The eval suites the run scores, read and validated as its start reads them (every row, the recipe's
     on_bad_row), lengths on the first ``n`` rows of each: a bad eval row or a wrong eval source fails here."""
-    from judgetrain.eval.rows import audit_eval_lengths, recipe_specs, suite_dataset
+    script_args, training_args = recipe.script_args, recipe.training_args
 
     out: dict = {}
-    for spec in recipe_specs(script_args, training_args):
+    for spec in recipe_specs(recipe):
         src = spec.source or "bundled"
         if not _names_a_source(src):
             raise RecipeError(f"eval_{spec.name}_source {src}: file or folder not found (nor a hub id, owner/name)")
@@ -140,12 +147,12 @@ def _eval_rows(script_args, training_args, tokenizer, n: int, report) -> dict:
     return out
 
 
-def _memory(script_args, training_args, model_args, resolved, cfg, report) -> dict | None:
+def _memory(recipe: Recipe, cfg, report) -> dict | None:
     """The per-device memory estimate (judgetrain.checks.memory); a model whose shape is unknown offline is a note."""
-    from judgetrain.checks.memory import dry_run_memory
+    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
 
     try:
-        return dry_run_memory(script_args, training_args, model_args, resolved, cfg)
+        return dry_run_memory(recipe, cfg)
     except ValueError as e:
         if script_args.gpu:
             raise RecipeError(f"--gpu {script_args.gpu}: cannot estimate memory: {e}") from None
@@ -156,7 +163,6 @@ def _memory(script_args, training_args, model_args, resolved, cfg, report) -> di
 def deepspeed_plugin_config(cfg) -> dict:
     """The DeepSpeed config Accelerate's DeepSpeedPlugin builds from an accelerate config's deepspeed_config (the
     plugin needs no deepspeed package; training does)."""
-    from accelerate.utils import DeepSpeedPlugin
 
     ds = dict(cfg.deepspeed_config or {})
     if ds.get("deepspeed_config_file"):
@@ -188,7 +194,6 @@ def _raise_refused(error: Exception, fields: list[tuple[str, str]]):
 def _names_a_source(source: str) -> bool:
     """Whether a recipe's source names something to read: "bundled", an existing path or a hub id, by the data
     loaders' own rule (`judgetrain.data.io.resolve_local`)."""
-    from judgetrain.data.io import resolve_local
 
     if source == "bundled":
         return True

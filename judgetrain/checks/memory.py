@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.recipe import MERGED_CACHE_BYTES
+from judgetrain.config.recipe import MERGED_CACHE_BYTES, Recipe
+from judgetrain.models.aliases import is_alias, resolve_model
+from judgetrain.utils.hub import cached_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +104,11 @@ def shape_from_config(cfg: dict) -> ModelShape:
 def model_shape(name_or_path: str) -> tuple[ModelShape, str]:
     """(shape, where it came from): a local folder's or a cached hub snapshot's config.json, else the built-in
     table. Never downloads."""
-    from judgetrain.models.aliases import is_alias, resolve_model
 
     path = resolve_model(name_or_path) if is_alias(name_or_path) else name_or_path
     local = Path(path) / "config.json"
     if local.is_file():
         return shape_from_config(json.loads(local.read_text())), f"config.json of {path}"
-    from judgetrain.utils.hub import cached_snapshot
 
     try:
         snapshot = cached_snapshot(path)
@@ -288,10 +288,11 @@ def merged_extra_bytes(layer_weight_bytes: list[int], cache_bytes: int = MERGED_
 # ----------------------------------------------------------------------------------------------- recipe -> plan
 
 
-def plan_from_recipe(script_args, training_args, model_args, resolved: dict, *, processes: int = 1,
+def plan_from_recipe(recipe: Recipe, *, processes: int = 1,
                      parallelism: str = "single", mixed_precision: str | None = None) -> Plan:
     """The recipe's plan: LoRA or full, dtype, batch, max_length, checkpointing, reference, eval batch. ``resolved``
     (the recipe as written) gives bf16: a dry run on a CPU machine parses it as false."""
+    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
     dtype = str(resolved.get("dtype") or getattr(model_args, "dtype", None) or "auto")
     bf16 = bool(resolved.get("bf16", True) or resolved.get("fp16")) or mixed_precision in ("bf16", "fp16")
     half = dtype in ("bfloat16", "float16") or (dtype == "auto" and bf16)
@@ -318,15 +319,16 @@ def plan_from_recipe(script_args, training_args, model_args, resolved: dict, *, 
     )
 
 
-def dry_run_memory(script_args, training_args, model_args, resolved: dict, accelerate_cfg=None) -> dict[str, Any]:
+def dry_run_memory(recipe: Recipe, accelerate_cfg=None) -> dict[str, Any]:
     """The dry run's memory section for the recipe under its accelerate config (or --num_processes) and --gpu."""
+    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
     parallelism, processes = parallelism_of_config(accelerate_cfg) if accelerate_cfg is not None else ("single", 1)
     if script_args.num_processes:
         processes = script_args.num_processes
         if parallelism == "single" and processes > 1:
             parallelism = "ddp"
     shape, source = model_shape(model_args.model_name_or_path)
-    plan = plan_from_recipe(script_args, training_args, model_args, resolved, processes=processes,
+    plan = plan_from_recipe(recipe, processes=processes,
                             parallelism=parallelism, mixed_precision=getattr(accelerate_cfg, "mixed_precision", None))
     out = report(shape, source, plan, script_args.gpu)
     verdict = "" if "fits" not in out else (

@@ -15,12 +15,25 @@ A run with problems stops with `PreflightError` (exit code 2), naming every one;
 from __future__ import annotations
 
 import errno
+import importlib
 import importlib.util
 import os
 import shutil
+import uuid
 from pathlib import Path
 
-from judgetrain.config.recipe import RecipeError
+import torch
+from huggingface_hub.errors import HFValidationError
+from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+from transformers.utils import import_utils
+
+from judgetrain.checks.memory import model_shape, plan_from_recipe
+from judgetrain.config.recipe import Recipe, RecipeError
+from judgetrain.models.aliases import is_alias
+from judgetrain.trainer.parallelism import deepspeed_missing
+from judgetrain.utils.files import LockUnsupported, file_lock
+from judgetrain.utils.hub import cached_snapshot, hub_offline
+from judgetrain.utils.ranks import decided_on_main
 
 GIB = 1024**3
 
@@ -50,7 +63,6 @@ def report_to_problems(report_to, env=os.environ) -> list[str]:
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     if all(name in ("none", "all") for name in names):
         return []
-    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
     available = set(get_available_reporting_integrations())
     problems = []
@@ -89,12 +101,12 @@ def wandb_can_log(env=os.environ) -> bool:
         return False
 
 
-def package_problems(script_args, training_args, model_args) -> list[str]:
+def package_problems(recipe: Recipe) -> list[str]:
     """The packages the recipe names by its keys."""
+    script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
     problems = []
     config = script_args.accelerate_config
     if config and Path(config).is_file():
-        from judgetrain.trainer.parallelism import deepspeed_missing
 
         missing = deepspeed_missing(config)  # the check `judgetrain train` makes before it launches
         if missing:
@@ -122,7 +134,6 @@ def attention_problem(attn: str | None) -> str | None:
     ``kernels`` package is installed, as transformers then loads the kernel from the hub
     (``kernels-community/...``); a hub kernel named directly (``owner/repo``) needs ``kernels``. An installed
     flash-attn that does not import (built for another torch or CUDA) is named here, not at model load."""
-    from transformers.utils import import_utils
 
     attn = str(attn or "")
     if not attn.startswith("flash_attention") and "/" not in attn:
@@ -142,7 +153,6 @@ def attention_problem(attn: str | None) -> str | None:
             f"torch or CUDA; reinstall it for this torch ({install}), or use sdpa")
     if kernels:
         return None  # transformers falls back to the kernels-community build (downloaded at load, cached after)
-    import torch
 
     here = "" if torch.cuda.is_available() else (" and no CUDA device is visible here (run this check where the job "
                                                  "runs)" if _installed(module.split(".")[0]) else "")
@@ -152,7 +162,6 @@ def attention_problem(attn: str | None) -> str | None:
 
 def _import_problem(module: str) -> str | None:
     """Why ``module`` does not import (None when it does): a compiled extension built for another torch fails here."""
-    import importlib
 
     try:
         importlib.import_module(module)
@@ -169,9 +178,6 @@ def _existing_folder(path: str | os.PathLike) -> Path:
 
 def lock_problem(output_dir: str | os.PathLike) -> str | None:
     """Whether output_dir's filesystem takes the run's lock: the run's own `file_lock` tried on a probe file there."""
-    import uuid
-
-    from judgetrain.utils.files import LockUnsupported, file_lock
 
     folder = Path(output_dir)
     probe = _existing_folder(folder) / f".judgetrain-lock-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -190,12 +196,11 @@ def lock_problem(output_dir: str | os.PathLike) -> str | None:
         probe.unlink(missing_ok=True)
 
 
-def checkpoint_bytes(script_args, training_args, model_args, resolved: dict) -> int | None:
+def checkpoint_bytes(recipe: Recipe) -> int | None:
     """A checkpoint's size from the model's shape (None when the shape is unknown offline): LoRA saves the adapter
     and its Adam state (fp32: 4 + 8 bytes per trainable number); a full fine-tune saves the weights in their dtype
     and the fp32 Adam state (and master weights under mixed precision), 8-16 bytes per weight in all."""
-    from judgetrain.checks.memory import model_shape, plan_from_recipe
-    from judgetrain.models.aliases import is_alias
+    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
 
     if is_alias(model_args.model_name_or_path):  # judgetrain's own small models: building one here is no check
         return None
@@ -203,17 +208,18 @@ def checkpoint_bytes(script_args, training_args, model_args, resolved: dict) -> 
         shape, _ = model_shape(model_args.model_name_or_path)
     except (ValueError, OSError):
         return None
-    plan = plan_from_recipe(script_args, training_args, model_args, resolved)
+    plan = plan_from_recipe(recipe)
     if plan.lora_r:
         return shape.lora_params(plan.lora_r, plan.lora_targets) * 12 + 64 * 2**20  # + tokenizer, states
     optimizer = 8 + (4 if plan.weight_bytes == 2 else 0)  # Adam m, v (+ fp32 master copy of half weights)
     return shape.params() * (plan.weight_bytes + optimizer) + 64 * 2**20
 
 
-def disk_problem(script_args, training_args, model_args, resolved: dict) -> str | None:
+def disk_problem(recipe: Recipe) -> str | None:
+    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
     if getattr(training_args, "save_strategy", "steps") in ("no", None) or str(getattr(training_args, "save_strategy", "")).endswith("NO"):
         return None
-    size = checkpoint_bytes(script_args, training_args, model_args, resolved)
+    size = checkpoint_bytes(recipe)
     if size is None:
         return None
     keep = training_args.save_total_limit
@@ -229,17 +235,12 @@ def disk_problem(script_args, training_args, model_args, resolved: dict) -> str 
 
 def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.environ) -> str | None:
     """A hub id with the hub offline must be in the local cache (its config.json at least)."""
-    from judgetrain.models.aliases import is_alias
 
     if is_alias(model_name_or_path) or Path(model_name_or_path).exists():
         return None
-    from judgetrain.utils.hub import hub_offline
 
     if not hub_offline(env):
         return None
-    from huggingface_hub.errors import HFValidationError
-
-    from judgetrain.utils.hub import cached_snapshot
 
     try:
         snapshot = cached_snapshot(model_name_or_path, revision)
@@ -252,24 +253,25 @@ def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.env
             f"{model_name_or_path}`) on a machine with network, or give a local folder")
 
 
-def preflight(script_args, training_args, model_args, resolved: dict) -> list[str]:
+def preflight(recipe: Recipe) -> list[str]:
     """Every problem found, one line each (empty: nothing predicted to fail)."""
+    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
     problems = report_to_problems(training_args.report_to)
-    problems += package_problems(script_args, training_args, model_args)
+    problems += package_problems(recipe)
     for problem in (lock_problem(training_args.output_dir),
-                    disk_problem(script_args, training_args, model_args, resolved),
+                    disk_problem(recipe),
                     hub_problem(model_args.model_name_or_path, getattr(model_args, "model_revision", None))):
         if problem:
             problems.append(problem)
     return problems
 
 
-def check_before_start(script_args, training_args, model_args, resolved: dict) -> None:
+def check_before_start(recipe: Recipe) -> None:
     """At the start of a run, before the model loads: stop with every problem at once (main process decides)."""
-    from judgetrain.utils.ranks import decided_on_main
+    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
 
     def decide():
-        problems = preflight(script_args, training_args, model_args, resolved)
+        problems = preflight(recipe)
         if problems:
             raise PreflightError(problems)
 

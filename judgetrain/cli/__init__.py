@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from judgetrain.run.state import EXIT_BAD_INPUT
+
 # subcommand -> (module, help). A nested command (``data check``) is listed with a space.
 COMMANDS = {
     "train": ("judgetrain.cli.train", "launch a training recipe through accelerate (or --dry-run it here)"),
@@ -36,14 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
         print(_usage())
-        return 0 if argv else 2
+        return 0 if argv else EXIT_BAD_INPUT
     for n_words in (2, 1):
         name = " ".join(argv[:n_words])
         if name in COMMANDS:
             module = importlib.import_module(COMMANDS[name][0])
             return int(module.main(argv[n_words:]) or 0)
     print(f"judgetrain: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
-    return 2
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   (`judgetrain.bench.checkpoint`).
 """
 
+# Late imports: judgetrain.config, torch, judgetrain.bench (inside the functions that use them): each command loads
+# only what it runs, so `judgetrain --help` and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
 import argparse
@@ -63,6 +66,7 @@ from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summa
 from judgetrain.bench.scale import bench_quickstart, bench_train_scale
 from judgetrain.bench.startup import bench_startup
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
+from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -183,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--matmul-size", type=int, default=8192)
     g.add_argument("--matmul-seconds", type=float, default=3.0)
     g.add_argument("--prefix-sharing-shapes", nargs="+", default=["qwen3-0.6b"], choices=sorted(REAL_SHAPES),
-                   help="real shapes of the prefix-sharing train comparison (TRL's DPOTrainer vs PrefixSharingDPOTrainer)")
+                   help="real shapes of the prefix-sharing train comparison (TRL's DPOTrainer vs JudgeDPOTrainer)")
     return p
 
 
@@ -195,7 +199,7 @@ def resolve_config(args: argparse.Namespace) -> argparse.Namespace:
     args.recipe = args.recipe or default_recipe()
     from judgetrain.config.recipe import parse_recipe
 
-    _, targs, _, _ = parse_recipe([args.recipe, "--output_dir", tempfile.gettempdir()])
+    targs = parse_recipe([args.recipe, "--output_dir", tempfile.gettempdir()]).training_args
     args.quickstart_epochs = int(math.ceil(targs.num_train_epochs))
     for key in ("repeats", "train_steps", "option_repeats", "scale_repeats", "scale_train_steps", "quickstart_steps",
                 "generation_rows", "generation_max_new_tokens", "generation_repeats"):
@@ -251,7 +255,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         if "eval" in parts or "scale" in parts:
             from judgetrain.config.recipe import parse_recipe
 
-            _, _, model_args, _ = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")])
+            model_args = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")]).model_args
             args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts
             location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
             report["eval"] = timed("eval", bench_eval, args, location, load_kwargs)
@@ -295,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_bench(args)
     except BenchError as e:
         print(f"judgetrain bench: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     report = jsonable(report)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=1))

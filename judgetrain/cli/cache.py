@@ -6,8 +6,8 @@ import argparse
 import shutil
 
 from judgetrain.models.cache import NOT_ENTRIES, list_entries
-from judgetrain.utils.files import cache_root
 from judgetrain.models.cache import __doc__ as _LIBRARY_DOC
+from judgetrain.utils.files import cache_root
 
 
 def main(argv: list[str] | None = None) -> int:

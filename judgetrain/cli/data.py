@@ -1,14 +1,19 @@
 """`judgetrain data check`: validate a dataset source and print its statistics (judgetrain.data.check)."""
 
+# Late imports: rich, judgetrain.models (inside the functions that use them): each command loads only what it runs, so
+# `judgetrain --help` and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
 import argparse
-import numpy as np
 import sys
+
+import numpy as np
 
 from judgetrain.data.check import DATASETS, PERCENTILES, load_split, splits_of, summarise, token_lengths
 from judgetrain.data.check import __doc__ as _LIBRARY_DOC
 from judgetrain.data.validate import DataValidationError
+from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
 
@@ -33,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (FileNotFoundError, ValueError) as exc:
         print(f"judgetrain data check: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
 
     tokenizer = None
     if args.tokenizer:  # a path, a hub id or a model alias (tiny-judge), loaded as training loads it

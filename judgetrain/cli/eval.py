@@ -21,17 +21,23 @@ with the texts written), the files the training callback writes per eval step
 (`judgetrain.eval.runner.evaluate_and_write`); prints the RM-Bench table (domains x hard/normal/easy/avg).
 """
 
+# Late imports: transformers, judgetrain.config, judgetrain.models, torch, peft, rich, judgetrain.utils, accelerate,
+# judgetrain.eval (inside the functions that use them): each command loads only what it runs, so `judgetrain --help`
+# and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.models.loading import load_tokenizer
+from judgetrain.run.checkpoints import list_checkpoints
+from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.device import has_accelerator
 from judgetrain.utils.logging import setup_logging
 
@@ -190,7 +196,6 @@ def print_table(name: str, results: dict[str, Any]) -> None:
 def _cpu_only() -> bool:
     """True without an accelerator: accelerate then needs ``cpu=True`` to join the processes of a multi-process
     launch (``accelerate launch --multi_gpu --num_processes 2`` or ``torchrun`` on a CPU box) over gloo."""
-    import os
 
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return True
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_args, args = parse_args(argv)
     except RecipeError as err:  # an EvalArguments value refused (an unknown suite)
         print(f"judgetrain eval: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     from accelerate import PartialState
 
     from judgetrain.eval.runner import evaluate_and_write
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             spec.max_rows = None
     except (ValueError, FileNotFoundError) as err:  # DataValidationError is a ValueError
         print(f"judgetrain eval: cannot load eval data: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
 
     ref_model = None
     if args.ref_model:
@@ -242,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         root = _resolve(args.model)
     except ValueError as err:  # an alias that cannot be had here (e.g. its package is not installed): say how
         print(f"judgetrain eval: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     targets = find_targets(root)
     ref_cache: dict[str, float] = {}  # shared by the targets: keys name the reference weights and the tokens
     summary = {}
@@ -254,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"judgetrain eval: cannot load model {target}"
                   + (f" with adapter {args.adapter}" if args.adapter else "") + f": {type(err).__name__}: {err}",
                   file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         model.to(state.device)
         engine = ScoringEngine(model, tokenizer, ref_model=ref_model, max_length=args.max_length,
                                long_inputs=args.long_inputs, **eval_args.engine_kwargs(),

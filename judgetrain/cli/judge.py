@@ -16,6 +16,10 @@ with exit code 143 after the batch in flight is dropped. Exit codes: 0 done, 1 c
 judge, another run's output_dir), 143 stopped by a signal.
 """
 
+# Late imports: judgetrain.judge, rich, judgetrain.utils, accelerate, judgetrain.cli, judgetrain.config,
+# judgetrain.data, judgetrain.run (inside the functions that use them): each command loads only what it runs, so
+# `judgetrain --help` and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
 import argparse
@@ -23,6 +27,7 @@ import logging
 import sys
 from pathlib import Path
 
+from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -107,7 +112,7 @@ def summary_table(summary: dict):
 
 def _refuse(message: str) -> int:
     print(f"judgetrain judge: {message}", file=sys.stderr)
-    return 2
+    return EXIT_BAD_INPUT
 
 
 def finished_already(args: argparse.Namespace) -> int | None:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import tempfile
 from pathlib import Path
 
 from judgetrain.bench.memory import check, llama_model_folder
@@ -12,8 +14,6 @@ from judgetrain.checks.memory import BUILTIN_SHAPES
 
 def main(argv: list[str] | None = None) -> int:
     """judgetrain memory check MODEL_DIR [--lora_r 16] [--checkpointing] [--layers N --arch NAME]"""
-    import argparse
-    import tempfile
 
     parser = argparse.ArgumentParser(prog="judgetrain memory", description=main.__doc__)
     parser.add_argument("model", help="a model folder, or with --arch the tokenizer folder for a random model")

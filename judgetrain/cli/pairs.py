@@ -1,12 +1,16 @@
 """`judgetrain pairs build`: anchor-consensus, direction-aware DPO pairs from a judge panel's evaluations
 (judgetrain.data.pairs), with the statistics table of the dataset card."""
 
+# Late imports: rich (inside the functions that use them): each command loads only what it runs, so `judgetrain
+# --help` and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
 import argparse
 import logging
 
 from judgetrain.data.pairs import PanelDataError, build_pairs
+from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (PanelDataError, ValueError) as err:
         logger.error("%s", err)
-        return 2
+        return EXIT_BAD_INPUT
     from rich.console import Console
 
     Console().print(stats_table(stats))

@@ -1,17 +1,21 @@
 """`judgetrain report RUN_DIR [RUN_DIR ...]`: a run's (or several runs') metrics as figures, HTML and Markdown
 (judgetrain.report.build), and their summary tables in the terminal."""
 
+# Late imports: rich (inside the functions that use them): each command loads only what it runs, so `judgetrain
+# --help` and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
+import argparse
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-import argparse
-import logging
 
-from judgetrain.report.build import SUMMARY_HEADER, cmp_cell, cmp_label, fmt_epoch, summary_cells, build_report
+from judgetrain.report.build import SUMMARY_HEADER, build_report, cmp_cell, cmp_label, fmt_epoch, summary_cells
 from judgetrain.report.build import __doc__ as _LIBRARY_DOC
 from judgetrain.report.headline import headline, headline_note, headline_table
+from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [d for d in args.run_dirs if not Path(d).is_dir()]
     if missing:
         logger.error("not a run directory: %s", ", ".join(missing))
-        return 2
+        return EXIT_BAD_INPUT
     result = build_report(args.run_dirs, args.out)
     _print_tables(result)
     return 0

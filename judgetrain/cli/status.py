@@ -6,11 +6,14 @@ launch ``$JUDGETRAIN_LAUNCH_ID`` wrote to its output_dir, for scheduler scripts 
 its final model) against the SHA-256 in its marker, one line each (a resume trusts a checkpoint by sizes, mtimes
 and sampled blocks); exit 1 when one fails. Where output_dir is machine-local, run it on each machine."""
 
+# Late imports: judgetrain.config, judgetrain.run (inside the functions that use them): each command loads only what
+# it runs, so `judgetrain --help` and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
-from pathlib import Path
 import os
 import sys
+from pathlib import Path
 
 from judgetrain.run.state import LAUNCH_ID_ENV, read_statuses
 
@@ -24,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0 if argv else 2
     verify = "--verify" in argv
-    _, training_args, _, _ = parse_recipe([a for a in argv if a != "--verify"])
+    training_args = parse_recipe([a for a in argv if a != "--verify"]).training_args
     if verify:
         return verify_run(Path(training_args.output_dir))
     launch_id = os.environ.get(LAUNCH_ID_ENV)

@@ -13,17 +13,23 @@ DeepSpeed (accelerate_configs/zero2.yaml, zero3.yaml) is installed apart, into t
     judgetrain train recipes/quickstart.yaml --accelerate_config accelerate_configs/zero3.yaml --num_processes 2 --mixed_precision no
 """
 
+# Late imports: judgetrain.run, judgetrain.trainer (inside the functions that use them): each command loads only what
+# it runs, so `judgetrain --help` and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError, parse_recipe, split_recipe_argv
 from judgetrain.run.checkpoints import STOP_WINDOW_S  # the stop window, which the stop checkpoint's marker fits
+from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.train import run
 from judgetrain.utils.logging import setup_logging
 
@@ -37,18 +43,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging()
     try:
-        script_args, training_args, _, _ = parse_recipe(argv)
+        recipe = parse_recipe(argv)
     except RecipeError as e:
         print(f"judgetrain train: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    script_args, training_args = recipe.script_args, recipe.training_args
     if script_args.dry_run:
         try:
             report = run(argv)
         except (RecipeError, ValueError) as e:
             print(f"judgetrain train --dry-run: {e}", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         return dry_run_verdict(report)
-    from judgetrain.run.state import EXIT_BAD_INPUT, output_dir_in_use
+    from judgetrain.run.state import output_dir_in_use
 
     busy = output_dir_in_use(Path(training_args.output_dir))
     if busy:
@@ -86,8 +93,6 @@ def launch_and_wait(cmd: list[str], output_dir: Path) -> int:
     one-process launcher returns as soon as a SIGTERM kills it, while the training process (parent-death signal) is
     still saving its checkpoint. So a SIGTERM is passed on to the launcher and then the training process is waited
     for; the code comes from the status line the run wrote for this launch (judgetrain.run.state)."""
-    import signal
-    import uuid
 
     from judgetrain.run.state import LAUNCH_ID_ENV, launch_exit_code, wait_for_launch
 

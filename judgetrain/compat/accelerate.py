@@ -1,5 +1,8 @@
 """Reaches into accelerate's private state (see `judgetrain.compat`; checked: accelerate 1.15.0)."""
 
+# Late imports: accelerate (inside the functions that use them): each hook imports the library it reaches into when it
+# is installed or called, so a moved private name fails there, named.
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,8 @@
 """Reaches into PEFT's layers (see `judgetrain.compat`; checked: peft 0.21.2)."""
 
+# Late imports: peft (inside the functions that use them): each hook imports the library it reaches into when it is
+# installed or called, so a moved private name fails there, named.
+
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -1,5 +1,8 @@
 """Reaches into torch's private modules and state (see `judgetrain.compat`; checked: torch 2.13.0)."""
 
+# Late imports: torch (inside the functions that use them): each hook imports the library it reaches into when it is
+# installed or called, so a moved private name fails there, named.
+
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -1,8 +1,12 @@
 """Reaches into transformers' private state (see `judgetrain.compat`; checked: transformers 5.24.0)."""
 
+# Late imports: transformers (inside the functions that use them): each hook imports the library it reaches into when
+# it is installed or called, so a moved private name fails there, named.
+
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,7 +139,6 @@ def non_dynamic_cache_layers(config: Any) -> list[str]:
 def cache_keyword(model: Any) -> str:
     """The keyword a model's forward (and ``generate``) takes its key/value cache by: ``cache`` (transformers 5.x,
     which keeps ``past_key_values`` as a deprecated alias) or ``past_key_values`` (older releases, remote code)."""
-    import inspect
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"

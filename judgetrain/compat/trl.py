@@ -1,8 +1,14 @@
 """Reaches into TRL's private state (see `judgetrain.compat`; checked: trl 1.16.0)."""
 
+# Late imports: trl, accelerate, datasets, judgetrain.compat, pyarrow (inside the functions that use them): each hook
+# imports the library it reaches into when it is installed or called, so a moved private name fails there, named.
+
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import time
 import types
 from typing import Any, Callable
 
@@ -86,9 +92,6 @@ class PerMachineRefLogps:
     (`tests/test_compat.py` checks all of them)."""
 
     def _precompute_ref_logps(self, dataset, name, batch_size):
-        import logging
-        import os
-        import time
 
         from accelerate.utils import broadcast_object_list, gather_object
         from datasets import IterableDataset
@@ -175,7 +178,6 @@ class AuditedTokenIds:
     for plain text, tokenisation, the keep_start filter, all under ``global_then_local_main_first``)."""
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-        import logging
 
         from datasets import Dataset
 

@@ -9,6 +9,9 @@ line as ``--key value``. Unknown keys are an error that names the nearest valid 
 (`EvalArguments`) are also the flags of `judgetrain eval`, by the same names.
 """
 
+# Late imports: trl, judgetrain.utils, judgetrain.config (inside the functions that use them): the recipe schema is
+# read by the light commands (status, the exit codes): trl comes in when a recipe is parsed.
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +21,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -26,11 +29,21 @@ from judgetrain.config.packaged import packaged_names, resolve_packaged
 from judgetrain.utils.device import has_accelerator
 from judgetrain.utils.errors import RecipeError
 
+if TYPE_CHECKING:  # the types of `Recipe`'s fields; trl is imported when a recipe is parsed (`dataclass_types`)
+    from trl import DPOConfig, ModelConfig
+
 logger = logging.getLogger(__name__)
 
 SUITES = ("rmbench", "judgebias", "ideation")
 PROXY_MODES = ("implicit", "judge")  # one forward per response: the implicit reward, the forced-prefix expected score
 SCORING_MODES = (*PROXY_MODES, "generate")  # generate: the judge writes its evaluation, the score is parsed from it
+
+
+def recorded_mode(modes: list[str]) -> str:
+    """The mode the scoring engine records and whose figures take the bare ``eval/<suite>/`` keys: the first of
+    implicit / judge listed, else judge (generate alone: the judge-mode forward gives the generated rows their
+    expected score)."""
+    return next((m for m in modes if m in PROXY_MODES), "judge")
 
 
 class ScoringModes(tuple):
@@ -241,8 +254,7 @@ class EvalArguments:
     def engine_kwargs(self) -> dict[str, Any]:
         """The `ScoringEngine` options these arguments set (its recorded mode: the first of implicit / judge listed,
         else judge, which gives the generate rows their expected score)."""
-        proxies = [m for m in self.eval_scoring if m in PROXY_MODES]
-        return dict(scoring=proxies[0] if proxies else "judge", batch_tokens=self.eval_batch_tokens,
+        return dict(scoring=recorded_mode(self.eval_scoring), batch_tokens=self.eval_batch_tokens,
                     prefix_sharing=self.eval_prefix_sharing, merge_lora=self.eval_merge_lora)
 
     def generator_kwargs(self) -> dict[str, Any]:
@@ -250,7 +262,7 @@ class EvalArguments:
         return dict(max_new_tokens=self.eval_generate_max_new_tokens, batch_tokens=self.eval_batch_tokens,
                     do_sample=self.eval_generate_do_sample, temperature=self.eval_generate_temperature,
                     seed=self.eval_generate_seed, merge_lora=self.eval_merge_lora, backend=self.eval_generate_backend,
-                    share_prefix=self.eval_prefix_sharing,
+                    prefix_sharing=self.eval_prefix_sharing,
                     vllm_kwargs={"gpu_memory_utilization": self.eval_generate_vllm_gpu_memory_utilization,
                                  "enable_sleep_mode": self.eval_generate_vllm_sleep})
 
@@ -450,11 +462,7 @@ def recipe_parser():
     """TRL's `TrlParser` over the recipe's dataclasses, with judgetrain's checks: an abbreviated option is not taken
     for the one it abbreviates, and a bad command-line value is a `RecipeError` naming the option and why (argparse
     would print usage and exit)."""
-    from trl import TrlParser
-
-    class RecipeParser(TrlParser):
-        def error(self, message):
-            raise RecipeError(f"command line: {message}")
+    from judgetrain.config.parser import RecipeParser  # imports trl: see the note at the top of this module
 
     parser = RecipeParser(dataclass_types(), allow_abbrev=False)
     for action in parser._actions:  # list[dict] keys (train_datasets): each value a YAML / JSON mapping
@@ -465,10 +473,6 @@ def recipe_parser():
 
 def _mapping_option(text: str) -> dict:
     """One ``--train_datasets`` value: a YAML (or JSON) mapping such as ``{dataset: judgebias, source: pairs_out}``."""
-    import argparse
-
-    import yaml
-
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -524,14 +528,35 @@ def _check_values(parser, config: dict, recipe_path) -> None:
                     raise RecipeError(f"recipe {recipe_path}: {key}: {v!r} is not a whole number")
 
 
-def parse_recipe(argv: list[str]):
-    """Parse ``[recipe.yaml] [--key value ...]`` into (JudgeTrainArguments, DPOConfig, ModelConfig, recipe_dict).
+@dataclass
+class Recipe:
+    """One recipe as it will run, handed whole to every stage that reads it (`parse_recipe` makes it).
+
+    script_args: judgetrain's own keys (`JudgeTrainArguments`: data, evaluation, audit, resume). training_args:
+    `trl.DPOConfig` (every DPO / Trainer option and the eval schedule). model_args: `trl.ModelConfig` (the model,
+    LoRA, quantisation). resolved: the recipe file's values with the command line's overrides applied, saved beside
+    the model as recipe.yaml. path: the recipe file (None when the options came from the command line alone).
+    """
+
+    script_args: JudgeTrainArguments
+    training_args: DPOConfig
+    model_args: ModelConfig
+    resolved: dict[str, Any]
+    path: str | None = None
+
+
+def parse_recipe(argv: list[str]) -> Recipe:
+    """Parse ``[recipe.yaml] [--key value ...]`` into a `Recipe`.
 
     What `TrlParser.parse_args_and_config` does (``--config``, the file's values as defaults, its `env:` applied,
     the command line on top), with judgetrain's checks: safe YAML, unknown keys and options with a hint, typed values,
     `env:` loader variables refused, bf16 off for a dry run without a GPU, the eval schedule checked against the
     suites. recipe_dict is the recipe as it will run (file values with command-line overrides applied), for saving
     beside the model.
+
+    Raises:
+        RecipeError: an unknown key or option, a value of the wrong type, a refused `env:` variable, an eval
+            schedule the suites cannot give, a missing recipe file.
     """
     recipe_path, overrides = split_recipe_argv(argv)
     allowed_env, overrides = pop_allow_env(overrides)
@@ -562,7 +587,7 @@ def parse_recipe(argv: list[str]):
         resolved[name] = value.value if hasattr(value, "value") else value
     if script_args.accelerate_config:  # a packaged config's name (cpu) when no such path exists; resolved keeps it
         script_args.accelerate_config = resolve_packaged(script_args.accelerate_config, "accelerate_configs")
-    return script_args, training_args, model_args, resolved
+    return Recipe(script_args, training_args, model_args, resolved, recipe_path)
 
 
 def default_eval_strategy(options: dict[str, Any]) -> str:

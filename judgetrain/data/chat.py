@@ -20,6 +20,9 @@ prompts (``chat_ids``), and
 ``judgetrain data check``; training and evaluation therefore see the same ids for the same row.
 """
 
+# Late imports: judgetrain.compat (inside the functions that use them): `judgetrain data check` and `pairs build` read
+# rows without a model: tokenizer and training libraries come in with the functions that need them.
+
 from __future__ import annotations
 
 import re

@@ -9,6 +9,9 @@ distribution of prompt + chosen and prompt + rejected after the chat template. E
 file, split, row and field.
 """
 
+# Late imports: judgetrain.data (inside the functions that use them): `judgetrain data check` and `pairs build` read
+# rows without a model: tokenizer and training libraries come in with the functions that need them.
+
 from __future__ import annotations
 
 import logging

@@ -5,18 +5,25 @@ Rows come back unvalidated, one :class:`Table` per file (so that errors can name
 it). A jsonl line that is not JSON becomes a placeholder row that the validator reports as malformed.
 """
 
+# Late imports: datasets, gzip, pyarrow, judgetrain.compat (inside the functions that use them): `judgetrain data
+# check` and `pairs build` read rows without a model: tokenizer and training libraries come in with the functions that
+# need them.
+
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
-from collections import abc
 import os
 import re
+import zlib
+from collections import abc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from judgetrain.utils.errors import MissingFileError
 from judgetrain.utils.files import utf8_problem
 from judgetrain.utils.hub import is_hub_id
 
@@ -35,7 +42,7 @@ def sample_source(name: str) -> str:
         raise ValueError(f"unknown bundled sample {name!r}; choose one of {SAMPLE_NAMES}")
     path = SAMPLES_DIR / name
     if not path.is_dir():
-        raise FileNotFoundError(f"bundled sample {name!r} is not installed at {path}")
+        raise MissingFileError(f"bundled sample {name!r} is not installed at {path}")
     return str(path)
 
 
@@ -49,7 +56,7 @@ class Table:
 
 
 def resolve_local(source: str | os.PathLike, dataset: str) -> Path | None:
-    """The local path a source means, or None when it is a hub id. Raises FileNotFoundError for a missing path."""
+    """The local path a source means, or None when it is a hub id. Raises MissingFileError (a FileNotFoundError) for a missing path."""
     source = str(source)
     if source == "bundled":
         return Path(sample_source(dataset))
@@ -58,7 +65,7 @@ def resolve_local(source: str | os.PathLike, dataset: str) -> Path | None:
         return path
     if is_hub_id(source):
         return None
-    raise FileNotFoundError(f"data source {source!r} is neither an existing file/directory nor a hub id (owner/name)")
+    raise MissingFileError(f"data source {source!r} is neither an existing file/directory nor a hub id (owner/name)")
 
 
 def data_files(directory: Path) -> list[Path]:
@@ -76,7 +83,7 @@ def split_files(directory: Path, split: str) -> list[Path]:
               if p.stem == split or re.match(rf"^{re.escape(split)}[-_.]", p.name) or split in p.relative_to(directory).parts[:-1]]
     if not chosen:
         names = ", ".join(str(p.relative_to(directory)) for p in files) or "none"
-        raise FileNotFoundError(f"no files for split {split!r} in {directory} (data files there: {names})")
+        raise MissingFileError(f"no files for split {split!r} in {directory} (data files there: {names})")
     return chosen
 
 
@@ -188,7 +195,6 @@ def _jsonl_lines(path: str, stamp: str):
 
 def _lines_dataset(path: Path):
     """The file's lines as an Arrow-backed datasets.Dataset (see `JsonLines`)."""
-    import hashlib
 
     import datasets
     from datasets.exceptions import DatasetGenerationError
@@ -216,7 +222,6 @@ def _reading(path: Path):
     """The file opened for bytes (gzip decompressed); a gzip file that cannot be read, at any point of the reading,
     raises UnreadableFile naming it."""
     import gzip
-    import zlib
 
     try:
         with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:

@@ -5,6 +5,9 @@ rejected are JSON strings of message lists; TRL would read them as plain text, s
 Already-decoded lists are accepted too.
 """
 
+# Late imports: judgetrain.data (inside the functions that use them): `judgetrain data check` and `pairs build` read
+# rows without a model: tokenizer and training libraries come in with the functions that need them.
+
 from __future__ import annotations
 
 import logging

@@ -5,9 +5,14 @@ The audit computes each row's ids as TRL's DPOTrainer does and keeps them (``pro
 ``rejected_ids``): judgetrain's trainer then skips TRL's own tokenisation of the same rows (one tokenisation per
 start, not two). Each prompt is tokenised once, not three times (`judgetrain.data.tokenise`)."""
 
+# Late imports: judgetrain.data, judgetrain.compat, datasets (inside the functions that use them): `judgetrain data
+# check` and `pairs build` read rows without a model: tokenizer and training libraries come in with the functions that
+# need them.
+
 from __future__ import annotations
 
 import logging
+import os
 
 from judgetrain.compat.trl import TOKEN_COLUMNS  # TRL's tokenised columns, kept by the audit
 from judgetrain.config.recipe import RecipeError
@@ -178,7 +183,6 @@ def audit_processes(rows: int, num_proc: int | None) -> int | None:
     than `MIN_ROWS_PER_PROCESS` rows, None (one process, the tokenizer encoding each batch on every core itself)
     below twice that. Unchanged when ``TOKENIZERS_PARALLELISM`` is turned off (one process would encode on one
     core)."""
-    import os
 
     if not num_proc or num_proc <= 1 or rows >= MIN_ROWS_PER_PROCESS * num_proc:
         return num_proc

@@ -11,8 +11,12 @@ goes to the adapter (categories, types, mode, on_bad_row, ...). The result keeps
 adds ``dataset`` (the component's name, or its ``name`` key when given), shuffled with the seed.
 """
 
+# Late imports: judgetrain.data (inside the functions that use them): `judgetrain data check` and `pairs build` read
+# rows without a model: tokenizer and training libraries come in with the functions that need them.
+
 from __future__ import annotations
 
+import inspect
 import logging
 
 import datasets
@@ -35,7 +39,6 @@ def _adapters():
 def component_source(comp: dict) -> str | None:
     """The source a ``train_datasets`` component reads: its ``source``, else its adapter's default; None for an
     unknown dataset (the mixture names it)."""
-    import inspect
 
     adapter = _adapters().get(comp.get("dataset"))
     if adapter is None:
@@ -45,7 +48,6 @@ def component_source(comp: dict) -> str | None:
 
 def component_keys(dataset: str) -> list[str]:
     """The keys a ``dataset`` component takes: the mixture's own and the keyword parameters of its adapter."""
-    import inspect
 
     adapter = _adapters()[dataset]
     return [*MIXTURE_KEYS, *inspect.signature(adapter).parameters]

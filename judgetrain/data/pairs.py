@@ -24,6 +24,9 @@ The construction is the one of iknow-lab/JudgeBias-DPO-RefFree:
    files in exactly the JudgeBias-DPO-RefFree schema, plus ``stats.json`` (the card's statistics table).
 """
 
+# Late imports: pyarrow (inside the functions that use them): `judgetrain data check` and `pairs build` read rows
+# without a model: tokenizer and training libraries come in with the functions that need them.
+
 from __future__ import annotations
 
 import hashlib
@@ -42,9 +45,10 @@ from typing import Any, Iterable
 from judgetrain.data.chat import judge_turn
 from judgetrain.data.io import UnreadableFile, read_file
 from judgetrain.data.judgebias import PERTURBATION_SETS, TYPE_ALIASES, TYPE_CATEGORY, perturbation_set
-from judgetrain.data.validate import MALFORMED
-from judgetrain.utils.numbers import nan_to_none
 from judgetrain.data.scoreparse import parse_overall_score_result
+from judgetrain.data.validate import MALFORMED
+from judgetrain.utils.errors import BadInputError
+from judgetrain.utils.numbers import nan_to_none
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ _EPS = 1e-9  # scores are half steps; the tolerance only absorbs float noise fro
 _RATE_RE = re.compile(r"(?P<pct>\d+(?:\.\d+)?)pct\n?")
 
 
-class PanelDataError(ValueError):
+class PanelDataError(BadInputError, ValueError):
     """The evaluations table cannot be used at all (unreadable file, missing columns)."""
 
 

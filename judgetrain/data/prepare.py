@@ -1,21 +1,30 @@
 """The training rows of a recipe, as TRL takes them: the mixture through the validating adapters, chat-control
 strings neutralised, the length audit applied, written once per machine and read back memory-mapped."""
 
+# Late imports: judgetrain.data, accelerate, judgetrain.utils, datasets, pyarrow (inside the functions that use them):
+# `judgetrain data check` and `pairs build` read rows without a model: tokenizer and training libraries come in with
+# the functions that need them.
+
 from __future__ import annotations
 
+import ctypes
+import gc
+import hashlib
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
-from judgetrain.config.recipe import RecipeError
+from judgetrain.config.recipe import Recipe, RecipeError
 from judgetrain.utils.machines import machine_key, placement_of  # noqa: F401 - their home before utils.machines
 
 logger = logging.getLogger(__name__)
 
 
-def build_train_dataset(script_args, training_args, *, max_rows_each: int | None = None, flatten: bool = True):
+def build_train_dataset(recipe: Recipe, *, max_rows_each: int | None = None, flatten: bool = True):
     """The recipe's training mixture through the validating adapters (``flatten``: see `load_mixture`)."""
+    script_args, training_args = recipe.script_args, recipe.training_args
     from judgetrain.data import load_mixture
 
     if not script_args.train_datasets:
@@ -34,7 +43,7 @@ def build_train_dataset(script_args, training_args, *, max_rows_each: int | None
     return load_mixture(components, seed=training_args.seed, flatten=flatten)
 
 
-def load_audited_dataset(script_args, training_args, tokenizer):
+def load_audited_dataset(recipe: Recipe, tokenizer):
     """The training mixture after the length audit, as TRL takes it (prompt, chosen, rejected and TRL's token ids),
     and the audit report (also written to data_audit.json).
 
@@ -46,6 +55,7 @@ def load_audited_dataset(script_args, training_args, tokenizer):
     A start whose inputs equal those of the start that wrote the machine's rows folder (`preparation_key`: the
     recipe's data keys, each source file's size and modification time, the tokenizer, the code and library
     versions; a resume, a requeue) loads the folder without reading, validating, neutralising or tokenising a row."""
+    script_args, training_args = recipe.script_args, recipe.training_args
     from accelerate import PartialState
 
     state = PartialState()
@@ -55,7 +65,7 @@ def load_audited_dataset(script_args, training_args, tokenizer):
     with state.main_process_first(), state.local_main_process_first():
         if state.is_local_main_process:
             try:
-                key, why = preparation_key(script_args, training_args, tokenizer)
+                key, why = preparation_key(recipe, tokenizer)
                 kept = trusted_rows_record(folder) or {}
                 if key and kept.get("preparation") == key and isinstance(kept.get("audit"), dict):
                     record, audit = kept, dict(kept["audit"])
@@ -68,7 +78,7 @@ def load_audited_dataset(script_args, training_args, tokenizer):
                     if not key:
                         logger.info("Training rows: prepared from the sources (%s)", why)
                     audit_key = key
-                    rows, audit = _audited_rows(script_args, training_args, tokenizer, out, state.is_main_process)
+                    rows, audit = _audited_rows(recipe, tokenizer, out, state.is_main_process)
             except Exception as e:  # noqa: BLE001 - raised below, on every process
                 failure = e
     _raise_on_every_process(failure, state)
@@ -85,7 +95,7 @@ def load_audited_dataset(script_args, training_args, tokenizer):
 PREPARATION_CODE = ("data", "compat/trl.py", "compat/datasets.py")  # judgetrain's code that shapes the rows
 
 
-def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, str]:
+def preparation_key(recipe: Recipe, tokenizer) -> tuple[str | None, str]:
     """(key, "") for the inputs of the rows preparation, or (None, why) when they cannot be known without reading
     the data: a hub source not pinned to a commit (its branch may have moved), a tokenizer without a serialised
     backend. The key hashes the recipe's ``train_datasets`` (with on_bad_row), seed, max_length and long_rows;
@@ -93,12 +103,12 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
     and time is not noticed: delete ``output_dir/train_rows`` to prepare again); a hub source's commit; the
     tokenizer's vocabulary, merges, special tokens and chat template; judgetrain's data code and the versions of
     the libraries that read and tokenise the rows."""
-    import hashlib
+    script_args, training_args = recipe.script_args, recipe.training_args
 
     from judgetrain.data.io import resolve_local
     from judgetrain.data.mixture import component_source
-    from judgetrain.utils.hub import is_commit
     from judgetrain.utils.fingerprints import code_digest, library_versions
+    from judgetrain.utils.hub import is_commit
 
     tokenizer_part = tokenizer_key(tokenizer)
     if tokenizer_part is None:
@@ -135,7 +145,6 @@ def preparation_key(script_args, training_args, tokenizer) -> tuple[str | None, 
 def tokenizer_key(tokenizer) -> str | None:
     """SHA-256 of what decides a tokenizer's ids: its serialised backend (vocabulary, merges, normaliser, added
     tokens), chat template, special tokens and class; None without a serialised backend."""
-    import hashlib
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
@@ -146,11 +155,12 @@ def tokenizer_key(tokenizer) -> str | None:
     return h.hexdigest()
 
 
-def _audited_rows(script_args, training_args, tokenizer, out: Path, main: bool):
+def _audited_rows(recipe: Recipe, tokenizer, out: Path, main: bool):
     """The mixture through the adapters, neutralised and length-audited (on a machine's local main process)."""
+    script_args, training_args = recipe.script_args, recipe.training_args
     from judgetrain.data.lengths import TOKEN_COLUMNS, audit_lengths
 
-    dataset = build_train_dataset(script_args, training_args, flatten=False)  # the audit's map writes them in order
+    dataset = build_train_dataset(recipe, flatten=False)  # the audit's map writes them in order
     # Content is text (judgetrain.data.chat): a control string in a row cannot fake a turn, here or in TRL; the
     # audit neutralises the rows in its own pass over them, before it tokenises them.
     dataset, audit = audit_lengths(
@@ -233,13 +243,11 @@ def reload_memory_mapped(dataset, path: Path, state, record: dict | None = None,
     when the caller already knows the folder holds this start's rows (`preparation_key`; ``dataset`` is None then);
     ``extra``: fields stored in the record beside the fingerprint. Returns (dataset, fingerprint of the rows,
     whether the folder was reused)."""
-    import gc
-    import shutil
 
     from datasets import load_from_disk
 
-    from judgetrain.utils.fingerprints import data_fingerprint
     from judgetrain.utils.files import write_manifest
+    from judgetrain.utils.fingerprints import data_fingerprint
 
     # One copy per machine, written by that machine's main process: every process reads its own machine's copy,
     # whether output_dir is on a shared file system or not.
@@ -292,7 +300,6 @@ def trusted_rows_record(path: Path) -> dict | None:
     """The record of the rows folder ``path`` when its files match it (size, and the sampled blocks, or every byte
     of a file rewritten since); a torn folder (a file truncated or zero-filled, as a crash during its write or a
     full disk leaves it) is named in one warning and removed, so the caller prepares it again. None: no rows there."""
-    import shutil
 
     from judgetrain.utils.files import manifest_problem
 
@@ -316,7 +323,6 @@ def release_freed_memory() -> None:
         pass
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
 
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):

@@ -16,6 +16,8 @@ from typing import Iterable
 
 import datasets
 
+from judgetrain.utils.errors import MissingFileError
+
 from .io import Table, build_dataset, data_files, load_hub, read_or_reject, resolve_local
 from .sampling import balanced_sample
 from .validate import DataValidationError, Rejects, RowProblem, check_text, validate_rows
@@ -104,7 +106,7 @@ def _tables(source: str | os.PathLike, rejects=None, revision: str | None = None
         logger.info("%s holds %s and per-domain files; using %s", path, HUB_FILE, HUB_FILE)
         per_domain = []
     if path.is_dir() and not (total or per_domain):
-        raise FileNotFoundError(f"no RM-Bench files in {path}: expected {HUB_FILE} or "
+        raise MissingFileError(f"no RM-Bench files in {path}: expected {HUB_FILE} or "
                                 f"{', '.join(domain_file(d) for d in DOMAINS)}")
     tables = []
     for p in (total or per_domain or files):

@@ -26,6 +26,9 @@ every row is tokenised as TRL does (`judgetrain.compat.trl.dpo_token_ids`); a ro
 is tokenised that way too, and counted.
 """
 
+# Late imports: trl (inside the functions that use them): `judgetrain data check` and `pairs build` read rows without
+# a model: tokenizer and training libraries come in with the functions that need them.
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,9 @@ turns those into either one :class:`DataValidationError` (``on_bad_row="error"``
 jsonl plus a logged count per reason (``on_bad_row="skip"``). Nothing is dropped without being written down.
 """
 
+# Late imports: judgetrain.utils (inside the functions that use them): `judgetrain data check` and `pairs build` read
+# rows without a model: tokenizer and training libraries come in with the functions that need them.
+
 from __future__ import annotations
 
 import json
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.files import write_lines
 
 logger = logging.getLogger(__name__)
@@ -40,7 +44,7 @@ class RowProblem:
         return f"{self.source} [split={self.split}] {where}, field {self.field!r}: {self.problem}"
 
 
-class DataValidationError(ValueError):
+class DataValidationError(BadInputError, ValueError):
     """Raised when rows fail validation. The message names source, split, row, field, problem and the bad-row count."""
 
     def __init__(self, problems: Sequence[RowProblem], n_bad_rows: int | None = None, n_rows: int | None = None):

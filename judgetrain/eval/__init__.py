@@ -8,6 +8,8 @@
     results, summary = evaluate_and_write(engine, specs, "out/")   # + out/<suite>.jsonl and out/results.json
 """
 
+import importlib
+
 # Resolved on first use (PEP 562), so that `judgetrain.eval.metrics` (pure numpy) imports without torch.
 _EXPORTS = {
     "SuiteResult": "runner", "evaluate": "runner", "evaluate_and_write": "runner", "flat_metrics": "runner",
@@ -20,6 +22,4 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -33,14 +33,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from accelerate import PartialState
 from transformers import TrainerCallback
 
-from judgetrain.compat.transformers import log_without_overrides
-from judgetrain.config.recipe import PROXY_MODES, scoring_modes
+from judgetrain.compat.transformers import log_without_overrides, save_checkpoint_now
+from judgetrain.config.recipe import Recipe, recorded_mode, scoring_modes
+from judgetrain.eval import reference
+from judgetrain.eval.generate import Generator
+from judgetrain.eval.metrics import rmbench_matrices, to_trainer_log_keys
+from judgetrain.eval.plots import log_matrix_images
 from judgetrain.eval.runner import evaluate_and_write
 from judgetrain.eval.scoring import EvalStopped, ScoringEngine
-from judgetrain.eval.suites import SuiteSpec, suite_specs
-from judgetrain.eval.metrics import to_trainer_log_keys
+from judgetrain.eval.suites import SuiteSpec
+from judgetrain.trainer.callbacks import GracefulStop, RunStopped
+from judgetrain.utils.ranks import any_rank
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +96,7 @@ class JudgeEvalCallback(TrainerCallback):
         self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
         self.tokenizer = tokenizer
         self.modes = scoring_modes(scoring)
-        self.scoring = next((m for m in self.modes if m in PROXY_MODES), "judge")  # the engine's recorded mode
+        self.scoring = recorded_mode(self.modes)
         self.own_schedule = own_schedule
         self.every_n_steps = int(every_n_steps or 0)
         self.on_start = on_start
@@ -114,25 +120,22 @@ class JudgeEvalCallback(TrainerCallback):
             self.attach(trainer)
 
     @classmethod
-    def from_recipe(cls, script_args: Any, training_args: Any, tokenizer: Any, *, trainer: Any = None,
-                    model_revision: str | None = None) -> JudgeEvalCallback:
-        """Build from judgetrain's recipe dataclasses (JudgeTrainArguments, DPOConfig, ModelConfig); the schedule is
-        the DPOConfig's (eval_strategy, eval_steps, eval_on_start). ``model_revision``: the run's pinned model
-        revision, which a vLLM engine loads the base model at."""
-        ideation_mode = "implicit"
-        for comp in getattr(script_args, "train_datasets", None) or []:
-            if comp.get("dataset") == "ideation" and comp.get("mode"):
-                ideation_mode = comp["mode"]  # evaluate in the format the judge is trained on
+    def from_recipe(cls, recipe: Recipe, suites: list[SuiteSpec], tokenizer: Any, *,
+                    trainer: Any = None) -> JudgeEvalCallback:
+        """Build from a `Recipe` and its suites (`judgetrain.eval.rows.recipe_specs`, their rows already read by
+        `prepare_eval_rows`); the schedule is the DPOConfig's (eval_strategy, eval_steps, eval_on_start). A vLLM engine
+        loads the base model at the run's pinned ``model_revision``."""
+        script_args, training_args = recipe.script_args, recipe.training_args
         return cls(
-            suite_specs(script_args, seed=getattr(training_args, "seed", 0) or 0, ideation_mode=ideation_mode),
+            suites,
             tokenizer=tokenizer,
             own_schedule=False,
-            max_length=getattr(training_args, "max_length", None),
-            long_inputs="skip" if getattr(script_args, "long_rows", "") == "skip" else "truncate_prompt",
+            max_length=training_args.max_length,
+            long_inputs="skip" if script_args.long_rows == "skip" else "truncate_prompt",
             **{**script_args.engine_kwargs(), "scoring": script_args.eval_scoring},
-            generator_kwargs={**script_args.generator_kwargs(), "model_revision": model_revision},
+            generator_kwargs={**script_args.generator_kwargs(), "model_revision": recipe.model_args.model_revision},
             output_dir=training_args.output_dir,
-            log_matrix_images=getattr(script_args, "log_matrix_images", False),
+            log_matrix_images=script_args.log_matrix_images,
             trainer=trainer,
         )
 
@@ -191,7 +194,7 @@ class JudgeEvalCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.engine is not None:  # an optimizer step follows: the policy is no longer its reference
-            self.engine.policy_is_reference = False
+            self.engine.policy_updated()
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -213,18 +216,15 @@ class JudgeEvalCallback(TrainerCallback):
         a stop request (SIGTERM) is checked before each of its forwards, agreed over the processes."""
         model = self._model()
         if self.engine is None:
-            self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), **self.engine_kwargs)
             stopper = self._stopper()
-            if stopper is not None:
-                from judgetrain.utils.ranks import any_rank
-
-                self.engine.stop_check = lambda: any_rank([stopper.requested])[0]
+            stop_check = (lambda: any_rank([stopper.requested])[0]) if stopper is not None else None
+            self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), stop_check=stop_check,
+                                        **self.engine_kwargs)
         else:
             self.engine.set_model(model)
         return self.engine
 
     def _stopper(self):
-        from judgetrain.trainer.callbacks import GracefulStop
 
         handler = getattr(self.trainer, "callback_handler", None)
         return next((cb for cb in getattr(handler, "callbacks", []) if isinstance(cb, GracefulStop)), None)
@@ -233,9 +233,6 @@ class JudgeEvalCallback(TrainerCallback):
         """No reference model and no adapter (a full fine-tune with precompute_ref_log_probs): the weights before
         the first step are the reference, scored once and written to output_dir; a resume reads them back
         (`judgetrain.eval.reference`)."""
-        from accelerate import PartialState
-
-        from judgetrain.eval import reference
 
         if self.trainer is None or "implicit" not in self.modes:
             return
@@ -250,16 +247,14 @@ class JudgeEvalCallback(TrainerCallback):
             reference.score_reference(engine, self.suites, PartialState())
         except EvalStopped as stop:
             self._abandon(state, stop, "the eval reference")
-        engine.policy_is_reference = True  # until the first step: the start eval's implicit scores are 0, not rerun
+        engine.freeze_reference(policy_is_reference=True)  # until the first step: the start eval's implicit scores
+        # are 0, not run again
         if self.trainer.is_world_process_zero():
             reference.save_reference(engine, self.output_dir)
 
     def _reference_rebuild(self, engine: ScoringEngine):
         """How a torn eval_reference.json is scored again: the base model's weights loaded again, as the trainer
         loaded them (not under ZeRO-3, whose loading would partition the copy: there the resume is refused)."""
-        from accelerate import PartialState
-
-        from judgetrain.eval import reference
 
         if any(hasattr(p, "ds_id") for p in self._model().parameters()):
             return None
@@ -269,8 +264,6 @@ class JudgeEvalCallback(TrainerCallback):
     def _abandon(self, state, stop: EvalStopped, what: str) -> None:
         """A stop request came during an eval: nothing of it is logged or written; the stop checkpoint is saved now
         (`GracefulStop` then ends the run with it); before the first step there is nothing to save."""
-        from judgetrain.compat.transformers import save_checkpoint_now
-        from judgetrain.trainer.callbacks import RunStopped
 
         step = int(state.global_step)
         stopper = self._stopper()
@@ -334,14 +327,12 @@ class JudgeEvalCallback(TrainerCallback):
                 logger.info("Step %d is the resumed checkpoint's: not evaluated again", step)
             return self.history[-1] if self.history else {}
         self.last_step = step
-        from accelerate import PartialState
 
         logger.info("Evaluating %s at step %d", ", ".join(s.name for s in self.suites), step)
 
         model = self._engine().model
         if "generate" in self.modes:
             if self.generator is None:
-                from judgetrain.eval.generate import Generator
 
                 self.generator = Generator(model, self.tokenizer, **self.generator_kwargs)
                 self.generator.stop_check = self.engine.stop_check  # a SIGTERM stops generation between its calls too
@@ -360,8 +351,6 @@ class JudgeEvalCallback(TrainerCallback):
         self._log(to_trainer_log_keys(flat))
         if self.log_matrix_images and "rmbench" in results and results["rmbench"].records \
                 and self.trainer.is_world_process_zero():
-            from judgetrain.eval.metrics import rmbench_matrices
-            from judgetrain.eval.plots import log_matrix_images
 
             log_matrix_images(self.trainer, rmbench_matrices(results["rmbench"].records), step)
         return flat

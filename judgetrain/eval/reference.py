@@ -6,7 +6,7 @@ eval scores would then be plain log-likelihood. The weights before the first opt
 `score_reference` scores every eval sequence with them once (each process its shard, in the same order as an eval),
 every process gets the whole cache, and the main process writes it to ``<output_dir>/eval_reference.json``
 (``{"namespace": ..., "values": {key: log-prob}}``, keys as `ScoringEngine` makes them: token ids + reference
-name). The engine then reads only that cache (``policy_reference = "frozen"``); a resumed run loads the file
+name). The engine then reads only that cache (`ScoringEngine.freeze_reference`); a resumed run loads the file
 instead of scoring a trained policy as its reference (a torn file is scored again with the base model's weights,
 loaded again: they are the weights before step 1), and a row that was not in the eval set at the start has no
 reference: left unscored and counted (``n_no_reference``), never scored against 0. Until the first optimizer step
@@ -24,10 +24,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from accelerate.utils import broadcast_object_list, gather_object
+from transformers import AutoModelForCausalLM
 
 from judgetrain.config.recipe import RecipeError
 from judgetrain.eval.scoring import ScoringEngine, shard_indices
 from judgetrain.eval.suites import SuiteSpec, build_request, load_suite_rows
+from judgetrain.utils.files import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +47,12 @@ def score_reference(engine: ScoringEngine, specs: list[SuiteSpec], state: Any) -
     processes together) and freeze the engine's reference cache on the result. Returns the sequences scored."""
     t0 = time.perf_counter()
     world, rank = getattr(state, "num_processes", 1), getattr(state, "process_index", 0)
-    engine.policy_reference = "compute"
     model = engine.model
     was_training = model.training
     model.eval()
     n = 0
     try:
-        with torch.no_grad():  # the live training model: no inference tensors (ZeRO-3 gathers params here)
+        with engine.computing_reference(), torch.no_grad():  # the live training model: no inference tensors (ZeRO-3 gathers params here)
             for spec in specs:
                 if spec.rows is None:
                     spec.rows = load_suite_rows(spec)
@@ -68,31 +70,27 @@ def score_reference(engine: ScoringEngine, specs: list[SuiteSpec], state: Any) -
     finally:
         if was_training:
             model.train()
-        engine.policy_reference = "frozen"
     if world > 1:
-        from accelerate.utils import gather_object
 
-        for part in gather_object([dict(engine._ref_cache)]):
-            engine._ref_cache.update(part)
+        for part in gather_object([dict(engine.reference_values)]):
+            engine.freeze_reference(part)
     logger.info("eval reference: %d sequences scored with the weights before the first step (%.1fs); implicit "
-                "scores are against them from now on", len(engine._ref_cache), time.perf_counter() - t0)
+                "scores are against them from now on", len(engine.reference_values), time.perf_counter() - t0)
     return n
 
 
 def save_reference(engine: ScoringEngine, output_dir: str | Path) -> Path:
     """Write the engine's reference cache (main process only)."""
-    from judgetrain.utils.files import write_json
 
     path = Path(output_dir) / REFERENCE_FILE
-    write_json(path, {"namespace": engine._reference_namespace(), "values": engine._ref_cache})
-    logger.info("eval reference: %d log-probs written to %s (a resume reads them)", len(engine._ref_cache), path)
+    write_json(path, {"namespace": engine._reference_namespace(), "values": engine.reference_values})
+    logger.info("eval reference: %d log-probs written to %s (a resume reads them)", len(engine.reference_values), path)
     return path
 
 
 def initial_weights(model: torch.nn.Module, init_kwargs: dict | None) -> torch.nn.Module:
     """The weights before step 1 of a full fine-tune, loaded again: the base model ``model`` was loaded from (its
     ``name_or_path``), with the run's ``model_init_kwargs``, in ``model``'s dtype and on its device."""
-    from transformers import AutoModelForCausalLM
 
     first = next(model.parameters())
     kwargs = {k: v for k, v in (init_kwargs or {}).items() if k not in ("device_map", "dtype", "torch_dtype")}
@@ -105,11 +103,11 @@ def rescore_initial_weights(engine: ScoringEngine, specs: list[SuiteSpec], state
     """`score_reference` with the weights before step 1 loaded again (`initial_weights`) in place of the engine's
     trained model, which is put back after. The keys are the same as the start's: the same base model name."""
     live = engine.model
-    engine.model = initial_weights(live, init_kwargs)
+    engine.set_model(initial_weights(live, init_kwargs))
     try:
         return score_reference(engine, specs, state)
     finally:
-        engine.model = live
+        engine.set_model(live)
 
 
 def _reference_problem(path: Path, engine: ScoringEngine) -> tuple[dict | None, str | None]:
@@ -143,7 +141,6 @@ def load_reference(engine: ScoringEngine, output_dir: str | Path, state: Any, re
     if getattr(state, "is_main_process", True):
         box = list(_reference_problem(path, engine))
     if getattr(state, "num_processes", 1) > 1:
-        from accelerate.utils import broadcast_object_list
 
         broadcast_object_list(box)
     doc, problem = box
@@ -161,6 +158,5 @@ def load_reference(engine: ScoringEngine, output_dir: str | Path, state: Any, re
             f"(the weights before step 1, scored at the run's start) and {resumed_from}'s trained weights cannot "
             "stand in for it. Resume with eval_scoring: judge, or eval_suites: none, or start the run again "
             "(a start writes the file)")
-    engine._ref_cache.update({k: float(v) for k, v in doc["values"].items()})
-    engine.policy_reference = "frozen"
+    engine.freeze_reference({k: float(v) for k, v in doc["values"].items()})
     logger.info("eval reference: %d log-probs of the weights before step 1 read from %s", len(doc["values"]), path)

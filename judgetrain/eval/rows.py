@@ -13,11 +13,20 @@ writes the counts to ``<output_dir>/eval_audit.json``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from judgetrain.eval.suites import DEFAULT_SPLITS, SuiteSpec, build_request, load_suite_rows
+from accelerate import PartialState
+
+from judgetrain.config.recipe import PROXY_MODES, Recipe, scoring_modes
+from judgetrain.data.prepare import reload_memory_mapped, tokenizer_key
+from judgetrain.eval.scoring import ScoringEngine
+from judgetrain.eval.suites import SuiteSpec, build_request, load_suite_dataset, load_suite_rows, suite_specs
+from judgetrain.utils.files import read_json, write_json
+from judgetrain.utils.fingerprints import code_digest
 
 logger = logging.getLogger(__name__)
 
@@ -28,16 +37,7 @@ _GROUP_FIELDS = ("domain", "id", "perturbation_type", "pair_id")  # what the row
 
 def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: str | None = None):
     """The suite's rows from its source, validated (``on_bad_row``), after the row cap, as a `datasets.Dataset`."""
-    from judgetrain import data
-
-    source = data.sample_source(spec.name) if spec.source in (None, "", "bundled") else spec.source
-    common = dict(on_bad_row=on_bad_row, rejects_path=rejects_path)
-    if spec.name == "rmbench":
-        ds = data.load_rmbench(source, **common)
-    elif spec.name == "judgebias":
-        ds = data.load_judgebias(source, split=spec.split or DEFAULT_SPLITS["judgebias"], **common)
-    else:
-        ds = data.load_ideation(source, split=spec.split or DEFAULT_SPLITS["ideation"], mode=spec.mode, **common)
+    ds = load_suite_dataset(spec, on_bad_row=on_bad_row, rejects_path=rejects_path)
     if spec.max_rows is None or spec.max_rows >= len(ds):
         return ds
     # the cap of load_suite_rows, drawn on the fields it reads only
@@ -47,20 +47,25 @@ def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: s
     return ds.select([r["__index"] for r in load_suite_rows(probe)])
 
 
-def recipe_specs(script_args, training_args) -> list[SuiteSpec]:
-    """The suites a recipe evaluates during training, as `JudgeEvalCallback.from_recipe` builds them; [] when it
-    does not evaluate."""
-    from judgetrain.eval.callback import JudgeEvalCallback
-
+def recipe_specs(recipe: Recipe) -> list[SuiteSpec]:
+    """The suites a recipe evaluates during training ([] when it does not evaluate): its ``eval_*`` keys, the run's
+    seed for the row cap, and Ideation in the format the judge is trained on (the ``mode`` of an ideation component
+    of ``train_datasets``)."""
+    script_args, training_args = recipe.script_args, recipe.training_args
     if not script_args.eval_suites or (training_args.eval_strategy == "no" and not training_args.eval_on_start):
         return []
-    return JudgeEvalCallback.from_recipe(script_args, training_args, None).suites
+    ideation_mode = "implicit"
+    for comp in script_args.train_datasets or []:
+        if comp.get("dataset") == "ideation" and comp.get("mode"):
+            ideation_mode = comp["mode"]
+    return suite_specs(script_args, seed=training_args.seed or 0, ideation_mode=ideation_mode)
 
 
-def recipe_eval_suites(script_args, training_args, tokenizer) -> list[SuiteSpec]:
+def recipe_eval_suites(recipe: Recipe, tokenizer) -> list[SuiteSpec]:
     """The suites a recipe evaluates during training, their rows read now (`prepare_eval_rows`); [] when it does
     not evaluate. Give them to the run's `JudgeEvalCallback`."""
-    specs = recipe_specs(script_args, training_args)
+    script_args, training_args = recipe.script_args, recipe.training_args
+    specs = recipe_specs(recipe)
     if specs:
         prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,
                           max_length=training_args.max_length, scoring=script_args.eval_scoring,
@@ -74,11 +79,6 @@ def prepare_eval_rows(specs: list[SuiteSpec], output_dir: str | Path, *, on_bad_
     """Read every suite's rows now (see the module doc) and keep them on the specs (``spec.rows``, a memory-mapped
     Dataset; ``spec.max_rows`` then None, as after the first eval). All processes call it together. Returns the
     length audit ({suite: counts}), also written to ``<output_dir>/eval_audit.json`` by the main process."""
-    from accelerate import PartialState
-
-    from judgetrain.data.prepare import reload_memory_mapped
-    from judgetrain.utils.files import read_json
-    from judgetrain.utils.files import write_json
 
     state = state or PartialState()
     out = Path(output_dir)
@@ -134,12 +134,6 @@ def _audit_key(fingerprint: str | None, tokenizer: Any, max_length: int, long_in
     """What an eval length audit's counts depend on: the rows (their fingerprint), the tokenizer, max_length, the
     long-input action, the scoring modes and the code that builds the sequences; None when the rows or the
     tokenizer cannot be told apart."""
-    import hashlib
-    import json
-
-    from judgetrain.config.recipe import scoring_modes
-    from judgetrain.data.prepare import tokenizer_key
-    from judgetrain.utils.fingerprints import code_digest
 
     tok = tokenizer_key(tokenizer)
     if not fingerprint or not tok:
@@ -153,8 +147,6 @@ def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_in
                        scoring: str | list[str] = "implicit") -> dict[str, int]:
     """How many of the suite's rows the engine would cut or skip at ``max_length`` (tokenised as it scores them),
     over every mode of ``scoring`` (a mode or a list, as eval_scoring; generate writes after the judge prompts)."""
-    from judgetrain.config.recipe import PROXY_MODES, scoring_modes
-    from judgetrain.eval.scoring import ScoringEngine
 
     modes = scoring_modes(scoring)
     kinds = [m for m in modes if m in PROXY_MODES] + (["judge"] if "generate" in modes and "judge" not in modes else [])

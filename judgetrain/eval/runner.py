@@ -17,11 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.recipe import PROXY_MODES
-from judgetrain.eval.scoring import ScoringEngine, score_sharded
-from judgetrain.eval.suites import (SuiteSpec, build_generate_record, build_record, build_request, generate_metrics,
-                                    generate_prompts, load_suite_rows, select_rows, suite_metrics)
+from judgetrain.config.recipe import PROXY_MODES, recorded_mode
+from judgetrain.eval.generate import generate_sharded
 from judgetrain.eval.metrics import flatten_eval_metrics, flatten_mode_metrics
+from judgetrain.eval.scoring import ScoringEngine, score_sharded
+from judgetrain.eval.suites import (
+    SuiteSpec,
+    build_generate_record,
+    build_record,
+    build_request,
+    generate_metrics,
+    generate_prompts,
+    load_suite_rows,
+    select_rows,
+    suite_metrics,
+)
+from judgetrain.trainer.parallelism import sharding_of
 from judgetrain.utils.files import naming_failures
 from judgetrain.utils.numbers import nan_to_none
 
@@ -70,9 +81,8 @@ def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, 
     name = spec.name
     requests = _requests(spec, rows, mode)
     before = engine.stats.as_dict()
-    engine.rows_per_rank = None
     t0 = time.perf_counter()
-    scores = score_sharded(engine, requests, state)
+    scores, rows_per_rank = score_sharded(engine, requests, state)
     seconds = time.perf_counter() - t0
     records = [build_record(name, i, row, s, mode) for i, (row, s) in enumerate(zip(rows, scores))]
     metrics = suite_metrics(name, records, mode)
@@ -80,8 +90,8 @@ def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, 
     after = engine.stats.as_dict()
     stats = {k: after[k] - before[k] for k in after}  # this process's share of the work
     stats["seconds"] = seconds
-    if engine.rows_per_rank is not None:
-        stats["rows_per_rank"] = list(engine.rows_per_rank)
+    if rows_per_rank is not None:
+        stats["rows_per_rank"] = rows_per_rank
     logger.info("eval %s%s: %d rows (%d skipped, %d truncated) in %.1fs", name, "" if bare else f" ({mode})",
                 len(rows), metrics["n_skipped"], metrics["n_truncated"], seconds)
     return SuiteResult(name, metrics, records, stats)
@@ -90,7 +100,6 @@ def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, 
 def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list[dict], state: Any) -> SuiteResult:
     """Generate mode on a balanced sample of the scored rows (``spec.generate_max_rows``): every prompt written once
     over the processes, parsed, and set beside the judge-mode figure of the same response (one forward each)."""
-    from judgetrain.eval.generate import generate_sharded
 
     keep = select_rows(spec.name, rows, spec.generate_max_rows, spec.seed)
     picked = [rows[i] for i in keep]
@@ -99,7 +108,7 @@ def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list
     t0 = time.perf_counter()
     flat = generate_sharded(generator, [p for row in prompts for p in row], state)
     gen_seconds = time.perf_counter() - t0
-    expected = score_sharded(engine, _requests(spec, picked, "judge", keep), state)
+    expected, _ = score_sharded(engine, _requests(spec, picked, "judge", keep), state)
     seconds = time.perf_counter() - t0
     records, start = [], 0
     for i, row, row_prompts, judged in zip(keep, picked, prompts, expected):
@@ -215,7 +224,7 @@ def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_
     modes = list(modes or [engine.scoring])
     return {
         **about,
-        "scoring": next((m for m in modes if m in PROXY_MODES), modes[0]),
+        "scoring": recorded_mode(modes),
         "scoring_modes": modes,
         "metrics": flat_metrics(results),
         "results": {name: r.metrics for name, r in results.items()},
@@ -231,7 +240,6 @@ def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_
 
 def _model_sharding(model) -> dict[str, Any]:
     """Under FSDP2 / ZeRO-3, what this rank held once scoring was done (never the whole model)."""
-    from judgetrain.trainer.parallelism import sharding_of
 
     held = sharding_of(model)
     return {"model_sharding": dict(held, module=type(model).__name__)} if held["sharded_tensors"] else {}

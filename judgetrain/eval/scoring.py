@@ -37,20 +37,25 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from accelerate.utils import gather_object
 
-from judgetrain.data.chat import chat_ids, text_ids
+from judgetrain.config.recipe import PROXY_MODES
+from judgetrain.data.chat import chat_ids, control_pattern, neutral_messages, text_ids
+from judgetrain.data.tokenise import checked_tokens, pair_tokeniser
 from judgetrain.eval.batching import budget_batches, common_prefix_length
+from judgetrain.eval.merged import merged_lora
+from judgetrain.eval.sharing import SharedScorer, count_forwards, plan_rows
+from judgetrain.models.attention import prefix_sharing_problem
 from judgetrain.models.templates import assistant_prefix
 
 logger = logging.getLogger(__name__)
 
-SCORING_MODES = ("implicit", "judge")
 LONG_INPUT_MODES = ("truncate_prompt", "skip")
 DEFAULT_JUDGE_PREFIX = '```json\n{\n  "overall_score": '
 DEFAULT_SCORE_VALUES = tuple(x / 2 for x in range(2, 11))  # 1, 1.5, ..., 5
@@ -205,9 +210,10 @@ class ScoringEngine(StopPoints):
         ref_cache: dict[str, float] | None = None,
         prefix_sharing: bool = True,
         merge_lora: bool = True,
+        stop_check: Callable[[], bool] | None = None,
     ) -> None:
-        if scoring not in SCORING_MODES:
-            raise ValueError(f"scoring must be one of {SCORING_MODES}, got {scoring!r}")
+        if scoring not in PROXY_MODES:
+            raise ValueError(f"scoring must be one of {PROXY_MODES}, got {scoring!r}")
         if long_inputs not in LONG_INPUT_MODES:
             raise ValueError(f"long_inputs must be one of {LONG_INPUT_MODES}, got {long_inputs!r}")
         self.model = model
@@ -223,26 +229,26 @@ class ScoringEngine(StopPoints):
             max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
         self.max_length = int(max_length)
         self.stats = EngineStats()
-        self.rows_per_rank: list[int] | None = None  # rows each process scored in the last sharded call
         self._ref_cache: dict[str, float] = {} if ref_cache is None else ref_cache
         self._ref_key = ref_key
         self._score_tokens: tuple[list[int], list[float]] | None = None
         self._warned_no_ref = False
         self.prefix_sharing = bool(prefix_sharing)
         self.merge_lora = bool(merge_lora)
-        self._sharing_problems: dict[int, str | None] = {}
-        # no adapter and no ref_model: None scores log-likelihood (warned); "compute" scores the current weights as
-        # the reference (the untrained policy, before the first step); "frozen" reads the reference cache only, and
-        # a sequence missing from it leaves its row unscored (`RowScore.no_reference`), never scored against 0
+        self._prefix_sharing_problems: dict[int, str | None] = {}
+        # The reference of implicit scoring without an adapter or ref_model, changed only by the methods below
+        # (`judgetrain.eval.reference` drives them): None scores log-likelihood (warned); "compute" scores the current
+        # weights as the reference (`computing_reference`: the untrained policy, before the first step); "frozen"
+        # reads the reference cache only (`freeze_reference`), and a sequence missing from it leaves its row unscored
+        # (`RowScore.no_reference`), never scored against 0.
         self.policy_reference: str | None = None
-        # True while the policy's weights are those the frozen reference was scored with (set by the eval callback
-        # from the reference pass to the first optimizer step): implicit sequences in the cache score exactly 0
-        # without a policy forward
+        # True from `freeze_reference(..., policy_is_reference=True)` until `policy_updated` (the first optimizer
+        # step): implicit sequences in the cache score exactly 0 without a policy forward
         self.policy_is_reference = False
         self.no_reference_sequences = 0
         # called before every forward; True stops the eval (`EvalStopped`). Under several processes it must be the
         # same collective on every rank (every rank runs the same number of forwards when scoring with ``sync``)
-        self.stop_check: Any = None
+        self.stop_check = stop_check
         self._stop_points = 0
         self._seq_cache: dict[str, tuple[list[tuple[int, np.ndarray, int]], bool, bool]] = {}
         self._seq_cache_of: tuple | None = None
@@ -252,6 +258,35 @@ class ScoringEngine(StopPoints):
     def set_model(self, model: torch.nn.Module) -> None:
         """Point the engine at the (possibly re-wrapped) policy; the reference cache stays valid."""
         self.model = model
+
+    # ------------------------------------------------------------------------------------------ the policy reference
+    @contextlib.contextmanager
+    def computing_reference(self):
+        """Inside: the current weights are implicit scoring's reference (`judgetrain.eval.reference.score_reference`
+        fills the reference cache with them); after, the reference is frozen on that cache."""
+        self.policy_reference = "compute"
+        try:
+            yield self
+        finally:
+            self.policy_reference = "frozen"
+
+    def freeze_reference(self, values: dict[str, float] | None = None, *, policy_is_reference: bool = False) -> None:
+        """Implicit scoring reads its reference from the cache only, with ``values`` (log-probs by sequence key: a
+        resumed run's file, or every process's share of the reference pass) added to it. ``policy_is_reference``: the
+        policy still has the weights the reference was scored with (until `policy_updated`)."""
+        if values:
+            self._ref_cache.update(values)
+        self.policy_reference = "frozen"
+        self.policy_is_reference = policy_is_reference
+
+    def policy_updated(self) -> None:
+        """An optimizer step changed (or is about to change) the policy: it is no longer its own reference."""
+        self.policy_is_reference = False
+
+    @property
+    def reference_values(self) -> dict[str, float]:
+        """The reference log-probs held (sequence key -> log-prob): what a resume reads back."""
+        return self._ref_cache
 
     @property
     def has_adapter_reference(self) -> bool:
@@ -287,8 +322,6 @@ class ScoringEngine(StopPoints):
         rendered and tokenised up to the template's last added token before the responses, the rubric that opens
         every prompt once per process); {} where the tokenizer gives no such boundary (said once), and rows without
         one are left to `_pair_sequences`."""
-        from judgetrain.data.chat import control_pattern, neutral_messages
-        from judgetrain.data.tokenise import checked_tokens, pair_tokeniser
 
         if not self._has_chat_template():
             return {}
@@ -527,23 +560,21 @@ class ScoringEngine(StopPoints):
         return [float(x) for x in self._judge_value(logits[:, -1, :])]
 
     # ------------------------------------------------------------------------------------------ shared or whole
-    def _sharing_problem(self, model: torch.nn.Module) -> str | None:
+    def _prefix_sharing_problem(self, model: torch.nn.Module) -> str | None:
         """Why prefix sharing cannot run on this model (checked once per model, warned once)."""
-        if id(model) not in self._sharing_problems:
-            from judgetrain.eval.sharing import sharing_problem
+        if id(model) not in self._prefix_sharing_problems:
 
-            problem = sharing_problem(model)
-            self._sharing_problems[id(model)] = problem
+            problem = prefix_sharing_problem(model, cache=True)
+            self._prefix_sharing_problems[id(model)] = problem
             if problem is not None:
                 logger.warning("prefix sharing off for %s: %s; every sequence is scored whole (slower, same scores)",
                                type(model).__name__, problem)
-        return self._sharing_problems[id(model)]
+        return self._prefix_sharing_problems[id(model)]
 
     def _policy_forwards(self, model: torch.nn.Module):
         """LoRA layers run merged for the policy's forwards (`judgetrain.eval.merged`) unless ``merge_lora`` is off."""
         if not self.merge_lora:
             return contextlib.nullcontext(0)
-        from judgetrain.eval.merged import merged_lora
 
         return merged_lora(model)
 
@@ -551,10 +582,9 @@ class ScoringEngine(StopPoints):
         """Score sequences ({(row, slot): value}) and return how many forwards ran. Rows whose sequences share their
         prompt go through `judgetrain.eval.sharing`; the rest in length buckets. With sharded weights (``sync``) every
         rank runs as many forwards as the busiest one (padding forwards, results thrown away)."""
-        from judgetrain.eval.sharing import SharedScorer, count_forwards, plan_rows
 
         shared_rows, whole = [], list(seqs)
-        if self.prefix_sharing and seqs and self._sharing_problem(model) is None:
+        if self.prefix_sharing and seqs and self._prefix_sharing_problem(model) is None:
             shared_rows, whole = plan_rows(seqs, judge)
         self.stats.shared_prompts += len(shared_rows)
         self.stats.whole_sequences += len(whole)
@@ -562,7 +592,6 @@ class ScoringEngine(StopPoints):
         n_forwards = count_forwards(shared_rows, self.batch_tokens, self.max_batch_size) + len(batches)
         n_total = n_forwards
         if sync:
-            from accelerate.utils import gather_object
 
             n_total = max(gather_object([n_forwards]))
         out: dict[tuple[int, int], float] = {}
@@ -685,12 +714,12 @@ def shard_indices(n_rows: int, rank: int, world: int) -> list[int]:
     return list(range(rank, n_rows, world))
 
 
-def score_sharded(engine: ScoringEngine, requests: Sequence[Request], state: Any | None = None) -> list[RowScore]:
+def score_sharded(engine: ScoringEngine, requests: Sequence[Request],
+                  state: Any | None = None) -> tuple[list[RowScore], list[int] | None]:
     """Score all requests split over the processes of ``state`` (accelerate PartialState); every process gets all
-    row results back, in row order."""
+    row results back, in row order. Returns (row scores, rows each process scored; None in one process)."""
     if state is None or state.num_processes == 1:
-        return engine.score_requests(requests)
-    from accelerate.utils import gather_object
+        return engine.score_requests(requests), None
 
     mine = shard_indices(len(requests), state.process_index, state.num_processes)
     local = [requests[i] for i in mine]
@@ -699,13 +728,13 @@ def score_sharded(engine: ScoringEngine, requests: Sequence[Request], state: Any
     scored = engine.score_requests(local, sync=True)
     gathered = gather_object([(i, s, state.process_index) for i, s in zip(mine, scored)])
     out: list[RowScore | None] = [None] * len(requests)
-    engine.rows_per_rank = [0] * state.num_processes
+    rows_per_rank = [0] * state.num_processes
     for i, s, rank in gathered:
         if out[i] is not None:
             raise RuntimeError(f"sharded scoring scored row {i} twice")
         out[i] = s
-        engine.rows_per_rank[rank] += 1
+        rows_per_rank[rank] += 1
     missing = [i for i, s in enumerate(out) if s is None]
     if missing:
         raise RuntimeError(f"sharded scoring lost rows {missing[:10]}")
-    return out  # type: ignore[return-value]
+    return out, rows_per_rank  # type: ignore[return-value]

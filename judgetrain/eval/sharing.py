@@ -17,7 +17,8 @@ the unshared engine's up to float summation order. The split is made on the toke
 sequence whose scored-from prefix differs from its row's other sequences (a prompt that ``truncate_prompt`` cut for
 that response alone) is scored unshared.
 
-Where the cache cannot be reused this way, `sharing_problem` names the reason and the engine warns and scores
+Where the cache cannot be reused this way, `judgetrain.models.attention.prefix_sharing_problem` (``cache=True``)
+names the reason and the engine warns and scores
 unshared: a forward without ``cache``/``past_key_values`` or ``position_ids``, an attention implementation other than
 ``sdpa`` / ``eager`` (flash-attention kernels read padding differently; flex attention untested), and cache layers
 other than full attention (sliding-window or chunked attention: the hole left by padding would move the window;
@@ -26,12 +27,12 @@ linear / recurrent state and KV-sharing layers cannot be expanded per sequence).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from judgetrain.compat.transformers import cache_keyword, output_cache, select_cache_entries
 from judgetrain.eval.batching import budget_batches, common_prefix_length
@@ -52,22 +53,6 @@ class SharedRow:
     seqs: list[Any]
     leaves: list[list[int]] = field(default_factory=list)
     terminal: bool = False
-
-
-def sharing_problem(model: torch.nn.Module) -> str | None:
-    """Why this model's key/value cache cannot serve prefix-shared scoring (None: it can)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        params = inspect.signature(inner.forward).parameters
-    except (TypeError, ValueError):
-        return f"{type(inner).__name__}.forward has no inspectable signature"
-    if "cache" not in params and "past_key_values" not in params:
-        return f"{type(inner).__name__}.forward takes no cache / past_key_values"
-    if "position_ids" not in params:
-        return f"{type(inner).__name__}.forward takes no position_ids (masked padding would shift positions)"
-    from judgetrain.models.attention import shared_prefix_problem
-
-    return shared_prefix_problem(getattr(inner, "config", None))
 
 
 def plan_rows(seqs: Sequence[Any], judge: bool) -> tuple[list[SharedRow], list[Any]]:
@@ -167,7 +152,6 @@ class SharedScorer:
                  next_pos: torch.Tensor | None, keep: int):
         """Left-padded segments on top of ``past`` (one entry per segment). Returns (logits of the last ``keep``
         columns, the cache now holding past + segments, the full attention mask, the next position per entry)."""
-        from transformers.cache_utils import DynamicCache
 
         if self.before_forward is not None:
             self.before_forward()

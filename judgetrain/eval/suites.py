@@ -30,8 +30,11 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from judgetrain import data
 from judgetrain.config.recipe import SUITES
+from judgetrain.data.ideation import pairwise_prompt
 from judgetrain.data.sampling import balanced_sample
+from judgetrain.data.scoreparse import parse_overall_score_result, parse_verdict
 from judgetrain.eval import metrics as M
 from judgetrain.eval.scoring import Request, RowScore
 
@@ -93,21 +96,21 @@ def _group_key(name: str, row: dict) -> Hashable:
     return None  # ideation: no groups, an even deterministic draw
 
 
+def load_suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: str | None = None):
+    """The suite's rows from its source (the bundled sample for None / "bundled"), validated by its adapter
+    (``on_bad_row``, ``rejects_path``), before any row cap: the one place a suite name picks its reader."""
+    source = data.sample_source(spec.name) if spec.source in (None, "", "bundled") else spec.source
+    common = dict(on_bad_row=on_bad_row, rejects_path=rejects_path)
+    if spec.name == "rmbench":
+        return data.load_rmbench(source, **common)
+    if spec.name == "judgebias":
+        return data.load_judgebias(source, split=spec.split or DEFAULT_SPLITS["judgebias"], **common)
+    return data.load_ideation(source, split=spec.split or DEFAULT_SPLITS["ideation"], mode=spec.mode, **common)
+
+
 def load_suite_rows(spec: SuiteSpec) -> list[dict]:
     """The suite's rows as dicts (after the row cap)."""
-    if spec.rows is not None:
-        rows = [dict(r) for r in spec.rows]
-    else:
-        from judgetrain import data
-
-        source = data.sample_source(spec.name) if spec.source in (None, "", "bundled") else spec.source
-        if spec.name == "rmbench":
-            ds = data.load_rmbench(source)
-        elif spec.name == "judgebias":
-            ds = data.load_judgebias(source, split=spec.split or DEFAULT_SPLITS["judgebias"])
-        else:
-            ds = data.load_ideation(source, split=spec.split or DEFAULT_SPLITS["ideation"], mode=spec.mode)
-        rows = [dict(r) for r in ds]
+    rows = [dict(r) for r in (spec.rows if spec.rows is not None else load_suite_dataset(spec))]
     return [rows[i] for i in select_rows(spec.name, rows, spec.max_rows, spec.seed)]
 
 
@@ -213,7 +216,6 @@ def _ideation_orders(row: dict) -> list[tuple[str, str, Any]]:
     """(order, preferred letter, verdict prompt) of each pairwise verdict asked about an ideation row."""
     if _is_pairwise(row):
         return [(row["order"], row.get("preferred") or ("A" if row["order"] == "AB" else "B"), row["prompt"])]
-    from judgetrain.data.ideation import pairwise_prompt
 
     context, chosen, rejected = _text(row["prompt"]), _text(row["chosen"]), _text(row["rejected"])
     return [("AB", "A", pairwise_prompt(context, chosen, rejected)), ("BA", "B", pairwise_prompt(context, rejected, chosen))]
@@ -232,7 +234,6 @@ def build_generate_record(name: str, index: int, row: dict, generated: list[Any]
     with the text written, ``n_tokens``, ``prompt_tokens``, ``stopped``, ``truncated``, what was parsed (``score``, or
     ``choice`` for ideation) with the parser's ``reason``, and ``expected``: the judge-mode figure of the same response
     (expected score; ideation: the preferred proposal's margin, chosen - rejected), None when judge mode skipped it."""
-    from judgetrain.data.scoreparse import parse_overall_score_result, parse_verdict
 
     rec: dict[str, Any] = {"row_index": index}
     if name == "rmbench":

@@ -16,6 +16,9 @@ and field (`judgetrain.data.validate.DataValidationError`), or with ``on_bad_row
 and counted; nothing is dropped silently.
 """
 
+# Late imports: judgetrain.data, pyarrow (inside the functions that use them): items are read and checked before any
+# model loads: the model libraries come in when a judge is loaded.
+
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judgetrain.data.io import JsonLines, Table, read_split, resolve_local
-from judgetrain.data.validate import RowProblem, Rejects, json_safe, parse_messages, validate_rows
+from judgetrain.data.validate import Rejects, RowProblem, json_safe, parse_messages, validate_rows
 from judgetrain.judge.resume import file_stamp
 
 logger = logging.getLogger(__name__)

@@ -12,6 +12,9 @@ folder) or comma-separated ``key=value`` pairs:
 output row; without one it is the model's name (plus the adapter's folder name).
 """
 
+# Late imports: yaml, transformers, judgetrain.models, torch, peft (inside the functions that use them): items are
+# read and checked before any model loads: the model libraries come in when a judge is loaded.
+
 from __future__ import annotations
 
 import hashlib
@@ -21,12 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from judgetrain.utils.errors import BadInputError
+
 logger = logging.getLogger(__name__)
 
 KEYS = ("model", "adapter", "name", "endpoint", "key_env")
 
 
-class JudgeSpecError(ValueError):
+class JudgeSpecError(BadInputError, ValueError):
     """A judge specification that cannot be used (named in the message)."""
 
 

@@ -17,6 +17,9 @@ rows themselves. ``shards/rank-R.lock`` (an flock the kernel drops when its hold
 one shard.
 """
 
+# Late imports: judgetrain.config (inside the functions that use them): items are read and checked before any model
+# loads: the model libraries come in when a judge is loaded.
+
 from __future__ import annotations
 
 import json

@@ -19,6 +19,9 @@ changed judge, bad rows that ``--on_bad_row error`` would refuse), `nothing_left
 starts in full, which refuses or resumes as it always did.
 """
 
+# Late imports: judgetrain.utils, judgetrain.judge (inside the functions that use them): items are read and checked
+# before any model loads: the model libraries come in when a judge is loaded.
+
 from __future__ import annotations
 
 import logging

@@ -21,12 +21,21 @@ import logging
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
+from judgetrain.data.chat import judge_turn
+from judgetrain.data.scoreparse import parse_overall_score_result
+from judgetrain.eval.generate import Generator
+from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX, EvalStopped, ScoringEngine, judge_prompt_ids
+from judgetrain.judge.endpoint import EndpointGenerator
 from judgetrain.judge.items import Item
 from judgetrain.judge.judges import JudgeSpec, load_local
 from judgetrain.judge.options import Options
-from judgetrain.judge.output import ShardWriter
+from judgetrain.judge.output import ShardWriter, check_identity, done_items, merge, read_done, summarize, write_summary
+from judgetrain.judge.resume import record_items
+from judgetrain.trainer.callbacks import GracefulStop
+from judgetrain.utils.ranks import decided_on_main
 
 logger = logging.getLogger(__name__)
 
@@ -38,53 +47,41 @@ class JudgeStopped(Exception):
     """SIGTERM / Ctrl-C: the committed batches stay, the rest is left for the next run."""
 
 
-def stop_flag():
+class StopFlag(GracefulStop):
     """Training's graceful stop (`judgetrain.trainer.callbacks.GracefulStop`: its SIGTERM / SIGINT handlers) as a
     flag the loop reads between generate calls; a second Ctrl-C gives up at once."""
-    from judgetrain.trainer.callbacks import GracefulStop
 
-    class StopFlag(GracefulStop):
-        def _handle(self, signum, frame):
-            if self.requested and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            if not self.requested:
-                self.signal_name = signal.Signals(signum).name
-                logger.warning("%s received: keeping the committed batches and stopping", self.signal_name)
-            self.requested = True
-
-    return StopFlag()
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if not self.requested:
+            self.signal_name = signal.Signals(signum).name
+            logger.warning("%s received: keeping the committed batches and stopping", self.signal_name)
+        self.requested = True
 
 
 # ------------------------------------------------------------------------------------------------ generators
-def forced_generator_class():
-    from judgetrain.eval.generate import Generator
-    from judgetrain.eval.scoring import judge_prompt_ids
+class ForcedScoreGenerator(Generator):
+    """A Generator whose prompts end with the forced score prefix and whose first token is a score token."""
 
-    class ForcedScoreGenerator(Generator):
-        """A Generator whose prompts end with the forced score prefix and whose first token is a score token."""
+    def __init__(self, model, tokenizer, *, prefix: str, score_ids: list[int], **kwargs):
+        super().__init__(model, tokenizer, **kwargs)
+        self.prefix = prefix
+        vocab = max(int(getattr(model.config, "vocab_size", 0) or 0), len(tokenizer))
+        keep = set(score_ids)
+        self.suppress = [i for i in range(vocab) if i not in keep]
 
-        def __init__(self, model, tokenizer, *, prefix: str, score_ids: list[int], **kwargs):
-            super().__init__(model, tokenizer, **kwargs)
-            self.prefix = prefix
-            vocab = max(int(getattr(model.config, "vocab_size", 0) or 0), len(tokenizer))
-            keep = set(score_ids)
-            self.suppress = [i for i in range(vocab) if i not in keep]
+    def prompt_ids(self, prompt) -> list[int]:
+        return judge_prompt_ids(self.tokenizer, prompt, self.prefix)
 
-        def prompt_ids(self, prompt) -> list[int]:
-            return judge_prompt_ids(self.tokenizer, prompt, self.prefix)
-
-        def generation_config(self, max_new_tokens: int | None = None):
-            config = super().generation_config(max_new_tokens)
-            config.begin_suppress_tokens = self.suppress
-            return config
-
-    return ForcedScoreGenerator
+    def generation_config(self, max_new_tokens: int | None = None):
+        config = super().generation_config(max_new_tokens)
+        config.begin_suppress_tokens = self.suppress
+        return config
 
 
 def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | None]:
     """(generator, forced prefix or None) of a local judge."""
-    from judgetrain.eval.generate import Generator
-    from judgetrain.eval.scoring import ScoringEngine
 
     model, tokenizer = load_local(spec, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, device=device)
     kwargs = dict(max_new_tokens=opts.max_new_tokens, max_length=opts.max_length, batch_tokens=opts.batch_tokens,
@@ -95,13 +92,10 @@ def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | 
     engine = ScoringEngine(model, tokenizer, scoring="judge")
     score_ids, values = engine.score_token_ids()  # the tokens judge mode reads; the prefix as it reads them
     logger.info("judge %s: forced prefix %r, first token one of the scores %s", spec.name, engine.judge_prefix, values)
-    cls = forced_generator_class()
-    return cls(model, tokenizer, prefix=engine.judge_prefix, score_ids=score_ids, **kwargs), engine.judge_prefix
+    return ForcedScoreGenerator(model, tokenizer, prefix=engine.judge_prefix, score_ids=score_ids, **kwargs), engine.judge_prefix
 
 
 def endpoint_generator(spec: JudgeSpec, opts: Options) -> tuple[Any, str | None]:
-    from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX
-    from judgetrain.judge.endpoint import EndpointGenerator
 
     prefix = DEFAULT_JUDGE_PREFIX if opts.force_score_prefix else None
     gen = EndpointGenerator(base_url=spec.endpoint, model=spec.model, api_key_env=spec.key_env,
@@ -124,8 +118,6 @@ def evaluation_text(text: str, prefix: str | None) -> str:
 def output_row(item: Item, judge: str, evaluation: str, g, opts: Options) -> dict:
     """One panel row (`judgetrain.data.pairs` reads it): the item's columns, then the judge's evaluation and what
     the score parser read from it (the parse `judgetrain pairs build` makes)."""
-    from judgetrain.data.chat import judge_turn
-    from judgetrain.data.scoreparse import parse_overall_score_result
 
     turn, fake = judge_turn(evaluation)
     parsed = None if fake else parse_overall_score_result(turn, key=opts.score_key, lo=opts.scale[0], hi=opts.scale[1])
@@ -169,7 +161,6 @@ def _chunks(order: list[int], size: int) -> list[list[int]]:
 def judge_one(spec: JudgeSpec, items: list[Item], missing: list[int], opts: Options, writer: ShardWriter, state,
               stop, progress: Progress) -> int:
     """Generate ``missing`` (item indices) with one judge; returns the evaluations this process committed."""
-    from judgetrain.eval.scoring import EvalStopped
 
     rank, world = state.process_index, state.num_processes
     gen, prefix = endpoint_generator(spec, opts) if spec.is_endpoint else local_generator(spec, opts, state.device)
@@ -208,7 +199,7 @@ def generate_missing(specs: list[JudgeSpec], items: list[Item], done: dict, opts
                      progress: Progress) -> int | None:
     """Every judge over the items ``done`` does not hold; the evaluations this process committed, or None when a
     signal stopped it (the committed batches stay)."""
-    stop = stop_flag().install()
+    stop = StopFlag().install()
     writer = ShardWriter(out, state.process_index)
     generated = 0
     try:
@@ -235,8 +226,6 @@ def identity(item_set, specs: list[JudgeSpec], opts: Options) -> dict:
 
 def confirmed(out, item_set, ident: dict) -> str:
     """`check_identity`, then the items file's stamp for the next start (`judgetrain.judge.resume`)."""
-    from judgetrain.judge.output import check_identity
-    from judgetrain.judge.resume import record_items
 
     start = check_identity(out, ident)
     record_items(out, item_set)
@@ -247,10 +236,6 @@ def run_panel(item_set, specs: list[JudgeSpec], opts: Options, out, state) -> di
     """Every judge over every item into ``out`` (see the module doc), resuming what is there. Returns
     ``{"status": "finished" | "stopped", "generated": this process's rows, "summary": ..., "evaluations": path}``;
     RecipeError when ``out`` holds another run's rows."""
-    from pathlib import Path
-
-    from judgetrain.judge.output import done_items, merge, read_done, summarize, write_summary
-    from judgetrain.utils.ranks import decided_on_main
 
     out = Path(out)
     items = item_set.items

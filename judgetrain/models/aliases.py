@@ -4,6 +4,9 @@ Each alias names a model folder that judgetrain builds itself into its cache (`j
 race-free across the processes of a launch. Anything that is not an alias (a hub id, a local folder) passes through.
 """
 
+# Late imports: judgetrain.models (inside the functions that use them): the model cache and aliases are read without
+# loading a model (`judgetrain cache`, the dry run): torch and transformers come in with a load.
+
 from __future__ import annotations
 
 from typing import Callable

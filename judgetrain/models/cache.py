@@ -16,6 +16,9 @@ time, seconds, host, process and rank).
 ``judgetrain cache list`` shows the entries, ``judgetrain cache clear`` removes them (or delete the folder).
 """
 
+# Late imports: safetensors (inside the functions that use them): the model cache and aliases are read without loading
+# a model (`judgetrain cache`, the dry run): torch and transformers come in with a load.
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +30,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from judgetrain.utils.files import (MANIFEST, append_jsonl, cache_root, file_lock, fsync_path, manifest_problem,
-                                    write_manifest)
+from judgetrain.utils.files import (
+    MANIFEST,
+    append_jsonl,
+    cache_root,
+    file_lock,
+    fsync_path,
+    manifest_problem,
+    write_manifest,
+)
 
 logger = logging.getLogger(__name__)
 

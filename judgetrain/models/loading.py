@@ -1,6 +1,10 @@
 """Which weights and tokenizer a run loads: the tokenizer every entry point uses, and the keyword arguments TRL
 passes to ``from_pretrained`` for the policy."""
 
+# Late imports: transformers, judgetrain.models, judgetrain.config, trl, accelerate, judgetrain.utils (inside the
+# functions that use them): the model cache and aliases are read without loading a model (`judgetrain cache`, the dry
+# run): torch and transformers come in with a load.
+
 from __future__ import annotations
 
 import logging

@@ -11,6 +11,9 @@ loaded from GGUF, so the weights are copied into a model built from the same con
 machine under a file lock, like the tiny judge.
 """
 
+# Late imports: torch, transformers (inside the functions that use them): the model cache and aliases are read without
+# loading a model (`judgetrain cache`, the dry run): torch and transformers come in with a load.
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -19,8 +22,8 @@ import json
 import logging
 from pathlib import Path
 
-from judgetrain.models.cache import cached_folder, save_model_folder
 from judgetrain.config.recipe import RecipeError
+from judgetrain.models.cache import cached_folder, save_model_folder
 
 logger = logging.getLogger(__name__)
 

@@ -10,6 +10,9 @@
   next and scores would move with the calendar. `pin_template_date` fixes the date for such templates.
 """
 
+# Late imports: judgetrain.data (inside the functions that use them): the model cache and aliases are read without
+# loading a model (`judgetrain cache`, the dry run): torch and transformers come in with a load.
+
 from __future__ import annotations
 
 import logging

@@ -11,6 +11,10 @@ accept the alias ``tiny-judge`` for it (`judgetrain.models.aliases`); it is buil
 cache (`judgetrain.models.cache`).
 """
 
+# Late imports: pyarrow, tokenizers, transformers, torch (inside the functions that use them): the model cache and
+# aliases are read without loading a model (`judgetrain cache`, the dry run): torch and transformers come in with a
+# load.
+
 from __future__ import annotations
 
 import hashlib

@@ -15,6 +15,9 @@ The heatmaps are drawn by `judgetrain.eval.plots` (also used by training), the m
 `judgetrain.eval.metrics.rmbench_matrices`.
 """
 
+# Late imports: yaml, matplotlib, jinja2 (inside the functions that use them): `judgetrain report` draws without
+# torch; the plotting and template libraries come in with the figures and pages.
+
 from __future__ import annotations
 
 import base64
@@ -29,10 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from judgetrain.run.checkpoints import list_checkpoints
+from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
 from judgetrain.report.headline import headline, headline_note, headline_table
+from judgetrain.run.checkpoints import list_checkpoints
+from judgetrain.utils.errors import MissingFileError
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +53,6 @@ METRIC_RANK = {"hard_acc": 0, "normal_acc": 1, "easy_acc": 2, "avg_acc": 3, "tot
                "accuracy": 0, "margin": 1, "detect_rate": 2, "anchor_mae": 3, "position_consistency": 1}
 # engine counters and timings logged under eval/: not quality metrics, kept out of tables and curves
 _NOT_A_METRIC = re.compile(r"(^|/)(n_|num_|long_)[^/]*$|runtime|per_second|/n$|/parse_fail/|/(tokens_generated|mean_tokens)$")
-MODES = ("implicit", "judge", "generate")  # a scoring mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 # the figures of a suite's table of proxies beside what the judge writes, in reading order
 GENERATED_FIGURES = {
     "rmbench": ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc"),
@@ -177,10 +181,10 @@ def _row_key(suite: str, row: Mapping[str, Any]) -> Any:
 
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
-    """Read a run directory. Raises FileNotFoundError when it does not exist; anything missing inside is noted."""
+    """Read a run directory. Raises MissingFileError (a FileNotFoundError) when it does not exist; anything missing inside is noted."""
     path = Path(run_dir)
     if not path.is_dir():
-        raise FileNotFoundError(f"run directory {path} does not exist")
+        raise MissingFileError(f"run directory {path} does not exist")
     run = Run(path=path, name=name or path.resolve().name)
     recipe_path = path / "recipe.yaml"
     if recipe_path.is_file():
@@ -274,7 +278,7 @@ def gap_series(run: Run, prefix: str) -> tuple[np.ndarray, np.ndarray]:
 def _mode_of(key: str) -> str | None:
     """The scoring mode whose own keys ``key`` is among (``eval/<suite>/<mode>/...``); None for the bare keys."""
     parts = key.split("/")
-    return parts[2] if len(parts) > 3 and parts[2] in MODES else None
+    return parts[2] if len(parts) > 3 and parts[2] in SCORING_MODES else None
 
 
 def _better(key: str) -> str:
@@ -379,7 +383,7 @@ def _rmbench_groups(runs: Sequence[Run]) -> list[tuple[str, str]]:
         for key in metric_keys(run):
             parts = key.split("/")
             if len(parts) == 4 and parts[1] == "rmbench" and parts[3] in ("hard_acc", "easy_acc", "normal_acc") \
-                    and parts[2] not in MODES:
+                    and parts[2] not in SCORING_MODES:
                 found.add(parts[2])
     order = {"chat": 0, "math": 1, "code": 2, "safety": 3}
     groups = [("overall", "eval/rmbench")]

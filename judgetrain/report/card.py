@@ -15,6 +15,9 @@ marker) and wherever TRL would write its own card (`JudgeDPOTrainer.create_model
 ``push_to_hub``), so TRL's card never replaces it.
 """
 
+# Late imports: judgetrain.models, yaml, judgetrain.report (inside the functions that use them): `judgetrain report`
+# draws without torch; the plotting and template libraries come in with the figures and pages.
+
 from __future__ import annotations
 
 import logging

@@ -13,12 +13,18 @@ checkpoint by size, mtime and sampled blocks (`checkpoint_problem`), and reads e
 when asked (``full=True``, `judgetrain status --verify`). A stop checkpoint is hashed until its deadline (the
 SIGTERM window, `stop_deadline`); files left then are marked by size and sample, and the marker says so."""
 
+# Late imports: transformers, torch, judgetrain.utils, accelerate, judgetrain.data (inside the functions that use
+# them): `judgetrain report` and `status` read a run folder without torch: it comes in with the functions that need a
+# process group or a checkpoint list.
+
 from __future__ import annotations
 
 import json
 import logging
 import os
 import re
+import shutil
+import socket
 import threading
 import time
 import uuid
@@ -368,7 +374,6 @@ def rotate_checkpoints(output_dir, keep: int | None, *, upto: int, protect: str 
     ``keep`` complete ones, and torn ones older than the newest complete one. Checkpoints after ``upto`` (a later
     point of a timeline this run resumed before) are left alone: they are rewritten, marker first removed, when the
     run gets there. Returns what was deleted."""
-    import shutil
 
     if not keep or keep <= 0:
         return []
@@ -463,7 +468,6 @@ def resolve_resume_everywhere(resume: str | None, output_dir: str) -> str | None
     ``--resume auto`` falls back to the newest common one, a named checkpoint missing on a machine is refused).
     One process, or one machine: `resolve_resume` alone. Which machine a process is on is the run's one answer
     (`judgetrain.data.prepare.machine_placement`, gathered once and remembered for the rows folder)."""
-    import socket
 
     from accelerate import PartialState
 

@@ -19,6 +19,9 @@ error: No space left on device (os error 28)``) carry the errno in their message
 counts as ENOSPC / EDQUOT.
 """
 
+# Late imports: judgetrain.run (inside the functions that use them): `judgetrain report` and `status` read a run
+# folder without torch: it comes in with the functions that need a process group or a checkpoint list.
+
 from __future__ import annotations
 
 import contextlib
@@ -30,6 +33,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from judgetrain.run.checkpoints import finish_markers
 from judgetrain.utils.errors import exception_chain
 from judgetrain.utils.ranks import any_rank
 
@@ -182,3 +186,18 @@ def disk_full_message(output_dir: str | os.PathLike, step: int, error: BaseExcep
               if last is not None else "then run again with `--resume auto` (no complete checkpoint yet: from step 0)")
     where, todo = _where(out, None if final else failed)
     return f"disk full at step {step}: {what} failed: {where}; a save needs {need}. {todo}, {resume}"
+
+
+def stop_if_disk_full(error: Exception, trainer, out: Path, *, final: bool = False) -> None:
+    """Raise `DiskFull` (one message: where, how much, what to do) when ``error`` is a full output_dir, after the
+    background markers of earlier checkpoints are done. ``trainer``: the run's Trainer (its step, its accelerator)."""
+    cause = disk_full_error(error, out)
+    if cause is None:
+        return
+    try:
+        finish_markers()
+    except Exception:  # noqa: BLE001 - a marker the full disk also stopped: that checkpoint stays unmarked
+        logger.warning("the marker of an earlier checkpoint could not be written either", exc_info=False)
+    remove = trainer.accelerator.is_local_main_process
+    raise DiskFull(disk_full_message(out, trainer.state.global_step, cause, final=final, remove=remove),
+                   agreed=getattr(error, "agreed", False)) from None

@@ -15,11 +15,16 @@ run reads that commit from then on.
 - A revision that is already a commit (40 hexadecimal digits) is left as it is; local paths are never looked up.
 """
 
+# Late imports: judgetrain.utils, huggingface_hub, judgetrain.data, judgetrain.run (inside the functions that use
+# them): `judgetrain report` and `status` read a run folder without torch: it comes in with the functions that need a
+# process group or a checkpoint list.
+
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+from judgetrain.config.recipe import Recipe
 from judgetrain.utils.hub import is_commit
 
 logger = logging.getLogger(__name__)
@@ -55,12 +60,13 @@ def hub_commit(repo_id: str, revision: str | None, repo_type: str = "model") -> 
     return sha if is_commit(sha) else None
 
 
-def hub_reads(script_args, model_args, model_path: str) -> list[dict]:
+def hub_reads(recipe: Recipe, model_path: str) -> list[dict]:
     """The hub repositories the run reads at a branch or tag: the model, and each training component whose source is
     a hub id (``index``: its place in ``train_datasets``)."""
+    script_args, model_args = recipe.script_args, recipe.model_args
     from judgetrain.data.io import resolve_local
-    from judgetrain.utils.hub import is_hub_id
     from judgetrain.data.mixture import component_source
+    from judgetrain.utils.hub import is_hub_id
 
     reads = []
     if is_hub_id(model_path) and not is_commit(model_args.model_revision):
@@ -92,13 +98,14 @@ def recorded_revisions(output_dir: str | Path) -> dict:
     return dict(current.get("revisions") or {})
 
 
-def pin_hub_revisions(script_args, model_args, model_path: str, output_dir: str | Path) -> dict:
+def pin_hub_revisions(recipe: Recipe, model_path: str) -> dict:
     """Resolve (first start) or reuse (resume) the commit of every hub read, decided on the main process; set
     ``model_args.model_revision`` and each hub component's ``revision`` to it. Returns the identity's
     ``revisions``."""
+    script_args, model_args, output_dir = recipe.script_args, recipe.model_args, recipe.training_args.output_dir
     from judgetrain.utils.ranks import decided_on_main
 
-    reads = hub_reads(script_args, model_args, model_path)
+    reads = hub_reads(recipe, model_path)
     if not reads:
         return {}
 

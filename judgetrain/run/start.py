@@ -2,24 +2,29 @@
 whether this is a resume, a restart or a fresh run (refused with the reason otherwise), and, once the rows are known,
 record the identity and the recipe and cut metrics.jsonl back to the resumed step."""
 
+# Late imports: accelerate, judgetrain.run, judgetrain.utils (inside the functions that use them): `judgetrain report`
+# and `status` read a run folder without torch: it comes in with the functions that need a process group or a
+# checkpoint list.
+
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from judgetrain.config.recipe import RecipeError, save_recipe
+from judgetrain.config.recipe import Recipe, RecipeError, save_recipe
 from judgetrain.utils.ranks import decided_on_main
 
 logger = logging.getLogger(__name__)
 
 
-def prepare_output_dir(script_args, training_args, resolved: dict,
+def prepare_output_dir(recipe: Recipe,
                        revisions: dict | None = None) -> tuple[str | None, dict, dict]:
     """Before anything is written: take the output_dir lock (one run per folder), pick the checkpoint to resume from
     (verified), and decide how this run starts there (`judgetrain.run.state.plan_start`: a resume of the same run, a
     restart, a fresh run; refused with the reason otherwise). Returns (checkpoint or None, identity without the data
     fingerprint yet, plan). ``revisions``: the hub commits pinned at the start (`judgetrain.run.revisions`), part of
     the identity."""
+    script_args, training_args, resolved = recipe.script_args, recipe.training_args, recipe.resolved
     from accelerate import PartialState
 
     from judgetrain.run.checkpoints import resolve_resume_everywhere
@@ -40,12 +45,13 @@ def prepare_output_dir(script_args, training_args, resolved: dict,
     return resume_from, identity, decided_on_main(decide)
 
 
-def record_run(out: Path, identity: dict, plan: dict, resolved: dict, command, resume_from, script_args) -> dict:
+def record_run(out: Path, identity: dict, plan: dict, recipe: Recipe, command, resume_from) -> dict:
     """Once the rows are known: compare their fingerprint with the resumed run's, then (main process) write the
     identity, the recipe (recipe.yaml stays the first run's; each resume adds recipe.resume-<step>.yaml) and cut
     metrics.jsonl back to the resumed step."""
+    resolved, script_args = recipe.resolved, recipe.script_args
     from judgetrain.run.checkpoints import COMPLETE_MARKER, METRICS_FILE, checkpoint_step, truncate_metrics
-    from judgetrain.run.state import IDENTITY_FILE, checkpoint_identity, record_start, recipe_path
+    from judgetrain.run.state import IDENTITY_FILE, checkpoint_identity, recipe_path, record_start
     from judgetrain.utils.files import read_json
 
     step = checkpoint_step(resume_from) if resume_from else 0

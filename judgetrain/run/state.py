@@ -17,19 +17,23 @@
   turns every non-zero exit of its workers into 1.
 """
 
+# Late imports: judgetrain.config (inside the functions that use them): `judgetrain report` and `status` read a run
+# folder without torch: it comes in with the functions that need a process group or a checkpoint list.
+
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
 import socket
 import time
 from dataclasses import fields
 from pathlib import Path
 
+from judgetrain.config.recipe import EvalArguments, RecipeError
 from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE  # noqa: F401
 from judgetrain.utils.files import LockBusy, LockUnsupported, append_jsonl, file_lock, read_json, write_json
-from judgetrain.config.recipe import EvalArguments, RecipeError
 from judgetrain.utils.fingerprints import library_versions
 
 logger = logging.getLogger(__name__)
@@ -153,7 +157,6 @@ def plan_start(out: Path, identity: dict, *, checkpoint: str | None, resume_aske
 
 def clear_run(out: Path, names: list[str]) -> None:
     """Remove an earlier run's artifacts (only judgetrain's own names; other files in output_dir stay)."""
-    import shutil
 
     for name in names:
         path = out / name

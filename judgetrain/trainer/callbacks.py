@@ -10,6 +10,8 @@ import signal
 import time
 from pathlib import Path
 
+import torch
+from accelerate import PartialState
 from transformers import TrainerCallback
 
 from judgetrain.compat.torch import set_last_lr
@@ -129,7 +131,6 @@ class CheckpointMarkerCallback(TrainerCallback):
             (checkpoint_dir(args.output_dir, state.global_step) / COMPLETE_MARKER).unlink(missing_ok=True)
 
     def on_save(self, args, state, control, **kwargs):
-        from accelerate import PartialState
 
         PartialState().wait_for_everyone()
         step, protect = state.global_step, state.best_model_checkpoint
@@ -212,7 +213,6 @@ class NonFiniteGuard(TrainerCallback):
         raise RunStopped("nonfinite", step, message)
 
     def _grad_is_bad(self, model) -> bool:
-        import torch
 
         norm, self._grad_norm = self._grad_norm, None
         if norm is not None:

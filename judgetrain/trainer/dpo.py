@@ -28,7 +28,9 @@ from trl import DPOTrainer
 
 from judgetrain.compat.transformers import GradNormHook
 from judgetrain.compat.trl import AuditedTokenIds, PerMachineRefLogps
+from judgetrain.run.diskfull import every_rank_stops
 from judgetrain.trainer.prefix_sharing import PrefixSharingMixin
+
 
 @dataclass
 class StepRecord:
@@ -57,7 +59,6 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
     def _save_checkpoint(self, model, trial):
         """Trainer's save, its failure agreed over the processes: a rank whose save failed (a full disk) stops with
         every other rank instead of leaving them waiting in the next collective (`every_rank_stops`)."""
-        from judgetrain.run.diskfull import every_rank_stops
 
         with every_rank_stops(self.args.output_dir, f"the save of checkpoint-{self.state.global_step}"):
             super()._save_checkpoint(model, trial)
@@ -106,6 +107,3 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
         if self.is_world_process_zero():
             self.model_card_writer(self.args.output_dir)
         return None
-
-
-PrefixSharingDPOTrainer = JudgeDPOTrainer  # the name bench scripts and tests know (prefix_sharing defaults to True)

@@ -18,14 +18,25 @@ its batch-size check) or is ignored (a CPU state). judgetrain therefore
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch.distributed as dist
+from accelerate import PartialState
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.utils import DistributedType
 from transformers import TrainerCallback
+
+from judgetrain.compat.accelerate import present_distributed_type, shared_distributed_type
+from judgetrain.data.prepare import machine_placement
+from judgetrain.utils.device import has_accelerator
+from judgetrain.utils.errors import BadInputError
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +50,13 @@ DEEPSPEED_INSTALL = (
 def deepspeed_not_installed(subject: str) -> str | None:
     """``<subject> but the deepspeed package is not installed: <how to install it>``; None when it is installed. The
     one check and wording behind the launch refusal, `judgetrain train`'s pre-launch check and the dry run's note."""
-    import importlib.util
 
     if importlib.util.find_spec("deepspeed") is not None:
         return None
     return f"{subject} but the deepspeed package is not installed: {DEEPSPEED_INSTALL}"
 
 
-class ParallelismError(RuntimeError):
+class ParallelismError(BadInputError, RuntimeError):
     """The launch asked for a parallelism (FSDP, DeepSpeed, several processes) that this run would not give."""
 
 
@@ -151,7 +161,6 @@ def deepspeed_missing(accelerate_config: str | None) -> str | None:
     missing = deepspeed_not_installed(f"{accelerate_config} is a DeepSpeed config")
     if missing is None:
         return None
-    from accelerate.commands.config.config_args import load_config_from_file
 
     if not str(load_config_from_file(accelerate_config).distributed_type).endswith("DEEPSPEED"):
         return None
@@ -167,9 +176,6 @@ def join_process_group(env: Mapping[str, str] | None = None, timeout_s: int | No
     would fall back to DDP. For that request the joined CPU state is presented to Accelerate as a multi-device one
     (devices stay CPU, backend stays gloo); `ParallelismReport` then checks at the first step that the model really
     is sharded, so the shim cannot fail silently."""
-    from accelerate import PartialState
-
-    from judgetrain.utils.device import has_accelerator
 
     env = os.environ if env is None else env
     request = requested_parallelism(env)
@@ -181,7 +187,6 @@ def join_process_group(env: Mapping[str, str] | None = None, timeout_s: int | No
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo, no CUDA probing
     kwargs = {}
     if timeout_s and request.processes > 1:  # the recipe's ddp_timeout for every collective of the group
-        from datetime import timedelta
 
         kwargs["timeout"] = timedelta(seconds=timeout_s)
     state = PartialState(cpu=not gpu, **kwargs)
@@ -200,9 +205,6 @@ def allow_fsdp_on_cpu(request: LaunchRequest) -> bool:
     """For an FSDP2 request on a CPU process group, present the joined state to Accelerate as a multi-device one so
     that `Accelerator()` builds its FSDP2 plugin (devices stay CPU, backend stays gloo). Call it again after
     `TrainingArguments` set up its devices: that resets and re-creates Accelerate's state. Returns whether it did."""
-    from accelerate.utils import DistributedType
-
-    from judgetrain.compat.accelerate import present_distributed_type, shared_distributed_type
 
     if request.kind != "fsdp" or request.fsdp_version != 2:
         return False
@@ -218,9 +220,6 @@ def allow_deepspeed_on_cpu(request: LaunchRequest) -> bool:
     ``deepspeed.initialize``. Call it after `TrainingArguments` set up its devices (which re-creates the state as a
     CPU one from ``ACCELERATE_USE_CPU``) and before the Trainer builds its Accelerator (which must not see
     ``ACCELERATE_USE_CPU``: Accelerate skips DeepSpeed on a CPU state). Returns whether it did."""
-    from accelerate.utils import DistributedType
-
-    from judgetrain.compat.accelerate import present_distributed_type, shared_distributed_type
 
     if request.kind != "deepspeed":
         return False
@@ -270,9 +269,6 @@ def zero_partition(engine) -> dict[str, Any]:
 
 def in_effect(accelerator, model, request: LaunchRequest) -> dict[str, Any]:
     """What this run actually does (from the prepared Accelerator and model), beside what was asked."""
-    import torch.distributed as dist
-
-    from judgetrain.data.prepare import machine_placement
 
     state = accelerator.state
     _, machine, machines = machine_placement(state)  # from the process group, whatever the launcher set

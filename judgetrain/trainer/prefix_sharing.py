@@ -34,9 +34,12 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from peft import PeftModel
 
 from judgetrain.compat.transformers import attn_implementation
 from judgetrain.compat.trl import forward_is_wrapped, unwrap_fused_forward, uses_vision_data, wrap_fused_forward
+from judgetrain.models.attention import prefix_sharing_problem
+from judgetrain.utils.ranks import any_rank
 
 logger = logging.getLogger(__name__)
 
@@ -252,14 +255,6 @@ def install_pair_forward(model, stats: dict) -> None:
     wrap_fused_forward(model, inner, forward)
 
 
-def unsupported_reason(model) -> str | None:
-    """Why prefix sharing cannot run on this model (None when it can), judged from its config: the one rule of
-    `judgetrain.models.attention.shared_prefix_problem`, which eval's shared cache follows too."""
-    from judgetrain.models.attention import shared_prefix_problem
-
-    return shared_prefix_problem(model.config)
-
-
 # ----------------------------------------------------------------------------------------------- the trainer
 
 
@@ -290,7 +285,6 @@ class PrefixSharingMixin:
     def _probe_placed(self) -> None:
         """The start-up probe under DeepSpeed / FSDP, at the first step (every rank: its forwards gather the sharded
         weights); prefix sharing stays on only where it passes on every process."""
-        from judgetrain.utils.ranks import any_rank
 
         self._probe_pending = False
         reason = self._probe()
@@ -307,7 +301,6 @@ class PrefixSharingMixin:
 
     # -- deciding and installing
     def _models(self) -> list:
-        from peft import PeftModel
 
         policy = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
         models = [policy]
@@ -316,7 +309,6 @@ class PrefixSharingMixin:
         return models
 
     def _trainer_reason(self) -> str | None:
-        from peft import PeftModel
 
         if uses_vision_data(self):
             return "vision datasets"
@@ -333,7 +325,7 @@ class PrefixSharingMixin:
         if self.prefix_sharing is not None or not self.prefix_sharing_requested:
             return
         models = self._models()
-        reason = self._trainer_reason() or next(filter(None, (unsupported_reason(m) for m in models)), None)
+        reason = self._trainer_reason() or next(filter(None, (prefix_sharing_problem(m.config) for m in models)), None)
         if reason is None:
             for m in models:
                 install_pair_forward(m, self.prefix_sharing_stats)

@@ -1,8 +1,16 @@
-"""What every process of an `accelerate launch` does first: join the process group (gloo on a machine without a
-GPU) and follow the launcher if it dies."""
+"""What every process of an `accelerate launch` does first and last: join the process group (gloo on a machine
+without a GPU) and follow the launcher if it dies; at the end, destroy every process group itself."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
+from trl import DPOConfig
+
+from judgetrain.config.recipe import RecipeError, load_recipe_file, split_recipe_argv
+from judgetrain.run.checkpoints import forget_marker_group
+from judgetrain.trainer.parallelism import join_process_group
 from judgetrain.utils.launcher import die_with_launcher
 
 
@@ -12,7 +20,6 @@ def init_process_state(argv: list[str] | None = None):
     join over gloo; Trainer would otherwise run N independent copies). The group gets the recipe's ``ddp_timeout``
     (read from ``argv`` ahead of the full parse): Accelerate does not create the group again once it exists, so a
     group created without it would keep the backend's default (NCCL's 10 minutes) while rank 0 alone prepares data."""
-    from judgetrain.trainer.parallelism import join_process_group
 
     die_with_launcher()
     state, _ = join_process_group(timeout_s=ddp_timeout_of(argv or []))
@@ -22,11 +29,6 @@ def init_process_state(argv: list[str] | None = None):
 def ddp_timeout_of(argv: list[str]) -> int:
     """The recipe's ``ddp_timeout`` in seconds: the command line's ``--ddp_timeout``, else the recipe file's, else
     TrainingArguments' default."""
-    import dataclasses
-
-    from trl import DPOConfig
-
-    from judgetrain.config.recipe import RecipeError, load_recipe_file, split_recipe_argv
 
     recipe, overrides = split_recipe_argv(argv)
     value = next((f.default for f in dataclasses.fields(DPOConfig) if f.name == "ddp_timeout"), 1800)
@@ -44,3 +46,29 @@ def ddp_timeout_of(argv: list[str]) -> int:
     if seconds <= 0:
         raise RecipeError(f"ddp_timeout: {seconds} must be a positive number of seconds")
     return seconds
+
+
+def destroy_process_groups(*, barrier: bool) -> None:
+    """Every process group (the markers' own gloo group and the default one) destroyed here, not by the interpreter's
+    teardown (see `judgetrain.train.finish`); after a ``barrier`` when every rank is known to reach it."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if barrier:
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    forget_marker_group()
+
+
+def close_process_group(agreed: bool) -> bool:
+    """After a stop (a full disk): the process group destroyed here, not by the interpreter's teardown (see
+    `judgetrain.train.finish`). When every rank ``agreed`` on the stop they meet at a barrier first, so that none exits while the main
+    process still writes its status (torchrun ends the others at the first exit); otherwise no barrier (the other
+    ranks are in another collective, or gone). Returns whether this is the main process."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return True
+    main = torch.distributed.get_rank() == 0
+    try:
+        destroy_process_groups(barrier=agreed)
+    except Exception:  # noqa: BLE001 - the exit code says what happened; the teardown is best effort
+        pass
+    return main

@@ -1,5 +1,8 @@
 """Which device this machine has."""
 
+# Late imports: torch (inside the functions that use them): the shared leaves are imported by every command, the light
+# ones included: a library comes in with the function that needs it.
+
 from __future__ import annotations
 
 

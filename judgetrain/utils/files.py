@@ -12,6 +12,9 @@
   exits.
 """
 
+# Late imports: filelock (inside the functions that use them): the shared leaves are imported by every command, the
+# light ones included: a library comes in with the function that needs it.
+
 from __future__ import annotations
 
 import contextlib

@@ -1,16 +1,20 @@
 """Digests of what a cached or recorded result was computed from: the library versions, judgetrain's own source,
 the training rows. Shared by the rows cache, the eval rows' audit and a run's identity."""
 
+# Late imports: judgetrain, numpy, pyarrow (inside the functions that use them): the shared leaves are imported by
+# every command, the light ones included: a library comes in with the function that needs it.
+
 from __future__ import annotations
 
+import hashlib
 import json
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
 
 
 def library_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
 
     import judgetrain
 
@@ -26,7 +30,6 @@ def library_versions() -> dict:
 def code_digest(*names: str) -> str:
     """SHA-256 of judgetrain's own source files under ``names`` (files or folders, relative to the package): what
     a cached result keyed on it was computed with; an edit to that code makes the cache stale."""
-    import hashlib
 
     import judgetrain
 
@@ -43,7 +46,6 @@ def data_fingerprint(dataset) -> str:
     """SHA-256 of the training rows as the trainer sees them (after mixture, validation and the length audit): two
     runs with equal fingerprints train on the same rows in the same order. Token-id columns (the audit's, TRL's
     tokenisation) are hashed as their Arrow values and lengths, not as JSON: ~4k ids a row at real lengths."""
-    import hashlib
 
     import numpy as np
     import pyarrow.compute as pc

@@ -1,6 +1,9 @@
 """What a source or a revision string names: a hub repository id, a pinned commit. Shared by the data sources, the
 model loader and the hub pinning of a run."""
 
+# Late imports: huggingface_hub, datasets (inside the functions that use them): the shared leaves are imported by
+# every command, the light ones included: a library comes in with the function that needs it.
+
 from __future__ import annotations
 
 import re

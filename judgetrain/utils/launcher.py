@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -27,8 +29,6 @@ def die_with_launcher() -> None:
     if not any(s in cmdline for s in ("accelerate", "torchrun", "torch.distributed.run")):
         return
     try:
-        import ctypes
-        import signal
 
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1

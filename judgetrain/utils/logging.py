@@ -1,5 +1,8 @@
 """The one logging set-up of every judgetrain entry point (each command's ``main``, each process of a launch)."""
 
+# Late imports: datasets, transformers (inside the functions that use them): the shared leaves are imported by every
+# command, the light ones included: a library comes in with the function that needs it.
+
 from __future__ import annotations
 
 import logging

@@ -7,6 +7,9 @@ A machine is named by the global rank of its local main process: read from the p
 variables (torchrun sets GROUP_RANK, srun and DeepSpeed's launcher do not), and checked: the processes must be
 numbered machine by machine (global rank = its machine's first rank + local rank) on the hosts they claim."""
 
+# Late imports: torch (inside the functions that use them): the shared leaves are imported by every command, the light
+# ones included: a library comes in with the function that needs it.
+
 from __future__ import annotations
 
 import os

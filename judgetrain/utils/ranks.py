@@ -1,6 +1,9 @@
 """Decisions every process of a launch must share: taken once on the main process and broadcast, or OR-ed over
 all ranks."""
 
+# Late imports: accelerate, torch (inside the functions that use them): the shared leaves are imported by every
+# command, the light ones included: a library comes in with the function that needs it.
+
 from __future__ import annotations
 
 from judgetrain.utils.errors import RecipeError
