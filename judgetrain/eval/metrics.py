@@ -474,8 +474,8 @@ def verdict_from_scores(score_a: Any, score_b: Any) -> str | None:
 
 
 def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
-    """Per-row figures of JudgeBench (`judgebench_results` has the rules): ``correct`` (1.0 / 0.0) and
-    ``inconsistent`` (1.0 / 0.0; NaN for a row judged in one presentation only), and ``<category>/correct`` (NaN
+    """Per-row figures of JudgeBench (`judgebench_results` has the rules): ``accuracy`` (the row right: 1.0 / 0.0),
+    ``inconsistent_rate`` (1.0 / 0.0; NaN for a row judged in one presentation only) and ``<category>/accuracy`` (NaN
     outside the category). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a score-based judge)
     gets the one verdict of `verdict_from_scores`. Keys: the row's ``id`` (else its place)."""
     from judgetrain.data.pairwise import judgebench_category  # the benchmark's categories, where its rows are read
@@ -497,10 +497,10 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         categories.append(judgebench_category(row.get("source", "")))
         keys.append(row.get("id", row.get("pair_id", i)))
     correct_arr, cats = np.asarray(correct, dtype=np.float64), np.asarray(categories, dtype=object)
-    values = {"correct": correct_arr, "inconsistent": np.asarray(inconsistent, dtype=np.float64)}
+    values = {"accuracy": correct_arr, "inconsistent_rate": np.asarray(inconsistent, dtype=np.float64)}
     for cat in sorted(set(categories) - {None}):
-        values[f"{cat}/correct"] = np.where(cats == cat, correct_arr, np.nan)
-    return Items(keys, values, binary=tuple(k for k in values if k.endswith("correct")) + ("inconsistent",))
+        values[f"{cat}/accuracy"] = np.where(cats == cat, correct_arr, np.nan)
+    return Items(keys, values, binary=tuple(values))
 
 
 def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -515,16 +515,19 @@ def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     the categories present, ``inconsistent_rate`` (share of the rows judged twice whose two verdicts differ once the
     second is read back to the row's order; NaN when none was judged twice), ``n`` and ``n_both_orders``."""
     items = judgebench_items(rows)
-    out: dict[str, Any] = {"accuracy": _mean(items.values["correct"])}
+    out: dict[str, Any] = {"accuracy": _mean(items.values["accuracy"])}
     for key in items.values:
-        if key.endswith("/correct"):
+        if key.endswith("/accuracy"):
             v = items.values[key]
             out[key.split("/")[0]] = {"accuracy": float(np.nanmean(v)), "n": int(np.sum(np.isfinite(v)))}
-    twice = items.values["inconsistent"][np.isfinite(items.values["inconsistent"])]
+    twice = items.values["inconsistent_rate"][np.isfinite(items.values["inconsistent_rate"])]
     out["inconsistent_rate"] = _mean(twice)
     out["n"] = len(items.keys)
     out["n_both_orders"] = len(twice)
     return out
+
+
+_EVALBIASBENCH_FIGURES = ("single_acc", "pair_acc", "agreement")
 
 
 def predictions_from_scores(score_1: Any, score_2: Any) -> list[int | None]:
@@ -536,9 +539,9 @@ def predictions_from_scores(score_1: Any, score_2: Any) -> list[int | None]:
 
 
 def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
-    """Per-row figures of EvalBiasBench (`evalbiasbench_results` has the rules): ``single`` (0, 0.5 or 1: the share of
-    the row's two picks that are right), ``pair`` and ``agreement`` (1.0 / 0.0), each also as ``<bias>/<figure>``
-    (NaN outside the bias). Keys: the row's ``id`` (else its place)."""
+    """Per-row figures of EvalBiasBench (`evalbiasbench_results` has the rules): ``single_acc`` (0, 0.5 or 1: the share
+    of the row's two picks that are right), ``pair_acc`` and ``agreement`` (1.0 / 0.0), each also as
+    ``<bias>/<figure>`` (NaN outside the bias). Keys: the row's ``id`` (else its place)."""
     keys, single, pair, agree, biases = [], [], [], [], []
     for i, row in enumerate(rows):
         label, picks = row["label"], row.get("predictions")
@@ -554,12 +557,12 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         agree.append(float((first in (1, 2) and second in (1, 2) and first + second == 3) or first == second == 3))
         biases.append(str(row["bias"]))
         keys.append(row.get("id", i))
-    values = {"single": np.asarray(single), "pair": np.asarray(pair), "agreement": np.asarray(agree)}
+    values = {"single_acc": np.asarray(single), "pair_acc": np.asarray(pair), "agreement": np.asarray(agree)}
     cats = np.asarray(biases, dtype=object)
     for bias in sorted(set(biases)):
-        for fig in ("single", "pair", "agreement"):
+        for fig in _EVALBIASBENCH_FIGURES:
             values[f"{bias}/{fig}"] = np.where(cats == bias, values[fig], np.nan)
-    return Items(keys, values, binary=tuple(k for k in values if not k.endswith("single")))
+    return Items(keys, values, binary=tuple(k for k in values if not k.endswith("single_acc")))
 
 
 def evalbiasbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -574,12 +577,11 @@ def evalbiasbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     ``pair_acc`` (rows whose two picks are both right / rows), ``agreement`` (rows whose two picks name the same
     response, or are both ties / rows) and ``n``; ``biases`` lists the biases present. Shares 0-1 (the paper: x100)."""
     items = evalbiasbench_items(rows)
-    names = {"single": "single_acc", "pair": "pair_acc", "agreement": "agreement"}
-    out: dict[str, Any] = {names[k]: _mean(items.values[k]) for k in names}
+    out: dict[str, Any] = {k: _mean(items.values[k]) for k in _EVALBIASBENCH_FIGURES}
     biases = sorted({k.rsplit("/", 1)[0] for k in items.values if "/" in k})
     for bias in biases:
-        v = {names[k]: float(np.nanmean(items.values[f"{bias}/{k}"])) for k in names}
-        out[bias] = {**v, "n": int(np.sum(np.isfinite(items.values[f"{bias}/single"])))}
+        v = {k: float(np.nanmean(items.values[f"{bias}/{k}"])) for k in _EVALBIASBENCH_FIGURES}
+        out[bias] = {**v, "n": int(np.sum(np.isfinite(items.values[f"{bias}/single_acc"])))}
     out["biases"] = biases
     out["n"] = len(items.keys)
     return out
