@@ -14,7 +14,7 @@ from judgetrain.data import DataValidationError
 from judgetrain.data.pairwise import (FIELDS, PAIRWISE_USER, both_orders, check_template, load_evalbiasbench,
                                       load_judgebench, load_pairwise, parse_label, verdict_messages)
 from judgetrain.data.scoreparse import count_pair_verdicts, parse_pair_verdict
-from judgetrain.metrics import swap_verdict
+from judgetrain.metrics import judgebench_category, swap_verdict
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def evalbiasbench_dir(shared_dir):
 
 
 # ------------------------------------------------------------------------------------------- the real rows
-def test_real_judgebench_rows_load_with_the_papers_categories_and_labels(judgebench_dir, caplog):
+def test_real_judgebench_rows_load_with_their_sources_and_labels(judgebench_dir, caplog):
     """The README's counts: gpt 350 rows (193 A>B / 157 B>A; knowledge 154, reasoning 98, math 56, coding 42), claude
     270 (143 / 127); the one claude row that shows the same text twice is kept (the benchmark's 270) and named."""
     with caplog.at_level(logging.WARNING, logger="judgetrain.data.pairwise"):
@@ -39,8 +39,9 @@ def test_real_judgebench_rows_load_with_the_papers_categories_and_labels(judgebe
     assert (len(gpt), len(claude)) == (350, 270)
     assert Counter(gpt["label"]) == {"A>B": 193, "B>A": 157}
     assert Counter(claude["label"]) == {"A>B": 143, "B>A": 127}
-    assert Counter(gpt["category"]) == {"knowledge": 154, "reasoning": 98, "math": 56, "coding": 42}
-    assert all(s.startswith("mmlu-pro-") for s, c in zip(ds["source"], ds["category"]) if c == "knowledge")
+    assert Counter(judgebench_category(s) for s in gpt["source"]) == {"knowledge": 154, "reasoning": 98, "math": 56,
+                                                                      "coding": 42}
+    assert len({s for s in ds["source"] if s.startswith("mmlu-pro-")}) == 14 and set(ds["category"]) == {None}
     assert len(set(ds["id"])) == 620  # pair_id
     assert "1 pair(s) show the same text as both responses" in caplog.text and "row 264" in caplog.text
 
@@ -72,10 +73,12 @@ def test_real_rows_reach_the_judge_in_both_orders(judgebench_dir, evalbiasbench_
             assert ab[0] == ba[0] and ab[0]["role"] == "system" and "[[A>B]]" in ab[0]["content"]
 
 
-def test_max_rows_draws_evenly_over_categories(judgebench_dir):
-    ds = load_judgebench(judgebench_dir, max_rows=8, seed=3)
-    assert Counter(ds["category"]) == {"knowledge": 2, "reasoning": 2, "math": 2, "coding": 2}
-    assert ds["id"] == load_judgebench(judgebench_dir, max_rows=8, seed=3)["id"]
+def test_max_rows_draws_evenly_over_sources_and_categories(judgebench_dir, evalbiasbench_dir):
+    ds = load_judgebench(judgebench_dir, max_rows=17, seed=3)
+    assert len(set(ds["source"])) == 17  # 14 mmlu-pro subjects, livebench reasoning and math, livecodebench
+    biases = load_evalbiasbench(evalbiasbench_dir, max_rows=12)["category"]
+    assert set(Counter(biases).values()) == {2}
+    assert ds["id"] == load_judgebench(judgebench_dir, max_rows=17, seed=3)["id"]  # seeded
 
 
 # ----------------------------------------------------------------------------------------- a team's own pairs

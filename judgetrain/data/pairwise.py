@@ -8,9 +8,10 @@ them to a judge in both orders.
         ...
 
 Every source becomes the same rows (`features`): ``id``, ``prompt``, ``response_a``, ``response_b``, ``label``
-("A>B" or "B>A": the better response in the source's order), ``category`` (EvalBiasBench: the bias; JudgeBench: the
-paper's category of the row's ``source``; a user's own pairs: the optional category column, else None), ``source``
-(JudgeBench's source string, e.g. ``mmlu-pro-law``) and ``subset`` (JudgeBench: the response model).
+("A>B" or "B>A": the better response in the source's order), ``category`` (EvalBiasBench: the bias; a user's own
+pairs: the optional category column, else None), ``source`` (JudgeBench's source string, e.g. ``mmlu-pro-law``: its
+paper's four categories are part of its scoring rule, `judgetrain.metrics.judgebench_category`) and ``subset``
+(JudgeBench: the response model).
 
 - ``evalbiasbench`` (OffsetBias): ``biasbench.json``, one JSON object {bias: [rows]}; each row ``bias``,
   ``instruction``, ``response1``, ``response2``, ``label`` (1 or 2). A row is named by its bias list and its index in
@@ -55,9 +56,6 @@ REQUIRED = ("prompt", "response_a", "response_b", "label")
 
 JUDGEBENCH_HUB_ID = "ScalerLab/JudgeBench"
 JUDGEBENCH_HUB_SPLITS = ("gpt", "claude")
-# JudgeBench's four categories, by the start of the row's ``source`` (the authors' run_judge.py groups them so)
-JUDGEBENCH_CATEGORIES = {"knowledge": "mmlu-pro", "reasoning": "livebench-reasoning", "math": "livebench-math",
-                         "coding": "livecodebench"}
 EVALBIASBENCH_FILE = "biasbench.json"
 
 
@@ -98,14 +96,6 @@ def parse_label(value: Any) -> str | None:
             return "A>B" if compact == "B<A" else "B>A"
     letter = preference_letter(value)
     return None if letter is None else ("A>B" if letter == "A" else "B>A")
-
-
-def judgebench_category(source: str) -> str | None:
-    """JudgeBench's category of a row's ``source``: knowledge (mmlu-pro-*), reasoning, math, coding; None otherwise."""
-    for category, start in JUDGEBENCH_CATEGORIES.items():
-        if str(source).startswith(start):
-            return category
-    return None
 
 
 # --------------------------------------------------------------------------------------------------- loaders
@@ -151,7 +141,7 @@ def load_judgebench(source: str | os.PathLike = JUDGEBENCH_HUB_ID, *, splits: tu
                     max_rows: int | None = None, seed: int = 0, on_bad_row: str = "error",
                     rejects_path: str | os.PathLike | None = None, revision: str | None = None) -> datasets.Dataset:
     """JudgeBench (350 GPT-4o and 270 Claude-3.5-Sonnet pairs): a file, the folder of its JSON-lines files, or the hub
-    dataset (``splits`` of it: gpt, claude). ``category`` is the paper's (knowledge, reasoning, math, coding)."""
+    dataset (``splits`` of it: gpt, claude). ``max_rows`` draws evenly over the ``source`` values."""
     path = resolve_local(source, "judgebench")
     rejects = Rejects("judgebench", SPLIT, on_bad_row, rejects_path)
     if path is None:
@@ -198,7 +188,7 @@ def _load(fmt: PairwiseFormat, tables: list[Table], rejects: Rejects, source: st
     if not len(ds):
         raise DataValidationError([RowProblem(source, SPLIT, None, "<file>", "no pairs in the source")], 0, 0)
     if max_rows is not None and max_rows < len(ds):
-        ds = ds.select(balanced_sample(ds["category"], max_rows, seed))
+        ds = ds.select(balanced_sample([c or s for c, s in zip(ds["category"], ds["source"])], max_rows, seed))
     return ds
 
 
@@ -223,9 +213,6 @@ def _check(fmt: PairwiseFormat, table: Table):
                 problems.append((cols[field], f"wrong type: expected a non-empty string, got {value!r}"))
         if fmt is JUDGEBENCH and row.get(cols["source"]) is None:
             problems.append((cols["source"], "missing value"))
-        elif fmt is JUDGEBENCH and not problems and judgebench_category(row[cols["source"]]) is None:
-            problems.append((cols["source"], f"unknown JudgeBench source: {row[cols['source']]!r}, expected "
-                                             "mmlu-pro-*, livebench-reasoning, livebench-math or livecodebench"))
         if fmt is EVALBIASBENCH and row.get(cols["category"]) is None and table.domain_hint is None:
             problems.append((cols["category"], "missing value"))
         if fmt.duplicates == "reject" and not problems and row[cols["response_a"]] == row[cols["response_b"]]:
@@ -252,9 +239,7 @@ def _normalise(fmt: PairwiseFormat, row: dict, table: Table) -> dict:
 
     out = {f: text(f) for f in FIELDS}  # the id is set by _load (a row without one is named by its place)
     out["label"] = parse_label(row[cols["label"]])
-    if fmt is JUDGEBENCH:
-        out["category"] = judgebench_category(out["source"])
-    elif fmt is EVALBIASBENCH and out["category"] is None:
+    if fmt is EVALBIASBENCH and out["category"] is None:
         out["category"] = table.domain_hint
     return out
 

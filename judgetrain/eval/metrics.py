@@ -41,6 +41,7 @@ __all__ = [
     "Items",
     "swap_verdict",
     "verdict_from_scores",
+    "judgebench_category",
     "judgebench_items",
     "judgebench_results",
     "predictions_from_scores",
@@ -455,6 +456,8 @@ def to_trainer_log_keys(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------- pairwise benchmarks
+_JUDGEBENCH_SOURCES = (("knowledge", "mmlu-pro"), ("reasoning", "livebench-reasoning"), ("math", "livebench-math"),
+                       ("coding", "livecodebench"))
 _SWAP = {"A>B": "B>A", "B>A": "A>B", "A=B": "A=B", None: None}
 
 
@@ -473,13 +476,17 @@ def verdict_from_scores(score_a: Any, score_b: Any) -> str | None:
     return "A>B" if a > b else "B>A" if b > a else "A=B"
 
 
+def judgebench_category(source: str) -> str | None:
+    """JudgeBench's category of a row's ``source``, as its authors' scoring groups them: knowledge (mmlu-pro-*),
+    reasoning (livebench-reasoning), math (livebench-math), coding (livecodebench); None for any other source."""
+    return next((cat for cat, start in _JUDGEBENCH_SOURCES if str(source).startswith(start)), None)
+
+
 def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     """Per-row figures of JudgeBench (`judgebench_results` has the rules): ``accuracy`` (the row right: 1.0 / 0.0),
     ``inconsistent_rate`` (1.0 / 0.0; NaN for a row judged in one presentation only) and ``<category>/accuracy`` (NaN
     outside the category). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a score-based judge)
     gets the one verdict of `verdict_from_scores`. Keys: the row's ``id`` (else its place)."""
-    from judgetrain.data.pairwise import judgebench_category  # the benchmark's categories, where its rows are read
-
     keys, correct, inconsistent, categories = [], [], [], []
     for i, row in enumerate(rows):
         verdicts = row.get("verdicts")
@@ -722,7 +729,10 @@ def mcnemar_p(correct_trained: Any, correct_base: Any) -> float:
     n = gained + lost
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1))
+    term = tail = 1  # C(n, 0); C(n, k) = C(n, k - 1) (n - k + 1) / k, exact in integers
+    for k in range(1, min(gained, lost) + 1):
+        term = term * (n - k + 1) // k
+        tail += term
     return min(1.0, 2 * tail / 2**n)
 
 
