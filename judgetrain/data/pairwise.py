@@ -268,8 +268,7 @@ def _bias_tables(path: Path, rejects: Rejects) -> list[Table]:
     try:
         data = json.loads(path.read_bytes().decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
-        problem = UnreadableFile(path, f"not UTF-8: {exc.reason} at byte {exc.start}").problem
-        return _unreadable(path, problem, rejects)
+        return _unreadable(path, f"not UTF-8: {exc.reason} at byte {exc.start}", rejects)
     except JSON_ERRORS as exc:
         return _unreadable(path, json_problem(exc), rejects)
     if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
