@@ -5,8 +5,8 @@
 A is the baseline, B the evaluation compared to it: each a folder `judgetrain eval` or a run's eval wrote
 (``results.json`` with ``<suite>.jsonl``), or a run folder (its latest evaluation). For each headline figure of every
 suite and scoring mode both hold, prints A, B, B - A with its 95% bootstrap interval (the same resamples for both) and
-the exact McNemar p-value where the items are right or wrong; writes every figure to ``--out`` (JSON). The library
-call is `judgetrain.eval.compare.compare_evaluations`.
+a p-value (exact McNemar where the items are right or wrong, else the paired sign-flip test); writes every figure to
+``--out`` (JSON). The library call is `judgetrain.eval.compare.compare_evaluations`.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _rows(doc: dict[str, Any], every: bool) -> list[list[str]]:
             names = list(figures) if every else [m for m in HEADLINE.get(suite, ()) if m in figures]
             for metric in names:
                 v = figures[metric]
-                p = "-" if v["p_value"] is None else f"{v['p_value']:.3g}"
+                p = "-" if v["p_value"] is None else f"{v['p_value']:.3g}{'~' if v['p_method'] == 'sign_flip' else ''}"
                 delta = "-" if not math.isfinite(v["delta"]) else (
                     f"{v['delta']:+.3f} [{v['delta_ci_low']:+.3f}, {v['delta_ci_high']:+.3f}]")
                 rows.append([f"{suite} ({mode})", metric, _cell(v["a"], v["a_ci_low"], v["a_ci_high"]),
@@ -86,7 +86,8 @@ def _print(doc: dict[str, Any], every: bool) -> None:
     if not console.is_terminal:  # piped or logged: keep each row on one line
         console = Console(width=200)
     table = Table(title=f"A: {doc['a']}\nB: {doc['b']}", caption=f"95% bootstrap intervals, {doc['n_resamples']} "
-                  f"resamples (seed {doc['seed']}), paired by item; p: exact McNemar (right / wrong items)")
+                  f"resamples (seed {doc['seed']}), paired by item; p: exact McNemar (right / wrong items), else the "
+                  "paired sign-flip test (~)")
     for i, h in enumerate(("suite", "metric", "A", "B", "B - A", "p", "n", "")):
         table.add_column(h, justify="left" if i in (0, 1, 7) else "right", no_wrap=True)
     for row in _rows(doc, every):

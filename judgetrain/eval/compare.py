@@ -8,8 +8,8 @@ An evaluation is a folder that `judgetrain.eval.runner.evaluate_and_write` wrote
 ``<suite>.jsonl``, ``<suite>.<mode>.jsonl`` for each other scoring mode): ``<output_dir>/eval/<step>/`` of a run, or
 ``<output-dir>/<name>/`` of `judgetrain eval`; a run folder means its latest evaluation. Each suite and mode present in
 both is read into per-item figures (`judgetrain.eval.metrics.Items`), paired by item, and every figure gets A, B and
-B - A with their intervals from the same bootstrap resamples, and an exact McNemar p-value where its items are right
-or wrong (`judgetrain.eval.metrics.paired_difference`).
+B - A with their intervals from the same bootstrap resamples, and a p-value: exact McNemar where its items are right
+or wrong, else the paired sign-flip test (`judgetrain.eval.metrics.paired_difference`).
 
 What each suite's records give (the row files' fields):
 - rmbench (implicit, judge): ``id``, ``domain``, ``score_chosen`` / ``score_rejected`` (3 each) -> RM-Bench's figures
@@ -105,7 +105,7 @@ def _as_ab(v: dict[str, Any]) -> dict[str, Any]:
     return {"a": v["base"], "a_ci_low": v["base_ci_low"], "a_ci_high": v["base_ci_high"], "b": v["trained"],
             "b_ci_low": v["trained_ci_low"], "b_ci_high": v["trained_ci_high"], "delta": v["delta"],
             "delta_ci_low": v["delta_ci_low"], "delta_ci_high": v["delta_ci_high"], "p_value": v["p_value"],
-            "n": v["n"], "n_only_a": v["n_only_base"], "n_only_b": v["n_only_trained"]}
+            "p_method": v["p_method"], "n": v["n"], "n_only_a": v["n_only_base"], "n_only_b": v["n_only_trained"]}
 
 
 def changed(v: dict[str, Any], metric: str) -> str:

@@ -51,6 +51,7 @@ __all__ = [
     "items_intervals",
     "paired_difference",
     "mcnemar_p",
+    "sign_flip_p",
     "style_spread",
     "rmbench_items",
     "rmbench_intervals",
@@ -754,8 +755,9 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
 
     Per metric: ``trained``, ``base`` and ``delta`` (trained - base) with their percentile intervals
     (``<name>_ci_low``, ``<name>_ci_high``), all three from the same resamples of the paired items (a resample draws
-    an item for both judges at once), ``p_value`` (exact McNemar for right / wrong items, None otherwise) and ``n``
-    (the items counted). An item is counted in a metric only where both values are finite. Also ``n_only_trained`` /
+    an item for both judges at once), ``p_value`` and ``p_method``: ``mcnemar`` (exact) for right / wrong items,
+    else ``sign_flip`` (`sign_flip_p`: the paired randomization test, as many flips as resamples), and ``n`` (the
+    items counted). An item is counted in a metric only where both values are finite. Also ``n_only_trained`` /
     ``n_only_base``: items of one side alone, left out."""
     where = {k: i for i, k in enumerate(base.keys)}
     if len(where) != len(base.keys) or len(set(trained.keys)) != len(trained.keys):
@@ -777,6 +779,7 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
         delta_point, delta_stats = point[:m] - point[m:], stats[:, :m] - stats[:, m:]
         (t_low, b_low), (t_high, b_high) = (np.split(x, 2) for x in _interval(stats, confidence))
         d_low, d_high = _interval(delta_stats, confidence)
+        flipped = sign_flip_p(tv, bv, weights=weights, clusters=t.clusters, n_flips=n_resamples, seed=seed)
         for j, k in enumerate(names):
             binary = k in t.binary and k in b.binary
             out[k] = {"trained": float(point[j]), "trained_ci_low": float(t_low[j]),
@@ -784,10 +787,38 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
                       "base_ci_low": float(b_low[j]), "base_ci_high": float(b_high[j]),
                       "delta": float(delta_point[j]), "delta_ci_low": float(d_low[j]),
                       "delta_ci_high": float(d_high[j]),
-                      "p_value": mcnemar_p(tv[both[:, j], j] > 0.5, bv[both[:, j], j] > 0.5) if binary else None,
+                      "p_value": mcnemar_p(tv[both[:, j], j] > 0.5, bv[both[:, j], j] > 0.5) if binary
+                      else float(flipped[j]), "p_method": "mcnemar" if binary else "sign_flip",
                       "n": int(both[:, j].sum())}
     extra = {"n_only_trained": len(trained.keys) - len(t_idx), "n_only_base": len(base.keys) - len(b_idx)}
     return {k: {**v, **extra} for k, v in out.items()} if out else {}
+
+
+def sign_flip_p(trained: Any, base: Any, *, weights: Any = None, clusters: Any = None, n_flips: int = N_RESAMPLES,
+                seed: int = 0) -> np.ndarray:
+    """Two-sided p-value of the paired randomization (sign-flip) test of each column of ``trained`` - ``base`` (n,) or
+    (n, m): under no difference each item's (or cluster's) weighted difference is as likely negative as positive;
+    p = (1 + flips whose |sum| reaches the observed |sum|) / (n_flips + 1), so never below 1 / (n_flips + 1). Items
+    NaN on either side are left out. On right / wrong items it estimates what `mcnemar_p` computes exactly."""
+    t = np.asarray(trained, dtype=np.float64)
+    b = np.asarray(base, dtype=np.float64)
+    t, b = (t[:, None], b[:, None]) if t.ndim == 1 else (t, b)
+    both = np.isfinite(t) & np.isfinite(b)
+    w = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).reshape(t.shape)
+    diff = np.where(both, (t - b) * w, 0.0)
+    if clusters is not None:
+        unit = _codes(clusters, len(diff))
+        summed = np.zeros((unit.max() + 1 if len(unit) else 0, diff.shape[1]))
+        np.add.at(summed, unit, diff)
+        diff = summed
+    diff = diff[np.lexsort(diff.T[::-1])] if len(diff) else diff  # the same items in any order: the same flips
+    observed = np.abs(diff.sum(axis=0))
+    reach = observed * (1 - 1e-9) - 1e-12  # a flip whose sum equals the observed one counts (float sums)
+    rng, hits = np.random.default_rng(seed), np.zeros(diff.shape[1])
+    for start in range(0, n_flips, _CHUNK):
+        signs = rng.integers(0, 2, size=(min(_CHUNK, n_flips - start), len(diff))) * 2.0 - 1.0
+        hits += (np.abs(signs @ diff) >= reach).sum(axis=0)
+    return (1 + hits) / (n_flips + 1)
 
 
 # ---------------------------------------------------------------------------------------- RM-Bench per prompt
