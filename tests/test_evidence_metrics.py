@@ -44,6 +44,9 @@ def test_judgebench_results_on_worked_rows():
     assert out["inconsistent_rate"] == 0.75 and (out["n"], out["n_both_orders"]) == (7, 4)
     one_order = judgebench_results(rows[4:])
     assert math.isnan(one_order["inconsistent_rate"]) and one_order["accuracy"] == pytest.approx(1 / 3)
+    own = judgebench_results([{"label": "A>B", "category": "tone", "verdicts": ["A>B", "B>A"]},
+                              {"label": "B>A", "category": "tone", "verdicts": ["A>B", "A>B"]}])  # a team's own pairs
+    assert own["tone"] == {"accuracy": 0.5, "n": 2} and own["inconsistent_rate"] == 0.5
     with pytest.raises(ValueError, match="'verdicts' must hold one or two"):
         judgebench_results([{"label": "A>B", "source": "livecodebench", "verdicts": []}])
 

@@ -486,7 +486,8 @@ def judgebench_category(source: str) -> str | None:
 def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     """Per-row figures of JudgeBench (`judgebench_results` has the rules): ``accuracy`` (the row right: 1.0 / 0.0),
     ``inconsistent_rate`` (1.0 / 0.0; NaN for a row judged in one presentation only) and ``<category>/accuracy`` (NaN
-    outside the category). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a score-based judge)
+    outside the category; a row without ``source`` is counted in its own ``category``, the generic pairwise suite's
+    rule). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a score-based judge)
     gets the one verdict of `verdict_from_scores`. Keys: the row's ``id`` (else its place)."""
     keys, correct, inconsistent, categories = [], [], [], []
     for i, row in enumerate(rows):
@@ -502,7 +503,8 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         total = sum(1 if v == label else -1 if v == _SWAP[label] else 0 for v in as_row)
         correct.append(float(total > 0))
         inconsistent.append(float(as_row[0] != as_row[1]) if len(as_row) == 2 else math.nan)
-        categories.append(judgebench_category(row.get("source", "")))
+        # JudgeBench's category of the source; a team's own pairs (no source) keep their own category
+        categories.append(judgebench_category(row["source"]) if row.get("source") else row.get("category"))
         keys.append(row.get("id", row.get("pair_id", i)))
     correct_arr, cats = np.asarray(correct, dtype=np.float64), np.asarray(categories, dtype=object)
     values = {"accuracy": correct_arr, "inconsistent_rate": np.asarray(inconsistent, dtype=np.float64)}
