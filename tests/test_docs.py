@@ -244,6 +244,9 @@ def plan_judgetrain(args: list[str]) -> Plan:
         return plan_eval(rest)
     if words == "report":
         return Plan("run", ("report", *rest), "the quickstart run drawn", needs_run=True)
+    if words == "compare":
+        return Plan("help", ("compare",), "two saved evaluations (tests/test_compare.py writes two with the real "
+                    "runner and compares them)")
     if words in ("data check", "pairs build", "tiny build"):
         return Plan("run", (*words.split(), *rest), "bundled data / the tiny judge: seconds")
     if words == "cache":

@@ -36,6 +36,9 @@ __all__ = [
     "parse_verdict",
     "safe_arithmetic",
     "VerdictResult",
+    "PairVerdictResult",
+    "parse_pair_verdict",
+    "count_pair_verdicts",
 ]
 
 OK = "ok"
@@ -393,3 +396,57 @@ def parse_verdict(text: object) -> VerdictResult:
     if bare:
         return VerdictResult(bare.group(1).upper(), OK, "letter")
     return VerdictResult(None, NO_VERDICT)
+
+
+# --------------------------------------------------------------------------------- pairwise verdicts, [[A>B]] style
+# "[[A>B]]", "[[B>A]]", "[[A=B]]" (the verdict judgetrain.data.pairwise's prompt asks for; "[[A>>B]]", "[[B<A]]" and
+# blanks inside read the same). Linear time: every quantifier is bounded.
+_PAIR_VERDICT = re.compile(r"\[\[[ \t]{0,4}([AB])[ \t]{0,4}(>>|>|=|<<|<)[ \t]{0,4}([AB])[ \t]{0,4}\]\]")
+PAIR_VERDICTS = ("A>B", "B>A", "A=B")
+
+
+@dataclass(frozen=True)
+class PairVerdictResult:
+    """A pairwise verdict as written about what the judge was shown: ``verdict`` "A>B", "B>A" or "A=B" when
+    ``reason == "ok"``, else None with the reason: ``"unparseable"`` (empty text), ``"no_verdict"`` (no [[...]]
+    verdict), ``"conflicting"`` (two different verdicts in the text, as Arena-Hard's parser refuses them)."""
+
+    verdict: str | None
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == OK
+
+
+def _pair_verdict(first: str, op: str, second: str) -> str | None:
+    if first == second:
+        return "A=B" if op == "=" else None  # "[[A>A]]" names no winner
+    if op == "=":
+        return "A=B"
+    winner = first if op in (">", ">>") else second
+    return "A>B" if winner == "A" else "B>A"
+
+
+def parse_pair_verdict(text: object) -> PairVerdictResult:
+    """The verdict a pairwise judge wrote (``[[A>B]]``, ``[[B>A]]``, ``[[A=B]]``); never raises. Every verdict of the
+    last 200,000 characters is read: one verdict throughout is it, two different ones are ``conflicting``."""
+    if not isinstance(text, str) or not text.strip():
+        return PairVerdictResult(None, UNPARSEABLE)
+    found = {_pair_verdict(*m.groups()) for m in _PAIR_VERDICT.finditer(text[-_MAX_TEXT_CHARS:])} - {None}
+    if len(found) == 1:
+        return PairVerdictResult(found.pop(), OK)
+    return PairVerdictResult(None, CONFLICTING if found else NO_VERDICT)
+
+
+def count_pair_verdicts(results) -> dict:
+    """How many verdicts were read: ``n``, ``n_parsed``, ``parse_rate`` (NaN for none) and ``unparsed`` ({reason:
+    count} of the rest), of `PairVerdictResult` values."""
+    results = list(results)
+    unparsed: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            unparsed[r.reason] = unparsed.get(r.reason, 0) + 1
+    n_parsed = len(results) - sum(unparsed.values())
+    return {"n": len(results), "n_parsed": n_parsed, "parse_rate": n_parsed / len(results) if results else math.nan,
+            "unparsed": dict(sorted(unparsed.items()))}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,25 @@ __all__ = [
     "judgebias_generated",
     "ideation_generated",
     "flatten_mode_metrics",
+    "Items",
+    "swap_verdict",
+    "verdict_from_scores",
+    "judgebench_category",
+    "judgebench_items",
+    "judgebench_results",
+    "predictions_from_scores",
+    "evalbiasbench_items",
+    "evalbiasbench_results",
+    "bootstrap_ci",
+    "items_intervals",
+    "paired_difference",
+    "mcnemar_p",
+    "sign_flip_p",
+    "style_spread",
+    "rmbench_items",
+    "rmbench_intervals",
+    "interval_keys",
+    "N_RESAMPLES",
 ]
 
 
@@ -434,3 +454,429 @@ def to_trainer_log_keys(metrics: Mapping[str, float]) -> dict[str, float]:
     return {("eval_" + k[len("eval/"):] if k.startswith("eval/") else k): v for k, v in metrics.items()}
 
 
+
+
+# ------------------------------------------------------------------------------------------- pairwise benchmarks
+_JUDGEBENCH_SOURCES = (("knowledge", "mmlu-pro"), ("reasoning", "livebench-reasoning"), ("math", "livebench-math"),
+                       ("coding", "livecodebench"))
+_SWAP = {"A>B": "B>A", "B>A": "A>B", "A=B": "A=B", None: None}
+
+
+def swap_verdict(verdict: str | None) -> str | None:
+    """A verdict about the swapped presentation, read back to the row's order: "A>B" <-> "B>A"; "A=B", None stay."""
+    if verdict not in _SWAP:
+        raise ValueError(f"a pairwise verdict is 'A>B', 'B>A', 'A=B' or None, got {verdict!r}")
+    return _SWAP[verdict]
+
+
+def verdict_from_scores(score_a: Any, score_b: Any) -> str | None:
+    """A score-based judge's verdict from its two scores: the higher wins, equal is "A=B", None / NaN is no verdict."""
+    a, b = _score(score_a), _score(score_b)
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return None
+    return "A>B" if a > b else "B>A" if b > a else "A=B"
+
+
+def judgebench_category(source: str) -> str | None:
+    """JudgeBench's category of a row's ``source``, as its authors' scoring groups them: knowledge (mmlu-pro-*),
+    reasoning (livebench-reasoning), math (livebench-math), coding (livecodebench); None for any other source."""
+    return next((cat for cat, start in _JUDGEBENCH_SOURCES if str(source).startswith(start)), None)
+
+
+def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
+    """Per-row figures of JudgeBench (`judgebench_results` has the rules): ``accuracy`` (the row right: 1.0 / 0.0),
+    ``inconsistent_rate`` (1.0 / 0.0; NaN for a row judged in one presentation only) and ``<category>/accuracy`` (NaN
+    outside the category; a row without ``source`` is counted in its own ``category``, the generic pairwise suite's
+    rule). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a score-based judge)
+    gets the one verdict of `verdict_from_scores`. Keys: the row's ``id`` (else its place)."""
+    keys, correct, inconsistent, categories = [], [], [], []
+    for i, row in enumerate(rows):
+        verdicts = row.get("verdicts")
+        if verdicts is None and row.get("scores") is not None:
+            verdicts = [verdict_from_scores(*row["scores"])]
+        if not isinstance(verdicts, (list, tuple)) or len(verdicts) not in (1, 2):
+            raise ValueError(f"JudgeBench row {i}: 'verdicts' must hold one or two verdicts, got {verdicts!r}")
+        label = row["label"]
+        if label not in ("A>B", "B>A"):
+            raise ValueError(f"JudgeBench row {i}: 'label' must be 'A>B' or 'B>A', got {label!r}")
+        as_row = [verdicts[0]] + [swap_verdict(v) for v in verdicts[1:]]  # the second was shown swapped
+        total = sum(1 if v == label else -1 if v == _SWAP[label] else 0 for v in as_row)
+        correct.append(float(total > 0))
+        inconsistent.append(float(as_row[0] != as_row[1]) if len(as_row) == 2 else math.nan)
+        # JudgeBench's category of the source; a team's own pairs (no source) keep their own category
+        categories.append(judgebench_category(row["source"]) if row.get("source") else row.get("category"))
+        keys.append(row.get("id", row.get("pair_id", i)))
+    correct_arr, cats = np.asarray(correct, dtype=np.float64), np.asarray(categories, dtype=object)
+    values = {"accuracy": correct_arr, "inconsistent_rate": np.asarray(inconsistent, dtype=np.float64)}
+    for cat in sorted(set(categories) - {None}):
+        values[f"{cat}/accuracy"] = np.where(cats == cat, correct_arr, np.nan)
+    return Items(keys, values, binary=tuple(values))
+
+
+def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """JudgeBench's figures, computed as its authors compute them.
+
+    Each row has ``label`` ("A>B" or "B>A"), ``source`` (e.g. ``mmlu-pro-law``, ``livebench-math``) and ``verdicts``:
+    one or two of "A>B", "B>A", "A=B", None, each as the judge gave it about what it was shown (the second is the
+    swapped presentation: its "A" is the row's B). Per row: +1 for each verdict that agrees with the label, -1 for
+    each that agrees with the opposite, 0 otherwise (a tie, nothing read); the row is correct when the sum is > 0.
+
+    Returns ``accuracy`` (share of correct rows, 0-1), ``{knowledge, reasoning, math, coding}: {accuracy, n}`` for
+    the categories present, ``inconsistent_rate`` (share of the rows judged twice whose two verdicts differ once the
+    second is read back to the row's order; NaN when none was judged twice), ``n`` and ``n_both_orders``."""
+    items = judgebench_items(rows)
+    out: dict[str, Any] = {"accuracy": _mean(items.values["accuracy"])}
+    for key in items.values:
+        if key.endswith("/accuracy"):
+            v = items.values[key]
+            out[key.split("/")[0]] = {"accuracy": float(np.nanmean(v)), "n": int(np.sum(np.isfinite(v)))}
+    twice = items.values["inconsistent_rate"][np.isfinite(items.values["inconsistent_rate"])]
+    out["inconsistent_rate"] = _mean(twice)
+    out["n"] = len(items.keys)
+    out["n_both_orders"] = len(twice)
+    return out
+
+
+_EVALBIASBENCH_FIGURES = ("single_acc", "pair_acc", "agreement")
+
+
+def predictions_from_scores(score_1: Any, score_2: Any) -> list[int | None]:
+    """A score-based judge's EvalBiasBench picks in both presentations (it reads each response on its own, so the
+    order cannot move it): [pick as stored, pick swapped], 1 / 2 the response shown first / second, 3 a tie."""
+    verdict = verdict_from_scores(score_1, score_2)
+    pick = {"A>B": 1, "B>A": 2, "A=B": 3, None: None}[verdict]
+    return [pick, {1: 2, 2: 1}.get(pick, pick)]
+
+
+def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
+    """Per-row figures of EvalBiasBench (`evalbiasbench_results` has the rules): ``single_acc`` (0, 0.5 or 1: the share
+    of the row's two picks that are right), ``pair_acc`` and ``agreement`` (1.0 / 0.0), each also as
+    ``<bias>/<figure>`` (NaN outside the bias). Keys: the row's ``id`` (else its place)."""
+    keys, single, pair, agree, biases = [], [], [], [], []
+    for i, row in enumerate(rows):
+        label, picks = row["label"], row.get("predictions")
+        if label not in (1, 2) or isinstance(label, bool):
+            raise ValueError(f"EvalBiasBench row {i}: 'label' must be 1 or 2, got {label!r}")
+        if not isinstance(picks, (list, tuple)) or len(picks) != 2 or any(p not in (1, 2, 3, None) for p in picks):
+            raise ValueError(f"EvalBiasBench row {i}: 'predictions' must be two picks (as stored, swapped), each 1, 2, "
+                             f"3 (tie) or None, got {picks!r}")
+        first, second = picks
+        right = [first == label, second in (1, 2) and second + label == 3]
+        single.append(sum(right) / 2)
+        pair.append(float(all(right)))
+        agree.append(float((first in (1, 2) and second in (1, 2) and first + second == 3) or first == second == 3))
+        biases.append(str(row["bias"]))
+        keys.append(row.get("id", i))
+    values = {"single_acc": np.asarray(single), "pair_acc": np.asarray(pair), "agreement": np.asarray(agree)}
+    cats = np.asarray(biases, dtype=object)
+    for bias in sorted(set(biases)):
+        for fig in _EVALBIASBENCH_FIGURES:
+            values[f"{bias}/{fig}"] = np.where(cats == bias, values[fig], np.nan)
+    return Items(keys, values, binary=tuple(k for k in values if not k.endswith("single_acc")))
+
+
+def evalbiasbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """EvalBiasBench's figures, computed as OffsetBias computes them.
+
+    Each row has ``bias`` (the category), ``label`` (1 or 2: the better response in the file's order) and
+    ``predictions``: the judge's pick in the stored and in the swapped presentation (1 the response shown first, 2
+    the second, 3 a tie, None nothing read), each about what it was shown. A pick as stored is right when it equals
+    the label; a swapped pick when it names the label's response in its new place (pick + label == 3).
+
+    Returns, overall (all rows pooled) and per bias ``{<bias>: {...}}``: ``single_acc`` (right picks / (2 x rows)),
+    ``pair_acc`` (rows whose two picks are both right / rows), ``agreement`` (rows whose two picks name the same
+    response, or are both ties / rows) and ``n``; ``biases`` lists the biases present. Shares 0-1 (the paper: x100)."""
+    items = evalbiasbench_items(rows)
+    out: dict[str, Any] = {k: _mean(items.values[k]) for k in _EVALBIASBENCH_FIGURES}
+    biases = sorted({k.rsplit("/", 1)[0] for k in items.values if "/" in k})
+    for bias in biases:
+        v = {k: float(np.nanmean(items.values[f"{bias}/{k}"])) for k in _EVALBIASBENCH_FIGURES}
+        out[bias] = {**v, "n": int(np.sum(np.isfinite(items.values[f"{bias}/single_acc"])))}
+    out["biases"] = biases
+    out["n"] = len(items.keys)
+    return out
+
+
+# --------------------------------------------------------------------------------- intervals and paired deltas
+N_RESAMPLES = 1000
+CONFIDENCE = 0.95
+_CHUNK = 250  # resamples drawn and reduced together (memory: _CHUNK x units counts)
+
+
+@dataclass
+class Items:
+    """A suite's per-item figures, what its intervals and paired deltas are computed from.
+
+    ``keys``: each item's identity (pairs two evaluations of the same rows). ``values``: {metric: (n,) floats}, the
+    headline figure being the mean of the finite values (NaN: the item does not count in that metric, e.g. a row of
+    another category). ``groups``: {metric: (n,) labels} for a figure that is the unweighted mean of its groups' means
+    (RM-Bench's domains); ``strata``: labels items are resampled within (each stratum keeps its size); ``clusters``:
+    labels of items resampled together (a prompt's block); ``binary``: the metrics whose items are right / wrong
+    (1.0 / 0.0), where an exact McNemar p-value applies to a paired delta."""
+
+    keys: list
+    values: dict[str, np.ndarray]
+    groups: dict[str, np.ndarray] = field(default_factory=dict)
+    strata: np.ndarray | None = None
+    clusters: np.ndarray | None = None
+    binary: tuple[str, ...] = ()
+
+    def take(self, index: np.ndarray) -> Items:
+        """The items at ``index`` (in that order)."""
+        pick = (lambda a: None if a is None else np.asarray(a, dtype=object)[index])
+        return Items([self.keys[i] for i in index], {k: v[index] for k, v in self.values.items()},
+                     {k: np.asarray(g, dtype=object)[index] for k, g in self.groups.items()}, pick(self.strata),
+                     pick(self.clusters), self.binary)
+
+
+def _codes(labels: Any, n: int) -> np.ndarray:
+    """Integer codes of ``labels`` in the sorted order of their text (0 for all when None)."""
+    if labels is None:
+        return np.zeros(n, dtype=np.int64)
+    return np.unique(np.asarray([str(x) for x in labels], dtype=object), return_inverse=True)[1].reshape(-1)
+
+
+def _weights(values: np.ndarray, groups: Any) -> np.ndarray:
+    """Per-item weights of one metric: 0 where the value is not finite; else 1, or 1 / (finite items of its group)
+    so that the weighted mean is the mean of the group means."""
+    finite = np.isfinite(values)
+    if groups is None:
+        return finite.astype(np.float64)
+    codes = _codes(groups, len(values))
+    sizes = np.bincount(codes[finite], minlength=codes.max() + 1 if len(codes) else 0)
+    return np.where(finite, 1.0 / np.maximum(sizes[codes], 1), 0.0)
+
+
+def _unit_sums(values: np.ndarray, weights: np.ndarray, strata: Any, clusters: Any):
+    """Per resampling unit (an item, or a cluster of items): the weighted sums (num) and weights (den) of each column,
+    and its stratum. Units are in a canonical order (clusters by label; items by their values, weights and stratum),
+    so the same items in any row order give the same resamples."""
+    n = len(values)
+    strata_codes = _codes(strata, n)
+    num, den = np.where(weights > 0, values, 0.0) * weights, weights
+    if clusters is None:
+        order = np.lexsort([*num.T, *den.T, strata_codes][::-1]) if n else np.arange(0)
+        return num[order], den[order], strata_codes[order]
+    unit = _codes(clusters, n)
+    n_units = unit.max() + 1 if n else 0
+    unit_num, unit_den = np.zeros((n_units, num.shape[1])), np.zeros((n_units, num.shape[1]))
+    np.add.at(unit_num, unit, num)
+    np.add.at(unit_den, unit, den)
+    unit_strata = np.zeros(n_units, dtype=np.int64)
+    unit_strata[unit] = strata_codes
+    if np.any(unit_strata[unit] != strata_codes):
+        raise ValueError("a cluster's items lie in different strata: resampling within strata cannot keep it whole")
+    return unit_num, unit_den, unit_strata
+
+
+def _resampled(num: np.ndarray, den: np.ndarray, strata: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """(n_resamples, columns) weighted means of the bootstrap resamples: each draws, within each stratum, as many units
+    as the stratum holds, with replacement (numpy's PCG64 seeded with ``seed``)."""
+    rng = np.random.default_rng(seed)
+    n_units = len(num)
+    members = [np.flatnonzero(strata == s) for s in np.unique(strata)]
+    out = np.empty((n_resamples, num.shape[1]))
+    for start in range(0, n_resamples, _CHUNK):
+        b = min(_CHUNK, n_resamples - start)
+        drawn = np.concatenate([m[rng.integers(0, len(m), size=(b, len(m)))] for m in members], axis=1)
+        flat = (drawn + np.arange(b)[:, None] * n_units).ravel()
+        counts = np.bincount(flat, minlength=b * n_units).reshape(b, n_units).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[start:start + b] = (counts @ num) / (counts @ den)
+    return out
+
+
+def _bootstrap(values: np.ndarray, weights: np.ndarray, strata: Any, clusters: Any, n_resamples: int,
+               seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(point estimates (columns,), resampled estimates (n_resamples, columns)) of weighted means."""
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    num, den, unit_strata = _unit_sums(values, weights, strata, clusters)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        point = num.sum(axis=0) / den.sum(axis=0)
+    if not len(num):
+        return point, np.full((n_resamples, values.shape[1]), np.nan)
+    return point, _resampled(num, den, unit_strata, n_resamples, seed)
+
+
+def _interval(stats: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval of each column (NaN where no resample gave a finite figure)."""
+    tail = (1 - confidence) / 2
+    low, high = np.full(stats.shape[1], np.nan), np.full(stats.shape[1], np.nan)
+    ok = np.isfinite(stats).any(axis=0)
+    if ok.any():
+        low[ok], high[ok] = np.nanquantile(stats[:, ok], [tail, 1 - tail], axis=0)
+    return low, high
+
+
+def bootstrap_ci(values: Any, *, groups: Any = None, strata: Any = None, clusters: Any = None,
+                 n_resamples: int = N_RESAMPLES, seed: int = 0, confidence: float = CONFIDENCE) -> dict[str, float]:
+    """The mean of per-item ``values`` (NaN items left out; with ``groups``, the mean of the group means) and its
+    percentile bootstrap interval: ``{value, ci_low, ci_high, n}``. ``strata``: resample within each (its size kept);
+    ``clusters``: items drawn together. Seeded and vectorised; the same items in any order give the same interval."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1, 1)
+    point, stats = _bootstrap(v, _weights(v[:, 0], groups)[:, None], strata, clusters, n_resamples, seed)
+    low, high = _interval(stats, confidence)
+    return {"value": float(point[0]), "ci_low": float(low[0]), "ci_high": float(high[0]),
+            "n": int(np.isfinite(v).sum())}
+
+
+def mcnemar_p(correct_trained: Any, correct_base: Any) -> float:
+    """Exact two-sided McNemar p-value of two judges right / wrong on the same items: over the items whose correctness
+    changed (b gained, c lost), P = min(1, 2 * P(X <= min(b, c))) with X ~ Binomial(b + c, 1/2); 1.0 when none
+    changed. Exact integer arithmetic (no normal approximation)."""
+    t, b = np.asarray(correct_trained, dtype=bool), np.asarray(correct_base, dtype=bool)
+    if t.shape != b.shape:
+        raise ValueError(f"mcnemar_p needs the same items twice, got {t.shape} and {b.shape}")
+    gained, lost = int(np.sum(t & ~b)), int(np.sum(~t & b))
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    term = tail = 1  # C(n, 0); C(n, k) = C(n, k - 1) (n - k + 1) / k, exact in integers
+    for k in range(1, min(gained, lost) + 1):
+        term = term * (n - k + 1) // k
+        tail += term
+    return min(1.0, 2 * tail / 2**n)
+
+
+def items_intervals(items: Items, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                    confidence: float = CONFIDENCE) -> dict[str, dict[str, float]]:
+    """{metric: {value, ci_low, ci_high, n}} of every metric of ``items``, all from the same resamples."""
+    names = list(items.values)
+    values = np.column_stack([items.values[k] for k in names]) if names else np.zeros((len(items.keys), 0))
+    weights = np.column_stack([_weights(items.values[k], items.groups.get(k)) for k in names]) if names else values
+    point, stats = _bootstrap(values, weights, items.strata, items.clusters, n_resamples, seed)
+    low, high = _interval(stats, confidence)
+    return {k: {"value": float(point[j]), "ci_low": float(low[j]), "ci_high": float(high[j]),
+                "n": int(np.isfinite(values[:, j]).sum())} for j, k in enumerate(names)}
+
+
+def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                      confidence: float = CONFIDENCE) -> dict[str, dict[str, float]]:
+    """Trained against base on the items both hold (paired by key), for each metric both have.
+
+    Per metric: ``trained``, ``base`` and ``delta`` (trained - base) with their percentile intervals
+    (``<name>_ci_low``, ``<name>_ci_high``), all three from the same resamples of the paired items (a resample draws
+    an item for both judges at once), ``p_value`` and ``p_method``: ``mcnemar`` (exact) for right / wrong items,
+    else ``sign_flip`` (`sign_flip_p`: the paired randomization test, as many flips as resamples), and ``n`` (the
+    items counted). An item is counted in a metric only where both values are finite. Also ``n_only_trained`` /
+    ``n_only_base``: items of one side alone, left out."""
+    where = {k: i for i, k in enumerate(base.keys)}
+    if len(where) != len(base.keys) or len(set(trained.keys)) != len(trained.keys):
+        raise ValueError("paired_difference needs unique item keys on both sides")
+    t_idx = np.asarray([i for i, k in enumerate(trained.keys) if k in where], dtype=np.int64)
+    b_idx = np.asarray([where[trained.keys[i]] for i in t_idx], dtype=np.int64)
+    t, b = trained.take(t_idx), base.take(b_idx)
+    names = [k for k in t.values if k in b.values]
+    out: dict[str, dict[str, float]] = {}
+    if names:
+        tv = np.column_stack([t.values[k] for k in names])
+        bv = np.column_stack([b.values[k] for k in names])
+        both = np.isfinite(tv) & np.isfinite(bv)
+        tv, bv = np.where(both, tv, np.nan), np.where(both, bv, np.nan)
+        weights = np.column_stack([_weights(col, t.groups.get(k)) for k, col in zip(names, tv.T)])
+        point, stats = _bootstrap(np.hstack([tv, bv]), np.hstack([weights, weights]), t.strata, t.clusters,
+                                  n_resamples, seed)
+        m = len(names)
+        delta_point, delta_stats = point[:m] - point[m:], stats[:, :m] - stats[:, m:]
+        (t_low, b_low), (t_high, b_high) = (np.split(x, 2) for x in _interval(stats, confidence))
+        d_low, d_high = _interval(delta_stats, confidence)
+        flipped = sign_flip_p(tv, bv, weights=weights, clusters=t.clusters, n_flips=n_resamples, seed=seed)
+        for j, k in enumerate(names):
+            binary = k in t.binary and k in b.binary
+            out[k] = {"trained": float(point[j]), "trained_ci_low": float(t_low[j]),
+                      "trained_ci_high": float(t_high[j]), "base": float(point[m + j]),
+                      "base_ci_low": float(b_low[j]), "base_ci_high": float(b_high[j]),
+                      "delta": float(delta_point[j]), "delta_ci_low": float(d_low[j]),
+                      "delta_ci_high": float(d_high[j]),
+                      "p_value": mcnemar_p(tv[both[:, j], j] > 0.5, bv[both[:, j], j] > 0.5) if binary
+                      else float(flipped[j]), "p_method": "mcnemar" if binary else "sign_flip",
+                      "n": int(both[:, j].sum())}
+    extra = {"n_only_trained": len(trained.keys) - len(t_idx), "n_only_base": len(base.keys) - len(b_idx)}
+    return {k: {**v, **extra} for k, v in out.items()} if out else {}
+
+
+def sign_flip_p(trained: Any, base: Any, *, weights: Any = None, clusters: Any = None, n_flips: int = N_RESAMPLES,
+                seed: int = 0) -> np.ndarray:
+    """Two-sided p-value of the paired randomization (sign-flip) test of each column of ``trained`` - ``base`` (n,) or
+    (n, m): under no difference each item's (or cluster's) weighted difference is as likely negative as positive;
+    p = (1 + flips whose |sum| reaches the observed |sum|) / (n_flips + 1), so never below 1 / (n_flips + 1). Items
+    NaN on either side are left out. On right / wrong items it estimates what `mcnemar_p` computes exactly."""
+    t = np.asarray(trained, dtype=np.float64)
+    b = np.asarray(base, dtype=np.float64)
+    t, b = (t[:, None], b[:, None]) if t.ndim == 1 else (t, b)
+    both = np.isfinite(t) & np.isfinite(b)
+    w = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).reshape(t.shape)
+    diff = np.where(both, (t - b) * w, 0.0)
+    if clusters is not None:
+        unit = _codes(clusters, len(diff))
+        summed = np.zeros((unit.max() + 1 if len(unit) else 0, diff.shape[1]))
+        np.add.at(summed, unit, diff)
+        diff = summed
+    diff = diff[np.lexsort(diff.T[::-1])] if len(diff) else diff  # the same items in any order: the same flips
+    observed = np.abs(diff.sum(axis=0))
+    reach = observed * (1 - 1e-9) - 1e-12  # a flip whose sum equals the observed one counts (float sums)
+    rng, hits = np.random.default_rng(seed), np.zeros(diff.shape[1])
+    for start in range(0, n_flips, _CHUNK):
+        signs = rng.integers(0, 2, size=(min(_CHUNK, n_flips - start), len(diff))) * 2.0 - 1.0
+        hits += (np.abs(signs @ diff) >= reach).sum(axis=0)
+    return (1 + hits) / (n_flips + 1)
+
+
+# ---------------------------------------------------------------------------------------- RM-Bench per prompt
+_UPPER, _LOWER = np.triu_indices(MATRIX_SIZE, 1), np.tril_indices(MATRIX_SIZE, -1)
+
+
+def style_spread(score_chosen: Any, score_rejected: Any) -> np.ndarray:
+    """RM-Bench style spread per prompt: how far the judge's score of one response moves across its three styles
+    (max - min over concise, detailed plain, detailed markdown), averaged over the chosen and the rejected response;
+    in the units of the score (NaN where a score is missing). 0 is a judge that style cannot move."""
+    chosen = np.asarray(score_chosen, dtype=np.float64).reshape(-1, MATRIX_SIZE)
+    rejected = np.asarray(score_rejected, dtype=np.float64).reshape(-1, MATRIX_SIZE)
+    return (np.ptp(chosen, axis=1) + np.ptp(rejected, axis=1)) / 2
+
+
+def rmbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
+    """Per-prompt RM-Bench figures whose bootstrap keeps each prompt's 3x3 block whole: ``hard_acc``, ``normal_acc``,
+    ``easy_acc`` (the prompt's share of right comparisons in the strict upper triangle, the diagonal, the lower
+    triangle), ``total_avg_acc`` (their mean) and ``style_spread``, each the mean over prompts within a domain, then
+    over the domains present among chat, math, code, safety (`rmbench_results`' rule: safety-refuse and
+    safety-response pooled); per domain ``<domain>/{hard_acc,normal_acc,easy_acc,avg_acc,style_spread}``. Resampled
+    within domains (each keeps its number of prompts). Rows marked ``skipped`` are left out. Keys: ``id``."""
+    rows = [r for r in rows if not r.get("skipped")]
+    chosen = np.asarray([r["score_chosen"] for r in rows], dtype=np.float64).reshape(-1, MATRIX_SIZE)
+    rejected = np.asarray([r["score_rejected"] for r in rows], dtype=np.float64).reshape(-1, MATRIX_SIZE)
+    wins = chosen[:, :, None] > rejected[:, None, :]  # NaN compares False: wrong
+    per = {"hard_acc": wins[:, _UPPER[0], _UPPER[1]].mean(axis=1) if len(rows) else np.zeros(0),
+           "normal_acc": wins[:, np.arange(3), np.arange(3)].mean(axis=1) if len(rows) else np.zeros(0),
+           "easy_acc": wins[:, _LOWER[0], _LOWER[1]].mean(axis=1) if len(rows) else np.zeros(0)}
+    per["avg_acc"] = (per["hard_acc"] + per["normal_acc"] + per["easy_acc"]) / 3
+    per["style_spread"] = style_spread(chosen, rejected)
+    domains = np.asarray([rmbench_domain(r.get("domain") or r.get("id", "")) for r in rows], dtype=object)
+    headline = np.isin(domains, RMBENCH_DOMAINS)
+    values, groups = {}, {}
+    for key in ("hard_acc", "normal_acc", "easy_acc", "avg_acc", "style_spread"):
+        name = "total_avg_acc" if key == "avg_acc" else key
+        values[name] = np.where(headline, per[key], np.nan)
+        groups[name] = domains
+    for domain in [d for d in RMBENCH_DOMAINS if d in set(domains)] + sorted(set(domains) - set(RMBENCH_DOMAINS)):
+        for key in ("hard_acc", "normal_acc", "easy_acc", "avg_acc", "style_spread"):
+            values[f"{domain}/{key}"] = np.where(domains == domain, per[key], np.nan)
+    return Items([r.get("id") for r in rows], values, groups, strata=domains)
+
+
+def rmbench_intervals(rows: Iterable[Mapping[str, Any]], *, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                      confidence: float = CONFIDENCE) -> dict[str, dict[str, float]]:
+    """RM-Bench's figures with their intervals, resampling prompts within domains (`rmbench_items`):
+    ``{hard_acc, normal_acc, easy_acc, total_avg_acc, style_spread, <domain>/...: {value, ci_low, ci_high, n}}``; each
+    ``value`` equals `rmbench_results`' figure of the same rows."""
+    return items_intervals(rmbench_items(rows), n_resamples=n_resamples, seed=seed, confidence=confidence)
+
+
+def interval_keys(intervals: Mapping[str, Mapping[str, float]], prefix: str = "") -> dict[str, float]:
+    """The logged keys of intervals: ``<prefix><metric>``, ``.../ci_low``, ``.../ci_high``."""
+    out: dict[str, float] = {}
+    for metric, iv in intervals.items():
+        out[prefix + metric] = iv["value"]
+        out[f"{prefix}{metric}/ci_low"], out[f"{prefix}{metric}/ci_high"] = iv["ci_low"], iv["ci_high"]
+    return out

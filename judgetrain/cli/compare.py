@@ -1,0 +1,98 @@
+"""`judgetrain compare A B`: two saved evaluations side by side, from their per-row files, without scoring again.
+
+    judgetrain compare runs/base-eval/tiny-judge runs/quickstart/eval/40 --out compare.json
+
+A is the baseline, B the evaluation compared to it: each a folder `judgetrain eval` or a run's eval wrote
+(``results.json`` with ``<suite>.jsonl``), or a run folder (its latest evaluation). For each headline figure of every
+suite and scoring mode both hold, prints A, B, B - A with its 95% bootstrap interval (the same resamples for both) and
+a p-value (exact McNemar where the items are right or wrong, else the paired sign-flip test); writes every figure to
+``--out`` (JSON). The library call is `judgetrain.eval.compare.compare_evaluations`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from judgetrain.eval.compare import HEADLINE, EvaluationError, changed, compare_evaluations
+from judgetrain.eval.metrics import N_RESAMPLES
+from judgetrain.utils.files import write_json
+from judgetrain.utils.logging import setup_logging
+from judgetrain.utils.numbers import nan_to_none
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="judgetrain compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("a", metavar="A", help="the baseline: an evaluation folder or a run folder (its latest eval)")
+    p.add_argument("b", metavar="B", help="the evaluation compared to A (same kinds of path)")
+    p.add_argument("--out", default="compare.json", help="the JSON written (default: ./compare.json)")
+    p.add_argument("--suites", nargs="+", help="only these suites (default: every suite both hold)")
+    p.add_argument("--all", action="store_true", help="print every figure (per domain, category, bias), not only the "
+                                                      "headline ones")
+    p.add_argument("--resamples", type=int, default=N_RESAMPLES, help="bootstrap resamples (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the resamples")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging()
+    if args.resamples < 1000:
+        logger.warning("--resamples %d: intervals from fewer than 1,000 resamples move with the seed", args.resamples)
+    try:
+        doc = compare_evaluations(args.a, args.b, n_resamples=args.resamples, seed=args.seed, suites=args.suites)
+    except EvaluationError as exc:
+        logger.error("%s", exc)
+        return 2
+    _print(doc, args.all)
+    write_json(Path(args.out), nan_to_none(doc))
+    print(f"written: {args.out}")
+    return 0
+
+
+def _cell(value: Any, low: Any = None, high: Any = None) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    text = f"{value:.3f}"
+    return text if low is None or not math.isfinite(low) else f"{text} [{low:.3f}, {high:.3f}]"
+
+
+def _rows(doc: dict[str, Any], every: bool) -> list[list[str]]:
+    rows = []
+    for suite, modes in doc["suites"].items():
+        for mode, figures in modes.items():
+            names = list(figures) if every else [m for m in HEADLINE.get(suite, ()) if m in figures]
+            for metric in names:
+                v = figures[metric]
+                p = "-" if v["p_value"] is None else f"{v['p_value']:.3g}{'~' if v['p_method'] == 'sign_flip' else ''}"
+                delta = "-" if not math.isfinite(v["delta"]) else (
+                    f"{v['delta']:+.3f} [{v['delta_ci_low']:+.3f}, {v['delta_ci_high']:+.3f}]")
+                rows.append([f"{suite} ({mode})", metric, _cell(v["a"], v["a_ci_low"], v["a_ci_high"]),
+                             _cell(v["b"], v["b_ci_low"], v["b_ci_high"]), delta, p, str(v["n"]),
+                             changed(v, metric)])
+    return rows
+
+
+def _print(doc: dict[str, Any], every: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:  # piped or logged: keep each row on one line
+        console = Console(width=200)
+    table = Table(title=f"A: {doc['a']}\nB: {doc['b']}", caption=f"95% bootstrap intervals, {doc['n_resamples']} "
+                  f"resamples (seed {doc['seed']}), paired by item; p: exact McNemar (right / wrong items), else the "
+                  "paired sign-flip test (~)")
+    for i, h in enumerate(("suite", "metric", "A", "B", "B - A", "p", "n", "")):
+        table.add_column(h, justify="left" if i in (0, 1, 7) else "right", no_wrap=True)
+    for row in _rows(doc, every):
+        style = {"worse": "red", "better": "green"}.get(row[-1])
+        table.add_row(*row, style=style)
+    console.print(table)
+    for why in doc["skipped"]:
+        console.print(f"not compared: {why}")

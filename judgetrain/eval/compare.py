@@ -1,0 +1,287 @@
+"""Two saved evaluations side by side, from their per-row files, without scoring again (`judgetrain compare`).
+
+    from judgetrain.eval.compare import compare_evaluations
+    doc = compare_evaluations("runs/base-eval/tiny-judge", "runs/x/eval/40")   # A: the baseline, B: compared to it
+    doc["metrics"]["eval/rmbench/delta/total_avg_acc"], doc["suites"]["rmbench"]["implicit"]["hard_acc"]["p_value"]
+
+An evaluation is a folder that `judgetrain.eval.runner.evaluate_and_write` wrote (``results.json`` and
+``<suite>.jsonl``, ``<suite>.<mode>.jsonl`` for each other scoring mode): ``<output_dir>/eval/<step>/`` of a run, or
+``<output-dir>/<name>/`` of `judgetrain eval`; a run folder means its latest evaluation. Each suite and mode present in
+both is read into per-item figures (`judgetrain.eval.metrics.Items`), paired by item, and every figure gets A, B and
+B - A with their intervals from the same bootstrap resamples, and a p-value: exact McNemar where its items are right
+or wrong, else the paired sign-flip test (`judgetrain.eval.metrics.paired_difference`).
+
+What each suite's records give (the row files' fields):
+- rmbench (implicit, judge): ``id``, ``domain``, ``score_chosen`` / ``score_rejected`` (3 each) -> RM-Bench's figures
+  and the style spread, resampled by prompt within domains; generate: the 6 parsed scores of ``outputs``.
+- judgebias (implicit: chosen > rejected; judge: the judge's score closer to the chosen evaluation's): ``<category>/
+  accuracy``, judge mode also ``represent/anchor_mae`` and ``error/detect_rate``; generate: ``represent/
+  within_half_rate`` and ``error/detect_rate`` of the parsed score (unread: a failure).
+- ideation: ``accuracy`` per row (a pair's two orders resampled together) and ``position_consistency`` per pair;
+  generate: ``accuracy`` of the verdicts written.
+- judgebench and pairwise (records with ``label`` "A>B" / "B>A", ``source`` or ``category`` and ``verdicts``, the
+  judge's verdicts as shown, the second about the swapped presentation) -> `judgetrain.eval.metrics.judgebench_items`;
+  evalbiasbench (``bias``, ``label`` 1 / 2 or "A>B" / "B>A", ``predictions``) -> `evalbiasbench_items`. Records
+  without their verdicts are not compared (said in ``skipped``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from judgetrain.config.recipe import PROXY_MODES
+from judgetrain.eval.metrics import (N_RESAMPLES, Items, evalbiasbench_items, judgebench_items, paired_difference,
+                                     rmbench_items)
+
+logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.json"
+# The figures printed first, per suite (the JSON holds every figure); a category's figures follow its suite's.
+HEADLINE = {
+    "rmbench": ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc", "style_spread"),
+    "judgebias": ("error/accuracy", "represent/accuracy", "represent/anchor_mae", "error/detect_rate",
+                  "represent/within_half_rate"),
+    "ideation": ("accuracy", "position_consistency"),
+    "judgebench": ("accuracy", "knowledge/accuracy", "reasoning/accuracy", "math/accuracy", "coding/accuracy",
+                   "inconsistent_rate"),
+    "pairwise": ("accuracy", "inconsistent_rate"),
+    "evalbiasbench": ("single_acc", "pair_acc", "agreement"),
+}
+LOWER_IS_BETTER = ("style_spread", "anchor_mae", "inconsistent_rate")
+
+
+class EvaluationError(ValueError):
+    """A path that is not a saved evaluation, or two evaluations with nothing to compare."""
+
+
+def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                        suites: list[str] | None = None) -> dict[str, Any]:
+    """A (the baseline) against B, per suite and scoring mode both hold: ``{"a", "b" (the folders read), "suites":
+    {suite: {mode: {metric: paired figures}}}, "metrics": {logged key: value}, "skipped": [why a suite or mode was
+    left out], "n_resamples", "seed"}``. Logged keys: ``eval/<suite>[/<mode>]/delta/<metric>`` and its
+    ``delta_ci_low``, ``delta_ci_high``, ``p_value`` (the mode named unless it is both evaluations' first mode)."""
+    folder_a, folder_b = evaluation_folder(a), evaluation_folder(b)
+    files_a, files_b = row_files(folder_a), row_files(folder_b)
+    bare = _bare_mode(folder_a) == _bare_mode(folder_b) and _bare_mode(folder_a)
+    doc: dict[str, Any] = {"a": str(folder_a), "b": str(folder_b), "n_resamples": n_resamples, "seed": seed,
+                           "suites": {}, "metrics": {}, "skipped": []}
+    for key in sorted(set(files_a) | set(files_b)):
+        suite, mode = key
+        if suites and suite not in suites:
+            continue
+        if key not in files_a or key not in files_b:
+            doc["skipped"].append(f"{suite} ({mode}): only in {'A' if key in files_a else 'B'}")
+            continue
+        items_a, why_a = suite_items(suite, mode, read_records(files_a[key]))
+        items_b, why_b = suite_items(suite, mode, read_records(files_b[key]))
+        if items_a is None or items_b is None:
+            doc["skipped"].append(f"{suite} ({mode}): {why_a or why_b}")
+            continue
+        paired = paired_difference(items_b, items_a, n_resamples=n_resamples, seed=seed)
+        if not paired:
+            doc["skipped"].append(f"{suite} ({mode}): no item in both evaluations")
+            continue
+        figures = {m: _as_ab(v) for m, v in paired.items()}
+        doc["suites"].setdefault(suite, {})[mode] = figures
+        prefix = f"eval/{suite}/" if mode == bare else f"eval/{suite}/{mode}/"
+        for metric, v in figures.items():
+            doc["metrics"][f"{prefix}delta/{metric}"] = v["delta"]
+            for part in ("delta_ci_low", "delta_ci_high", "p_value"):
+                doc["metrics"][f"{prefix}delta/{metric}/{part}"] = v[part]
+    if not doc["suites"]:
+        raise EvaluationError(f"nothing to compare between {folder_a} and {folder_b}: "
+                              + ("; ".join(doc["skipped"]) or "no per-row files"))
+    return doc
+
+
+def _as_ab(v: dict[str, Any]) -> dict[str, Any]:
+    """paired_difference's figures of (trained=B, base=A) under the names A and B."""
+    return {"a": v["base"], "a_ci_low": v["base_ci_low"], "a_ci_high": v["base_ci_high"], "b": v["trained"],
+            "b_ci_low": v["trained_ci_low"], "b_ci_high": v["trained_ci_high"], "delta": v["delta"],
+            "delta_ci_low": v["delta_ci_low"], "delta_ci_high": v["delta_ci_high"], "p_value": v["p_value"],
+            "p_method": v["p_method"], "n": v["n"], "n_only_a": v["n_only_base"], "n_only_b": v["n_only_trained"]}
+
+
+def changed(v: dict[str, Any], metric: str) -> str:
+    """"better", "worse" (B against A, the interval of the difference excluding 0) or "" (within noise)."""
+    low, high = v["delta_ci_low"], v["delta_ci_high"]
+    if not (math.isfinite(low) and math.isfinite(high)) or low <= 0 <= high:
+        return ""
+    up = low > 0
+    return "worse" if up == metric.endswith(LOWER_IS_BETTER) else "better"
+
+
+# ---------------------------------------------------------------------------------------------- the files
+def evaluation_folder(path: str | Path) -> Path:
+    """The folder of one evaluation: ``path`` itself when it holds results.json, else (a run folder) its latest
+    ``eval/<step>/`` that does."""
+    path = Path(path)
+    if (path / RESULTS_FILE).is_file():
+        return path
+    steps = sorted((p for p in (path / "eval").glob("*") if p.name.isdigit() and (p / RESULTS_FILE).is_file()),
+                   key=lambda p: int(p.name)) if (path / "eval").is_dir() else []
+    if steps:
+        return steps[-1]
+    named = sorted(p for p in path.glob("*") if (p / RESULTS_FILE).is_file()) if path.is_dir() else []
+    if len(named) == 1:  # a `judgetrain eval` output folder of one model
+        return named[0]
+    raise EvaluationError(f"{path} is not a saved evaluation: no {RESULTS_FILE} there nor in {path}/eval/<step>/ "
+                          "(give an evaluation folder, a run folder, or a `judgetrain eval` output folder's <name>/)")
+
+
+def _bare_mode(folder: Path) -> str | None:
+    """The scoring mode of ``<suite>.jsonl`` (the first of implicit / judge the evaluation ran)."""
+    try:
+        doc = json.loads((folder / RESULTS_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise EvaluationError(f"{folder / RESULTS_FILE}: unreadable: {exc}") from None
+    mode = doc.get("scoring") if isinstance(doc, dict) else None
+    return mode if mode in PROXY_MODES else None
+
+
+def row_files(folder: Path) -> dict[tuple[str, str], Path]:
+    """{(suite, mode): per-row file} of one evaluation folder."""
+    bare = _bare_mode(folder)
+    out = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        suite, _, mode = path.stem.partition(".")
+        mode = mode or bare
+        if mode:
+            out[(suite, mode)] = path
+    return out
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of a per-row file; a line that is not a JSON object is an error naming the file and line."""
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as exc:
+                raise EvaluationError(f"{path} line {lineno}: not JSON: {exc}") from None
+            if not isinstance(rec, dict):
+                raise EvaluationError(f"{path} line {lineno}: expected a JSON object, got {type(rec).__name__}")
+            records.append(rec)
+    return records
+
+
+# ------------------------------------------------------------------------------------------ records to items
+def suite_items(suite: str, mode: str, records: list[dict]) -> tuple[Items | None, str | None]:
+    """(the per-item figures of one suite's records in one mode, None) or (None, why they cannot be compared)."""
+    if not records:
+        return None, "no records"
+    if suite == "rmbench":
+        return rmbench_items(_rmbench_rows(records, mode)), None
+    if suite == "judgebias":
+        return _judgebias(records, mode), None
+    if suite == "ideation":
+        return _ideation(records, mode), None
+    if suite in ("judgebench", "pairwise"):
+        if not all("verdicts" in r or "scores" in r for r in records):
+            return None, "its records carry no verdicts"
+        return judgebench_items([{**r, "id": _key(r)} for r in records]), None
+    if suite == "evalbiasbench":
+        if not all("predictions" in r for r in records):
+            return None, "its records carry no predictions"
+        return evalbiasbench_items([{**r, "id": _key(r), "label": _label_number(r["label"])} for r in records]), None
+    return None, "a suite compare does not know"
+
+
+def _key(record: dict) -> Any:
+    """An item's identity across two evaluations of the same rows."""
+    return record.get("id") if record.get("id") is not None else (record.get("row_index"), record.get("pair_id"))
+
+
+def _label_number(label: Any) -> Any:
+    return {"A>B": 1, "B>A": 2}.get(label, label)
+
+
+def _nan(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _rmbench_rows(records: list[dict], mode: str) -> list[dict]:
+    if mode != "generate":
+        return [r for r in records if r.get("score_chosen") is not None and r.get("score_rejected") is not None]
+    out = []
+    for r in records:
+        scores = [_nan(o.get("score")) for o in r["outputs"]]
+        out.append({"id": r.get("id"), "domain": r.get("domain"), "score_chosen": scores[:3],
+                    "score_rejected": scores[3:]})
+    return out
+
+
+def _judgebias(records: list[dict], mode: str) -> Items:
+    keys, cats, right, extra = [], [], [], {"represent/anchor_mae": [], "error/detect_rate": [],
+                                            "represent/within_half_rate": []}
+    records = [r for r in records if not r.get("skipped")]
+    for r in records:
+        keys.append((r.get("row_index"), r.get("sample_id"), r.get("perturbation_type")))
+        cat = r.get("perturbation_category")
+        cats.append(cat)
+        anchor = _nan(r.get("anchor_score"))
+        if mode == "generate":
+            score = _nan(r["outputs"][0].get("score"))
+            right.append(math.nan)
+            within = float(abs(score - anchor) <= 0.5) if cat == "represent" else math.nan  # NaN compares False
+            extra["represent/within_half_rate"].append(within)
+            extra["error/detect_rate"].append(float(score < anchor) if cat == "error" else math.nan)
+            extra["represent/anchor_mae"].append(abs(score - anchor) if cat == "represent" else math.nan)
+            continue
+        chosen, rejected = _nan(r.get("score_chosen")), _nan(r.get("score_rejected"))
+        if mode == "judge":
+            judge = _nan(r.get("judge_score"))
+            right.append(float(abs(judge - chosen) < abs(judge - rejected)))
+            extra["represent/anchor_mae"].append(abs(judge - anchor) if cat == "represent" else math.nan)
+            extra["error/detect_rate"].append(float(judge <= anchor - 0.5) if cat == "error" else math.nan)
+        else:
+            right.append(float(chosen > rejected))
+    cats_arr, right_arr = np.asarray(cats, dtype=object), np.asarray(right, dtype=np.float64)
+    values: dict[str, np.ndarray] = {}
+    if mode != "generate":
+        for cat in sorted({c for c in cats if c is not None}):
+            values[f"{cat}/accuracy"] = np.where(cats_arr == cat, right_arr, np.nan)
+    for name, column in extra.items():
+        arr = np.asarray(column, dtype=np.float64)
+        if len(arr) and np.isfinite(arr).any():
+            values[name] = arr
+    binary = tuple(k for k in values if not k.endswith("anchor_mae"))
+    return Items(keys, values, binary=binary)
+
+
+def _ideation(records: list[dict], mode: str) -> Items:
+    keys, right, consistent, pairs = [], [], [], []
+    if mode == "generate":
+        for r in records:
+            pair = r.get("pair_id")
+            for o in r["outputs"]:
+                keys.append((r.get("row_index"), pair, o.get("order")))
+                right.append(float(o.get("choice") is not None and o.get("choice") == o.get("preferred")))
+                pairs.append(pair)
+        return Items(keys, {"accuracy": np.asarray(right)}, clusters=np.asarray(pairs, dtype=object),
+                     binary=("accuracy",))
+    records = [r for r in records if not r.get("skipped")]
+    by_pair: dict[Any, dict[str, float]] = {}
+    for r in records:
+        ok = float(_nan(r.get("score_chosen")) > _nan(r.get("score_rejected")))
+        pair = r.get("pair_id") if r.get("pair_id") is not None else r.get("row_index")
+        keys.append((r.get("row_index"), r.get("sample_id"), r.get("order")))
+        right.append(ok)
+        pairs.append(pair)
+        if r.get("order") in ("AB", "BA"):
+            by_pair.setdefault(pair, {})[r["order"]] = ok
+    values = {"accuracy": np.asarray(right, dtype=np.float64)}
+    if by_pair:  # a pair's consistency counted once, on its AB row
+        values["position_consistency"] = np.asarray(
+            [float(by_pair[p]["AB"] == by_pair[p]["BA"]) if r.get("order") == "AB" and len(by_pair[p]) == 2
+             else math.nan for p, r in zip(pairs, records)], dtype=np.float64)
+    return Items(keys, values, clusters=np.asarray([str(p) for p in pairs], dtype=object), binary=tuple(values))
