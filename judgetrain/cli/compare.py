@@ -9,6 +9,9 @@ a p-value (exact McNemar where the items are right or wrong, else the paired sig
 ``--out`` (JSON). The library call is `judgetrain.eval.compare.compare_evaluations`.
 """
 
+# Late imports: rich (inside the functions that use them): each command loads only what it runs, so `judgetrain
+# --help` and the light commands (status, cache, report) start without them.
+
 from __future__ import annotations
 
 import argparse

@@ -43,7 +43,7 @@ from typing import Any
 import datasets
 
 from .ideation import preference_letter
-from .io import Table, UnreadableFile, build_dataset, data_files, load_hub, read_or_reject, resolve_local
+from .io import Table, UnreadableFile, build_dataset, data_files, load_hub, read_or_reject, resolve_local, split_files
 from .sampling import balanced_sample
 from .validate import JSON_ERRORS, DataValidationError, Rejects, RowProblem, check_text, json_problem, validate_rows
 
@@ -116,7 +116,7 @@ def load_pairwise(source: str | os.PathLike, *, columns: Mapping[str, str] | Non
     if path is None:
         tables = [load_hub(str(source), split or SPLIT, revision=revision)]
     else:
-        files = [path] if path.is_file() else (data_files(path) if split is None else _split_files(path, split))
+        files = [path] if path.is_file() else (data_files(path) if split is None else split_files(path, split))
         tables = [t for t in (read_or_reject(p, rejects, split or SPLIT) for p in files) if t is not None]
     return _load(fmt, tables, rejects, str(source), max_rows, seed)
 
@@ -251,12 +251,6 @@ def _missing_columns(fmt: PairwiseFormat, table: Table) -> list[tuple[str, str]]
         return [(f, c) for f, c in wanted if c not in table.rows.column_names]
     present = set().union(*(r.keys() for r in table.rows if isinstance(r, dict))) if len(table.rows) else set()
     return [(f, c) for f, c in wanted if c not in present] if present else []
-
-
-def _split_files(directory: Path, split: str) -> list[Path]:
-    from .io import split_files
-
-    return split_files(directory, split)
 
 
 def _bias_tables(path: Path, rejects: Rejects) -> list[Table]:
