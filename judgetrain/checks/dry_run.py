@@ -30,7 +30,7 @@ DEFAULT_AUDIT_ROWS = 64
 def dry_run(recipe: Recipe) -> dict:
     """Check a recipe without loading weights: schema (already parsed), files, accelerate config, data and lengths
     on the first ``audit_rows`` rows. Hub sources and tokenizers unreachable offline are reported, not fatal."""
-    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
+    script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
 
     report: dict = {"recipe": "ok", "problems": [], "notes": []}
     in_the_way = output_dir_problems(recipe)  # before the audit below writes any rejects there
@@ -39,7 +39,6 @@ def dry_run(recipe: Recipe) -> dict:
         logger.warning(warning)
         report["notes"].append(warning)
     if script_args.accelerate_config:
-
         if not Path(script_args.accelerate_config).is_file():
 
             raise RecipeError(f"accelerate_config {script_args.accelerate_config}: file not found; packaged configs: "
@@ -149,7 +148,7 @@ def _eval_rows(recipe: Recipe, tokenizer, n: int, report) -> dict:
 
 def _memory(recipe: Recipe, cfg, report) -> dict | None:
     """The per-device memory estimate (judgetrain.checks.memory); a model whose shape is unknown offline is a note."""
-    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
+    script_args = recipe.script_args
 
     try:
         return dry_run_memory(recipe, cfg)

@@ -292,7 +292,8 @@ def plan_from_recipe(recipe: Recipe, *, processes: int = 1,
                      parallelism: str = "single", mixed_precision: str | None = None) -> Plan:
     """The recipe's plan: LoRA or full, dtype, batch, max_length, checkpointing, reference, eval batch. ``resolved``
     (the recipe as written) gives bf16: a dry run on a CPU machine parses it as false."""
-    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
+    script_args, training_args = recipe.script_args, recipe.training_args
+    model_args, resolved = recipe.model_args, recipe.resolved
     dtype = str(resolved.get("dtype") or getattr(model_args, "dtype", None) or "auto")
     bf16 = bool(resolved.get("bf16", True) or resolved.get("fp16")) or mixed_precision in ("bf16", "fp16")
     half = dtype in ("bfloat16", "float16") or (dtype == "auto" and bf16)
@@ -321,7 +322,7 @@ def plan_from_recipe(recipe: Recipe, *, processes: int = 1,
 
 def dry_run_memory(recipe: Recipe, accelerate_cfg=None) -> dict[str, Any]:
     """The dry run's memory section for the recipe under its accelerate config (or --num_processes) and --gpu."""
-    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
+    script_args, model_args = recipe.script_args, recipe.model_args
     parallelism, processes = parallelism_of_config(accelerate_cfg) if accelerate_cfg is not None else ("single", 1)
     if script_args.num_processes:
         processes = script_args.num_processes

@@ -12,6 +12,9 @@ Run by `judgetrain train --dry-run` and at the start of every run (before the mo
 A run with problems stops with `PreflightError` (exit code 2), naming every one; the dry run lists them.
 """
 
+# Late imports: transformers (its integrations, inside report_to_problems): their availability check imports W&B,
+# half a second of start-up, which `report_to: none` does not need.
+
 from __future__ import annotations
 
 import errno
@@ -24,7 +27,6 @@ from pathlib import Path
 
 import torch
 from huggingface_hub.errors import HFValidationError
-from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 from transformers.utils import import_utils
 
 from judgetrain.checks.memory import model_shape, plan_from_recipe
@@ -63,6 +65,7 @@ def report_to_problems(report_to, env=os.environ) -> list[str]:
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     if all(name in ("none", "all") for name in names):
         return []
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
     available = set(get_available_reporting_integrations())
     problems = []
@@ -107,7 +110,6 @@ def package_problems(recipe: Recipe) -> list[str]:
     problems = []
     config = script_args.accelerate_config
     if config and Path(config).is_file():
-
         missing = deepspeed_missing(config)  # the check `judgetrain train` makes before it launches
         if missing:
             problems.append(missing)
@@ -200,7 +202,7 @@ def checkpoint_bytes(recipe: Recipe) -> int | None:
     """A checkpoint's size from the model's shape (None when the shape is unknown offline): LoRA saves the adapter
     and its Adam state (fp32: 4 + 8 bytes per trainable number); a full fine-tune saves the weights in their dtype
     and the fp32 Adam state (and master weights under mixed precision), 8-16 bytes per weight in all."""
-    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
+    model_args = recipe.model_args
 
     if is_alias(model_args.model_name_or_path):  # judgetrain's own small models: building one here is no check
         return None
@@ -216,7 +218,7 @@ def checkpoint_bytes(recipe: Recipe) -> int | None:
 
 
 def disk_problem(recipe: Recipe) -> str | None:
-    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
+    training_args = recipe.training_args
     if getattr(training_args, "save_strategy", "steps") in ("no", None) or str(getattr(training_args, "save_strategy", "")).endswith("NO"):
         return None
     size = checkpoint_bytes(recipe)
@@ -255,7 +257,7 @@ def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.env
 
 def preflight(recipe: Recipe) -> list[str]:
     """Every problem found, one line each (empty: nothing predicted to fail)."""
-    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
+    training_args, model_args = recipe.training_args, recipe.model_args
     problems = report_to_problems(training_args.report_to)
     problems += package_problems(recipe)
     for problem in (lock_problem(training_args.output_dir),
@@ -268,7 +270,6 @@ def preflight(recipe: Recipe) -> list[str]:
 
 def check_before_start(recipe: Recipe) -> None:
     """At the start of a run, before the model loads: stop with every problem at once (main process decides)."""
-    script_args, training_args, model_args, resolved = recipe.script_args, recipe.training_args, recipe.model_args, recipe.resolved
 
     def decide():
         problems = preflight(recipe)

@@ -55,7 +55,7 @@ def load_audited_dataset(recipe: Recipe, tokenizer):
     A start whose inputs equal those of the start that wrote the machine's rows folder (`preparation_key`: the
     recipe's data keys, each source file's size and modification time, the tokenizer, the code and library
     versions; a resume, a requeue) loads the folder without reading, validating, neutralising or tokenising a row."""
-    script_args, training_args = recipe.script_args, recipe.training_args
+    training_args = recipe.training_args
     from accelerate import PartialState
 
     state = PartialState()
@@ -323,7 +323,6 @@ def release_freed_memory() -> None:
         pass
     if sys.platform.startswith("linux"):
         try:
-
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):
             pass

@@ -333,7 +333,6 @@ class JudgeEvalCallback(TrainerCallback):
         model = self._engine().model
         if "generate" in self.modes:
             if self.generator is None:
-
                 self.generator = Generator(model, self.tokenizer, **self.generator_kwargs)
                 self.generator.stop_check = self.engine.stop_check  # a SIGTERM stops generation between its calls too
             self.generator.set_model(model, self.trainer.accelerator)  # ZeRO-3: gathered once per generate call

@@ -372,7 +372,6 @@ class Generator(StopPoints):
         if not self.prefix_sharing:
             return False
         if self._sharing is None or self._sharing[0] is not model:
-
             problem = prefix_sharing_problem(model, cache=True)
             self._sharing = (model, problem)
             if problem:

@@ -71,7 +71,6 @@ def score_reference(engine: ScoringEngine, specs: list[SuiteSpec], state: Any) -
         if was_training:
             model.train()
     if world > 1:
-
         for part in gather_object([dict(engine.reference_values)]):
             engine.freeze_reference(part)
     logger.info("eval reference: %d sequences scored with the weights before the first step (%.1fs); implicit "
@@ -141,7 +140,6 @@ def load_reference(engine: ScoringEngine, output_dir: str | Path, state: Any, re
     if getattr(state, "is_main_process", True):
         box = list(_reference_problem(path, engine))
     if getattr(state, "num_processes", 1) > 1:
-
         broadcast_object_list(box)
     doc, problem = box
     if problem is not None and problem != "missing" and rebuild is not None:

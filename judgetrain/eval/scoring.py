@@ -563,7 +563,6 @@ class ScoringEngine(StopPoints):
     def _prefix_sharing_problem(self, model: torch.nn.Module) -> str | None:
         """Why prefix sharing cannot run on this model (checked once per model, warned once)."""
         if id(model) not in self._prefix_sharing_problems:
-
             problem = prefix_sharing_problem(model, cache=True)
             self._prefix_sharing_problems[id(model)] = problem
             if problem is not None:
@@ -592,7 +591,6 @@ class ScoringEngine(StopPoints):
         n_forwards = count_forwards(shared_rows, self.batch_tokens, self.max_batch_size) + len(batches)
         n_total = n_forwards
         if sync:
-
             n_total = max(gather_object([n_forwards]))
         out: dict[tuple[int, int], float] = {}
         if shared_rows:

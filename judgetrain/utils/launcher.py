@@ -29,7 +29,6 @@ def die_with_launcher() -> None:
     if not any(s in cmdline for s in ("accelerate", "torchrun", "torch.distributed.run")):
         return
     try:
-
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
