@@ -17,7 +17,7 @@ import pytest
 from helpers import free_port
 from openai_server import ScriptedServer
 
-from judgetrain.judge.endpoint import EndpointError, EndpointGenerator, retry_after_seconds
+from judgetrain.judge.endpoint import EndpointError, EndpointGenerator, Rejected, retry_after_seconds
 
 KEY_VAR = "JUDGETRAIN_TEST_ENDPOINT_KEY"
 SECRET = "sk-test-4f1d9c2b7a"
@@ -36,8 +36,9 @@ def test_completions_come_back_in_input_order_with_the_servers_counts():
     assert [o.text for o in outs] == ["gamma beta alpha"] * 7
     assert [o.n_tokens for o in outs] == [3] * 7 and [o.prompt_tokens for o in outs] == [7] * 7
     assert [o.stopped for o in outs] == [False] * 7  # cut at max_tokens: finish_reason "length"
-    assert gen.stats == {"ok": 7, "retried_429": 0, "retried_5xx": 0, "retried_timeout": 0,
-                         "retried_connection": 0, "failed": 0, "abandoned": 0}
+    assert gen.stats == {"ok": 7, "rejected": 0, "retried_429": 0, "retried_5xx": 0, "retried_timeout": 0,
+                         "retried_connection": 0, "retried_bad_answer": 0, "failed": 0, "abandoned": 0}
+    assert gen.waits == []
     sent = server.requests[0]
     assert sent["model"] == "judge" and sent["max_tokens"] == 3 and sent["temperature"] == 0.0
     assert sent["stream"] is False and "seed" not in sent and "continue_final_message" not in sent
@@ -48,11 +49,10 @@ def test_completions_come_back_in_input_order_with_the_servers_counts():
 def test_429_waits_what_retry_after_asks_then_the_prompt_completes():
     with ScriptedServer(model="judge", script=["429", "429"], retry_after="1") as server:
         gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, concurrency=1, backoff_s=0.01)
-        start = time.monotonic()
         [out] = gen.generate(prompts(1))
-        waited = time.monotonic() - start
     assert server.statuses == [429, 429, 200]
-    assert 2.0 <= waited < 6, waited  # two Retry-After: 1 honoured (a 0.01 s backoff alone would be ~0.02 s)
+    # the server's Retry-After: 1 honoured twice (the 0.01 s backoff would have waited 0.005 to 0.02 s)
+    assert gen.waits == [("retried_429", 1.0), ("retried_429", 1.0)]
     assert out.text == "gamma beta alpha 0 item" and out.stopped and out.n_tokens == 5
     assert gen.stats["retried_429"] == 2 and gen.stats["ok"] == 1 and gen.stats["failed"] == 0
 
@@ -61,13 +61,13 @@ def test_5xx_backs_off_exponentially_and_fails_clearly_when_retries_run_out():
     with ScriptedServer(model="judge", script=["503"] * 10) as server:
         gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, max_retries=3, backoff_s=0.2,
                                 backoff_max_s=10)
-        start = time.monotonic()
         with pytest.raises(EndpointError) as err:
             gen.generate(prompts(1))
-        waited = time.monotonic() - start
     assert server.statuses == [503] * 4  # the first try and 3 retries
-    # backoffs of 0.2, 0.4, 0.8 s, each jittered to between half and all of it: 0.7 to 1.4 s
-    assert 0.7 <= waited < 3, waited
+    # backoffs of 0.2, 0.4, 0.8 s, each jittered to between half and all of it
+    assert [kind for kind, _ in gen.waits] == ["retried_5xx"] * 3
+    for (_, wait), cap in zip(gen.waits, (0.2, 0.4, 0.8)):
+        assert cap / 2 <= wait <= cap, gen.waits
     message = str(err.value)
     assert server.base_url + "/chat/completions" in message and "'judge'" in message
     assert "failed after 3 retries" in message and "HTTP 503: scripted 503" in message
@@ -86,12 +86,9 @@ def test_a_stalled_answer_times_out_and_is_retried():
 def test_requests_in_flight_never_exceed_concurrency():
     with ScriptedServer(model="judge", delay_s=0.15) as server:
         gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=2, concurrency=4)
-        start = time.monotonic()
         outs = gen.generate(prompts(16))
-        took = time.monotonic() - start
-    assert len(outs) == 16 and gen.stats["ok"] == 16
-    assert server.max_in_flight == 4  # reached, never passed
-    assert took < 16 * 0.15 / 2, took  # concurrent: four waves of 0.15 s, not sixteen
+    assert len(outs) == 16 and gen.stats["ok"] == 16 and gen.waits == []
+    assert server.max_in_flight == 4  # counted by the server: reached (concurrent), never passed
 
 
 def test_a_missing_key_variable_fails_before_any_request(monkeypatch):
@@ -177,6 +174,120 @@ def test_a_refused_connection_is_retried_then_named():
         gen.generate(prompts(3))
     assert gen.stats["retried_connection"] >= 2 and gen.stats["failed"] >= 1
     assert gen.stats["failed"] + gen.stats["abandoned"] == 3
+
+
+def test_a_rejected_prompt_is_a_result_and_the_other_answers_are_kept(monkeypatch, caplog):
+    """A 400 for one prompt (over the server's context) is that prompt's `Rejected` (status and the server's words,
+    the key redacted), not retried; the other prompts of the call are answered."""
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    batch = prompts(4)
+    batch[1][1]["content"] += " TOOLONG"
+    with ScriptedServer(model="judge", key=SECRET, reject_word="TOOLONG") as server:
+        gen = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=8, concurrency=2)
+        outs = gen.generate(batch)
+    assert isinstance(outs[1], Rejected) and outs[1].status == 400 and outs[1].text == ""
+    assert outs[1].message.startswith("This model's maximum context length is 32 tokens")
+    assert "Bearer ***" in outs[1].message and SECRET not in outs[1].message + caplog.text
+    assert [o.text for i, o in enumerate(outs) if i != 1] == [f"gamma beta alpha {i} item" for i in (0, 2, 3)]
+    assert not any(isinstance(o, Rejected) for i, o in enumerate(outs) if i != 1)
+    assert server.statuses.count(400) == 1 and server.statuses.count(200) == 3  # the 400 was not sent again
+    assert gen.stats["rejected"] == 1 and gen.stats["ok"] == 3 and gen.stats["failed"] == 0
+
+
+def test_a_failed_prompt_keeps_the_answers_already_received():
+    """Retries run out for one prompt: the error carries every answer that came back (None for the others)."""
+    with ScriptedServer(model="judge", script=["503"] * 3) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, concurrency=1, max_retries=2,
+                                backoff_s=0.01)
+        with pytest.raises(EndpointError, match="prompt 0 failed after 2 retries") as err:
+            gen.generate(prompts(3))
+    assert err.value.partial == [None, None, None]  # concurrency 1: prompt 0 failed first, the rest abandoned
+    with ScriptedServer(model="judge") as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, concurrency=1, max_retries=1,
+                                backoff_s=0.01)
+        batch = prompts(3)
+        server.script = []
+        first = gen.generate(batch[:1])
+        server.script = ["503", "503"]
+        with pytest.raises(EndpointError) as err:
+            gen.generate(batch)
+    assert first[0].text == "gamma beta alpha 0 item"
+    assert err.value.partial == [None, None, None] and gen.stats["abandoned"] == 2
+
+
+@pytest.mark.parametrize("step", ["not_json", "no_choices", "cut", "reset", "429_cut"])
+def test_every_transport_error_is_retried_and_counted(step):
+    """Bodies that are not a chat completion, cut short, a reset mid-body, a 429 whose error body is cut short: each
+    retried and counted, never an exception out of the client."""
+    with ScriptedServer(model="judge", script=[step]) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, backoff_s=0.01)
+        [out] = gen.generate(prompts(1))
+    assert out.text == "gamma beta alpha 0 item" and len(server.requests) == 2
+    kind = {"not_json": "retried_bad_answer", "no_choices": "retried_bad_answer", "cut": "retried_connection",
+            "reset": "retried_connection", "429_cut": "retried_429"}[step]
+    assert gen.stats[kind] == 1 and gen.stats["ok"] == 1 and gen.stats["failed"] == 0
+    assert [k for k, _ in gen.waits] == [kind]
+
+
+def test_the_wait_budget_ends_a_prompt_the_server_never_answers(caplog):
+    """The total wait per prompt is bounded by wait_budget_s, whatever max_retries allows; each wait is logged with
+    what the judge has waited so far."""
+    caplog.set_level(logging.WARNING)
+    with ScriptedServer(model="judge", script=["503"] * 50) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, max_retries=40, backoff_s=0.1,
+                                backoff_max_s=0.1, wait_budget_s=0.35)
+        with pytest.raises(EndpointError, match=r"prompt 0 failed after 0s of waiting \(the wait budget is 0.35s\)"):
+            gen.generate(prompts(1))
+    waits = [w for _, w in gen.waits]
+    assert sum(waits) == pytest.approx(0.35) and len(waits) < 40  # the last wait cut to what the budget left
+    assert "waiting 0.1s for the server (retry 1/40, 0s of 0.35s waited)" in caplog.text
+    assert gen.stats["retried_5xx"] == len(waits) and len(server.statuses) == len(waits) + 1
+
+
+def test_a_redirect_to_another_host_is_not_followed_with_the_key(monkeypatch):
+    """Two real servers: A answers every request with a 307 to B. The key never reaches B; the error names both."""
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    with ScriptedServer(model="judge") as other, ScriptedServer(model="judge", redirect_to=other.base_url) as server:
+        gen = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=8)
+        with pytest.raises(EndpointError) as err:
+            gen.preflight()
+        with pytest.raises(EndpointError) as err2:
+            gen.generate(prompts(1))
+    assert server.auth_seen == [f"Bearer {SECRET}", f"Bearer {SECRET}"]  # A got the key (it is the endpoint)
+    assert other.auth_seen == [] and other.requests == []  # B never got a request, let alone the key
+    for e in (err.value, err2.value):
+        assert server.base_url in str(e) and other.base_url in str(e) and "not followed" in str(e)
+        assert SECRET not in str(e) and e.status == 307
+
+
+def test_a_key_over_plain_http_to_another_host_is_warned_once(monkeypatch, caplog):
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    caplog.set_level(logging.WARNING)
+    EndpointGenerator("http://192.0.2.7:8000/v1", "judge", KEY_VAR, max_new_tokens=8)
+    EndpointGenerator("http://127.0.0.1:8000/v1", "judge", KEY_VAR, max_new_tokens=8)
+    EndpointGenerator("https://192.0.2.7/v1", "judge", KEY_VAR, max_new_tokens=8)
+    EndpointGenerator("http://192.0.2.7:8000/v1", "judge", None, max_new_tokens=8)
+    warned = [r.getMessage() for r in caplog.records if "plain http" in r.getMessage()]
+    assert len(warned) == 1 and "http://192.0.2.7:8000/v1" in warned[0] and SECRET not in caplog.text
+
+
+def test_preflight_refuses_what_it_can_before_any_prompt(monkeypatch):
+    """A refused key, an unknown model and a server that does not answer each fail the preflight (GET /models);
+    a good one returns the id the server lists the model under."""
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    with ScriptedServer(model="org/judge", key=SECRET) as server:
+        assert EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4).preflight() == "org/judge"
+        monkeypatch.setenv(KEY_VAR, "sk-wrong")
+        with pytest.raises(EndpointError, match=r"HTTP 401, the key in \$" + KEY_VAR + " was refused") as err:
+            EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4).preflight()
+        assert "Bearer ***" in str(err.value)
+        monkeypatch.setenv(KEY_VAR, SECRET)
+        with pytest.raises(EndpointError, match="model 'gpt-4o' not found .* has org/judge"):
+            EndpointGenerator(server.base_url, "gpt-4o", KEY_VAR, max_new_tokens=4).preflight()
+    assert server.requests == []  # no chat request was sent
+    port = free_port()
+    with pytest.raises(EndpointError, match=rf"127.0.0.1:{port}/v1/models .*did not answer in 3 tries: connection"):
+        EndpointGenerator(f"http://127.0.0.1:{port}/v1", "m", max_new_tokens=4, backoff_s=0.01).preflight()
 
 
 # ------------------------------------------------------------------------- llama.cpp's server (llama-cpp-python)
