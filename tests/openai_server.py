@@ -7,7 +7,7 @@ requests it holds at once.
         server.requests          # the decoded request bodies, in arrival order
         server.max_in_flight     # most requests being answered at once
 
-It answers each request with the next entry of ``script`` ("429", "503", "400", any status; "stall": no answer
+It answers each request with the next entry of ``script`` ("ok": as usual; "429", "503", any status; "stall": no answer
 before the client's timeout; "not_json" / "no_choices": a 200 whose body is not a chat completion; "cut": a 200 whose
 body stops short of its Content-Length; "reset": the connection closed mid-body; "429_cut": a 429 whose error body
 stops short), then with a completion: the last user message's content reversed word by word, as many "tokens" as words, cut at
@@ -70,7 +70,7 @@ class ScriptedServer:
             time.sleep(self.stall_s)
         elif step in ("not_json", "no_choices", "cut", "reset", "429_cut"):
             return 200, {"X-Step": step}, {}
-        elif step is not None:
+        elif step not in (None, "ok"):
             headers = {"Retry-After": self.retry_after} if self.retry_after else {}
             return int(step), headers, {"error": {"message": f"scripted {step}"}}
         time.sleep(self.delay_s)

@@ -68,6 +68,7 @@ from http.client import HTTPException
 from typing import Any
 
 from judgetrain.eval.generate import Generated
+from judgetrain.judge.options import check_settings
 
 logger = logging.getLogger(__name__)
 
@@ -501,14 +502,3 @@ class _Rejection(Exception):
         super().__init__(f"HTTP {status}: {message}")
         self.status, self.message = status, message
 
-
-def check_settings(*, max_new_tokens: int = 1, concurrency: int = 1, max_retries: int = 0, timeout_s: float = 1.0,
-                   wait_budget_s: float = 0.0) -> None:
-    """ValueError naming the first setting out of range (the command line and a judges file are checked with it
-    before anything starts)."""
-    for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("concurrency", concurrency, 1),
-                             ("max_retries", max_retries, 0)):
-        if int(value) < low:
-            raise ValueError(f"{name} must be at least {low}, got {value}")
-    if not float(timeout_s) > 0 or not float(wait_budget_s) >= 0:
-        raise ValueError(f"timeout_s must be > 0 and wait_budget_s >= 0 (got {timeout_s}, {wait_budget_s})")

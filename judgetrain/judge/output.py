@@ -1,6 +1,6 @@
 """What `judgetrain judge` writes, so that a kill at any moment loses at most the batch in flight.
 
-    <output_dir>/judge_run.json          the run's identity: items digest, judges (adapter SHA-256), options
+    <output_dir>/judge_run.json          the run's identity: items digest, judges (weights, adapter SHA-256), options
     <output_dir>/shards/rank-R.jsonl     the rows process R generated, one JSON object a line, appended per batch
     <output_dir>/shards/rank-R.index     the done index: one line per committed batch
     <output_dir>/evaluations.jsonl       the merged panel (every item x judge once), written at the end
@@ -211,22 +211,37 @@ def identity_differences(old: dict, new: dict) -> list[str]:
         o, n = old.get("items", {}), new["items"]
         diffs.append(f"items: {o.get('source')!r} ({o.get('n_items')} items, digest {str(o.get('digest'))[:12]}) -> "
                      f"{n['source']!r} ({n['n_items']} items, digest {n['digest'][:12]})")
-    old_j, new_j = old.get("judges", []), new["judges"]
+    old_j, new_j = [_judge_record(j) for j in old.get("judges", [])], new["judges"]
     if [j.get("name") for j in old_j] != [j["name"] for j in new_j]:
         diffs.append(f"judges: {[j.get('name') for j in old_j]} -> {[j['name'] for j in new_j]}")
     else:
         for a, b in zip(old_j, new_j):
-            for key in sorted(set(a) | set(b)):
+            for key in sorted(set(a) & set(b)):  # what both runs recorded (a run before a key was added: not it)
                 if a.get(key) != b.get(key):
-                    what = "adapter weights" if key == "adapter_sha256" else key
-                    diffs.append(f"judge {b['name']!r} {what}: {a.get(key)!r} -> {b.get(key)!r}"
-                                 if key != "adapter_sha256" else f"judge {b['name']!r} {what} changed "
-                                 f"({str(a.get(key))[:12]} -> {str(b.get(key))[:12]})")
+                    diffs.append(_judge_difference(b["name"], key, a.get(key), b.get(key)))
     for key in sorted(set(old.get("options", {})) | set(new["options"])):
         a, b = old.get("options", {}).get(key), new["options"].get(key)
         if a != b:
             diffs.append(f"option {key}: {a!r} -> {b!r}")
     return diffs
+
+
+def _judge_record(judge: dict) -> dict:
+    """A judge of a recorded identity as this version writes it: a record from before ``kind`` gets it from its
+    ``endpoint``; the URL and the key variable, which a record from before kept, are not compared."""
+    kind = judge.get("kind") or ("endpoint" if judge.get("endpoint") else "local")
+    return {**{k: v for k, v in judge.items() if k not in ("endpoint", "key_env")}, "kind": kind}
+
+
+def _judge_difference(name: str, key: str, old: Any, new: Any) -> str:
+    if key == "adapter_sha256":
+        return f"judge {name!r} adapter weights changed ({str(old)[:12]} -> {str(new)[:12]})"
+    if key == "weights":
+        return (f"judge {name!r} weights changed ({str(old)[:19]} -> {str(new)[:19]}): retrained or replaced in "
+                "place, or its hub branch moved")
+    if key == "served_model":
+        return f"judge {name!r} served model: the server lists it as {new!r}, the run's was {old!r}"
+    return f"judge {name!r} {key}: {old!r} -> {new!r}"
 
 
 def check_identity(out: Path, identity: dict) -> str:
