@@ -292,6 +292,46 @@ def test_a_batch_cut_mid_write_is_dropped_and_never_duplicated(tmp_path):
         merge(out, ["j"], 5, read_done(out))
 
 
+def test_the_merge_streams_rows_in_item_order(tmp_path, monkeypatch):
+    """Two shards whose batches hold items in any order, a row committed twice, a judge not in the panel: the merge
+    writes each item x judge once, by item then judge, the lines as they were; its Python allocations peak far
+    below the rows' size (a 64 KiB read block, about 14 bytes of place per row): it streams."""
+    import tracemalloc
+
+    from judgetrain.judge import output
+    from judgetrain.judge.output import ShardWriter, merge, read_done
+
+    monkeypatch.setattr(output, "MERGE_BLOCK", 1 << 16)
+    out = tmp_path / "run"
+    n_items, filler = 300, "x" * 4000
+    for rank, (lo, hi) in enumerate(((0, 160), (140, 300))):  # items 140-159 committed twice, by both shards
+        writer = ShardWriter(out, rank)
+        for judge in ("b", "a", "old"):
+            order = list(range(lo, hi))[::-1]  # longest first: not item order
+            for start in range(0, len(order), 37):
+                batch = order[start: start + 37]
+                writer.append([{"i": i, "judge": judge, "rank": rank, "text": filler} for i in batch], judge, batch,
+                              {})
+        writer.close()
+    committed = read_done(out)
+    shard_bytes = sum(c.end for c in committed)
+    tracemalloc.start()
+    try:
+        path, n = merge(out, ["a", "b"], n_items, committed)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    rows = read_jsonl(path)
+    assert n == 600 and [(r["i"], r["judge"]) for r in rows] == [(i, j) for i in range(n_items) for j in "ab"]
+    assert {r["rank"] for r in rows if 140 <= r["i"] < 160} == {0}  # the first commit kept
+    assert shard_bytes > 3_000_000 and peak < shard_bytes / 10, (peak, shard_bytes)
+    assert path.read_bytes().count(b"\n") == 600
+    places, twice = output._row_places(["a", "b"], n_items, committed, block=4096)  # lines longer than a block
+    assert twice == 40 and places[0].count(-1) == 0
+    with pytest.raises(RuntimeError, match=r"2 evaluation\(s\) missing from the shards, first \[\('c', 0\), \('c', 1\)\]"):
+        merge(out, ["a", "c"], 2, committed)
+
+
 def test_forced_evaluation_text():
     from judgetrain.judge.runner import evaluation_text
 

@@ -3,7 +3,9 @@ serving SmolLM2-135M-Instruct's GGUF (completions, counts, 404, 401, a server ki
 small stdlib HTTP server (tests/openai_server.py) for what a served model cannot do on cue (429 and 503 with
 Retry-After, a stalled answer, how many requests it holds at once)."""
 
+import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port
+from helpers import free_port, read_jsonl
 from openai_server import ScriptedServer
 
 from judgetrain.judge.endpoint import EndpointError, EndpointGenerator, Rejected, retry_after_seconds
@@ -316,31 +318,36 @@ needs_llama_server = pytest.mark.skipif(_llama_server_missing() is not None, rea
 N_CTX = "1024"
 
 
-class LlamaServer:
-    """`python -m llama_cpp.server` serving SmolLM2-135M-Instruct as "smollm2" on a localhost port, behind a key."""
+class ServerProcess:
+    """A server run as its own process on a localhost port, ready once ``GET /v1/models`` answers 200; SIGKILL to
+    stop it (what a crash or an out-of-memory kill does), ``start`` again on the same port."""
+
+    what = "the server"
+    headers: dict = {}
 
     def __init__(self, port: int, log: Path) -> None:
         self.port, self.log = port, log
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait_s: float = 120) -> "LlamaServer":
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(_smollm2_gguf()), "--model_alias", "smollm2",
-               "--host", "127.0.0.1", "--port", str(self.port), "--api_key", SECRET, "--n_ctx", N_CTX,
-               "--n_threads", "2", "--seed", "0"]
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, wait_s: float = 300) -> "ServerProcess":
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         with self.log.open("a") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + wait_s
-        request = urllib.request.Request(self.base_url + "/models", headers={"Authorization": f"Bearer {SECRET}"})
+        request = urllib.request.Request(self.base_url + "/models", headers=self.headers)
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"llama.cpp's server exited: {self.log.read_text()[-3000:]}"
+            assert self.proc.poll() is None, f"{self.what} exited: {self.log.read_text()[-3000:]}"
             try:
                 with urllib.request.urlopen(request, timeout=2) as r:
                     if r.status == 200:
                         return self
             except OSError:
                 time.sleep(0.2)
-        raise AssertionError(f"llama.cpp's server did not answer in {wait_s}s: {self.log.read_text()[-3000:]}")
+        raise AssertionError(f"{self.what} did not answer in {wait_s}s: {self.log.read_text()[-3000:]}")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -348,9 +355,42 @@ class LlamaServer:
             self.proc.wait(timeout=30)
 
 
+class LlamaServer(ServerProcess):
+    """`python -m llama_cpp.server` serving SmolLM2-135M-Instruct as "smollm2" on a localhost port, behind a key."""
+
+    what = "llama.cpp's server"
+    headers = {"Authorization": f"Bearer {SECRET}"}
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "llama_cpp.server", "--model", str(_smollm2_gguf()), "--model_alias", "smollm2",
+                "--host", "127.0.0.1", "--port", str(self.port), "--api_key", SECRET, "--n_ctx", N_CTX,
+                "--n_threads", "2", "--seed", "0"]
+
+
+
+def generate_across_a_restart(gen: EndpointGenerator, batch: list, server: "ServerProcess", after_ok: int = 2) -> list:
+    """``gen.generate(batch)`` in a thread; once ``after_ok`` prompts are answered the server is SIGKILLed (requests
+    in flight, prompts still queued) and started again on its port. Returns the outputs (the server killed after)."""
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.update(outs=gen.generate(batch)), daemon=True)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 120
+        while gen.stats["ok"] < after_ok and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gen.stats["ok"] >= after_ok, gen.stats
+        server.kill()
+        server.start()
+        runner.join(timeout=600)
+    finally:
+        server.kill()
+    assert not runner.is_alive() and "outs" in done, gen.stats
+    return done["outs"]
+
+
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
-    server = LlamaServer(free_port(), tmp_path_factory.mktemp("llama") / "server.log").start()
+    server = LlamaServer(free_port(), tmp_path_factory.mktemp("llama") / "server.log").start(120)
     yield server
     server.kill()
 
@@ -419,22 +459,8 @@ def test_a_server_killed_and_restarted_mid_run_loses_no_prompt(llama_server, tmp
     server = LlamaServer(free_port(), tmp_path / "server.log").start()
     gen = EndpointGenerator(server.base_url, "smollm2", KEY_VAR, max_new_tokens=16, concurrency=2, max_retries=30,
                             backoff_s=0.1, backoff_max_s=1.0)
-    done: dict = {}
-    runner = threading.Thread(target=lambda: done.update(outs=gen.generate(prompts_)), daemon=True)
-    try:
-        runner.start()
-        deadline = time.monotonic() + 60
-        while gen.stats["ok"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert gen.stats["ok"] >= 2, gen.stats
-        server.kill()  # SIGKILL with requests in flight and prompts still queued
-        time.sleep(1.0)
-        server.start()
-        runner.join(timeout=120)
-    finally:
-        server.kill()
-    assert not runner.is_alive() and "outs" in done, gen.stats
-    assert [o.text for o in done["outs"]] == expected  # every prompt answered, in its place
+    outs = generate_across_a_restart(gen, prompts_, server)
+    assert [o.text for o in outs] == expected  # every prompt answered, in its place
     assert gen.stats["ok"] == 6 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
     assert gen.stats["retried_connection"] >= 1
 
@@ -471,3 +497,146 @@ def test_a_server_process_killed_and_restarted_mid_run_loses_no_prompt(tmp_path)
     assert not runner.is_alive() and "outs" in done, gen.stats
     assert [o.text for o in done["outs"]] == [f"gamma beta alpha {i} item" for i in range(24)]
     assert gen.stats["ok"] == 24 and gen.stats["failed"] == 0 and gen.stats["retried_connection"] >= 1
+
+
+# ------------------------------------------------------------------- transformers serve (transformers' own server)
+def _transformers_serve_missing() -> str | None:
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "openai")):
+        return "transformers' server is not installed (pip install 'transformers[serving]', in the test extra)"
+    return None
+
+
+needs_transformers_serve = pytest.mark.skipif(_transformers_serve_missing() is not None,
+                                              reason=str(_transformers_serve_missing()))
+
+
+class TransformersServe(ServerProcess):
+    """`transformers serve FOLDER` on a localhost port, on the CPU: the model pinned, listed under its folder path."""
+
+    what = "transformers serve"
+
+    def __init__(self, folder: str, port: int, log: Path) -> None:
+        super().__init__(port, log)
+        self.folder = folder
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.argv[0] = "
+                "'transformers'; sys.exit(main())", "serve", self.folder, "--host", "127.0.0.1", "--port",
+                str(self.port), "--device", "cpu", "--dtype", "float32"]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tiny_judge) -> str:
+    return tiny_judge
+
+
+@pytest.fixture(scope="module")
+def tiny_served(tiny_folder, tmp_path_factory):
+    server = TransformersServe(tiny_folder, free_port(), tmp_path_factory.mktemp("serve") / "server.log").start()
+    yield server
+    server.kill()
+
+
+def _in_process(folder: str, batch: list[list[dict]], max_new_tokens: int):
+    from judgetrain.eval.generate import Generator
+    from judgetrain.judge.judges import JudgeSpec, load_local
+
+    model, tokenizer = load_local(JudgeSpec("local", model=folder), dtype="float32")
+    return Generator(model, tokenizer, max_new_tokens=max_new_tokens, backend="transformers").generate(batch)
+
+
+@needs_transformers_serve
+@pytest.mark.slow
+def test_transformers_serve_completions_equal_the_in_process_engine(tiny_served, tiny_folder):
+    """Greedy: the served tiny judge's completions are the in-process engine's, usage counts included. (The tiny
+    judge writes only newlines; the server strips a text down to nothing, so the texts compare stripped; the
+    token counts compare exactly.)"""
+    batch = chats(4)
+    gen = EndpointGenerator(tiny_served.base_url, tiny_folder, max_new_tokens=8, concurrency=2)
+    assert gen.preflight() == tiny_folder
+    outs = gen.generate(batch)
+    assert gen.stats["ok"] == 4 and gen.stats["failed"] == 0
+    for out, ref in zip(outs, _in_process(tiny_folder, batch, 8)):
+        assert out.text == ref.text.strip()
+        assert out.n_tokens == ref.n_tokens == 8 and out.prompt_tokens == ref.prompt_tokens > 20
+        assert out.stopped == ref.stopped
+
+
+@needs_transformers_serve
+@pytest.mark.slow
+def test_transformers_serve_a_wrong_model_is_exit_2_before_any_item(tiny_served, tmp_path, capsys):
+    from test_judge import judge, write_items
+
+    items = write_items(tmp_path / "items.jsonl", 3)
+    code = judge("--items", items, "--output_dir", tmp_path / "out",
+                 "--judge", f"endpoint={tiny_served.base_url},model=Qwen/Qwen3-8B,name=wrong")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "judge 'wrong'" in err[0] and tiny_served.base_url in err[0] and "model 'Qwen/Qwen3-8B' not found" in err[0]
+    assert tiny_served.folder in err[0]  # what the server lists
+    assert not (tmp_path / "out").exists()
+
+
+@needs_transformers_serve
+@pytest.mark.slow
+def test_transformers_serve_panel_through_the_command(tiny_served, tiny_folder, tmp_path):
+    """`judgetrain judge` with the served tiny judge beside the same judge in process: one row per item each, the
+    same token counts; the identity records the id the server lists, not the URL."""
+    from test_judge import judge, write_items
+
+    items = write_items(tmp_path / "items.jsonl", 4)
+    out = tmp_path / "out"
+    assert judge("--items", items, "--output_dir", out, "--max_new_tokens", 6, "--dtype", "float32",
+                 "--judge", f"model={tiny_folder},name=local",
+                 "--judge", f"endpoint={tiny_served.base_url},model={tiny_folder},name=served") == 0
+    rows = read_jsonl(out / "evaluations.jsonl")
+    assert [r["judge_model"] for r in rows] == ["local", "served"] * 4
+    for local, served in zip(rows[::2], rows[1::2]):
+        assert served["n_tokens"] == local["n_tokens"] == 6 and served["evaluation"] == local["evaluation"].strip()
+        assert served["error"] is None
+    served_identity = json.loads((out / "judge_run.json").read_text())["judges"][1]
+    assert served_identity == {"name": "served", "model": tiny_folder, "kind": "endpoint", "served_model": tiny_folder}
+
+
+@needs_transformers_serve
+@pytest.mark.slow
+def test_transformers_serve_killed_and_restarted_mid_run_loses_nothing(tiny_folder, tiny_served, tmp_path, caplog):
+    """SIGKILL with requests in flight and prompts queued, then a new server on the same port: the generator waits
+    for it (the log says so) and every prompt comes back in its place, as the server that stayed up answers it."""
+    caplog.set_level(logging.WARNING)
+    batch = chats(12)
+    expected = [(o.text, o.n_tokens) for o in EndpointGenerator(tiny_served.base_url, tiny_folder, max_new_tokens=6,
+                                                                concurrency=2).generate(batch)]
+    server = TransformersServe(tiny_folder, free_port(), tmp_path / "server.log").start()
+    gen = EndpointGenerator(server.base_url, tiny_folder, max_new_tokens=6, concurrency=2, backoff_s=0.2,
+                            backoff_max_s=2.0, wait_budget_s=600)
+    outs = generate_across_a_restart(gen, batch, server)
+    assert [(o.text, o.n_tokens) for o in outs] == expected
+    assert gen.stats["ok"] == 12 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
+    assert gen.stats["retried_connection"] >= 1 and "waiting" in caplog.text and "for the server" in caplog.text
+
+
+@needs_transformers_serve
+@pytest.mark.extended(reason="SmolLM2 converted, served and run in process on the CPU: minutes on 2 cores; the tiny "
+                             "judge's tests cover the same path")
+def test_transformers_serve_smollm2_writes_the_in_process_engines_texts(tmp_path, _judgetrain_cache):
+    """A real model's greedy texts (not only newlines): the served SmolLM2-135M-Instruct writes what the in-process
+    engine writes on the same prompts, word for word, with the same token counts."""
+    from judgetrain.models.smollm2 import SmolLM2Unavailable, ensure_smollm2
+
+    try:
+        folder = ensure_smollm2()
+    except SmolLM2Unavailable as err:
+        pytest.skip(str(err))
+    batch = chats(4)
+    server = TransformersServe(folder, free_port(), tmp_path / "server.log").start()
+    try:
+        outs = EndpointGenerator(server.base_url, folder, max_new_tokens=24, concurrency=2).generate(batch)
+    finally:
+        server.kill()
+    refs = _in_process(folder, batch, 24)
+    assert [o.text for o in outs] == [r.text for r in refs] and all(o.text.strip() for o in outs)
+    assert [(o.n_tokens, o.prompt_tokens, o.stopped) for o in outs] == [(r.n_tokens, r.prompt_tokens, r.stopped)
+                                                                         for r in refs]

@@ -3,7 +3,8 @@
     <output_dir>/judge_run.json          the run's identity: items digest, judges (weights, adapter SHA-256), options
     <output_dir>/shards/rank-R.jsonl     the rows process R generated, one JSON object a line, appended per batch
     <output_dir>/shards/rank-R.index     the done index: one line per committed batch
-    <output_dir>/evaluations.jsonl       the merged panel (every item x judge once), written at the end
+    <output_dir>/evaluations.jsonl       the merged panel (every item x judge once), written at the end (`merge`:
+                                         streamed, never every row in memory)
     <output_dir>/summary.json            per judge: parse rate, reasons, mean score, tokens/s
 
 A batch is committed in two appends, each one ``write`` then ``fsync``: its rows to the shard, then one index line
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,38 +171,84 @@ class ShardWriter:
 def merge(out: Path, judges: list[str], n_items: int, committed: list[Committed]) -> tuple[Path, int]:
     """Write ``evaluations.jsonl``: every item x judge once, by item then judge, from the committed rows (the lines
     are copied as they are, never parsed again). Returns (path, rows). Raises RuntimeError when a row is missing;
-    a row committed twice (never, unless two runs shared a shard) is written once and counted."""
-    rows: dict[tuple[str, int], bytes] = {}
-    twice = 0
-    for c in committed:
-        if not c.batches:
-            continue
-        with c.shard.open("rb") as f:
-            data = f.read(c.end)
-        lines = data.split(b"\n")
-        k = 0
-        for batch in c.batches:
-            for item in batch["items"]:
-                key = (batch["judge"], item)
-                twice += key in rows
-                rows.setdefault(key, lines[k])
-                k += 1
-    missing = [(j, i) for i in range(n_items) for j in judges if (j, i) not in rows]
-    if missing:
-        raise RuntimeError(f"{len(missing)} evaluation(s) missing from the shards, first {missing[:3]}")
+    a row committed twice (never, unless two runs shared a shard) is written once and counted.
+
+    It streams (a panel of 136,000 items x 4 judges is gigabytes of rows): one pass over each shard, a block at a
+    time, records where each row's line is (`_row_places`: about 14 bytes a row), then the lines are copied in item
+    order, each read back at its place; no row is held beyond the one being copied."""
+    places, twice = _row_places(judges, n_items, committed)
+    shard_of, offset, length = places
+    if (n_missing := shard_of.count(-1)):
+        first = []
+        for k, s in enumerate(shard_of):
+            if s < 0 and len(first) < 3:
+                first.append((judges[k % len(judges)], k // len(judges)))
+            elif len(first) == 3:
+                break
+        raise RuntimeError(f"{n_missing} evaluation(s) missing from the shards, first {first}")
     if twice:
         logger.warning("%d evaluation(s) were committed twice; each is written once", twice)
     path = out / EVALUATIONS
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        for i in range(n_items):
-            for judge in judges:
-                f.write(rows[(judge, i)] + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    files = [c.shard.open("rb") for c in committed]
+    try:
+        with tmp.open("wb", buffering=MERGE_BLOCK) as f:
+            for k in range(len(shard_of)):
+                f.write(os.pread(files[shard_of[k]].fileno(), length[k], offset[k]) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for handle in files:
+            handle.close()
     os.replace(tmp, path)
     fsync_path(out)
     return path, n_items * len(judges)
+
+
+MERGE_BLOCK = 1 << 20  # bytes a merge reads from a shard at a time (its first pass), and its write buffer
+
+
+def _row_places(judges: list[str], n_items: int, committed: list[Committed],
+                block: int | None = None) -> tuple[tuple[array, array, array], int]:
+    """Where each item x judge's row is: three arrays over ``item * len(judges) + judge`` (the shard's position in
+    ``committed``, -1 for none; the line's byte offset; its length without the newline), and how many rows were
+    committed twice (the first kept). Rows of a judge not in ``judges`` or an item past ``n_items`` are passed over."""
+    column = {j: k for k, j in enumerate(judges)}
+    slots = n_items * len(judges)
+    shard_of, offset, length = array("h", [-1]) * slots, array("q", [0]) * slots, array("l", [0]) * slots
+    twice = 0
+    for s, c in enumerate(committed):
+        keys = ((b["judge"], item) for b in c.batches for item in b["items"])
+        for (judge, item), (start, size) in zip(keys, _line_spans(c.shard, c.end, block or MERGE_BLOCK)):
+            if judge not in column or not 0 <= item < n_items:
+                continue
+            k = item * len(judges) + column[judge]
+            if shard_of[k] >= 0:
+                twice += 1
+                continue
+            shard_of[k], offset[k], length[k] = s, start, size
+    return (shard_of, offset, length), twice
+
+
+def _line_spans(shard: Path, end: int, block: int):
+    """(offset, length) of each newline-ended line of the first ``end`` bytes of ``shard``, read ``block`` bytes at a
+    time (a line longer than a block is carried over, never held twice)."""
+    if end <= 0:
+        return
+    with shard.open("rb") as f:
+        pos = 0  # file offset of buf[0]
+        buf = b""
+        while pos + len(buf) < end:
+            data = f.read(min(block, end - pos - len(buf)))
+            if not data:
+                break
+            buf += data
+            line_start = 0
+            while (nl := buf.find(b"\n", line_start)) >= 0:
+                yield pos + line_start, nl - line_start
+                line_start = nl + 1
+            pos += line_start
+            buf = buf[line_start:]
 
 
 # ------------------------------------------------------------------------------------------------ identity
