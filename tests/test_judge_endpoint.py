@@ -611,7 +611,7 @@ def test_transformers_serve_killed_and_restarted_mid_run_loses_nothing(tiny_fold
                                                                 concurrency=2).generate(batch)]
     server = TransformersServe(tiny_folder, free_port(), tmp_path / "server.log").start()
     gen = EndpointGenerator(server.base_url, tiny_folder, max_new_tokens=6, concurrency=2, backoff_s=0.2,
-                            backoff_max_s=2.0, wait_budget_s=600)
+                            backoff_max_s=2.0, max_retries=10_000, wait_budget_s=600)  # the wait budget bounds it
     outs = generate_across_a_restart(gen, batch, server)
     assert [(o.text, o.n_tokens) for o in outs] == expected
     assert gen.stats["ok"] == 12 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
