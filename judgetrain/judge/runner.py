@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from judgetrain.judge.items import Item
-from judgetrain.judge.judges import JudgeSpec, load_local
+from judgetrain.judge.judges import JudgeSpec, endpoint_settings, load_local
 from judgetrain.judge.options import Options
 from judgetrain.judge.output import ShardWriter
 
@@ -102,8 +102,6 @@ def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | 
 def endpoint_generator(spec: JudgeSpec, opts: Options) -> tuple[Any, str | None]:
     from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX
     from judgetrain.judge.endpoint import EndpointGenerator
-
-    from judgetrain.judge.judges import endpoint_settings
 
     prefix = DEFAULT_JUDGE_PREFIX if opts.force_score_prefix else None
     gen = EndpointGenerator(base_url=spec.endpoint, model=spec.model, api_key_env=spec.key_env,
