@@ -1,7 +1,10 @@
-"""The OpenAI-compatible endpoint judge against real servers on localhost: llama.cpp's server (llama-cpp-python)
-serving SmolLM2-135M-Instruct's GGUF (completions, counts, 404, 401, a server killed and restarted mid-run), and a
-small stdlib HTTP server (tests/openai_server.py) for what a served model cannot do on cue (429 and 503 with
-Retry-After, a stalled answer, how many requests it holds at once)."""
+"""The OpenAI-compatible endpoint judge against real servers on localhost: `transformers serve` (transformers' own
+server, the `test` extra) serving the tiny judge (completions and usage counts equal the in-process engine's, a wrong
+model refused by the command before any item, a server killed and restarted mid-run) and, extended, SmolLM2;
+llama.cpp's server (llama-cpp-python, where it is installed) serving SmolLM2-135M-Instruct's GGUF; and a small
+stdlib HTTP server (tests/openai_server.py) for what a served model cannot do on cue (429 and 503 with Retry-After,
+a stalled answer, a refused prompt, bodies cut short or not JSON, a redirect to another server, how many requests it
+holds at once). Waits are asserted as the figures the client records, never timed."""
 
 import json
 import logging
