@@ -7,10 +7,15 @@ requests it holds at once.
         server.requests          # the decoded request bodies, in arrival order
         server.max_in_flight     # most requests being answered at once
 
-It answers each request with the next entry of ``script`` ("429", "503", "stall": no answer before the client's
-timeout), then with a completion: the last user message's content reversed word by word, as many "tokens" as words, cut at
+It answers each request with the next entry of ``script`` ("ok": as usual; "429", "503", any status; "stall": no answer
+before the client's timeout; "not_json" / "no_choices": a 200 whose body is not a chat completion; "cut": a 200 whose
+body stops short of its Content-Length; "reset": the connection closed mid-body; "429_cut": a 429 whose error body
+stops short), then with a completion: the last user message's content reversed word by word, as many "tokens" as words, cut at
 ``max_tokens`` (``finish_reason`` "length") or whole ("stop"). A wrong model is a 404, a wrong key a 401, as OpenAI
-answers them; ``GET /v1/models`` lists the model. ``requests`` and ``statuses`` are the chat requests'.
+answers them; ``GET /v1/models`` lists the model. ``requests`` and ``statuses`` are the chat requests'. A prompt
+holding ``reject_word`` is refused with a 400 (a prompt longer than the context, as vLLM words it). ``redirect_to``:
+every request is answered with a 307 to that base URL (the same path under it). ``auth_seen`` holds the
+``Authorization`` header of every request (GET included), None where there was none.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class ScriptedServer:
     def __init__(self, *, model: str = "judge", key: str | None = None, script=(), delay_s: float = 0.0,
                  retry_after: str | None = None, stall_s: float = 3.0, echo_prefix: bool = False,
-                 list_models: bool = True) -> None:
+                 list_models: bool = True, reject_word: str | None = None, redirect_to: str | None = None) -> None:
         self.echo_prefix, self.list_models = echo_prefix, list_models
+        self.reject_word, self.redirect_to = reject_word, redirect_to
+        self.auth_seen: list[str | None] = []
         self.model, self.key, self.delay_s, self.retry_after, self.stall_s = model, key, delay_s, retry_after, stall_s
         self.script = list(script)
         self.requests: list[dict] = []
@@ -56,9 +63,14 @@ class ScriptedServer:
         if body.get("model") != self.model:
             return 404, {}, {"error": {"message": f"The model `{body.get('model')}` does not exist",
                                        "code": "model_not_found"}}
+        if self.reject_word and self.reject_word in json.dumps(body["messages"]):
+            return 400, {}, {"error": {"message": "This model's maximum context length is 32 tokens; the prompt is "
+                                                  f"longer (key seen: {auth})", "code": "context_length_exceeded"}}
         if step == "stall":
             time.sleep(self.stall_s)
-        elif step is not None:
+        elif step in ("not_json", "no_choices", "cut", "reset", "429_cut"):
+            return 200, {"X-Step": step}, {}
+        elif step not in (None, "ok"):
             headers = {"Retry-After": self.retry_after} if self.retry_after else {}
             return int(step), headers, {"error": {"message": f"scripted {step}"}}
         time.sleep(self.delay_s)
@@ -82,7 +94,20 @@ class ScriptedServer:
             def log_message(self, *args) -> None:  # quiet
                 pass
 
+            def _redirected(self) -> bool:
+                with server.lock:
+                    server.auth_seen.append(self.headers.get("Authorization"))
+                if server.redirect_to is None:
+                    return False
+                self.send_response(307)
+                self.send_header("Location", server.redirect_to + self.path.removeprefix("/v1"))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return True
+
             def do_GET(self) -> None:  # the model list, behind the same key
+                if self._redirected():
+                    return None
                 if self.path.rstrip("/") != "/v1/models" or not server.list_models:
                     return self._send(404, {}, {"error": {"message": f"no route {self.path}"}})
                 auth = self.headers.get("Authorization")
@@ -91,6 +116,8 @@ class ScriptedServer:
                 self._send(200, {}, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
 
             def do_POST(self) -> None:
+                if self._redirected():
+                    return None
                 with server.lock:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
@@ -105,13 +132,33 @@ class ScriptedServer:
                 self._send(status, headers, payload)
 
             def _send(self, status: int, headers: dict, payload: dict) -> None:
+                step = headers.pop("X-Step", None)
                 data = json.dumps(payload).encode()
+                length = len(data)
+                if step == "not_json":
+                    data = b"<html>502 Bad Gateway</html>"
+                    length = len(data)
+                elif step == "no_choices":
+                    data = json.dumps({"object": "chat.completion", "choices": []}).encode()
+                    length = len(data)
+                elif step in ("cut", "reset", "429_cut"):
+                    status = 429 if step == "429_cut" else 200
+                    data = b'{"error": {"message": "cut sh'
+                    length = len(data) + 100  # the body stops short of what the header announced
                 try:
                     self.send_response(status)
-                    for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():
+                    for k, v in {"Content-Type": "application/json", "Content-Length": str(length), **headers}.items():
                         self.send_header(k, v)
                     self.end_headers()
                     self.wfile.write(data)
+                    if step in ("cut", "reset", "429_cut"):
+                        self.wfile.flush()
+                        if step == "reset":  # RST instead of FIN: the client's read fails with a reset
+                            import socket
+                            import struct
+
+                            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        self.close_connection = True
                 except OSError:  # the client gave up (a timeout) and closed the connection
                     pass
 

@@ -113,6 +113,14 @@ def test_judge_specifications():
                          ("model=a,key_env=K", "key_env is for endpoint judges"), ("name=x", "a judge needs model=M")):
         with pytest.raises(JudgeSpecError, match=re.escape(message)):
             parse_judge(bad)
+    spec = parse_judge("endpoint=http://h/v1,model=m,timeout_s=30,max_retries=5,wait_budget_s=900")
+    assert (spec.timeout_s, spec.max_retries, spec.wait_budget_s) == (30.0, 5, 900.0)
+    for bad, message in (("endpoint=http://h/v1,model=m,max_retries=many", "max_retries='many' is not an integer"),
+                         ("endpoint=http://h/v1,model=m,max_retries=-1", "max_retries must be at least 0"),
+                         ("endpoint=http://h/v1,model=m,timeout_s=0", "timeout_s must be > 0"),
+                         ("model=a,wait_budget_s=5", "wait_budget_s is for endpoint judges")):
+        with pytest.raises(JudgeSpecError, match=re.escape(message)):
+            parse_judge(bad)
     with pytest.raises(JudgeSpecError, match="both named 'tiny-judge'"):
         judge_specs(["tiny-judge", "model=tiny-judge"], None)
     with pytest.raises(JudgeSpecError, match="has no adapter_config.json"):
@@ -123,8 +131,11 @@ def test_judges_file_is_read_safely(tmp_path):
     from judgetrain.judge.judges import JudgeSpecError, judge_specs
 
     path = tmp_path / "judges.yaml"
-    path.write_text("- model: tiny-judge\n  name: a\n- tiny-judge\n- endpoint: http://127.0.0.1:1/v1\n  model: m\n")
-    assert [s.name for s in judge_specs(["model=tiny-judge,name=c"], str(path))] == ["a", "tiny-judge", "m", "c"]
+    path.write_text("- model: tiny-judge\n  name: a\n- tiny-judge\n- endpoint: http://127.0.0.1:1/v1\n  model: m\n"
+                    "  max_retries: 3\n  wait_budget_s: 1200\n")
+    specs = judge_specs(["model=tiny-judge,name=c"], str(path))
+    assert [s.name for s in specs] == ["a", "tiny-judge", "m", "c"]
+    assert (specs[2].max_retries, specs[2].wait_budget_s, specs[2].timeout_s) == (3, 1200.0, None)
     path.write_text("- !!python/object/apply:os.system ['echo hi']\n")
     with pytest.raises(JudgeSpecError, match="cannot read it"):
         judge_specs(None, str(path))
@@ -281,6 +292,46 @@ def test_a_batch_cut_mid_write_is_dropped_and_never_duplicated(tmp_path):
         merge(out, ["j"], 5, read_done(out))
 
 
+def test_the_merge_streams_rows_in_item_order(tmp_path, monkeypatch):
+    """Two shards whose batches hold items in any order, a row committed twice, a judge not in the panel: the merge
+    writes each item x judge once, by item then judge, the lines as they were; its Python allocations peak far
+    below the rows' size (a 64 KiB read block, about 14 bytes of place per row): it streams."""
+    import tracemalloc
+
+    from judgetrain.judge import output
+    from judgetrain.judge.output import ShardWriter, merge, read_done
+
+    monkeypatch.setattr(output, "MERGE_BLOCK", 1 << 16)
+    out = tmp_path / "run"
+    n_items, filler = 300, "x" * 4000
+    for rank, (lo, hi) in enumerate(((0, 160), (140, 300))):  # items 140-159 committed twice, by both shards
+        writer = ShardWriter(out, rank)
+        for judge in ("b", "a", "old"):
+            order = list(range(lo, hi))[::-1]  # longest first: not item order
+            for start in range(0, len(order), 37):
+                batch = order[start: start + 37]
+                writer.append([{"i": i, "judge": judge, "rank": rank, "text": filler} for i in batch], judge, batch,
+                              {})
+        writer.close()
+    committed = read_done(out)
+    shard_bytes = sum(c.end for c in committed)
+    tracemalloc.start()
+    try:
+        path, n = merge(out, ["a", "b"], n_items, committed)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    rows = read_jsonl(path)
+    assert n == 600 and [(r["i"], r["judge"]) for r in rows] == [(i, j) for i in range(n_items) for j in "ab"]
+    assert {r["rank"] for r in rows if 140 <= r["i"] < 160} == {0}  # the first commit kept
+    assert shard_bytes > 3_000_000 and peak < shard_bytes / 10, (peak, shard_bytes)
+    assert path.read_bytes().count(b"\n") == 600
+    places, twice = output._row_places(["a", "b"], n_items, committed, block=4096)  # lines longer than a block
+    assert twice == 40 and places[0].count(-1) == 0
+    with pytest.raises(RuntimeError, match=r"2 evaluation\(s\) missing from the shards, first \[\('c', 0\), \('c', 1\)\]"):
+        merge(out, ["a", "c"], 2, committed)
+
+
 def test_forced_evaluation_text():
     from judgetrain.judge.runner import evaluation_text
 
@@ -406,6 +457,114 @@ def test_an_endpoint_judge_writes_panel_rows_through_the_command_and_its_key_sta
     for path in out.rglob("*"):
         if path.is_file():
             assert "sk-test-secret-123" not in path.read_text(encoding="utf-8", errors="replace"), path
+
+
+def _endpoint_judge(server, name: str = "hosted", **extra) -> str:
+    return ",".join([f"endpoint={server.base_url}", "model=hosted-judge", "key_env=JT_TEST_KEY", f"name={name}"]
+                    + [f"{k}={v}" for k, v in extra.items()])
+
+
+def test_a_rejected_prompt_is_a_row_and_the_run_goes_on(tmp_path, monkeypatch):
+    """The server refuses one item's prompt (400, over its context): that item's row says endpoint_rejected with the
+    status and the server's words (the key redacted), the summary counts it, every other item is answered."""
+    from openai_server import ScriptedServer
+
+    items = write_items(tmp_path / "items.jsonl", 5)
+    rows = read_jsonl(items)
+    rows[2]["prompt"][-1]["content"] += " TOOLONG"
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("JT_TEST_KEY", "sk-test-secret-123")
+    out = tmp_path / "out"
+    with ScriptedServer(model="hosted-judge", key="sk-test-secret-123", reject_word="TOOLONG") as server:
+        assert judge("--items", items, "--output_dir", out, "--max_new_tokens", 16, "--judge", _endpoint_judge(server)) == 0
+    panel = read_jsonl(out / "evaluations.jsonl")
+    assert len(panel) == 5 and [r["reason"] == "endpoint_rejected" for r in panel] == [False, False, True, False, False]
+    bad = panel[2]
+    assert bad["evaluation"] == "" and bad["score"] is None and bad["n_tokens"] == 0
+    assert bad["error"].startswith("HTTP 400: This model's maximum context length is 32 tokens")
+    assert "Bearer ***" in bad["error"] and all(r["error"] is None for i, r in enumerate(panel) if i != 2)
+    summary = json.loads((out / "summary.json").read_text())["hosted"]
+    assert summary["rows"] == 5 and summary["reasons"]["endpoint_rejected"] == 1
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert "sk-test-secret-123" not in path.read_text(encoding="utf-8", errors="replace"), path
+
+
+def test_retries_run_out_the_answers_received_stay_and_a_new_host_resumes(tmp_path, monkeypatch, capsys):
+    """--endpoint_max_retries 1 and a server that fails the third prompt twice: exit 1, the two answers received are
+    committed; the same command against the same model on another server (another port) resumes them; a server that
+    lists the model under another id is refused, naming it."""
+    from openai_server import ScriptedServer
+
+    items = write_items(tmp_path / "items.jsonl", 5)
+    monkeypatch.setenv("JT_TEST_KEY", "k")
+    out = tmp_path / "out"
+    args = ["--items", items, "--output_dir", out, "--max_new_tokens", 16, "--concurrency", 1]
+    with ScriptedServer(model="hosted-judge", key="k", script=["ok", "ok", "503", "503"]) as server:
+        assert judge(*args, "--endpoint_max_retries", 1, "--judge", _endpoint_judge(server)) == 1
+    err = capsys.readouterr().err
+    assert "prompt 2 failed after 1 retries; last: HTTP 503" in err and "run the same command to continue" in err
+    assert Counter(j for j, _ in _committed(out)) == {"hosted": 2}
+    with ScriptedServer(model="org/hosted-judge", key="k") as renamed:
+        assert judge(*args, "--judge", _endpoint_judge(renamed)) == 2
+        assert renamed.requests == []
+    assert "judge 'hosted' served model: the server lists it as 'org/hosted-judge', the run's was 'hosted-judge'" \
+        in capsys.readouterr().err
+    with ScriptedServer(model="hosted-judge", key="k") as other:
+        assert judge(*args, "--judge", _endpoint_judge(other)) == 0
+        assert len(other.requests) == 3  # only the three missing
+    assert len(read_jsonl(out / "evaluations.jsonl")) == 5
+    identity = json.loads((out / "judge_run.json").read_text())["judges"][0]
+    assert identity == {"name": "hosted", "model": "hosted-judge", "kind": "endpoint", "served_model": "hosted-judge"}
+
+
+def test_every_endpoint_judge_is_checked_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    """A missing key variable, a refused key, an unknown model, a server that is down: each exit 2 with one line
+    naming the judge, the URL and the answer, before the local judge listed first (a folder that does not exist)
+    is loaded and before any prompt is sent."""
+    from helpers import free_port
+    from openai_server import ScriptedServer
+
+    items = write_items(tmp_path / "items.jsonl", 2)
+    missing = f"model={tmp_path / 'no-such-model'},name=local"
+    monkeypatch.setenv("JT_TEST_KEY", "good")
+    monkeypatch.delenv("JT_TEST_KEY_2", raising=False)
+    with ScriptedServer(model="hosted-judge", key="good") as server:
+        cases = [
+            (_endpoint_judge(server).replace("JT_TEST_KEY", "JT_TEST_KEY_2"), "environment variable JT_TEST_KEY_2 is not set"),
+            (_endpoint_judge(server).replace("hosted-judge", "nope"), "model 'nope' not found (404)"),
+            (_endpoint_judge(server).replace("JT_TEST_KEY", "JT_TEST_KEY_3"), "HTTP 401, the key in $JT_TEST_KEY_3"),
+            (f"endpoint=http://127.0.0.1:{free_port()}/v1,model=m,name=down", "did not answer in 3 tries"),
+        ]
+        monkeypatch.setenv("JT_TEST_KEY_3", "bad-key-456")
+        for spec, answer in cases:
+            code = judge("--items", items, "--output_dir", tmp_path / "out", "--judge", missing, "--judge", spec)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert code == 2 and len(err) == 1, err
+            assert answer in err[0] and "judge '" in err[0] and "bad-key-456" not in err[0]
+            assert "127.0.0.1:" in err[0]
+        assert server.requests == [] and not (tmp_path / "out").exists()
+
+
+def test_a_local_judge_retrained_in_place_is_refused_on_resume(tmp_path, capsys):
+    """The weights fingerprint: the same folder rebuilt with other weights is another judge."""
+    from judgetrain.cli import main as cli
+
+    items = write_items(tmp_path / "items.jsonl", 2)
+    folder = tmp_path / "judge"
+    assert cli(["tiny", "build", "--seed", "1", "--out", str(folder)]) == 0
+    args = ["--items", items, "--output_dir", tmp_path / "out", "--judge", f"model={folder},name=j", "--max_new_tokens", 2]
+    assert judge(*args) == 0
+    weights = json.loads((tmp_path / "out" / "judge_run.json").read_text())["judges"][0]["weights"]
+    assert weights.startswith("sha256:") and len(weights) == 71
+    assert judge(*args) == 0  # unchanged: nothing left to do
+    import shutil
+
+    shutil.rmtree(folder)
+    assert cli(["tiny", "build", "--seed", "2", "--out", str(folder)]) == 0
+    capsys.readouterr()
+    assert judge(*args) == 2
+    assert "judge 'j' weights changed (sha256:" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ the loop (slow)

@@ -1,9 +1,14 @@
-"""The OpenAI-compatible endpoint judge against real servers on localhost: llama.cpp's server (llama-cpp-python)
-serving SmolLM2-135M-Instruct's GGUF (completions, counts, 404, 401, a server killed and restarted mid-run), and a
-small stdlib HTTP server (tests/openai_server.py) for what a served model cannot do on cue (429 and 503 with
-Retry-After, a stalled answer, how many requests it holds at once)."""
+"""The OpenAI-compatible endpoint judge against real servers on localhost: `transformers serve` (transformers' own
+server, the `test` extra) serving the tiny judge (completions and usage counts equal the in-process engine's, a wrong
+model refused by the command before any item, a server killed and restarted mid-run) and, extended, SmolLM2;
+llama.cpp's server (llama-cpp-python, where it is installed) serving SmolLM2-135M-Instruct's GGUF; and a small
+stdlib HTTP server (tests/openai_server.py) for what a served model cannot do on cue (429 and 503 with Retry-After,
+a stalled answer, a refused prompt, bodies cut short or not JSON, a redirect to another server, how many requests it
+holds at once). Waits are asserted as the figures the client records, never timed."""
 
+import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -14,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port
+from helpers import free_port, read_jsonl
 from openai_server import ScriptedServer
 
-from judgetrain.judge.endpoint import EndpointError, EndpointGenerator, retry_after_seconds
+from judgetrain.judge.endpoint import EndpointError, EndpointGenerator, Rejected, retry_after_seconds
 
 KEY_VAR = "JUDGETRAIN_TEST_ENDPOINT_KEY"
 SECRET = "sk-test-4f1d9c2b7a"
@@ -36,8 +41,9 @@ def test_completions_come_back_in_input_order_with_the_servers_counts():
     assert [o.text for o in outs] == ["gamma beta alpha"] * 7
     assert [o.n_tokens for o in outs] == [3] * 7 and [o.prompt_tokens for o in outs] == [7] * 7
     assert [o.stopped for o in outs] == [False] * 7  # cut at max_tokens: finish_reason "length"
-    assert gen.stats == {"ok": 7, "retried_429": 0, "retried_5xx": 0, "retried_timeout": 0,
-                         "retried_connection": 0, "failed": 0, "abandoned": 0}
+    assert gen.stats == {"ok": 7, "rejected": 0, "retried_429": 0, "retried_5xx": 0, "retried_timeout": 0,
+                         "retried_connection": 0, "retried_bad_answer": 0, "failed": 0, "abandoned": 0}
+    assert gen.waits == []
     sent = server.requests[0]
     assert sent["model"] == "judge" and sent["max_tokens"] == 3 and sent["temperature"] == 0.0
     assert sent["stream"] is False and "seed" not in sent and "continue_final_message" not in sent
@@ -48,11 +54,10 @@ def test_completions_come_back_in_input_order_with_the_servers_counts():
 def test_429_waits_what_retry_after_asks_then_the_prompt_completes():
     with ScriptedServer(model="judge", script=["429", "429"], retry_after="1") as server:
         gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, concurrency=1, backoff_s=0.01)
-        start = time.monotonic()
         [out] = gen.generate(prompts(1))
-        waited = time.monotonic() - start
     assert server.statuses == [429, 429, 200]
-    assert 2.0 <= waited < 6, waited  # two Retry-After: 1 honoured (a 0.01 s backoff alone would be ~0.02 s)
+    # the server's Retry-After: 1 honoured twice (the 0.01 s backoff would have waited 0.005 to 0.02 s)
+    assert gen.waits == [("retried_429", 1.0), ("retried_429", 1.0)]
     assert out.text == "gamma beta alpha 0 item" and out.stopped and out.n_tokens == 5
     assert gen.stats["retried_429"] == 2 and gen.stats["ok"] == 1 and gen.stats["failed"] == 0
 
@@ -61,13 +66,13 @@ def test_5xx_backs_off_exponentially_and_fails_clearly_when_retries_run_out():
     with ScriptedServer(model="judge", script=["503"] * 10) as server:
         gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, max_retries=3, backoff_s=0.2,
                                 backoff_max_s=10)
-        start = time.monotonic()
         with pytest.raises(EndpointError) as err:
             gen.generate(prompts(1))
-        waited = time.monotonic() - start
     assert server.statuses == [503] * 4  # the first try and 3 retries
-    # backoffs of 0.2, 0.4, 0.8 s, each jittered to between half and all of it: 0.7 to 1.4 s
-    assert 0.7 <= waited < 3, waited
+    # backoffs of 0.2, 0.4, 0.8 s, each jittered to between half and all of it
+    assert [kind for kind, _ in gen.waits] == ["retried_5xx"] * 3
+    for (_, wait), cap in zip(gen.waits, (0.2, 0.4, 0.8)):
+        assert cap / 2 <= wait <= cap, gen.waits
     message = str(err.value)
     assert server.base_url + "/chat/completions" in message and "'judge'" in message
     assert "failed after 3 retries" in message and "HTTP 503: scripted 503" in message
@@ -86,12 +91,9 @@ def test_a_stalled_answer_times_out_and_is_retried():
 def test_requests_in_flight_never_exceed_concurrency():
     with ScriptedServer(model="judge", delay_s=0.15) as server:
         gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=2, concurrency=4)
-        start = time.monotonic()
         outs = gen.generate(prompts(16))
-        took = time.monotonic() - start
-    assert len(outs) == 16 and gen.stats["ok"] == 16
-    assert server.max_in_flight == 4  # reached, never passed
-    assert took < 16 * 0.15 / 2, took  # concurrent: four waves of 0.15 s, not sixteen
+    assert len(outs) == 16 and gen.stats["ok"] == 16 and gen.waits == []
+    assert server.max_in_flight == 4  # counted by the server: reached (concurrent), never passed
 
 
 def test_a_missing_key_variable_fails_before_any_request(monkeypatch):
@@ -179,6 +181,120 @@ def test_a_refused_connection_is_retried_then_named():
     assert gen.stats["failed"] + gen.stats["abandoned"] == 3
 
 
+def test_a_rejected_prompt_is_a_result_and_the_other_answers_are_kept(monkeypatch, caplog):
+    """A 400 for one prompt (over the server's context) is that prompt's `Rejected` (status and the server's words,
+    the key redacted), not retried; the other prompts of the call are answered."""
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    batch = prompts(4)
+    batch[1][1]["content"] += " TOOLONG"
+    with ScriptedServer(model="judge", key=SECRET, reject_word="TOOLONG") as server:
+        gen = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=8, concurrency=2)
+        outs = gen.generate(batch)
+    assert isinstance(outs[1], Rejected) and outs[1].status == 400 and outs[1].text == ""
+    assert outs[1].message.startswith("This model's maximum context length is 32 tokens")
+    assert "Bearer ***" in outs[1].message and SECRET not in outs[1].message + caplog.text
+    assert [o.text for i, o in enumerate(outs) if i != 1] == [f"gamma beta alpha {i} item" for i in (0, 2, 3)]
+    assert not any(isinstance(o, Rejected) for i, o in enumerate(outs) if i != 1)
+    assert server.statuses.count(400) == 1 and server.statuses.count(200) == 3  # the 400 was not sent again
+    assert gen.stats["rejected"] == 1 and gen.stats["ok"] == 3 and gen.stats["failed"] == 0
+
+
+def test_a_failed_prompt_keeps_the_answers_already_received():
+    """Retries run out for one prompt: the error carries every answer that came back (None for the others)."""
+    with ScriptedServer(model="judge", script=["503"] * 3) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, concurrency=1, max_retries=2,
+                                backoff_s=0.01)
+        with pytest.raises(EndpointError, match="prompt 0 failed after 2 retries") as err:
+            gen.generate(prompts(3))
+    assert err.value.partial == [None, None, None]  # concurrency 1: prompt 0 failed first, the rest abandoned
+    with ScriptedServer(model="judge") as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, concurrency=1, max_retries=1,
+                                backoff_s=0.01)
+        batch = prompts(3)
+        server.script = []
+        first = gen.generate(batch[:1])
+        server.script = ["503", "503"]
+        with pytest.raises(EndpointError) as err:
+            gen.generate(batch)
+    assert first[0].text == "gamma beta alpha 0 item"
+    assert err.value.partial == [None, None, None] and gen.stats["abandoned"] == 2
+
+
+@pytest.mark.parametrize("step", ["not_json", "no_choices", "cut", "reset", "429_cut"])
+def test_every_transport_error_is_retried_and_counted(step):
+    """Bodies that are not a chat completion, cut short, a reset mid-body, a 429 whose error body is cut short: each
+    retried and counted, never an exception out of the client."""
+    with ScriptedServer(model="judge", script=[step]) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, backoff_s=0.01)
+        [out] = gen.generate(prompts(1))
+    assert out.text == "gamma beta alpha 0 item" and len(server.requests) == 2
+    kind = {"not_json": "retried_bad_answer", "no_choices": "retried_bad_answer", "cut": "retried_connection",
+            "reset": "retried_connection", "429_cut": "retried_429"}[step]
+    assert gen.stats[kind] == 1 and gen.stats["ok"] == 1 and gen.stats["failed"] == 0
+    assert [k for k, _ in gen.waits] == [kind]
+
+
+def test_the_wait_budget_ends_a_prompt_the_server_never_answers(caplog):
+    """The total wait per prompt is bounded by wait_budget_s, whatever max_retries allows; each wait is logged with
+    what the judge has waited so far."""
+    caplog.set_level(logging.WARNING)
+    with ScriptedServer(model="judge", script=["503"] * 50) as server:
+        gen = EndpointGenerator(server.base_url, "judge", max_new_tokens=8, max_retries=40, backoff_s=0.1,
+                                backoff_max_s=0.1, wait_budget_s=0.35)
+        with pytest.raises(EndpointError, match=r"prompt 0 failed after 0s of waiting \(the wait budget is 0.35s\)"):
+            gen.generate(prompts(1))
+    waits = [w for _, w in gen.waits]
+    assert sum(waits) == pytest.approx(0.35) and len(waits) < 40  # the last wait cut to what the budget left
+    assert "waiting 0.1s for the server (retry 1/40, 0s of 0.35s waited)" in caplog.text
+    assert gen.stats["retried_5xx"] == len(waits) and len(server.statuses) == len(waits) + 1
+
+
+def test_a_redirect_to_another_host_is_not_followed_with_the_key(monkeypatch):
+    """Two real servers: A answers every request with a 307 to B. The key never reaches B; the error names both."""
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    with ScriptedServer(model="judge") as other, ScriptedServer(model="judge", redirect_to=other.base_url) as server:
+        gen = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=8)
+        with pytest.raises(EndpointError) as err:
+            gen.preflight()
+        with pytest.raises(EndpointError) as err2:
+            gen.generate(prompts(1))
+    assert server.auth_seen == [f"Bearer {SECRET}", f"Bearer {SECRET}"]  # A got the key (it is the endpoint)
+    assert other.auth_seen == [] and other.requests == []  # B never got a request, let alone the key
+    for e in (err.value, err2.value):
+        assert server.base_url in str(e) and other.base_url in str(e) and "not followed" in str(e)
+        assert SECRET not in str(e) and e.status == 307
+
+
+def test_a_key_over_plain_http_to_another_host_is_warned_once(monkeypatch, caplog):
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    caplog.set_level(logging.WARNING)
+    EndpointGenerator("http://192.0.2.7:8000/v1", "judge", KEY_VAR, max_new_tokens=8)
+    EndpointGenerator("http://127.0.0.1:8000/v1", "judge", KEY_VAR, max_new_tokens=8)
+    EndpointGenerator("https://192.0.2.7/v1", "judge", KEY_VAR, max_new_tokens=8)
+    EndpointGenerator("http://192.0.2.7:8000/v1", "judge", None, max_new_tokens=8)
+    warned = [r.getMessage() for r in caplog.records if "plain http" in r.getMessage()]
+    assert len(warned) == 1 and "http://192.0.2.7:8000/v1" in warned[0] and SECRET not in caplog.text
+
+
+def test_preflight_refuses_what_it_can_before_any_prompt(monkeypatch):
+    """A refused key, an unknown model and a server that does not answer each fail the preflight (GET /models);
+    a good one returns the id the server lists the model under."""
+    monkeypatch.setenv(KEY_VAR, SECRET)
+    with ScriptedServer(model="org/judge", key=SECRET) as server:
+        assert EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4).preflight() == "org/judge"
+        monkeypatch.setenv(KEY_VAR, "sk-wrong")
+        with pytest.raises(EndpointError, match=r"HTTP 401, the key in \$" + KEY_VAR + " was refused") as err:
+            EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=4).preflight()
+        assert "Bearer ***" in str(err.value)
+        monkeypatch.setenv(KEY_VAR, SECRET)
+        with pytest.raises(EndpointError, match="model 'gpt-4o' not found .* has org/judge"):
+            EndpointGenerator(server.base_url, "gpt-4o", KEY_VAR, max_new_tokens=4).preflight()
+    assert server.requests == []  # no chat request was sent
+    port = free_port()
+    with pytest.raises(EndpointError, match=rf"127.0.0.1:{port}/v1/models .*did not answer in 3 tries: connection"):
+        EndpointGenerator(f"http://127.0.0.1:{port}/v1", "m", max_new_tokens=4, backoff_s=0.01).preflight()
+
+
 # ------------------------------------------------------------------------- llama.cpp's server (llama-cpp-python)
 def _smollm2_gguf() -> Path | None:
     import importlib.util
@@ -205,31 +321,36 @@ needs_llama_server = pytest.mark.skipif(_llama_server_missing() is not None, rea
 N_CTX = "1024"
 
 
-class LlamaServer:
-    """`python -m llama_cpp.server` serving SmolLM2-135M-Instruct as "smollm2" on a localhost port, behind a key."""
+class ServerProcess:
+    """A server run as its own process on a localhost port, ready once ``GET /v1/models`` answers 200; SIGKILL to
+    stop it (what a crash or an out-of-memory kill does), ``start`` again on the same port."""
+
+    what = "the server"
+    headers: dict = {}
 
     def __init__(self, port: int, log: Path) -> None:
         self.port, self.log = port, log
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait_s: float = 120) -> "LlamaServer":
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(_smollm2_gguf()), "--model_alias", "smollm2",
-               "--host", "127.0.0.1", "--port", str(self.port), "--api_key", SECRET, "--n_ctx", N_CTX,
-               "--n_threads", "2", "--seed", "0"]
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, wait_s: float = 300) -> "ServerProcess":
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         with self.log.open("a") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + wait_s
-        request = urllib.request.Request(self.base_url + "/models", headers={"Authorization": f"Bearer {SECRET}"})
+        request = urllib.request.Request(self.base_url + "/models", headers=self.headers)
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"llama.cpp's server exited: {self.log.read_text()[-3000:]}"
+            assert self.proc.poll() is None, f"{self.what} exited: {self.log.read_text()[-3000:]}"
             try:
                 with urllib.request.urlopen(request, timeout=2) as r:
                     if r.status == 200:
                         return self
             except OSError:
                 time.sleep(0.2)
-        raise AssertionError(f"llama.cpp's server did not answer in {wait_s}s: {self.log.read_text()[-3000:]}")
+        raise AssertionError(f"{self.what} did not answer in {wait_s}s: {self.log.read_text()[-3000:]}")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -237,9 +358,42 @@ class LlamaServer:
             self.proc.wait(timeout=30)
 
 
+class LlamaServer(ServerProcess):
+    """`python -m llama_cpp.server` serving SmolLM2-135M-Instruct as "smollm2" on a localhost port, behind a key."""
+
+    what = "llama.cpp's server"
+    headers = {"Authorization": f"Bearer {SECRET}"}
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "llama_cpp.server", "--model", str(_smollm2_gguf()), "--model_alias", "smollm2",
+                "--host", "127.0.0.1", "--port", str(self.port), "--api_key", SECRET, "--n_ctx", N_CTX,
+                "--n_threads", "2", "--seed", "0"]
+
+
+
+def generate_across_a_restart(gen: EndpointGenerator, batch: list, server: "ServerProcess", after_ok: int = 2) -> list:
+    """``gen.generate(batch)`` in a thread; once ``after_ok`` prompts are answered the server is SIGKILLed (requests
+    in flight, prompts still queued) and started again on its port. Returns the outputs (the server killed after)."""
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.update(outs=gen.generate(batch)), daemon=True)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 120
+        while gen.stats["ok"] < after_ok and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gen.stats["ok"] >= after_ok, gen.stats
+        server.kill()
+        server.start()
+        runner.join(timeout=600)
+    finally:
+        server.kill()
+    assert not runner.is_alive() and "outs" in done, gen.stats
+    return done["outs"]
+
+
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
-    server = LlamaServer(free_port(), tmp_path_factory.mktemp("llama") / "server.log").start()
+    server = LlamaServer(free_port(), tmp_path_factory.mktemp("llama") / "server.log").start(120)
     yield server
     server.kill()
 
@@ -308,22 +462,8 @@ def test_a_server_killed_and_restarted_mid_run_loses_no_prompt(llama_server, tmp
     server = LlamaServer(free_port(), tmp_path / "server.log").start()
     gen = EndpointGenerator(server.base_url, "smollm2", KEY_VAR, max_new_tokens=16, concurrency=2, max_retries=30,
                             backoff_s=0.1, backoff_max_s=1.0)
-    done: dict = {}
-    runner = threading.Thread(target=lambda: done.update(outs=gen.generate(prompts_)), daemon=True)
-    try:
-        runner.start()
-        deadline = time.monotonic() + 60
-        while gen.stats["ok"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert gen.stats["ok"] >= 2, gen.stats
-        server.kill()  # SIGKILL with requests in flight and prompts still queued
-        time.sleep(1.0)
-        server.start()
-        runner.join(timeout=120)
-    finally:
-        server.kill()
-    assert not runner.is_alive() and "outs" in done, gen.stats
-    assert [o.text for o in done["outs"]] == expected  # every prompt answered, in its place
+    outs = generate_across_a_restart(gen, prompts_, server)
+    assert [o.text for o in outs] == expected  # every prompt answered, in its place
     assert gen.stats["ok"] == 6 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
     assert gen.stats["retried_connection"] >= 1
 
@@ -360,3 +500,146 @@ def test_a_server_process_killed_and_restarted_mid_run_loses_no_prompt(tmp_path)
     assert not runner.is_alive() and "outs" in done, gen.stats
     assert [o.text for o in done["outs"]] == [f"gamma beta alpha {i} item" for i in range(24)]
     assert gen.stats["ok"] == 24 and gen.stats["failed"] == 0 and gen.stats["retried_connection"] >= 1
+
+
+# ------------------------------------------------------------------- transformers serve (transformers' own server)
+def _transformers_serve_missing() -> str | None:
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "openai")):
+        return "transformers' server is not installed (pip install 'transformers[serving]', in the test extra)"
+    return None
+
+
+needs_transformers_serve = pytest.mark.skipif(_transformers_serve_missing() is not None,
+                                              reason=str(_transformers_serve_missing()))
+
+
+class TransformersServe(ServerProcess):
+    """`transformers serve FOLDER` on a localhost port, on the CPU: the model pinned, listed under its folder path."""
+
+    what = "transformers serve"
+
+    def __init__(self, folder: str, port: int, log: Path) -> None:
+        super().__init__(port, log)
+        self.folder = folder
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.argv[0] = "
+                "'transformers'; sys.exit(main())", "serve", self.folder, "--host", "127.0.0.1", "--port",
+                str(self.port), "--device", "cpu", "--dtype", "float32"]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tiny_judge) -> str:
+    return tiny_judge
+
+
+@pytest.fixture(scope="module")
+def tiny_served(tiny_folder, tmp_path_factory):
+    server = TransformersServe(tiny_folder, free_port(), tmp_path_factory.mktemp("serve") / "server.log").start()
+    yield server
+    server.kill()
+
+
+def _in_process(folder: str, batch: list[list[dict]], max_new_tokens: int):
+    from judgetrain.eval.generate import Generator
+    from judgetrain.judge.judges import JudgeSpec, load_local
+
+    model, tokenizer = load_local(JudgeSpec("local", model=folder), dtype="float32")
+    return Generator(model, tokenizer, max_new_tokens=max_new_tokens, backend="transformers").generate(batch)
+
+
+@needs_transformers_serve
+@pytest.mark.slow
+def test_transformers_serve_completions_equal_the_in_process_engine(tiny_served, tiny_folder):
+    """Greedy: the served tiny judge's completions are the in-process engine's, usage counts included. (The tiny
+    judge writes only newlines; the server strips a text down to nothing, so the texts compare stripped; the
+    token counts compare exactly.)"""
+    batch = chats(4)
+    gen = EndpointGenerator(tiny_served.base_url, tiny_folder, max_new_tokens=8, concurrency=2)
+    assert gen.preflight() == tiny_folder
+    outs = gen.generate(batch)
+    assert gen.stats["ok"] == 4 and gen.stats["failed"] == 0
+    for out, ref in zip(outs, _in_process(tiny_folder, batch, 8)):
+        assert out.text == ref.text.strip()
+        assert out.n_tokens == ref.n_tokens == 8 and out.prompt_tokens == ref.prompt_tokens > 20
+        assert out.stopped == ref.stopped
+
+
+@needs_transformers_serve
+@pytest.mark.slow
+def test_transformers_serve_a_wrong_model_is_exit_2_before_any_item(tiny_served, tmp_path, capsys):
+    from test_judge import judge, write_items
+
+    items = write_items(tmp_path / "items.jsonl", 3)
+    code = judge("--items", items, "--output_dir", tmp_path / "out",
+                 "--judge", f"endpoint={tiny_served.base_url},model=Qwen/Qwen3-8B,name=wrong")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "judge 'wrong'" in err[0] and tiny_served.base_url in err[0] and "model 'Qwen/Qwen3-8B' not found" in err[0]
+    assert tiny_served.folder in err[0]  # what the server lists
+    assert not (tmp_path / "out").exists()
+
+
+@needs_transformers_serve
+@pytest.mark.slow
+def test_transformers_serve_panel_through_the_command(tiny_served, tiny_folder, tmp_path):
+    """`judgetrain judge` with the served tiny judge beside the same judge in process: one row per item each, the
+    same token counts; the identity records the id the server lists, not the URL."""
+    from test_judge import judge, write_items
+
+    items = write_items(tmp_path / "items.jsonl", 4)
+    out = tmp_path / "out"
+    assert judge("--items", items, "--output_dir", out, "--max_new_tokens", 6, "--dtype", "float32",
+                 "--judge", f"model={tiny_folder},name=local",
+                 "--judge", f"endpoint={tiny_served.base_url},model={tiny_folder},name=served") == 0
+    rows = read_jsonl(out / "evaluations.jsonl")
+    assert [r["judge_model"] for r in rows] == ["local", "served"] * 4
+    for local, served in zip(rows[::2], rows[1::2]):
+        assert served["n_tokens"] == local["n_tokens"] == 6 and served["evaluation"] == local["evaluation"].strip()
+        assert served["error"] is None
+    served_identity = json.loads((out / "judge_run.json").read_text())["judges"][1]
+    assert served_identity == {"name": "served", "model": tiny_folder, "kind": "endpoint", "served_model": tiny_folder}
+
+
+@needs_transformers_serve
+@pytest.mark.slow
+def test_transformers_serve_killed_and_restarted_mid_run_loses_nothing(tiny_folder, tiny_served, tmp_path, caplog):
+    """SIGKILL with requests in flight and prompts queued, then a new server on the same port: the generator waits
+    for it (the log says so) and every prompt comes back in its place, as the server that stayed up answers it."""
+    caplog.set_level(logging.WARNING)
+    batch = chats(12)
+    expected = [(o.text, o.n_tokens) for o in EndpointGenerator(tiny_served.base_url, tiny_folder, max_new_tokens=6,
+                                                                concurrency=2).generate(batch)]
+    server = TransformersServe(tiny_folder, free_port(), tmp_path / "server.log").start()
+    gen = EndpointGenerator(server.base_url, tiny_folder, max_new_tokens=6, concurrency=2, backoff_s=0.2,
+                            backoff_max_s=2.0, max_retries=10_000, wait_budget_s=600)  # the wait budget bounds it
+    outs = generate_across_a_restart(gen, batch, server)
+    assert [(o.text, o.n_tokens) for o in outs] == expected
+    assert gen.stats["ok"] == 12 and gen.stats["failed"] == 0 and gen.stats["abandoned"] == 0
+    assert gen.stats["retried_connection"] >= 1 and "waiting" in caplog.text and "for the server" in caplog.text
+
+
+@needs_transformers_serve
+@pytest.mark.extended(reason="SmolLM2 converted, served and run in process on the CPU: minutes on 2 cores; the tiny "
+                             "judge's tests cover the same path")
+def test_transformers_serve_smollm2_writes_the_in_process_engines_texts(tmp_path, _judgetrain_cache):
+    """A real model's greedy texts (not only newlines): the served SmolLM2-135M-Instruct writes what the in-process
+    engine writes on the same prompts, word for word, with the same token counts."""
+    from judgetrain.models.smollm2 import SmolLM2Unavailable, ensure_smollm2
+
+    try:
+        folder = ensure_smollm2()
+    except SmolLM2Unavailable as err:
+        pytest.skip(str(err))
+    batch = chats(4)
+    server = TransformersServe(folder, free_port(), tmp_path / "server.log").start()
+    try:
+        outs = EndpointGenerator(server.base_url, folder, max_new_tokens=24, concurrency=2).generate(batch)
+    finally:
+        server.kill()
+    refs = _in_process(folder, batch, 24)
+    assert [o.text for o in outs] == [r.text for r in refs] and all(o.text.strip() for o in outs)
+    assert [(o.n_tokens, o.prompt_tokens, o.stopped) for o in outs] == [(r.n_tokens, r.prompt_tokens, r.stopped)
+                                                                         for r in refs]

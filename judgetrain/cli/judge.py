@@ -12,8 +12,9 @@ reads (``sample_id``, ``perturbation_set``, ``perturbation_category``, ``perturb
 ``prompt``, ``evaluation``), the item's other columns, and ``score`` / ``reason`` (the score parser's reading),
 ``n_tokens``, ``stopped``; ``summary.json`` (per judge: parse rate, reasons, mean score, tokens/s). Killed at any
 moment, the same command continues where the committed batches end (`judgetrain.judge.output`); SIGTERM ends it
-with exit code 143 after the batch in flight is dropped. Exit codes: 0 done, 1 crashed, 2 refused (bad items, bad
-judge, another run's output_dir), 143 stopped by a signal.
+with exit code 143 after the batch in flight is dropped. Exit codes: 0 done, 1 crashed (or an endpoint's retries ran
+out), 2 refused (bad items, bad judge, an endpoint's key, URL or model refused at start, another run's output_dir),
+143 stopped by a signal.
 """
 
 # Late imports: judgetrain.judge, rich, judgetrain.utils, accelerate, judgetrain.cli, judgetrain.config,
@@ -65,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight per endpoint judge and process")
+    p.add_argument("--endpoint_timeout_s", type=float, default=120.0,
+                   help="endpoint judges: seconds to wait for one response (default 120; judges-file key timeout_s)")
+    p.add_argument("--endpoint_max_retries", type=int, default=30,
+                   help="endpoint judges: retries per prompt of a 429, 5xx, timeout or dropped connection (default 30; "
+                        "judges-file key max_retries)")
+    p.add_argument("--endpoint_wait_budget_s", type=float, default=600.0,
+                   help="endpoint judges: seconds a prompt may wait for its server between retries in all, long enough "
+                        "for a server restart (default 600; judges-file key wait_budget_s)")
     p.add_argument("--on_bad_row", choices=("error", "skip"), default="error",
                    help="bad items: stop naming them (default), or skip them to the rejects file, counted")
     p.add_argument("--rejects_path", help="where skipped items go (default <output_dir>/rejects.jsonl)")
@@ -89,11 +98,16 @@ def options(args: argparse.Namespace):
     for name in ("chunk_size", "batch_tokens", "max_batch_size", "concurrency"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1")
+    if args.endpoint_max_retries < 0 or not args.endpoint_timeout_s > 0 or not args.endpoint_wait_budget_s >= 0:
+        raise ValueError("--endpoint_max_retries and --endpoint_wait_budget_s must be at least 0, --endpoint_timeout_s "
+                         "more than 0")
     return Options(max_new_tokens=max_new, max_length=args.max_length, batch_tokens=args.batch_tokens,
                    max_batch_size=args.max_batch_size, chunk_size=args.chunk_size, backend=backend,
                    do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                    force_score_prefix=force, score_key=args.score_key, scale=tuple(args.scale), dtype=args.dtype,
-                   concurrency=args.concurrency, trust_remote_code=args.trust_remote_code)
+                   concurrency=args.concurrency, trust_remote_code=args.trust_remote_code,
+                   endpoint_timeout_s=args.endpoint_timeout_s, endpoint_max_retries=args.endpoint_max_retries,
+                   endpoint_wait_budget_s=args.endpoint_wait_budget_s)
 
 
 def summary_table(summary: dict):
@@ -160,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.config.recipe import RecipeError
     from judgetrain.data.validate import DataValidationError
     from judgetrain.judge.items import read_items
-    from judgetrain.judge.judges import JudgeSpecError, judge_specs
+    from judgetrain.judge.endpoint import EndpointError
+    from judgetrain.judge.judges import JudgeSpecError, judge_specs, preflight_endpoints
     from judgetrain.judge.output import REJECTS
     from judgetrain.judge.runner import run_panel
     from judgetrain.run.state import EXIT_PREEMPTED
@@ -170,12 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output_dir)
     try:  # everything that can be refused is, before any model loads
         opts = options(args)
-        specs = judge_specs(args.judge, args.judges_file)
+        specs = preflight_endpoints(judge_specs(args.judge, args.judges_file), opts)
         item_set = read_items(args.items, split=args.items_split, on_bad_row=args.on_bad_row,
                               rejects_path=args.rejects_path or str(out / REJECTS), revision=args.items_revision)
         result = run_panel(item_set, specs, opts, out, state)
     except (DataValidationError, JudgeSpecError, RecipeError, FileNotFoundError, ValueError) as err:
         return _refuse(str(err))
+    except EndpointError as err:  # mid-run: the answers received are committed; a refusal (key, model) is exit 2
+        print(f"judgetrain judge: {err}; the evaluations committed stay, run the same command to continue",
+              file=sys.stderr)
+        return 2 if err.status in (401, 403, 404) else 1
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if state.is_main_process:

@@ -18,16 +18,29 @@ The command line names such a judge as ``endpoint=BASE_URL,model=NAME,key_env=VA
   no header (a local server without a key).
 - Concurrency: at most ``concurrency`` requests in flight, from daemon threads (an interrupted run does not wait for
   them to finish). Results come back in input order.
-- Retries: a 429, a 5xx (and 408), a timeout and a refused, reset or dropped connection are retried up to
-  ``max_retries`` times per prompt, after ``Retry-After`` seconds when the server sends that header, else after an
-  exponential backoff with jitter (``backoff_s`` x 2^attempt, capped at ``backoff_max_s``, between half and all of
-  it). A server killed and restarted mid-run is waited for that way.
-- Errors: 401 / 403 (the key refused), 404 (no such model, or a wrong base URL) and other 4xx stop the call at once
-  with an `EndpointError` naming the URL, the model and the server's message; so does a prompt whose retries run
-  out. The other prompts in flight are abandoned (a resumable caller generates them again).
-- ``stats`` counts every request's outcome over the generator's life: ``ok`` (answered), ``retried_429``,
-  ``retried_5xx``, ``retried_timeout``, ``retried_connection`` (one per retried attempt), ``failed`` (a prompt that
-  ended in an error) and ``abandoned`` (prompts given up because another one failed).
+- Redirects: followed only to the same scheme, host and port; a redirect elsewhere is an `EndpointError` naming
+  both URLs (urllib would send the ``Authorization`` header on to the other host). A key sent over plain ``http://``
+  to a host that is not loopback gets one warning.
+- Retries: a 429, a 5xx (and 408), a timeout, a refused, reset or dropped connection, a body cut short, and a 200
+  whose body is not a chat completion are retried, up to ``max_retries`` times per prompt and while the prompt has
+  waited less than ``wait_budget_s`` in all (default 10 minutes: a vLLM server restarted mid-run is waited for).
+  Each wait is ``Retry-After`` seconds when the server sends that header, else an exponential backoff with jitter
+  (``backoff_s`` x 2^attempt, capped at ``backoff_max_s``, between half and all of it); the log says what failed,
+  how long the judge waits and how long it has waited. ``waits`` records each wait as ``(outcome, seconds)``.
+- A prompt the server refuses (400, 413, 422: longer than its context, a content filter) is not retried and stops
+  nothing: its result is a `Rejected` (the HTTP status and the server's message, key redacted), written as a row
+  with reason ``endpoint_rejected``.
+- Errors: 401 / 403 (the key refused), 404 (no such model, or a wrong base URL) and other 4xx stop the call with an
+  `EndpointError` naming the URL, the model and the server's message; so does a prompt whose retries or wait budget
+  run out. The other prompts in flight are abandoned; the error's ``partial`` holds every answer received (None for
+  the others), so a resumable caller keeps them.
+- `preflight` asks ``GET {base_url}/models`` before anything else runs: a refused key, a model the server does not
+  list or a server that cannot be reached is an `EndpointError` there; it returns the id the server lists the model
+  under (the judge's identity on resume, the URL is not).
+- ``stats`` counts every request's outcome over the generator's life: ``ok`` (answered), ``rejected`` (refused
+  prompts), ``retried_429``, ``retried_5xx``, ``retried_timeout``, ``retried_connection``, ``retried_bad_answer``
+  (one per retried attempt), ``failed`` (a prompt that ended in an error) and ``abandoned`` (prompts given up because
+  another one failed).
 - ``force_prefix``: the prompt gets a final assistant message holding the prefix and the request asks the server to
   continue it (``continue_final_message: true``, ``add_generation_prompt: false``: vLLM's and SGLang's chat
   options; llama.cpp's ``llama-server`` continues a final assistant message by itself). ``text`` is what the judge
@@ -50,24 +63,44 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from http.client import HTTPException
 from typing import Any
 
 from judgetrain.eval.generate import Generated
+from judgetrain.judge.options import check_settings
 
 logger = logging.getLogger(__name__)
 
-OUTCOMES = ("ok", "retried_429", "retried_5xx", "retried_timeout", "retried_connection", "failed", "abandoned")
+OUTCOMES = ("ok", "rejected", "retried_429", "retried_5xx", "retried_timeout", "retried_connection",
+            "retried_bad_answer", "failed", "abandoned")
+REJECTED_STATUSES = (400, 413, 422)  # the prompt itself refused: too long for the context, a content filter
+REJECTED_REASON = "endpoint_rejected"
 MAX_RETRY_AFTER_S = 600.0  # a Retry-After past this is read as this (a server asking for hours is waited for 10 min)
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_MAX_RETRIES = 30
+DEFAULT_WAIT_BUDGET_S = 600.0  # per prompt: longer than a vLLM server takes to start again
+PREFLIGHT_TRIES = 3  # GET /models at start: a server that does not answer these is refused
 
 
 class EndpointError(RuntimeError):
-    """An endpoint judge that cannot go on: a refused key, a wrong model or URL, a missing key variable, retries run
-    out. The message names the URL and the model, never the key; ``status`` is the HTTP status where one came."""
+    """An endpoint judge that cannot go on: a refused key, a wrong model or URL, a missing key variable, a redirect
+    to another host, retries run out. The message names the URL and the model, never the key; ``status`` is the
+    HTTP status where one came; ``partial`` the answers a `EndpointGenerator.generate` call had received (input
+    order, None where none came), so that a caller can keep them."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.partial: list | None = None
+
+
+@dataclass
+class Rejected(Generated):
+    """A prompt the server refused (`REJECTED_STATUSES`): no text, the status and the server's message."""
+
+    status: int = 0
+    message: str = ""
 
 
 class _Retry(Exception):
@@ -111,6 +144,24 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect to the same scheme, host and port only: urllib copies every header of the request, the
+    key's ``Authorization`` included, to whatever URL a redirect names."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if _origin(newurl) != _origin(req.full_url):
+            raise EndpointError(f"endpoint {req.full_url} answered HTTP {code}, a redirect to {newurl} (another host "
+                                "or scheme): not followed, the request carries the API key; give the URL the "
+                                "server redirects to as endpoint=", code)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class EndpointGenerator:
     """Generates judge evaluations through an OpenAI-compatible chat completions endpoint (see the module doc).
 
@@ -121,28 +172,30 @@ class EndpointGenerator:
         max_new_tokens: ``max_tokens`` of each request.
         temperature, seed: sampling (greedy by default; ``seed`` sent when given).
         concurrency: requests in flight at most.
-        max_retries: retries per prompt of a 429, 5xx, timeout or connection error.
+        max_retries: retries per prompt of a 429, 5xx, timeout, connection error or unreadable answer.
         timeout_s: seconds to wait for one response.
+        wait_budget_s: seconds a prompt may spend waiting between its retries in all.
         force_prefix: the start of the judge's answer, which it continues.
         backoff_s, backoff_max_s: the exponential backoff's first and largest wait.
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = None, *, max_new_tokens: int,
-                 temperature: float = 0.0, seed: int | None = None, concurrency: int = 8, max_retries: int = 8,
-                 timeout_s: float = 120.0, force_prefix: str | None = None, backoff_s: float = 0.5,
-                 backoff_max_s: float = 30.0) -> None:
+                 temperature: float = 0.0, seed: int | None = None, concurrency: int = 8,
+                 max_retries: int = DEFAULT_MAX_RETRIES, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 wait_budget_s: float = DEFAULT_WAIT_BUDGET_S, force_prefix: str | None = None,
+                 backoff_s: float = 0.5, backoff_max_s: float = 30.0) -> None:
         parsed = urllib.parse.urlsplit(str(base_url))
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise EndpointError(f"endpoint base URL {base_url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
+        if parsed.username or parsed.password or parsed.query or parsed.fragment:
+            raise EndpointError(f"endpoint base URL {parsed.scheme}://{parsed.hostname}{parsed.path}: give it without "
+                                "user, password, query or fragment (the key goes in key_env=VAR)")
         if not model:
             raise EndpointError(f"endpoint {base_url}: no model name given (model=NAME)")
-        for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("concurrency", concurrency, 1),
-                                 ("max_retries", max_retries, 0)):
-            if int(value) < low:
-                raise ValueError(f"{name} must be at least {low}, got {value}")
-        if not float(timeout_s) > 0 or float(temperature) < 0 or float(backoff_s) < 0:
-            raise ValueError(f"timeout_s must be > 0, temperature and backoff_s >= 0 (got {timeout_s}, {temperature}, "
-                             f"{backoff_s})")
+        check_settings(max_new_tokens=max_new_tokens, concurrency=concurrency, max_retries=max_retries,
+                       timeout_s=timeout_s, wait_budget_s=wait_budget_s)
+        if float(temperature) < 0 or float(backoff_s) < 0:
+            raise ValueError(f"temperature and backoff_s must be >= 0 (got {temperature}, {backoff_s})")
         self.base_url = str(base_url).rstrip("/")
         self.url = self.base_url + "/chat/completions"
         self.model = str(model)
@@ -154,15 +207,24 @@ class EndpointGenerator:
         self.concurrency = int(concurrency)
         self.max_retries = int(max_retries)
         self.timeout_s = float(timeout_s)
+        self.wait_budget_s = float(wait_budget_s)
         self.force_prefix = force_prefix or None
         self.backoff_s = float(backoff_s)
         self.backoff_max_s = float(backoff_max_s)
         self.stats: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self.waits: list[tuple[str, float]] = []  # every wait before a retry: (outcome, seconds), in order
+        self.served_model: str | None = None  # the id GET /models lists the model under (`preflight`)
         self._lock = threading.Lock()
         self._random = random.Random()
         self._closed = False
         self._checked = False  # the model list is asked for once, at the first generate
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(parsed.hostname) else []
+        loopback = _is_loopback(parsed.hostname)
+        if self._key and parsed.scheme == "http" and not loopback:
+            logger.warning("endpoint %s: the API key in $%s goes over plain http to a host that is not this machine "
+                           "(anyone on the path can read it); use https://", self.base_url, api_key_env)
+        handlers: list = [_SameOriginRedirects()]
+        if loopback:
+            handlers.append(urllib.request.ProxyHandler({}))
         self._opener = urllib.request.build_opener(*handlers)
 
     def _read_key(self, var: str | None) -> str | None:
@@ -193,8 +255,8 @@ class EndpointGenerator:
         return text.replace(self._key, "***") if self._key else text
 
     def _send(self, url: str, body: dict[str, Any] | None = None) -> bytes:
-        """One request (POST with a JSON body, GET without). Returns the response's bytes; raises `_Retry` or
-        `EndpointError`."""
+        """One request (POST with a JSON body, GET without). Returns the response's bytes; raises `_Retry`,
+        `EndpointError` or `Rejected` (as `_Rejection`)."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -214,59 +276,97 @@ class EndpointGenerator:
                 raise _Retry("retried_timeout", f"no response in {self.timeout_s:g}s") from None
             if isinstance(e.reason, OSError):  # refused, reset, unreachable: the server is down or restarting
                 raise _Retry("retried_connection", f"connection failed ({e.reason})") from None
-            raise EndpointError(f"endpoint {url} (model {self.model!r}): {e.reason}") from None
-        except (ConnectionError, HTTPException, OSError) as e:  # dropped mid-response (a server killed)
-            raise _Retry("retried_connection", f"connection dropped ({type(e).__name__}: {e})") from None
+            raise EndpointError(f"endpoint {url} (model {self.model!r}): {self._redact(str(e.reason))}") from None
+        except (ConnectionError, HTTPException, OSError) as e:  # dropped mid-response, a body cut short
+            raise _Retry("retried_connection", f"connection dropped ({type(e).__name__}: "
+                                               f"{self._redact(str(e))[:200]})") from None
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One chat completion request. Returns the decoded response; raises `_Retry` or `EndpointError`."""
+    def _post(self, body: dict[str, Any]) -> Generated:
+        """One chat completion request. Returns its `Generated`; raises `_Retry`, `_Rejection` or `EndpointError`."""
         raw = self._send(self.url, body)
         try:
-            data = json.loads(raw)
-            data["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise EndpointError(f"endpoint {self.url} (model {self.model!r}) answered 200 with no chat completion "
-                                f"(is it OpenAI-compatible?): {self._redact(raw[:300].decode('utf-8', 'replace'))!r}"
-                                ) from None
-        return data
+            return self._generated(json.loads(raw))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise _Retry("retried_bad_answer", "HTTP 200 without a chat completion (is it OpenAI-compatible?): "
+                         f"{self._redact(raw[:300].decode('utf-8', 'replace'))!r}") from None
 
-    def check_model(self) -> list[str] | None:
-        """Ask ``GET {base_url}/models`` once: a refused key fails here, before any prompt is sent, and so does a model
+    def preflight(self) -> str | None:
+        """Ask ``GET {base_url}/models`` before anything runs (`PREFLIGHT_TRIES` tries): `EndpointError` for a
+        refused key, a model the server does not list, a redirect elsewhere, a server that does not answer. Returns
+        the id the server lists the model under; None where the server has no model list (a 404 there)."""
+        last = None
+        for attempt in range(PREFLIGHT_TRIES):
+            try:
+                ids = self.check_model(strict=True)
+            except _Retry as r:
+                last = r.what
+                if attempt + 1 < PREFLIGHT_TRIES:
+                    time.sleep(min(self.backoff_max_s, self.backoff_s * 2 ** attempt))
+                continue
+            self._checked = True
+            return self.served_model if ids else None
+        raise EndpointError(f"endpoint {self.base_url}/models (model {self.model!r}) did not answer in "
+                            f"{PREFLIGHT_TRIES} tries: {last}; start the server first (or fix endpoint=)")
+
+    def check_model(self, strict: bool = False) -> list[str] | None:
+        """Ask ``GET {base_url}/models``: a refused key fails here, before any prompt is sent, and so does a model
         the server lists no model of that name for (some servers, llama-cpp-python's among them, answer a chat
-        request for any name with the model they serve). Returns the listed ids; None where the server lists none
-        (no such route, or it is down: the requests then find out)."""
+        request for any name with the model they serve). Returns the listed ids (``served_model`` set to the one
+        that matched); None where the server lists none (no such route; not strict: it is down, or its answer is
+        unreadable: the requests then find out). ``strict``: `_Retry` where it is down, `EndpointError` for an
+        unreadable list."""
         try:
             raw = self._send(self.base_url + "/models")
-            ids = [str(m["id"]) for m in json.loads(raw)["data"]]
         except _Retry:
-            return None
-        except EndpointError as e:
-            if e.status in (401, 403):
+            if strict:
                 raise
             return None
-        except (ValueError, KeyError, TypeError):
+        except _Rejection as e:
+            if strict:
+                raise EndpointError(f"endpoint {self.base_url}/models (model {self.model!r}): HTTP {e.status}: "
+                                    f"{e.message}", e.status) from None
             return None
-        if ids and not any(i == self.model or i.endswith("/" + self.model) for i in ids):
+        except EndpointError as e:
+            if e.status in (401, 403) or 300 <= (e.status or 0) < 400 or (strict and e.status != 404):
+                raise  # a refused key, a redirect elsewhere
+            return None
+        try:
+            ids = [str(m["id"]) for m in json.loads(raw)["data"]]
+        except (ValueError, KeyError, TypeError):
+            if strict:
+                raise EndpointError(f"endpoint {self.base_url}/models (model {self.model!r}) answered 200 without a "
+                                    f"model list (is it OpenAI-compatible?): "
+                                    f"{self._redact(raw[:300].decode('utf-8', 'replace'))!r}") from None
+            return None
+        match = [i for i in ids if i == self.model] or [i for i in ids if i.endswith("/" + self.model)]
+        if ids and not match:
             shown = ", ".join(ids[:10]) + (f", ... ({len(ids)} in all)" if len(ids) > 10 else "")
             raise EndpointError(f"endpoint {self.base_url}: model {self.model!r} not found (404): the server's model "
                                 f"list (GET {self.base_url}/models) has {shown}", 404)
+        self.served_model = match[0] if match else None
         return ids
 
     def _http_error(self, e: urllib.error.HTTPError, url: str) -> Exception:
-        try:
+        detail = ""
+        try:  # the error body may be unreadable, cut short or not JSON: the status alone is enough
             detail = e.read(2000).decode("utf-8", "replace")
             payload = json.loads(detail)
             err = payload.get("error", payload) if isinstance(payload, dict) else payload
             detail = str(err.get("message", err) if isinstance(err, dict) else err)
-        except (ValueError, OSError, AttributeError):
+        except Exception:  # noqa: BLE001 - IncompleteRead, a reset, a timeout, bad JSON: keep what was read
             pass
         detail = self._redact(str(detail)).strip()[:500]
-        retry_after = retry_after_seconds(e.headers.get("Retry-After") if e.headers else None)
+        try:
+            retry_after = retry_after_seconds(e.headers.get("Retry-After") if e.headers else None)
+        except Exception:  # noqa: BLE001 - an unreadable header: the backoff decides
+            retry_after = None
         what = f"HTTP {e.code}" + (f": {detail}" if detail else "")
         if e.code == 429:
             return _Retry("retried_429", what, retry_after)
         if e.code >= 500 or e.code == 408:
             return _Retry("retried_5xx" if e.code >= 500 else "retried_timeout", what, retry_after)
+        if e.code in REJECTED_STATUSES:
+            return _Rejection(e.code, detail)
         where = f"endpoint {url} (model {self.model!r})"
         if e.code in (401, 403):
             key = f"the key in ${self.api_key_env}" if self.api_key_env else "no key (none was given: key_env=VAR)"
@@ -280,40 +380,56 @@ class EndpointGenerator:
         with self._lock:
             self.stats[outcome] += 1
 
-    def _wait(self, attempt: int, retry_after: float | None, abort: threading.Event) -> None:
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        """The wait before retry ``attempt + 1``: the server's Retry-After, else the jittered backoff."""
         if retry_after is not None:
-            delay = retry_after
-        else:
-            cap = min(self.backoff_max_s, self.backoff_s * 2 ** attempt)
-            with self._lock:
-                delay = cap / 2 + self._random.uniform(0, cap / 2)
-        if abort.wait(delay):
-            raise _Abandoned
+            return retry_after
+        cap = min(self.backoff_max_s, self.backoff_s * 2 ** attempt)
+        with self._lock:
+            return cap / 2 + self._random.uniform(0, cap / 2)
 
     def _one(self, index: int, messages: list[dict], abort: threading.Event) -> Generated:
         """One prompt, with its retries."""
         body = self._body(messages)
+        waited = 0.0
         for attempt in range(self.max_retries + 1):
             if abort.is_set():
                 raise _Abandoned
             try:
-                data = self._post(body)
+                out = self._post(body)
+            except _Rejection as r:
+                self._count("rejected")
+                logger.warning("endpoint %s (model %s): prompt %d refused, HTTP %d: %s; written as a row with "
+                               "reason %s", self.url, self.model, index, r.status, r.message[:200], REJECTED_REASON)
+                return Rejected(text="", n_tokens=0, prompt_tokens=0, stopped=False, status=r.status,
+                                message=r.message)
             except _Retry as r:
-                if attempt == self.max_retries:
+                left = self.wait_budget_s - waited
+                if attempt == self.max_retries or left <= 0:
+                    why = (f"{self.max_retries} retries" if attempt == self.max_retries else
+                           f"{waited:.0f}s of waiting (the wait budget is {self.wait_budget_s:g}s)")
                     raise EndpointError(f"endpoint {self.url} (model {self.model!r}): prompt {index} failed after "
-                                        f"{self.max_retries} retries; last: {r.what}") from None
+                                        f"{why}; last: {r.what}") from None
                 self._count(r.kind)
-                logger.warning("endpoint %s (model %s): prompt %d: %s; retry %d/%d", self.url, self.model, index,
-                               r.what, attempt + 1, self.max_retries)
-                self._wait(attempt, r.retry_after, abort)
+                delay = min(self._delay(attempt, r.retry_after), left)
+                with self._lock:
+                    self.waits.append((r.kind, delay))
+                logger.warning("endpoint %s (model %s): prompt %d: %s; waiting %.1fs for the server (retry %d/%d, "
+                               "%.0fs of %gs waited)", self.url, self.model, index, r.what, delay, attempt + 1,
+                               self.max_retries, waited, self.wait_budget_s)
+                if abort.wait(delay):
+                    raise _Abandoned
+                waited += delay
                 continue
             self._count("ok")
-            return self._generated(data)
+            return out
         raise AssertionError("unreachable")
 
     def _generated(self, data: dict[str, Any]) -> Generated:
         choice = data["choices"][0]
         text = choice["message"].get("content") or ""
+        if not isinstance(text, str):
+            raise TypeError("content is not text")
         if self.force_prefix and text.startswith(self.force_prefix):
             text = text[len(self.force_prefix):]
         usage = data.get("usage") or {}
@@ -323,7 +439,8 @@ class EndpointGenerator:
 
     # ------------------------------------------------------------------------------------------------ the batch
     def generate(self, prompts: list[list[dict]]) -> list[Generated]:
-        """Every prompt (a list of chat messages) through the endpoint, ``concurrency`` at a time; input order."""
+        """Every prompt (a list of chat messages) through the endpoint, ``concurrency`` at a time; input order.
+        A refused prompt's result is a `Rejected`; an `EndpointError` carries the answers received (``partial``)."""
         if self._closed:
             raise RuntimeError("EndpointGenerator.generate after close()")
         if not prompts:
@@ -365,9 +482,23 @@ class EndpointGenerator:
             abort.set()
             raise
         if errors:  # the first prompt's error (the others were abandoned or failed the same way)
-            raise min(errors, key=lambda e: e[0])[1]
+            error = min(errors, key=lambda e: e[0])[1]
+            if not isinstance(error, EndpointError):
+                error = EndpointError(f"endpoint {self.url} (model {self.model!r}): "
+                                      f"{type(error).__name__}: {self._redact(str(error))[:300]}")
+            error.partial = list(results)
+            raise error
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
         """No more requests (connections are per request: nothing stays open)."""
         self._closed = True
+
+
+class _Rejection(Exception):
+    """A prompt the server refused (`REJECTED_STATUSES`)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status, self.message = status, message
+

@@ -8,8 +8,16 @@ folder) or comma-separated ``key=value`` pairs:
 - an OpenAI-compatible endpoint: ``endpoint=BASE_URL,model=NAME,key_env=VAR,name=N`` (the key is read from the
   environment variable ``VAR``, never from a file, and never written to the output).
 
+An endpoint judge also takes ``timeout_s``, ``max_retries`` and ``wait_budget_s`` (its own values of
+``--endpoint_timeout_s``, ``--endpoint_max_retries`` and ``--endpoint_wait_budget_s``).
+
 ``--judges_file FILE.yaml`` is a list of mappings with the same keys. ``name`` is the ``judge_model`` written in every
 output row; without one it is the model's name (plus the adapter's folder name).
+
+Identity (what a resume compares, `JudgeSpec.identity`): a local judge's weights are named by a fingerprint of its
+folder (`weights_fingerprint`) or, for a hub id, the commit its branch resolves to, and an adapter by the SHA-256 of
+its files; an endpoint judge by its model name and the id the server lists it under (`preflight_endpoints`), not by
+the URL, so a job requeued onto a server on another host resumes.
 """
 
 # Late imports: yaml, transformers, judgetrain.models, torch, peft (inside the functions that use them): items are
@@ -17,6 +25,7 @@ output row; without one it is the model's name (plus the adapter's folder name).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -24,11 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from judgetrain.judge.options import check_settings
 from judgetrain.utils.errors import BadInputError
 
 logger = logging.getLogger(__name__)
 
-KEYS = ("model", "adapter", "name", "endpoint", "key_env")
+ENDPOINT_SETTINGS = {"timeout_s": float, "max_retries": int, "wait_budget_s": float}
+KEYS = ("model", "adapter", "name", "endpoint", "key_env", *ENDPOINT_SETTINGS)
+FINGERPRINT_SAMPLES = 16  # blocks read from each weight file, evenly spaced
+FINGERPRINT_BLOCK = 1 << 16
 
 
 class JudgeSpecError(BadInputError, ValueError):
@@ -42,19 +55,40 @@ class JudgeSpec:
     adapter: str | None = None
     endpoint: str | None = None
     key_env: str | None = None
+    timeout_s: float | None = None  # endpoint settings of this judge (None: the command's)
+    max_retries: int | None = None
+    wait_budget_s: float | None = None
+    served_model: str | None = None  # the id the endpoint's model list gives the model (`preflight_endpoints`)
 
     @property
     def is_endpoint(self) -> bool:
         return self.endpoint is not None
 
-    def identity(self) -> dict[str, Any]:
-        """What a resume compares: the names, and the adapter's weights by SHA-256 (a retrained adapter in the same
-        folder is another judge). The endpoint's key is not part of it: it is never written anywhere."""
-        out: dict[str, Any] = {"name": self.name, "model": self.model, "adapter": self.adapter,
-                               "endpoint": self.endpoint, "key_env": self.key_env}
+    def identity(self, resolve: bool = True) -> dict[str, Any]:
+        """What a resume compares (`judgetrain.judge.output.identity_differences` compares the keys both runs
+        recorded). A local judge: its names, its weights (``weights``: `weights_fingerprint` of a folder, or
+        ``hub:<commit>``; ``resolve=False`` leaves out what would build an alias or ask the hub) and its adapter's
+        SHA-256. An endpoint judge: its name, model and ``served_model`` (once the preflight has asked the server),
+        not the URL or the key variable. The key is never part of it."""
+        out: dict[str, Any] = {"name": self.name, "model": self.model, "kind": "endpoint" if self.is_endpoint
+                               else "local"}
+        if self.is_endpoint:
+            if self.served_model is not None:
+                out["served_model"] = self.served_model
+            return out
+        out["adapter"] = self.adapter
+        weights = weights_identity(self.base_model(), resolve)
+        if weights is not None:
+            out["weights"] = weights
         if self.adapter:
             out["adapter_sha256"] = adapter_digest(self.adapter)
         return out
+
+    def base_model(self) -> str:
+        """The model a local judge loads (its adapter's base when no model is given)."""
+        if self.model is not None:
+            return self.model
+        return json.loads((Path(self.adapter) / "adapter_config.json").read_text())["base_model_name_or_path"]
 
 
 def _default_name(model: str | None, adapter: str | None) -> str:
@@ -76,13 +110,27 @@ def make_spec(fields: dict[str, Any], where: str) -> JudgeSpec:
             raise JudgeSpecError(f"{where}: an endpoint judge needs model=NAME (the name the server serves)")
         if "adapter" in clean:
             raise JudgeSpecError(f"{where}: an endpoint judge takes no adapter (the server serves its weights)")
-    elif "key_env" in clean:
-        raise JudgeSpecError(f"{where}: key_env is for endpoint judges (endpoint=BASE_URL)")
+    elif "key_env" in clean or set(clean) & set(ENDPOINT_SETTINGS):
+        raise JudgeSpecError(f"{where}: {', '.join(sorted(set(clean) & {'key_env', *ENDPOINT_SETTINGS}))} "
+                             "is for endpoint judges (endpoint=BASE_URL)")
     elif "model" not in clean and "adapter" not in clean:
         raise JudgeSpecError(f"{where}: a judge needs model=M (or adapter=PATH, whose base model is loaded)")
+    settings: dict[str, Any] = {}
+    for key, kind in ENDPOINT_SETTINGS.items():
+        if key in clean:
+            try:
+                settings[key] = kind(clean[key])
+            except ValueError:
+                raise JudgeSpecError(f"{where}: {key}={clean[key]!r} is not a{'n integer' if kind is int else ' number'}"
+                                     ) from None
+    try:
+        check_settings(**settings)
+    except ValueError as e:
+        raise JudgeSpecError(f"{where}: {e}") from None
     name = clean.get("name") or (clean["model"] if "endpoint" in clean else
                                  _default_name(clean.get("model"), clean.get("adapter")))
-    return JudgeSpec(name, clean.get("model"), clean.get("adapter"), clean.get("endpoint"), clean.get("key_env"))
+    return JudgeSpec(name, clean.get("model"), clean.get("adapter"), clean.get("endpoint"), clean.get("key_env"),
+                     **settings)
 
 
 def parse_judge(value: str) -> JudgeSpec:
@@ -155,6 +203,85 @@ def adapter_digest(adapter: str) -> str:
     return h.hexdigest()
 
 
+def weights_identity(model: str, resolve: bool = True) -> str | None:
+    """What names a local judge's weights: ``sha256:<weights_fingerprint>`` of a local folder (an alias's folder
+    when ``resolve``), ``hub:<commit>`` of a hub id (the commit its branch names now, `judgetrain.run.revisions`;
+    ``hub:None`` when neither the hub nor the cache can tell). None where ``resolve`` is off and it would build an
+    alias or ask the hub."""
+    if Path(model).expanduser().is_dir():
+        return "sha256:" + weights_fingerprint(Path(model).expanduser())
+    if not resolve:
+        return None
+    from judgetrain.models.aliases import is_alias, resolve_model
+    from judgetrain.utils.hub import is_hub_id
+
+    if is_alias(model):
+        return "sha256:" + weights_fingerprint(Path(resolve_model(model)))
+    if is_hub_id(model):
+        from judgetrain.run.revisions import hub_commit
+
+        return f"hub:{hub_commit(model, None)}"
+    return None
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """SHA-256 over a model folder's config and weight index files (whole) and, of each weight file, its name, size
+    and `FINGERPRINT_SAMPLES` blocks of 64 KiB spread over it (its header included): a judge retrained or replaced in
+    place changes it, and it reads a few MB however large the model is (a full hash of 16 GB would cost every start
+    a minute)."""
+    h = hashlib.sha256()
+    small = sorted(p for p in folder.glob("*.json") if p.is_file())
+    weights = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".pt"))
+    for path in small:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in weights:
+        size = path.stat().st_size
+        h.update(f"{path.name}\0{size}\0".encode())
+        with path.open("rb") as f:
+            for k in range(FINGERPRINT_SAMPLES):
+                f.seek(max(0, (size - FINGERPRINT_BLOCK) * k // max(FINGERPRINT_SAMPLES - 1, 1)))
+                h.update(f.read(FINGERPRINT_BLOCK))
+    return h.hexdigest()
+
+
+def endpoint_settings(spec: JudgeSpec, opts) -> dict[str, Any]:
+    """The `EndpointGenerator` settings of an endpoint judge: its own (judges file, ``--judge``) over the command's
+    (``--endpoint_*``, `judgetrain.judge.options.Options`)."""
+    return {"timeout_s": spec.timeout_s if spec.timeout_s is not None else opts.endpoint_timeout_s,
+            "max_retries": spec.max_retries if spec.max_retries is not None else opts.endpoint_max_retries,
+            "wait_budget_s": spec.wait_budget_s if spec.wait_budget_s is not None else opts.endpoint_wait_budget_s,
+            "concurrency": opts.concurrency}
+
+
+def preflight_endpoints(specs: list[JudgeSpec], opts) -> list[JudgeSpec]:
+    """Every endpoint judge checked before anything loads: first each key variable and URL (no request), then each
+    server's model list (`EndpointGenerator.preflight`: a refused key, an unknown model, a server that does not
+    answer). Returns the specs, endpoint judges with ``served_model`` set; JudgeSpecError naming the judge, the URL
+    and what the server answered."""
+    from judgetrain.judge.endpoint import EndpointError, EndpointGenerator
+
+    gens = {}
+    for spec in specs:
+        if spec.is_endpoint:
+            try:
+                gens[spec.name] = EndpointGenerator(spec.endpoint, spec.model, spec.key_env,
+                                                    max_new_tokens=opts.max_new_tokens,
+                                                    **endpoint_settings(spec, opts))
+            except EndpointError as e:
+                raise JudgeSpecError(f"judge {spec.name!r}: {e}") from None
+    out = []
+    for spec in specs:
+        if spec.name in gens:
+            try:
+                served = gens[spec.name].preflight()
+            except EndpointError as e:
+                raise JudgeSpecError(f"judge {spec.name!r}: {e}") from None
+            logger.info("judge %s: endpoint %s serves model %r as %r", spec.name, spec.endpoint, spec.model, served)
+            spec = dataclasses.replace(spec, served_model=served)
+        out.append(spec)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ local models
 def load_local(spec: JudgeSpec, *, dtype: str = "auto", trust_remote_code: bool = False, device=None):
     """(model, tokenizer) of a local judge: the base model (alias, hub id or folder), its adapter applied."""
@@ -163,10 +290,7 @@ def load_local(spec: JudgeSpec, *, dtype: str = "auto", trust_remote_code: bool 
     from judgetrain.models.aliases import resolve_model
     from judgetrain.models.loading import load_tokenizer
 
-    base = spec.model
-    if base is None:
-        base = json.loads((Path(spec.adapter) / "adapter_config.json").read_text())["base_model_name_or_path"]
-    path = resolve_model(base)
+    path = resolve_model(spec.base_model())
     import torch
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype == "auto" else getattr(torch, dtype),

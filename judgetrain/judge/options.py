@@ -25,9 +25,24 @@ class Options:
     dtype: str = "auto"
     concurrency: int = 8
     trust_remote_code: bool = False
+    endpoint_timeout_s: float = 120.0  # endpoint judges: seconds for one response,
+    endpoint_max_retries: int = 30  # retries per prompt,
+    endpoint_wait_budget_s: float = 600.0  # and seconds a prompt may wait between its retries in all
 
     def identity(self) -> dict[str, Any]:
         """The options that change what is written (batching and backend do not, beyond float noise)."""
         return {"max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "do_sample": self.do_sample,
                 "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
                 "force_score_prefix": self.force_score_prefix, "score_key": self.score_key, "scale": list(self.scale)}
+
+
+def check_settings(*, max_new_tokens: int = 1, concurrency: int = 1, max_retries: int = 0, timeout_s: float = 1.0,
+                   wait_budget_s: float = 0.0) -> None:
+    """ValueError naming the first setting out of range (the command line and a judges file are checked with it
+    before anything starts)."""
+    for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("concurrency", concurrency, 1),
+                             ("max_retries", max_retries, 0)):
+        if int(value) < low:
+            raise ValueError(f"{name} must be at least {low}, got {value}")
+    if not float(timeout_s) > 0 or not float(wait_budget_s) >= 0:
+        raise ValueError(f"timeout_s must be > 0 and wait_budget_s >= 0 (got {timeout_s}, {wait_budget_s})")

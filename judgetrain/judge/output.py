@@ -1,9 +1,10 @@
 """What `judgetrain judge` writes, so that a kill at any moment loses at most the batch in flight.
 
-    <output_dir>/judge_run.json          the run's identity: items digest, judges (adapter SHA-256), options
+    <output_dir>/judge_run.json          the run's identity: items digest, judges (weights, adapter SHA-256), options
     <output_dir>/shards/rank-R.jsonl     the rows process R generated, one JSON object a line, appended per batch
     <output_dir>/shards/rank-R.index     the done index: one line per committed batch
-    <output_dir>/evaluations.jsonl       the merged panel (every item x judge once), written at the end
+    <output_dir>/evaluations.jsonl       the merged panel (every item x judge once), written at the end (`merge`:
+                                         streamed, never every row in memory)
     <output_dir>/summary.json            per judge: parse rate, reasons, mean score, tokens/s
 
 A batch is committed in two appends, each one ``write`` then ``fsync``: its rows to the shard, then one index line
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,38 +174,84 @@ class ShardWriter:
 def merge(out: Path, judges: list[str], n_items: int, committed: list[Committed]) -> tuple[Path, int]:
     """Write ``evaluations.jsonl``: every item x judge once, by item then judge, from the committed rows (the lines
     are copied as they are, never parsed again). Returns (path, rows). Raises RuntimeError when a row is missing;
-    a row committed twice (never, unless two runs shared a shard) is written once and counted."""
-    rows: dict[tuple[str, int], bytes] = {}
-    twice = 0
-    for c in committed:
-        if not c.batches:
-            continue
-        with c.shard.open("rb") as f:
-            data = f.read(c.end)
-        lines = data.split(b"\n")
-        k = 0
-        for batch in c.batches:
-            for item in batch["items"]:
-                key = (batch["judge"], item)
-                twice += key in rows
-                rows.setdefault(key, lines[k])
-                k += 1
-    missing = [(j, i) for i in range(n_items) for j in judges if (j, i) not in rows]
-    if missing:
-        raise RuntimeError(f"{len(missing)} evaluation(s) missing from the shards, first {missing[:3]}")
+    a row committed twice (never, unless two runs shared a shard) is written once and counted.
+
+    It streams (a panel of 136,000 items x 4 judges is gigabytes of rows): one pass over each shard, a block at a
+    time, records where each row's line is (`_row_places`: about 14 bytes a row), then the lines are copied in item
+    order, each read back at its place; no row is held beyond the one being copied."""
+    places, twice = _row_places(judges, n_items, committed)
+    shard_of, offset, length = places
+    if (n_missing := shard_of.count(-1)):
+        first = []
+        for k, s in enumerate(shard_of):
+            if s < 0 and len(first) < 3:
+                first.append((judges[k % len(judges)], k // len(judges)))
+            elif len(first) == 3:
+                break
+        raise RuntimeError(f"{n_missing} evaluation(s) missing from the shards, first {first}")
     if twice:
         logger.warning("%d evaluation(s) were committed twice; each is written once", twice)
     path = out / EVALUATIONS
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        for i in range(n_items):
-            for judge in judges:
-                f.write(rows[(judge, i)] + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    files = [c.shard.open("rb") for c in committed]
+    try:
+        with tmp.open("wb", buffering=MERGE_BLOCK) as f:
+            for k in range(len(shard_of)):
+                f.write(os.pread(files[shard_of[k]].fileno(), length[k], offset[k]) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for handle in files:
+            handle.close()
     os.replace(tmp, path)
     fsync_path(out)
     return path, n_items * len(judges)
+
+
+MERGE_BLOCK = 1 << 20  # bytes a merge reads from a shard at a time (its first pass), and its write buffer
+
+
+def _row_places(judges: list[str], n_items: int, committed: list[Committed],
+                block: int | None = None) -> tuple[tuple[array, array, array], int]:
+    """Where each item x judge's row is: three arrays over ``item * len(judges) + judge`` (the shard's position in
+    ``committed``, -1 for none; the line's byte offset; its length without the newline), and how many rows were
+    committed twice (the first kept). Rows of a judge not in ``judges`` or an item past ``n_items`` are passed over."""
+    column = {j: k for k, j in enumerate(judges)}
+    slots = n_items * len(judges)
+    shard_of, offset, length = array("h", [-1]) * slots, array("q", [0]) * slots, array("l", [0]) * slots
+    twice = 0
+    for s, c in enumerate(committed):
+        keys = ((b["judge"], item) for b in c.batches for item in b["items"])
+        for (judge, item), (start, size) in zip(keys, _line_spans(c.shard, c.end, block or MERGE_BLOCK)):
+            if judge not in column or not 0 <= item < n_items:
+                continue
+            k = item * len(judges) + column[judge]
+            if shard_of[k] >= 0:
+                twice += 1
+                continue
+            shard_of[k], offset[k], length[k] = s, start, size
+    return (shard_of, offset, length), twice
+
+
+def _line_spans(shard: Path, end: int, block: int):
+    """(offset, length) of each newline-ended line of the first ``end`` bytes of ``shard``, read ``block`` bytes at a
+    time (a line longer than a block is carried over, never held twice)."""
+    if end <= 0:
+        return
+    with shard.open("rb") as f:
+        pos = 0  # file offset of buf[0]
+        buf = b""
+        while pos + len(buf) < end:
+            data = f.read(min(block, end - pos - len(buf)))
+            if not data:
+                break
+            buf += data
+            line_start = 0
+            while (nl := buf.find(b"\n", line_start)) >= 0:
+                yield pos + line_start, nl - line_start
+                line_start = nl + 1
+            pos += line_start
+            buf = buf[line_start:]
 
 
 # ------------------------------------------------------------------------------------------------ identity
@@ -214,22 +262,37 @@ def identity_differences(old: dict, new: dict) -> list[str]:
         o, n = old.get("items", {}), new["items"]
         diffs.append(f"items: {o.get('source')!r} ({o.get('n_items')} items, digest {str(o.get('digest'))[:12]}) -> "
                      f"{n['source']!r} ({n['n_items']} items, digest {n['digest'][:12]})")
-    old_j, new_j = old.get("judges", []), new["judges"]
+    old_j, new_j = [_judge_record(j) for j in old.get("judges", [])], new["judges"]
     if [j.get("name") for j in old_j] != [j["name"] for j in new_j]:
         diffs.append(f"judges: {[j.get('name') for j in old_j]} -> {[j['name'] for j in new_j]}")
     else:
         for a, b in zip(old_j, new_j):
-            for key in sorted(set(a) | set(b)):
+            for key in sorted(set(a) & set(b)):  # what both runs recorded (a run before a key was added: not it)
                 if a.get(key) != b.get(key):
-                    what = "adapter weights" if key == "adapter_sha256" else key
-                    diffs.append(f"judge {b['name']!r} {what}: {a.get(key)!r} -> {b.get(key)!r}"
-                                 if key != "adapter_sha256" else f"judge {b['name']!r} {what} changed "
-                                 f"({str(a.get(key))[:12]} -> {str(b.get(key))[:12]})")
+                    diffs.append(_judge_difference(b["name"], key, a.get(key), b.get(key)))
     for key in sorted(set(old.get("options", {})) | set(new["options"])):
         a, b = old.get("options", {}).get(key), new["options"].get(key)
         if a != b:
             diffs.append(f"option {key}: {a!r} -> {b!r}")
     return diffs
+
+
+def _judge_record(judge: dict) -> dict:
+    """A judge of a recorded identity as this version writes it: a record from before ``kind`` gets it from its
+    ``endpoint``; the URL and the key variable, which a record from before kept, are not compared."""
+    kind = judge.get("kind") or ("endpoint" if judge.get("endpoint") else "local")
+    return {**{k: v for k, v in judge.items() if k not in ("endpoint", "key_env")}, "kind": kind}
+
+
+def _judge_difference(name: str, key: str, old: Any, new: Any) -> str:
+    if key == "adapter_sha256":
+        return f"judge {name!r} adapter weights changed ({str(old)[:12]} -> {str(new)[:12]})"
+    if key == "weights":
+        return (f"judge {name!r} weights changed ({str(old)[:19]} -> {str(new)[:19]}): retrained or replaced in "
+                "place, or its hub branch moved")
+    if key == "served_model":
+        return f"judge {name!r} served model: the server lists it as {new!r}, the run's was {old!r}"
+    return f"judge {name!r} {key}: {old!r} -> {new!r}"
 
 
 def check_identity(out: Path, identity: dict) -> str:

@@ -10,7 +10,9 @@ nothing is missing. This module says it from what the run itself wrote and the s
   and of the datasets cache). Hashing the file's bytes instead costs a read of the whole file at every start (about
   a second per few hundred MB on a busy core) and is what the full start does anyway, so a stamp that differs (the
   file rewritten, touched, copied) sends the start down the full path, which compares the items themselves;
-- ``judge_run.json``: the judges (adapter weights by SHA-256) and the options, compared as the full start does;
+- ``judge_run.json``: the judges (weights fingerprint, adapter weights by SHA-256) and the options, compared as the
+  full start does, save what would build an alias, ask the hub or ask an endpoint server (a finished run holds the
+  rows of what it was started with);
 - the done index of every shard: every judge holds every item, each once, and ``evaluations.jsonl`` has the size of
   the committed rows it is merged from.
 
@@ -100,8 +102,8 @@ def nothing_left(out: Path, source: str, specs: list, opts, *, on_bad_row: str =
     if record is None:
         return None
     try:
-        new = {"items": old["items"], "judges": [s.identity() for s in specs], "options": opts.identity()}
-    except OSError:
+        new = {"items": old["items"], "judges": [s.identity(resolve=False) for s in specs], "options": opts.identity()}
+    except (OSError, ValueError, KeyError):
         return None  # an adapter that cannot be read: the full start says so
     if identity_differences(old, new):
         return None

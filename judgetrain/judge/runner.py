@@ -28,9 +28,9 @@ from judgetrain.data.chat import judge_turn
 from judgetrain.data.scoreparse import parse_overall_score_result
 from judgetrain.eval.generate import Generator
 from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX, EvalStopped, ScoringEngine, judge_prompt_ids
-from judgetrain.judge.endpoint import EndpointGenerator
+from judgetrain.judge.endpoint import REJECTED_REASON, EndpointError, EndpointGenerator, Rejected
 from judgetrain.judge.items import Item
-from judgetrain.judge.judges import JudgeSpec, load_local
+from judgetrain.judge.judges import JudgeSpec, endpoint_settings, load_local
 from judgetrain.judge.options import Options
 from judgetrain.judge.output import ShardWriter, check_identity, done_items, merge, read_done, summarize, write_summary
 from judgetrain.judge.resume import record_items
@@ -100,7 +100,7 @@ def endpoint_generator(spec: JudgeSpec, opts: Options) -> tuple[Any, str | None]
     prefix = DEFAULT_JUDGE_PREFIX if opts.force_score_prefix else None
     gen = EndpointGenerator(base_url=spec.endpoint, model=spec.model, api_key_env=spec.key_env,
                             max_new_tokens=opts.max_new_tokens, temperature=opts.temperature if opts.do_sample else 0.0,
-                            seed=opts.seed, concurrency=opts.concurrency, force_prefix=prefix)
+                            seed=opts.seed, force_prefix=prefix, **endpoint_settings(spec, opts))
     return gen, prefix
 
 
@@ -118,15 +118,18 @@ def evaluation_text(text: str, prefix: str | None) -> str:
 def output_row(item: Item, judge: str, evaluation: str, g, opts: Options) -> dict:
     """One panel row (`judgetrain.data.pairs` reads it): the item's columns, then the judge's evaluation and what
     the score parser read from it (the parse `judgetrain pairs build` makes)."""
-
-    turn, fake = judge_turn(evaluation)
-    parsed = None if fake else parse_overall_score_result(turn, key=opts.score_key, lo=opts.scale[0], hi=opts.scale[1])
     row = {"sample_id": item.key[0], "perturbation_set": None, "perturbation_category": None,
            "perturbation_rate": None}
     row.update(item.columns)
+    if isinstance(g, Rejected):  # the server refused the prompt: a row that says so, nothing to parse
+        row.update(judge_model=judge, prompt=item.messages, evaluation="", score=None, reason=REJECTED_REASON,
+                   n_tokens=0, stopped=False, error=f"HTTP {g.status}: {g.message}")
+        return row
+    turn, fake = judge_turn(evaluation)
+    parsed = None if fake else parse_overall_score_result(turn, key=opts.score_key, lo=opts.scale[0], hi=opts.scale[1])
     row.update(judge_model=judge, prompt=item.messages, evaluation=evaluation,
                score=parsed.score if parsed else None, reason=parsed.reason if parsed else "fake_turn",
-               n_tokens=int(g.n_tokens), stopped=bool(g.stopped))
+               n_tokens=int(g.n_tokens), stopped=bool(g.stopped), error=None)
     return row
 
 
@@ -176,14 +179,15 @@ def judge_one(spec: JudgeSpec, items: list[Item], missing: list[int], opts: Opti
             mine = chunk[rank::world]
             t0 = time.perf_counter()
             prompts = [items[i].messages for i in mine]
-            outs = gen.generate(prompts) if spec.is_endpoint else gen.generate(prompts, sync=world > 1)
-            seconds = time.perf_counter() - t0
-            rows = [output_row(items[i], spec.name, evaluation_text(g.text, prefix), g, opts) for i, g in zip(mine, outs)]
-            writer.append(rows, spec.name, mine, {
-                "score": [r["score"] for r in rows], "reason": [r["reason"] for r in rows],
-                "n_tokens": [r["n_tokens"] for r in rows], "stopped": [r["stopped"] for r in rows],
-                "truncated": sum(bool(getattr(g, "truncated", False)) for g in outs), "seconds": seconds})
-            committed += len(rows)
+            try:
+                outs = gen.generate(prompts) if spec.is_endpoint else gen.generate(prompts, sync=world > 1)
+            except EndpointError as e:  # the answers that came back are committed before the error goes on
+                got = [(i, g) for i, g in zip(mine, e.partial or []) if g is not None]
+                if got:
+                    commit(spec, [i for i, _ in got], [g for _, g in got], prefix, items, opts, writer,
+                           time.perf_counter() - t0)
+                raise
+            committed += commit(spec, mine, outs, prefix, items, opts, writer, time.perf_counter() - t0)
             progress.add(len(chunk), spec.name)
     except EvalStopped:
         raise JudgeStopped from None
@@ -193,6 +197,17 @@ def judge_one(spec: JudgeSpec, items: list[Item], missing: list[int], opts: Opti
         gen.close()
     progress.add(0, spec.name, force=True)
     return committed
+
+
+def commit(spec: JudgeSpec, mine: list[int], outs: list, prefix: str | None, items: list[Item], opts: Options,
+           writer: ShardWriter, seconds: float) -> int:
+    """One batch of a judge's evaluations (items ``mine``, their results ``outs``) committed; returns its rows."""
+    rows = [output_row(items[i], spec.name, evaluation_text(g.text, prefix), g, opts) for i, g in zip(mine, outs)]
+    writer.append(rows, spec.name, mine, {
+        "score": [r["score"] for r in rows], "reason": [r["reason"] for r in rows],
+        "n_tokens": [r["n_tokens"] for r in rows], "stopped": [r["stopped"] for r in rows],
+        "truncated": sum(bool(getattr(g, "truncated", False)) for g in outs), "seconds": seconds})
+    return len(rows)
 
 
 def generate_missing(specs: list[JudgeSpec], items: list[Item], done: dict, opts: Options, out, state,
