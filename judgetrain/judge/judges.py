@@ -20,8 +20,9 @@ its files; an endpoint judge by its model name and the id the server lists it un
 the URL, so a job requeued onto a server on another host resumes.
 """
 
-# Late imports: yaml, transformers, judgetrain.models, torch, peft (inside the functions that use them): items are
-# read and checked before any model loads: the model libraries come in when a judge is loaded.
+# Late imports: yaml, transformers, torch, peft, judgetrain.models, judgetrain.utils, judgetrain.run, judgetrain.judge
+# (inside the functions that use them): a finished run is decided and the judges are checked before torch is imported
+# (judgetrain.judge.resume); the model libraries come in when a judge is loaded.
 
 from __future__ import annotations
 
