@@ -229,12 +229,11 @@ def test_sigterm_to_the_training_process_saves_a_checkpoint_and_says_where(tmp_p
     run, log = tmp_path / "run", tmp_path / "term.log"
     proc = start([recipe, "--output_dir", str(run)], log)
     assert wait_for(lambda: train_steps(run), proc, poll=0.05), log.read_text()[-3000:]
-    t0 = time.time()
     proc.send_signal(signal.SIGTERM)
+    logged = max(train_steps(run))  # read after the signal: at least the steps done when it arrived
     assert _wait_exit(proc, 120) == 143  # preempted: a scheduler requeues it (docs/reliability.md: Exit codes)
-    stopped_in = time.time() - t0
     step = _assert_stopped_with_checkpoint(run, log.read_text())
-    assert step < 40 and stopped_in < 90
+    assert logged <= step <= logged + 1 < 40  # the step in flight finishes; none starts after the signal
 
 
 def test_sigterm_to_the_accelerate_launch_parent_reaches_the_training_process(tmp_path):
