@@ -91,3 +91,95 @@ EXTENDED = "JUDGETRAIN_TEST_EXTENDED"  # runs the tests marked `extended` (tests
 def extended_run() -> bool:
     """Whether the extended tests run (a test's optional extra runs read this too)."""
     return bool(os.environ.get(EXTENDED))
+
+
+class _CountingPattern:
+    """A compiled pattern that adds to ``tally[0]`` the characters each call covered (a failed anchored match: 1;
+    a search or finditer: every character from ``pos`` to its match or to the end)."""
+
+    def __init__(self, pattern, tally):
+        self.pattern, self.tally = pattern, tally
+
+    def __getattr__(self, name):
+        return getattr(self.pattern, name)
+
+    def _anchored(self, how, string, pos=0, *rest):
+        m = getattr(self.pattern, how)(string, pos, *rest)
+        self.tally[0] += (m.end() - pos if m else 0) + 1
+        return m
+
+    def match(self, string, pos=0, *rest):
+        return self._anchored("match", string, pos, *rest)
+
+    def fullmatch(self, string, pos=0, *rest):
+        return self._anchored("fullmatch", string, pos, *rest)
+
+    def search(self, string, pos=0, *rest):
+        m = self.pattern.search(string, pos, *rest)
+        self.tally[0] += (m.end() if m else len(string)) - pos + 1
+        return m
+
+    def finditer(self, string, pos=0, *rest):
+        yield from self.pattern.finditer(string, pos, *rest)
+        self.tally[0] += len(string) - pos + 1
+
+
+def parser_work(module, fn, text) -> int:
+    """The work ``fn(text)`` does, counted, not timed: Python lines run in ``module``'s file plus the characters its
+    module-level compiled patterns covered (str.find is not counted). A linear parser's work grows with the text;
+    a quadratic one's with its square."""
+    import re
+
+    tally = [0]
+    saved = {}
+    for name, value in vars(module).items():
+        if isinstance(value, re.Pattern):
+            saved[name] = value
+        elif isinstance(value, dict) and value and all(isinstance(v, re.Pattern) for v in value.values()):
+            saved[name] = value
+    for name, value in saved.items():
+        setattr(module, name, {k: _CountingPattern(v, tally) for k, v in value.items()} if isinstance(value, dict)
+                else _CountingPattern(value, tally))
+    source = module.__file__
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_filename != source:
+            return None
+        if event == "line":
+            tally[0] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        fn(text)
+    finally:
+        sys.settrace(None)
+        for name, value in saved.items():
+            setattr(module, name, value)
+    return tally[0]
+
+
+def unbounded_repeats(pattern) -> list[str]:
+    """The quantifiers of a compiled pattern with no upper bound (``*``, ``+``, ``{n,}``), read from its parse tree."""
+    import re
+
+    parser = re._parser  # the parser the re module compiles with (sre_parse before 3.11)
+    found = []
+
+    def walk(items):
+        for op, av in items:
+            if op in (parser.MAX_REPEAT, parser.MIN_REPEAT):
+                lo, hi, sub = av
+                if hi == parser.MAXREPEAT:
+                    found.append(f"{op} {lo}..")
+                walk(sub)
+            elif op == parser.SUBPATTERN:
+                walk(av[-1])
+            elif op == parser.BRANCH:
+                for sub in av[1]:
+                    walk(sub)
+            elif op in (parser.ASSERT, parser.ASSERT_NOT):
+                walk(av[1])
+
+    walk(parser.parse(pattern.pattern, pattern.flags))
+    return found
