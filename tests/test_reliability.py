@@ -5,6 +5,7 @@ Every run here is one process started as users start it (`python -m judgetrain.t
 small recipe (judgebias only, batch 2, 6 steps, checkpoints every 2, eval of 32 rows at step 4 and at the end)."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -301,7 +302,9 @@ def test_nonfinite_skip_drops_and_counts_the_bad_batches_and_keeps_the_weights_f
     weights = adapter(run)
     assert weights and all(torch.isfinite(t).all() for t in weights.values())
     grad_norms = {r["step"]: r["train/grad_norm"] for r in records(run) if "train/grad_norm" in r}
-    assert grad_norms[1] == pytest.approx(grad_norms[1]) and grad_norms[3] != grad_norms[3]  # step 3 logged NaN
+    assert sorted(grad_norms) == [1, 2, 3, 4], grad_norms
+    assert all(math.isfinite(grad_norms[s]) and grad_norms[s] > 0 for s in (1, 2)), grad_norms  # before the blow-up
+    assert all(not math.isfinite(grad_norms[s]) for s in (3, 4)), grad_norms  # logged as they were, then skipped
 
 
 def test_nonfinite_guard_stops_on_a_logged_nan_loss(tmp_path):
