@@ -187,8 +187,8 @@ def test_full_fine_tune_eval_is_zero_at_start_a_sigterm_in_an_eval_stops_at_once
     """Full fine-tune with precompute_ref_log_probs (no reference model, no adapter): eval_on_start scores 0, a
     SIGTERM during the step-2 eval abandons it and saves checkpoint-2 at once (exit 143), the resume reads the
     reference the start wrote and scores the trained policy against it."""
+    import re
     import signal
-    import time
     from pathlib import Path
 
     from test_reliability import _wait_exit, records, small_recipe, start, wait_for
@@ -202,14 +202,12 @@ def test_full_fine_tune_eval_is_zero_at_start_a_sigterm_in_an_eval_stops_at_once
     proc = start([str(recipe), "--output_dir", str(run)], log1)
     assert wait_for(lambda: "Evaluating judgebias at step 2" in log1.read_text(errors="replace"), proc), \
         log1.read_text()[-3000:]
-    sent = time.time()
     proc.send_signal(signal.SIGTERM)
     assert _wait_exit(proc, 120) == 143
-    took = time.time() - sent
     text1 = log1.read_text(errors="replace")
     assert "the eval at step 2 abandoned" in text1 and "no metrics logged for it" in text1, text1[-3000:]
     assert (run / "checkpoint-2" / "judgetrain_complete.json").is_file() and not (run / "checkpoint-3").exists()
-    assert not (run / "eval" / "2" / "results.json").exists() and took < 60
+    assert not (run / "eval" / "2" / "results.json").exists()
     start_scores = [json.loads(line) for line in (run / "eval" / "0" / "judgebias.jsonl").read_text().splitlines()]
     assert len(start_scores) == 8
     # exactly 0: the policy before the first step is the reference just scored, so its log-probs are not run again
@@ -225,3 +223,7 @@ def test_full_fine_tune_eval_is_zero_at_start_a_sigterm_in_an_eval_stops_at_once
     after = [json.loads(line) for line in (run / "eval" / "4" / "judgebias.jsonl").read_text().splitlines()]
     assert min(abs(r["score_chosen"]) for r in after) > 1e-3 and not any(r.get("no_reference") for r in after)
     assert [r["step"] for r in records(run) if "eval/judgebias/n_rows" in r] == [0, 4]
+    # "at once": the stopped eval ran fewer scoring batches than a whole eval of the same rows (step 4's)
+    stopped_after = int(re.search(r"eval abandoned after (\d+) scoring batches", text1).group(1))
+    whole = json.loads((run / "eval" / "4" / "results.json").read_text())["stats"]["judgebias"]["policy_batches"]
+    assert stopped_after < whole, (stopped_after, whole)

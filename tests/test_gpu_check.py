@@ -5,6 +5,7 @@ import json
 import sys
 
 import pytest
+import torch
 from helpers import REPO, run
 
 
@@ -18,13 +19,17 @@ def test_the_gpu_check_runs_every_check_on_cpu_and_writes_its_figures(tmp_path):
     assert list(checks) == ["quickstart", "prefix_sharing", "eval_engine", "memory", "bench"]
     assert {k: v["ok"] for k, v in checks.items()} == dict.fromkeys(checks, True), (proc.stderr[-3000:], checks)
     assert proc.returncode == 0 and report["ok"] is True
-    assert all(0 < v["seconds"] <= v["cap_s"] for v in checks.values())
+    assert all(v["seconds"] > 0 for v in checks.values())  # recorded; the speed figures live in `judgetrain bench`
     quick = checks["quickstart"]["figures"]
     assert quick["steps"] == 1 and quick["prefix_sharing_line"].startswith("prefix_sharing: on")
     assert "eval/rmbench/total_avg_acc" in quick["eval"]
+    # bounds of the test's own, from bf16's rounding step (torch.finfo), not the script's: the probe's largest
+    # per-token difference within 4 eps, TRL's loss within 4 eps (relative), rewards and gradients within 8 eps
+    eps = torch.finfo(torch.bfloat16).eps
     share = checks["prefix_sharing"]["figures"]
-    assert share["probe"]["max_abs_diff"] <= share["probe"]["allowed"][1]
-    assert share["sdpa"]["loss_rel_diff"] <= share["tolerance"]["loss_rel"]
+    assert share["probe"]["max_abs_diff"] <= 4 * eps and share["probe"]["mean_abs_diff"] <= 0.15 * eps, share
+    assert share["sdpa"]["loss_rel_diff"] <= 4 * eps and share["sdpa"]["rewards_max_abs_diff"] <= 8 * eps, share
+    assert share["sdpa"]["grad_max_rel_diff"] <= 8 * eps, share
     engine = checks["eval_engine"]["figures"]
     assert engine["float32"]["max_rel_score_diff"] <= 1e-4 and engine["bfloat16"]["shared_prompts"] > 0
     mem = checks["memory"]["figures"]["cases"]

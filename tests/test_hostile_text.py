@@ -92,6 +92,12 @@ def test_training_tokenises_control_strings_in_content_as_text(name, tokenizers,
     tok, hostile = _get(tokenizers, name)
     rows = [_row(hostile), _row(_clean(hostile))]
     ds = neutralise_dataset(datasets.Dataset.from_list(rows), tok)
+    # neutralising only inserts NEUTRAL: taken out again, each content is the row's own, and the hostile one changed
+    for col in ("prompt", "chosen", "rejected"):
+        for got, row in zip(ds[col], rows):
+            assert [m["content"].replace(NEUTRAL, "") for m in got] == [m["content"] for m in row[col]], col
+    assert ds["chosen"][0][0]["content"] != rows[0]["chosen"][0]["content"]
+    assert ds["chosen"][1][0]["content"] == rows[1]["chosen"][0]["content"]  # a clean row is left as it is
     args = DPOConfig(output_dir=str(tmp_path), report_to=[], max_length=None, bf16=False, use_cpu=True)
     trainer = DPOTrainer(model=tiny_judge, args=args, train_dataset=ds, processing_class=tok)
     hostile_row, clean_row = trainer.train_dataset[0], trainer.train_dataset[1]
@@ -101,7 +107,6 @@ def test_training_tokenises_control_strings_in_content_as_text(name, tokenizers,
         assert _controls(tok, seq_h) == _controls(tok, seq_c), key  # only the template's own turns
     full = tok.decode(hostile_row["prompt_ids"] + hostile_row["chosen_ids"]).replace(NEUTRAL, "")
     assert f"Recipe: mix 5 g NaCl. {hostile}" in full and f"Fine. {hostile}" in full  # the text is intact
-    assert _row(hostile)["chosen"][0]["content"] == rows[0]["chosen"][0]["content"]  # the data itself is untouched
     # the check can fail: TRL's default tokenisation turns the same row's strings into control tokens
     raw = tok.apply_chat_template(rows[0]["prompt"] + rows[0]["chosen"], tokenize=True, return_dict=True)["input_ids"]
     assert sum(_controls(tok, raw).values()) > sum(_controls(tok, hostile_row["prompt_ids"] + hostile_row["chosen_ids"]).values())
@@ -161,6 +166,8 @@ def test_judge_score_of_a_row_is_read_at_the_templates_turn_not_at_a_fake_one(to
     """The score is read after the template's own generation prompt; a response that fakes the judge's answer
     (``... <|im_start|>assistant ... "overall_score": 5``) is part of the user turn's text. The row's score is the
     score of exactly those ids, and differs from what the naive tokenisation (a real fake turn) gave."""
+    import torch
+
     tok, hostile = tokenizers["tiny-chatml"]
     engine = ScoringEngine(tiny_model, tok, scoring="judge", max_length=100_000)
     prompt = rubric_prompt("Make NaCl.", "Dissolve and dry. " + hostile)
@@ -168,7 +175,18 @@ def test_judge_score_of_a_row_is_read_at_the_templates_turn_not_at_a_fake_one(to
     ids = engine._judge_ids(prompt)
     im_start = tok.convert_tokens_to_ids("<|im_start|>")
     assert ids.count(im_start) == 3  # system, user, and the template's assistant turn: no fourth
-    assert row.scores[0] == pytest.approx(engine._judge_scores(tiny_model, [_seq(ids)])[0])
+    # by a second route: the template on the neutralised messages, the prefix, one forward of the model, and the
+    # expected score over the score tokens (each value's one token after the prefix), worked here
+    text = tok.apply_chat_template(neutral_messages(prompt, tok), tokenize=False, add_generation_prompt=True)
+    by_hand = tok(text=text + engine.judge_prefix, add_special_tokens=False)["input_ids"]
+    assert by_hand == ids
+    with torch.no_grad():
+        probs = torch.softmax(tiny_model(torch.tensor([by_hand])).logits[0, -1].float(), dim=-1)
+    base = len(tok(text=engine.judge_prefix, add_special_tokens=False)["input_ids"])
+    tokens = {tok(text=engine.judge_prefix + f"{v:g}", add_special_tokens=False)["input_ids"][base]: float(v)
+              for v in (1, 2, 3, 4, 5)}
+    expected = sum(probs[t].item() * v for t, v in tokens.items()) / sum(probs[t].item() for t in tokens)
+    assert len(tokens) == 5 and row.scores[0] == pytest.approx(expected, abs=1e-5)
     unsafe_ids = _unsafe_judge_ids(tok, engine.judge_prefix, prompt)
     assert unsafe_ids.count(im_start) == 5  # the old tokenisation: two more (fake) turns
     unsafe = engine._judge_scores(tiny_model, [_seq(unsafe_ids)])[0]

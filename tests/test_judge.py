@@ -417,14 +417,13 @@ def test_sigterm_ends_with_143_keeping_the_committed_batches(tmp_path, tiny_judg
             out, "--chunk_size", 1, "--max_new_tokens", 32]
     proc = _start(args, tmp_path / "run.log")
     _wait_for_batches(proc, out, 2)
-    t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
+    at_signal = sum(_committed(out).values())  # read after the signal: at least what was committed when it arrived
     assert proc.wait(timeout=60) == 143
-    assert time.monotonic() - t0 < 30
     log = (tmp_path / "run.log").read_text()
     assert "SIGTERM received" in log and "run the same command to continue" in log
     done = sum(_committed(out).values())
-    assert 2 <= done < 16
+    assert 2 <= done <= at_signal + 1  # the batch in flight is finished and kept; no batch starts after the signal
     final = subprocess.run([str(a) for a in args], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stderr[-3000:]
     assert f"{done}/16 evaluations done, {16 - done} to generate" in final.stderr

@@ -398,11 +398,17 @@ def test_built_pairs_train_a_tiny_judge_with_dpo(built, tmp_path):
     out, _, _, _ = built
     path = ensure_tiny_judge()
     dataset = load_judgebias(str(out), split="train", max_rows=4)
-    args = DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, max_length=1024,
-                     report_to="none", logging_steps=1, save_strategy="no", use_cpu=True)
+    # the same 4 pairs every step (one batch of 4); a learning rate that moves a LoRA of rank 4 in a few steps
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, max_length=1024,
+                     learning_rate=1e-2, report_to="none", logging_steps=1, save_strategy="no", use_cpu=True)
     trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=args, train_dataset=dataset,
                          processing_class=AutoTokenizer.from_pretrained(path),
                          peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    result = trainer.train()
-    assert math.isfinite(result.training_loss)
-    assert "rewards/accuracies" in trainer.state.log_history[0]
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 4
+    # step 1, by hand: lora_B starts at zero, so the policy is the reference, every margin 0 and the sigmoid loss
+    # -log(sigmoid(0)) = ln 2
+    assert logs[0]["loss"] == pytest.approx(math.log(2), abs=1e-4) and logs[0]["rewards/margins"] == pytest.approx(0, abs=1e-6)
+    # the pairs teach it: by step 4 the chosen completions outscore the rejected ones and the loss is below ln 2
+    assert logs[-1]["rewards/margins"] > 0 and logs[-1]["loss"] < math.log(2) - 1e-3, logs[-1]

@@ -6,7 +6,7 @@ import pytest
 
 from judgetrain.config.recipe import RecipeError, parse_recipe
 
-from helpers import QUICKSTART, REPO, run
+from helpers import QUICKSTART, REPO, expected_dry_run_refusals, refusal_kinds, run
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
@@ -20,12 +20,20 @@ def test_there_are_real_recipes_and_a_quickstart():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_every_recipe_passes_dry_run(recipe, tmp_path, monkeypatch):
+    """Exit code 0 with no refusal where the recipe can start on this machine; elsewhere exit code 2 with exactly
+    the refusals this machine must give, one line each (helpers.expected_dry_run_refusals: the hub offline and the
+    model not cached, DeepSpeed not installed, the disk too small for the kept checkpoints)."""
     from judgetrain.train import run as train_run
 
     monkeypatch.chdir(REPO)
-    report = train_run([str(recipe), "--dry_run", "--output_dir", str(tmp_path), "--audit_rows", "16"])
-    assert report["recipe"] == "ok"
-    assert report["rows_audited"] > 0
+    out = tmp_path / "out"
+    expected, unjudged = expected_dry_run_refusals(recipe, out)
+    report = train_run([str(recipe), "--dry_run", "--output_dir", str(out), "--audit_rows", "16"])
+    kinds = [k for k in refusal_kinds(report["preflight"]) if k not in unjudged]
+    assert sorted(kinds) == sorted(expected), report["preflight"]
+    verdict = bool(expected) if not unjudged else bool(report["preflight"])  # 2: refused, as the launch would be
+    assert report["exit_code"] == (2 if verdict else 0), report["preflight"]
+    assert report["problems"] == [] and report["rows_audited"] > 0
     audit = report["audit"]
     if audit["max_length"] is not None:
         for name, entry in audit["datasets"].items():

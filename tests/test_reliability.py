@@ -5,6 +5,7 @@ Every run here is one process started as users start it (`python -m judgetrain.t
 small recipe (judgebias only, batch 2, 6 steps, checkpoints every 2, eval of 32 rows at step 4 and at the end)."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -229,12 +230,11 @@ def test_sigterm_to_the_training_process_saves_a_checkpoint_and_says_where(tmp_p
     run, log = tmp_path / "run", tmp_path / "term.log"
     proc = start([recipe, "--output_dir", str(run)], log)
     assert wait_for(lambda: train_steps(run), proc, poll=0.05), log.read_text()[-3000:]
-    t0 = time.time()
     proc.send_signal(signal.SIGTERM)
+    logged = max(train_steps(run))  # read after the signal: at least the steps done when it arrived
     assert _wait_exit(proc, 120) == 143  # preempted: a scheduler requeues it (docs/reliability.md: Exit codes)
-    stopped_in = time.time() - t0
     step = _assert_stopped_with_checkpoint(run, log.read_text())
-    assert step < 40 and stopped_in < 90
+    assert logged <= step <= logged + 1 < 40  # the step in flight finishes; none starts after the signal
 
 
 def test_sigterm_to_the_accelerate_launch_parent_reaches_the_training_process(tmp_path):
@@ -302,7 +302,9 @@ def test_nonfinite_skip_drops_and_counts_the_bad_batches_and_keeps_the_weights_f
     weights = adapter(run)
     assert weights and all(torch.isfinite(t).all() for t in weights.values())
     grad_norms = {r["step"]: r["train/grad_norm"] for r in records(run) if "train/grad_norm" in r}
-    assert grad_norms[1] == pytest.approx(grad_norms[1]) and grad_norms[3] != grad_norms[3]  # step 3 logged NaN
+    assert sorted(grad_norms) == [1, 2, 3, 4], grad_norms
+    assert all(math.isfinite(grad_norms[s]) and grad_norms[s] > 0 for s in (1, 2)), grad_norms  # before the blow-up
+    assert all(not math.isfinite(grad_norms[s]) for s in (3, 4)), grad_norms  # logged as they were, then skipped
 
 
 def test_nonfinite_guard_stops_on_a_logged_nan_loss(tmp_path):

@@ -257,12 +257,26 @@ def test_heatmap_matrices_come_from_the_rows_and_match_the_logged_levels(single)
     rows = [json.loads(line) for line in (run / "eval" / "12" / "rmbench.jsonl").read_text().splitlines()]
     mats = rmbench_matrices(rows)
     assert list(mats) == ["overall", "chat", "code", "safety"]
-    overall = mats["overall"]
+    # by hand, RM-Bench's rule: cell (i, j) is the share of a domain's scored rows whose chosen response in style i
+    # outscores the rejected one in style j (no ties in these scores); overall is the mean of the domain matrices
+    by_hand = {}
+    for domain in ("chat", "code", "safety"):
+        # safety-refuse and safety-response pooled into safety, as RM-Bench's authors do
+        scored = [r for r in rows if r["domain"].split("-")[0] == domain and not r.get("skipped")]
+        chosen, rejected = np.array([r["score_chosen"] for r in scored]), np.array([r["score_rejected"] for r in scored])
+        assert len(scored) == (24 if domain == "safety" else 12) and not (chosen[:, :, None] == rejected[:, None, :]).any()
+        by_hand[domain] = (chosen[:, :, None] > rejected[:, None, :]).mean(axis=0)
+    by_hand["overall"] = np.mean([by_hand[d] for d in ("chat", "code", "safety")], axis=0)
+    for name, matrix in by_hand.items():
+        np.testing.assert_allclose(mats[name], matrix, rtol=0, atol=1e-12, err_msg=name)
+    overall = by_hand["overall"]
     logged = [e for e in events if e["step"] == 12 and "eval/rmbench/hard_acc" in e][0]
-    assert overall[np.triu_indices(3, 1)].mean() == pytest.approx(logged["eval/rmbench/hard_acc"])
-    assert np.diag(overall).mean() == pytest.approx(logged["eval/rmbench/normal_acc"])
-    assert overall[np.tril_indices(3, -1)].mean() == pytest.approx(logged["eval/rmbench/easy_acc"])
-    assert mats["safety"][np.tril_indices(3, -1)].mean() == pytest.approx(logged["eval/rmbench/safety/easy_acc"])
+    assert overall[np.triu_indices(3, 1)].mean() == pytest.approx(logged["eval/rmbench/hard_acc"], abs=1e-12)
+    assert np.diag(overall).mean() == pytest.approx(logged["eval/rmbench/normal_acc"], abs=1e-12)
+    assert overall[np.tril_indices(3, -1)].mean() == pytest.approx(logged["eval/rmbench/easy_acc"], abs=1e-12)
+    assert by_hand["safety"][np.tril_indices(3, -1)].mean() == pytest.approx(
+        logged["eval/rmbench/safety/easy_acc"], abs=1e-12)
+    overall = mats["overall"]
     fig = matrix_figure(overall, "overall")
     assert tuple(fig.get_size_inches() * fig.dpi) == (400, 400)
     assert [t.get_text() for t in fig.axes[0].texts][:2] == [f"{overall[0, 0]:.2f}", "normal"]

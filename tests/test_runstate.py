@@ -135,35 +135,54 @@ def test_second_run_meets_the_lock_and_a_killed_holder_leaves_none(tmp_path):
 
 
 LOCKER = """
-import os, sys, time
+import os, sys
 from judgetrain.utils.files import file_lock
 with file_lock(sys.argv[1], on_acquired=lambda fd: os.write(fd, b"holder %d" % os.getpid())):
     print("held", flush=True)
-    time.sleep(float(sys.argv[2]))
+    sys.stdin.readline()  # until the test says: let go
+    print("letting go", flush=True)  # written while the lock is still held
 """
 
 
+def _let_go_once_logged(holder, caplog, message):
+    while message not in caplog.text:
+        time.sleep(0.01)
+    holder.stdin.write(b"go\n")
+    holder.stdin.flush()
+
+
 def test_file_lock_refuses_times_out_waits_with_one_message_and_never_truncates_the_holders_file(tmp_path, caplog):
+    """Order, not seconds: the refusals happen while the holder holds the lock (it is alive, its file intact), and
+    the waiting acquire returns only after the holder said, still holding, that it lets go."""
+    import select
+    import threading
+
     from judgetrain.utils.files import LockBusy, file_lock
 
     path = tmp_path / "entry.lock"
-    holder = subprocess.Popen([sys.executable, "-c", LOCKER, str(path), "4"], stdout=subprocess.PIPE, cwd=REPO)
+    holder = subprocess.Popen([sys.executable, "-c", LOCKER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == b"held"
-        held_at = time.monotonic()
         with pytest.raises(LockBusy, match="is locked by another process"):
             with file_lock(path, wait=False):
                 pass
-        t0 = time.monotonic()
         with caplog.at_level("INFO"), pytest.raises(LockBusy):
             with file_lock(path, timeout=0.5, wait_message="waiting for the holder", poll=0.05):
                 pass
-        assert time.monotonic() - t0 >= 0.5
+        assert caplog.text.count("waiting for the holder") == 1  # it waited (the message), then gave up
+        assert holder.poll() is None  # ... while the lock was still held
         assert path.read_text() == f"holder {holder.pid}"  # the refused attempts left the holder's words alone
         caplog.clear()
+        # let go only once the waiter below has logged that it waits
+        release = threading.Thread(target=_let_go_once_logged, args=(holder, caplog, "waiting for the holder"),
+                                   daemon=True)
+        release.start()
         with caplog.at_level("INFO"):
-            with file_lock(path, wait_message="waiting for the holder", poll=0.05):
-                assert time.monotonic() - held_at >= 4  # got it only once the holder let go
+            with file_lock(path, wait_message="waiting for the holder", poll=0.05, timeout=300):
+                said = select.select([holder.stdout], [], [], 0)[0]  # "letting go" already written
+                assert said and holder.stdout.readline().strip() == b"letting go"
+        release.join(60)
         assert caplog.text.count("waiting for the holder") == 1
         assert path.read_text() == f"holder {holder.pid}"  # released, not removed
     finally:

@@ -88,16 +88,39 @@ def test_no_pickle_and_no_torch_load_without_weights_only_in_the_package():
     print(f"torch.load calls in the package: {found_torch_load or 'none'}")
 
 
-def test_weights_are_written_and_read_as_safetensors_and_resume_uses_weights_only():
-    """Trainer's resume reads optimizer/scheduler/rng states with torch.load(weights_only=True) (transformers 5)."""
+@pytest.mark.slow
+def test_weights_are_written_and_read_as_safetensors_and_resume_uses_weights_only(tmp_path):
+    """What a real run writes: every tensor file of the run folder and its checkpoint is safetensors, except the
+    Trainer's optimizer, scheduler and RNG states, and those load with torch.load(weights_only=True) (no pickled
+    code), as Trainer's resume reads them (transformers 5: every torch.load of its source passes weights_only=True)."""
     import inspect
 
+    import torch
     import transformers.trainer as tr
+    from safetensors.torch import load_file
+
+    from test_reliability import run_to_end, small_recipe
 
     src = inspect.getsource(tr)
     starts = [m.start() for m in re.finditer(r"torch\.load\(", src)]
     assert starts and all("weights_only=True" in src[i:i + 400] for i in starts)
-    assert "adapter_model.safetensors" in (REPO / "tests" / "test_train.py").read_text()  # final adapter format
+    recipe = small_recipe(tmp_path / "r.yaml", extra="max_steps: 2\nsave_steps: 2\neval_steps: 0\n")
+    run = tmp_path / "run"
+    run_to_end([recipe, "--output_dir", str(run), "--eval_suites", "none"], tmp_path / "run.log")
+    tensors = [p for p in run.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")]
+    safe = {p.relative_to(run).as_posix() for p in tensors if p.suffix == ".safetensors"}
+    assert {"adapter_model.safetensors", "checkpoint-2/adapter_model.safetensors"} <= safe, safe
+    assert all(load_file(str(run / name)) for name in safe)  # real safetensors files, each with tensors
+    # training_args.bin: Trainer's pickled record of its arguments, written and never read (by Trainer or judgetrain)
+    assert "training_args.bin" not in "".join(p.read_text() for p in (REPO / "judgetrain").rglob("*.py"))
+    states = [p for p in tensors if p.suffix != ".safetensors" and p.name != "training_args.bin"]
+    assert {p.name for p in states} <= {"optimizer.pt", "scheduler.pt", "rng_state.pth"}, states
+    assert any(p.name == "optimizer.pt" for p in states)
+    from transformers.trainer import safe_globals  # numpy's RNG state types, the allowlist Trainer's resume uses
+
+    for p in states:
+        with safe_globals():
+            torch.load(p, weights_only=True)  # raises UnpicklingError on anything but tensors and allowed types
 
 
 PAYLOADS = [

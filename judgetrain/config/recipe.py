@@ -19,6 +19,8 @@ import difflib
 import logging
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -507,10 +509,14 @@ def given_options(parser, overrides: list[str]) -> dict[str, Any]:
 
 def _check_values(parser, config: dict, recipe_path) -> None:
     """Type-check recipe values the way argparse checks flags, naming the key (argparse would only exit)."""
+    hints = _field_hints(parser)
     for action in parser._actions:
         if action.dest not in config:
             continue
         key, value = action.dest, config[action.dest]
+        shape = _shape_problem(action, value, hints.get(key))
+        if shape:
+            raise RecipeError(f"recipe {recipe_path}: {key}: {value!r} is not {shape}")
         values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
         for v in values:
             if action.choices is not None and v not in action.choices and str(v) not in map(str, action.choices):
@@ -526,6 +532,59 @@ def _check_values(parser, config: dict, recipe_path) -> None:
             if action.type is int and isinstance(v, float):
                 if v != v or v in (float("inf"), float("-inf")) or v != int(v):
                     raise RecipeError(f"recipe {recipe_path}: {key}: {v!r} is not a whole number")
+
+
+def _field_hints(parser) -> dict[str, Any]:
+    """Each field's annotation, by name, across the parser's dataclasses."""
+
+    hints: dict[str, Any] = {}
+    for dtype in parser.dataclass_types:
+        for name, hint in typing.get_type_hints(dtype).items():
+            hints.setdefault(name, hint)
+    return hints
+
+
+def _admits(hint, kind: type) -> bool:
+    """Whether an annotation takes a value of ``kind`` (None, dict or list) as it is."""
+
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_admits(arg, kind) for arg in typing.get_args(hint))
+    if kind is type(None):
+        return hint is type(None)
+    return (origin or hint) in ((dict,) if kind is dict else (list, tuple))
+
+
+def _shape_problem(action, value, hint) -> str | None:
+    """What a YAML value is not, before argparse's per-value type (which YAML's own types bypass): null where the
+    field takes none, a list or mapping for a single value, true/false for a number, a number for a flag, a
+    mapping or number for a list, non-strings in a list of names."""
+    kind = getattr(action.type, "__name__", "value")
+    if hint is None:
+        return None
+    if value is None:
+        return None if _admits(hint, type(None)) else "a value (null is not allowed here)"
+    if isinstance(value, dict) and _admits(hint, dict):
+        return None
+    if action.nargs in ("+", "*"):
+        if isinstance(value, str):
+            return None
+        if not isinstance(value, list):
+            return f"a list of {kind}"
+        if action.type is str and not all(isinstance(v, str) for v in value):
+            return "a list of names (strings)"
+        return None
+    if isinstance(value, list) and _admits(hint, list):
+        return None
+    if isinstance(value, (list, dict)):
+        return f"a single {kind}"
+    if kind in ("int", "float") and isinstance(value, bool):  # also T | None fields (TRL wraps their type)
+        return f"a valid {kind}"
+    if kind == "string_to_bool" and not isinstance(value, (bool, str)):
+        return "true or false"
+    return None
 
 
 @dataclass
