@@ -13,6 +13,7 @@ COMMANDS = {
     "report": ("judgetrain.cli.report", "draw a run's metrics (heatmaps, curves, html)"),
     "data check": ("judgetrain.cli.data", "validate a dataset source and print its statistics"),
     "judge": ("judgetrain.cli.judge", "run judges over items: evaluations in the panel schema, resumable, sharded"),
+    "perturb": ("judgetrain.cli.perturb", "perturb source samples by a spec into judge items: rule and model rewrites, checked"),
     "pairs build": ("judgetrain.cli.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
     "bench": ("judgetrain.cli.bench", "benchmark training and evaluation against baselines"),
     "memory check": ("judgetrain.cli.memory", "measure a DPO step's peak memory on this CPU beside the estimate"),
