@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from judgetrain.utils.logging import setup_logging
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if models:
             from judgetrain.cli.judge import options
 
-            opts = options(args)
+            opts = replace(options(args), seed=spec.seed)  # the model's sampling seed: the spec's
             state = process_state()
         result = perturb(spec, samples, out, rewriter=rewriter if models else None, opts=opts, state=state)
     except (DataValidationError, SpecError, JudgeSpecError, FileNotFoundError, ValueError) as err:

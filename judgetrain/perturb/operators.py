@@ -215,7 +215,7 @@ def _markdown_to_plain(name: str, text: str) -> list[Span]:
                     r"\[([^\]\n]+)\]\([^)\n]+\)"):
         spans += [Span(m.start(), m.end(), name, lambda _r, g=m.group(1): g) for m in re.finditer(pattern, text)]
     spans += [Span(m.start(), m.end(), name, lambda _r: "") for m in re.finditer(r"^#{1,6}[ \t]+", text, re.M)]
-    spans += [Span(m.start(2), m.end(), name, lambda _r: "") for m in re.finditer(r"^([ \t]*)[-*+][ \t]+", text, re.M)]
+    spans += [Span(m.end(1), m.end(), name, lambda _r: "") for m in re.finditer(r"^([ \t]*)[-*+][ \t]+", text, re.M)]
     return spans
 
 
