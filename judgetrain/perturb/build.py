@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from judgetrain.perturb.operators import Change, Rules, apply, misplaced, pick
+from judgetrain.perturb.operators import Change, Rules, Span, apply, misplaced, pick
 from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
 from judgetrain.perturb.source import Sample
 from judgetrain.perturb.spec import ORIGINAL_SET, PerturbSet, Spec, table_entities
@@ -104,14 +104,13 @@ def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter=None
         rewrites = got
     if state is not None and not state.is_main_process:
         return {"status": "finished"}
-    rules = Rules(spec)
+    made = make_all(spec, planned, rewrites)
     items, rejects = [], []
     per_set: dict[str, dict[str, Any]] = {}
-    for p in planned:
+    for p, (text, changes, why) in zip(planned, made):
         stats = per_set.setdefault(p.set_name, {"category": p.pset.category if p.pset else "represent",
                                                 "rate": p.rate, "operators": list(p.operators), "method": p.method,
                                                 "items": 0, "rejected": 0, "rejects": Counter(), "edits": []})
-        text, changes, why = make(spec, rules, p, rewrites, rewriter)
         if why is None:
             why = check(spec, p, text, changes, rewrites.get((p.sample.sample_id, p.set_name)))
         if why is not None:
@@ -137,8 +136,36 @@ def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter=None
             "n_items": len(items), "n_rejected": len(rejects), "skipped": skipped}
 
 
-def make(spec: Spec, rules: Rules, p: Planned, rewrites: dict, rewriter) -> tuple[str, list[Change], tuple | None]:
-    """(new text, changes, None), or the reason nothing usable could be made."""
+def make_all(spec: Spec, planned: list[Planned], rewrites: dict) -> list[tuple[str, list[Change], tuple | None]]:
+    """`make` for every planned item, in its order; a sample's spans are found once per operator, however many
+    sets and rates use that operator (the items of one sample are made together)."""
+    rules = Rules(spec)
+    by_sample: dict[int, list[int]] = {}
+    for k, p in enumerate(planned):
+        by_sample.setdefault(id(p.sample), []).append(k)
+    made: list = [None] * len(planned)
+    for ks in by_sample.values():
+        spans = SampleSpans(rules, planned[ks[0]].sample.text)
+        for k in ks:
+            made[k] = make(spec, planned[k], rewrites, spans)
+    return made
+
+
+class SampleSpans:
+    """The spans of one sample's text, per operator, found at the first ask."""
+
+    def __init__(self, rules: Rules, text: str):
+        self.rules, self.text, self.found = rules, text, {}
+
+    def __call__(self, name: str) -> list[Span]:
+        if name not in self.found:
+            self.found[name] = self.rules.spans(name, self.text)
+        return self.found[name]
+
+
+def make(spec: Spec, p: Planned, rewrites: dict, spans_of: SampleSpans) -> tuple[str, list[Change], tuple | None]:
+    """(new text, changes, None), or the reason nothing usable could be made. ``spans_of(operator)``: the spans an
+    operator could edit in the sample's text."""
     source = p.sample.text
     if p.pset is None:
         return source, [], None
@@ -146,7 +173,7 @@ def make(spec: Spec, rules: Rules, p: Planned, rewrites: dict, rewriter) -> tupl
         got = rewrites[(p.sample.sample_id, p.set_name)]
         return got["text"], diff_changes(p.operators[0], source, got["text"]), None
     rng = random.Random(f"{spec.seed}|{p.set_name}|{p.sample.sample_id!r}")
-    spans = [s for name in p.operators for s in rules.spans(name, source)]
+    spans = [s for name in p.operators for s in spans_of(name)]
     if not spans:
         return source, [], ("no_eligible_span", f"{', '.join(p.operators)} found nothing to edit in the text")
     text, changes = apply(source, pick(spans, p.rate, rng), rng)
@@ -170,7 +197,7 @@ def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dic
         where = misplaced(source, text, changes)
         if where:
             return "edit_misplaced", where
-    if declared.get("changed", True) and (not changes or text.split() == source.split() and p.method == "model"):
+    if declared.get("changed", True) and (not changes or p.method == "model" and text.split() == source.split()):
         return "unchanged", "the text is its source" + (" (whitespace aside)" if text != source else "")
     if declared.get("numbers"):
         lost = quantities(source, spec) - quantities(text, spec)
