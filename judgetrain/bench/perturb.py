@@ -1,6 +1,6 @@
 """The perturb part (``--only perturb``): `judgetrain perturb`'s rule operators at the size of JudgeBias-DPO-RefFree.
 
-``--perturb-samples`` source recipes (default 2,000: the bundled JudgeBias recipes repeated under new ids) x the
+``--perturb-samples`` source recipes (default 2,000: the bundled recipes repeated under new ids) x the
 materials pack's 17 sets without a model (the model sets made by their rule stand-ins): 34,000 sample x set pairs.
 Timed in this process (one core): the source read and checked, and every item made, checked and written
 (`judgetrain.perturb.build.perturb`); then the same run again into another folder, whose files must be
@@ -18,7 +18,6 @@ from typing import Any
 from judgetrain.bench.common import BenchError
 
 TARGET_ITEMS = 34_000
-SOURCE = Path(__file__).resolve().parent.parent / "data" / "samples" / "judgebias" / "validation.parquet"
 
 
 def _run(source: Path, out: Path) -> tuple[dict, float]:
@@ -35,11 +34,11 @@ def _run(source: Path, out: Path) -> tuple[dict, float]:
 
 def bench_perturb(cfg: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from judgetrain.perturb.build import ITEMS, REJECTS, SUMMARY
-    from judgetrain.perturb.source import judgebias_sources
+    from judgetrain.perturb.source import bundled_recipes
 
     workdir.mkdir(parents=True, exist_ok=True)
     source = workdir / "recipes.jsonl"
-    rows = judgebias_sources(str(SOURCE), cfg.perturb_samples)
+    rows = bundled_recipes("train", cfg.perturb_samples)
     source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     first, seconds = _run(source, workdir / "a")
     second, seconds_again = _run(source, workdir / "b")

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from judgetrain.data.io import read_split
+from judgetrain.data.io import SAMPLES_DIR, read_split
 from judgetrain.data.validate import RowProblem, Rejects, json_safe, parse_messages, validate_rows
 from judgetrain.judge.items import check_sample_id
 from judgetrain.perturb.spec import PLACEHOLDER, Spec
@@ -25,6 +24,7 @@ from judgetrain.perturb.spec import PLACEHOLDER, Spec
 logger = logging.getLogger(__name__)
 
 TEMPLATE_COLUMN = "prompt_template"
+RECIPES = SAMPLES_DIR / "recipes"  # the materials pack's bundled source samples (scripts/make_samples.py)
 
 
 @dataclass(frozen=True)
@@ -117,28 +117,14 @@ def read_samples(source: str, spec: Spec, *, split: str = "train", on_bad_row: s
     return samples, {"rows": rejects.n_rows, "rejected": rejects.n_bad, "rejects_path": str(path) if path else None}
 
 
-RECIPE_HEADING = "## AI-generated recipe\n"
-TARGET_HEADING = "## Target material\n"
 
+def bundled_recipes(split: str = "validation", n: int | None = None) -> list[dict]:
+    """The bundled source samples of the materials pack (``judgetrain/data/samples/recipes``: the unperturbed
+    recipes of the bundled JudgeBias samples). With ``n``, repeated under new ids up to ``n`` rows (a benchmark at
+    scale)."""
+    from judgetrain.data.io import JsonLines
 
-def judgebias_sources(path: str, n: int | None = None) -> list[dict]:
-    """Source rows for the materials pack (``sample_id``, ``target``, ``text``) from JudgeBias-DPO-RefFree rows:
-    each sample's recipe and target, read from its judge prompt (one row per sample_id, the first seen). With ``n``,
-    the samples are repeated under new ids up to ``n`` rows (for a benchmark at scale)."""
-    from judgetrain.data.io import read_file
-
-    rows, seen = [], set()
-    for row in read_file(Path(path)).rows:
-        if row["sample_id"] in seen:
-            continue
-        messages, _ = parse_messages(row["prompt"])
-        user = next(m["content"] for m in messages if m["role"] == "user")
-        head, sep, recipe = user.partition(RECIPE_HEADING)
-        if not sep:
-            continue
-        seen.add(row["sample_id"])
-        rows.append({"sample_id": int(row["sample_id"]), "target": head.replace(TARGET_HEADING, "").strip(),
-                     "text": recipe.strip()})
+    rows = list(JsonLines.parse(RECIPES / f"{split}.jsonl"))
     if n is None:
         return rows
     return [{**rows[i % len(rows)], "sample_id": i} for i in range(n)]
