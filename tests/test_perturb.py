@@ -531,3 +531,26 @@ def test_the_bundled_recipes_regenerate_identically(tmp_path):
         assert (tmp_path / "recipes" / name).read_bytes() == (RECIPES / name).read_bytes(), name
     rows = read_jsonl(RECIPES / "validation.jsonl")
     assert [r["sample_id"] for r in rows] == list(range(1000, 1012)) and set(rows[0]) == {"sample_id", "target", "text"}
+
+
+def test_an_entity_survives_as_itself_or_a_represent_equivalent_never_as_its_error_swap():
+    from judgetrain.perturb.build import Planned, check
+    from judgetrain.perturb.source import Sample
+    from judgetrain.perturb.spec import table_entities
+
+    ops = {"to_formula": {"kind": "table", "category": "represent", "pairs": {"acetone": "C3H6O"}},
+           "swap": {"kind": "table", "category": "error", "pairs": {"tube furnace": "hot plate"}},
+           "rewrite": {"kind": "model", "category": "represent", "instruction": "Rewrite.",
+                       "checks": {"entities": ["swap", "to_formula", "argon"]}}}
+    spec = parsed({"operators": ops, "sets": [{"name": k} for k in ops]})
+    assert table_entities(spec, ["swap", "to_formula", "argon"]) == {
+        "tube furnace": {"tube furnace"}, "acetone": {"acetone", "C3H6O"}, "argon": {"argon"}}
+    source = "Wash with acetone, heat in the tube furnace under argon."
+    p = Planned(Sample(1, source, TEMPLATE, {}, "x", 0), spec.sets[2], 1.0, "rewrite_100pct", ("rewrite",), "model")
+    done = {"stopped": True, "n_tokens": 9}
+    assert check(spec, p, "Wash with C3H6O, then heat in the tube furnace under argon.", [None], done) is None
+    assert check(spec, p, "Wash with C3H6O, heat on the hot plate under argon.", [None], done) == (
+        "entity_lost", "'tube furnace'")
+    assert check(spec, p, "Wash, heat in the tube furnace under argon.", [None], done) == (
+        "entity_lost", "'acetone' (nor C3H6O)")
+    assert check(spec, p, source, [], done)[0] == "unchanged"

@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                                      revision=args.source_revision)
         models = any(p.method == "model" for p in plan(spec, samples, with_model=rewriter is not None)[0])
         opts = state = None
+        if not models and launch_rank() != 0:
+            return 0  # rule operators only: the main process writes everything, the others have nothing to do
         if models:
             from judgetrain.cli.judge import options
 

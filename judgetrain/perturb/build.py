@@ -21,7 +21,7 @@ Checks (the reason written to rejects): a rule item whose operators found nothin
 an edit not where its operator said (``edit_misplaced``); a model rewrite that is empty (``empty``), cut at
 max_new_tokens (``cut_at_max_new_tokens``) or the same as its source (``unchanged``); and the operator's declared
 ``checks``: ``numbers`` (every number and unit of the source survives; represent operators), ``entities`` (every
-listed word or table entry present in the source survives, as itself or its table equivalent), ``length_ratio``
+listed word or table key present in the source survives, as itself or an equivalent of the spec's represent tables), ``length_ratio``
 (new length / source length within [low, high]), ``changed: false`` (an operator allowed to leave the text as is).
 """
 
@@ -206,7 +206,8 @@ def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dic
     if declared.get("entities"):
         for entity, spellings in table_entities(spec, declared["entities"]).items():
             if _has(source, {entity}) and not _has(text, spellings):
-                return "entity_lost", f"{entity!r} (or {', '.join(sorted(spellings - {entity})) or 'nothing else'})"
+                others = sorted(spellings - {entity})
+                return "entity_lost", f"{entity!r}" + (f" (nor {', '.join(others)})" if others else "")
     if "length_ratio" in declared:
         lo, hi = declared["length_ratio"]
         ratio = len(text) / max(len(source), 1)

@@ -43,7 +43,7 @@ OPERATOR_KEYS = {
     "table": COMMON_KEYS + ("table", "pairs", "file", "match", "case", "symmetric"),
     "numeric": COMMON_KEYS + ("mode", "factor", "shift", "decimals", "require_unit"),
     "format": COMMON_KEYS + ("rewrite",),
-    "model": COMMON_KEYS + ("instruction", "stand_in", "max_new_tokens"),
+    "model": COMMON_KEYS + ("instruction", "stand_in"),
 }
 NUMERIC_MODES = ("scale", "shift", "unit_swap", "convert")
 FORMAT_REWRITES = ("markdown_to_plain", "plain_to_markdown", "list_order", "whitespace", "number_format")
@@ -344,17 +344,22 @@ def load_spec(value: str, *, seed: int | None = None) -> Spec:
 
 
 def table_entities(spec: Spec, names: list[str]) -> dict[str, set[str]]:
-    """The ``entities`` check's words: each entity -> the spellings that count as it surviving (a table name
-    stands for every key of that table, each with its value as an equivalent spelling)."""
+    """The ``entities`` check's words: each entity (a listed word, or every key of a listed table or table
+    operator) -> the spellings that count as it surviving: itself, and its equivalents in the tables of the spec's
+    represent table operators (acetone survives as C3H6O where a represent operator rewrites one as the other; a
+    tube furnace does not survive as the hot plate an error table swaps it for)."""
+    equivalent: dict[str, set[str]] = {}
+    for op in spec.operators.values():
+        if op.kind == "table" and op.category == "represent" and op.options["match"] == "word":
+            for k, v in op.options["pairs"].items():
+                equivalent.setdefault(k, set()).add(v)
+                equivalent.setdefault(v, set()).add(k)
     out: dict[str, set[str]] = {}
     for name in names:
         op = spec.operators.get(name)
-        pairs = op.options["pairs"] if op is not None and op.kind == "table" else spec.tables.get(name)
-        if pairs:
-            for k, v in pairs.items():
-                out.setdefault(k, {k}).add(v)
-        else:
-            out.setdefault(name, {name})
+        keys = op.options["pairs"] if op is not None and op.kind == "table" else spec.tables.get(name, {name: name})
+        for key in keys:
+            out[key] = {key} | equivalent.get(key, set())
     return out
 
 
