@@ -305,6 +305,14 @@ def test_bad_source_rows_are_named_by_file_row_and_field_before_any_model_loads(
     assert [i["prompt"][-1]["content"] for i in items] == ["Patient: A\n\nNote:\nheparin", "Own: heparin"]
     assert perturb("--source", source, "--spec", spec, "--sets", "swapp", "--output_dir", tmp_path / "x") == 2
     assert "no set 'swapp'; did you mean 'swap'?" in capsys.readouterr().err
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([good, {**good, "sample_id": 2, "text": "no drug"}]), tmp_path / "notes.parquet")
+    assert perturb("--source", tmp_path / "notes.parquet", "--spec", spec, "--sets", "swap", "--output_dir",
+                   tmp_path / "parquet") == 0  # a parquet source: the same rows, the same checks
+    assert [i["sample_id"] for i in read_jsonl(tmp_path / "parquet" / "items.jsonl")] == [1]
+    assert [r["reason"] for r in read_jsonl(tmp_path / "parquet" / "rejects.jsonl")] == ["no_eligible_span"]
 
 
 # ------------------------------------------------------------------------------------------------ model rewrites
