@@ -157,9 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--judge-max-new-tokens", type=int, default=32, help="tokens per evaluation (default 32)")
     g.add_argument("--judge-resume-rows", type=int, default=136_000,
                    help="done rows of the resume side (default 136,000: 34,000 items x 4 judges)")
-    g = p.add_argument_group("judgetrain perturb (--only perturb)")
-    g.add_argument("--perturb-samples", type=int, default=2000,
-                   help="source recipes x the materials pack's 17 sets, rule operators (default 2,000: 34,000 items)")
+    p.add_argument("--perturb-samples", type=int, default=2000, help="--only perturb: source recipes x the materials "
+                   "pack's 17 sets, rule operators (default 2,000: 34,000 items)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("start-up (--only startup)")
     g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",

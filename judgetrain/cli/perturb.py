@@ -18,6 +18,8 @@ Exit codes: 0 done, 2 refused (bad spec, bad source rows), 143 stopped by a sign
 
 from __future__ import annotations
 
+# The library is imported inside main: `--help` and a refused spec answer at once, and a run of rule operators alone
+# never imports accelerate or torch.
 import argparse
 import logging
 import sys

@@ -11,6 +11,8 @@ made once. The prompt of a rewrite is the spec's ``rewriter_system`` and the ope
 
 from __future__ import annotations
 
+# judgetrain.judge.runner is imported where the rewrites run: a run of rule operators alone never imports the
+# generation stack (torch, transformers).
 import difflib
 import json
 import re

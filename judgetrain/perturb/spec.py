@@ -26,7 +26,7 @@ from __future__ import annotations
 import csv
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -337,8 +337,6 @@ def load_spec(value: str, *, seed: int | None = None) -> Spec:
         raise SpecError(f"spec {path}: cannot read it: {e}") from None
     spec = parse_spec(data, path=str(path), base=path.parent)
     if seed is not None:
-        from dataclasses import replace
-
         spec = replace(spec, seed=int(seed))
     return spec
 
@@ -374,6 +372,4 @@ def select_sets(spec: Spec, names: list[str] | None) -> Spec:
             near = difflib.get_close_matches(name, known, n=1)
             raise SpecError(f"spec {spec.path}: no set {name!r}" + (f"; did you mean {near[0]!r}?" if near else "")
                             + f"; sets: {', '.join(known)}")
-    from dataclasses import replace
-
     return replace(spec, sets=[s for s in spec.sets if s.name in names])
