@@ -562,3 +562,17 @@ def test_an_entity_survives_as_itself_or_a_represent_equivalent_never_as_its_err
     assert check(spec, p, "Wash, heat in the tube furnace under argon.", [None], done) == (
         "entity_lost", "'acetone' (nor C3H6O)")
     assert check(spec, p, source, [], done)[0] == "unchanged"
+
+
+def test_the_bench_part_at_its_smallest_writes_its_figures(tmp_path):
+    """`judgetrain bench --only perturb` at 17 recipes: the structure of its figures, not their timings."""
+    from judgetrain.cli import bench as bench_cli
+
+    out = tmp_path / "bench.json"
+    assert bench_cli.main(["--only", "perturb", "--perturb-samples", "17", "--workdir", str(tmp_path / "w"),
+                           "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    part = report["perturb"]
+    assert (part["samples"], part["sets"], part["sample_x_set"]) == (17, 17, 289) and part["identical"] is True
+    assert part["items"] + part["rejected"] == 289 and sum(part["rejects_by_reason"].values()) == part["rejected"]
+    assert part["seconds_per_34000"] > 0 and report["summary"]["perturb_seconds_per_34000"] == part["seconds_per_34000"]
