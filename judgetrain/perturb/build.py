@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from judgetrain.judge.judges import JudgeSpec
+from judgetrain.judge.options import Options
 from judgetrain.perturb.operators import Change, Rules, Span, apply, misplaced, pick
 from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
 from judgetrain.perturb.source import Sample
@@ -85,7 +87,8 @@ def plan(spec: Spec, samples: list[Sample], *, with_model: bool) -> tuple[list[P
     return planned, skipped
 
 
-def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter=None, opts=None, state=None) -> dict:
+def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter: JudgeSpec | None = None,
+            opts: Options | None = None, state=None) -> dict:
     """Make, check and write every item (see the module doc). Returns ``{"status": "finished" | "stopped",
     "summary", "items", "rejects", "n_items", "n_rejected", "skipped"}`` (on the main process; the others get the
     status only)."""
@@ -231,7 +234,7 @@ def _has(text: str, words: set[str]) -> bool:
     return any(re.search(rf"(?<!\w){re.escape(w)}(?!\w)", text) for w in words)
 
 
-def item(p: Planned, text: str, changes: list[Change], rewriter) -> dict:
+def item(p: Planned, text: str, changes: list[Change], rewriter: JudgeSpec | None) -> dict:
     """One item in the schema `judgetrain judge` reads."""
     method = f"model:{rewriter.name}" if p.method == "model" else p.method
     return {"sample_id": p.sample.sample_id, "perturbation_set": p.set_name,
