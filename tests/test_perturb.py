@@ -579,3 +579,24 @@ def test_the_bench_part_at_its_smallest_writes_its_figures(tmp_path):
     assert (part["samples"], part["sets"], part["sample_x_set"]) == (17, 17, 289) and part["identical"] is True
     assert part["items"] + part["rejected"] == 289 and sum(part["rejects_by_reason"].values()) == part["rejected"]
     assert part["seconds_per_34000"] > 0 and report["summary"]["perturb_seconds_per_34000"] == part["seconds_per_34000"]
+
+
+def test_the_style_pack_without_a_model_makes_its_rule_sets_and_says_what_it_left_out(tmp_path):
+    answers = [{"sample_id": 1, "question": "How do I boil an egg?",
+                "text": "## Steps\n- Boil **500 mL** of water.\n- Cook the egg for 9 min."},
+               {"sample_id": 2, "question": "What is 12 x 12?", "text": "Short answer:\n12 x 12 = 144\nso 144."}]
+    out = tmp_path / "out"
+    assert perturb("--source", write_jsonl(tmp_path / "answers.jsonl", answers), "--spec", "style",
+                   "--output_dir", out) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["skipped_sets"]) == {"concise_100pct", "detailed_plain_100pct", "one_error_100pct"}
+    items = {(i["sample_id"], i["perturbation_set"]): i for i in read_jsonl(out / "items.jsonl")}
+    assert items[(1, "markdown_to_plain_100pct")]["prompt"][1]["content"].endswith(
+        "## Answer\nSteps\nBoil 500 mL of water.\nCook the egg for 9 min.")
+    assert items[(2, "plain_to_markdown_100pct")]["prompt"][1]["content"].endswith(
+        "## Answer\n**Short answer:**\n- 12 x 12 = 144\n- so 144.")
+    assert items[(2, "detailed_markdown_100pct")]["perturbation_method"] == "stand_in"
+    assert {k[1] for k in items} >= {"original_0pct"} and items[(1, "original_0pct")]["perturbation_changes"] == []
+    assert [(r["sample_id"], r["perturbation_set"], r["reason"]) for r in read_jsonl(out / "rejects.jsonl")] == [
+        (1, "detailed_markdown_100pct", "no_eligible_span"), (2, "markdown_to_plain_100pct", "no_eligible_span"),
+        (1, "plain_to_markdown_100pct", "no_eligible_span")]  # in the spec's order of sets
