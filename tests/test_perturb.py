@@ -489,7 +489,7 @@ def test_the_loop_source_perturb_judge_pairs_dpo_then_the_trained_judge_on_held_
 
 
 # ------------------------------------------------------------------------------------------------ SmolLM2 (extended)
-@pytest.mark.extended(reason="SmolLM2-135M-Instruct rewrites 4 recipes x 8 model sets on the CPU: 10+ minutes")
+@pytest.mark.extended(reason="SmolLM2-135M-Instruct: 32 rewrites of up to 400 tokens (4 took 22 min on 2 busy cores)")
 def test_smollm2_rewrites_of_the_materials_pack_are_checked_and_counted(tmp_path):
     """SmolLM2-135M-Instruct as the rewriting model of the materials pack's model sets: each of the 32 rewrites is
     an item or a reject with its reason; the figures (how many pass) are printed, and docs/perturb.md gives them."""
