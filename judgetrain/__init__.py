@@ -16,6 +16,8 @@ and the layers listed before it, lazy imports inside functions included (tests/t
     report       `judgetrain report`
     checks       a piece of every stage run before a launch: the dry run, the preflight, the memory estimate
     judge        `judgetrain judge`: judges over items into panel rows, resumable and sharded
+    perturb      `judgetrain perturb`: the spec and its packs, rule operators, model rewrites on the judge engine,
+                 checks, the items `judgetrain judge` reads
     metrics.py   the metric functions' public home
     train.py     the per-process recipe that `accelerate launch -m judgetrain.train` runs
     bench        `judgetrain bench`

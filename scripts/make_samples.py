@@ -2,12 +2,14 @@
 
     python scripts/make_samples.py                      # all three
     python scripts/make_samples.py --only judgebias ideation
+    python scripts/make_samples.py --only recipes
     python scripts/make_samples.py --rmbench-dir ../shared/data/rm-bench --rmbench-rows 12
 
 judgebias/: synthetic rows in the exact JudgeBias-DPO-RefFree schema from scripts/synth.py (all 17
 perturbation sets, validation on other sample_ids). ideation/: synthetic rows in the research-ideation-arena-si-rm
 schema. rmbench/: the first N rows of each real per-domain RM-Bench file, re-serialised exactly as upstream
-(json.dumps indent=4, ensure_ascii=False), with the ODC-By attribution.
+(json.dumps indent=4, ensure_ascii=False), with the ODC-By attribution. recipes/: the unperturbed synthesis recipes
+of the judgebias samples (same sample_ids per split) as source samples of `judgetrain perturb`'s materials pack.
 """
 
 from __future__ import annotations
@@ -107,6 +109,25 @@ def make_judgebias(out: Path, n_train_samples: int, n_val_samples: int, seed: in
         encoding="utf-8")
 
 
+def make_recipes(out: Path, n_train_samples: int, n_val_samples: int, seed: int) -> None:
+    """The judgebias samples' recipes unperturbed: ``sample_id``, ``target``, ``text`` (the materials pack's source)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for split, ids in (("train", range(n_train_samples)), ("validation", range(1000, 1000 + n_val_samples))):
+        rows = []
+        for sid in ids:
+            recipe = synth.make_recipe(sid, seed)
+            rows.append({"sample_id": sid, "target": synth.target_description(recipe),
+                         "text": synth.render_recipe(recipe)})
+        path = out / f"{split}.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        logger.info("wrote %s (%d rows, %d bytes)", _rel(path), len(rows), path.stat().st_size)
+    (out / "README.md").write_text(SYNTH_README.format(
+        title="materials-synthesis recipes (source samples of judgetrain perturb)",
+        body="The unperturbed recipes of the judgebias samples (the same sample_ids: train 0+, validation 1000+), one\n"
+             "JSON object a line: sample_id, target (the material asked for) and text (the recipe), the source row\n"
+             "the materials pack of judgetrain perturb reads."), encoding="utf-8")
+
+
 def make_ideation(out: Path, n_train: int, n_test: int, seed: int) -> None:
     write_parquet(synth.ideation_rows(n_train, "train", seed=seed, shares_test_every=4), IDEATION_SCHEMA, out / "train.parquet")
     write_parquet(synth.ideation_rows(n_test, "test", seed=seed, start=10_000), IDEATION_SCHEMA, out / "test.parquet")
@@ -145,7 +166,8 @@ def default_rmbench_dir() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", nargs="+", choices=("judgebias", "ideation", "rmbench"), default=("judgebias", "ideation", "rmbench"))
+    p.add_argument("--only", nargs="+", choices=("judgebias", "ideation", "rmbench", "recipes"),
+                   default=("judgebias", "ideation", "rmbench", "recipes"))
     p.add_argument("--out", type=Path, default=SAMPLES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--judgebias-samples", type=int, nargs=2, default=(40, 12), metavar=("TRAIN", "VALIDATION"),
@@ -157,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if "judgebias" in args.only:
         make_judgebias(args.out / "judgebias", *args.judgebias_samples, args.seed)
+    if "recipes" in args.only:
+        make_recipes(args.out / "recipes", *args.judgebias_samples, args.seed)
     if "ideation" in args.only:
         make_ideation(args.out / "ideation", *args.ideation_pairs, args.seed)
     if "rmbench" in args.only:

@@ -257,6 +257,12 @@ def plan_judgetrain(args: list[str]) -> Plan:
                     "tiny judge, minutes for a real shape (tests/test_memory.py measures them)")
     if words == "judge":
         return Plan("help", ("judge",), "judge models over items: minutes of CPU (tests/test_judge.py runs it)")
+    if words == "perturb":
+        source = _value(rest, "--source")
+        if _value(rest, "--model") is None and source and (REPO / source).exists():
+            return Plan("run", ("perturb", *rest), "rule operators over the bundled recipes: seconds")
+        return Plan("help", ("perturb",), "a model's rewrites or the user's own samples (tests/test_perturb.py runs "
+                    "both kinds on the bundled recipes)")
     if words == "bench":
         return Plan("help", ("bench",), "minutes of CPU even at its smallest (tests/test_bench.py runs --quick)")
     raise Unclassified(f"judgetrain {words}: the test does not know how to run it; add it to plan_judgetrain")
@@ -292,6 +298,9 @@ def plan_accelerate(args: list[str]) -> Plan:
     if module == "judgetrain.cli.judge":
         return Plan("help", ("judge",), "several processes of judges over items (tests/test_judge.py launches two)",
                     "cli", launcher_flags)
+    if module == "judgetrain.cli.perturb":
+        return Plan("help", ("perturb",), "model rewrites over several processes (tests/test_perturb.py launches "
+                    "two)", "cli", launcher_flags)
     raise Unclassified(f"accelerate launch -m {module}: unknown module")
 
 

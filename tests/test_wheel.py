@@ -112,6 +112,11 @@ def test_the_wheel_carries_the_recipes_and_runs_the_quickstart_by_name(tmp_path)
                 member = f"judgetrain/{kind}/{path.name}"
                 assert member in zf.namelist(), f"{wheel.name} lacks {member}"
                 assert zf.read(member) == path.read_bytes(), member
+        data = [*(REPO / "judgetrain" / "perturb" / "packs").glob("*.yaml"),  # judgetrain perturb's packs and recipes
+                *(REPO / "judgetrain" / "data" / "samples" / "recipes").glob("*.jsonl")]
+        assert len(data) >= 4
+        for path in data:
+            assert path.relative_to(REPO).as_posix() in zf.namelist(), f"{wheel.name} lacks {path.name}"
 
     venv, home, work = tmp_path / "venv", tmp_path / "home", tmp_path / "work"
     home.mkdir()

@@ -64,6 +64,7 @@ TARGETS = {
     "startup_cold_ratio": ("<=", 0.5),  # launch to first step, judgetrain / bare TRL, cold
     "startup_cold_peak_tree_pss_ratio": ("<=", 1.0),  # the start's processes' peak memory, judgetrain / bare TRL
     "startup_resume_s": ("<=", 60.0),  # a resume's launch to its first new step, seconds
+    "perturb_seconds_per_34000": ("<=", 60.0),  # judgetrain perturb, rule operators, 34,000 items on one core
 }
 
 
@@ -314,5 +315,7 @@ def summarize(report: dict) -> dict:
         for key in ("cold_peak_rss_ratio", "cold_peak_tree_pss_ratio"):
             if key in st:  # reports written before the memory was measured have none
                 s[f"startup_{key}"] = st[key]
+    if report.get("perturb"):
+        s["perturb_seconds_per_34000"] = report["perturb"]["seconds_per_34000"]
     s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
     return s

@@ -16,6 +16,7 @@ COMMANDS = {
     "compare": ("judgetrain.cli.compare", "two saved evaluations side by side: deltas, intervals, McNemar p"),
     "data check": ("judgetrain.cli.data", "validate a dataset source and print its statistics"),
     "judge": ("judgetrain.cli.judge", "run judges over items: evaluations in the panel schema, resumable, sharded"),
+    "perturb": ("judgetrain.cli.perturb", "perturb source samples by a spec into judge items: rule and model rewrites, checked"),
     "pairs build": ("judgetrain.cli.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
     "bench": ("judgetrain.cli.bench", "benchmark training and evaluation against baselines"),
     "memory check": ("judgetrain.cli.memory", "measure a DPO step's peak memory on this CPU beside the estimate"),

@@ -33,6 +33,9 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
 - **judge** (only with ``--only judge``): `judgetrain judge`'s evaluations/s against a one-item-at-a-time
   ``model.generate`` loop on the same items and judge, and the time to the exit of a resume with nothing left to do
   at ``--judge-resume-rows`` done rows (`judgetrain.bench.judge`).
+- **perturb** (only with ``--only perturb``): `judgetrain perturb` with the materials pack's rule operators over
+  ``--perturb-samples`` recipes x 17 sets in one process, twice (the files byte-identical), and the time scaled to
+  34,000 items (`judgetrain.bench.perturb`).
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
 - **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint-gb`` twice per round): the marker's
@@ -102,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+",
                    choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint",
                             "generation",
-                            "startup", "judge"),
+                            "startup", "judge", "perturb"),
                    help="run only these parts (default: all that apply to --device, but checkpoint, startup and judge)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
@@ -158,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--judge-max-new-tokens", type=int, default=32, help="tokens per evaluation (default 32)")
     g.add_argument("--judge-resume-rows", type=int, default=136_000,
                    help="done rows of the resume side (default 136,000: 34,000 items x 4 judges)")
+    p.add_argument("--perturb-samples", type=int, default=2000, help="--only perturb: source recipes x the materials "
+                   "pack's 17 sets, rule operators (default 2,000: 34,000 items)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("start-up (--only startup)")
     g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",
@@ -271,6 +276,10 @@ def run_bench(args: argparse.Namespace) -> dict:
             from judgetrain.bench.judge import bench_judge
 
             report["judge"] = timed("judge", bench_judge, args, workdir / "judge")
+        if "perturb" in parts:
+            from judgetrain.bench.perturb import bench_perturb
+
+            report["perturb"] = timed("perturb", bench_perturb, args, workdir / "perturb")
         if "startup" in parts:
             report["startup"] = timed("startup", bench_startup, args, workdir / "startup")
         if "device" in parts:

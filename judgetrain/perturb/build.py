@@ -1,0 +1,251 @@
+"""From source samples and a spec to the items `judgetrain judge` reads, checked, with rejects and a summary.
+
+    result = perturb(spec, samples, "perturbed")                       # rule operators (and stand-ins) only
+    result = perturb(spec, samples, "perturbed", rewriter=spec_of_model, opts=Options(...), state=PartialState())
+
+Writes into the output folder:
+
+    items.jsonl     one item per sample x set x rate that passed its checks, in spec order: ``sample_id``,
+                    ``perturbation_set`` (``<set>_<percent>pct``), ``perturbation_category``, ``perturbation_rate``,
+                    ``perturbation_type`` (the set's name), ``prompt`` (the judge's messages with the perturbed
+                    text), ``perturbation_changes`` (each edit's kind, before, after, position in the source text),
+                    ``perturbation_method`` (rule | stand_in | model:<name>)
+    rejects.jsonl   every item that failed a check, with its reason, detail, the text it would have had and its
+                    changes (nothing is dropped silently)
+    summary.json    per set: items, rejected, rejects by reason, edits per item (mean, min, max), method
+
+Seeded: every item draws from its own generator, seeded by the spec's seed, the set and the sample, so the same
+seed, source and spec give byte-identical files, whichever sets are asked for.
+
+Checks (the reason written to rejects): a rule item whose operators found nothing to edit (``no_eligible_span``),
+an edit not where its operator said (``edit_misplaced``); a model rewrite that is empty (``empty``), cut at
+max_new_tokens (``cut_at_max_new_tokens``) or the same as its source (``unchanged``); and the operator's declared
+``checks``: ``numbers`` (every number and unit of the source survives; represent operators), ``entities`` (every
+listed word or table key present in the source survives, as itself or an equivalent of the spec's represent tables), ``length_ratio``
+(new length / source length within [low, high]), ``changed: false`` (an operator allowed to leave the text as is).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from judgetrain.judge.judges import JudgeSpec
+from judgetrain.judge.options import Options
+from judgetrain.perturb.operators import Change, Rules, Span, apply, misplaced, pick
+from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
+from judgetrain.perturb.source import Sample
+from judgetrain.perturb.spec import ORIGINAL_SET, PerturbSet, Spec, table_entities
+from judgetrain.utils.files import write_json, write_lines
+
+logger = logging.getLogger(__name__)
+
+ITEMS = "items.jsonl"
+REJECTS = "rejects.jsonl"
+SUMMARY = "summary.json"
+_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?![\d])")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One sample x set x rate: how it is made (rule operators, or a model rewrite)."""
+
+    sample: Sample
+    pset: PerturbSet | None  # None: the original
+    rate: float
+    set_name: str
+    operators: tuple[str, ...]
+    method: str  # rule | stand_in | model
+
+
+def plan(spec: Spec, samples: list[Sample], *, with_model: bool) -> tuple[list[Planned], dict[str, str]]:
+    """Every item to make, in output order, and the sets left out with why (a model set without a rewriting model
+    and without a stand-in)."""
+    planned, skipped = [], {}
+    if spec.original:
+        planned += [Planned(s, None, 0.0, ORIGINAL_SET, (), "original") for s in samples]
+    for pset in spec.sets:
+        ops, method = pset.operators, "rule"
+        first = spec.operators[ops[0]]
+        if first.kind == "model" and not with_model:
+            ops, method = first.options["stand_in"], "stand_in"
+            if not ops:
+                for rate in pset.rates:
+                    skipped[pset.set_name(rate)] = "a model rewrite: no --model given and the operator has no stand_in"
+                continue
+        elif first.kind == "model":
+            method = "model"
+        for rate in pset.rates:
+            planned += [Planned(s, pset, rate, pset.set_name(rate), tuple(ops), method) for s in samples]
+    return planned, skipped
+
+
+def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter: JudgeSpec | None = None,
+            opts: Options | None = None, state=None) -> dict:
+    """Make, check and write every item (see the module doc). Returns ``{"status": "finished" | "stopped",
+    "summary", "items", "rejects", "n_items", "n_rejected", "skipped"}`` (on the main process; the others get the
+    status only)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    planned, skipped = plan(spec, samples, with_model=rewriter is not None)
+    rewrites: dict[tuple, dict] = {}
+    model = [p for p in planned if p.method == "model"]
+    if model:
+        requests = [Request((p.sample.sample_id, p.set_name),
+                            rewrite_messages(spec, spec.operators[p.operators[0]], p.rate, p.sample.text))
+                    for p in model]
+        got = run_rewrites(requests, spec, rewriter, opts, out, state)
+        if got is None:
+            return {"status": "stopped"}
+        rewrites = got
+    if state is not None and not state.is_main_process:
+        return {"status": "finished"}
+    made = make_all(spec, planned, rewrites)
+    items, rejects = [], []
+    per_set: dict[str, dict[str, Any]] = {}
+    for p, (text, changes, why) in zip(planned, made):
+        stats = per_set.setdefault(p.set_name, {"category": p.pset.category if p.pset else "represent",
+                                                "rate": p.rate, "operators": list(p.operators), "method": p.method,
+                                                "items": 0, "rejected": 0, "rejects": Counter(), "edits": []})
+        if why is None:
+            why = check(spec, p, text, changes, rewrites.get((p.sample.sample_id, p.set_name)))
+        if why is not None:
+            stats["rejected"] += 1
+            stats["rejects"][why[0]] += 1
+            rejects.append({"sample_id": p.sample.sample_id, "perturbation_set": p.set_name, "reason": why[0],
+                            "detail": why[1], "source": p.sample.source, "row": p.sample.row, "text": text,
+                            "perturbation_changes": [c.as_dict() for c in changes]})
+            continue
+        stats["items"] += 1
+        stats["edits"].append(len(changes))
+        items.append(item(p, text, changes, rewriter))
+    summary = {"spec": spec.name, "seed": spec.seed, "samples": len(samples), "items": len(items),
+               "rejected": len(rejects), "skipped_sets": skipped, "sets": {k: _set_summary(v) for k, v in per_set.items()}}
+    write_lines(out / ITEMS, (json.dumps(i, ensure_ascii=False) for i in items))
+    write_lines(out / REJECTS, (json.dumps(r, ensure_ascii=False) for r in rejects))
+    write_json(out / SUMMARY, summary)
+    for name, why in skipped.items():
+        logger.warning("set %s left out: %s", name, why)
+    logger.info("perturb: %d item(s) from %d sample(s) x %d set(s), %d rejected (%s)", len(items), len(samples),
+                len(per_set), len(rejects), out / REJECTS)
+    return {"status": "finished", "summary": summary, "items": str(out / ITEMS), "rejects": str(out / REJECTS),
+            "n_items": len(items), "n_rejected": len(rejects), "skipped": skipped}
+
+
+def make_all(spec: Spec, planned: list[Planned], rewrites: dict) -> list[tuple[str, list[Change], tuple | None]]:
+    """`make` for every planned item, in its order; a sample's spans are found once per operator, however many
+    sets and rates use that operator (the items of one sample are made together)."""
+    rules = Rules(spec)
+    by_sample: dict[int, list[int]] = {}
+    for k, p in enumerate(planned):
+        by_sample.setdefault(id(p.sample), []).append(k)
+    made: list = [None] * len(planned)
+    for ks in by_sample.values():
+        spans = SampleSpans(rules, planned[ks[0]].sample.text)
+        for k in ks:
+            made[k] = make(spec, planned[k], rewrites, spans)
+    return made
+
+
+class SampleSpans:
+    """The spans of one sample's text, per operator, found at the first ask."""
+
+    def __init__(self, rules: Rules, text: str):
+        self.rules, self.text, self.found = rules, text, {}
+
+    def __call__(self, name: str) -> list[Span]:
+        if name not in self.found:
+            self.found[name] = self.rules.spans(name, self.text)
+        return self.found[name]
+
+
+def make(spec: Spec, p: Planned, rewrites: dict, spans_of: SampleSpans) -> tuple[str, list[Change], tuple | None]:
+    """(new text, changes, None), or the reason nothing usable could be made. ``spans_of(operator)``: the spans an
+    operator could edit in the sample's text."""
+    source = p.sample.text
+    if p.pset is None:
+        return source, [], None
+    if p.method == "model":
+        got = rewrites[(p.sample.sample_id, p.set_name)]
+        return got["text"], diff_changes(p.operators[0], source, got["text"]), None
+    rng = random.Random(f"{spec.seed}|{p.set_name}|{p.sample.sample_id!r}")
+    spans = [s for name in p.operators for s in spans_of(name)]
+    if not spans:
+        return source, [], ("no_eligible_span", f"{', '.join(p.operators)} found nothing to edit in the text")
+    text, changes = apply(source, pick(spans, p.rate, rng), rng)
+    return text, changes, None
+
+
+def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dict | None) -> tuple[str, str] | None:
+    """The first check ``text`` fails, as (reason, detail); None when it passes them all (see the module doc)."""
+    if p.pset is None:
+        return None
+    source = p.sample.text
+    declared: dict[str, Any] = {}
+    for name in p.operators:
+        declared.update(spec.operators[name].checks)
+    if p.method == "model":
+        if not text.strip():
+            return "empty", "the model wrote nothing"
+        if not rewrite["stopped"]:
+            return "cut_at_max_new_tokens", f"the rewrite stopped at {rewrite['n_tokens']} tokens, unfinished"
+    else:
+        where = misplaced(source, text, changes)
+        if where:
+            return "edit_misplaced", where
+    if declared.get("changed", True) and (not changes or p.method == "model" and text.split() == source.split()):
+        return "unchanged", "the text is its source" + (" (whitespace aside)" if text != source else "")
+    if declared.get("numbers"):
+        lost = quantities(source, spec) - quantities(text, spec)
+        if lost:
+            return "numbers_lost", "missing: " + ", ".join(sorted(lost))
+    if declared.get("entities"):
+        for entity, spellings in table_entities(spec, declared["entities"]).items():
+            if _has(source, {entity}) and not _has(text, spellings):
+                others = sorted(spellings - {entity})
+                return "entity_lost", f"{entity!r}" + (f" (nor {', '.join(others)})" if others else "")
+    if "length_ratio" in declared:
+        lo, hi = declared["length_ratio"]
+        ratio = len(text) / max(len(source), 1)
+        if not lo <= ratio <= hi:
+            return "length_ratio", f"length {len(text)} / {len(source)} = {ratio:.2f}, outside [{lo:g}, {hi:g}]"
+    return None
+
+
+def quantities(text: str, spec: Spec) -> Counter:
+    """Every number (thousands separators and trailing zeros aside) and every unit of the spec, counted."""
+    out = Counter(f"{float(n.replace(',', '')):g}" for n in _NUMBER.findall(text))
+    for dim in spec.units.values():
+        for unit in dim:
+            found = len(re.findall(rf"(?<![A-Za-z]){re.escape(unit)}(?![A-Za-z])", text))
+            if found:
+                out[unit] += found
+    return out
+
+
+def _has(text: str, words: set[str]) -> bool:
+    return any(re.search(rf"(?<!\w){re.escape(w)}(?!\w)", text) for w in words)
+
+
+def item(p: Planned, text: str, changes: list[Change], rewriter: JudgeSpec | None) -> dict:
+    """One item in the schema `judgetrain judge` reads."""
+    method = f"model:{rewriter.name}" if p.method == "model" else p.method
+    return {"sample_id": p.sample.sample_id, "perturbation_set": p.set_name,
+            "perturbation_category": p.pset.category if p.pset else "represent", "perturbation_rate": p.rate,
+            "perturbation_type": p.pset.name if p.pset else "original", "prompt": p.sample.prompt(text),
+            "perturbation_changes": [c.as_dict() for c in changes], "perturbation_method": method}
+
+
+def _set_summary(stats: dict) -> dict:
+    edits = stats.pop("edits")
+    stats["rejects"] = dict(sorted(stats["rejects"].items(), key=lambda kv: (-kv[1], kv[0])))
+    stats["edits_per_item"] = ({"mean": round(statistics.fmean(edits), 4), "min": min(edits), "max": max(edits)}
+                               if edits else None)
+    return stats
