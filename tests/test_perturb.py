@@ -409,7 +409,8 @@ def test_model_rewrites_on_two_processes_killed_then_resumed_make_each_rewrite_o
     t0 = time.monotonic()
     while sum(_done(out).values()) < 4:
         assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        assert time.monotonic() - t0 < 300, "no rewrite committed in time"
+        if time.monotonic() - t0 > 300:  # a deadline for the wait, not a speed figure
+            pytest.fail("no rewrite committed in 300 s")
         time.sleep(0.2)
     tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     for pid in tree:
