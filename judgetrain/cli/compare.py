@@ -22,6 +22,7 @@ from typing import Any
 
 from judgetrain.eval.compare import HEADLINE, EvaluationError, changed, compare_evaluations
 from judgetrain.eval.metrics import N_RESAMPLES
+from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.files import write_json
 from judgetrain.utils.logging import setup_logging
 from judgetrain.utils.numbers import nan_to_none
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = compare_evaluations(args.a, args.b, n_resamples=args.resamples, seed=args.seed, suites=args.suites)
     except EvaluationError as exc:
         logger.error("%s", exc)
-        return 2
+        return EXIT_BAD_INPUT
     _print(doc, args.all)
     write_json(Path(args.out), nan_to_none(doc))
     print(f"written: {args.out}")

@@ -66,14 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight per endpoint judge and process")
-    p.add_argument("--endpoint_timeout_s", type=float, default=120.0,
-                   help="endpoint judges: seconds to wait for one response (default 120; judges-file key timeout_s)")
-    p.add_argument("--endpoint_max_retries", type=int, default=30,
-                   help="endpoint judges: retries per prompt of a 429, 5xx, timeout or dropped connection (default 30; "
-                        "judges-file key max_retries)")
-    p.add_argument("--endpoint_wait_budget_s", type=float, default=600.0,
-                   help="endpoint judges: seconds a prompt may wait for its server between retries in all, long enough "
-                        "for a server restart (default 600; judges-file key wait_budget_s)")
+    add_endpoint_options(p)
     p.add_argument("--on_bad_row", choices=("error", "skip"), default="error",
                    help="bad items: stop naming them (default), or skip them to the rejects file, counted")
     p.add_argument("--rejects_path", help="where skipped items go (default <output_dir>/rejects.jsonl)")
@@ -82,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accepted score range, inclusive (as judgetrain pairs build)")
     p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off)")
     return p
+
+
+def add_endpoint_options(p) -> None:
+    """The retry options of endpoint judges (`judgetrain judge`, and `judgetrain perturb`'s model rewrites)."""
+    p.add_argument("--endpoint_timeout_s", type=float, default=120.0,
+                   help="endpoint judges: seconds to wait for one response (default 120; judges-file key timeout_s)")
+    p.add_argument("--endpoint_max_retries", type=int, default=30,
+                   help="endpoint judges: retries per prompt of a 429, 5xx, timeout or dropped connection (default 30; "
+                        "judges-file key max_retries)")
+    p.add_argument("--endpoint_wait_budget_s", type=float, default=600.0,
+                   help="endpoint judges: seconds a prompt may wait for its server between retries in all, long enough "
+                        "for a server restart (default 600; judges-file key wait_budget_s)")
 
 
 def options(args: argparse.Namespace):
@@ -173,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.cli.eval import _cpu_only
     from judgetrain.config.recipe import RecipeError
     from judgetrain.data.validate import DataValidationError
-    from judgetrain.judge.items import read_items
     from judgetrain.judge.endpoint import EndpointError
+    from judgetrain.judge.items import read_items
     from judgetrain.judge.judges import JudgeSpecError, judge_specs, preflight_endpoints
     from judgetrain.judge.output import REJECTS
     from judgetrain.judge.runner import run_panel

@@ -16,9 +16,9 @@ item, rejects by reason). Bad source rows stop the command before any model load
 Exit codes: 0 done, 2 refused (bad spec, bad source rows), 143 stopped by a signal.
 """
 
-# Late imports: rich, judgetrain.data, judgetrain.judge, judgetrain.perturb, judgetrain.utils, judgetrain.run,
-# judgetrain.cli, accelerate (inside the functions that use them): each command loads only what it runs, so
-# `judgetrain --help` and the light commands (status, cache, report) start without them.
+# Late imports: rich, judgetrain.data, judgetrain.judge, judgetrain.perturb, judgetrain.utils, judgetrain.cli,
+# accelerate (inside the functions that use them): each command loads only what it runs, so `judgetrain --help` and
+# the light commands (status, cache, report) start without them.
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from judgetrain.cli.judge import add_endpoint_options, options
+from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_PREEMPTED
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     g.add_argument("--concurrency", type=int, default=8, help="requests in flight for an endpoint, per process")
     g.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off)")
+    add_endpoint_options(g)
     p.set_defaults(force_score_prefix=False, score_key="overall_score", scale=(0.5, 5.5))
     return p
 
@@ -107,17 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         if not models and launch_rank() != 0:
             return 0  # rule operators only: the main process writes everything, the others have nothing to do
         if models:
-            from judgetrain.cli.judge import options
-
             opts = replace(options(args), seed=spec.seed)  # the model's sampling seed: the spec's
             state = process_state()
         result = perturb(spec, samples, out, rewriter=rewriter if models else None, opts=opts, state=state)
     except (DataValidationError, SpecError, JudgeSpecError, FileNotFoundError, ValueError) as err:
         print(f"judgetrain perturb: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if result["status"] == "stopped":
-        from judgetrain.run.state import EXIT_PREEMPTED
-
         return EXIT_PREEMPTED
     if "summary" in result:
         from rich.console import Console

@@ -36,8 +36,15 @@ from typing import Any
 import numpy as np
 
 from judgetrain.config.recipe import PROXY_MODES
-from judgetrain.eval.metrics import (N_RESAMPLES, Items, evalbiasbench_items, judgebench_items, paired_difference,
-                                     rmbench_items)
+from judgetrain.eval.metrics import (
+    N_RESAMPLES,
+    Items,
+    evalbiasbench_items,
+    judgebench_items,
+    paired_difference,
+    rmbench_items,
+)
+from judgetrain.utils.errors import BadInputError
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +63,7 @@ HEADLINE = {
 LOWER_IS_BETTER = ("style_spread", "anchor_mae", "inconsistent_rate")
 
 
-class EvaluationError(ValueError):
+class EvaluationError(BadInputError, ValueError):
     """A path that is not a saved evaluation, or two evaluations with nothing to compare."""
 
 
@@ -259,7 +266,7 @@ def _judgebias(records: list[dict], mode: str) -> Items:
 
 
 def _ideation(records: list[dict], mode: str) -> Items:
-    keys, right, consistent, pairs = [], [], [], []
+    keys, right, pairs = [], [], []
     if mode == "generate":
         for r in records:
             pair = r.get("pair_id")

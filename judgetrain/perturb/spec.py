@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from judgetrain.utils.errors import BadInputError
+
 PACKS_DIR = Path(__file__).resolve().parent / "packs"
 CATEGORIES = ("error", "represent")
 KINDS = ("table", "numeric", "format", "model")
@@ -52,7 +54,7 @@ ORIGINAL_SET = "original_0pct"
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
-class SpecError(ValueError):
+class SpecError(BadInputError, ValueError):
     """A spec that cannot run: unknown key, bad value, missing table. Raised before any source row is read."""
 
 
