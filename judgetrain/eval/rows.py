@@ -24,7 +24,8 @@ from accelerate import PartialState
 from judgetrain.config.recipe import PROXY_MODES, Recipe, scoring_modes
 from judgetrain.data.prepare import reload_memory_mapped, tokenizer_key
 from judgetrain.eval.scoring import ScoringEngine
-from judgetrain.eval.suites import SuiteSpec, build_request, load_suite_dataset, load_suite_rows, suite_specs
+from judgetrain.eval.suites import (SuiteSpec, applies, build_request, check_verdict_tokens, load_suite_dataset,
+                                   load_suite_rows, suite_specs)
 from judgetrain.utils.files import read_json, write_json
 from judgetrain.utils.fingerprints import code_digest
 
@@ -32,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 AUDIT_FILE = "eval_audit.json"
 AUDIT_BATCH = 256  # rows the length audit tokenises together
-_GROUP_FIELDS = ("domain", "id", "perturbation_type", "pair_id")  # what the row cap reads (suites._group_key)
+_GROUP_FIELDS = ("domain", "id", "perturbation_type", "pair_id", "category", "source")  # what the row cap reads
+# (suites._group_key)
 
 
 def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: str | None = None):
@@ -66,6 +68,8 @@ def recipe_eval_suites(recipe: Recipe, tokenizer) -> list[SuiteSpec]:
     not evaluate. Give them to the run's `JudgeEvalCallback`."""
     script_args, training_args = recipe.script_args, recipe.training_args
     specs = recipe_specs(recipe)
+    if "verdict" in script_args.eval_scoring and any(applies(s.name, "verdict") for s in specs):
+        check_verdict_tokens(tokenizer)  # before any row is read or weight loaded
     if specs:
         prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,
                           max_length=training_args.max_length, scoring=script_args.eval_scoring,

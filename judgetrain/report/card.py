@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from judgetrain.report.headline import Headline, headline, headline_note, headline_table
+from judgetrain.report.headline import (Headline, against_base, against_base_lines, headline, headline_note,
+                                        headline_table)
 from judgetrain.utils.files import read_json, write_lines
 from judgetrain.utils.hub import is_hub_id
 
@@ -228,6 +229,8 @@ def render_card(run_dir: str | Path) -> str:
     lines += ["## Training data", "", *data_lines, "", "## Recipe", "", *_recipe_lines(recipe, current), "",
               "`recipe.yaml` beside this card is the recipe as run: `accelerate launch --config_file CONFIG -m "
               "judgetrain.train recipe.yaml` trains it again.", "", "## Evaluation", ""]
+    lines += ["### Against the base judge", "", *against_base_lines(against_base(records)), "",
+              "### Headline figures", ""]
     lines += _evaluation_lines(head, which, max(records) if records else None)
     lines += ["", "## Using the judge", "", *_usage(name, base_cli, recipe)]
     return "\n".join(lines).rstrip() + "\n"
