@@ -21,10 +21,10 @@ from typing import Any
 
 from accelerate import PartialState
 
-from judgetrain.config.recipe import PROXY_MODES, Recipe, scoring_modes
+from judgetrain.config.recipe import PROXY_MODES, Recipe, recorded_mode, scoring_modes
 from judgetrain.data.prepare import reload_memory_mapped, tokenizer_key
 from judgetrain.eval.scoring import ScoringEngine
-from judgetrain.eval.suites import (SuiteSpec, applies, build_request, check_verdict_tokens, load_suite_dataset,
+from judgetrain.eval.suites import (SuiteSpec, applies, build_requests, check_verdict_tokens, load_suite_dataset,
                                    load_suite_rows, suite_specs)
 from judgetrain.utils.files import read_json, write_json
 from judgetrain.utils.fingerprints import code_digest
@@ -153,16 +153,20 @@ def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_in
     over every mode of ``scoring`` (a mode or a list, as eval_scoring; generate writes after the judge prompts)."""
 
     modes = scoring_modes(scoring)
-    kinds = [m for m in modes if m in PROXY_MODES] + (["judge"] if "generate" in modes and "judge" not in modes else [])
+    kinds = [m for m in modes if m in PROXY_MODES and applies(spec.name, m)] + (
+        ["judge"] if "generate" in modes and "judge" not in modes else []) + (
+        ["verdict"] if "verdict" in modes and applies(spec.name, "verdict") else [])
     counts = {"rows": 0, "too_long": 0, "longest": 0}
-    engine = ScoringEngine(None, tokenizer, scoring=kinds[0], max_length=1 << 30)
+    engine = ScoringEngine(None, tokenizer, scoring=recorded_mode(kinds), max_length=1 << 30)
     for start in range(0, len(spec.rows), AUDIT_BATCH):  # a batch of rows at a time: each prompt tokenised once
         batch = list(spec.rows.select(range(start, min(start + AUDIT_BATCH, len(spec.rows))))) \
             if hasattr(spec.rows, "select") else spec.rows[start:start + AUDIT_BATCH]
         longest = [0] * len(batch)
         for kind in kinds:
-            for s in engine._build_sequences([build_request(spec.name, row, kind) for row in batch])[0]:
-                longest[s.row] = max(longest[s.row], len(s.ids))
+            requests = [build_requests(spec, row, kind) for row in batch]
+            owner = [i for i, built in enumerate(requests) for _ in built]  # the row of each request
+            for s in engine._build_sequences([r for built in requests for r in built])[0]:
+                longest[owner[s.row]] = max(longest[owner[s.row]], len(s.ids))
         counts["rows"] += len(batch)
         counts["longest"] = max([counts["longest"], *longest])
         counts["too_long"] += sum(n > max_length for n in longest)
