@@ -176,16 +176,25 @@ def test_the_bench_times_intervals_and_deltas_against_the_eval(judge):
 
 
 # ------------------------------------------------------------------------------------------ a run made to regress
-def _reversed_verdict_pairs(shared_dir, folder: Path) -> None:
-    """Training rows that teach the wrong verdict on EvalBiasBench's prompts (its better response is always stored
-    first): as stored the chosen answer is [[B>A]], swapped [[A>B]]; in the JudgeBias adapter's schema."""
+def _made_to_regress(folder: Path) -> Path:
+    """An EvalBiasBench-format file whose better response is told by one easily learnt feature ("Correct answer ..."
+    against "Wrong answer ..."), and training rows that teach the wrong verdict on it: as stored the chosen answer is
+    [[B>A]], swapped [[A>B]] (the JudgeBias adapter's schema). The tiny judge starts positional (its picks right in
+    one presentation of two); taught the wrong verdicts it loses the presentation it had right."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from judgetrain.data.pairwise import load_evalbiasbench
 
+    topics = ["boiling water", "prime numbers", "the moon", "photosynthesis", "rust", "tides", "volcanoes", "bees",
+              "glass", "magnets", "rainbows", "salt"]
+    bench = {"made_up": [{"bias": "made_up", "instruction": f"Say one true thing about {t}.", "label": 1,
+                          "response1": f"Correct answer about {t}.", "response2": f"Wrong answer about {t}."}
+                         for t in topics]}
+    folder.mkdir(parents=True)
+    (folder / "biasbench.json").write_text(json.dumps(bench))
     rows = []
-    for i, row in enumerate(load_evalbiasbench(shared_dir / "data" / "evalbiasbench")):
+    for i, row in enumerate(load_evalbiasbench(folder / "biasbench.json")):
         for order, messages in both_orders(row):
             wrong, right = ("[[B>A]]", "[[A>B]]") if order == "AB" else ("[[A>B]]", "[[B>A]]")
             rows.append({"prompt": json.dumps(messages), "chosen": json.dumps([{"role": "assistant", "content": wrong}]),
@@ -193,19 +202,19 @@ def _reversed_verdict_pairs(shared_dir, folder: Path) -> None:
                          "score_rejected": 4.0, "score_delta": 2.0, "anchor_score": 4.0, "sample_id": i,
                          "perturbation_type": "element_substitution", "perturbation_category": "error",
                          "perturbation_rate": 0.1, "chosen_model": "x", "rejected_model": "y"})
-    folder.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
+    (folder / "train").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), folder / "train" / "train.parquet")
+    return folder / "biasbench.json"
 
 
 @pytest.mark.slow
-def test_a_run_taught_the_wrong_verdicts_is_warned_stopped_with_its_checkpoint_and_eval_baseline_agrees(
-        shared_dir, tmp_path):
-    """eval_on_start gives the baseline; after 4 steps at a high learning rate on reversed verdict pairs the verdict
+def test_a_run_taught_the_wrong_verdicts_is_warned_stopped_with_its_checkpoint_and_eval_baseline_agrees(tmp_path):
+    """eval_on_start gives the baseline; after 24 steps at a high learning rate on the wrong verdicts the verdict
     figures fall with intervals excluding 0: one WARNING line names them, eval_regression_action: stop saves
-    checkpoint-4 and ends the run (exit 5, counted in judgetrain_status.jsonl); then `judgetrain eval --baseline
+    checkpoint-24 and ends the run (exit 5, counted in judgetrain_status.jsonl); then `judgetrain eval --baseline
     tiny-judge` on that checkpoint writes the same delta keys."""
-    data = tmp_path / "reversed"
-    _reversed_verdict_pairs(shared_dir, data)
+    bench = _made_to_regress(tmp_path / "made")
+    data = tmp_path / "made" / "train"
     recipe = (REPO / "recipes" / "quickstart.yaml").read_text()
     recipe = recipe.replace("  - {dataset: judgebias, source: bundled, split: train}\n"
                             "  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n",
@@ -213,10 +222,11 @@ def test_a_run_taught_the_wrong_verdicts_is_warned_stopped_with_its_checkpoint_a
     recipe = recipe.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [evalbiasbench]")
     recipe = recipe.replace("eval_scoring: implicit", "eval_scoring: [verdict]")
     recipe = recipe.replace("long_rows: error", "long_rows: skip")  # a few of EvalBiasBench's prompts are long
-    recipe += (f"eval_evalbiasbench_source: {shared_dir / 'data' / 'evalbiasbench'}\neval_max_rows: 12\n"
-               "eval_on_start: true\neval_strategy: steps\neval_steps: 4\nmax_steps: 8\nsave_steps: 100\n"
-               "eval_regression_action: stop\nper_device_train_batch_size: 4\nlearning_rate: 5.0e-3\nwarmup_steps: 0\n"
-               "logging_steps: 1\n")
+    recipe = recipe.replace("learning_rate: 2.0e-3", "learning_rate: 5.0e-2").replace("warmup_steps: 5", "warmup_steps: 0")
+    recipe = recipe.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 4")
+    recipe += (f"eval_evalbiasbench_source: {bench}\neval_on_start: true\neval_strategy: steps\neval_steps: 24\n"
+               "max_steps: 48\nsave_steps: 100\neval_regression_action: stop\n")
+    recipe = recipe.replace("lr_scheduler_type: cosine", "lr_scheduler_type: constant").replace("beta: 0.1", "beta: 0.5")
     (tmp_path / "r.yaml").write_text(recipe)
     run, log = tmp_path / "run", tmp_path / "train.log"
     with log.open("wb") as f:
@@ -226,24 +236,24 @@ def test_a_run_taught_the_wrong_verdicts_is_warned_stopped_with_its_checkpoint_a
     assert rc == EXIT_REGRESSED, text[-5000:]
     warnings = [line for line in text.splitlines() if "worse than the baseline (the eval before the first step" in line]
     assert len(warnings) == 1 and "evalbiasbench/verdict/single_acc" in warnings[0] and "stopping" in warnings[0]
-    assert (run / "checkpoint-4" / "judgetrain_complete.json").is_file() and not (run / "checkpoint-8").exists()
+    assert (run / "checkpoint-24" / "judgetrain_complete.json").is_file() and not (run / "checkpoint-48").exists()
     status = [json.loads(line) for line in (run / "judgetrain_status.jsonl").read_text().splitlines()][-1]
     assert status["status"] == "regressed" and status["exit_code"] == EXIT_REGRESSED and status["regressions"] >= 1
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    at4 = next(r for r in logged if r.get("step") == 4 and "eval/evalbiasbench/verdict/single_acc" in r)
-    assert at4["eval/evalbiasbench/verdict/delta/single_acc"] < 0
-    assert at4["eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high"] < 0
-    assert "eval/evalbiasbench/verdict/single_acc/ci_low" in at4
+    at24 = next(r for r in logged if r.get("step") == 24 and "eval/evalbiasbench/verdict/single_acc" in r)
+    assert at24["eval/evalbiasbench/verdict/delta/single_acc"] < 0
+    assert at24["eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high"] < 0
+    assert "eval/evalbiasbench/verdict/single_acc/ci_low" in at24
     assert not any("delta/" in k for r in logged if r.get("step") == 0 for k in r)  # the baseline has none
 
     out = tmp_path / "eval"
-    proc = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(run / "checkpoint-4"),
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(run / "checkpoint-24"),
                            "--baseline", "tiny-judge", "--eval_suites", "evalbiasbench", "--eval_evalbiasbench_source",
-                           str(shared_dir / "data" / "evalbiasbench"), "--eval_max_rows", "12", "--eval_scoring",
+                           str(bench), "--eval_scoring",
                            "verdict", "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = json.loads((out / "checkpoint-4" / "results.json").read_text())
+    doc = json.loads((out / "checkpoint-24" / "results.json").read_text())
     assert doc["metrics"]["eval/evalbiasbench/verdict/delta/single_acc"] == pytest.approx(
-        at4["eval/evalbiasbench/verdict/delta/single_acc"])
+        at24["eval/evalbiasbench/verdict/delta/single_acc"])
     assert "evalbiasbench/verdict/single_acc" in doc["regressions"]
     assert (out / "baseline" / "evalbiasbench.verdict.jsonl").is_file()
