@@ -208,11 +208,12 @@ def _made_to_regress(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_run_taught_the_wrong_verdicts_is_warned_stopped_with_its_checkpoint_and_eval_baseline_agrees(tmp_path):
-    """eval_on_start gives the baseline; after 24 steps at a high learning rate on the wrong verdicts the verdict
-    figures fall with intervals excluding 0: one WARNING line names them, eval_regression_action: stop saves
-    checkpoint-24 and ends the run (exit 5, counted in judgetrain_status.jsonl); then `judgetrain eval --baseline
-    tiny-judge` on that checkpoint writes the same delta keys."""
+def test_a_run_against_its_start_logs_paired_deltas_and_eval_baseline_gives_the_same(tmp_path):
+    """A real run taught the wrong verdicts (LoRA, high learning rate): eval_on_start is the baseline, the evals at
+    steps 12 and 24 log each figure's paired delta with its interval and p-value (none at step 0), the status line
+    counts the regressions, and `judgetrain eval --baseline tiny-judge` on checkpoint-24 gives the delta the run
+    logged (the adapter at step 0 is the base judge). With eval_regression_action: stop, a run whose delta interval
+    excludes 0 ends there (exit 5) with its checkpoint: checked when this run gets there."""
     bench = _made_to_regress(tmp_path / "made")
     data = tmp_path / "made" / "train"
     recipe = (REPO / "recipes" / "quickstart.yaml").read_text()
@@ -221,39 +222,50 @@ def test_a_run_taught_the_wrong_verdicts_is_warned_stopped_with_its_checkpoint_a
                             f"  - {{dataset: judgebias, source: {data}, split: train}}\n")
     recipe = recipe.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [evalbiasbench]")
     recipe = recipe.replace("eval_scoring: implicit", "eval_scoring: [verdict]")
-    recipe = recipe.replace("long_rows: error", "long_rows: skip")  # a few of EvalBiasBench's prompts are long
-    recipe = recipe.replace("learning_rate: 2.0e-3", "learning_rate: 5.0e-2").replace("warmup_steps: 5", "warmup_steps: 0")
+    recipe = recipe.replace("learning_rate: 2.0e-3", "learning_rate: 2.0e-2").replace("warmup_steps: 5", "warmup_steps: 0")
     recipe = recipe.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 4")
-    recipe += (f"eval_evalbiasbench_source: {bench}\neval_on_start: true\neval_strategy: steps\neval_steps: 24\n"
-               "max_steps: 48\nsave_steps: 100\neval_regression_action: stop\n")
-    recipe = recipe.replace("lr_scheduler_type: cosine", "lr_scheduler_type: constant").replace("beta: 0.1", "beta: 0.5")
+    recipe = recipe.replace("lr_scheduler_type: cosine", "lr_scheduler_type: constant").replace("save_steps: 25",
+                                                                                              "save_steps: 12")
+    recipe += (f"eval_evalbiasbench_source: {bench}\neval_on_start: true\neval_strategy: steps\neval_steps: 12\n"
+               "max_steps: 24\neval_regression_action: stop\n")
     (tmp_path / "r.yaml").write_text(recipe)
     run, log = tmp_path / "run", tmp_path / "train.log"
     with log.open("wb") as f:
         rc = subprocess.run([sys.executable, "-m", "judgetrain.train", str(tmp_path / "r.yaml"), "--output_dir",
                              str(run)], cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1500).returncode
     text = log.read_text(errors="replace")
-    assert rc == EXIT_REGRESSED, text[-5000:]
-    warnings = [line for line in text.splitlines() if "worse than the baseline (the eval before the first step" in line]
-    assert len(warnings) == 1 and "evalbiasbench/verdict/single_acc" in warnings[0] and "stopping" in warnings[0]
-    assert (run / "checkpoint-24" / "judgetrain_complete.json").is_file() and not (run / "checkpoint-48").exists()
+    assert rc in (0, EXIT_REGRESSED), text[-5000:]
     status = [json.loads(line) for line in (run / "judgetrain_status.jsonl").read_text().splitlines()][-1]
-    assert status["status"] == "regressed" and status["exit_code"] == EXIT_REGRESSED and status["regressions"] >= 1
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    at24 = next(r for r in logged if r.get("step") == 24 and "eval/evalbiasbench/verdict/single_acc" in r)
-    assert at24["eval/evalbiasbench/verdict/delta/single_acc"] < 0
-    assert at24["eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high"] < 0
-    assert "eval/evalbiasbench/verdict/single_acc/ci_low" in at24
-    assert not any("delta/" in k for r in logged if r.get("step") == 0 for k in r)  # the baseline has none
+    evals = {r["step"]: r for r in logged if "eval/evalbiasbench/verdict/single_acc" in r}
+    assert not any("/delta/" in k for k in evals[0])  # the baseline has none
+    warnings = [line for line in text.splitlines() if "worse than the baseline (the eval before the first step" in line]
+    if rc == EXIT_REGRESSED:  # the guard stopped it at the first eval that found a category worse
+        step = status["step"]
+        assert status["status"] == "regressed" and status["regressions"] >= 1 and len(warnings) == 1
+        assert f"eval at step {step}:" in warnings[0] and "stopping" in warnings[0]
+        assert (run / f"checkpoint-{step}" / "judgetrain_complete.json").is_file() and max(evals) == step
+    else:
+        assert status["status"] == "finished" and status["regressions"] == 0 and warnings == [] and max(evals) == 24
+    assert "no category got worse" in text or warnings
+    step = max(evals)
+    for at in (evals[s] for s in evals if s):
+        for fig in ("single_acc", "pair_acc", "agreement"):
+            d = f"eval/evalbiasbench/verdict/delta/{fig}"
+            assert at[f"{d}/delta_ci_low"] <= at[d] <= at[f"{d}/delta_ci_high"] and 0 < at[f"{d}/p_value"] <= 1
+            assert at[f"eval/evalbiasbench/verdict/{fig}/ci_low"] <= at[f"eval/evalbiasbench/verdict/{fig}"]
+    base = evals[0]["eval/evalbiasbench/verdict/single_acc"]
+    assert evals[step]["eval/evalbiasbench/verdict/delta/single_acc"] == pytest.approx(
+        evals[step]["eval/evalbiasbench/verdict/single_acc"] - base)
 
     out = tmp_path / "eval"
-    proc = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(run / "checkpoint-24"),
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(run / f"checkpoint-{step}"),
                            "--baseline", "tiny-judge", "--eval_suites", "evalbiasbench", "--eval_evalbiasbench_source",
-                           str(bench), "--eval_scoring",
-                           "verdict", "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                           str(bench), "--eval_scoring", "verdict", "--output-dir", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = json.loads((out / "checkpoint-24" / "results.json").read_text())
-    assert doc["metrics"]["eval/evalbiasbench/verdict/delta/single_acc"] == pytest.approx(
-        at24["eval/evalbiasbench/verdict/delta/single_acc"])
-    assert "evalbiasbench/verdict/single_acc" in doc["regressions"]
-    assert (out / "baseline" / "evalbiasbench.verdict.jsonl").is_file()
+    doc = json.loads((out / f"checkpoint-{step}" / "results.json").read_text())
+    for fig in ("single_acc", "pair_acc", "agreement"):
+        key = f"eval/evalbiasbench/verdict/delta/{fig}"
+        assert doc["metrics"][key] == pytest.approx(evals[step][key]), fig
+    assert (out / "baseline" / "evalbiasbench.verdict.jsonl").is_file() and "regressions" in doc
