@@ -40,6 +40,9 @@ _SUITE_DATA = {  # eval suite -> (its name, the hub dataset it comes from, what 
                   "judgetrain's bundled synthetic sample in the JudgeBias-DPO-RefFree schema"),
     "ideation": ("Ideation test", "tintin1027/research-ideation-arena-si-rm",
                  "judgetrain's bundled synthetic sample in the Research Ideation Arena schema"),
+    "evalbiasbench": ("EvalBiasBench (OffsetBias)", "NCSOFT/offsetbias", "no bundled copy"),
+    "judgebench": ("JudgeBench", "ScalerLab/JudgeBench", "no bundled copy"),
+    "pairwise": ("held-out pairs", "held-out-pairs", "no bundled copy"),
 }
 _TRAIN_HUB = {"judgebias": "iknow-lab/JudgeBias-DPO-RefFree", "ideation": "tintin1027/research-ideation-arena-si-rm"}
 _CACHE_DIR = re.compile(r"(?:^|/)models--([\w.-]+)--([\w.-]+)(?:/|$)")
