@@ -154,6 +154,15 @@ def test_a_pairwise_suite_without_its_source_and_a_bad_prompt_template_are_refus
     with pytest.raises(RecipeError, match="response_a"):
         suite_specs(args)
     assert EvalArguments().eval_suites == ["rmbench", "judgebias", "ideation"]
+    from judgetrain.cli.eval import parse_args
+    from judgetrain.config.recipe import parse_recipe
+
+    flags = ["--eval_suites", "pairwise", "--eval_pairwise_source", "x.jsonl", "--eval_pairwise_columns",
+             "{prompt: question, label: winner}"]
+    assert parse_recipe([str(REPO / "recipes" / "quickstart.yaml"), *flags]).script_args.eval_pairwise_columns == {
+        "prompt": "question", "label": "winner"}
+    assert parse_args(["--model", "tiny-judge", *flags])[0].eval_pairwise_columns == {"prompt": "question",
+                                                                                       "label": "winner"}
 
 
 def test_the_bench_times_intervals_and_deltas_against_the_eval(judge):

@@ -53,10 +53,10 @@ def build_parser():
     """The recipe's evaluation options (`EvalArguments`), then the options of this command alone."""
     from transformers import HfArgumentParser
 
-    from judgetrain.config.recipe import EvalArguments
+    from judgetrain.config.recipe import EvalArguments, mapping_options
 
-    p = HfArgumentParser(EvalArguments, prog="judgetrain eval", description=__doc__.split("\n\n")[0],
-                         allow_abbrev=False)
+    p = mapping_options(HfArgumentParser(EvalArguments, prog="judgetrain eval", description=__doc__.split("\n\n")[0],
+                                         allow_abbrev=False))
     p.add_argument("--model", required=True, help="hub id, model/adapter dir, run dir with checkpoint-*/, or tiny-judge")
     p.add_argument("--adapter", help="peft adapter directory applied on --model")
     p.add_argument("--model_revision", help="branch, tag or commit of the weights and tokenizer that load from the hub "

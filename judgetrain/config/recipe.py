@@ -501,15 +501,23 @@ def recipe_parser():
     would print usage and exit)."""
     from judgetrain.config.parser import RecipeParser  # imports trl: see the note at the top of this module
 
-    parser = RecipeParser(dataclass_types(), allow_abbrev=False)
-    for action in parser._actions:  # list[dict] keys (train_datasets): each value a YAML / JSON mapping
-        if action.type is dict:
+    return mapping_options(RecipeParser(dataclass_types(), allow_abbrev=False))
+
+
+def mapping_options(parser):
+    """The parser with its mapping options (train_datasets' entries, eval_pairwise_columns) read as YAML / JSON
+    mappings on the command line (``--eval_pairwise_columns '{prompt: question}'``); argparse would call dict()."""
+    for action in parser._actions:  # a `dict | None` field's converter is dict wrapped by TRL (its name kept)
+        if action.type is dict or getattr(action.type, "__name__", None) == "dict":
             action.type = _mapping_option
     return parser
 
 
-def _mapping_option(text: str) -> dict:
-    """One ``--train_datasets`` value: a YAML (or JSON) mapping such as ``{dataset: judgebias, source: pairs_out}``."""
+def _mapping_option(text: str) -> dict | None:
+    """One ``--train_datasets`` value: a YAML (or JSON) mapping such as ``{dataset: judgebias, source: pairs_out}``
+    (``none`` / ``null``: None, for an optional mapping)."""
+    if text.strip().lower() in ("none", "null"):
+        return None
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as e:
