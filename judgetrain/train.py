@@ -40,23 +40,11 @@ from judgetrain.run.diskfull import DiskFull, every_rank_stops, stop_if_disk_ful
 from judgetrain.run.revisions import pin_hub_revisions
 from judgetrain.run.start import prepare_output_dir, record_run
 from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_FAILED, outcome_code, write_status
-from judgetrain.trainer.callbacks import (
-    CheckpointMarkerCallback,
-    ForcedResume,
-    GracefulStop,
-    MetricsJsonlCallback,
-    NonFiniteGuard,
-    NoStepsLeft,
-    RecipeSteps,
-    RunStopped,
-)
+from judgetrain.trainer.callbacks import (CheckpointMarkerCallback, ForcedResume, GracefulStop, MetricsJsonlCallback,
+                                          NonFiniteGuard, NoStepsLeft, RecipeSteps, RunStopped)
 from judgetrain.trainer.dpo import JudgeDPOTrainer
-from judgetrain.trainer.parallelism import (
-    ParallelismReport,
-    allow_deepspeed_on_cpu,
-    allow_fsdp_on_cpu,
-    requested_parallelism,
-)
+from judgetrain.trainer.parallelism import (ParallelismReport, allow_deepspeed_on_cpu, allow_fsdp_on_cpu,
+                                            requested_parallelism)
 from judgetrain.trainer.process import close_process_group, destroy_process_groups, init_process_state
 from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.fingerprints import data_fingerprint
@@ -71,7 +59,8 @@ logger = logging.getLogger("judgetrain.train")
 
 def process_main(argv: list[str] | None = None) -> int:
     """The training process: run, and exit with the run's code (judgetrain.run.state: 0 finished, 1 crashed,
-    2 refused, 3 non-finite stop, 4 disk full, 143 preempted after its checkpoint)."""
+    2 refused, 3 non-finite stop, 4 disk full, 5 stopped on a regression against the baseline (its checkpoint saved),
+    143 preempted after its checkpoint)."""
     try:
         outcome = run(argv)
     except BadInputError as e:  # bad recipe, bad rows, missing data, a refused parallelism: one message
@@ -120,7 +109,10 @@ def train(recipe: Recipe, command: str | None = None) -> dict:
         write_status(out, "failed", EXIT_FAILED, message=f"{type(e).__name__}: {e}")
         raise
     status, summary["exit_code"] = outcome_code(summary)
-    write_status(out, status, summary["exit_code"], step=summary.get("global_step"), message=summary.get("stopped"))
+    regressed = {"regressions": sum(len(r["categories"]) for r in summary["regressions"])} \
+        if "regressions" in summary else {}
+    write_status(out, status, summary["exit_code"], step=summary.get("global_step"), message=summary.get("stopped"),
+                 **regressed)
     return summary
 
 
@@ -252,6 +244,9 @@ def run_training(parts: TrainerParts, resume_from: str | None) -> tuple[dict, Tr
         summary["nonfinite_skipped_steps"] = list(guard.skipped_steps)
         logger.warning("nonfinite: skip: %d batches with a non-finite loss or gradient were skipped (steps %s)",
                        len(guard.skipped_steps), guard.skipped_steps)
+    judge_eval = getattr(trainer, "judge_eval", None)
+    if judge_eval is not None and judge_eval.baseline is not None:  # the evals against step 0: what got worse
+        summary["regressions"] = list(judge_eval.regressions)
     if guard.scaler_skipped_steps:
         summary["scaler_skipped_steps"] = list(guard.scaler_skipped_steps)
         logger.info("fp16 loss scaler: %d overflow steps skipped (steps %s)", len(guard.scaler_skipped_steps),

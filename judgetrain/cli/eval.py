@@ -19,6 +19,11 @@ Writes, per evaluated model, ``<output-dir>/<name>/results.json`` (flat logged k
 and ``<suite>.jsonl`` (per-row scores; ``<suite>.<mode>.jsonl`` for each other mode, ``<suite>.generate.jsonl``
 with the texts written), the files the training callback writes per eval step
 (`judgetrain.eval.runner.evaluate_and_write`); prints the RM-Bench table (domains x hard/normal/easy/avg).
+
+``--baseline MODEL`` (a hub id, model or adapter directory, as ``--model``) scores that judge first, on the same rows
+and in the same modes, into ``<output-dir>/baseline/``; every model evaluated after it gets, beside each figure,
+``eval/<suite>[/<mode>]/delta/<metric>`` (trained - baseline) with its ``delta_ci_low``, ``delta_ci_high`` and
+``p_value``, and the categories that got worse are named in a warning and in results.json's ``regressions``.
 """
 
 # Late imports: transformers, judgetrain.config, judgetrain.models, torch, peft, rich, judgetrain.utils, accelerate,
@@ -48,16 +53,18 @@ def build_parser():
     """The recipe's evaluation options (`EvalArguments`), then the options of this command alone."""
     from transformers import HfArgumentParser
 
-    from judgetrain.config.recipe import EvalArguments
+    from judgetrain.config.recipe import EvalArguments, mapping_options
 
-    p = HfArgumentParser(EvalArguments, prog="judgetrain eval", description=__doc__.split("\n\n")[0],
-                         allow_abbrev=False)
+    p = mapping_options(HfArgumentParser(EvalArguments, prog="judgetrain eval", description=__doc__.split("\n\n")[0],
+                                         allow_abbrev=False))
     p.add_argument("--model", required=True, help="hub id, model/adapter dir, run dir with checkpoint-*/, or tiny-judge")
     p.add_argument("--adapter", help="peft adapter directory applied on --model")
     p.add_argument("--model_revision", help="branch, tag or commit of the weights and tokenizer that load from the hub "
                    "(--model, or the base an adapter names; default: the revision the adapter recorded, else main)")
     p.add_argument("--adapter_revision", help="branch, tag or commit of a hub adapter (--adapter)")
     p.add_argument("--ref-model", help="reference model for implicit scoring of a full (non-adapter) model")
+    p.add_argument("--baseline", help="a judge to compare with (hub id, model or adapter dir): scored first on the same "
+                   "rows; each model's figures then carry their paired difference against it")
     p.add_argument("--ideation-mode", choices=("implicit", "pairwise"), default="implicit")
     p.add_argument("--seed", type=int, default=0, help="seed of the row cap sample")
     p.add_argument("--max-length", type=int, help="longest scored sequence (default: the model's context)")
@@ -214,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     from accelerate import PartialState
 
-    from judgetrain.eval.runner import evaluate_and_write
+    from judgetrain.eval.runner import current_items, evaluate_and_write
     from judgetrain.eval.scoring import ScoringEngine
-    from judgetrain.eval.suites import suite_specs
+    from judgetrain.eval.suites import applies, check_verdict_tokens, suite_specs
     from judgetrain.utils.numbers import nan_to_none
 
     state = PartialState(cpu=_cpu_only())
@@ -226,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     warning = remote_code_warning(["--trust-remote-code"] if args.trust_remote_code else [], args.model)
     if warning and state.is_main_process:
         logger.warning(warning)
-    specs = suite_specs(eval_args, seed=args.seed, ideation_mode=args.ideation_mode)
     try:
+        specs = suite_specs(eval_args, seed=args.seed, ideation_mode=args.ideation_mode)
         from judgetrain.eval.suites import load_suite_rows
 
         for spec in specs:  # load once: every checkpoint is scored on the same rows
@@ -236,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:  # DataValidationError is a ValueError
         print(f"judgetrain eval: cannot load eval data: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    verdict = "verdict" in eval_args.eval_scoring and any(applies(s.name, "verdict") for s in specs)
 
     ref_model = None
     if args.ref_model:
@@ -251,13 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     targets = find_targets(root)
     ref_cache: dict[str, float] = {}  # shared by the targets: keys name the reference weights and the tokens
     summary = {}
-    for target in targets:
-        name = _name(target, root, len(targets))
+    baseline = None
+    # (name, target, adapter, baseline?): the baseline first, its per-item figures kept for the others
+    runs = ([("baseline", args.baseline, None, True)] if args.baseline else []) + [
+        (_name(target, root, len(targets)), target, args.adapter, False) for target in targets]
+    for name, target, adapter, is_baseline in runs:
         try:
-            model, tokenizer, base = load_target(target, args.adapter, args)
+            model, tokenizer, base = load_target(target, adapter, args)
+            if verdict:
+                check_verdict_tokens(tokenizer)
+        except RecipeError as err:
+            print(f"judgetrain eval: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         except (OSError, ValueError, KeyError) as err:  # missing dir, no weights, bad adapter_config: say which
             print(f"judgetrain eval: cannot load model {target}"
-                  + (f" with adapter {args.adapter}" if args.adapter else "") + f": {type(err).__name__}: {err}",
+                  + (f" with adapter {adapter}" if adapter else "") + f": {type(err).__name__}: {err}",
                   file=sys.stderr)
             return EXIT_BAD_INPUT
         model.to(state.device)
@@ -275,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
                                   **gen_kwargs)
         results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state,
                                           modes=eval_args.eval_scoring, generator=generator, model=target,
-                                          adapter=args.adapter)
+                                          adapter=adapter, baseline=baseline)
+        if is_baseline:
+            baseline = current_items(results, eval_args.eval_scoring)
+        elif doc.get("regressions") and state.is_main_process:
+            logger.warning("%s: %d categories worse than the baseline %s (the interval of the difference excludes 0): "
+                           "%s", name, len(doc["regressions"]), args.baseline, ", ".join(doc["regressions"]))
         summary[name] = doc["metrics"]
         if state.is_main_process:
             print_table(name, results)

@@ -36,9 +36,14 @@ if TYPE_CHECKING:  # the types of `Recipe`'s fields; trl is imported when a reci
 
 logger = logging.getLogger(__name__)
 
-SUITES = ("rmbench", "judgebias", "ideation")
+SUITES = ("rmbench", "judgebias", "ideation", "evalbiasbench", "judgebench", "pairwise")
+DEFAULT_SUITES = ("rmbench", "judgebias", "ideation")  # eval_suites' default
+PAIRWISE_SUITES = ("evalbiasbench", "judgebench", "pairwise")  # a prompt, two responses, the better one's label
 PROXY_MODES = ("implicit", "judge")  # one forward per response: the implicit reward, the forced-prefix expected score
-SCORING_MODES = (*PROXY_MODES, "generate")  # generate: the judge writes its evaluation, the score is parsed from it
+# verdict: the pairwise suites' responses shown together, in both orders, the verdict letter's log-probability read in
+# one forward per order; generate: the judge writes its evaluation (or verdict), the score is parsed from it
+SCORING_MODES = (*PROXY_MODES, "verdict", "generate")
+REGRESSION_ACTIONS = ("warn", "stop")
 
 
 def recorded_mode(modes: list[str]) -> str:
@@ -58,7 +63,8 @@ class ScoringModes(tuple):
 
 # Keys judgetrain had before it used TrainingArguments' own: refused, with the new name as the hint.
 RENAMED_KEYS = {"eval_every_n_steps": "eval_steps", "eval_suites_on_start": "eval_on_start"}
-SUITE_EXAMPLE_METRIC = {"rmbench": "total_avg_acc", "judgebias": "error/accuracy", "ideation": "accuracy"}
+SUITE_EXAMPLE_METRIC = {"rmbench": "total_avg_acc", "judgebias": "error/accuracy", "ideation": "accuracy",
+                        "evalbiasbench": "pair_acc", "judgebench": "accuracy", "pairwise": "accuracy"}
 
 # What judgetrain.eval.merged may hold for merged LoRA weights for a whole scoring call; layers beyond it merge in
 # their own forward (one layer's weight at a time).
@@ -169,24 +175,50 @@ class EvalArguments:
     eval_on_start."""
 
     eval_suites: list[str] = field(
-        default_factory=lambda: list(SUITES),
-        metadata={"help": "Suites scored: any of rmbench, judgebias, ideation (space- or comma-separated); [] or "
-                  "none: no evaluation."},
+        default_factory=lambda: list(DEFAULT_SUITES),
+        metadata={"help": "Suites scored: any of rmbench, judgebias, ideation, evalbiasbench, judgebench, pairwise "
+                  "(space- or comma-separated); [] or none: no evaluation."},
     )
     eval_rmbench_source: str = field(default="bundled", metadata={"help": "RM-Bench source (hub id, file or folder)."})
     eval_judgebias_source: str = field(default="bundled", metadata={"help": "JudgeBias source (hub id, file, folder)."})
     eval_judgebias_split: str | None = field(default=None, metadata={"help": "JudgeBias split scored (validation)."})
     eval_ideation_source: str = field(default="bundled", metadata={"help": "Ideation source (hub id, file or folder)."})
     eval_ideation_split: str | None = field(default=None, metadata={"help": "Ideation split scored (test)."})
+    eval_evalbiasbench_source: str | None = field(
+        default=None, metadata={"help": "EvalBiasBench source (OffsetBias's biasbench.json, its folder, or a hub id); "
+                                "needed when eval_suites names evalbiasbench."})
+    eval_judgebench_source: str = field(
+        default="ScalerLab/JudgeBench", metadata={"help": "JudgeBench source (hub id, its JSON-lines file or folder)."})
+    eval_judgebench_split: str | None = field(
+        default=None, metadata={"help": "JudgeBench responses scored: gpt (GPT-4o's 350 pairs), claude (Claude-3.5-"
+                                "Sonnet's 270) or null for both."})
+    eval_pairwise_source: str | None = field(
+        default=None, metadata={"help": "Your own held-out pairs (JSONL / JSON / parquet file or folder, or hub id): "
+                                "prompt, response_a, response_b, label (A>B / B>A), optional category."})
+    eval_pairwise_split: str | None = field(default=None, metadata={"help": "Split of eval_pairwise_source (test)."})
+    eval_pairwise_columns: dict | None = field(
+        default=None, metadata={"help": "Column names of eval_pairwise_source where they differ from ours, as a "
+                                "mapping field: column, e.g. {prompt: question, label: winner}."})
+    eval_pairwise_prompt: str | None = field(
+        default=None, metadata={"help": "verdict and generate modes of the pairwise suites: the user message shown to "
+                                "the judge, holding {question}, {response_a} and {response_b} once each (default: "
+                                "judgetrain.data.pairwise.PAIRWISE_USER, with its system prompt asking for [[A>B]], "
+                                "[[B>A]] or [[A=B]])."})
+    eval_regression_action: Literal["warn", "stop"] = field(
+        default="warn", metadata={"help": "After an eval with a baseline (the eval before the first step), a category "
+                                  "whose figure got worse with an interval excluding 0: warn (one WARNING line, "
+                                  "counted in the run summary and status), or stop the run there with its "
+                                  "checkpoint saved."})
     eval_max_rows: int | None = field(
         default=None, metadata={"help": "Row cap per eval suite, sampled evenly across domains / perturbation types."}
     )
     eval_scoring: list[str] = field(
         default_factory=lambda: ["implicit"],
         metadata={"help": "Scoring modes, one or several (space- or comma-separated): implicit (DPO implicit reward), "
-                  "judge (expected score after a forced score prefix), generate (the judge writes its evaluation and "
-                  "the score or verdict is parsed from it). The first of implicit / judge gives the bare eval/<suite>/ "
-                  "keys, the other eval/<suite>/<mode>/, generate eval/<suite>/generate/.",
+                  "judge (expected score after a forced score prefix), verdict (pairwise suites: both responses in "
+                  "one prompt, in both orders, the verdict's log-probability read in one forward), generate (the judge "
+                  "writes its evaluation and the score or verdict is parsed from it). The first of implicit / judge "
+                  "gives the bare eval/<suite>/ keys, the other eval/<suite>/<mode>/, generate eval/<suite>/generate/.",
                   "choices": ScoringModes(SCORING_MODES)},
     )
     eval_batch_tokens: int = field(default=8192, metadata={"help": "Padded-token budget of one scoring batch."})
@@ -242,6 +274,11 @@ class EvalArguments:
         for suite in self.eval_suites:
             if suite not in SUITES:
                 raise RecipeError(f"eval_suites: unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+            source = getattr(self, f"eval_{suite}_source", "")
+            if suite in PAIRWISE_SUITES and not source:
+                raise RecipeError(f"eval_suites names {suite}: set eval_{suite}_source (a file, folder or hub id)")
+        if self.eval_pairwise_columns is not None and not isinstance(self.eval_pairwise_columns, dict):
+            raise RecipeError(f"eval_pairwise_columns: a mapping field: column, got {self.eval_pairwise_columns!r}")
         self.eval_scoring = scoring_modes(self.eval_scoring)
         if self.eval_generate_samples:
             if os.environ.get("RANK", "0") == "0":  # parsed on every process of a launch: said once
@@ -466,15 +503,23 @@ def recipe_parser():
     would print usage and exit)."""
     from judgetrain.config.parser import RecipeParser  # imports trl: see the note at the top of this module
 
-    parser = RecipeParser(dataclass_types(), allow_abbrev=False)
-    for action in parser._actions:  # list[dict] keys (train_datasets): each value a YAML / JSON mapping
-        if action.type is dict:
+    return mapping_options(RecipeParser(dataclass_types(), allow_abbrev=False))
+
+
+def mapping_options(parser):
+    """The parser with its mapping options (train_datasets' entries, eval_pairwise_columns) read as YAML / JSON
+    mappings on the command line (``--eval_pairwise_columns '{prompt: question}'``); argparse would call dict()."""
+    for action in parser._actions:  # a `dict | None` field's converter is dict wrapped by TRL (its name kept)
+        if action.type is dict or getattr(action.type, "__name__", None) == "dict":
             action.type = _mapping_option
     return parser
 
 
-def _mapping_option(text: str) -> dict:
-    """One ``--train_datasets`` value: a YAML (or JSON) mapping such as ``{dataset: judgebias, source: pairs_out}``."""
+def _mapping_option(text: str) -> dict | None:
+    """One ``--train_datasets`` value: a YAML (or JSON) mapping such as ``{dataset: judgebias, source: pairs_out}``
+    (``none`` / ``null``: None, for an optional mapping)."""
+    if text.strip().lower() in ("none", "null"):
+        return None
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -651,7 +696,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
 
 def default_eval_strategy(options: dict[str, Any]) -> str:
     """eval_strategy when the recipe leaves it unset: steps with eval_steps, else epoch, when suites are set."""
-    if not suite_names(options.get("eval_suites", list(SUITES))):
+    if not suite_names(options.get("eval_suites", list(DEFAULT_SUITES))):
         return "no"
     return "steps" if options.get("eval_steps") else "epoch"
 

@@ -37,12 +37,14 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 from judgetrain.compat.transformers import log_without_overrides, save_checkpoint_now
-from judgetrain.config.recipe import Recipe, recorded_mode, scoring_modes
+from judgetrain.config.recipe import REGRESSION_ACTIONS, Recipe, recorded_mode, scoring_modes
 from judgetrain.eval import reference
+from judgetrain.eval.evidence import NO_BASELINE_MODES, read_baseline
 from judgetrain.eval.generate import Generator
-from judgetrain.eval.metrics import rmbench_matrices, to_trainer_log_keys
+from judgetrain.eval.metrics import Items, rmbench_matrices, to_trainer_log_keys
 from judgetrain.eval.plots import log_matrix_images
-from judgetrain.eval.runner import evaluate_and_write
+from judgetrain.eval.runner import current_items, evaluate_and_write
+from judgetrain.run.checkpoints import checkpoint_dir, finish_markers
 from judgetrain.eval.scoring import EvalStopped, ScoringEngine
 from judgetrain.eval.suites import SuiteSpec
 from judgetrain.trainer.callbacks import GracefulStop, RunStopped
@@ -71,6 +73,10 @@ class JudgeEvalCallback(TrainerCallback):
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
         trainer: the trainer (or call `attach` once it is built); add the callback with ``trainer.add_callback``.
         log_matrix_images: also log the RM-Bench 3x3 heatmaps as images to the active W&B / TensorBoard callbacks.
+        regression_action: after an eval with a baseline (the eval at step 0, for every mode but implicit: see
+            `judgetrain.eval.evidence`), the categories whose figure got worse with an interval excluding 0 are named
+            in one WARNING line and kept in ``regressions``; ``"stop"`` also saves a checkpoint of this step and ends
+            the run (`RunStopped` with reason "regression").
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class JudgeEvalCallback(TrainerCallback):
         ref_model: Any = None,
         trainer: Any = None,
         log_matrix_images: bool = False,
+        regression_action: str = "warn",
     ) -> None:
         self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
         self.tokenizer = tokenizer
@@ -116,6 +123,11 @@ class JudgeEvalCallback(TrainerCallback):
         self.generator: Any = None  # generate mode: one Generator, reused every eval
         self.last_step: int | None = None
         self.history: list[dict[str, float]] = []  # flat metrics of every eval, in order (handy in tests)
+        if regression_action not in REGRESSION_ACTIONS:
+            raise ValueError(f"regression_action: one of {REGRESSION_ACTIONS}, got {regression_action!r}")
+        self.regression_action = regression_action
+        self.baseline: dict[tuple[str, str], Items] | None = None  # per-item figures of the eval at step 0
+        self.regressions: list[dict[str, Any]] = []  # {step, categories} of each eval that found some
         if trainer is not None:
             self.attach(trainer)
 
@@ -137,6 +149,7 @@ class JudgeEvalCallback(TrainerCallback):
             output_dir=training_args.output_dir,
             log_matrix_images=script_args.log_matrix_images,
             trainer=trainer,
+            regression_action=script_args.eval_regression_action,
         )
 
     @staticmethod
@@ -183,6 +196,7 @@ class JudgeEvalCallback(TrainerCallback):
         self._policy_reference(state)
         if state.global_step > 0:  # resumed: the checkpoint's step was evaluated (or not) by the run that saved it
             self.last_step = state.global_step
+            self.baseline = read_baseline(Path(self.output_dir) / "eval" / "0", self._baseline_modes()) or None
         elif self.on_start:
             self.run(state)
         return control
@@ -277,6 +291,30 @@ class JudgeEvalCallback(TrainerCallback):
         save_checkpoint_now(trainer)  # GracefulStop.on_save raises RunStopped once the checkpoint is complete
         raise RunStopped("signal", step, f"stopped during {what} at step {step}")
 
+    def _baseline_modes(self) -> list[str]:
+        """The modes whose step-0 figures are a baseline (implicit's are 0 for every response: none)."""
+        return [m for m in self.modes if m not in NO_BASELINE_MODES]
+
+    def _regressed(self, state, worse: list[str]) -> None:
+        """Categories got worse than at step 0: one WARNING line naming them, kept in ``regressions``; with
+        ``regression_action="stop"`` a checkpoint of this step is saved and the run ends (every process: the
+        figures are the same on each)."""
+        step = int(state.global_step)
+        self.regressions.append({"step": step, "categories": list(worse)})
+        if self.trainer.is_world_process_zero():
+            logger.warning("eval at step %d: %d categor%s worse than the baseline (the eval before the first step; the "
+                           "interval of the difference excludes 0): %s%s", step, len(worse),
+                           "y" if len(worse) == 1 else "ies", ", ".join(worse),
+                           "; stopping (eval_regression_action: stop)" if self.regression_action == "stop" else "")
+        if self.regression_action != "stop":
+            return
+        trainer = self.trainer
+        save_checkpoint_now(trainer)
+        finish_markers()  # the checkpoint's marker written before the run ends
+        ckpt = checkpoint_dir(trainer.args.output_dir, step)
+        raise RunStopped("regression", step, f"Stopped at step {step}: {len(worse)} categories got worse than the "
+                         f"baseline ({', '.join(worse)}); checkpoint saved to {ckpt}", checkpoint=str(ckpt))
+
     def _model(self):
         trainer = self.trainer
         return trainer.accelerator.unwrap_model(trainer.model)
@@ -339,7 +377,8 @@ class JudgeEvalCallback(TrainerCallback):
         out = Path(self.output_dir) / "eval" / str(step)
         try:
             results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,
-                                                  generator=self.generator, step=step, epoch=state.epoch)
+                                                  generator=self.generator, step=step, epoch=state.epoch,
+                                                  baseline=self.baseline if step > 0 else None)
         except EvalStopped as stop:
             self._abandon(state, stop, "the eval")
         finally:
@@ -347,7 +386,12 @@ class JudgeEvalCallback(TrainerCallback):
                 self.generator.release()
         flat = summary["metrics"]
         self.history.append(flat)
+        if step == 0:  # the judge before its first step: the baseline of every later eval
+            modes = self._baseline_modes()
+            self.baseline = {k: v for k, v in current_items(results, self.modes).items() if k[1] in modes} or None
         self._log(to_trainer_log_keys(flat))
+        if summary.get("regressions"):
+            self._regressed(state, summary["regressions"])
         if self.log_matrix_images and "rmbench" in results and results["rmbench"].records \
                 and self.trainer.is_world_process_zero():
 

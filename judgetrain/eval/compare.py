@@ -94,17 +94,25 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
         if not paired:
             doc["skipped"].append(f"{suite} ({mode}): no item in both evaluations")
             continue
-        figures = {m: _as_ab(v) for m, v in paired.items()}
-        doc["suites"].setdefault(suite, {})[mode] = figures
-        prefix = f"eval/{suite}/" if mode == bare else f"eval/{suite}/{mode}/"
-        for metric, v in figures.items():
-            doc["metrics"][f"{prefix}delta/{metric}"] = v["delta"]
-            for part in ("delta_ci_low", "delta_ci_high", "p_value"):
-                doc["metrics"][f"{prefix}delta/{metric}/{part}"] = v[part]
+        doc["suites"].setdefault(suite, {})[mode] = {m: _as_ab(v) for m, v in paired.items()}
+        doc["metrics"].update(delta_keys(suite, mode, bare, paired))
     if not doc["suites"]:
         raise EvaluationError(f"nothing to compare between {folder_a} and {folder_b}: "
                               + ("; ".join(doc["skipped"]) or "no per-row files"))
     return doc
+
+
+def delta_keys(suite: str, mode: str, bare: str | None, paired: dict[str, dict[str, Any]],
+               prefix: str = "eval/") -> dict[str, float]:
+    """The logged keys of one suite's paired figures (`paired_difference`): ``<prefix><suite>[/<mode>]/delta/<metric>``
+    and its ``.../delta_ci_low``, ``.../delta_ci_high``, ``.../p_value`` (the mode named unless it is ``bare``)."""
+    base = f"{prefix}{suite}/" if mode == bare else f"{prefix}{suite}/{mode}/"
+    out: dict[str, float] = {}
+    for metric, v in paired.items():
+        out[f"{base}delta/{metric}"] = v["delta"]
+        for part in ("delta_ci_low", "delta_ci_high", "p_value"):
+            out[f"{base}delta/{metric}/{part}"] = v[part]
+    return out
 
 
 def _as_ab(v: dict[str, Any]) -> dict[str, Any]:
@@ -186,6 +194,8 @@ def suite_items(suite: str, mode: str, records: list[dict]) -> tuple[Items | Non
     """(the per-item figures of one suite's records in one mode, None) or (None, why they cannot be compared)."""
     if not records:
         return None, "no records"
+    if suite in ("judgebench", "pairwise", "evalbiasbench"):  # a row the engine skipped (too long) is not an item
+        records = [r for r in records if not r.get("skipped")]
     if suite == "rmbench":
         return rmbench_items(_rmbench_rows(records, mode)), None
     if suite == "judgebias":

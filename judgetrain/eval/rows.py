@@ -21,10 +21,11 @@ from typing import Any
 
 from accelerate import PartialState
 
-from judgetrain.config.recipe import PROXY_MODES, Recipe, scoring_modes
+from judgetrain.config.recipe import PROXY_MODES, Recipe, recorded_mode, scoring_modes
 from judgetrain.data.prepare import reload_memory_mapped, tokenizer_key
 from judgetrain.eval.scoring import ScoringEngine
-from judgetrain.eval.suites import SuiteSpec, build_request, load_suite_dataset, load_suite_rows, suite_specs
+from judgetrain.eval.suites import (SuiteSpec, applies, build_requests, check_verdict_tokens, load_suite_dataset,
+                                   load_suite_rows, suite_specs)
 from judgetrain.utils.files import read_json, write_json
 from judgetrain.utils.fingerprints import code_digest
 
@@ -32,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 AUDIT_FILE = "eval_audit.json"
 AUDIT_BATCH = 256  # rows the length audit tokenises together
-_GROUP_FIELDS = ("domain", "id", "perturbation_type", "pair_id")  # what the row cap reads (suites._group_key)
+_GROUP_FIELDS = ("domain", "id", "perturbation_type", "pair_id", "category", "source")  # what the row cap reads
+# (suites._group_key)
 
 
 def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: str | None = None):
@@ -66,6 +68,8 @@ def recipe_eval_suites(recipe: Recipe, tokenizer) -> list[SuiteSpec]:
     not evaluate. Give them to the run's `JudgeEvalCallback`."""
     script_args, training_args = recipe.script_args, recipe.training_args
     specs = recipe_specs(recipe)
+    if "verdict" in script_args.eval_scoring and any(applies(s.name, "verdict") for s in specs):
+        check_verdict_tokens(tokenizer)  # before any row is read or weight loaded
     if specs:
         prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,
                           max_length=training_args.max_length, scoring=script_args.eval_scoring,
@@ -149,16 +153,20 @@ def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_in
     over every mode of ``scoring`` (a mode or a list, as eval_scoring; generate writes after the judge prompts)."""
 
     modes = scoring_modes(scoring)
-    kinds = [m for m in modes if m in PROXY_MODES] + (["judge"] if "generate" in modes and "judge" not in modes else [])
+    kinds = [m for m in modes if m in PROXY_MODES and applies(spec.name, m)] + (
+        ["judge"] if "generate" in modes and "judge" not in modes else []) + (
+        ["verdict"] if "verdict" in modes and applies(spec.name, "verdict") else [])
     counts = {"rows": 0, "too_long": 0, "longest": 0}
-    engine = ScoringEngine(None, tokenizer, scoring=kinds[0], max_length=1 << 30)
+    engine = ScoringEngine(None, tokenizer, scoring=recorded_mode(kinds), max_length=1 << 30)
     for start in range(0, len(spec.rows), AUDIT_BATCH):  # a batch of rows at a time: each prompt tokenised once
         batch = list(spec.rows.select(range(start, min(start + AUDIT_BATCH, len(spec.rows))))) \
             if hasattr(spec.rows, "select") else spec.rows[start:start + AUDIT_BATCH]
         longest = [0] * len(batch)
         for kind in kinds:
-            for s in engine._build_sequences([build_request(spec.name, row, kind) for row in batch])[0]:
-                longest[s.row] = max(longest[s.row], len(s.ids))
+            requests = [build_requests(spec, row, kind) for row in batch]
+            owner = [i for i, built in enumerate(requests) for _ in built]  # the row of each request
+            for s in engine._build_sequences([r for built in requests for r in built])[0]:
+                longest[owner[s.row]] = max(longest[owner[s.row]], len(s.ids))
         counts["rows"] += len(batch)
         counts["longest"] = max([counts["longest"], *longest])
         counts["too_long"] += sum(n > max_length for n in longest)

@@ -18,14 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.config.recipe import PROXY_MODES, recorded_mode
+from judgetrain.eval.evidence import headline_table, paired_deltas, suite_evidence
 from judgetrain.eval.generate import generate_sharded
-from judgetrain.eval.metrics import flatten_eval_metrics, flatten_mode_metrics
-from judgetrain.eval.scoring import ScoringEngine, score_sharded
+from judgetrain.eval.metrics import Items, flatten_eval_metrics, flatten_mode_metrics, interval_keys
+from judgetrain.eval.scoring import RowScore, ScoringEngine, score_sharded
 from judgetrain.eval.suites import (
     SuiteSpec,
+    applies,
     build_generate_record,
     build_record,
-    build_request,
+    build_requests,
     generate_metrics,
     generate_prompts,
     load_suite_rows,
@@ -50,13 +52,24 @@ class SuiteResult:
     records: list[dict]
     stats: dict[str, float] = field(default_factory=dict)
     modes: dict[str, SuiteResult] = field(default_factory=dict)
+    items: Items | None = None  # the per-item figures (what intervals and paired deltas resample)
+    intervals: dict[str, dict[str, float]] = field(default_factory=dict)  # {metric: {value, ci_low, ci_high, n}}
 
     def flat(self, prefix: str = "eval/") -> dict[str, float]:
         """Logged keys of this suite (docs/evaluation.md, "Where metrics go"), e.g. ``eval/rmbench/hard_acc``, and
-        those of its other modes, ``eval/rmbench/generate/hard_acc``."""
+        those of its other modes, ``eval/rmbench/generate/hard_acc``; each figure with an interval also as
+        ``.../ci_low``, ``.../ci_high``."""
         out = flatten_eval_metrics(self.name, self.metrics, prefix=prefix) if self.metrics else {}
+        out.update(interval_keys(self.intervals, f"{prefix}{self.name}/"))
         for mode, sub in self.modes.items():
             out.update(flatten_mode_metrics(self.name, mode, sub.metrics, prefix=prefix))
+            out.update(interval_keys(sub.intervals, f"{prefix}{self.name}/{mode}/"))
+        return out
+
+    def items_by_mode(self, bare: str) -> dict[str, Items]:
+        """{mode: per-item figures} of this suite, the bare mode's under ``bare``."""
+        out = {bare: self.items} if self.items is not None else {}
+        out.update({mode: sub.items for mode, sub in self.modes.items() if sub.items is not None})
         return out
 
 
@@ -67,26 +80,46 @@ def _rows(spec: SuiteSpec) -> list[dict]:
     return list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
 
 
-def _requests(spec: SuiteSpec, rows: list[dict], mode: str, indices: list[int] | None = None) -> list:
-    """The engine's requests for ``rows`` in ``mode``, each named by its suite row (``indices``, default 0..n-1) so
-    the engine keeps its token ids across evals."""
-    requests = [build_request(spec.name, row, mode) for row in rows]
-    for i, req in zip(range(len(rows)) if indices is None else indices, requests):
-        req.cache_key = f"{spec.key}:{i}"
-    return requests
+def _requests(spec: SuiteSpec, rows: list[dict], mode: str, indices: list[int] | None = None) -> tuple[list, int]:
+    """(the engine's requests for ``rows`` in ``mode``, requests per row: 2 in verdict mode, one per order, else 1),
+    each named by its suite row (``indices``, default 0..n-1) so the engine keeps its token ids across evals."""
+    requests, per_row = [], 1
+    for i, row in zip(range(len(rows)) if indices is None else indices, rows):
+        built = build_requests(spec, row, mode)
+        per_row = len(built)
+        for k, req in enumerate(built):
+            req.cache_key = f"{spec.key}:{i}" + (f":{k}" if len(built) > 1 else "")
+            requests.append(req)
+    return requests, per_row
+
+
+def _per_row(scores: list[RowScore], per_row: int) -> list[RowScore]:
+    """One RowScore per row from ``per_row`` consecutive ones (verdict mode's two orders): the scores in order, None
+    when any was skipped."""
+    if per_row == 1:
+        return scores
+    out = []
+    for start in range(0, len(scores), per_row):
+        part = scores[start:start + per_row]
+        skipped = any(s.skipped for s in part)
+        out.append(RowScore(None if skipped else [x for s in part for x in s.scores], truncated=any(s.truncated for s in part),
+                            skipped=skipped, no_reference=any(s.no_reference for s in part)))
+    return out
 
 
 def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, state: Any,
            bare: bool = True) -> SuiteResult:
     name = spec.name
-    requests = _requests(spec, rows, mode)
+    requests, per_row = _requests(spec, rows, mode)
     before = engine.stats.as_dict()
     t0 = time.perf_counter()
     scores, rows_per_rank = score_sharded(engine, requests, state)
+    scores = _per_row(scores, per_row)
     seconds = time.perf_counter() - t0
     records = [build_record(name, i, row, s, mode) for i, (row, s) in enumerate(zip(rows, scores))]
     metrics = suite_metrics(name, records, mode)
     metrics["runtime"] = seconds
+    items, intervals = suite_evidence(name, mode, records)
     after = engine.stats.as_dict()
     stats = {k: after[k] - before[k] for k in after}  # this process's share of the work
     stats["seconds"] = seconds
@@ -94,7 +127,7 @@ def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, 
         stats["rows_per_rank"] = rows_per_rank
     logger.info("eval %s%s: %d rows (%d skipped, %d truncated) in %.1fs", name, "" if bare else f" ({mode})",
                 len(rows), metrics["n_skipped"], metrics["n_truncated"], seconds)
-    return SuiteResult(name, metrics, records, stats)
+    return SuiteResult(name, metrics, records, stats, items=items, intervals=intervals)
 
 
 def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list[dict], state: Any) -> SuiteResult:
@@ -103,12 +136,12 @@ def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list
 
     keep = select_rows(spec.name, rows, spec.generate_max_rows, spec.seed)
     picked = [rows[i] for i in keep]
-    prompts = [generate_prompts(spec.name, row) for row in picked]
+    prompts = [generate_prompts(spec.name, row, spec.prompt) for row in picked]
     before = generator.stats.as_dict()
     t0 = time.perf_counter()
     flat = generate_sharded(generator, [p for row in prompts for p in row], state)
     gen_seconds = time.perf_counter() - t0
-    expected, _ = score_sharded(engine, _requests(spec, picked, "judge", keep), state)
+    expected, _ = score_sharded(engine, _requests(spec, picked, "judge", keep)[0], state)
     seconds = time.perf_counter() - t0
     records, start = [], 0
     for i, row, row_prompts, judged in zip(keep, picked, prompts, expected):
@@ -126,7 +159,8 @@ def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list
     stats.update(seconds=seconds, generate_seconds=gen_seconds)
     logger.info("eval %s (generate): %d rows, %d texts, parse rate %.2f, %d tokens in %.1fs", spec.name, len(records),
                 metrics["n_generated"], metrics["parse_rate"], metrics["tokens_generated"], seconds)
-    return SuiteResult(spec.name, metrics, records, stats)
+    items, intervals = suite_evidence(spec.name, "generate", records)
+    return SuiteResult(spec.name, metrics, records, stats, items=items, intervals=intervals)
 
 
 def evaluate(
@@ -154,6 +188,8 @@ def evaluate(
         res = _score(engine, spec, rows, proxies[0], state) if proxies else SuiteResult(spec.name, {}, [])
         for mode in proxies[1:]:
             res.modes[mode] = _score(engine, spec, rows, mode, state, bare=False)
+        if "verdict" in modes and applies(spec.name, "verdict"):
+            res.modes["verdict"] = _score(engine, spec, rows, "verdict", state, bare=False)
         if "generate" in modes:
             res.modes["generate"] = _generate(engine, generator, spec, rows, state)
         results[spec.name] = res
@@ -228,6 +264,8 @@ def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_
         "scoring_modes": modes,
         "metrics": flat_metrics(results),
         "results": {name: r.metrics for name, r in results.items()},
+        "intervals": {name: {m: sub.intervals for m, sub in [(recorded_mode(modes), r), *r.modes.items()]
+                             if sub.intervals} for name, r in results.items()},
         "stats": {name: r.stats for name, r in results.items()},
         "mode_results": {name: {m: sub.metrics for m, sub in r.modes.items()} for name, r in results.items() if r.modes},
         "mode_stats": {name: {m: sub.stats for m, sub in r.modes.items()} for name, r in results.items() if r.modes},
@@ -253,14 +291,29 @@ def evaluate_and_write(
     state: Any | None = None,
     modes: list[str] | tuple[str, ...] | None = None,
     generator: Any = None,
+    baseline: dict[tuple[str, str], Items] | None = None,
     **about: Any,
 ) -> tuple[dict[str, SuiteResult], dict[str, Any]]:
     """`evaluate` on every process, then, on the main process, ``<directory>/<suite>[.<mode>].jsonl`` and
-    ``<directory>/results.json``. Returns (results, summary); every process gets both."""
+    ``<directory>/results.json``, and the compact table of the headline figures logged. ``baseline``: {(suite, mode):
+    per-item figures} of the judge compared with (`judgetrain.eval.evidence`): the summary then also holds the paired
+    ``deltas``, their logged keys and ``regressions`` (the categories that got worse). Returns (results, summary);
+    every process gets both."""
     modes = list(modes or [engine.scoring])
     results = evaluate(engine, specs, state=state, modes=modes, generator=generator)
     summary = eval_summary(results, engine, num_processes=getattr(state, "num_processes", 1), modes=modes,
                            generator=generator, **about)
+    if baseline is not None:
+        keys, summary["deltas"], summary["regressions"] = paired_deltas(current_items(results, modes), baseline,
+                                                                        summary["scoring"])
+        summary["metrics"].update(keys)
     if state is None or state.is_main_process:
         write_evaluation(results, summary, directory)
+        logger.info("eval figures%s:\n%s", "" if baseline is None else " against the baseline", headline_table(summary))
     return results, summary
+
+
+def current_items(results: dict[str, SuiteResult], modes: list[str]) -> dict[tuple[str, str], Items]:
+    """{(suite, mode): per-item figures} of an evaluation (the bare mode named as it ran)."""
+    bare = recorded_mode(modes)
+    return {(name, mode): items for name, res in results.items() for mode, items in res.items_by_mode(bare).items()}

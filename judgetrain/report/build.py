@@ -35,7 +35,8 @@ import numpy as np
 from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
-from judgetrain.report.headline import headline, headline_note, headline_table
+from judgetrain.report.headline import (against_base, against_base_lines, headline, headline_note,
+                                        headline_table)
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.utils.errors import MissingFileError
 
@@ -666,6 +667,8 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) -> None:
     out = [f"# judgetrain report: {', '.join(run.name for run in runs)}"]
+    for run in runs:  # base vs trained and what got worse, before any table
+        out += ["", f"## Against the base judge: {run.name}", "", *against_base_lines(against_base(run.records))]
     for run in runs:
         head = _headline_cells(run)
         if head is not None:

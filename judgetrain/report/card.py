@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from judgetrain.report.headline import Headline, headline, headline_note, headline_table
+from judgetrain.report.headline import (Headline, against_base, against_base_lines, headline, headline_note,
+                                        headline_table)
 from judgetrain.utils.files import read_json, write_lines
 from judgetrain.utils.hub import is_hub_id
 
@@ -39,6 +40,9 @@ _SUITE_DATA = {  # eval suite -> (its name, the hub dataset it comes from, what 
                   "judgetrain's bundled synthetic sample in the JudgeBias-DPO-RefFree schema"),
     "ideation": ("Ideation test", "tintin1027/research-ideation-arena-si-rm",
                  "judgetrain's bundled synthetic sample in the Research Ideation Arena schema"),
+    "evalbiasbench": ("EvalBiasBench (OffsetBias)", "NCSOFT/offsetbias", "no bundled copy"),
+    "judgebench": ("JudgeBench", "ScalerLab/JudgeBench", "no bundled copy"),
+    "pairwise": ("held-out pairs", "held-out-pairs", "no bundled copy"),
 }
 _TRAIN_HUB = {"judgebias": "iknow-lab/JudgeBias-DPO-RefFree", "ideation": "tintin1027/research-ideation-arena-si-rm"}
 _CACHE_DIR = re.compile(r"(?:^|/)models--([\w.-]+)--([\w.-]+)(?:/|$)")
@@ -228,6 +232,8 @@ def render_card(run_dir: str | Path) -> str:
     lines += ["## Training data", "", *data_lines, "", "## Recipe", "", *_recipe_lines(recipe, current), "",
               "`recipe.yaml` beside this card is the recipe as run: `accelerate launch --config_file CONFIG -m "
               "judgetrain.train recipe.yaml` trains it again.", "", "## Evaluation", ""]
+    lines += ["### Against the base judge", "", *against_base_lines(against_base(records)), "",
+              "### Headline figures", ""]
     lines += _evaluation_lines(head, which, max(records) if records else None)
     lines += ["", "## Using the judge", "", *_usage(name, base_cli, recipe)]
     return "\n".join(lines).rstrip() + "\n"

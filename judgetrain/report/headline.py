@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
+from judgetrain.eval.compare import changed
+
 HEADLINE = (
     ("eval/rmbench/hard_acc", "RM-Bench hard accuracy"),
     ("eval/rmbench/normal_acc", "RM-Bench normal accuracy"),
@@ -26,6 +29,13 @@ HEADLINE = (
     ("eval/judgebias/error/accuracy", "JudgeBias error accuracy"),
     ("eval/judgebias/represent/accuracy", "JudgeBias represent accuracy"),
     ("eval/ideation/accuracy", "Ideation accuracy"),
+    ("eval/evalbiasbench/pair_acc", "EvalBiasBench pair accuracy (each response scored alone)"),
+    ("eval/evalbiasbench/verdict/single_acc", "EvalBiasBench single accuracy (verdicts, both orders)"),
+    ("eval/evalbiasbench/verdict/pair_acc", "EvalBiasBench pair accuracy (verdicts, both orders)"),
+    ("eval/judgebench/accuracy", "JudgeBench accuracy (each response scored alone)"),
+    ("eval/judgebench/verdict/accuracy", "JudgeBench accuracy (verdicts, both orders)"),
+    ("eval/pairwise/accuracy", "Held-out pairs accuracy (each response scored alone)"),
+    ("eval/pairwise/verdict/accuracy", "Held-out pairs accuracy (verdicts, both orders)"),
     ("eval/rmbench/generate/parse_rate", "RM-Bench parse rate (written evaluations)"),
     ("eval/judgebias/generate/parse_rate", "JudgeBias parse rate (written evaluations)"),
     ("eval/ideation/generate/parse_rate", "Ideation parse rate (written verdicts)"),
@@ -107,3 +117,48 @@ def headline_note(head: Headline) -> str:
     """One line on how the best evaluation was chosen."""
     return (f"Best evaluation: where {head.selected_by} is {'highest' if head.greater_is_better else 'lowest'} "
             f"(step {head.best_step}); last evaluation: step {head.last_step}.")
+
+
+# ------------------------------------------------------------------------------------------ against the base judge
+def against_base(records: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The last evaluation logged against a baseline (the eval before the first step, `judgetrain.eval.evidence`):
+    ``{"step", "rows": [{figure, base, trained, ci_low, ci_high, delta, delta_ci_low, delta_ci_high, p_value}],
+    "worse": [figures worse than the base, the interval of the difference excluding 0]}``; rows hold each suite's
+    headline figures (`judgetrain.eval.compare.HEADLINE`), ``worse`` every figure. None without such an evaluation."""
+    steps = [s for s, r in records.items() if any("/delta/" in k for k in r)]
+    if not steps:
+        return None
+    step = max(steps)
+    rec = records[step]
+    rows, worse = [], []
+    for key in sorted(k for k in rec if "/delta/" in k and not k.endswith(("_ci_low", "_ci_high", "/p_value"))):
+        where, metric = key.split("/delta/", 1)
+        trained, delta = rec.get(f"{where}/{metric}"), rec[key]
+        figures = {"delta_ci_low": rec.get(f"{key}/delta_ci_low"), "delta_ci_high": rec.get(f"{key}/delta_ci_high")}
+        if _num(figures["delta_ci_low"]) and _num(figures["delta_ci_high"]) and changed(figures, metric) == "worse":
+            worse.append(f"{where.removeprefix('eval/')}/{metric}")
+        if metric not in SUITE_HEADLINE.get(where.split("/")[1], ()):
+            continue
+        rows.append({"figure": f"{where.removeprefix('eval/')}/{metric}", "trained": trained,
+                     "base": trained - delta if _num(trained) and _num(delta) else None,
+                     "ci_low": rec.get(f"{where}/{metric}/ci_low"), "ci_high": rec.get(f"{where}/{metric}/ci_high"),
+                     "delta": delta, **figures, "p_value": rec.get(f"{key}/p_value")})
+    return {"step": step, "rows": rows, "worse": worse}
+
+
+def against_base_lines(versus: Mapping[str, Any] | None) -> list[str]:
+    """Markdown: what got worse (or "no category got worse") first, then base vs trained with the interval, the
+    difference, its interval and p-value."""
+    if versus is None:
+        return ["No evaluation against the base judge was logged (`eval_on_start: true` scores the baseline in judge, "
+                "verdict and generate modes; implicit mode has none: its base is 0 for every response)."]
+    worse = versus["worse"]
+    lines = [f"**Worse than the base judge at step {versus['step']}** (the interval of the difference excludes 0): "
+             + ", ".join(f"`{w}`" for w in worse) if worse else
+             f"No category got worse than the base judge at step {versus['step']}.", "",
+             "| figure | base | trained | 95% interval | difference | its interval | p |", "|---|---|---|---|---|---|---|"]
+    for r in versus["rows"]:
+        lines.append(f"| {r['figure']} | {fmt(r['base'])} | {fmt(r['trained'])} | [{fmt(r['ci_low'])}, "
+                     f"{fmt(r['ci_high'])}] | {fmt(r['delta'])} | [{fmt(r['delta_ci_low'])}, {fmt(r['delta_ci_high'])}] "
+                     f"| {fmt(r['p_value'])} |")
+    return lines

@@ -30,6 +30,7 @@ import socket
 import time
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from judgetrain.config.recipe import EvalArguments, RecipeError
 from judgetrain.run.layout import COMPLETE_MARKER, IDENTITY_FILE, LOCK_FILE, METRICS_FILE, STATUS_FILE  # noqa: F401
@@ -46,6 +47,7 @@ EXIT_FAILED = 1        # crashed (a traceback in the log)
 EXIT_BAD_INPUT = 2     # recipe, data, output_dir or resume refused before training
 EXIT_NONFINITE = 3     # stopped on a NaN/inf loss or gradient; the last good checkpoint is kept
 EXIT_DISK_FULL = 4     # a write into output_dir failed for lack of space; the last complete checkpoint is kept
+EXIT_REGRESSED = 5     # eval_regression_action: stop: an eval found categories worse than the baseline; checkpoint saved
 EXIT_PREEMPTED = 143   # stopped by SIGTERM/SIGINT after saving a checkpoint: requeue with --resume auto (128 + 15)
 
 
@@ -282,10 +284,13 @@ def outcome_code(outcome: dict | None) -> tuple[str, int]:
         return "preempted", EXIT_PREEMPTED
     if reason == "nonfinite":
         return "nonfinite", EXIT_NONFINITE
+    if reason == "regression":
+        return "regressed", EXIT_REGRESSED
     return "finished", EXIT_FINISHED
 
 
-def write_status(out: Path, status: str, code: int, *, step: int | None = None, message: str | None = None) -> None:
+def write_status(out: Path, status: str, code: int, *, step: int | None = None, message: str | None = None,
+                 **extra: Any) -> None:
     """Append how this launch ended to ``judgetrain_status.jsonl`` (one line per launch, tagged with the launch id
     `judgetrain train` set). Only the holder of the output_dir lock writes (a run refused by the lock must not touch
     the other run's files)."""
@@ -293,7 +298,7 @@ def write_status(out: Path, status: str, code: int, *, step: int | None = None, 
         return
     append_jsonl(out / STATUS_FILE, {"status": status, "exit_code": code, "step": step, "message": message,
                                      "launch_id": os.environ.get(LAUNCH_ID_ENV), "pid": os.getpid(),
-                                     "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, default=str)
+                                     "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}, default=str)
 
 
 def read_statuses(out: Path) -> list[dict]:

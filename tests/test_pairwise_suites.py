@@ -1,0 +1,280 @@
+"""The pairwise suites (evalbiasbench, judgebench, pairwise) on the real shared rows with the tiny judge in every
+scoring mode, their intervals and paired deltas (`judgetrain.eval.suites`, `judgetrain.eval.runner`,
+`judgetrain.eval.evidence`); a training run made to regress: the guard's warning and `stop`; `judgetrain eval
+--baseline` on its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from judgetrain.config.recipe import RecipeError
+from judgetrain.data.pairwise import both_orders
+from judgetrain.eval.evidence import headline_table
+from judgetrain.eval.generate import Generator
+from judgetrain.eval.runner import current_items, evaluate, evaluate_and_write
+from judgetrain.eval.scoring import Request, ScoringEngine, score_sharded
+from judgetrain.eval.suites import VERDICTS, SuiteSpec, build_requests, check_verdict_tokens, suite_specs
+from judgetrain.metrics import evalbiasbench_results, judgebench_results
+from judgetrain.run.state import EXIT_REGRESSED
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def judge(tiny_judge):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(tiny_judge, dtype=torch.float32), AutoTokenizer.from_pretrained(tiny_judge)
+
+
+def _specs(shared_dir, tmp_path=None):
+    data = shared_dir / "data"
+    specs = [SuiteSpec("evalbiasbench", source=str(data / "evalbiasbench"), max_rows=12, generate_max_rows=3),
+             SuiteSpec("judgebench", source=str(data / "judgebench"), split="claude", max_rows=8, generate_max_rows=2)]
+    if tmp_path is not None:  # a team's own pairs: JudgeBench's claude rows under other column names
+        rows = [json.loads(line) for line in next((data / "judgebench").glob("*claude*")).read_text().splitlines()]
+        own = tmp_path / "own.jsonl"
+        own.write_text("".join(json.dumps({"q": r["question"], "first": r["response_A"], "second": r["response_B"],
+                                           "winner": r["label"], "topic": r["source"].split("-")[0]}) + "\n"
+                               for r in rows[:40]))
+        specs.append(SuiteSpec("pairwise", source=str(own), max_rows=6, generate_max_rows=2,
+                               columns={"prompt": "q", "response_a": "first", "response_b": "second", "label": "winner",
+                                        "category": "topic"}))
+    return specs
+
+
+def test_every_mode_on_the_real_rows_both_orders_reach_the_model_and_every_figure_has_its_interval(judge, shared_dir,
+                                                                                                  tmp_path):
+    """implicit / judge: one score per response, the verdict from the two (higher wins); verdict: the prompt as stored
+    and swapped, log p([[A>B]]) and log p([[B>A]]) of each, the same numbers as the engine gives the swapped prompt
+    scored on its own; generate: the verdict written in both orders, parsed (the tiny judge writes none: counted)."""
+    model, tok = judge
+    check_verdict_tokens(tok)
+    specs = _specs(shared_dir, tmp_path)
+    engine = ScoringEngine(model, tok, scoring="implicit", max_length=1024)
+    generator = Generator(model, tok, max_new_tokens=6, max_length=1100)
+    modes = ["implicit", "judge", "verdict", "generate"]
+    results, summary = evaluate_and_write(engine, specs, tmp_path / "ev", modes=modes, generator=generator)
+    flat = summary["metrics"]
+    ebb, jb, own = results["evalbiasbench"], results["judgebench"], results["pairwise"]
+
+    # implicit: one verdict from the two scores, a tie wrong; EvalBiasBench's picks mirrored over the two presentations
+    for rec in jb.records:
+        a, b = rec["scores"]
+        assert rec["verdicts"] == ["A>B" if a > b else "B>A" if b > a else "A=B"]
+    assert flat["eval/judgebench/accuracy"] == judgebench_results(jb.records)["accuracy"]
+    for rec in ebb.records:
+        a, b = rec["scores"]
+        assert rec["predictions"] == ([1, 2] if a > b else [2, 1]) and rec["label"] == 1
+    assert flat["eval/evalbiasbench/single_acc"] == evalbiasbench_results(ebb.records)["single_acc"]
+    assert flat["eval/evalbiasbench/agreement"] == 1.0  # a judge that scores each response alone cannot flip
+
+    # verdict: both orders scored, the second with the responses swapped in the prompt
+    row = dict(specs[1].rows[0])
+    (ab_order, ab), (ba_order, ba) = both_orders(row)
+    requests = build_requests(specs[1], row, "verdict")
+    assert [r.prompt for r in requests] == [ab, ba] and list(requests[0].responses) == list(VERDICTS)
+
+    def shown_first(messages):
+        return messages[-1]["content"].split("[The Start of Assistant A's Answer]\n")[1].split(
+            "\n[The End of Assistant A's Answer]")[0]
+
+    assert (shown_first(ab), shown_first(ba)) == (row["response_a"], row["response_b"]) != (row["response_b"],) * 2
+    rec = jb.modes["verdict"].records[0]
+    alone = score_sharded(engine, [Request("loglik", prompt=ba, responses=list(VERDICTS))], None)[0][0].scores
+    assert rec["scores"][2:] == pytest.approx(alone, abs=1e-4) and rec["scores"][:2] != pytest.approx(alone, abs=1e-6)
+    assert rec["verdicts"] == [("A>B" if s[0] > s[1] else "B>A") for s in (rec["scores"][:2], rec["scores"][2:])]
+    assert flat["eval/judgebench/verdict/inconsistent_rate"] == judgebench_results(jb.modes["verdict"].records)[
+        "inconsistent_rate"]
+    assert flat["eval/judgebench/verdict/n_both_orders"] == 8
+
+    # generate: two texts per row, verdicts parsed as written (none here: every one counted as unread)
+    gen = ebb.modes["generate"]
+    assert [len(r["outputs"]) for r in gen.records] == [2, 2, 2] and flat["eval/evalbiasbench/generate/n_generated"] == 6
+    unread = sum(o["verdict"] is None for r in gen.records for o in r["outputs"])
+    assert flat["eval/evalbiasbench/generate/parse_rate"] == pytest.approx(1 - unread / 6)
+
+    # the keys DESIGN.md names, bias names slugged; a team's own pairs keep their category column
+    assert {"eval/evalbiasbench/length_bias/single_acc", "eval/evalbiasbench/familiar_knowledge_preference_bias/pair_acc",
+            "eval/evalbiasbench/empty_reference/agreement", "eval/judgebench/knowledge/accuracy",
+            "eval/judgebench/inconsistent_rate", "eval/pairwise/accuracy", "eval/pairwise/verdict/accuracy"} <= set(flat)
+    assert not [k for k in flat if " " in k]
+    assert {k.split("/")[2] for k in flat if k.startswith("eval/pairwise/") and k.endswith("/accuracy")} & {
+        "mmlu", "livebench", "livecodebench"}
+
+    # every figure with an interval, which brackets it
+    with_ci = [k[: -len("/ci_low")] for k in flat if k.endswith("/ci_low")]
+    assert {"eval/evalbiasbench/pair_acc", "eval/judgebench/accuracy", "eval/judgebench/verdict/accuracy",
+            "eval/evalbiasbench/generate/single_acc", "eval/pairwise/judge/accuracy"} <= set(with_ci)
+    for key in with_ci:
+        low, high, value = flat[key + "/ci_low"], flat[key + "/ci_high"], flat[key]
+        assert math.isnan(value) or low - 1e-12 <= value <= high + 1e-12, (key, low, value, high)
+    saved = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert saved["intervals"]["judgebench"]["verdict"]["accuracy"]["n"] == 8
+
+
+def test_deltas_against_a_baseline_are_paired_and_name_what_got_worse(judge, shared_dir, tmp_path):
+    """The same judge against itself: every delta 0 with p 1, nothing worse; a baseline whose verdicts were all right
+    (the items of a perfect judge) makes every accuracy a significant loss, named in ``regressions``."""
+    model, tok = judge
+    specs = _specs(shared_dir)[1:]
+    engine = ScoringEngine(model, tok, scoring="judge", max_length=1024)
+    results, _ = evaluate_and_write(engine, specs, tmp_path / "a", modes=["verdict"])
+    base = current_items(results, ["verdict"])
+    _, same = evaluate_and_write(engine, specs, tmp_path / "b", modes=["verdict"], baseline=base)
+    assert same["metrics"]["eval/judgebench/verdict/delta/accuracy"] == 0.0
+    assert same["metrics"]["eval/judgebench/verdict/delta/accuracy/p_value"] == 1.0 and same["regressions"] == []
+    assert "no category got worse" in headline_table(same)
+
+    perfect = {key: items for key, items in base.items()}
+    items = perfect[("judgebench", "verdict")]
+    items.values = {k: v if not k.endswith("accuracy") else (v * 0 + 1) for k, v in items.values.items()}
+    items.values = {k: v if not k.endswith("inconsistent_rate") else v * 0 for k, v in items.values.items()}
+    assert float(results["judgebench"].modes["verdict"].metrics["accuracy"]) <= 0.5  # the tiny judge: chance or worse
+    _, worse = evaluate_and_write(engine, specs, tmp_path / "c", modes=["verdict"], baseline=perfect)
+    d = worse["metrics"]
+    assert d["eval/judgebench/verdict/delta/accuracy"] < 0 and d["eval/judgebench/verdict/delta/accuracy/delta_ci_high"] < 0
+    assert d["eval/judgebench/verdict/delta/accuracy/p_value"] < 0.05
+    assert "judgebench/verdict/accuracy" in worse["regressions"]
+
+
+def test_a_pairwise_suite_without_its_source_and_a_bad_prompt_template_are_refused():
+    from judgetrain.config.recipe import EvalArguments
+
+    with pytest.raises(RecipeError, match="eval_evalbiasbench_source"):
+        EvalArguments(eval_suites=["evalbiasbench"])
+    args = EvalArguments(eval_suites=["pairwise"], eval_pairwise_source="x.jsonl", eval_pairwise_prompt="{question}")
+    with pytest.raises(RecipeError, match="response_a"):
+        suite_specs(args)
+    assert EvalArguments().eval_suites == ["rmbench", "judgebias", "ideation"]
+    from judgetrain.cli.eval import parse_args
+    from judgetrain.config.recipe import parse_recipe
+
+    flags = ["--eval_suites", "pairwise", "--eval_pairwise_source", "x.jsonl", "--eval_pairwise_columns",
+             "{prompt: question, label: winner}"]
+    assert parse_recipe([str(REPO / "recipes" / "quickstart.yaml"), *flags]).script_args.eval_pairwise_columns == {
+        "prompt": "question", "label": "winner"}
+    assert parse_args(["--model", "tiny-judge", *flags])[0].eval_pairwise_columns == {"prompt": "question",
+                                                                                       "label": "winner"}
+
+
+def test_the_bench_times_intervals_and_deltas_against_the_eval(judge):
+    """`judgetrain bench --only evidence` at its smallest size: both suites timed, the shares of the eval computed from
+    what was measured (timings under load: only their presence and consistency are checked)."""
+    import argparse
+
+    from judgetrain.bench.evidence import bench_evidence
+
+    model, tok = judge
+    cfg = argparse.Namespace(evidence_rows=40, rmbench_source="bundled", eval_rows=2, eval_batch_tokens=8192,
+                             eval_max_length=1024, repeats=1)
+    out = bench_evidence(cfg, model, tok)
+    assert out["rows"] == 40 and out["eval_seconds"] == pytest.approx(out["eval_seconds_per_row"] * 40)
+    for suite in ("rmbench", "judgebench"):
+        fig = out[suite]
+        assert fig["seconds"] == pytest.approx(fig["intervals_seconds"] + fig["deltas_seconds"]) and fig["seconds"] > 0
+        assert fig["share_of_eval"] == pytest.approx(fig["seconds"] / out["eval_seconds"])
+    assert out["share_of_eval"] == pytest.approx(out["rmbench"]["share_of_eval"] + out["judgebench"]["share_of_eval"])
+
+
+# ------------------------------------------------------------------------------------------ a run made to regress
+def _made_to_regress(folder: Path) -> Path:
+    """An EvalBiasBench-format file whose better response is told by one easily learnt feature ("Correct answer ..."
+    against "Wrong answer ..."), and training rows that teach the wrong verdict on it: as stored the chosen answer is
+    [[B>A]], swapped [[A>B]] (the JudgeBias adapter's schema). The tiny judge starts positional (its picks right in
+    one presentation of two); taught the wrong verdicts it loses the presentation it had right."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from judgetrain.data.pairwise import load_evalbiasbench
+
+    topics = ["boiling water", "prime numbers", "the moon", "photosynthesis", "rust", "tides", "volcanoes", "bees",
+              "glass", "magnets", "rainbows", "salt"]
+    bench = {"made_up": [{"bias": "made_up", "instruction": f"Say one true thing about {t}.", "label": 1,
+                          "response1": f"Correct answer about {t}.", "response2": f"Wrong answer about {t}."}
+                         for t in topics]}
+    folder.mkdir(parents=True)
+    (folder / "biasbench.json").write_text(json.dumps(bench))
+    rows = []
+    for i, row in enumerate(load_evalbiasbench(folder / "biasbench.json")):
+        for order, messages in both_orders(row):
+            wrong, right = ("[[B>A]]", "[[A>B]]") if order == "AB" else ("[[A>B]]", "[[B>A]]")
+            rows.append({"prompt": json.dumps(messages), "chosen": json.dumps([{"role": "assistant", "content": wrong}]),
+                         "rejected": json.dumps([{"role": "assistant", "content": right}]), "score_chosen": 2.0,
+                         "score_rejected": 4.0, "score_delta": 2.0, "anchor_score": 4.0, "sample_id": i,
+                         "perturbation_type": "element_substitution", "perturbation_category": "error",
+                         "perturbation_rate": 0.1, "chosen_model": "x", "rejected_model": "y"})
+    (folder / "train").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), folder / "train" / "train.parquet")
+    return folder / "biasbench.json"
+
+
+@pytest.mark.slow
+def test_a_run_against_its_start_logs_paired_deltas_and_eval_baseline_gives_the_same(tmp_path):
+    """A real run taught the wrong verdicts (LoRA, high learning rate): eval_on_start is the baseline, the evals at
+    steps 12 and 24 log each figure's paired delta with its interval and p-value (none at step 0), the status line
+    counts the regressions, and `judgetrain eval --baseline tiny-judge` on checkpoint-24 gives the delta the run
+    logged (the adapter at step 0 is the base judge). With eval_regression_action: stop, a run whose delta interval
+    excludes 0 ends there (exit 5) with its checkpoint: checked when this run gets there."""
+    bench = _made_to_regress(tmp_path / "made")
+    data = tmp_path / "made" / "train"
+    recipe = (REPO / "recipes" / "quickstart.yaml").read_text()
+    recipe = recipe.replace("  - {dataset: judgebias, source: bundled, split: train}\n"
+                            "  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n",
+                            f"  - {{dataset: judgebias, source: {data}, split: train}}\n")
+    recipe = recipe.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [evalbiasbench]")
+    recipe = recipe.replace("eval_scoring: implicit", "eval_scoring: [verdict]")
+    recipe = recipe.replace("learning_rate: 2.0e-3", "learning_rate: 2.0e-2").replace("warmup_steps: 5", "warmup_steps: 0")
+    recipe = recipe.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 4")
+    recipe = recipe.replace("lr_scheduler_type: cosine", "lr_scheduler_type: constant").replace("save_steps: 25",
+                                                                                              "save_steps: 12")
+    recipe += (f"eval_evalbiasbench_source: {bench}\neval_on_start: true\neval_strategy: steps\neval_steps: 12\n"
+               "max_steps: 24\neval_regression_action: stop\n")
+    (tmp_path / "r.yaml").write_text(recipe)
+    run, log = tmp_path / "run", tmp_path / "train.log"
+    with log.open("wb") as f:
+        rc = subprocess.run([sys.executable, "-m", "judgetrain.train", str(tmp_path / "r.yaml"), "--output_dir",
+                             str(run)], cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1500).returncode
+    text = log.read_text(errors="replace")
+    assert rc in (0, EXIT_REGRESSED), text[-5000:]
+    status = [json.loads(line) for line in (run / "judgetrain_status.jsonl").read_text().splitlines()][-1]
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r for r in logged if "eval/evalbiasbench/verdict/single_acc" in r}
+    assert not any("/delta/" in k for k in evals[0])  # the baseline has none
+    warnings = [line for line in text.splitlines() if "worse than the baseline (the eval before the first step" in line]
+    if rc == EXIT_REGRESSED:  # the guard stopped it at the first eval that found a category worse
+        step = status["step"]
+        assert status["status"] == "regressed" and status["regressions"] >= 1 and len(warnings) == 1
+        assert f"eval at step {step}:" in warnings[0] and "stopping" in warnings[0]
+        assert (run / f"checkpoint-{step}" / "judgetrain_complete.json").is_file() and max(evals) == step
+    else:
+        assert status["status"] == "finished" and status["regressions"] == 0 and warnings == [] and max(evals) == 24
+    assert "no category got worse" in text or warnings
+    step = max(evals)
+    for at in (evals[s] for s in evals if s):
+        for fig in ("single_acc", "pair_acc", "agreement"):
+            d = f"eval/evalbiasbench/verdict/delta/{fig}"
+            assert at[f"{d}/delta_ci_low"] <= at[d] <= at[f"{d}/delta_ci_high"] and 0 < at[f"{d}/p_value"] <= 1
+            assert at[f"eval/evalbiasbench/verdict/{fig}/ci_low"] <= at[f"eval/evalbiasbench/verdict/{fig}"]
+    base = evals[0]["eval/evalbiasbench/verdict/single_acc"]
+    assert evals[step]["eval/evalbiasbench/verdict/delta/single_acc"] == pytest.approx(
+        evals[step]["eval/evalbiasbench/verdict/single_acc"] - base)
+
+    out = tmp_path / "eval"
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(run / f"checkpoint-{step}"),
+                           "--baseline", "tiny-judge", "--eval_suites", "evalbiasbench", "--eval_evalbiasbench_source",
+                           str(bench), "--eval_scoring", "verdict", "--output-dir", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads((out / f"checkpoint-{step}" / "results.json").read_text())
+    for fig in ("single_acc", "pair_acc", "agreement"):
+        key = f"eval/evalbiasbench/verdict/delta/{fig}"
+        assert doc["metrics"][key] == pytest.approx(evals[step][key]), fig
+    assert (out / "baseline" / "evalbiasbench.verdict.jsonl").is_file() and "regressions" in doc
