@@ -81,8 +81,9 @@ def test_n_processes_sharing_prompts_give_the_same_metrics_and_rows_as_one_scori
         assert a["score_rejected"] == pytest.approx(b["score_rejected"], rel=1e-4, abs=1e-4)
     assert res1["metrics"].keys() == resn["metrics"].keys()
     for key, value in res1["metrics"].items():
-        if not key.endswith("runtime"):
-            assert resn["metrics"][key] == pytest.approx(value, abs=1e-9), key
+        if not key.endswith("runtime"):  # accuracies exactly; style spread is in score units, as close as the scores
+            tol = dict(rel=1e-4, abs=1e-4) if "style_spread" in key else dict(abs=1e-9)
+            assert resn["metrics"][key] == pytest.approx(value, **tol), key
     assert res1["results"]["rmbench"]["domains"] == ["chat", "code", "safety"]  # math is not in the shared copy
 
 

@@ -65,29 +65,33 @@ def _samples_dir() -> Path:
 
 
 def _corpus_texts() -> list[str]:
-    """Text of every bundled sample file, in a fixed order (the tokenizer is a function of these bytes)."""
+    """Text of every corpus file (`_corpus_files`), in a fixed order (the tokenizer is a function of these bytes)."""
     texts = [_SEED_TEXT]
-    root = _samples_dir()
-    if not root.is_dir():
-        return texts
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        if path.suffix in {".json", ".jsonl", ".md", ".txt"}:
-            texts.append(path.read_text(encoding="utf-8", errors="replace"))
-        elif path.suffix == ".parquet":
+    for path in _corpus_files():
+        if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
             table = pq.read_table(path)
             for name in table.column_names:
                 if str(table.schema.field(name).type) in {"string", "large_string"}:
                     texts.extend(v for v in table.column(name).to_pylist() if isinstance(v, str))
+        else:
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
     return texts
 
 
+# `judgetrain perturb`'s bundled source recipes repeat the JudgeBias samples' text: they stay out of the tokenizer
+# corpus, so the tiny judge (and every figure measured on it) does not change with perturb's sources.
+CORPUS_EXCLUDED = ("recipes",)
+
+
 def _corpus_files() -> list[Path]:
+    """The bundled sample files the tokenizer is trained on, in a fixed order."""
     root = _samples_dir()
     if not root.is_dir():
         return []
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in {".json", ".jsonl", ".md", ".txt", ".parquet"})
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in {".json", ".jsonl", ".md", ".txt", ".parquet"}
+                  and p.relative_to(root).parts[0] not in CORPUS_EXCLUDED)
 
 
 def _fingerprint(config: dict, seed: int) -> str:
