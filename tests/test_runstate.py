@@ -246,7 +246,8 @@ def test_marker_hashes_every_file_including_shard_folders_and_catches_same_size_
     (bad / "optimizer.pt").unlink()
     _checkpoint(tmp_path, 6)
     shard6 = tmp_path / "checkpoint-6" / "global_step6" / shard.name
-    shard6.write_bytes(shard6.read_bytes()[:-1] + b"x")
+    data = shard6.read_bytes()
+    shard6.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # same size, last byte changed (never equal to itself)
     assert "global_step6/" in checkpoint_problem(tmp_path / "checkpoint-6")
 
 
