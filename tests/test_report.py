@@ -437,3 +437,44 @@ def test_report_opens_with_the_model_cards_headline_at_the_best_and_last_eval(si
     assert head["best_step"] == best and head["last_step"] == last
     assert head["selected_by"] == "eval/rmbench/total_avg_acc"
     assert printed.index("quick: headline") < printed.index("last eval and best epoch")
+
+
+def test_report_opens_with_what_got_worse_than_the_base_judge_in_red_then_base_vs_trained(tmp_path):
+    """An eval with a baseline (the eval before the first step): the figure whose difference is negative with an
+    interval excluding 0 is named in red before any table; base = trained - difference; a run without a baseline
+    says why there is no comparison."""
+    run = tmp_path / "guarded"
+    run.mkdir()
+    at = {"step": 10, "epoch": 1.0, "eval/evalbiasbench/verdict/single_acc": 0.40,
+          "eval/evalbiasbench/verdict/single_acc/ci_low": 0.30, "eval/evalbiasbench/verdict/single_acc/ci_high": 0.50,
+          "eval/evalbiasbench/verdict/delta/single_acc": -0.25,
+          "eval/evalbiasbench/verdict/delta/single_acc/delta_ci_low": -0.35,
+          "eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high": -0.15,
+          "eval/evalbiasbench/verdict/delta/single_acc/p_value": 0.0012,
+          "eval/evalbiasbench/verdict/agreement": 0.9, "eval/evalbiasbench/verdict/delta/agreement": 0.05,
+          "eval/evalbiasbench/verdict/delta/agreement/delta_ci_low": -0.05,
+          "eval/evalbiasbench/verdict/delta/agreement/delta_ci_high": 0.15,
+          "eval/evalbiasbench/verdict/delta/agreement/p_value": 0.5}
+    _write(run, [{"step": 0, "epoch": 0.0, "eval/evalbiasbench/verdict/single_acc": 0.65,
+                  "eval/evalbiasbench/verdict/agreement": 0.85}, at])
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _write(plain, [{"step": 6, "epoch": 1.0, "eval/evalbiasbench/verdict/single_acc": 0.5}])
+    paths = make_report([run, plain], tmp_path / "out")
+    html = paths["report.html"].read_text()
+    worse = re.search(r'<p class="worse" id="worse-guarded">(.*?)</p><ul class="worse">(.*?)</ul>', html, re.S)
+    assert worse.group(1) == "Worse than the base judge at step 10 (the interval of the difference excludes 0):"
+    assert re.findall(r"<li>(.*?)</li>", worse.group(2)) == ["evalbiasbench/verdict/single_acc"]
+    assert html.index('id="worse-guarded"') < html.index("<table")  # before any table
+    assert ".worse{color:#b00020" in html
+    table = re.search(r'<table class="versus" id="versus-guarded">(.*?)</table>', html, re.S).group(1)
+    rows = {m: re.findall(r"<td[^>]*>(.*?)</td>", r) for m, r in re.findall(r'<tr data-metric="([^"]+)">(.*?)</tr>', table)}
+    assert rows["evalbiasbench/verdict/single_acc"] == [
+        "evalbiasbench/verdict/single_acc", "0.6500", "0.4000", "[0.3000, 0.5000]", "-0.2500", "[-0.3500, -0.1500]",
+        "0.0012"]
+    assert rows["evalbiasbench/verdict/agreement"][1:3] == ["0.8500", "0.9000"]
+    assert re.search(r'<p class="no-worse" id="worse-plain">No evaluation against the base judge was logged', html)
+    md = paths["report.md"].read_text()
+    assert ("**Worse than the base judge at step 10 (the interval of the difference excludes 0)**: "
+            "`evalbiasbench/verdict/single_acc`") in md
+    assert "| evalbiasbench/verdict/single_acc | 0.6500 | 0.4000 | [0.3000, 0.5000] | -0.2500 |" in md

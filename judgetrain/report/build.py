@@ -35,8 +35,8 @@ import numpy as np
 from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
-from judgetrain.report.headline import (against_base, against_base_lines, headline, headline_note,
-                                        headline_table)
+from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
+                                        against_base_verdict, headline, headline_note, headline_table)
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.utils.errors import MissingFileError
 
@@ -623,13 +623,22 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
                 "loss": _fmt(i["final_train_loss"]),
                 "recipe": ", ".join(f"{k}={v}" for k, v in i["recipe"].items()) or "-"} for i in infos],
         runs=[{"name": run.name, "slug": _slug(run.name), "notes": run.notes, "recipe_text": run.recipe_text,
-               "headline": _headline_cells(run), "generated": [_generated_cells(t) for t in generated_tables(run)],
+               "versus": _against_base_html(run), "headline": _headline_cells(run), "generated": [_generated_cells(t) for t in generated_tables(run)],
                "summary": [{"metric": row["metric"], "last": repr(row["last"]), "best": repr(row["best"]),
                             "cells": summary_cells(row)} for row in tables[run.name]]} for run in runs],
         comparison=[{"metric": row["metric"], "label": cmp_label(row), "better": row["better"],
                      "cells": [cell(run, row) for run in runs]} for row in comparison] if len(runs) > 1 else [],
         figures=[figure(*f) for f in figures], matrices=[figure(*m) for m in matrices])
     path.write_text(page, encoding="utf-8")
+
+
+def _against_base_html(run: Run) -> dict[str, Any]:
+    """The run against its base judge as page cells: the figures that got worse (shown in red, first on the page)
+    or the sentence saying none did, and the base vs trained table."""
+    versus = against_base(run.records)
+    return {"worse": [] if versus is None else versus["worse"], "header": list(AGAINST_BASE_HEADER),
+            "text": against_base_verdict(versus),
+            "rows": against_base_cells(versus)}
 
 
 def _headline_dict(run: Run) -> dict[str, Any] | None:

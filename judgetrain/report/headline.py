@@ -146,19 +146,37 @@ def against_base(records: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | N
     return {"step": step, "rows": rows, "worse": worse}
 
 
+AGAINST_BASE_HEADER = ("figure", "base", "trained", "95% interval", "difference", "its interval", "p")
+
+
+def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
+    """One sentence, read first: that figures got worse than the base judge (``versus["worse"]`` names them), "no
+    category got worse", or why there is no comparison."""
+    if versus is None:
+        return ("No evaluation against the base judge was logged (`eval_on_start: true` scores the baseline in judge, "
+                "verdict and generate modes; implicit mode has none: its base is 0 for every response).")
+    if versus["worse"]:
+        return f"Worse than the base judge at step {versus['step']} (the interval of the difference excludes 0)"
+    return f"No category got worse than the base judge at step {versus['step']}."
+
+
+def against_base_cells(versus: Mapping[str, Any] | None) -> list[list[str]]:
+    """Base vs trained as text cells under `AGAINST_BASE_HEADER`: each figure with its interval, the difference,
+    its interval and p-value (an exact McNemar p for accuracies, "-" where none applies)."""
+    if versus is None:
+        return []
+    return [[r["figure"], fmt(r["base"]), fmt(r["trained"]), f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]",
+             fmt(r["delta"]), f"[{fmt(r['delta_ci_low'])}, {fmt(r['delta_ci_high'])}]", fmt(r["p_value"])]
+            for r in versus["rows"]]
+
+
 def against_base_lines(versus: Mapping[str, Any] | None) -> list[str]:
     """Markdown: what got worse (or "no category got worse") first, then base vs trained with the interval, the
     difference, its interval and p-value."""
+    verdict = against_base_verdict(versus)
     if versus is None:
-        return ["No evaluation against the base judge was logged (`eval_on_start: true` scores the baseline in judge, "
-                "verdict and generate modes; implicit mode has none: its base is 0 for every response)."]
-    worse = versus["worse"]
-    lines = [f"**Worse than the base judge at step {versus['step']}** (the interval of the difference excludes 0): "
-             + ", ".join(f"`{w}`" for w in worse) if worse else
-             f"No category got worse than the base judge at step {versus['step']}.", "",
-             "| figure | base | trained | 95% interval | difference | its interval | p |", "|---|---|---|---|---|---|---|"]
-    for r in versus["rows"]:
-        lines.append(f"| {r['figure']} | {fmt(r['base'])} | {fmt(r['trained'])} | [{fmt(r['ci_low'])}, "
-                     f"{fmt(r['ci_high'])}] | {fmt(r['delta'])} | [{fmt(r['delta_ci_low'])}, {fmt(r['delta_ci_high'])}] "
-                     f"| {fmt(r['p_value'])} |")
-    return lines
+        return [verdict]
+    worse = ", ".join(f"`{w}`" for w in versus["worse"])
+    lines = [f"**{verdict}**: {worse}" if worse else verdict, "",
+             "| " + " | ".join(AGAINST_BASE_HEADER) + " |", "|" + "|".join("---" for _ in AGAINST_BASE_HEADER) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in against_base_cells(versus)]
