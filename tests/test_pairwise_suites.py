@@ -221,8 +221,9 @@ def test_a_run_against_its_start_logs_paired_deltas_and_eval_baseline_gives_the_
     """A real run taught the wrong verdicts (LoRA, high learning rate): eval_on_start is the baseline, the evals at
     steps 12 and 24 log each figure's paired delta with its interval and p-value (none at step 0), the status line
     counts the regressions, and `judgetrain eval --baseline tiny-judge` on checkpoint-24 gives the delta the run
-    logged (the adapter at step 0 is the base judge). With eval_regression_action: stop, a run whose delta interval
-    excludes 0 ends there (exit 5) with its checkpoint: checked when this run gets there."""
+    logged (the adapter at step 0 is the base judge). With eval_regression_action: stop, the run ends at step 24,
+    where single accuracy's delta interval excludes 0 (exit 5), with its checkpoint (CPU training is seeded: the
+    same path every run)."""
     bench = _made_to_regress(tmp_path / "made")
     data = tmp_path / "made" / "train"
     recipe = (REPO / "recipes" / "quickstart.yaml").read_text()
@@ -243,20 +244,19 @@ def test_a_run_against_its_start_logs_paired_deltas_and_eval_baseline_gives_the_
         rc = subprocess.run([sys.executable, "-m", "judgetrain.train", str(tmp_path / "r.yaml"), "--output_dir",
                              str(run)], cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1500).returncode
     text = log.read_text(errors="replace")
-    assert rc in (0, EXIT_REGRESSED), text[-5000:]
+    assert rc == EXIT_REGRESSED, text[-5000:]  # the guard stopped the run at the eval that found it worse
     status = [json.loads(line) for line in (run / "judgetrain_status.jsonl").read_text().splitlines()][-1]
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r for r in logged if "eval/evalbiasbench/verdict/single_acc" in r}
-    assert not any("/delta/" in k for k in evals[0])  # the baseline has none
+    assert sorted(evals) == [0, 12, 24] and not any("/delta/" in k for k in evals[0])  # the baseline has none
     warnings = [line for line in text.splitlines() if "worse than the baseline (the eval before the first step" in line]
-    if rc == EXIT_REGRESSED:  # the guard stopped it at the first eval that found a category worse
-        step = status["step"]
-        assert status["status"] == "regressed" and status["regressions"] >= 1 and len(warnings) == 1
-        assert f"eval at step {step}:" in warnings[0] and "stopping" in warnings[0]
-        assert (run / f"checkpoint-{step}" / "judgetrain_complete.json").is_file() and max(evals) == step
-    else:
-        assert status["status"] == "finished" and status["regressions"] == 0 and warnings == [] and max(evals) == 24
-    assert "no category got worse" in text or warnings
+    assert status["status"] == "regressed" and status["step"] == 24 and status["regressions"] == 2, status
+    assert len(warnings) == 1 and "eval at step 24: 2 categories worse" in warnings[0] and "stopping" in warnings[0]
+    assert warnings[0].endswith("evalbiasbench/verdict/single_acc, evalbiasbench/verdict/made_up/single_acc; "
+                                "stopping (eval_regression_action: stop)")
+    assert (run / "checkpoint-24" / "judgetrain_complete.json").is_file()
+    assert evals[24]["eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high"] < 0
+    assert evals[12]["eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high"] >= 0  # not yet worse at step 12
     step = max(evals)
     for at in (evals[s] for s in evals if s):
         for fig in ("single_acc", "pair_acc", "agreement"):
