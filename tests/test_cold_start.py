@@ -188,6 +188,12 @@ def assert_written_once(out: Path) -> None:
     events = list((out / "runs").rglob("events.out.tfevents.*")) if (out / "runs").exists() else []
     events += [p for p in out.rglob("events.out.tfevents.*") if p not in events]
     assert len(events) == 1, events  # one TensorBoard writer
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set(EventAccumulator(str(events[0])).Reload().Tags()["scalars"])
+    assert {"eval/rmbench/total_avg_acc", "train/loss"} <= tags  # the figures reach the tracker, the bounds do not
+    assert not [t for t in tags if t.endswith(("/ci_low", "/ci_high"))]
+    assert [r["step"] for r in records if "eval/rmbench/total_avg_acc/ci_low" in r] == [2, 4]  # metrics.jsonl has them
     audit = json.loads((out / "data_audit.json").read_text())
     assert audit["max_length"] == 1024
     recipe = yaml.safe_load((out / "recipe.yaml").read_text())

@@ -182,6 +182,11 @@ def test_the_bench_times_intervals_and_deltas_against_the_eval(judge):
         assert fig["seconds"] == pytest.approx(fig["intervals_seconds"] + fig["deltas_seconds"]) and fig["seconds"] > 0
         assert fig["share_of_eval"] == pytest.approx(fig["seconds"] / out["eval_seconds"])
     assert out["share_of_eval"] == pytest.approx(out["rmbench"]["share_of_eval"] + out["judgebench"]["share_of_eval"])
+    from judgetrain.bench.report import summarize
+
+    summary = summarize({"evidence": out})  # the bench's summary line carries the figure against its 2% target
+    assert summary["evidence_share_of_eval"] == out["share_of_eval"]
+    assert ("evidence_share_of_eval" in summary["targets_missed"]) == (out["share_of_eval"] > 0.02)
 
 
 # ------------------------------------------------------------------------------------------ a run made to regress

@@ -148,6 +148,11 @@ def test_startup_cli_options_and_targets():
     summary = summarize({"startup": {"cold_ratio": 0.3}})  # a cold-only report: no resume figures, none missed
     assert summary["startup_cold_ratio"] == 0.3 and "startup_resume_s" not in summary
     assert summary["targets_missed"] == []
+    # the judge bench's end-to-end ratio per model (a model that could not load is skipped, not a figure)
+    summary = summarize({"judge": {"speed": {"smollm2-135m-instruct": {"evaluations_per_s_ratio": 3.25},
+                                             "tiny-judge": {"skipped": "ImportError: x"}}}})
+    assert summary["judge_smollm2_135m_instruct_evaluations_per_s_ratio"] == 3.25
+    assert summary["targets_missed"] == ["judge_smollm2_135m_instruct_evaluations_per_s_ratio"]  # target: >= 4
 
 
 def test_neutralisation_in_processes_equals_one_process(tiny_judge):

@@ -34,6 +34,7 @@ SUMMARY_KEYS = (
     "parser_hostile_vs_clean_ratio",
     "parser_pairs_build_hostile_ratio",
     "generation_tiny_judge_tokens_per_s_ratio",
+    "evidence_share_of_eval",
 )
 
 
@@ -65,6 +66,9 @@ TARGETS = {
     "startup_cold_peak_tree_pss_ratio": ("<=", 1.0),  # the start's processes' peak memory, judgetrain / bare TRL
     "startup_resume_s": ("<=", 60.0),  # a resume's launch to its first new step, seconds
     "perturb_seconds_per_34000": ("<=", 60.0),  # judgetrain perturb, rule operators, 34,000 items on one core
+    "evidence_share_of_eval": ("<=", 0.02),  # intervals + paired deltas at 10,000 rows / that eval's time
+    "judge_tiny_judge_evaluations_per_s_ratio": (">=", 4.0),  # judgetrain judge / a one-item generate loop
+    "judge_smollm2_135m_instruct_evaluations_per_s_ratio": (">=", 4.0),
 }
 
 
@@ -317,5 +321,10 @@ def summarize(report: dict) -> dict:
                 s[f"startup_{key}"] = st[key]
     if report.get("perturb"):
         s["perturb_seconds_per_34000"] = report["perturb"]["seconds_per_34000"]
+    if report.get("evidence"):
+        s["evidence_share_of_eval"] = report["evidence"]["share_of_eval"]
+    for name, sp in ((report.get("judge") or {}).get("speed") or {}).items():
+        if "evaluations_per_s_ratio" in sp:  # a model that could not load is reported as skipped
+            s[f"judge_{name.replace('-', '_')}_evaluations_per_s_ratio"] = sp["evaluations_per_s_ratio"]
     s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
     return s

@@ -41,7 +41,7 @@ from judgetrain.config.recipe import REGRESSION_ACTIONS, Recipe, recorded_mode, 
 from judgetrain.eval import reference
 from judgetrain.eval.evidence import NO_BASELINE_MODES, read_baseline
 from judgetrain.eval.generate import Generator
-from judgetrain.eval.metrics import Items, rmbench_matrices, to_trainer_log_keys
+from judgetrain.eval.metrics import Items, rmbench_matrices, split_interval_keys, to_trainer_log_keys
 from judgetrain.eval.plots import log_matrix_images
 from judgetrain.eval.runner import current_items, evaluate_and_write
 from judgetrain.run.checkpoints import checkpoint_dir, finish_markers
@@ -334,6 +334,11 @@ class JudgeEvalCallback(TrainerCallback):
         should_log = getattr(control, "should_log", None)
         # transformers.Trainer.log, not the trainer's override: TRL's DPOTrainer.log merges (and clears) its pending
         # train-mode reward metrics into whatever it logs, which would move them into this eval event.
+        handler = getattr(self.trainer, "callback_handler", None)
+        jsonl = next((cb for cb in getattr(handler, "callbacks", ()) if hasattr(cb, "hold_for_next_log")), None)
+        if jsonl is not None:  # interval bounds to metrics.jsonl only: the trackers get the figures, deltas, p-values
+            logs, bounds = split_interval_keys(logs)
+            jsonl.hold_for_next_log(bounds)
         log_without_overrides(self.trainer, logs)
         if should_log is not None and getattr(self.trainer, "control", None) is not None:
             self.trainer.control.should_log = should_log

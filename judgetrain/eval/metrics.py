@@ -458,6 +458,17 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     return out
 
 
+INTERVAL_SUFFIXES = ("/ci_low", "/ci_high", "/delta_ci_low", "/delta_ci_high")
+
+
+def split_interval_keys(logs: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """(figures, interval bounds): the bounds (keys ending in `INTERVAL_SUFFIXES`) apart from everything else.
+    The trackers get the figures, deltas and p-values; metrics.jsonl, results.json and the report get the bounds too
+    (with them a tracker would show about twice as many keys as figures)."""
+    bounds = {k: v for k, v in logs.items() if k.endswith(INTERVAL_SUFFIXES)}
+    return {k: v for k, v in logs.items() if k not in bounds}, bounds
+
+
 def to_trainer_log_keys(metrics: Mapping[str, float]) -> dict[str, float]:
     """``eval/...`` keys -> ``eval_...`` keys for ``trainer.log``.
 

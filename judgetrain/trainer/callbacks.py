@@ -72,16 +72,24 @@ class RecipeSteps(TrainerCallback):
 
 class MetricsJsonlCallback(TrainerCallback):
     """Append every logging event to ``<output_dir>/metrics.jsonl`` on the main process, with the same key names
-    (``train/...``, ``eval/...``) that the W&B and TensorBoard callbacks produce."""
+    (``train/...``, ``eval/...``) that the W&B and TensorBoard callbacks produce, and the eval's interval bounds
+    (``.../ci_low``, ``.../ci_high``, ``.../delta_ci_low``, ``.../delta_ci_high``) that the trackers are not given
+    (`hold_for_next_log`)."""
 
     def __init__(self, output_dir: str):
         self.path = Path(output_dir) / METRICS_FILE
+        self.held: dict[str, float] = {}
+
+    def hold_for_next_log(self, logs: dict[str, float]) -> None:
+        """Keys written into the next record only, not given to the trackers (the eval's interval bounds)."""
+        self.held.update(logs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        held, self.held = self.held, {}
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, "epoch": state.epoch}
-        for key, value in report_to_keys(logs).items():
+        for key, value in report_to_keys({**logs, **held}).items():
             if isinstance(value, (int, float, str, bool)) or value is None:
                 record[key] = value
         append_jsonl(self.path, record, allow_nan=True)
