@@ -6,6 +6,7 @@ scoring mode, their intervals and paired deltas (`judgetrain.eval.suites`, `judg
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from judgetrain.eval.evidence import headline_table
 from judgetrain.eval.generate import Generator
 from judgetrain.eval.runner import current_items, evaluate, evaluate_and_write
 from judgetrain.eval.scoring import Request, ScoringEngine, score_sharded
-from judgetrain.eval.suites import VERDICTS, SuiteSpec, build_requests, check_verdict_tokens, suite_specs
+from judgetrain.eval.suites import (PAIRWISE_SUITES, VERDICTS, SuiteSpec, build_requests, check_verdict_tokens,
+                                   suite_specs)
 from judgetrain.metrics import evalbiasbench_results, judgebench_results
 from judgetrain.run.state import EXIT_REGRESSED
 
@@ -163,6 +165,18 @@ def test_a_pairwise_suite_without_its_source_and_a_bad_prompt_template_are_refus
         "prompt": "question", "label": "winner"}
     assert parse_args(["--model", "tiny-judge", *flags])[0].eval_pairwise_columns == {"prompt": "question",
                                                                                        "label": "winner"}
+
+
+def test_verdict_mode_names_the_suites_it_does_not_score(caplog):
+    from judgetrain.eval.suites import verdict_suites
+
+    names = ["rmbench", "evalbiasbench", "judgebias", "judgebench"]
+    with caplog.at_level(logging.INFO, logger="judgetrain.eval.suites"):
+        assert verdict_suites(names, ["judge"]) == [] and caplog.messages == []
+        assert verdict_suites(names, ["judge", "verdict"]) == ["evalbiasbench", "judgebench"]
+    assert caplog.messages == ["verdict mode: rmbench, judgebias not scored in it (not a pairwise suite: each response "
+                               "is scored alone in the other modes asked for); pairwise suites: "
+                               + ", ".join(PAIRWISE_SUITES)]
 
 
 def test_the_bench_times_intervals_and_deltas_against_the_eval(judge):

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from judgetrain.eval.runner import current_items, evaluate_and_write
     from judgetrain.eval.scoring import ScoringEngine
-    from judgetrain.eval.suites import applies, check_verdict_tokens, suite_specs
+    from judgetrain.eval.suites import check_verdict_tokens, suite_specs, verdict_suites
     from judgetrain.utils.numbers import nan_to_none
 
     state = PartialState(cpu=_cpu_only())
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:  # DataValidationError is a ValueError
         print(f"judgetrain eval: cannot load eval data: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    verdict = "verdict" in eval_args.eval_scoring and any(applies(s.name, "verdict") for s in specs)
+    verdict = bool(verdict_suites([s.name for s in specs], eval_args.eval_scoring))
 
     ref_model = None
     if args.ref_model:

@@ -25,7 +25,7 @@ from judgetrain.config.recipe import PROXY_MODES, Recipe, recorded_mode, scoring
 from judgetrain.data.prepare import reload_memory_mapped, tokenizer_key
 from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.eval.suites import (SuiteSpec, applies, build_requests, check_verdict_tokens, load_suite_dataset,
-                                   load_suite_rows, suite_specs)
+                                   load_suite_rows, suite_specs, verdict_suites)
 from judgetrain.utils.files import read_json, write_json
 from judgetrain.utils.fingerprints import code_digest
 
@@ -68,7 +68,7 @@ def recipe_eval_suites(recipe: Recipe, tokenizer) -> list[SuiteSpec]:
     not evaluate. Give them to the run's `JudgeEvalCallback`."""
     script_args, training_args = recipe.script_args, recipe.training_args
     specs = recipe_specs(recipe)
-    if "verdict" in script_args.eval_scoring and any(applies(s.name, "verdict") for s in specs):
+    if verdict_suites([s.name for s in specs], script_args.eval_scoring):
         check_verdict_tokens(tokenizer)  # before any row is read or weight loaded
     if specs:
         prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,

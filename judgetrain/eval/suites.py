@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,6 +203,19 @@ def _is_pairwise(row: dict) -> bool:
 def applies(name: str, scoring: str) -> bool:
     """Whether a suite is scored in a mode: verdict mode is the pairwise suites'; every other mode, every suite's."""
     return scoring != "verdict" or name in PAIRWISE_SUITES
+
+
+def verdict_suites(names: Sequence[str], scoring: Sequence[str]) -> list[str]:
+    """The suites of ``names`` scored in verdict mode when ``scoring`` asks for it; the others are named in one
+    INFO line (verdict mode shows two responses of a pair: RM-Bench, JudgeBias and Ideation's plain rows score
+    each response alone)."""
+    if "verdict" not in scoring:
+        return []
+    left_out = [n for n in names if not applies(n, "verdict")]
+    if left_out:
+        logger.info("verdict mode: %s not scored in it (not a pairwise suite: each response is scored alone in the "
+                    "other modes asked for); pairwise suites: %s", ", ".join(left_out), ", ".join(PAIRWISE_SUITES))
+    return [n for n in names if applies(n, "verdict")]
 
 
 def build_requests(spec: SuiteSpec, row: dict, scoring: str) -> list[Request]:
