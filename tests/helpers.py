@@ -41,6 +41,20 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def train_on_pairs(pairs: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    """4 DPO steps of the quickstart recipe on a `judgetrain pairs build` folder (no eval): the loop's training step.
+    Asserts the run ended well and logged 4 finite, plausible losses."""
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.train", "recipes/quickstart.yaml", "--train_datasets",
+                           f"{{dataset: judgebias, source: {pairs}, split: train}}", "--eval_suites", "none",
+                           "--output_dir", str(run_dir), "--max_steps", "4", "--per_device_train_batch_size", "2",
+                           "--logging_steps", "1", "--save_steps", "4", "--warmup_steps", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    losses = [m["train/loss"] for m in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in m]
+    assert len(losses) == 4 and all(0 < x < 2 for x in losses), losses
+    return proc
+
+
 def check_report(run_dir, out):
     """judgetrain report on a real run: the files, decodable PNGs, every image embedded, table values == metrics.jsonl."""
     import base64

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, read_jsonl
+from helpers import REPO, read_jsonl, train_on_pairs
 
 JUDGEBIAS_VALIDATION = REPO / "judgetrain" / "data" / "samples" / "judgebias" / "validation.parquet"
 PANEL_COLUMNS = ["sample_id", "perturbation_set", "perturbation_category", "perturbation_rate", "judge_model", "prompt",
@@ -614,14 +614,7 @@ def test_the_loop_judges_pairs_dpo_then_the_trained_judge_on_held_out_items(tmp_
     assert len(pairs) >= 4 and {p["sample_id"] for p in pairs} == {1001}
 
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "judgetrain.train", "recipes/quickstart.yaml", "--train_datasets",
-                           f"{{dataset: judgebias, source: {tmp_path / 'pairs'}, split: train}}", "--eval_suites",
-                           "none", "--output_dir", str(run), "--max_steps", "4", "--per_device_train_batch_size", "2",
-                           "--logging_steps", "1", "--save_steps", "4", "--warmup_steps", "0"], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    losses = [m["train/loss"] for m in read_jsonl(run / "metrics.jsonl") if "train/loss" in m]
-    assert len(losses) == 4 and all(0 < x < 2 for x in losses)
+    proc = train_on_pairs(tmp_path / "pairs", run)
     assert "mixture: %d rows (judgebias %d)" % (len(pairs), len(pairs)) in proc.stderr
 
     out = tmp_path / "heldout"

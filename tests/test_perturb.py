@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, read_jsonl
+from helpers import REPO, read_jsonl, train_on_pairs
 
 RECIPES = REPO / "judgetrain" / "data" / "samples" / "recipes"
 TEMPLATE = [{"role": "system", "content": "Judge the note. End with ```json {\"overall_score\": ...}```."},
@@ -471,14 +471,7 @@ def test_the_loop_source_perturb_judge_pairs_dpo_then_the_trained_judge_on_held_
     assert len(pairs) >= 4 and {p["sample_id"] for p in pairs} <= {r["sample_id"] for r in rows[:2]}
 
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "judgetrain.train", "recipes/quickstart.yaml", "--train_datasets",
-                           f"{{dataset: judgebias, source: {tmp_path / 'pairs'}, split: train}}", "--eval_suites",
-                           "none", "--output_dir", str(run), "--max_steps", "4", "--per_device_train_batch_size", "2",
-                           "--logging_steps", "1", "--save_steps", "4", "--warmup_steps", "0"], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    losses = [m["train/loss"] for m in read_jsonl(run / "metrics.jsonl") if "train/loss" in m]
-    assert len(losses) == 4 and all(0 < x < 2 for x in losses)
+    train_on_pairs(tmp_path / "pairs", run)
 
     heldout = tmp_path / "perturbed-heldout" / "items.jsonl"
     out = tmp_path / "heldout"
