@@ -489,6 +489,9 @@ def test_second_run_is_refused_by_the_lock_and_a_killed_run_resumes(tmp_path):
     while time.time() < deadline and not (run / "checkpoint-2" / "judgetrain_complete.json").exists():
         assert first.poll() is None, log.read_text()[-3000:]
         time.sleep(0.05)
+    # paused, not ended: on a loaded machine the first run could otherwise finish (and free the lock) before the
+    # second one, a new interpreter, gets to it
+    os.killpg(first.pid, signal.SIGSTOP)
     rc, text = train([recipe, "--output_dir", str(run), "--resume", "auto"], tmp_path / "2.log")
     assert rc == 2 and f"is in use by another judgetrain run (pid {first.pid} on " in text, text[-3000:]
     assert first.poll() is None, "the refused run must not disturb the first"
