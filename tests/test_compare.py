@@ -71,6 +71,12 @@ def test_compare_prints_and_writes_each_headline_figure_from_the_row_files(evalu
     assert doc["suites"]["ideation"]["judge"]["accuracy"]["p_value"] == mcnemar_p(right[1], right[0])
     total = doc["suites"]["rmbench"]["judge"]["total_avg_acc"]  # shares of 9 comparisons per prompt
     assert total["p_method"] == "sign_flip" and 1 / 1001 <= total["p_value"] <= 1
+    # --regression_margin: "worse" only for a loss at least that large; "better" as before
+    from judgetrain.cli.compare import _rows
+
+    assert compare_main([str(a.parent), str(b.parent), "--out", str(out), "--regression_margin", "10"]) == 0
+    plain, wide = _rows(doc, True), _rows(doc, True, 10.0)
+    assert [r[-1] for r in wide] == [r[-1] if r[-1] == "better" else "" for r in plain]
 
 
 def test_an_evaluation_against_itself_differs_by_nothing(evaluations):

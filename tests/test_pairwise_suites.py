@@ -145,6 +145,33 @@ def test_deltas_against_a_baseline_are_paired_and_name_what_got_worse(judge, sha
     assert d["eval/judgebench/verdict/delta/accuracy"] < 0 and d["eval/judgebench/verdict/delta/accuracy/delta_ci_high"] < 0
     assert d["eval/judgebench/verdict/delta/accuracy/p_value"] < 0.05
     assert "judgebench/verdict/accuracy" in worse["regressions"]
+    # with a margin the loss must be at least that large at 95%: the whole interval below -margin
+    high = d["eval/judgebench/verdict/delta/accuracy/delta_ci_high"]
+    _, tolerant = evaluate_and_write(engine, specs, tmp_path / "d", modes=["verdict"], baseline=perfect,
+                                     regression_margin=-high + 0.01)
+    assert "judgebench/verdict/accuracy" not in tolerant["regressions"]
+    _, strict = evaluate_and_write(engine, specs, tmp_path / "e", modes=["verdict"], baseline=perfect,
+                                   regression_margin=-high - 0.01)
+    assert "judgebench/verdict/accuracy" in strict["regressions"]
+
+
+def test_a_regression_margin_asks_for_a_loss_at_least_that_large():
+    from judgetrain.eval.compare import changed
+
+    def v(low, high):
+        return {"delta_ci_low": low, "delta_ci_high": high}
+
+    assert changed(v(-0.30, -0.01), "accuracy") == "worse"  # excludes 0
+    assert changed(v(-0.30, -0.01), "accuracy", 0.02) == ""  # but not a loss of 0.02
+    assert changed(v(-0.30, -0.03), "accuracy", 0.02) == "worse"
+    assert changed(v(0.001, 0.006), "style_spread") == "worse"  # lower is better: a higher spread is a loss
+    assert changed(v(0.001, 0.006), "style_spread", 0.02) == ""
+    assert changed(v(0.001, 0.006), "accuracy", 0.02) == "better"  # a gain needs no margin
+    assert changed(v(-0.01, 0.02), "accuracy") == "" and changed(v(float("nan"), 1.0), "accuracy") == ""
+    from judgetrain.config.recipe import EvalArguments
+
+    with pytest.raises(RecipeError, match="eval_regression_margin"):
+        EvalArguments(eval_regression_margin=-0.1)
 
 
 def test_a_pairwise_suite_without_its_source_and_a_bad_prompt_template_are_refused():

@@ -478,3 +478,8 @@ def test_report_opens_with_what_got_worse_than_the_base_judge_in_red_then_base_v
     assert ("**Worse than the base judge at step 10 (the interval of the difference excludes 0)**: "
             "`evalbiasbench/verdict/single_acc`") in md
     assert "| evalbiasbench/verdict/single_acc | 0.6500 | 0.4000 | [0.3000, 0.5000] | -0.2500 |" in md
+    # the recipe's margin, as the run's guard used it: a loss of at least 0.2 is not shown by [-0.35, -0.15]
+    (run / "recipe.yaml").write_text("eval_regression_margin: 0.2\n")
+    html = make_report([run], tmp_path / "out2")["report.html"].read_text()
+    assert re.search(r'<p class="no-worse" id="worse-guarded">No category got worse than the base judge at step 10',
+                     html)

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "headline ones")
     p.add_argument("--resamples", type=int, default=N_RESAMPLES, help="bootstrap resamples (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the resamples")
+    p.add_argument("--regression_margin", type=float, default=0.0,
+                   help="mark a figure worse only when its whole interval lies beyond this loss (the figure's units; "
+                        "as the recipe key eval_regression_margin; default 0)")
     return p
 
 
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except EvaluationError as exc:
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
-    _print(doc, args.all)
+    _print(doc, args.all, args.regression_margin)
     write_json(Path(args.out), nan_to_none(doc))
     print(f"written: {args.out}")
     return 0
@@ -66,7 +69,7 @@ def _cell(value: Any, low: Any = None, high: Any = None) -> str:
     return text if low is None or not math.isfinite(low) else f"{text} [{low:.3f}, {high:.3f}]"
 
 
-def _rows(doc: dict[str, Any], every: bool) -> list[list[str]]:
+def _rows(doc: dict[str, Any], every: bool, margin: float = 0.0) -> list[list[str]]:
     rows = []
     for suite, modes in doc["suites"].items():
         for mode, figures in modes.items():
@@ -78,11 +81,11 @@ def _rows(doc: dict[str, Any], every: bool) -> list[list[str]]:
                     f"{v['delta']:+.3f} [{v['delta_ci_low']:+.3f}, {v['delta_ci_high']:+.3f}]")
                 rows.append([f"{suite} ({mode})", metric, _cell(v["a"], v["a_ci_low"], v["a_ci_high"]),
                              _cell(v["b"], v["b_ci_low"], v["b_ci_high"]), delta, p, str(v["n"]),
-                             changed(v, metric)])
+                             changed(v, metric, margin)])
     return rows
 
 
-def _print(doc: dict[str, Any], every: bool) -> None:
+def _print(doc: dict[str, Any], every: bool, margin: float = 0.0) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -94,7 +97,7 @@ def _print(doc: dict[str, Any], every: bool) -> None:
                   "paired sign-flip test (~)")
     for i, h in enumerate(("suite", "metric", "A", "B", "B - A", "p", "n", "")):
         table.add_column(h, justify="left" if i in (0, 1, 7) else "right", no_wrap=True)
-    for row in _rows(doc, every):
+    for row in _rows(doc, every, margin):
         style = {"worse": "red", "better": "green"}.get(row[-1])
         table.add_row(*row, style=style)
     console.print(table)

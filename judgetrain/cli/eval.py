@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                                   **gen_kwargs)
         results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state,
                                           modes=eval_args.eval_scoring, generator=generator, model=target,
-                                          adapter=adapter, baseline=baseline)
+                                          adapter=adapter, baseline=baseline,
+                                          regression_margin=eval_args.eval_regression_margin)
         if is_baseline:
             baseline = current_items(results, eval_args.eval_scoring)
         elif doc.get("regressions") and state.is_main_process:

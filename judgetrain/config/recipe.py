@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import math
 import os
 import re
 import types
@@ -209,6 +210,11 @@ class EvalArguments:
                                   "whose figure got worse with an interval excluding 0: warn (one WARNING line, "
                                   "counted in the run summary and status), or stop the run there with its "
                                   "checkpoint saved."})
+    eval_regression_margin: float = field(
+        default=0.0, metadata={"help": "The regression guard's margin, in each figure's units: a category is worse "
+                               "only when the whole interval of its difference lies beyond it the wrong way (0: any "
+                               "interval excluding 0; 0.02: a loss of at least 2 accuracy points). A deterministic "
+                               "judge's tiny consistent shifts have intervals excluding 0."})
     eval_max_rows: int | None = field(
         default=None, metadata={"help": "Row cap per eval suite, sampled evenly across domains / perturbation types."}
     )
@@ -280,6 +286,9 @@ class EvalArguments:
         if self.eval_pairwise_columns is not None and not isinstance(self.eval_pairwise_columns, dict):
             raise RecipeError(f"eval_pairwise_columns: a mapping field: column, got {self.eval_pairwise_columns!r}")
         self.eval_scoring = scoring_modes(self.eval_scoring)
+        if not (isinstance(self.eval_regression_margin, (int, float)) and 0 <= self.eval_regression_margin < math.inf):
+            raise RecipeError(f"eval_regression_margin: a number >= 0 in the figures' units (0.02: two accuracy "
+                              f"points), got {self.eval_regression_margin!r}")
         if self.eval_generate_samples:
             if os.environ.get("RANK", "0") == "0":  # parsed on every process of a launch: said once
                 logger.warning("eval_generate_samples is deprecated and will be removed: it now turns the generate scoring "

@@ -77,6 +77,8 @@ class JudgeEvalCallback(TrainerCallback):
             `judgetrain.eval.evidence`), the categories whose figure got worse with an interval excluding 0 are named
             in one WARNING line and kept in ``regressions``; ``"stop"`` also saves a checkpoint of this step and ends
             the run (`RunStopped` with reason "regression").
+        regression_margin: a category is worse only when the whole interval of its difference lies beyond this
+            margin the wrong way (the figure's units; 0: any interval excluding 0).
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class JudgeEvalCallback(TrainerCallback):
         trainer: Any = None,
         log_matrix_images: bool = False,
         regression_action: str = "warn",
+        regression_margin: float = 0.0,
     ) -> None:
         self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
         self.tokenizer = tokenizer
@@ -126,6 +129,7 @@ class JudgeEvalCallback(TrainerCallback):
         if regression_action not in REGRESSION_ACTIONS:
             raise ValueError(f"regression_action: one of {REGRESSION_ACTIONS}, got {regression_action!r}")
         self.regression_action = regression_action
+        self.regression_margin = regression_margin
         self.baseline: dict[tuple[str, str], Items] | None = None  # per-item figures of the eval at step 0
         self.regressions: list[dict[str, Any]] = []  # {step, categories} of each eval that found some
         if trainer is not None:
@@ -150,6 +154,7 @@ class JudgeEvalCallback(TrainerCallback):
             log_matrix_images=script_args.log_matrix_images,
             trainer=trainer,
             regression_action=script_args.eval_regression_action,
+            regression_margin=script_args.eval_regression_margin,
         )
 
     @staticmethod
@@ -303,8 +308,10 @@ class JudgeEvalCallback(TrainerCallback):
         self.regressions.append({"step": step, "categories": list(worse)})
         if self.trainer.is_world_process_zero():
             logger.warning("eval at step %d: %d categor%s worse than the baseline (the eval before the first step; the "
-                           "interval of the difference excludes 0): %s%s", step, len(worse),
-                           "y" if len(worse) == 1 else "ies", ", ".join(worse),
+                           "interval of the difference excludes %s): %s%s", step, len(worse),
+                           "y" if len(worse) == 1 else "ies",
+                           f"a loss under the margin {self.regression_margin:g}" if self.regression_margin else "0",
+                           ", ".join(worse),
                            "; stopping (eval_regression_action: stop)" if self.regression_action == "stop" else "")
         if self.regression_action != "stop":
             return
@@ -383,7 +390,8 @@ class JudgeEvalCallback(TrainerCallback):
         try:
             results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,
                                                   generator=self.generator, step=step, epoch=state.epoch,
-                                                  baseline=self.baseline if step > 0 else None)
+                                                  baseline=self.baseline if step > 0 else None,
+                                                  regression_margin=self.regression_margin)
         except EvalStopped as stop:
             self._abandon(state, stop, "the eval")
         finally:

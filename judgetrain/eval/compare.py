@@ -123,13 +123,19 @@ def _as_ab(v: dict[str, Any]) -> dict[str, Any]:
             "p_method": v["p_method"], "n": v["n"], "n_only_a": v["n_only_base"], "n_only_b": v["n_only_trained"]}
 
 
-def changed(v: dict[str, Any], metric: str) -> str:
-    """"better", "worse" (B against A, the interval of the difference excluding 0) or "" (within noise)."""
+def changed(v: dict[str, Any], metric: str, margin: float = 0.0) -> str:
+    """"better", "worse" (B against A, the interval of the difference excluding 0) or "" (within noise). With a
+    ``margin`` (the recipe's ``eval_regression_margin``, in the figure's units), "worse" asks more: the whole
+    interval beyond ``margin`` the wrong way (a loss that cannot be smaller than ``margin``)."""
     low, high = v["delta_ci_low"], v["delta_ci_high"]
-    if not (math.isfinite(low) and math.isfinite(high)) or low <= 0 <= high:
+    if not (math.isfinite(low) and math.isfinite(high)):
         return ""
-    up = low > 0
-    return "worse" if up == metric.endswith(LOWER_IS_BETTER) else "better"
+    lower_is_better = metric.endswith(LOWER_IS_BETTER)
+    if (low > margin) if lower_is_better else (high < -margin):
+        return "worse"
+    if (high < 0) if lower_is_better else (low > 0):
+        return "better"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------- the files

@@ -43,12 +43,13 @@ def suite_evidence(suite: str, mode: str, records: list[dict]) -> tuple[Items | 
 
 
 def paired_deltas(current: dict[tuple[str, str], Items], baseline: dict[tuple[str, str], Items],
-                  bare: str | None) -> tuple[dict[str, float], dict[str, dict[str, Any]], list[str]]:
+                  bare: str | None, margin: float = 0.0) -> tuple[dict[str, float], dict[str, dict[str, Any]], list[str]]:
     """Each (suite, mode) present in both: the paired difference of every figure (current - baseline, same
     resamples for both, McNemar's exact p for right / wrong items). Returns (logged keys
     ``eval/<suite>[/<mode>]/delta/<metric>`` and its ``delta_ci_low``, ``delta_ci_high``, ``p_value``;
     {suite: {mode: {metric: paired figures}}}; the categories that got worse: ``<suite>[/<mode>]/<metric>`` whose
-    difference goes the wrong way with an interval that excludes 0)."""
+    difference goes the wrong way with an interval that excludes 0, or excludes ``margin`` when one is given:
+    `judgetrain.eval.compare.changed`)."""
     keys: dict[str, float] = {}
     deltas: dict[str, dict[str, Any]] = {}
     worse: list[str] = []
@@ -62,7 +63,7 @@ def paired_deltas(current: dict[tuple[str, str], Items], baseline: dict[tuple[st
         deltas.setdefault(suite, {})[mode] = paired
         keys.update(delta_keys(suite, mode, bare, paired))
         where = suite if mode == bare else f"{suite}/{mode}"
-        worse += [f"{where}/{metric}" for metric, v in paired.items() if changed(v, metric) == "worse"]
+        worse += [f"{where}/{metric}" for metric, v in paired.items() if changed(v, metric, margin) == "worse"]
     return keys, deltas, worse
 
 

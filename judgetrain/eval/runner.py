@@ -292,12 +292,14 @@ def evaluate_and_write(
     modes: list[str] | tuple[str, ...] | None = None,
     generator: Any = None,
     baseline: dict[tuple[str, str], Items] | None = None,
+    regression_margin: float = 0.0,
     **about: Any,
 ) -> tuple[dict[str, SuiteResult], dict[str, Any]]:
     """`evaluate` on every process, then, on the main process, ``<directory>/<suite>[.<mode>].jsonl`` and
     ``<directory>/results.json``, and the compact table of the headline figures logged. ``baseline``: {(suite, mode):
     per-item figures} of the judge compared with (`judgetrain.eval.evidence`): the summary then also holds the paired
-    ``deltas``, their logged keys and ``regressions`` (the categories that got worse). Returns (results, summary);
+    ``deltas``, their logged keys and ``regressions`` (the categories that got worse, by more than
+    ``regression_margin`` when it is set). Returns (results, summary);
     every process gets both."""
     modes = list(modes or [engine.scoring])
     results = evaluate(engine, specs, state=state, modes=modes, generator=generator)
@@ -305,7 +307,7 @@ def evaluate_and_write(
                            generator=generator, **about)
     if baseline is not None:
         keys, summary["deltas"], summary["regressions"] = paired_deltas(current_items(results, modes), baseline,
-                                                                        summary["scoring"])
+                                                                        summary["scoring"], regression_margin)
         summary["metrics"].update(keys)
     if state is None or state.is_main_process:
         write_evaluation(results, summary, directory)

@@ -635,7 +635,7 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
 def _against_base_html(run: Run) -> dict[str, Any]:
     """The run against its base judge as page cells: the figures that got worse (shown in red, first on the page)
     or the sentence saying none did, and the base vs trained table."""
-    versus = against_base(run.records)
+    versus = against_base(run.records, run.recipe)
     return {"worse": [] if versus is None else versus["worse"], "header": list(AGAINST_BASE_HEADER),
             "text": against_base_verdict(versus),
             "rows": against_base_cells(versus)}
@@ -677,7 +677,7 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) -> None:
     out = [f"# judgetrain report: {', '.join(run.name for run in runs)}"]
     for run in runs:  # base vs trained and what got worse, before any table
-        out += ["", f"## Against the base judge: {run.name}", "", *against_base_lines(against_base(run.records))]
+        out += ["", f"## Against the base judge: {run.name}", "", *against_base_lines(against_base(run.records, run.recipe))]
     for run in runs:
         head = _headline_cells(run)
         if head is not None:

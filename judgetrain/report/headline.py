@@ -120,22 +120,24 @@ def headline_note(head: Headline) -> str:
 
 
 # ------------------------------------------------------------------------------------------ against the base judge
-def against_base(records: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | None:
+def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The last evaluation logged against a baseline (the eval before the first step, `judgetrain.eval.evidence`):
     ``{"step", "rows": [{figure, base, trained, ci_low, ci_high, delta, delta_ci_low, delta_ci_high, p_value}],
-    "worse": [figures worse than the base, the interval of the difference excluding 0]}``; rows hold each suite's
-    headline figures (`judgetrain.eval.compare.HEADLINE`), ``worse`` every figure. None without such an evaluation."""
+    "worse": [figures worse than the base, the interval of the difference excluding 0], "margin"}``; rows hold each
+    suite's headline figures (`judgetrain.eval.compare.HEADLINE`), ``worse`` every figure (beyond the recipe's
+    ``eval_regression_margin``, as the run's guard judged them). None without such an evaluation."""
     steps = [s for s, r in records.items() if any("/delta/" in k for k in r)]
     if not steps:
         return None
     step = max(steps)
     rec = records[step]
+    margin = float((recipe or {}).get("eval_regression_margin") or 0.0)
     rows, worse = [], []
     for key in sorted(k for k in rec if "/delta/" in k and not k.endswith(("_ci_low", "_ci_high", "/p_value"))):
         where, metric = key.split("/delta/", 1)
         trained, delta = rec.get(f"{where}/{metric}"), rec[key]
         figures = {"delta_ci_low": rec.get(f"{key}/delta_ci_low"), "delta_ci_high": rec.get(f"{key}/delta_ci_high")}
-        if _num(figures["delta_ci_low"]) and _num(figures["delta_ci_high"]) and changed(figures, metric) == "worse":
+        if _num(figures["delta_ci_low"]) and _num(figures["delta_ci_high"]) and changed(figures, metric, margin) == "worse":
             worse.append(f"{where.removeprefix('eval/')}/{metric}")
         if metric not in SUITE_HEADLINE.get(where.split("/")[1], ()):
             continue
@@ -143,7 +145,7 @@ def against_base(records: Mapping[int, Mapping[str, Any]]) -> dict[str, Any] | N
                      "base": trained - delta if _num(trained) and _num(delta) else None,
                      "ci_low": rec.get(f"{where}/{metric}/ci_low"), "ci_high": rec.get(f"{where}/{metric}/ci_high"),
                      "delta": delta, **figures, "p_value": rec.get(f"{key}/p_value")})
-    return {"step": step, "rows": rows, "worse": worse}
+    return {"step": step, "rows": rows, "worse": worse, "margin": margin}
 
 
 AGAINST_BASE_HEADER = ("figure", "base", "trained", "95% interval", "difference", "its interval", "p")
@@ -156,7 +158,8 @@ def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
         return ("No evaluation against the base judge was logged (`eval_on_start: true` scores the baseline in judge, "
                 "verdict and generate modes; implicit mode has none: its base is 0 for every response).")
     if versus["worse"]:
-        return f"Worse than the base judge at step {versus['step']} (the interval of the difference excludes 0)"
+        bound = f"a loss under the margin {versus['margin']:g}" if versus.get("margin") else "0"
+        return f"Worse than the base judge at step {versus['step']} (the interval of the difference excludes {bound})"
     return f"No category got worse than the base judge at step {versus['step']}."
 
 
