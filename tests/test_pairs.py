@@ -308,6 +308,26 @@ def test_score_evaluations_scores_rows_and_rejects_unreadable_out_of_range_and_r
         "a": {"duplicate": 1}, "b": {"unparseable": 1}, "c": {"out_of_range": 1}, "d": {"bad_row": 1}, "e": {}}
 
 
+def test_a_prompt_the_endpoint_refused_is_counted_apart_from_unparseable_scores(tmp_path):
+    """`judgetrain judge` writes a row with reason endpoint_rejected and no evaluation where an endpoint refused the
+    prompt: pairs build counts it as such, not as the judge's unreadable score."""
+    from judgetrain.cli.pairs import stats_table
+
+    refused = {**_row("b", "", sample_id=1), "reason": "endpoint_rejected", "error": "HTTP 400: context too long"}
+    rows = [_row("a", '{"overall_score": 4.5}'), _row("b", "no score here"), refused,
+            {**_row("c", "", sample_id=2), "reason": "endpoint_rejected"}, _row("c", "")]
+    _, rejects = score_evaluations(rows)
+    assert [(r["row"], r["reason"]) for r in rejects] == \
+        [(1, "unparseable"), (2, "endpoint_rejected"), (3, "endpoint_rejected"), (4, "unparseable")]
+    assert rejects[1]["detail"] == "HTTP 400: context too long"
+    stats = build_pairs(rows, tmp_path / "out")
+    assert stats["endpoint_rejected_rows"] == 2 and stats["rejected_rows"] == 4
+    assert stats["rejects_by_reason"] == {"endpoint_rejected": 2, "unparseable": 2}
+    assert stats["rejects_by_judge"]["b"] == {"endpoint_rejected": 1, "unparseable": 1}
+    table = {row[0]: row[1] for row in zip(*(col._cells for col in stats_table(stats).columns))}
+    assert table["Prompts an endpoint refused"] == "2"
+
+
 def test_sample_anchors_take_the_median_of_the_rate_sets_and_skip_thin_samples():
     evals = [_ev(j, s, category="represent", rate=0.05) for j, s in (("a", 2.0), ("b", 4.0), ("c", 5.0))]
     evals += [_ev("a", 1.0, category="represent"), _ev("b", 3.0, sample_id=1, category="represent", rate=0.05)]

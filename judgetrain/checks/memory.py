@@ -101,21 +101,32 @@ def shape_from_config(cfg: dict) -> ModelShape:
     )
 
 
-def model_shape(name_or_path: str) -> tuple[ModelShape, str]:
-    """(shape, where it came from): a local folder's or a cached hub snapshot's config.json, else the built-in
-    table. Never downloads."""
+def config_json(name_or_path: str) -> tuple[dict, str] | None:
+    """(config.json, where it came from) of a local folder (an alias's) or a cached hub snapshot; None when neither
+    holds one. Never downloads."""
 
     path = resolve_model(name_or_path) if is_alias(name_or_path) else name_or_path
     local = Path(path) / "config.json"
     if local.is_file():
-        return shape_from_config(json.loads(local.read_text())), f"config.json of {path}"
+        return json.loads(local.read_text()), f"config.json of {path}"
 
     try:
         snapshot = cached_snapshot(path)
     except Exception:  # noqa: BLE001 - not a hub id
         snapshot = None
     if snapshot is not None and (snapshot / "config.json").is_file():
-        return shape_from_config(json.loads((snapshot / "config.json").read_text())), f"cached hub config of {path}"
+        return json.loads((snapshot / "config.json").read_text()), f"cached hub config of {path}"
+    return None
+
+
+def model_shape(name_or_path: str) -> tuple[ModelShape, str]:
+    """(shape, where it came from): a local folder's or a cached hub snapshot's config.json (`config_json`), else
+    the built-in table. Never downloads."""
+
+    found = config_json(name_or_path)
+    if found is not None:
+        return shape_from_config(found[0]), found[1]
+    path = resolve_model(name_or_path) if is_alias(name_or_path) else name_or_path
     if path in BUILTIN_SHAPES:
         return BUILTIN_SHAPES[path], f"judgetrain's built-in table ({path}'s config is not readable offline)"
     raise ValueError(f"no config.json for {name_or_path} offline and it is not in the built-in table "

@@ -14,7 +14,8 @@ reads (``sample_id``, ``perturbation_set``, ``perturbation_category``, ``perturb
 moment, the same command continues where the committed batches end (`judgetrain.judge.output`); SIGTERM ends it
 with exit code 143 after the batch in flight is dropped. Exit codes: 0 done, 1 crashed (or an endpoint's retries ran
 out), 2 refused (bad items, bad judge, an endpoint's key, URL or model refused at start, another run's output_dir),
-143 stopped by a signal.
+143 stopped by a signal. With ``--backend vllm`` a judge whose engine would not fit ``--gpu_memory_utilization`` x the
+GPU's memory (weights + one full-context key/value cache) is refused (exit 2) before any model loads.
 """
 
 # Late imports: judgetrain.judge, rich, judgetrain.utils, accelerate, judgetrain.cli, judgetrain.config,
@@ -55,7 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens written per evaluation (default 512; {FORCED_MAX_NEW_TOKENS} with --force_score_prefix)")
     p.add_argument("--max_length", type=int, help="longest prompt + evaluation (default: the model's context)")
     p.add_argument("--backend", choices=("auto", "transformers", "vllm"), default="auto",
-                   help="generation engine of local judges (auto: vLLM with CUDA when installed)")
+                   help="generation engine of local judges (auto: vLLM with CUDA when installed). On vLLM no "
+                        "transformers copy of the weights is loaded: the engine reads the model (and an adapter, as a "
+                        "LoRA request) from disk")
+    p.add_argument("--gpu_memory_utilization", type=float, default=0.85,
+                   help="vLLM judges: the share of the GPU's memory the engine may take (default 0.85: nothing else "
+                        "of the judge is on the GPU, and 0.15 is left to this process's CUDA context and what an "
+                        "earlier judge's engine may leave cached; vLLM's own default is 0.9; judges-file key "
+                        "gpu_memory_utilization). Checked before any model loads: weights + one full-context "
+                        "key/value cache must fit in it")
     p.add_argument("--batch_tokens", type=int, default=8192, help="batch size x (prompt + max_new_tokens) per call")
     p.add_argument("--max_batch_size", type=int, default=32, help="prompts per generate call at most")
     p.add_argument("--chunk_size", type=int, default=64,
@@ -103,6 +112,8 @@ def options(args: argparse.Namespace):
     for name in ("chunk_size", "batch_tokens", "max_batch_size", "concurrency"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError(f"--gpu_memory_utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.endpoint_max_retries < 0 or not args.endpoint_timeout_s > 0 or not args.endpoint_wait_budget_s >= 0:
         raise ValueError("--endpoint_max_retries and --endpoint_wait_budget_s must be at least 0, --endpoint_timeout_s "
                          "more than 0")
@@ -112,7 +123,8 @@ def options(args: argparse.Namespace):
                    force_score_prefix=force, score_key=args.score_key, scale=tuple(args.scale), dtype=args.dtype,
                    concurrency=args.concurrency, trust_remote_code=args.trust_remote_code,
                    endpoint_timeout_s=args.endpoint_timeout_s, endpoint_max_retries=args.endpoint_max_retries,
-                   endpoint_wait_budget_s=args.endpoint_wait_budget_s)
+                   endpoint_wait_budget_s=args.endpoint_wait_budget_s,
+                   gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def summary_table(summary: dict):
@@ -179,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.config.recipe import RecipeError
     from judgetrain.data.validate import DataValidationError
     from judgetrain.judge.endpoint import EndpointError
+    from judgetrain.judge.fit import preflight_vllm
     from judgetrain.judge.items import read_items
     from judgetrain.judge.judges import JudgeSpecError, judge_specs, preflight_endpoints
     from judgetrain.judge.output import REJECTS
@@ -191,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # everything that can be refused is, before any model loads
         opts = options(args)
         specs = preflight_endpoints(judge_specs(args.judge, args.judges_file), opts)
+        preflight_vllm(specs, opts)  # vLLM judges: the engine can run (adapter, installed) and fits the GPU
         item_set = read_items(args.items, split=args.items_split, on_bad_row=args.on_bad_row,
                               rejects_path=args.rejects_path or str(out / REJECTS), revision=args.items_revision)
         result = run_panel(item_set, specs, opts, out, state)

@@ -36,6 +36,8 @@ def stats_table(stats: dict):
     for judge, counts in stats["rejects_by_judge"].items():
         detail = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "0"
         table.add_row(f"Rejects: {judge}", detail)
+    if stats.get("endpoint_rejected_rows"):  # no evaluation to read: the endpoint refused the prompt
+        table.add_row("Prompts an endpoint refused", f"{stats['endpoint_rejected_rows']:,}")
     table.add_row("Skipped samples (anchor)", f"{stats['skipped_samples']} "
                   f"(< {stats['options']['min_represent_evals']} representational scores)")
     return table

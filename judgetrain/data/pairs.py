@@ -12,6 +12,8 @@ The construction is the one of iknow-lab/JudgeBias-DPO-RefFree:
    scores are counted per judge and written to ``<out>/rejects.jsonl``, never guessed; only the judge's own turn
    is read: an evaluation holding a chat turn marker followed by more text (``<|im_end|>\n<|im_start|>...``) is
    rejected as ``fake_turn``, a trailing end-of-turn marker is dropped (:func:`judgetrain.data.chat.judge_turn`);
+   a row whose ``reason`` is ``endpoint_rejected`` (`judgetrain judge`: the endpoint refused the prompt, there is no
+   evaluation) is rejected as ``endpoint_rejected``, counted apart from the unparseable ones;
 2. anchor per sample = median of the overall scores over all judges x the representational rate sets
    (the card's "4 models x 5 representational rates"; ``anchor_sets="represent"`` uses every represent set);
    samples with fewer than ``min_represent_evals`` such scores are counted and skipped;
@@ -60,6 +62,9 @@ REPRESENT_TYPES = frozenset(t for t, c in TYPE_CATEGORY.items() if c == "represe
 CATEGORY_ALIASES = {"error": "error", "represent": "represent", "representational": "represent",
                     "representation": "represent"}
 
+# the reason `judgetrain judge` writes on the row of a prompt its endpoint refused (judgetrain.judge.endpoint's
+# REJECTED_REASON): no evaluation was written, so the row is no judge's unreadable score
+ENDPOINT_REJECTED = "endpoint_rejected"
 REQUIRED_COLUMNS = ("sample_id", "perturbation_set", "judge_model", "prompt", "evaluation")
 OUTPUT_COLUMNS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected", "score_delta", "anchor_score",
                   "sample_id", "perturbation_type", "perturbation_category", "perturbation_rate", "chosen_model",
@@ -180,6 +185,9 @@ def _normalise(row: dict, key: str, scale: tuple[float, float]) -> tuple[Evaluat
         prompt = _messages_json(row["prompt"])
     except (ValueError, TypeError) as err:
         return None, {**base, "reason": "bad_row", "detail": str(err)}
+    if row.get("reason") == ENDPOINT_REJECTED:
+        return None, {**base, "reason": ENDPOINT_REJECTED, "detail": str(row.get("error") or "the endpoint refused "
+                                                                         "the prompt")}
     text = row["evaluation"]
     if isinstance(text, str):  # only the judge's own turn is its verdict (judgetrain.data.chat)
         text, fake_turn = judge_turn(text)
@@ -514,6 +522,7 @@ def build_pairs(
         "rejected_rows": len(rejects),
         "rejects_by_judge": count_rejects(rejects, {str(row.get("judge_model")) for row in rows}),
         "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
+        "endpoint_rejected_rows": sum(r["reason"] == ENDPOINT_REJECTED for r in rejects),
         "judges": sorted({str(row.get("judge_model")) for row in rows}),
         "anchored_samples": len(anchors),
         "skipped_samples": len(skipped),

@@ -40,7 +40,9 @@
   their own, and a rank with fewer batches passes its remaining stop points without padding calls.
 - ``backend="vllm"`` runs the model in a vLLM engine in this process (`_VLLMBackend`): the adapter as a LoRA request,
   or a full fine-tune's weights loaded into the engine on each call. It needs vLLM and CUDA, or vLLM's CPU build
-  (``vllm-cpu``); ``"auto"`` picks vLLM only with CUDA.
+  (``vllm-cpu``); ``"auto"`` picks vLLM only with CUDA. With ``vllm_weights`` (`VLLMWeights`: `judgetrain judge`)
+  the engine reads the weights from disk once and no transformers model is needed (``model`` may be None): the
+  adapter, if any, is the same LoRA request on every call.
 """
 
 # Late imports: vllm (inside the functions that use them): vLLM is optional: imported only when its backend is asked
@@ -92,6 +94,18 @@ class Generated:
     stopped: bool  # True: ended on an end-of-turn / eos token; False: hit max_new_tokens
     truncated: bool = False  # the prompt was cut from the left to fit max_length - max_new_tokens
     token_ids: list[int] = field(default_factory=list)  # the completion's tokens, the stop token not included
+
+
+@dataclass(frozen=True)
+class VLLMWeights:
+    """What a vLLM engine loads from disk, with no transformers copy of the weights in the process: the base model
+    (folder or hub id, at ``revision``) in ``dtype``, and a LoRA adapter folder of rank ``lora_rank`` (None: none)."""
+
+    path: str
+    dtype: str
+    revision: str | None = None
+    adapter: str | None = None
+    lora_rank: int | None = None
 
 
 @dataclass
@@ -166,13 +180,16 @@ class Generator(StopPoints):
             `release` frees the engine's GPU memory between evals).
         model_revision: the revision (the pinned commit) of the hub repository the model was loaded from: the vLLM
             engine loads the base model at it (`vllm_revision`).
+        vllm_weights: the vLLM engine loads these weights from disk once (`VLLMWeights`); ``model`` is then unused
+            and may be None (give ``max_length``).
     """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, max_length: int | None = None,
                  batch_tokens: int = 8192, max_batch_size: int = 32, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, merge_lora: bool = True,
                  prefix_sharing: bool = True, backend: str = "transformers", stop_token_ids: Sequence[int] = (),
-                 vllm_kwargs: dict | None = None, model_revision: str | None = None) -> None:
+                 vllm_kwargs: dict | None = None, model_revision: str | None = None,
+                 vllm_weights: VLLMWeights | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if int(max_new_tokens) < 1:
@@ -192,7 +209,7 @@ class Generator(StopPoints):
                              max_batch_size=max_batch_size, do_sample=do_sample, temperature=temperature, top_p=top_p,
                              seed=seed, merge_lora=merge_lora, prefix_sharing=prefix_sharing, backend=backend,
                              stop_token_ids=tuple(stop_token_ids), vllm_kwargs=vllm_kwargs,
-                             model_revision=model_revision)
+                             model_revision=model_revision, vllm_weights=vllm_weights)
         # called before every generate call; True abandons the generation (`judgetrain.eval.scoring.EvalStopped`).
         # Under several processes it must give every rank the same answer (the callback's is reduced over them):
         # every rank makes the same number of calls, so they all stop at the same one
@@ -215,10 +232,11 @@ class Generator(StopPoints):
         if not self.stop_token_ids:
             logger.warning("the tokenizer has no eos and the chat template no end-of-turn token: every generation "
                            "runs to max_new_tokens (%d)", self.max_new_tokens)
-        self.backend = _resolve_backend(backend)
+        self.backend = resolve_backend(backend)
         self._vllm: _VLLMBackend | None = None
         self._vllm_kwargs = dict(vllm_kwargs or {})
         self.model_revision = model_revision
+        self.vllm_weights = vllm_weights
         self.accelerator: Any = None  # the trainer's (`set_model`): its DeepSpeed ZeRO-3 engine is gathered per call
 
     # ------------------------------------------------------------------------------------------ model and prompts
@@ -478,7 +496,9 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None and (torch.cuda.is_available() or _vllm_cpu_build())
 
 
-def _resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str) -> str:
+    """The engine ``backend`` runs on here (``auto``: vLLM with CUDA when installed, else transformers);
+    RuntimeError when ``vllm`` is asked for and cannot run."""
     if backend == "auto":  # vLLM's gain is on a GPU; its CPU build is slower than the transformers engine here
         return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else \
             "transformers"
@@ -519,6 +539,8 @@ def vllm_engine_kwargs(generator: Generator, llm_kwargs: dict) -> tuple[dict, bo
     """The keyword arguments of ``vllm.LLM`` for the generator's model (built without importing vLLM), and whether it
     runs a LoRA adapter; refuses, before any engine starts, what the engine cannot run (see `_VLLMBackend`)."""
 
+    if generator.vllm_weights is not None:
+        return _disk_engine_kwargs(generator, llm_kwargs)
     model = generator.model
     if sharding_of(model)["sharded_tensors"]:
         raise RuntimeError("generation backend 'vllm' does not take sharded weights (FSDP2, ZeRO-3): a rank holds a "
@@ -539,15 +561,7 @@ def vllm_engine_kwargs(generator: Generator, llm_kwargs: dict) -> tuple[dict, bo
     revision = vllm_revision(model, path, generator.model_revision)
     if revision:  # the weights, config and tokenizer of the commit training loaded, not the branch's newest
         kwargs.update(revision=revision, tokenizer_revision=revision)
-    llm_kwargs = dict(llm_kwargs)
-    if not torch.cuda.is_available():  # the CPU build sizes its key/value cache by VLLM_CPU_KVCACHE_SPACE
-        llm_kwargs.pop("gpu_memory_utilization", None)
-        if llm_kwargs.pop("enable_sleep_mode", False):
-            logger.warning("generation: vLLM's sleep mode needs CUDA; the engine stays resident between evals")
-    elif torch.distributed.is_available() and torch.distributed.is_initialized() and \
-            torch.distributed.get_world_size() > 1:
-        # one engine per rank on the rank's own GPU (LOCAL_RANK, set by the launcher), as TRL's colocated vLLM
-        kwargs["distributed_executor_backend"] = "external_launcher"
+    llm_kwargs = _placed(kwargs, llm_kwargs)
     if peft:
         config = model.peft_config[model.active_adapter]
         if getattr(config, "peft_type", None) is not None and str(config.peft_type).split(".")[-1] != "LORA":
@@ -559,6 +573,35 @@ def vllm_engine_kwargs(generator: Generator, llm_kwargs: dict) -> tuple[dict, bo
         kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(int(getattr(config, "r", 16))), max_loras=1)
     kwargs.update({k: v for k, v in llm_kwargs.items() if v is not None})
     return kwargs, peft
+
+
+def _placed(kwargs: dict, llm_kwargs: dict) -> dict:
+    """``llm_kwargs`` less what vLLM's CPU build does not take; under several CUDA processes ``kwargs`` gets one
+    engine per rank."""
+    llm_kwargs = dict(llm_kwargs)
+    if not torch.cuda.is_available():  # the CPU build sizes its key/value cache by VLLM_CPU_KVCACHE_SPACE
+        llm_kwargs.pop("gpu_memory_utilization", None)
+        if llm_kwargs.pop("enable_sleep_mode", False):
+            logger.warning("generation: vLLM's sleep mode needs CUDA; the engine stays resident between evals")
+    elif torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        # one engine per rank on the rank's own GPU (LOCAL_RANK, set by the launcher), as TRL's colocated vLLM
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    return llm_kwargs
+
+
+def _disk_engine_kwargs(generator: Generator, llm_kwargs: dict) -> tuple[dict, bool]:
+    """`vllm_engine_kwargs` of a generator whose engine loads its weights from disk (`VLLMWeights`)."""
+    w = generator.vllm_weights
+    kwargs = dict(model=w.path, tokenizer=w.path, seed=generator.seed, max_model_len=generator.max_length,
+                  dtype=w.dtype, trust_remote_code=False)
+    if w.revision:
+        kwargs.update(revision=w.revision, tokenizer_revision=w.revision)
+    llm_kwargs = _placed(kwargs, llm_kwargs)
+    if w.adapter:
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(int(w.lora_rank or 16)), max_loras=1)
+    kwargs.update({k: v for k, v in llm_kwargs.items() if v is not None})
+    return kwargs, w.adapter is not None
 
 
 class _VLLMBackend:
@@ -575,7 +618,11 @@ class _VLLMBackend:
     rank on its own GPU (vLLM's ``external_launcher``, as TRL's colocated vLLM runs it). Refused: sharded
     weights (FSDP2, ZeRO-3: a rank holds a part of each tensor), adapters other than LoRA, and a full fine-tune on
     vLLM's CPU build (it repacks linear weights at load; loading them again does not take). The LoRA path is tested
-    on vLLM's CPU build (tests/test_generate_vllm.py); the full fine-tune path needs CUDA and has not run here."""
+    on vLLM's CPU build (tests/test_generate_vllm.py); the full fine-tune path needs CUDA and has not run here.
+
+    With the generator's ``vllm_weights`` (`VLLMWeights`, `judgetrain judge`) the engine reads the weights from disk
+    once and nothing is loaded again per call: the adapter, if any, is one LoRA request (id 1) on every call. Its
+    engine arguments are checked without vLLM (tests/test_judge_vllm.py); it has not yet run against a GPU vLLM."""
 
     def __init__(self, generator: Generator, **llm_kwargs) -> None:
         self.generator = generator
@@ -611,8 +658,9 @@ class _VLLMBackend:
             logger.info("generation: torch threads back to %d after vLLM's start set %d", threads,
                         torch.get_num_threads())
             torch.set_num_threads(threads)
+        how = ", weights read from disk once" if generator.vllm_weights else ", weights loaded on each call"
         logger.info("generation: vLLM engine of %s (%s%s) ready in %.1f s", path, kwargs["dtype"],
-                    ", LoRA requests" if self.peft else ", weights loaded on each call", time.perf_counter() - t0)
+                    ", LoRA requests" if self.peft else how, time.perf_counter() - t0)
         self._lora_id = 0
 
     def close(self) -> None:
@@ -630,7 +678,7 @@ class _VLLMBackend:
         if not self.sleeps or self.asleep or self.llm is None:
             return False
         torch.cuda.synchronize()
-        self.llm.sleep(level=1 if self.peft else 2)
+        self.llm.sleep(level=1 if self.peft or self.generator.vllm_weights else 2)
         self.asleep = True
         self.memory["free_gib_asleep"] = torch.cuda.mem_get_info()[0] / 2**30
         logger.info("generation: vLLM engine asleep until the next eval (%.1f GiB free on the GPU)",
@@ -669,7 +717,12 @@ class _VLLMBackend:
         self._wake()
         with tempfile.TemporaryDirectory(prefix="judgetrain-vllm-lora-") as folder:
             request = None
-            if self.peft:
+            if g.vllm_weights is not None:  # the weights on disk: nothing to save or load again
+                if g.vllm_weights.adapter:
+                    from vllm.lora.request import LoRARequest
+
+                    request = LoRARequest("judge", 1, g.vllm_weights.adapter)
+            elif self.peft:
                 from vllm.lora.request import LoRARequest
 
                 # the current adapter weights, written by every rank (each runs its own engine)

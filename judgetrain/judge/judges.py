@@ -9,7 +9,8 @@ folder) or comma-separated ``key=value`` pairs:
   environment variable ``VAR``, never from a file, and never written to the output).
 
 An endpoint judge also takes ``timeout_s``, ``max_retries`` and ``wait_budget_s`` (its own values of
-``--endpoint_timeout_s``, ``--endpoint_max_retries`` and ``--endpoint_wait_budget_s``).
+``--endpoint_timeout_s``, ``--endpoint_max_retries`` and ``--endpoint_wait_budget_s``); a local judge takes
+``gpu_memory_utilization`` (its own ``--gpu_memory_utilization``: the share of the GPU its vLLM engine may take).
 
 ``--judges_file FILE.yaml`` is a list of mappings with the same keys. ``name`` is the ``judge_model`` written in every
 output row; without one it is the model's name (plus the adapter's folder name).
@@ -40,7 +41,8 @@ from judgetrain.utils.errors import BadInputError
 logger = logging.getLogger(__name__)
 
 ENDPOINT_SETTINGS = {"timeout_s": float, "max_retries": int, "wait_budget_s": float}
-KEYS = ("model", "adapter", "name", "endpoint", "key_env", *ENDPOINT_SETTINGS)
+LOCAL_SETTINGS = {"gpu_memory_utilization": float}
+KEYS = ("model", "adapter", "name", "endpoint", "key_env", *ENDPOINT_SETTINGS, *LOCAL_SETTINGS)
 FINGERPRINT_SAMPLES = 16  # blocks read from each weight file, evenly spaced
 FINGERPRINT_BLOCK = 1 << 16
 
@@ -59,6 +61,7 @@ class JudgeSpec:
     timeout_s: float | None = None  # endpoint settings of this judge (None: the command's)
     max_retries: int | None = None
     wait_budget_s: float | None = None
+    gpu_memory_utilization: float | None = None  # a local judge's vLLM share of the GPU (None: the command's)
     served_model: str | None = None  # the id the endpoint's model list gives the model (`preflight_endpoints`)
 
     @property
@@ -109,15 +112,16 @@ def make_spec(fields: dict[str, Any], where: str) -> JudgeSpec:
     if "endpoint" in clean:
         if "model" not in clean:
             raise JudgeSpecError(f"{where}: an endpoint judge needs model=NAME (the name the server serves)")
-        if "adapter" in clean:
-            raise JudgeSpecError(f"{where}: an endpoint judge takes no adapter (the server serves its weights)")
+        if "adapter" in clean or set(clean) & set(LOCAL_SETTINGS):
+            raise JudgeSpecError(f"{where}: an endpoint judge takes no adapter or gpu_memory_utilization (the server "
+                                 "serves its weights)")
     elif "key_env" in clean or set(clean) & set(ENDPOINT_SETTINGS):
         raise JudgeSpecError(f"{where}: {', '.join(sorted(set(clean) & {'key_env', *ENDPOINT_SETTINGS}))} "
                              "is for endpoint judges (endpoint=BASE_URL)")
     elif "model" not in clean and "adapter" not in clean:
         raise JudgeSpecError(f"{where}: a judge needs model=M (or adapter=PATH, whose base model is loaded)")
     settings: dict[str, Any] = {}
-    for key, kind in ENDPOINT_SETTINGS.items():
+    for key, kind in {**ENDPOINT_SETTINGS, **LOCAL_SETTINGS}.items():
         if key in clean:
             try:
                 settings[key] = kind(clean[key])
@@ -289,15 +293,13 @@ def load_local(spec: JudgeSpec, *, dtype: str = "auto", trust_remote_code: bool 
     from transformers import AutoModelForCausalLM
 
     from judgetrain.models.aliases import resolve_model
-    from judgetrain.models.loading import load_tokenizer
 
     path = resolve_model(spec.base_model())
     import torch
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype == "auto" else getattr(torch, dtype),
                                                  trust_remote_code=trust_remote_code)
-    own = spec.adapter and (Path(spec.adapter) / "tokenizer_config.json").is_file()
-    tokenizer = load_tokenizer(spec.adapter if own else path, trust_remote_code=trust_remote_code)
+    tokenizer = judge_tokenizer(spec, path, trust_remote_code)
     if spec.adapter:
         from peft import PeftModel
 
@@ -306,3 +308,24 @@ def load_local(spec: JudgeSpec, *, dtype: str = "auto", trust_remote_code: bool 
         model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def judge_tokenizer(spec: JudgeSpec, path: str, trust_remote_code: bool = False, revision: str | None = None):
+    """The judge's tokenizer: its adapter's own when the adapter folder holds one, else the base model's."""
+    from judgetrain.models.loading import load_tokenizer
+
+    own = spec.adapter and (Path(spec.adapter) / "tokenizer_config.json").is_file()
+    return load_tokenizer(spec.adapter if own else path, trust_remote_code=trust_remote_code,
+                          revision=None if own else revision)
+
+
+def load_files(spec: JudgeSpec, base: str, *, revision: str | None = None, trust_remote_code: bool = False):
+    """(tokenizer, config as a dict, path) of a judge whose weights an engine reads from disk: nothing of the
+    weights is loaded here (`judgetrain.judge.fit.load_plan`)."""
+    from transformers import AutoConfig
+
+    from judgetrain.models.aliases import resolve_model
+
+    path = str(resolve_model(base))
+    config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    return judge_tokenizer(spec, path, trust_remote_code, revision), config.to_dict(), path

@@ -28,6 +28,7 @@ class Options:
     endpoint_timeout_s: float = 120.0  # endpoint judges: seconds for one response,
     endpoint_max_retries: int = 30  # retries per prompt,
     endpoint_wait_budget_s: float = 600.0  # and seconds a prompt may wait between its retries in all
+    gpu_memory_utilization: float = 0.85  # vLLM judges: the share of the GPU's memory the engine may take
 
     def identity(self) -> dict[str, Any]:
         """The options that change what is written (batching and backend do not, beyond float noise)."""
@@ -37,7 +38,7 @@ class Options:
 
 
 def check_settings(*, max_new_tokens: int = 1, concurrency: int = 1, max_retries: int = 0, timeout_s: float = 1.0,
-                   wait_budget_s: float = 0.0) -> None:
+                   wait_budget_s: float = 0.0, gpu_memory_utilization: float = 0.85) -> None:
     """ValueError naming the first setting out of range (the command line and a judges file are checked with it
     before anything starts)."""
     for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("concurrency", concurrency, 1),
@@ -46,3 +47,5 @@ def check_settings(*, max_new_tokens: int = 1, concurrency: int = 1, max_retries
             raise ValueError(f"{name} must be at least {low}, got {value}")
     if not float(timeout_s) > 0 or not float(wait_budget_s) >= 0:
         raise ValueError(f"timeout_s must be > 0 and wait_budget_s >= 0 (got {timeout_s}, {wait_budget_s})")
+    if not 0 < float(gpu_memory_utilization) <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")

@@ -6,7 +6,8 @@
   batches, the shared prompt prefix once per batch, merged LoRA; the transformers engine or vLLM) with ``sync``: every
   process makes the same number of generate calls, as `generate_sharded` does, but each keeps its own texts (there
   is nothing to gather: each writes its own shard). An endpoint judge (`judgetrain.judge.endpoint`) sends its share
-  of each chunk as concurrent requests.
+  of each chunk as concurrent requests. On vLLM a local judge loads no transformers copy of its weights
+  (`disk_generator`, `judgetrain.judge.fit`): the engine reads them, and the adapter as a LoRA request, from disk.
 - Forced score prefix (``force_score_prefix``): the judge's turn starts with judge mode's forced prefix
   (`judgetrain.eval.scoring.DEFAULT_JUDGE_PREFIX`, the JSON up to ``"overall_score": ``), its first token is one of the
   score tokens judge mode reads (`ScoringEngine.score_token_ids`), then it writes a few tokens; the evaluation written
@@ -26,11 +27,12 @@ from typing import Any
 
 from judgetrain.data.chat import judge_turn
 from judgetrain.data.scoreparse import parse_overall_score_result
-from judgetrain.eval.generate import Generator
+from judgetrain.eval.generate import Generator, resolve_backend
 from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX, EvalStopped, ScoringEngine, judge_prompt_ids
 from judgetrain.judge.endpoint import REJECTED_REASON, EndpointError, EndpointGenerator, Rejected
 from judgetrain.judge.items import Item
-from judgetrain.judge.judges import JudgeSpec, endpoint_settings, load_local
+from judgetrain.judge.fit import LoadPlan, adapter_config, engine_weights, gpu_share, load_plan
+from judgetrain.judge.judges import JudgeSpec, endpoint_settings, load_files, load_local
 from judgetrain.judge.options import Options
 from judgetrain.judge.output import ShardWriter, check_identity, done_items, merge, read_done, summarize, write_summary
 from judgetrain.judge.resume import record_items
@@ -81,8 +83,12 @@ class ForcedScoreGenerator(Generator):
 
 
 def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | None]:
-    """(generator, forced prefix or None) of a local judge."""
+    """(generator, forced prefix or None) of a local judge. On the vLLM backend no transformers model of the weights
+    is loaded (`judgetrain.judge.fit.load_plan`): the engine reads them from disk."""
 
+    plan = load_plan(spec, resolve_backend(opts.backend), adapter_config(spec))
+    if not plan.transformers_weights:
+        return disk_generator(spec, plan, opts), None
     model, tokenizer = load_local(spec, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, device=device)
     kwargs = dict(max_new_tokens=opts.max_new_tokens, max_length=opts.max_length, batch_tokens=opts.batch_tokens,
                   max_batch_size=opts.max_batch_size, do_sample=opts.do_sample, temperature=opts.temperature,
@@ -93,6 +99,21 @@ def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | 
     score_ids, values = engine.score_token_ids()  # the tokens judge mode reads; the prefix as it reads them
     logger.info("judge %s: forced prefix %r, first token one of the scores %s", spec.name, engine.judge_prefix, values)
     return ForcedScoreGenerator(model, tokenizer, prefix=engine.judge_prefix, score_ids=score_ids, **kwargs), engine.judge_prefix
+
+
+def disk_generator(spec: JudgeSpec, plan: LoadPlan, opts: Options) -> Generator:
+    """The Generator of a judge whose vLLM engine loads its weights from disk: the tokenizer and the config's numbers
+    from the model's files, the judge's gpu_memory_utilization for the engine."""
+    tokenizer, config, path = load_files(spec, plan.base, revision=plan.revision,
+                                         trust_remote_code=opts.trust_remote_code)
+    weights, context = engine_weights(plan, path, config, opts)
+    logger.info("judge %s: vLLM reads %s%s from disk (%s, context %d, gpu_memory_utilization %g); no transformers "
+                "copy of the weights", spec.name, path, f" and the adapter {plan.adapter}" if plan.adapter else "",
+                weights.dtype, context, gpu_share(spec, opts))
+    return Generator(None, tokenizer, max_new_tokens=opts.max_new_tokens, max_length=context,
+                     batch_tokens=opts.batch_tokens, max_batch_size=opts.max_batch_size, do_sample=opts.do_sample,
+                     temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed, backend=plan.engine,
+                     vllm_kwargs={"gpu_memory_utilization": gpu_share(spec, opts)}, vllm_weights=weights)
 
 
 def endpoint_generator(spec: JudgeSpec, opts: Options) -> tuple[Any, str | None]:
