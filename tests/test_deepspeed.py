@@ -154,3 +154,19 @@ def test_zero3_full_fine_tune_gathers_a_whole_model_that_scores_as_the_live_one(
         for x, y in zip(loaded, live):
             for key in ("score_chosen", "score_rejected"):
                 assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-4), (suite, x["row_index"], key)
+
+
+def test_zero3_generation_layer_by_layer_writes_the_texts_of_the_gathered_path(ddp_full, tmp_path):
+    """eval_generate_zero3_gather: never: no whole-model gather; ZeRO-3's hooks gather each layer in its forward and
+    the ranks' generate calls run in step (rank 1, with fewer prompts, runs a padding call). The texts are DDP's,
+    which the gathered path writes too (the test above), greedy, token for token."""
+    recipe, ddp = ddp_full
+    out, log = tmp_path / "zero3-layerwise", tmp_path / "zero3-layerwise.log"
+    proc = _launch("accelerate_configs/zero3.yaml", recipe, out, log, *ZERO, "--main_process_port", str(free_port()),
+                   args=("--eval_generate_zero3_gather", "never"))
+    assert proc.wait(timeout=600) == 0, log.read_text(errors="replace")[-5000:]
+    _assert_zero(out, 3, trainable_whole=True)
+    _assert_same_generations(ddp, out, layerwise=True)
+    text = log.read_text(errors="replace")
+    assert "(eval_generate_zero3_gather: never): whole-model gather OFF" in text
+    assert "layer-by-layer synced generation, slower" in text

