@@ -246,6 +246,7 @@ gen = Generator(model, AutoTokenizer.from_pretrained(path), max_new_tokens=int(s
 out = generate_sharded(gen, prompts, state)
 print("RESULT " + json.dumps({"rank": state.process_index, "world": state.num_processes, "stats": gen.stats.as_dict(),
                               "out": [[g.token_ids, g.text, g.prompt_tokens] for g in out]}), flush=True)
+torch.distributed.destroy_process_group()  # gloo's threads ended before exit (else, rarely: abort at exit)
 """
 
 

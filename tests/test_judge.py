@@ -365,11 +365,12 @@ def _wait_for_batches(proc, out: Path, n: int, timeout: float = 240) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", ["one process", "two processes", "two processes, the launcher alone killed"])
 def test_sigkill_mid_run_then_the_same_command_generates_only_what_is_missing(tmp_path, tiny_judge, launch):
-    n_items, judges = 12, ["tiny-judge", f"model={tiny_judge},name=second"]
+    # 48 evaluations of 32 tokens: a run on a loaded machine cannot finish between the 4th commit and the kill
+    n_items, judges = 24, ["tiny-judge", f"model={tiny_judge},name=second"]
     items = write_items(tmp_path / "items.jsonl", n_items)
     out = tmp_path / "panel"
     tail = ["--items", items, "--judge", judges[0], "--judge", judges[1], "--output_dir", out, "--chunk_size", 2,
-            "--max_new_tokens", 8]
+            "--max_new_tokens", 32]
     cli = [sys.executable, "-m", "judgetrain.cli.judge"]
     if launch.startswith("two processes"):
         from helpers import free_port

@@ -34,7 +34,6 @@ SUMMARY_KEYS = (
     "parser_hostile_vs_clean_ratio",
     "parser_pairs_build_hostile_ratio",
     "generation_tiny_judge_tokens_per_s_ratio",
-    "evidence_share_of_eval",
 )
 
 

@@ -59,12 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generation engine of local judges (auto: vLLM with CUDA when installed). On vLLM no "
                         "transformers copy of the weights is loaded: the engine reads the model (and an adapter, as a "
                         "LoRA request) from disk")
-    p.add_argument("--gpu_memory_utilization", type=float, default=0.85,
-                   help="vLLM judges: the share of the GPU's memory the engine may take (default 0.85: nothing else "
-                        "of the judge is on the GPU, and 0.15 is left to this process's CUDA context and what an "
-                        "earlier judge's engine may leave cached; vLLM's own default is 0.9; judges-file key "
-                        "gpu_memory_utilization). Checked before any model loads: weights + one full-context "
-                        "key/value cache must fit in it")
+    add_gpu_memory_option(p)
     p.add_argument("--batch_tokens", type=int, default=8192, help="batch size x (prompt + max_new_tokens) per call")
     p.add_argument("--max_batch_size", type=int, default=32, help="prompts per generate call at most")
     p.add_argument("--chunk_size", type=int, default=64,
@@ -84,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accepted score range, inclusive (as judgetrain pairs build)")
     p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off)")
     return p
+
+
+def add_gpu_memory_option(p) -> None:
+    """``--gpu_memory_utilization`` of a vLLM engine, on ``p`` (a parser or group): `options` reads it."""
+    p.add_argument("--gpu_memory_utilization", type=float, default=0.85,
+                   help="a local model on vLLM (a judge; perturb's rewriting model): the share of the GPU's memory "
+                        "its engine may take (default 0.85: nothing else of the model is on the GPU, and 0.15 is left to this process's CUDA context and what an "
+                        "earlier judge's engine may leave cached; vLLM's own default is 0.9; judges-file key "
+                        "gpu_memory_utilization). Checked before any model loads: weights + one full-context "
+                        "key/value cache must fit in it")
 
 
 def add_endpoint_options(p) -> None:

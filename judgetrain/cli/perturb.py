@@ -30,7 +30,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from judgetrain.cli.judge import add_endpoint_options, options
+from judgetrain.cli.judge import add_endpoint_options, add_gpu_memory_option, options
 from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_PREEMPTED
 from judgetrain.utils.logging import setup_logging
 
@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max_new_tokens", type=int, default=512, help="tokens per rewrite at most (default 512)")
     g.add_argument("--max_length", type=int, help="longest prompt + rewrite (default: the model's context)")
     g.add_argument("--backend", choices=("auto", "transformers", "vllm"), default="auto")
+    add_gpu_memory_option(g)
     g.add_argument("--batch_tokens", type=int, default=8192)
     g.add_argument("--max_batch_size", type=int, default=32)
     g.add_argument("--chunk_size", type=int, default=64, help="rewrites per process per committed batch")
