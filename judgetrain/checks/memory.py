@@ -277,8 +277,9 @@ def estimate(shape: ModelShape, plan: Plan, usable: float | None = None) -> dict
     eval_peak = static + out["eval_pass"] + out["eval_gathered_weights"]
     out["eval_peak"] = eval_peak
     out["peak"] = max(train_peak, ref_peak, eval_peak)
+    eval_phase = "eval scoring" + (" (generate mode gathers the whole model)" if whole else "")
     out["peak_phase"] = {train_peak: "policy forward/backward", ref_peak: "reference pass",
-                         eval_peak: "eval scoring" + (" (generate mode gathers the whole model)" if whole else "")}[out["peak"]]
+                         eval_peak: eval_phase}[out["peak"]]
     out["tokens_per_step"] = tokens * plan.grad_accum * n
     out["tokens_per_micro_step_per_device"] = tokens
     out["parameters"] = params

@@ -85,8 +85,9 @@ def add_gpu_memory_option(p) -> None:
     """``--gpu_memory_utilization`` of a vLLM engine, on ``p`` (a parser or group): `options` reads it."""
     p.add_argument("--gpu_memory_utilization", type=float, default=0.85,
                    help="a local model on vLLM (a judge; perturb's rewriting model): the share of the GPU's memory "
-                        "its engine may take (default 0.85: nothing else of the model is on the GPU, and 0.15 is left to this process's CUDA context and what an "
-                        "earlier judge's engine may leave cached; vLLM's own default is 0.9; judges-file key "
+                        "its engine may take (default 0.85: nothing else of the model is on the GPU, and 0.15 is left "
+                        "to this process's CUDA context and what an earlier judge's engine may leave cached; vLLM's "
+                        "own default is 0.9; judges-file key "
                         "gpu_memory_utilization). Checked before any model loads: weights + one full-context "
                         "key/value cache must fit in it")
 

@@ -39,6 +39,7 @@ from transformers import TrainerCallback
 from judgetrain.compat.transformers import log_without_overrides, save_checkpoint_now
 from judgetrain.config.recipe import REGRESSION_ACTIONS, Recipe, recorded_mode, scoring_modes
 from judgetrain.eval import reference
+from judgetrain.eval.compare import worse_rule
 from judgetrain.eval.evidence import NO_BASELINE_MODES, read_baseline
 from judgetrain.eval.generate import Generator
 from judgetrain.eval.metrics import Items, rmbench_matrices, split_interval_keys, to_trainer_log_keys
@@ -309,9 +310,7 @@ class JudgeEvalCallback(TrainerCallback):
         if self.trainer.is_world_process_zero():
             logger.warning("eval at step %d: %d categor%s worse than the baseline (the eval before the first step; the "
                            "interval of the difference excludes %s): %s%s", step, len(worse),
-                           "y" if len(worse) == 1 else "ies",
-                           f"a loss under the margin {self.regression_margin:g}" if self.regression_margin else "0",
-                           ", ".join(worse),
+                           "y" if len(worse) == 1 else "ies", worse_rule(self.regression_margin), ", ".join(worse),
                            "; stopping (eval_regression_action: stop)" if self.regression_action == "stop" else "")
         if self.regression_action != "stop":
             return

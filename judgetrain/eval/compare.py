@@ -138,6 +138,11 @@ def changed(v: dict[str, Any], metric: str, margin: float = 0.0) -> str:
     return ""
 
 
+def worse_rule(margin: float = 0.0) -> str:
+    """What the interval of a difference excludes for `changed` to say "worse", in words (warnings, report, card)."""
+    return f"a loss under the margin {margin:g}" if margin else "0"
+
+
 # ---------------------------------------------------------------------------------------------- the files
 def evaluation_folder(path: str | Path) -> Path:
     """The folder of one evaluation: ``path`` itself when it holds results.json, else (a run folder) its latest

@@ -623,7 +623,8 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
                 "loss": _fmt(i["final_train_loss"]),
                 "recipe": ", ".join(f"{k}={v}" for k, v in i["recipe"].items()) or "-"} for i in infos],
         runs=[{"name": run.name, "slug": _slug(run.name), "notes": run.notes, "recipe_text": run.recipe_text,
-               "versus": _against_base_html(run), "headline": _headline_cells(run), "generated": [_generated_cells(t) for t in generated_tables(run)],
+               "versus": _against_base_html(run), "headline": _headline_cells(run),
+               "generated": [_generated_cells(t) for t in generated_tables(run)],
                "summary": [{"metric": row["metric"], "last": repr(row["last"]), "best": repr(row["best"]),
                             "cells": summary_cells(row)} for row in tables[run.name]]} for run in runs],
         comparison=[{"metric": row["metric"], "label": cmp_label(row), "better": row["better"],
@@ -637,8 +638,7 @@ def _against_base_html(run: Run) -> dict[str, Any]:
     or the sentence saying none did, and the base vs trained table."""
     versus = against_base(run.records, run.recipe)
     return {"worse": [] if versus is None else versus["worse"], "header": list(AGAINST_BASE_HEADER),
-            "text": against_base_verdict(versus),
-            "rows": against_base_cells(versus)}
+            "text": against_base_verdict(versus), "rows": against_base_cells(versus)}
 
 
 def _headline_dict(run: Run) -> dict[str, Any] | None:
@@ -677,7 +677,8 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) -> None:
     out = [f"# judgetrain report: {', '.join(run.name for run in runs)}"]
     for run in runs:  # base vs trained and what got worse, before any table
-        out += ["", f"## Against the base judge: {run.name}", "", *against_base_lines(against_base(run.records, run.recipe))]
+        versus = against_base(run.records, run.recipe)
+        out += ["", f"## Against the base judge: {run.name}", "", *against_base_lines(versus)]
     for run in runs:
         head = _headline_cells(run)
         if head is not None:

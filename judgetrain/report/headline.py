@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
-from judgetrain.eval.compare import changed
+from judgetrain.eval.compare import changed, worse_rule
 
 HEADLINE = (
     ("eval/rmbench/hard_acc", "RM-Bench hard accuracy"),
@@ -120,7 +120,8 @@ def headline_note(head: Headline) -> str:
 
 
 # ------------------------------------------------------------------------------------------ against the base judge
-def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+def against_base(records: Mapping[int, Mapping[str, Any]],
+                 recipe: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The last evaluation logged against a baseline (the eval before the first step, `judgetrain.eval.evidence`):
     ``{"step", "rows": [{figure, base, trained, ci_low, ci_high, delta, delta_ci_low, delta_ci_high, p_value}],
     "worse": [figures worse than the base, the interval of the difference excluding 0], "margin"}``; rows hold each
@@ -137,7 +138,8 @@ def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, 
         where, metric = key.split("/delta/", 1)
         trained, delta = rec.get(f"{where}/{metric}"), rec[key]
         figures = {"delta_ci_low": rec.get(f"{key}/delta_ci_low"), "delta_ci_high": rec.get(f"{key}/delta_ci_high")}
-        if _num(figures["delta_ci_low"]) and _num(figures["delta_ci_high"]) and changed(figures, metric, margin) == "worse":
+        bounded = _num(figures["delta_ci_low"]) and _num(figures["delta_ci_high"])
+        if bounded and changed(figures, metric, margin) == "worse":
             worse.append(f"{where.removeprefix('eval/')}/{metric}")
         if metric not in SUITE_HEADLINE.get(where.split("/")[1], ()):
             continue
@@ -158,8 +160,8 @@ def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
         return ("No evaluation against the base judge was logged (`eval_on_start: true` scores the baseline in judge, "
                 "verdict and generate modes; implicit mode has none: its base is 0 for every response).")
     if versus["worse"]:
-        bound = f"a loss under the margin {versus['margin']:g}" if versus.get("margin") else "0"
-        return f"Worse than the base judge at step {versus['step']} (the interval of the difference excludes {bound})"
+        return (f"Worse than the base judge at step {versus['step']} (the interval of the difference excludes "
+                f"{worse_rule(versus['margin'])})")
     return f"No category got worse than the base judge at step {versus['step']}."
 
 
