@@ -218,7 +218,9 @@ def check_prefix_sharing(cfg) -> dict:
     mean_tol, max_tol = probe_tolerance(torch.bfloat16)
     stats = trainer.prefix_sharing_stats
     out["probe"] = {"mean_abs_diff": stats["probe_mean_abs_diff"], "max_abs_diff": stats["probe_max_abs_diff"],
-                    "allowed": [mean_tol, max_tol]}
+                    "allowed": [mean_tol, max_tol], "route": stats["probe_route"],
+                    "chosen_mean_abs_diff": stats["probe_chosen_mean_abs_diff"],
+                    "rejected_mean_abs_diff": stats["probe_rejected_mean_abs_diff"]}
     shared = _loss_rewards_grads(trainer)
     out["sdpa"] = _compare(ref, shared)
     out["tolerance"] = {"loss_rel": 4 * BF16_EPS, "rewards_abs": 8 * BF16_EPS, "grad_rel_to_max": 8 * BF16_EPS}
@@ -469,6 +471,7 @@ def check_tf32(cfg) -> dict:
         stats = trainer.prefix_sharing_stats
         out["probe"] = {"compute_dtype": stats.get("probe_compute_dtype"), "max_abs_diff": stats["probe_max_abs_diff"],
                         "mean_abs_diff": stats["probe_mean_abs_diff"], "allowed": probe_tolerance(dtype),
+                        "route": stats.get("probe_route"),
                         "prefix_sharing": trainer.prefix_sharing}
     finally:
         if previous is not None:

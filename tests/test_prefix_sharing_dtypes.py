@@ -141,3 +141,70 @@ def test_tf32_is_read_whichever_torch_api_set_it():
         assert ps.compute_dtype(torch.float32, cuda) == (torch.float32, "float32")
     finally:
         torch.backends.fp32_precision = before
+
+
+# Per-token differences as the probe saw them on an H200 (Qwen3-0.6B's layer shape, 4 layers, LoRA, sdpa):
+# (chosen mean, chosen max, rejected mean, rejected max).
+H200_BF16_ROUNDING = (2.92e-3, 1.17e-2, 3.27e-3, 1.15e-2)
+H200_BF16_POSITIONS = (2.92e-3, 1.17e-2, 1.77e-1, 4.40e-1)
+H200_TF32_ROUNDING = (3.10e-4, 1.03e-3, 3.17e-4, 1.00e-3)
+
+
+def _diffs(chosen_mean, chosen_max, rejected_mean, rejected_max, n=40):
+    """Per-token differences with the given mean and max: one token at the max, the rest making up the mean."""
+    def seg(mean, top):
+        rest = (mean * n - top) / (n - 1)
+        return torch.tensor([top] + [rest] * (n - 1))
+    return seg(chosen_mean, chosen_max), seg(rejected_mean, rejected_max)
+
+
+@pytest.mark.parametrize(("figures", "dtype", "route"), [
+    (H200_BF16_ROUNDING, torch.bfloat16, "control"),  # over the fixed mean bound (1.2e-3): rounding, the control says
+    (H200_TF32_ROUNDING, torch.float16, "control"),  # tf32's stand-in dtype: over 1.5e-4
+    (H200_BF16_POSITIONS, torch.bfloat16, "failed"),  # the rejected tokens 60x the chosen ones
+    ((2.0e-2, 3.0e-2, 2.0e-2, 3.0e-2), torch.bfloat16, "failed"),  # every token off by 2.6 eps: not rounding
+    ((1.0e-5, 5.0e-4, 1.2e-5, 6.0e-4), torch.bfloat16, "absolute"),  # CPU's bf16 rounding: within the fixed bounds
+    ((1.0e-6, 3.0e-6, 1.4e-3, 5.0e-3), torch.float32, "failed"),  # tiny models' positions fault in fp32
+    ((2.9e-3, 1.2e-2, 3.3e-3, 5.0e-2), torch.bfloat16, "failed"),  # one rejected token over 4x the chosen max
+])
+def test_the_probe_takes_the_chosen_tokens_as_the_measure_of_this_devices_rounding(figures, dtype, route):
+    verdict = ps.probe_verdict(*_diffs(*figures), dtype)
+    assert verdict.route == route
+    assert verdict.ok is (route != "failed")
+    assert verdict.chosen_mean == pytest.approx(figures[0], rel=1e-4)
+    assert verdict.rejected_max == pytest.approx(figures[3], rel=1e-4)
+    assert verdict.mean == pytest.approx((figures[0] + figures[2]) / 2, rel=1e-4)
+
+
+def _noisy_unpack(unpack, scale):
+    """The packed forward's log-probs moved by deterministic noise of mean ``scale`` on every token, chosen and
+    rejected alike: a device whose kernels round the packed shapes differently from TRL's."""
+    def unpacked(output, packed):
+        out = unpack(output, packed)
+        g = torch.Generator().manual_seed(0)
+        noise = (torch.rand(out.log_probs.shape, generator=g) * 2 * scale).to(out.log_probs.dtype)
+        out.log_probs = out.log_probs + noise
+        return out
+    return unpacked
+
+
+@pytest.mark.parametrize("fault", [None, "mask"])
+def test_rounding_over_the_fixed_bounds_keeps_prefix_sharing_on_and_says_why(tiny_judge, tmp_path, monkeypatch,
+                                                                               caplog, fault):
+    monkeypatch.setattr(ps, "unpack_output", _noisy_unpack(ps.unpack_output, 3e-3))  # H200's bf16 rounding
+    if fault == "mask":
+        monkeypatch.setattr(ps.PackedPairs, "attention_mask", _mask_without_the_pair_rule)
+    tok = _tokenizer(tiny_judge)
+    with caplog.at_level(logging.INFO, logger="judgetrain.trainer.prefix_sharing"):
+        trainer = _trainer(JudgeDPOTrainer, _factory("qwen2", tok, torch.bfloat16, tiny_judge), tok, tmp_path,
+                           lora=True)
+    stats = trainer.prefix_sharing_stats
+    assert stats["probe_mean_abs_diff"] > ps.probe_tolerance(torch.bfloat16)[0]
+    if fault is None:
+        assert trainer.prefix_sharing is True and stats["probe_route"] == "control"
+        assert "are this model's rounding on this device" in caplog.text
+        assert stats["probe_rejected_mean_abs_diff"] <= ps.CONTROL_RATIO * stats["probe_chosen_mean_abs_diff"]
+    else:
+        assert trainer.prefix_sharing is False and stats["probe_route"] == "failed"
+        assert stats["probe_rejected_mean_abs_diff"] > 3 * ps.CONTROL_RATIO * stats["probe_chosen_mean_abs_diff"]
+        assert "against the chosen tokens'" in caplog.text and "does not honour the custom mask" in caplog.text
