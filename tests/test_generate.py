@@ -288,3 +288,54 @@ def test_a_stop_request_abandons_generation_before_its_next_generate_call(models
     assert gen.stats.batches == 2 and model.training is False
     gen.stop_check = None
     assert len(gen.generate(PROMPTS)) == 4  # the next eval runs whole
+
+
+@pytest.mark.parametrize("family", ["tiny", "qwen3", "llama31"])
+def test_the_preallocated_cache_writes_the_tokens_of_the_dynamic_one(models, family):
+    model, tok = models[family]
+    for prompts in (PROMPTS, SHARED):  # left padding (the tiny judge's template opening shared), then a rubric
+        static = _generator(model, tok)
+        dynamic = _generator(model, tok, static_cache=False)
+        a, b = static.generate(prompts), dynamic.generate(prompts)
+        assert static.stats.static_cache_batches == static.stats.batches == 1
+        assert dynamic.stats.static_cache_batches == 0
+        assert static.stats.shared_prefix_batches == dynamic.stats.shared_prefix_batches >= int(prompts is SHARED)
+        assert [g.token_ids for g in a] == [g.token_ids for g in b], family
+        assert sum(g.n_tokens for g in a) > 2 * NEW
+
+
+@pytest.mark.parametrize("family", ["tiny", "qwen3", "llama31"])
+def test_in_bf16_the_preallocated_cache_gives_the_dynamic_caches_logits_within_rounding(models, family):
+    # bf16 greedy paths part at near ties whenever a sum is reordered (a longer, masked key range), so this compares
+    # what decides them: the logits of a prompt's last 6 tokens fed one at a time on each cache, teacher forced
+    from transformers.cache_utils import DynamicCache
+
+    from judgetrain.compat.transformers import cache_keyword, static_cache
+
+    model, tok = models[family]
+    model = model.to(torch.bfloat16)
+    try:
+        ids = torch.tensor([_generator(model, tok).prompt_ids(SHARED[1])])
+        n, key = ids.size(1), cache_keyword(model)
+        logits = []
+        for cache in (DynamicCache(), static_cache(model, n + 8, 1)):
+            with torch.no_grad():
+                model(input_ids=ids[:, : n - 6], use_cache=True, **{key: cache})
+                logits.append(torch.cat([model(input_ids=ids[:, t : t + 1], use_cache=True, **{key: cache}).logits
+                                         for t in range(n - 6, n)]).float())
+        scale = logits[0].abs().max().item()
+        assert scale > 1
+        assert (logits[1] - logits[0]).abs().max().item() <= 4 * 2**-8 * scale  # a few bf16 roundings of the scale
+        assert torch.equal(logits[1].argmax(-1), logits[0].argmax(-1))
+    finally:
+        model.to(torch.float32)
+
+
+def test_a_model_without_static_cache_support_decodes_on_the_dynamic_cache(models, monkeypatch):
+    model, tok = models["tiny"]
+    monkeypatch.setattr(type(model), "_can_compile_fullgraph", False)
+    gen = _generator(model, tok)
+    out = gen.generate(SHARED)
+    assert gen.stats.batches == 1 and gen.stats.static_cache_batches == 0 and gen.stats.shared_prefix_batches == 1
+    monkeypatch.undo()
+    assert [g.token_ids for g in out] == [g.token_ids for g in _generator(model, tok).generate(SHARED)]

@@ -162,6 +162,30 @@ def select_cache_entries(cache: Any, index: Any) -> Any:
     return DynamicCache(ddp_cache_data=[(layer.keys[index], layer.values[index]) for layer in cache.layers])
 
 
+def supports_static_cache(model: Any) -> bool:
+    """Whether the model's forward works with transformers' preallocated ``StaticCache``: the model classes that
+    declare ``_can_compile_fullgraph`` (Llama, Qwen2/3, Mistral, Gemma, ...), whose attention reads the cache through
+    `Cache.update` and masks its unused tail. A PEFT model answers for its base model."""
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(type(inner), "_can_compile_fullgraph", False))
+
+
+def static_cache(model: Any, max_len: int, rows: int, prefix: Any = None) -> Any:
+    """A ``StaticCache`` of ``max_len`` positions for the model's layers (sliding-window layers as the config says),
+    its first positions holding ``prefix`` (a one-row cache a forward returned) repeated to ``rows`` rows.
+
+    checked: transformers 5.24.0 (``StaticCache(config=, max_cache_len=)``; a layer allocates its tensors on its first
+    ``update``, for that call's batch, dtype and device; ``layers[i].keys`` / ``values`` of a ``DynamicCache``)."""
+    from transformers.cache_utils import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    if prefix is not None:
+        for layer, src in zip(cache.layers, prefix.layers):
+            layer.update(src.keys.expand(rows, -1, -1, -1), src.values.expand(rows, -1, -1, -1))
+    return cache
+
+
 def active_wandb(callback: Any) -> Any:
     """The ``wandb`` module a transformers ``WandbCallback`` logs through (its private ``_wandb``) when it has a run
     on this process, else None (also for any other callback).
