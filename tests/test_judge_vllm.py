@@ -170,3 +170,47 @@ def test_backend_vllm_without_vllm_is_refused_with_exit_2(tmp_path, capsys):
     assert code == 2
     assert "judgetrain judge: --backend vllm: generation backend 'vllm':" in err and "use backend 'transformers'" in err
     assert not (out / "judge_run.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ --batch_tokens auto
+def test_auto_batch_tokens_come_from_the_free_memory_and_the_key_value_cache_per_token():
+    import torch
+    from transformers import LlamaConfig
+
+    from judgetrain.judge.fit import AUTO_BATCH_TOKENS, CPU_BATCH_TOKENS, budget_tokens, kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(LlamaConfig(**LLAMA_8B), torch.bfloat16)
+    assert per_token == 2 * 32 * 8 * 128 * 2 == 128 * 1024  # keys and values, 32 layers, 8 kv heads of 128, bf16
+    # an 8B judge loaded on a 24 GiB card leaves ~6.5 GiB: half of it is 26624 tokens of cache
+    tokens, how = budget_tokens(per_token, int(6.5 * GIB), on_gpu=True)
+    assert tokens == 26624
+    assert how == "0.5 x 6.5 GiB free on the GPU after the load / 128 KiB of key/value cache per token"
+    assert budget_tokens(per_token, 62 * GIB, on_gpu=True)[0] == AUTO_BATCH_TOKENS[1]  # an 80 GiB card: the cap
+    assert budget_tokens(per_token, GIB // 8, on_gpu=True)[0] == AUTO_BATCH_TOKENS[0]  # nearly full: the floor
+    assert budget_tokens(46 * 1024, 20 * GIB, on_gpu=False)[0] == CPU_BATCH_TOKENS  # SmolLM2 on a laptop
+    tokens, how = budget_tokens(per_token, 8 * GIB, on_gpu=False)  # 8B on a CPU with 8 GiB free: a quarter of it
+    assert tokens == 16384 and how.startswith("CPU: 32768 or a quarter of 8.0 GiB")
+
+
+def test_batch_tokens_is_auto_by_default_and_the_choice_is_logged(tiny_judge, caplog):
+    import logging
+
+    from judgetrain.cli.judge import build_parser, options
+    from judgetrain.cli.perturb import build_parser as perturb_parser
+    from judgetrain.judge.runner import local_generator
+
+    base = ["--items", "i.jsonl", "--judge", "tiny-judge", "--output_dir", "o"]
+    assert options(build_parser().parse_args(base)).batch_tokens is None
+    assert options(build_parser().parse_args(base + ["--batch_tokens", "auto"])).batch_tokens is None
+    assert options(build_parser().parse_args(base + ["--batch_tokens", "4096"])).batch_tokens == 4096
+    with pytest.raises(ValueError, match="--batch_tokens must be at least 1"):
+        options(build_parser().parse_args(base + ["--batch_tokens", "0"]))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(base + ["--batch_tokens", "lots"])
+    assert "--batch_tokens" in perturb_parser().format_help()
+    with caplog.at_level(logging.INFO, logger="judgetrain.judge.runner"):
+        gen, _ = local_generator(parse_judge("tiny-judge"), Options(max_new_tokens=4), None)
+    assert gen.batch_tokens == 32768
+    assert "judge tiny-judge: batch_tokens auto: 32768 (CPU: 32768 or a quarter of" in caplog.text
+    gen, _ = local_generator(parse_judge("tiny-judge"), Options(max_new_tokens=4, batch_tokens=4096), None)
+    assert gen.batch_tokens == 4096

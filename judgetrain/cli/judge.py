@@ -60,8 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "transformers copy of the weights is loaded: the engine reads the model (and an adapter, as a "
                         "LoRA request) from disk")
     add_gpu_memory_option(p)
-    p.add_argument("--batch_tokens", type=int, default=8192, help="batch size x (prompt + max_new_tokens) per call")
-    p.add_argument("--max_batch_size", type=int, default=32, help="prompts per generate call at most")
+    add_batch_options(p)
     p.add_argument("--chunk_size", type=int, default=64,
                    help="items per process per committed batch: what a kill can cost at most (default 64)")
     p.add_argument("--do_sample", action="store_true", help="sample (default greedy)")
@@ -79,6 +78,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accepted score range, inclusive (as judgetrain pairs build)")
     p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off)")
     return p
+
+
+def batch_tokens_arg(value: str) -> int | None:
+    """``--batch_tokens``: a number of tokens, or ``auto`` (None)."""
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of tokens or auto, got {value!r}") from None
+
+
+def add_batch_options(p) -> None:
+    """``--batch_tokens`` and ``--max_batch_size`` of local generation, on ``p`` (a parser or group): `options` reads
+    them."""
+    p.add_argument("--batch_tokens", type=batch_tokens_arg, default=None,
+                   help="batch size x (prompt + max_new_tokens) per generate call, or auto (default): from the memory "
+                        "left after the model loads and its key/value cache per token (half the GPU's free memory; "
+                        "on a CPU 32768, less when memory is short); the choice is logged")
+    p.add_argument("--max_batch_size", type=int, default=32, help="prompts per generate call at most")
 
 
 def add_gpu_memory_option(p) -> None:
@@ -116,7 +135,7 @@ def options(args: argparse.Namespace):
         backend = "transformers"
     max_new = args.max_new_tokens or (FORCED_MAX_NEW_TOKENS if force else 512)
     for name in ("chunk_size", "batch_tokens", "max_batch_size", "concurrency"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu_memory_utilization must be in (0, 1], got {args.gpu_memory_utilization}")

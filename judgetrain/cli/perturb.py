@@ -30,7 +30,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from judgetrain.cli.judge import add_endpoint_options, add_gpu_memory_option, options
+from judgetrain.cli.judge import add_batch_options, add_endpoint_options, add_gpu_memory_option, options
 from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_PREEMPTED
 from judgetrain.utils.logging import setup_logging
 
@@ -58,8 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max_length", type=int, help="longest prompt + rewrite (default: the model's context)")
     g.add_argument("--backend", choices=("auto", "transformers", "vllm"), default="auto")
     add_gpu_memory_option(g)
-    g.add_argument("--batch_tokens", type=int, default=8192)
-    g.add_argument("--max_batch_size", type=int, default=32)
+    add_batch_options(g)
     g.add_argument("--chunk_size", type=int, default=64, help="rewrites per process per committed batch")
     g.add_argument("--do_sample", action="store_true", help="sample (default greedy)")
     g.add_argument("--temperature", type=float, default=1.0)

@@ -9,11 +9,16 @@
   graphs, against ``gpu_memory_utilization`` x the GPU's memory; and that share against the memory free now (vLLM
   refuses to start when less is free than it asks). A judge that does not fit is refused, exit 2, with one line.
 
+- `auto_batch_tokens` (``--batch_tokens auto``, the default, on the transformers backend): the generate calls'
+  budget of batch size x (prompt + max_new_tokens) from the memory left once the model is loaded and the model's
+  key/value cache per token: `AUTO_KV_SHARE` of the GPU's free memory (the rest for the prefill's activations), on a
+  CPU `CPU_BATCH_TOKENS` or a quarter of the available RAM, whichever is less; within `AUTO_BATCH_TOKENS`.
+
 Checked by unit tests on CPU; not yet run against a GPU vLLM.
 """
 
-# Late imports: torch, judgetrain.eval, judgetrain.checks (inside the functions that use them): the specs are checked
-# with the standard library; the preflight reads the GPU and the model's config only when a judge runs on vLLM.
+# Late imports: torch, psutil, judgetrain.eval, judgetrain.checks (inside the functions that use them): the specs are
+# checked with the standard library; the preflight reads the GPU and the model's config only when a judge runs on vLLM.
 
 from __future__ import annotations
 
@@ -32,6 +37,13 @@ GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ENGINE_ALLOWANCE = 2 * GIB  # vLLM's profiling forward (activations of one batch of scheduled tokens) and CUDA graphs
 DEFAULT_CONTEXT = 4096  # a config without max_position_embeddings (as `judgetrain.eval.generate.Generator`)
+
+
+AUTO_KV_SHARE = 0.5  # of the GPU memory free after the load, for the key/value cache of one generate call
+AUTO_BATCH_TOKENS = (2048, 131072)  # the auto budget's bounds: 131072 tokens keep an 8B model's prefill under ~4 GiB
+# On a CPU the decode steps are bound by the weights read per step up to a few dozen rows: with SmolLM2, 64 JudgeBias
+# items x 128 new tokens took 85 s of generate calls at 32768 tokens (two batches of 32) against 126 s at 8192 (five)
+CPU_BATCH_TOKENS = 32768
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,44 @@ def gpu_share(spec: JudgeSpec, opts) -> float:
     """The judge's own gpu_memory_utilization, else the command's."""
     own = spec.gpu_memory_utilization
     return float(own if own is not None else opts.gpu_memory_utilization)
+
+
+def kv_bytes_per_token(config, dtype) -> int:
+    """Bytes of keys and values one token holds over every layer of a model of ``config`` in ``dtype``."""
+    import torch
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def auto_batch_tokens(model, device=None) -> tuple[int, str]:
+    """(batch_tokens, how it was chosen) for generation with the loaded ``model`` on ``device`` (see module doc)."""
+    import psutil
+    import torch
+
+    per_token = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    on_gpu = dev.type == "cuda"
+    free = torch.cuda.mem_get_info(dev)[0] if on_gpu else psutil.virtual_memory().available
+    return budget_tokens(per_token, free, on_gpu)
+
+
+def budget_tokens(per_token: int, free: int, on_gpu: bool) -> tuple[int, str]:
+    """`auto_batch_tokens`' rule: (tokens, how) from the key/value bytes per token and the free bytes (the GPU's
+    free memory, or the available RAM)."""
+    if on_gpu:
+        tokens = int(AUTO_KV_SHARE * free / per_token)
+        how = (f"{AUTO_KV_SHARE:g} x {free / GIB:.1f} GiB free on the GPU after the load / {per_token / 1024:.0f} KiB "
+               "of key/value cache per token")
+    else:
+        tokens = min(CPU_BATCH_TOKENS, int(free / 4 / per_token))
+        how = (f"CPU: {CPU_BATCH_TOKENS} or a quarter of {free / GIB:.1f} GiB of available memory / "
+               f"{per_token / 1024:.0f} KiB of key/value cache per token, whichever is less")
+    low, high = AUTO_BATCH_TOKENS
+    return max(low, min(high, tokens)), how
 
 
 def cuda_memory() -> tuple[int, int] | None:

@@ -11,7 +11,7 @@ from typing import Any
 class Options:
     max_new_tokens: int = 512
     max_length: int | None = None
-    batch_tokens: int = 8192
+    batch_tokens: int | None = None  # None: auto (`judgetrain.judge.fit.auto_batch_tokens`)
     max_batch_size: int = 32
     chunk_size: int = 64
     backend: str = "auto"

@@ -31,7 +31,7 @@ from judgetrain.eval.generate import Generator, resolve_backend
 from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX, EvalStopped, ScoringEngine, judge_prompt_ids
 from judgetrain.judge.endpoint import REJECTED_REASON, EndpointError, EndpointGenerator, Rejected
 from judgetrain.judge.items import Item
-from judgetrain.judge.fit import LoadPlan, adapter_config, engine_weights, gpu_share, load_plan
+from judgetrain.judge.fit import LoadPlan, adapter_config, auto_batch_tokens, engine_weights, gpu_share, load_plan
 from judgetrain.judge.judges import JudgeSpec, endpoint_settings, load_files, load_local
 from judgetrain.judge.options import Options
 from judgetrain.judge.output import ShardWriter, check_identity, done_items, merge, read_done, summarize, write_summary
@@ -42,6 +42,7 @@ from judgetrain.utils.ranks import decided_on_main
 logger = logging.getLogger(__name__)
 
 CLOSE_BLOCK = "\n}\n```"
+VLLM_BATCH_TOKENS = 8192  # vLLM schedules its own batches: the generator's budget only groups the prompts it is sent
 _FORCED_SCORE = re.compile(r"[ \t]*([0-9](?:\.[0-9])?)")  # one class per quantifier, nothing to backtrack into
 
 
@@ -90,7 +91,11 @@ def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | 
     if not plan.transformers_weights:
         return disk_generator(spec, plan, opts), None
     model, tokenizer = load_local(spec, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, device=device)
-    kwargs = dict(max_new_tokens=opts.max_new_tokens, max_length=opts.max_length, batch_tokens=opts.batch_tokens,
+    batch_tokens = opts.batch_tokens
+    if batch_tokens is None:
+        batch_tokens, how = auto_batch_tokens(model, device)
+        logger.info("judge %s: batch_tokens auto: %d (%s)", spec.name, batch_tokens, how)
+    kwargs = dict(max_new_tokens=opts.max_new_tokens, max_length=opts.max_length, batch_tokens=batch_tokens,
                   max_batch_size=opts.max_batch_size, do_sample=opts.do_sample, temperature=opts.temperature,
                   top_p=opts.top_p, seed=opts.seed, backend=opts.backend)
     if not opts.force_score_prefix:
@@ -111,7 +116,8 @@ def disk_generator(spec: JudgeSpec, plan: LoadPlan, opts: Options) -> Generator:
                 "copy of the weights", spec.name, path, f" and the adapter {plan.adapter}" if plan.adapter else "",
                 weights.dtype, context, gpu_share(spec, opts))
     return Generator(None, tokenizer, max_new_tokens=opts.max_new_tokens, max_length=context,
-                     batch_tokens=opts.batch_tokens, max_batch_size=opts.max_batch_size, do_sample=opts.do_sample,
+                     batch_tokens=opts.batch_tokens or VLLM_BATCH_TOKENS, max_batch_size=opts.max_batch_size,
+                     do_sample=opts.do_sample,
                      temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed, backend=plan.engine,
                      vllm_kwargs={"gpu_memory_utilization": gpu_share(spec, opts)}, vllm_weights=weights)
 
