@@ -510,7 +510,11 @@ class Generator(StopPoints):
         """The key/value cache of one forward of the shared prefix, repeated to ``rows`` entries: in a static cache
         of ``static_len`` positions when given, else a dynamic one."""
 
-        out = model(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), use_cache=True,
+        # the module `model.generate` runs (a PEFT model generates through its base model): a trainer's prepared
+        # model wraps only the outer forward in its mixed-precision autocast, and the prefix's keys and values must
+        # come out in the dtype of the ones generate appends to them
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        out = inner(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), use_cache=True,
                     logits_to_keep=1, **{cache_keyword(model): DynamicCache()})
         if static_len is not None:
             return static_cache(model, static_len, rows, prefix=output_cache(out))
