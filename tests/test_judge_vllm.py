@@ -174,12 +174,13 @@ def test_backend_vllm_without_vllm_is_refused_with_exit_2(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ --batch_tokens auto
 def test_auto_batch_tokens_come_from_the_free_memory_and_the_key_value_cache_per_token():
-    import torch
     from transformers import LlamaConfig
 
+    from judgetrain.checks.memory import shape_from_config
     from judgetrain.judge.fit import AUTO_BATCH_TOKENS, CPU_BATCH_TOKENS, budget_tokens, kv_bytes_per_token
 
-    per_token = kv_bytes_per_token(LlamaConfig(**LLAMA_8B), torch.bfloat16)
+    # the loaded model's config as auto_batch_tokens reads it, bf16's 2 bytes
+    per_token = kv_bytes_per_token(shape_from_config(LlamaConfig(**LLAMA_8B).to_dict()), 2)
     assert per_token == 2 * 32 * 8 * 128 * 2 == 128 * 1024  # keys and values, 32 layers, 8 kv heads of 128, bf16
     # an 8B judge loaded on a 24 GiB card leaves ~6.5 GiB: half of it is 26624 tokens of cache
     tokens, how = budget_tokens(per_token, int(6.5 * GIB), on_gpu=True)

@@ -136,12 +136,17 @@ def non_dynamic_cache_layers(config: Any) -> list[str]:
     return sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers if type(layer) is not DynamicLayer})
 
 
+def base_model(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper (the module ``generate`` runs and whose class and forward say what
+    it supports); any other model (or a config) as it is."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def cache_keyword(model: Any) -> str:
     """The keyword a model's forward (and ``generate``) takes its key/value cache by: ``cache`` (transformers 5.x,
     which keeps ``past_key_values`` as a deprecated alias) or ``past_key_values`` (older releases, remote code)."""
 
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(base_model(model).forward).parameters else "past_key_values"
 
 
 def output_cache(outputs: Any) -> Any:
@@ -167,8 +172,7 @@ def supports_static_cache(model: Any) -> bool:
     declare ``_can_compile_fullgraph`` (Llama, Qwen2/3, Mistral, Gemma, ...), whose attention reads the cache through
     `Cache.update` and masks its unused tail. A PEFT model answers for its base model."""
 
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return bool(getattr(type(inner), "_can_compile_fullgraph", False))
+    return bool(getattr(type(base_model(model)), "_can_compile_fullgraph", False))
 
 
 def static_cache(model: Any, max_len: int, rows: int, prefix: Any = None) -> Any:

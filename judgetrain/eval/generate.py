@@ -80,8 +80,8 @@ from transformers.cache_utils import DynamicCache
 from trl.models import unwrap_model_for_generation
 from trl.models.utils import add_hooks
 
-from judgetrain.compat.transformers import (cache_keyword, output_cache, select_cache_entries, static_cache,
-                                           supports_static_cache)
+from judgetrain.compat.transformers import (base_model, cache_keyword, output_cache, select_cache_entries,
+                                           static_cache, supports_static_cache)
 from judgetrain.eval.batching import budget_batches
 from judgetrain.eval.merged import merged_lora
 from judgetrain.eval.scoring import StopPoints, _as_ids, judge_prompt_ids
@@ -513,8 +513,7 @@ class Generator(StopPoints):
         # the module `model.generate` runs (a PEFT model generates through its base model): a trainer's prepared
         # model wraps only the outer forward in its mixed-precision autocast, and the prefix's keys and values must
         # come out in the dtype of the ones generate appends to them
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-        out = inner(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), use_cache=True,
+        out = base_model(model)(input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), use_cache=True,
                     logits_to_keep=1, **{cache_keyword(model): DynamicCache()})
         if static_len is not None:
             return static_cache(model, static_len, rows, prefix=output_cache(out))

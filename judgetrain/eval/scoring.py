@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 
+from judgetrain.compat.transformers import base_model
 from judgetrain.config.recipe import PROXY_MODES
 from judgetrain.data.chat import chat_ids, control_pattern, neutral_messages, text_ids
 from judgetrain.data.tokenise import checked_tokens, pair_tokeniser
@@ -297,7 +298,7 @@ class ScoringEngine(StopPoints):
             return self._ref_key
         if self.ref_model is not None:
             return "ref:" + str(getattr(self.ref_model, "name_or_path", id(self.ref_model)))
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        base = base_model(self.model)
         return "base:" + str(getattr(base, "name_or_path", id(base)))
 
     @property
@@ -499,9 +500,8 @@ class ScoringEngine(StopPoints):
 
     @staticmethod
     def _supports_logits_to_keep(model: torch.nn.Module) -> bool:
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         try:
-            return "logits_to_keep" in inspect.signature(inner.forward).parameters
+            return "logits_to_keep" in inspect.signature(base_model(model).forward).parameters
         except (TypeError, ValueError):
             return False
 

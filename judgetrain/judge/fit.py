@@ -104,7 +104,7 @@ def engine_estimate(shape, dtype: str, context: int, adapter_bytes: int = 0) -> 
     ``weights`` (parameters x the dtype's bytes), ``kv_cache`` (keys and values of one ``context``-token sequence
     over every layer), ``allowance`` (`ENGINE_ALLOWANCE`), ``adapter`` and their ``total``."""
     width = DTYPE_BYTES.get(dtype, 2)
-    out = {"weights": shape.params() * width, "kv_cache": 2 * shape.layers * shape.kv_dim * width * int(context),
+    out = {"weights": shape.params() * width, "kv_cache": kv_bytes_per_token(shape, width) * int(context),
            "allowance": ENGINE_ALLOWANCE, "adapter": int(adapter_bytes)}
     out["total"] = sum(out.values())
     return out
@@ -138,15 +138,10 @@ def gpu_share(spec: JudgeSpec, opts) -> float:
     return float(own if own is not None else opts.gpu_memory_utilization)
 
 
-def kv_bytes_per_token(config, dtype) -> int:
-    """Bytes of keys and values one token holds over every layer of a model of ``config`` in ``dtype``."""
-    import torch
-
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+def kv_bytes_per_token(shape, width: int) -> int:
+    """Bytes of keys and values one token holds over every layer of a model of ``shape``
+    (`judgetrain.checks.memory.ModelShape`) at ``width`` bytes a number."""
+    return 2 * shape.layers * shape.kv_dim * width
 
 
 def auto_batch_tokens(model, device=None) -> tuple[int, str]:
@@ -154,7 +149,9 @@ def auto_batch_tokens(model, device=None) -> tuple[int, str]:
     import psutil
     import torch
 
-    per_token = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
+    from judgetrain.checks.memory import shape_from_config
+
+    per_token = kv_bytes_per_token(shape_from_config(model.config.to_dict()), next(model.parameters()).dtype.itemsize)
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     on_gpu = dev.type == "cuda"
     free = torch.cuda.mem_get_info(dev)[0] if on_gpu else psutil.virtual_memory().available

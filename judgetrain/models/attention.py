@@ -4,7 +4,7 @@ judgetrain packs a shared prompt with its responses, in training (judgetrain.tra
 
 import inspect
 
-from judgetrain.compat.transformers import attn_implementation, non_dynamic_cache_layers
+from judgetrain.compat.transformers import attn_implementation, base_model, non_dynamic_cache_layers
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 
@@ -20,7 +20,7 @@ def prefix_sharing_problem(model_or_config, *, cache: bool = False) -> str | Non
     multimodal rotary positions."""
     config = model_or_config
     if hasattr(model_or_config, "forward"):  # a model: the config of its base model (under a PEFT wrapper)
-        inner = model_or_config.get_base_model() if hasattr(model_or_config, "get_base_model") else model_or_config
+        inner = base_model(model_or_config)
         if cache:
             problem = _cache_forward_problem(inner)
             if problem:

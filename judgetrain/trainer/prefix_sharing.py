@@ -61,8 +61,13 @@ def probe_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     pairs), a mask ignored >= 2.3e-2 (1.9e-2), positions that do not restart >= 1.4e-3 (1.4e-3). So the mean bound
     sits at 0.15 eps (bf16 1.2e-3), the max at 4 eps.
     """
-    eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
+    eps = _eps(dtype)
     return max(1e-5, 0.15 * eps), max(1e-4, 4 * eps)
+
+
+def _eps(dtype: torch.dtype) -> float:
+    """Machine epsilon of the dtype the probe computes in (fp32's for a non-float dtype)."""
+    return torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps
 
 
 # The chosen segment as the probe's control. A packed chosen token sees exactly what it sees in TRL's forward (the
@@ -105,10 +110,9 @@ def probe_verdict(chosen: torch.Tensor, rejected: torch.Tensor, dtype: torch.dty
     figures = [both.mean().item(), both.max().item(), c.mean().item(), c.max().item(), r.mean().item(), r.max().item()]
     mean, top, c_mean, c_max, r_mean, r_max = figures
     mean_tol, max_tol = probe_tolerance(dtype)
-    eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
     if mean <= mean_tol and top <= max_tol:  # NaN fails every comparison
         route = "absolute"
-    elif c_mean <= CONTROL_EPS * eps and r_mean <= CONTROL_RATIO * c_mean and r_max <= CONTROL_RATIO * c_max:
+    elif c_mean <= CONTROL_EPS * _eps(dtype) and r_mean <= CONTROL_RATIO * c_mean and r_max <= CONTROL_RATIO * c_max:
         route = "control"
     else:
         route = "failed"
