@@ -26,7 +26,8 @@
 - Key/value cache: one preallocated for the batch's whole length (prompt + ``max_new_tokens``, transformers'
   ``StaticCache``, the shared prefix copied in) where the model supports it (`supports_static_cache`) and the call is
   not synced over sharded weights; transformers' dynamic cache concatenates every layer's cache at every decoded
-  token, which on a CPU took 44% of a 32-row batch's time. ``GenerationStats.static_cache_batches`` counts the calls.
+  token (SmolLM2 on a CPU, 32 prompts x 128 tokens: 49.3 s on it against 44.7 s on the static one).
+  ``GenerationStats.static_cache_batches`` counts the calls.
   transformers' automatic ``torch.compile`` of a static-cache decode is off (``disable_compile``): every batch has
   another shape, and each would compile again.
 - Stops: the tokenizer's eos and the chat template's end-of-turn token (the first token the template writes after an
