@@ -136,3 +136,18 @@ def test_a_path_that_is_no_evaluation_is_named(tmp_path, evaluations, caplog):
     assert compare_main([str(tmp_path), str(evaluations[1]), "--out", str(tmp_path / "c.json")]) == 2
     assert f"{tmp_path} is not a saved evaluation: no results.json" in caplog.text
     assert not (tmp_path / "c.json").exists()
+
+
+def test_an_unknown_suite_is_named_with_the_nearest_one_and_what_each_side_holds(tmp_path, evaluations, caplog):
+    """--suites judgebnech (a typo): not "no per-row files", though the files exist, but the suite, the nearest known
+    one and the suites each side holds; a known suite neither evaluation holds is named with what they hold."""
+    a, b = evaluations
+    out = tmp_path / "c.json"
+    assert compare_main([str(a), str(b), "--suites", "judgebnech", "--out", str(out)]) == 2
+    assert ("--suites: unknown suite 'judgebnech'; did you mean 'judgebench'? (known: rmbench, judgebias, ideation, "
+            "judgebench, pairwise, evalbiasbench; A holds ideation, judgebias, rmbench; B holds ideation, judgebias, "
+            "rmbench)") in caplog.text
+    caplog.clear()
+    assert compare_main([str(a), str(b), "--suites", "judgebench", "--out", str(out)]) == 2
+    assert "--suites: judgebench is not in A: A holds ideation, judgebias, rmbench; B holds" in caplog.text
+    assert not out.exists()

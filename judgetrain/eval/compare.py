@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from judgetrain.config.directions import direction
-from judgetrain.config.recipe import PROXY_MODES
+from judgetrain.config.recipe import PROXY_MODES, did_you_mean
 from judgetrain.eval.metrics import (
     N_RESAMPLES,
     Items,
@@ -93,6 +93,7 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
     figure with ``margin`` and ``alpha``, every figure judged together, as the run's guard judges them."""
     folder_a, folder_b = evaluation_folder(a), evaluation_folder(b)
     files_a, files_b = row_files(folder_a), row_files(folder_b)
+    check_suites(suites, files_a, files_b)
     bare = _bare_mode(folder_a) == _bare_mode(folder_b) and _bare_mode(folder_a)
     doc: dict[str, Any] = {"a": str(folder_a), "b": str(folder_b), "n_resamples": n_resamples, "seed": seed,
                            "suites": {}, "metrics": {}, "skipped": []}
@@ -125,6 +126,20 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
         fig["change"] = said.get(name, "")
     doc["regressions"] = [name for name, s in said.items() if s == "worse"]
     return doc
+
+
+def check_suites(suites: list[str] | None, files_a: dict[tuple[str, str], Path],
+                 files_b: dict[tuple[str, str], Path]) -> None:
+    """Each suite asked for (``--suites``) is one `judgetrain compare` knows and one both evaluations hold; else an
+    `EvaluationError` naming it, the nearest known suite, and the suites each side holds."""
+    held_a, held_b = sorted({s for s, _ in files_a}), sorted({s for s, _ in files_b})
+    holds = f"A holds {', '.join(held_a) or 'none'}; B holds {', '.join(held_b) or 'none'}"
+    for suite in suites or []:
+        if suite not in UNITS:
+            raise EvaluationError(f"--suites: unknown suite {suite!r}{did_you_mean(suite, UNITS)} (known: "
+                                  f"{', '.join(UNITS)}; {holds})")
+        if suite not in held_a or suite not in held_b:
+            raise EvaluationError(f"--suites: {suite} is not in {'A' if suite not in held_a else 'B'}: {holds}")
 
 
 def delta_keys(suite: str, mode: str, bare: str | None, paired: dict[str, dict[str, Any]],
