@@ -639,7 +639,7 @@ class Items:
     another category). ``groups``: {metric: (n,) labels} for a figure that is the unweighted mean of its groups' means
     (RM-Bench's domains); ``strata``: labels items are resampled within (each stratum keeps its size); ``clusters``:
     labels of items resampled together (a prompt's block); ``binary``: the metrics whose items are right / wrong
-    (1.0 / 0.0), where an exact McNemar p-value applies to a paired delta."""
+    (1.0 / 0.0), where the exact sign test over units (`sign_test_p`) applies to a paired delta."""
 
     keys: list
     values: dict[str, np.ndarray]
