@@ -15,22 +15,52 @@ stops short), then with a completion: the last user message's content reversed w
 answers them; ``GET /v1/models`` lists the model. ``requests`` and ``statuses`` are the chat requests'. A prompt
 holding ``reject_word`` is refused with a 400 (a prompt longer than the context, as vLLM words it). ``redirect_to``:
 every request is answered with a 307 to that base URL (the same path under it). ``auth_seen`` holds the
-``Authorization`` header of every request (GET included), None where there was none.
+``Authorization`` header of every request (GET included), None where there was none. ``refuse``: (option, value): a
+chat request sending that value is refused with a 400 in OpenAI's words (a reasoning model refusing ``temperature``
+0). ``leak_key``: a server that echoes the key it was sent everywhere it can: in an ``X-Echo-Authorization`` header of
+every answer, in a redirect's ``Location`` (URL-encoded), and in the 400 of a prompt holding ``LEAK<n>``, one form
+per n (`leak_body`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LEAK_FORMS = 5
+
+
+def leak_body(n: int, auth: str) -> tuple[str, bytes]:
+    """(content type, body) of the 400 that echoes the ``Authorization`` header ``auth`` in form ``n``: 0 as sent,
+    JSON-escaped, \\u-escaped and URL-encoded in one message; 1 at the 500th character of the message (where an
+    error is cut); 2 at the 300th; 3 a text body of 70,000 bytes with the key across its 65,536th; 4 a text body with
+    ``\\/`` escapes and lowercase %-encoding."""
+    key = auth.removeprefix("Bearer ")
+    if n == 0:
+        escaped = "".join("\\u%04x" % ord(c) for c in key)
+        url = f"https://x.test/?k={urllib.parse.quote(key, safe='')}"
+        message = f"invalid request; header seen: {auth}; as a URL: {url}; escaped: {escaped}"
+        return "application/json", json.dumps({"error": {"message": message, "seen": key}}).encode()
+    if n in (1, 2):
+        message = "x" * ((500 if n == 1 else 300) - 10) + auth
+        return "application/json", json.dumps({"error": {"message": message}}).encode()
+    if n == 3:
+        return "text/plain", ("y" * (65536 - 12) + auth + "z" * 4000).encode()
+    quoted = re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), urllib.parse.quote(key, safe=""))
+    slashed = json.dumps(key).replace("/", "\\/")
+    return "text/plain", f"refused {slashed} and {quoted}".encode()
 
 
 class ScriptedServer:
     def __init__(self, *, model: str = "judge", key: str | None = None, script=(), delay_s: float = 0.0,
                  retry_after: str | None = None, stall_s: float = 3.0, echo_prefix: bool = False,
-                 list_models: bool = True, reject_word: str | None = None, redirect_to: str | None = None) -> None:
-        self.echo_prefix, self.list_models = echo_prefix, list_models
+                 list_models: bool = True, reject_word: str | None = None, redirect_to: str | None = None,
+                 refuse: tuple | None = None, leak_key: bool = False) -> None:
+        self.echo_prefix, self.list_models, self.refuse, self.leak_key = echo_prefix, list_models, refuse, leak_key
         self.reject_word, self.redirect_to = reject_word, redirect_to
         self.auth_seen: list[str | None] = []
         self.model, self.key, self.delay_s, self.retry_after, self.stall_s = model, key, delay_s, retry_after, stall_s
@@ -63,6 +93,14 @@ class ScriptedServer:
         if body.get("model") != self.model:
             return 404, {}, {"error": {"message": f"The model `{body.get('model')}` does not exist",
                                        "code": "model_not_found"}}
+        if self.refuse and body.get(self.refuse[0]) == self.refuse[1]:
+            option, value = self.refuse
+            return 400, {}, {"error": {"message": f"Unsupported value: '{option}' does not support {value} with this "
+                                                  "model. Only the default (1) value is supported.",
+                                       "type": "invalid_request_error", "param": option}}
+        leak = re.search(r"LEAK(\d)", json.dumps(body["messages"])) if self.leak_key else None
+        if leak:
+            return 400, {"X-Leak": leak.group(1)}, {}
         if self.reject_word and self.reject_word in json.dumps(body["messages"]):
             return 400, {}, {"error": {"message": "This model's maximum context length is 32 tokens; the prompt is "
                                                   f"longer (key seen: {auth})", "code": "context_length_exceeded"}}
@@ -100,7 +138,9 @@ class ScriptedServer:
                 if server.redirect_to is None:
                     return False
                 self.send_response(307)
-                self.send_header("Location", server.redirect_to + self.path.removeprefix("/v1"))
+                leak = f"?token={urllib.parse.quote(self.headers.get('Authorization') or '', safe='')}" \
+                    if server.leak_key else ""
+                self.send_header("Location", server.redirect_to + self.path.removeprefix("/v1") + leak)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return True
@@ -134,6 +174,11 @@ class ScriptedServer:
             def _send(self, status: int, headers: dict, payload: dict) -> None:
                 step = headers.pop("X-Step", None)
                 data = json.dumps(payload).encode()
+                if server.leak_key:
+                    auth = self.headers.get("Authorization") or ""
+                    headers = {**headers, "X-Echo-Authorization": auth}
+                    if "X-Leak" in headers:
+                        headers["Content-Type"], data = leak_body(int(headers.pop("X-Leak")), auth)
                 length = len(data)
                 if step == "not_json":
                     data = b"<html>502 Bad Gateway</html>"

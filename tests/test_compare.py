@@ -66,17 +66,29 @@ def test_compare_prints_and_writes_each_headline_figure_from_the_row_files(evalu
         assert doc["metrics"][f"eval/{suite}/delta/{metric}"] == pytest.approx(fig["delta"])
         assert f"eval/{suite}/delta/{metric}/p_value" in doc["metrics"]
     assert doc["suites"]["rmbench"]["judge"]["style_spread"]["n"] == 8
-    # McNemar over the ideation rows whose correctness changed
-    right = [[r["score_chosen"] > r["score_rejected"] for r in read_jsonl(f / "ideation.jsonl")] for f in (a, b)]
-    assert doc["suites"]["ideation"]["judge"]["accuracy"]["p_value"] == mcnemar_p(right[1], right[0])
+    # the exact sign test over the ideation pairs (both orders one unit) whose count of right orders changed
+    gained = lost = 0
+    recs = [read_jsonl(f / "ideation.jsonl") for f in (a, b)]
+    by_pair: dict = {}
+    for ra_, rb_ in zip(*recs):
+        d = int(rb_["score_chosen"] > rb_["score_rejected"]) - int(ra_["score_chosen"] > ra_["score_rejected"])
+        by_pair[ra_["pair_id"]] = by_pair.get(ra_["pair_id"], 0) + d
+    gained, lost = sum(v > 0 for v in by_pair.values()), sum(v < 0 for v in by_pair.values())
+    units = [1] * gained + [0] * lost
+    fig = doc["suites"]["ideation"]["judge"]["accuracy"]
+    assert fig["p_value"] == mcnemar_p(units, [1 - u for u in units]) and fig["p_method"] == "sign_test"
+    assert fig["n_units"] == len(by_pair) < fig["n"]
     total = doc["suites"]["rmbench"]["judge"]["total_avg_acc"]  # shares of 9 comparisons per prompt
     assert total["p_method"] == "sign_flip" and 1 / 1001 <= total["p_value"] <= 1
     # --regression_margin: "worse" only for a loss at least that large; "better" as before
     from judgetrain.cli.compare import _rows
 
     assert compare_main([str(a.parent), str(b.parent), "--out", str(out), "--regression_margin", "10"]) == 0
-    plain, wide = _rows(doc, True), _rows(doc, True, 10.0)
-    assert [r[-1] for r in wide] == [r[-1] if r[-1] == "better" else "" for r in plain]
+    plain, wide = _rows(doc, True), _rows(json.loads(out.read_text()), True)
+    assert len(plain) == len(wide) > 10
+    assert [r[-1] for r in wide] == [r[-1] if r[-1] != "worse" else "" for r in plain]
+    # 8 prompts and 8 JudgeBias rows: a category with 2 units cannot reach p < 0.05 (smallest p 0.5): said so
+    assert all(r[-1] in ("", "better", "worse") or r[-1].endswith(": too few to tell") for r in plain)
 
 
 def test_an_evaluation_against_itself_differs_by_nothing(evaluations):
@@ -124,3 +136,18 @@ def test_a_path_that_is_no_evaluation_is_named(tmp_path, evaluations, caplog):
     assert compare_main([str(tmp_path), str(evaluations[1]), "--out", str(tmp_path / "c.json")]) == 2
     assert f"{tmp_path} is not a saved evaluation: no results.json" in caplog.text
     assert not (tmp_path / "c.json").exists()
+
+
+def test_an_unknown_suite_is_named_with_the_nearest_one_and_what_each_side_holds(tmp_path, evaluations, caplog):
+    """--suites judgebnech (a typo): not "no per-row files", though the files exist, but the suite, the nearest known
+    one and the suites each side holds; a known suite neither evaluation holds is named with what they hold."""
+    a, b = evaluations
+    out = tmp_path / "c.json"
+    assert compare_main([str(a), str(b), "--suites", "judgebnech", "--out", str(out)]) == 2
+    assert ("--suites: unknown suite 'judgebnech'; did you mean 'judgebench'? (known: rmbench, judgebias, ideation, "
+            "judgebench, pairwise, evalbiasbench; A holds ideation, judgebias, rmbench; B holds ideation, judgebias, "
+            "rmbench)") in caplog.text
+    caplog.clear()
+    assert compare_main([str(a), str(b), "--suites", "judgebench", "--out", str(out)]) == 2
+    assert "--suites: judgebench is not in A: A holds ideation, judgebias, rmbench; B holds" in caplog.text
+    assert not out.exists()

@@ -71,6 +71,19 @@ def test_metric_for_best_model_is_taken_as_metrics_jsonl_spells_it_or_as_trainer
                       "--metric_for_best_model", "eval/rmbench/hard_acc"])
 
 
+
+def test_greater_is_better_follows_the_figure_s_direction():
+    """style_spread is lower-is-better (`judgetrain.config.directions`): Trainer's own default (higher unless the name
+    ends in "loss") would keep the checkpoint whose style moves the judge most."""
+    t = parse_recipe([str(QUICKSTART), "--metric_for_best_model", "eval/rmbench/style_spread"]).training_args
+    assert t.metric_for_best_model == "eval_rmbench/style_spread" and t.greater_is_better is False
+    with pytest.raises(RecipeError, match=r"greater_is_better: True, but rmbench/style_spread is lower-is-better"):
+        parse_recipe([str(QUICKSTART), "--metric_for_best_model", "eval/rmbench/style_spread",
+                      "--greater_is_better", "true"])
+    with pytest.raises(RecipeError, match=r"metric_for_best_model: rmbench/hard_acc/ci_low: not a figure to rank"):
+        parse_recipe([str(QUICKSTART), "--metric_for_best_model", "eval/rmbench/hard_acc/ci_low"])
+
+
 def test_choice_keys_name_the_key_and_the_valid_values(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(QUICKSTART.read_text().replace("long_rows: error ", "long_rows: cut "))

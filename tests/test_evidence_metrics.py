@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from judgetrain.metrics import (Items, bootstrap_ci, evalbiasbench_results, interval_keys, items_intervals,
-                                judgebench_results, mcnemar_p, paired_difference, predictions_from_scores,
+                                judgebench_results, mcnemar_p, paired_difference, predictions_from_scores, sign_test_p, smallest_p,
                                 rmbench_intervals, rmbench_items, rmbench_results, sign_flip_p, style_spread,
                                 swap_verdict, verdict_from_scores)
 
@@ -209,10 +209,67 @@ def test_paired_accuracy_delta_with_its_mcnemar_p_and_unpaired_items_counted():
     trained = Items(list(range(10)), {"accuracy": right_trained}, binary=("accuracy",))
     out = paired_difference(trained, base)["accuracy"]
     assert (out["trained"], out["base"], out["delta"]) == pytest.approx((0.9, 0.3, 0.6))
-    assert out["p_value"] == mcnemar_p(right_trained, right_base) == 0.0703125 and out["p_method"] == "mcnemar"
+    assert out["p_value"] == mcnemar_p(right_trained, right_base) == 0.0703125 and out["p_method"] == "sign_test"
     assert out["delta_ci_low"] > 0 and (out["n"], out["n_only_base"], out["n_only_trained"]) == (10, 1, 0)
+    assert out["n_units"] == 10  # no clusters: each item its own unit
     same = paired_difference(base, base)["accuracy"]
     assert (same["delta"], same["delta_ci_low"], same["delta_ci_high"], same["p_value"]) == (0, 0, 0, 1.0)
+
+
+def _ten_pairs_in_both_orders():
+    """Ten pairs, each judged in both orders (20 rows, the pair the cluster): the trained judge right on pairs 0-3 in
+    both orders, wrong on the rest; the base judge always wrong."""
+    clusters = [f"pair{i // 2}" for i in range(20)]
+    trained = np.array([1.0 if i < 8 else 0.0 for i in range(20)])
+    return trained, np.zeros(20), clusters
+
+
+def test_the_paired_test_counts_pairs_not_orders():
+    """The ten-pair case, by hand: 4 pairs gained (both orders each), 6 unchanged, none lost. One count per pair:
+    2 P(X <= 0), X ~ Binomial(4, 1/2) = 2 / 2^4 = 0.125. Counting each order apart (McNemar over 20 rows: 8 gained)
+    gives 2 / 2^8 = 0.0078125, 16 times the significance the data holds."""
+    trained, base, clusters = _ten_pairs_in_both_orders()
+    assert sign_test_p(trained, base, clusters=clusters)[0] == 0.125
+    assert mcnemar_p(trained, base) == 0.0078125  # what the rows alone would claim
+    keys = [(c, i % 2) for i, c in enumerate(clusters)]
+    out = paired_difference(Items(keys, {"accuracy": trained}, clusters=np.asarray(clusters, dtype=object),
+                                  binary=("accuracy",)),
+                            Items(keys, {"accuracy": base}, clusters=np.asarray(clusters, dtype=object),
+                                  binary=("accuracy",)))["accuracy"]
+    assert (out["p_value"], out["p_method"], out["n"], out["n_units"]) == (0.125, "sign_test", 20, 10)
+    assert out["delta"] == pytest.approx(0.4)
+    # a pair right in one order only, lost in the other, is a pair that did not change: +1 - 1 = 0
+    mixed = sign_test_p([1, 0, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0], clusters=["a", "a", "b", "b", "c", "c"])[0]
+    assert mixed == 0.5  # 2 pairs gained (b, c), a unchanged: 2 / 2^2
+    # without clusters the sign test is McNemar: the worked example above
+    assert sign_test_p([1, 1, 1, 1, 1, 1, 1, 0, 1], [0, 0, 0, 0, 0, 0, 0, 1, 1])[0] == 0.0703125
+    assert smallest_p(2) == 0.5 and smallest_p(5) == 0.0625 and smallest_p(0) == 1.0
+
+
+def test_the_paired_test_holds_its_level_on_clustered_data_where_row_counting_does_not():
+    """Calibration under the null, 4,000 seeds: 30 pairs in both orders, each pair's two orders sharing the pair's
+    difficulty (the same right / wrong in both orders 90% of the time), the trained and the base judge drawn alike
+    (a true difference of 0). The pair-level sign test rejects at p < 0.05 in at most 5% of the seeds (an exact test is
+    conservative on a discrete scale); counting rows apart (McNemar over the 60 rows) rejects far more often. A
+    permutation test that flips whole pairs (sign_flip_p with the clusters) agrees with the sign test's level."""
+    rng = np.random.default_rng(12345)
+    clusters = np.repeat(np.arange(30), 2)
+    hits_units = hits_rows = hits_perm = 0
+    n_seeds = 4000
+    for seed in range(n_seeds):
+        draws = []
+        for _ in range(2):
+            pair_right = rng.random(30) < 0.5
+            flip = rng.random(60) < 0.1  # an order's own noise
+            draws.append(np.where(flip, ~pair_right[clusters], pair_right[clusters]).astype(float))
+        trained, base = draws
+        hits_units += sign_test_p(trained, base, clusters=clusters)[0] < 0.05
+        hits_rows += mcnemar_p(trained, base) < 0.05
+        if seed < 400:  # the permutation test, slower: a tenth of the seeds
+            hits_perm += sign_flip_p(trained, base, clusters=clusters, n_flips=400, seed=seed)[0] < 0.05
+    assert hits_units / n_seeds <= 0.05, hits_units / n_seeds
+    assert hits_rows / n_seeds > 0.075, hits_rows / n_seeds  # counting rows: the level is not held (0.0895)
+    assert hits_perm / 400 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 400), hits_perm / 400
 
 
 # ------------------------------------------------------------------------------------------------- RM-Bench

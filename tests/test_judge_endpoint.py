@@ -643,3 +643,110 @@ def test_transformers_serve_smollm2_writes_the_in_process_engines_texts(tmp_path
     assert [o.text for o in outs] == [r.text for r in refs] and all(o.text.strip() for o in outs)
     assert [(o.n_tokens, o.prompt_tokens, o.stopped) for o in outs] == [(r.n_tokens, r.prompt_tokens, r.stopped)
                                                                          for r in refs]
+
+
+# ------------------------------------------------------------------- refusals of the request, the key in any form
+LEAKY = 'sk-A1b2C3d4E5f6G7h8/I9j0K1l2+M3n4O5p6"Q7r8S9t0=U1v2W3x4Y5z6'  # JSON and URL encodings change it
+
+
+def _leaks(text: str) -> list[str]:
+    """Every 8-character run of the key found in ``text``."""
+    return sorted({LEAKY[i:i + 8] for i in range(len(LEAKY) - 7) if LEAKY[i:i + 8] in text})
+
+
+def test_the_key_never_leaves_in_any_form_or_length(monkeypatch, caplog):
+    """A server that echoes the key in every form it can (as sent and JSON-escaped, \\u-escaped, URL-encoded, lower
+    case %xx, \\/ escapes; across the 300th and 500th character of a message; across the 65,536th byte of a body too
+    long to read whole; in a header; in a redirect's Location; in a 401): not one 8-character run of it reaches a
+    result, an error or the log."""
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv(KEY_VAR, LEAKY)
+    batch = prompts(2 + 5)
+    for n in range(5):
+        batch[2 + n][1]["content"] += f" LEAK{n}"
+    shown = []
+    with ScriptedServer(model="judge", key=LEAKY, leak_key=True) as server:
+        gen = EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=8, concurrency=1)
+        outs = gen.generate(batch)
+        assert [o.text for o in outs[:2]] == ["gamma beta alpha 0 item", "gamma beta alpha 1 item"]
+        assert all(isinstance(o, Rejected) and o.status == 400 for o in outs[2:])
+        shown += [o.message for o in outs[2:]]
+        assert "***" in outs[2].message and "header seen: Bearer ***" in outs[2].message
+        monkeypatch.setenv(KEY_VAR, LEAKY[::-1])  # a wrong key: the 401 echoes what it was sent
+        with pytest.raises(EndpointError) as err:
+            EndpointGenerator(server.base_url, "judge", KEY_VAR, max_new_tokens=8).generate(prompts(1))
+        shown.append(str(err.value))
+        monkeypatch.setenv(KEY_VAR, LEAKY)
+        with ScriptedServer(model="judge", key=LEAKY, leak_key=True, redirect_to="http://localhost:9/v1") as mover:
+            moved = r"a redirect to http://localhost:9/v1/models\?token=Bearer%20\*\*\*"
+            with pytest.raises(EndpointError, match=moved) as err:
+                EndpointGenerator(mover.base_url, "judge", KEY_VAR, max_new_tokens=8).generate(prompts(1))
+        shown.append(str(err.value))
+    assert server.statuses.count(400) == 5 and all(a == f"Bearer {LEAKY}" for a in server.auth_seen[:2])
+    for text in shown + [caplog.text]:
+        assert _leaks(text) == [], text[-600:]
+    assert _leaks(shown[1].replace("***", LEAKY[:9]))  # the check can fail: a redacted run put back is found
+
+
+def test_an_endpoint_refusing_an_option_stops_with_exit_2_and_commits_nothing(tmp_path, monkeypatch, capsys):
+    """A reasoning model refusing temperature 0 answers every prompt with the same 400: the command stops with exit 2
+    naming the option and quoting the server, and writes no row; with the option changed, the same command writes
+    every row."""
+    from test_judge import judge, write_items
+
+    monkeypatch.setenv(KEY_VAR, LEAKY)
+    items, out = write_items(tmp_path / "items.jsonl", 4), tmp_path / "out"
+    with ScriptedServer(model="judge", key=LEAKY, refuse=("temperature", 0.0), leak_key=True) as server:
+        spec = f"endpoint={server.base_url},model=judge,key_env={KEY_VAR},name=api"
+        assert judge("--items", items, "--output_dir", out, "--judge", spec, "--max_new_tokens", 8) == 2
+        err = capsys.readouterr().err
+        assert "refused all of the first 4 prompts alike, HTTP 400: \"Unsupported value: 'temperature' does not " \
+               "support 0.0 with this model. Only the default (1) value is supported.\"" in err
+        assert "the option it names: temperature=0.0 (judgetrain's --temperature / --do_sample)" in err
+        assert not (out / "evaluations.jsonl").exists()
+        assert all(p.stat().st_size == 0 for p in (out / "shards").glob("rank-*"))  # nothing committed
+        assert judge("--items", items, "--output_dir", out, "--judge", spec, "--max_new_tokens", 8, "--do_sample",
+                     "--temperature", 1) == 0
+    rows = read_jsonl(out / "evaluations.jsonl")
+    assert len(rows) == 4 and all(r["reason"] != "endpoint_rejected" and r["error"] is None for r in rows)
+
+
+def test_a_refused_prompt_stays_a_row_and_retry_rejected_generates_it_again_on_resume(tmp_path, monkeypatch, capsys,
+                                                                                     caplog):
+    """One prompt refused among good answers is a row (reason endpoint_rejected, the server's words, the key
+    redacted in every form); the run exits 0. A resume says nothing is left; with --retry_rejected (or the judges
+    file's retry_rejected: true) that row is generated again and replaces the refusal. No 8-character run of the key
+    is in any file of the run or in its log."""
+    from test_judge import judge, write_items
+
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv(KEY_VAR, LEAKY)
+    items, out = write_items(tmp_path / "items.jsonl", 4), tmp_path / "out"
+    rows = read_jsonl(items)
+    rows[2]["prompt"][-1]["content"] += " LEAK0"
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with ScriptedServer(model="judge", key=LEAKY, leak_key=True) as server:
+        spec = f"endpoint={server.base_url},model=judge,key_env={KEY_VAR},name=api"
+        args = ("--items", items, "--output_dir", out, "--judge", spec, "--max_new_tokens", 8, "--concurrency", 1)
+        assert judge(*args) == 0
+        first = read_jsonl(out / "evaluations.jsonl")
+        assert [r["reason"] == "endpoint_rejected" for r in first] == [False, False, True, False]
+        assert first[2]["error"].startswith("HTTP 400: invalid request; header seen: Bearer ***")
+        assert judge(*args) == 0 and len(server.requests) == 4  # nothing left: no request sent
+        server.leak_key = False  # the server now answers it
+        judges_file = tmp_path / "judges.yaml"
+        judges_file.write_text(f"- {{endpoint: '{server.base_url}', model: judge, key_env: {KEY_VAR}, name: api, "
+                               "retry_rejected: true}\n")
+        assert judge("--items", items, "--output_dir", out, "--judges_file", judges_file, "--max_new_tokens", 8) == 0
+        assert len(server.requests) == 5  # the refused row only
+        assert judge(*args, "--retry_rejected") == 0 and len(server.requests) == 5  # nothing refused is left
+    again = read_jsonl(out / "evaluations.jsonl")
+    assert len(again) == 4 and [r["reason"] == "endpoint_rejected" for r in again] == [False] * 4
+    assert [r["evaluation"] for r in again[:2] + again[3:]] == [r["evaluation"] for r in first[:2] + first[3:]]
+    assert again[2]["evaluation"] and again[2]["error"] is None
+    summary = json.loads((out / "summary.json").read_text())["api"]
+    assert summary["rows"] == 4 and "endpoint_rejected" not in summary["reasons"]
+    logged = caplog.text + capsys.readouterr().err
+    for path in [p for p in out.rglob("*") if p.is_file()]:
+        assert _leaks(path.read_text(errors="replace")) == [], path
+    assert _leaks(logged) == [] and "endpoint_rejected" in logged

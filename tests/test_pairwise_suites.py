@@ -124,9 +124,12 @@ def test_every_mode_on_the_real_rows_both_orders_reach_the_model_and_every_figur
 
 def test_deltas_against_a_baseline_are_paired_and_name_what_got_worse(judge, shared_dir, tmp_path):
     """The same judge against itself: every delta 0 with p 1, nothing worse; a baseline whose verdicts were all right
-    (the items of a perfect judge) makes every accuracy a significant loss, named in ``regressions``."""
+    (the items of a perfect judge) makes the accuracy a significant loss, named in ``regressions``: 40 pairs, at least
+    20 of them lost (the tiny judge is right on at most half), none gained: the sign test's p at most 2 / 2^20."""
+    import dataclasses
+
     model, tok = judge
-    specs = _specs(shared_dir)[1:]
+    specs = [dataclasses.replace(s, max_rows=40) for s in _specs(shared_dir)[1:]]
     engine = ScoringEngine(model, tok, scoring="judge", max_length=1024)
     results, _ = evaluate_and_write(engine, specs, tmp_path / "a", modes=["verdict"])
     base = current_items(results, ["verdict"])
@@ -143,7 +146,9 @@ def test_deltas_against_a_baseline_are_paired_and_name_what_got_worse(judge, sha
     _, worse = evaluate_and_write(engine, specs, tmp_path / "c", modes=["verdict"], baseline=perfect)
     d = worse["metrics"]
     assert d["eval/judgebench/verdict/delta/accuracy"] < 0 and d["eval/judgebench/verdict/delta/accuracy/delta_ci_high"] < 0
-    assert d["eval/judgebench/verdict/delta/accuracy/p_value"] < 0.05
+    lost = round(40 * (1 - float(results["judgebench"].modes["verdict"].metrics["accuracy"])))
+    assert d["eval/judgebench/verdict/delta/accuracy/n_units"] == 40 and lost >= 20
+    assert d["eval/judgebench/verdict/delta/accuracy/p_value"] == pytest.approx(2 / 2**lost)  # none gained
     assert "judgebench/verdict/accuracy" in worse["regressions"]
     # with a margin the loss must be at least that large at 95%: the whole interval below -margin
     high = d["eval/judgebench/verdict/delta/accuracy/delta_ci_high"]
@@ -156,7 +161,10 @@ def test_deltas_against_a_baseline_are_paired_and_name_what_got_worse(judge, sha
 
 
 def test_a_regression_margin_asks_for_a_loss_at_least_that_large():
-    from judgetrain.eval.compare import changed
+    from judgetrain.eval.compare import changes
+
+    def changed(v, metric, margin=0.0):  # one figure judged alone: p 0.001 over 40 units
+        return changes({metric: {**v, "p_value": 0.001, "n_units": 40}}, margin)[metric]
 
     def v(low, high):
         return {"delta_ci_low": low, "delta_ci_high": high}
@@ -231,58 +239,58 @@ def test_the_bench_times_intervals_and_deltas_against_the_eval(judge):
 
 
 # ------------------------------------------------------------------------------------------ a run made to regress
-def _made_to_regress(folder: Path) -> Path:
-    """An EvalBiasBench-format file whose better response is told by one easily learnt feature ("Correct answer ..."
-    against "Wrong answer ..."), and training rows that teach the wrong verdict on it: as stored the chosen answer is
-    [[B>A]], swapped [[A>B]] (the JudgeBias adapter's schema). The tiny judge starts positional (its picks right in
-    one presentation of two); taught the wrong verdicts it loses the presentation it had right."""
+def _made_to_regress(folder: Path) -> tuple[Path, Path]:
+    """(the eval folder, the train folder) of a run that loses by construction, on any CPU: JudgeBias rows (the
+    bundled validation prompts) whose training pairs all say the same thing, chosen ``"overall_score": 5`` against
+    rejected ``1`` after judge mode's prefix: a shift of the score that needs no reading of the prompt (every pair
+    pushes the same way, none cancels another). The eval rows are 24 represent rows anchored at 1.0: the judge's
+    expected score moves up on every one of them, so ``represent/anchor_mae`` (lower is better) gets worse on all 24
+    units at once, whatever the size of each step. Two error rows make a category of 2 units: too few to tell."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from judgetrain.data.pairwise import load_evalbiasbench
+    from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX
 
-    topics = ["boiling water", "prime numbers", "the moon", "photosynthesis", "rust", "tides", "volcanoes", "bees",
-              "glass", "magnets", "rainbows", "salt"]
-    bench = {"made_up": [{"bias": "made_up", "instruction": f"Say one true thing about {t}.", "label": 1,
-                          "response1": f"Correct answer about {t}.", "response2": f"Wrong answer about {t}."}
-                         for t in topics]}
-    folder.mkdir(parents=True)
-    (folder / "biasbench.json").write_text(json.dumps(bench))
-    rows = []
-    for i, row in enumerate(load_evalbiasbench(folder / "biasbench.json")):
-        for order, messages in both_orders(row):
-            wrong, right = ("[[B>A]]", "[[A>B]]") if order == "AB" else ("[[A>B]]", "[[B>A]]")
-            rows.append({"prompt": json.dumps(messages), "chosen": json.dumps([{"role": "assistant", "content": wrong}]),
-                         "rejected": json.dumps([{"role": "assistant", "content": right}]), "score_chosen": 2.0,
-                         "score_rejected": 4.0, "score_delta": 2.0, "anchor_score": 4.0, "sample_id": i,
-                         "perturbation_type": "element_substitution", "perturbation_category": "error",
-                         "perturbation_rate": 0.1, "chosen_model": "x", "rejected_model": "y"})
-    (folder / "train").mkdir()
-    pq.write_table(pa.Table.from_pylist(rows), folder / "train" / "train.parquet")
-    return folder / "biasbench.json"
+    bundled = pq.read_table(REPO / "judgetrain" / "data" / "samples" / "judgebias" / "validation.parquet").to_pylist()
+    represent = [r for r in bundled if r["perturbation_category"] == "represent"][:24]
+    error = [r for r in bundled if r["perturbation_category"] == "error"][:2]
+
+    def answer(score: int) -> str:
+        return json.dumps([{"role": "assistant", "content": f"{DEFAULT_JUDGE_PREFIX}{score}\n}}\n```"}])
+
+    evals, train = [], []
+    for i, row in enumerate(represent + error):
+        # the recorded scores tie (the accuracy cannot move); the anchor at 1.0 is what a score of 5 is far from
+        evals.append({**row, "sample_id": 5000 + i, "score_chosen": 3.0, "score_rejected": 3.0, "score_delta": 0.0,
+                      "anchor_score": 1.0})
+        train.append({**row, "sample_id": 5000 + i, "chosen": answer(5), "rejected": answer(1), "score_chosen": 5.0,
+                      "score_rejected": 1.0, "score_delta": 4.0})
+    for split, rows in (("validation", evals), ("train", train)):
+        (folder / split).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows), folder / split / f"{split}.parquet")
+    return folder / "validation", folder / "train"
 
 
 @pytest.mark.slow
 def test_a_run_against_its_start_logs_paired_deltas_and_eval_baseline_gives_the_same(tmp_path):
-    """A real run taught the wrong verdicts (LoRA, high learning rate): eval_on_start is the baseline, the evals at
-    steps 12 and 24 log each figure's paired delta with its interval and p-value (none at step 0), the status line
-    counts the regressions, and `judgetrain eval --baseline tiny-judge` on checkpoint-24 gives the delta the run
-    logged (the adapter at step 0 is the base judge). With eval_regression_action: stop, the run ends at step 24,
-    where single accuracy's delta interval excludes 0 (exit 5), with its checkpoint (CPU training is seeded: the
-    same path every run)."""
-    bench = _made_to_regress(tmp_path / "made")
-    data = tmp_path / "made" / "train"
+    """A real run (LoRA) taught to push every score up: eval_on_start is the baseline, the evals after it log each
+    figure's paired delta with its interval, p-value and units (none at step 0), and with eval_regression_action:
+    stop the run ends at the first eval where the guard can show the loss (exit 5), with its checkpoint: the anchor
+    error of all 24 represent units grew at once (the sign-flip test's p at its floor, 1 / 1001, under Holm's
+    0.05 / 2). The 2-unit error category is too few to tell, never named. `judgetrain eval --baseline tiny-judge` on
+    that checkpoint gives the delta the run logged (the adapter at step 0 is the base judge)."""
+    evals_dir, data = _made_to_regress(tmp_path / "made")
     recipe = (REPO / "recipes" / "quickstart.yaml").read_text()
     recipe = recipe.replace("  - {dataset: judgebias, source: bundled, split: train}\n"
                             "  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n",
                             f"  - {{dataset: judgebias, source: {data}, split: train}}\n")
-    recipe = recipe.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [evalbiasbench]")
-    recipe = recipe.replace("eval_scoring: implicit", "eval_scoring: [verdict]")
-    recipe = recipe.replace("learning_rate: 2.0e-3", "learning_rate: 2.0e-2").replace("warmup_steps: 5", "warmup_steps: 0")
+    recipe = recipe.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [judgebias]")
+    recipe = recipe.replace("eval_scoring: implicit", "eval_scoring: [judge]")
+    recipe = recipe.replace("learning_rate: 2.0e-3", "learning_rate: 1.0e-2").replace("warmup_steps: 5", "warmup_steps: 0")
     recipe = recipe.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 4")
     recipe = recipe.replace("lr_scheduler_type: cosine", "lr_scheduler_type: constant").replace("save_steps: 25",
-                                                                                              "save_steps: 12")
-    recipe += (f"eval_evalbiasbench_source: {bench}\neval_on_start: true\neval_strategy: steps\neval_steps: 12\n"
+                                                                                              "save_steps: 8")
+    recipe += (f"eval_judgebias_source: {evals_dir}\neval_on_start: true\neval_strategy: steps\neval_steps: 8\n"
                "max_steps: 24\neval_regression_action: stop\n")
     (tmp_path / "r.yaml").write_text(recipe)
     run, log = tmp_path / "run", tmp_path / "train.log"
@@ -290,37 +298,34 @@ def test_a_run_against_its_start_logs_paired_deltas_and_eval_baseline_gives_the_
         rc = subprocess.run([sys.executable, "-m", "judgetrain.train", str(tmp_path / "r.yaml"), "--output_dir",
                              str(run)], cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=1500).returncode
     text = log.read_text(errors="replace")
-    assert rc == EXIT_REGRESSED, text[-5000:]  # the guard stopped the run at the eval that found it worse
+    assert rc == EXIT_REGRESSED, text[-5000:]  # the guard stopped the run at the eval that showed the loss
     status = [json.loads(line) for line in (run / "judgetrain_status.jsonl").read_text().splitlines()][-1]
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    evals = {r["step"]: r for r in logged if "eval/evalbiasbench/verdict/single_acc" in r}
-    assert sorted(evals) == [0, 12, 24] and not any("/delta/" in k for k in evals[0])  # the baseline has none
-    warnings = [line for line in text.splitlines() if "worse than the baseline (the eval before the first step" in line]
-    assert status["status"] == "regressed" and status["step"] == 24 and status["regressions"] == 2, status
-    assert len(warnings) == 1 and "eval at step 24: 2 categories worse" in warnings[0] and "stopping" in warnings[0]
-    assert warnings[0].endswith("evalbiasbench/verdict/single_acc, evalbiasbench/verdict/made_up/single_acc; "
-                                "stopping (eval_regression_action: stop)")
-    assert (run / "checkpoint-24" / "judgetrain_complete.json").is_file()
-    assert evals[24]["eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high"] < 0
-    assert evals[12]["eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high"] >= 0  # not yet worse at step 12
+    key = "eval/judgebias/represent/anchor_mae"
+    evals = {r["step"]: r for r in logged if key in r}
     step = max(evals)
-    for at in (evals[s] for s in evals if s):
-        for fig in ("single_acc", "pair_acc", "agreement"):
-            d = f"eval/evalbiasbench/verdict/delta/{fig}"
-            assert at[f"{d}/delta_ci_low"] <= at[d] <= at[f"{d}/delta_ci_high"] and 0 < at[f"{d}/p_value"] <= 1
-            assert at[f"eval/evalbiasbench/verdict/{fig}/ci_low"] <= at[f"eval/evalbiasbench/verdict/{fig}"]
-    base = evals[0]["eval/evalbiasbench/verdict/single_acc"]
-    assert evals[step]["eval/evalbiasbench/verdict/delta/single_acc"] == pytest.approx(
-        evals[step]["eval/evalbiasbench/verdict/single_acc"] - base)
+    assert 0 in evals and step in (8, 16, 24) and not any("/delta/" in k for k in evals[0])  # the baseline has none
+    warnings = [line for line in text.splitlines() if "worse than the baseline (the eval before the first step" in line]
+    assert status["status"] == "regressed" and status["step"] == step and status["regressions"] == 1, status
+    assert len(warnings) == 1 and f"eval at step {step}: 1 category worse" in warnings[0]
+    assert warnings[0].endswith("judgebias/represent/anchor_mae; stopping (eval_regression_action: stop)")
+    assert (run / f"checkpoint-{step}" / "judgetrain_complete.json").is_file()
+    d, at = "eval/judgebias/delta/represent/anchor_mae", evals[step]
+    assert at[f"{d}/n_units"] == 24 and at[f"{d}/p_value"] == pytest.approx(1 / 1001) and at[f"{d}/delta_ci_low"] > 0
+    assert at[d] == pytest.approx(at[key] - evals[0][key])
+    for fig in ("error/accuracy", "error/detect_rate"):  # 2 units: the smallest p is 0.5, never worse
+        assert at[f"eval/judgebias/delta/{fig}/n_units"] == 2
+    assert at["eval/judgebias/delta/represent/accuracy/p_value"] == 1.0  # tied recorded scores: cannot move
 
     out = tmp_path / "eval"
     proc = subprocess.run([sys.executable, "-m", "judgetrain.cli.eval", "--model", str(run / f"checkpoint-{step}"),
-                           "--baseline", "tiny-judge", "--eval_suites", "evalbiasbench", "--eval_evalbiasbench_source",
-                           str(bench), "--eval_scoring", "verdict", "--output-dir", str(out)], cwd=REPO,
+                           "--baseline", "tiny-judge", "--eval_suites", "judgebias", "--eval_judgebias_source",
+                           str(evals_dir), "--eval_scoring", "judge", "--output-dir", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads((out / f"checkpoint-{step}" / "results.json").read_text())
-    for fig in ("single_acc", "pair_acc", "agreement"):
-        key = f"eval/evalbiasbench/verdict/delta/{fig}"
-        assert doc["metrics"][key] == pytest.approx(evals[step][key]), fig
-    assert (out / "baseline" / "evalbiasbench.verdict.jsonl").is_file() and "regressions" in doc
+    for fig in ("represent/anchor_mae", "represent/accuracy", "error/accuracy"):
+        k = f"eval/judgebias/delta/{fig}"
+        assert doc["metrics"][k] == pytest.approx(evals[step][k]), fig
+    assert (out / "baseline" / "judgebias.jsonl").is_file()
+    assert doc["regressions"] == ["judgebias/represent/anchor_mae"]

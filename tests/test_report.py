@@ -232,7 +232,8 @@ def test_summary_table_shows_the_last_eval_and_best_epoch_of_metrics_jsonl(singl
     text = (out / "report.html").read_text()
     last = last_values(events)
     shown = _html_cells(text, "summary-quick", "last")
-    metrics = {k for k in last if "runtime" not in k and not k.rsplit("/", 1)[1].startswith("n_")}
+    metrics = {k for k in last if "runtime" not in k and not k.rsplit("/", 1)[1].startswith("n_")
+               and not k.endswith(("/ci_low", "/ci_high", "/p_value", "/n_units"))}  # bounds and counts: not ranked
     assert set(shown) - {k for k in shown if k.endswith("style_gap")} == metrics
     for key in metrics:
         assert shown[key] == last[key][1], key
@@ -451,6 +452,7 @@ def test_report_opens_with_what_got_worse_than_the_base_judge_in_red_then_base_v
           "eval/evalbiasbench/verdict/delta/single_acc/delta_ci_low": -0.35,
           "eval/evalbiasbench/verdict/delta/single_acc/delta_ci_high": -0.15,
           "eval/evalbiasbench/verdict/delta/single_acc/p_value": 0.0012,
+          "eval/evalbiasbench/verdict/delta/single_acc/n_units": 40,
           "eval/evalbiasbench/verdict/agreement": 0.9, "eval/evalbiasbench/verdict/delta/agreement": 0.05,
           "eval/evalbiasbench/verdict/delta/agreement/delta_ci_low": -0.05,
           "eval/evalbiasbench/verdict/delta/agreement/delta_ci_high": 0.15,
@@ -463,7 +465,8 @@ def test_report_opens_with_what_got_worse_than_the_base_judge_in_red_then_base_v
     paths = make_report([run, plain], tmp_path / "out")
     html = paths["report.html"].read_text()
     worse = re.search(r'<p class="worse" id="worse-guarded">(.*?)</p><ul class="worse">(.*?)</ul>', html, re.S)
-    assert worse.group(1) == "Worse than the base judge at step 10 (the interval of the difference excludes 0):"
+    assert worse.group(1) == ("Worse than the base judge at step 10 (paired test p &lt; 0.05 after Holm across the "
+                              "figures, the interval of the difference excluding 0):")
     assert re.findall(r"<li>(.*?)</li>", worse.group(2)) == ["evalbiasbench/verdict/single_acc"]
     assert html.index('id="worse-guarded"') < html.index("<table")  # before any table
     assert ".worse{color:#b00020" in html
@@ -475,11 +478,39 @@ def test_report_opens_with_what_got_worse_than_the_base_judge_in_red_then_base_v
     assert rows["evalbiasbench/verdict/agreement"][1:3] == ["0.8500", "0.9000"]
     assert re.search(r'<p class="no-worse" id="worse-plain">No evaluation against the base judge was logged', html)
     md = paths["report.md"].read_text()
-    assert ("**Worse than the base judge at step 10 (the interval of the difference excludes 0)**: "
-            "`evalbiasbench/verdict/single_acc`") in md
+    assert ("**Worse than the base judge at step 10 (paired test p < 0.05 after Holm across the figures, the interval "
+            "of the difference excluding 0)**: `evalbiasbench/verdict/single_acc`") in md
     assert "| evalbiasbench/verdict/single_acc | 0.6500 | 0.4000 | [0.3000, 0.5000] | -0.2500 |" in md
     # the recipe's margin, as the run's guard used it: a loss of at least 0.2 is not shown by [-0.35, -0.15]
     (run / "recipe.yaml").write_text("eval_regression_margin: 0.2\n")
     html = make_report([run], tmp_path / "out2")["report.html"].read_text()
     assert re.search(r'<p class="no-worse" id="worse-guarded">No category got worse than the base judge at step 10',
                      html)
+
+
+def test_the_best_of_style_spread_is_its_lowest_and_interval_bounds_are_never_ranked(tmp_path):
+    """style_spread is lower-is-better (`judgetrain.config.directions`): its best is the eval where it is lowest, 0.5
+    at step 20, not 2.47 at step 10; its interval bounds are no rows of the summary. Against the base judge, a
+    category of 2 units lost on both ([-1, -1]) is too few to tell, never worse."""
+    run = tmp_path / "spread"
+    run.mkdir()
+    evals = [(0, 1.0, 0.9, 1.1), (10, 2.47, 2.3, 2.6), (20, 0.5, 0.4, 0.6), (30, 1.2, 1.0, 1.4)]
+    events = [{"step": s, "epoch": s / 10, "eval/rmbench/style_spread": v, "eval/rmbench/style_spread/ci_low": lo,
+               "eval/rmbench/style_spread/ci_high": hi, "eval/rmbench/hard_acc": 0.5} for s, v, lo, hi in evals]
+    events[-1].update({"eval/judgebench/verdict/coding/accuracy": 0.0,
+                       "eval/judgebench/verdict/delta/coding/accuracy": -1.0,
+                       "eval/judgebench/verdict/delta/coding/accuracy/delta_ci_low": -1.0,
+                       "eval/judgebench/verdict/delta/coding/accuracy/delta_ci_high": -1.0,
+                       "eval/judgebench/verdict/delta/coding/accuracy/p_value": 0.5,
+                       "eval/judgebench/verdict/delta/coding/accuracy/n_units": 2})
+    _write(run, events)
+    paths = make_report([run], tmp_path / "out")
+    html = paths["report.html"].read_text()
+    best = _html_cells(html, "summary-spread", "best")
+    assert best["eval/rmbench/style_spread"] == 0.5
+    assert not [k for k in best if k.endswith(("/ci_low", "/ci_high", "/p_value", "/n_units"))]
+    summary = json.loads(paths["summary.json"].read_text())
+    row = next(r for r in summary["tables"]["spread"] if r["metric"] == "eval/rmbench/style_spread")
+    assert (row["best"], row["best_step"], row["better"]) == (0.5, 20, "lower")
+    assert re.search(r'<p class="no-worse" id="worse-spread">No category got worse than the base judge at step 30; '
+                     r"too few units to tell: judgebench/verdict/coding/accuracy\.", html)

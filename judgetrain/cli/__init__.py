@@ -13,7 +13,7 @@ COMMANDS = {
     "train": ("judgetrain.cli.train", "launch a training recipe through accelerate (or --dry-run it here)"),
     "eval": ("judgetrain.cli.eval", "score a model or checkpoint(s) on the eval suites"),
     "report": ("judgetrain.cli.report", "draw a run's metrics (heatmaps, curves, html)"),
-    "compare": ("judgetrain.cli.compare", "two saved evaluations side by side: deltas, intervals, McNemar p"),
+    "compare": ("judgetrain.cli.compare", "two saved evaluations side by side: deltas, intervals, p over units"),
     "data check": ("judgetrain.cli.data", "validate a dataset source and print its statistics"),
     "judge": ("judgetrain.cli.judge", "run judges over items: evaluations in the panel schema, resumable, sharded"),
     "perturb": ("judgetrain.cli.perturb", "perturb source samples by a spec into judge items: rule and model rewrites, checked"),

@@ -5,7 +5,8 @@
 A is the baseline, B the evaluation compared to it: each a folder `judgetrain eval` or a run's eval wrote
 (``results.json`` with ``<suite>.jsonl``), or a run folder (its latest evaluation). For each headline figure of every
 suite and scoring mode both hold, prints A, B, B - A with its 95% bootstrap interval (the same resamples for both) and
-a p-value (exact McNemar where the items are right or wrong, else the paired sign-flip test); writes every figure to
+a p-value (the exact sign test over each suite's units where the items are right or wrong, else the paired sign-flip
+test over units), and "worse" or "better" where `judgetrain.eval.compare.changes` can say so; writes every figure to
 ``--out`` (JSON). The library call is `judgetrain.eval.compare.compare_evaluations`.
 """
 
@@ -20,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from judgetrain.eval.compare import HEADLINE, EvaluationError, changed, compare_evaluations
+from judgetrain.eval.compare import HEADLINE, REGRESSION_ALPHA, EvaluationError, compare_evaluations
 from judgetrain.eval.metrics import N_RESAMPLES
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.files import write_json
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regression_margin", type=float, default=0.0,
                    help="mark a figure worse only when its whole interval lies beyond this loss (the figure's units; "
                         "as the recipe key eval_regression_margin; default 0)")
+    p.add_argument("--regression_alpha", type=float, default=REGRESSION_ALPHA,
+                   help="mark a figure worse or better only when its paired p-value, after Holm across every figure, "
+                        "is under this (as the recipe key eval_regression_alpha; default %(default)s)")
     return p
 
 
@@ -52,11 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.resamples < 1000:
         logger.warning("--resamples %d: intervals from fewer than 1,000 resamples move with the seed", args.resamples)
     try:
-        doc = compare_evaluations(args.a, args.b, n_resamples=args.resamples, seed=args.seed, suites=args.suites)
+        doc = compare_evaluations(args.a, args.b, n_resamples=args.resamples, seed=args.seed, suites=args.suites,
+                                  margin=args.regression_margin, alpha=args.regression_alpha)
     except EvaluationError as exc:
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
-    _print(doc, args.all, args.regression_margin)
+    _print(doc, args.all)
     write_json(Path(args.out), nan_to_none(doc))
     print(f"written: {args.out}")
     return 0
@@ -69,7 +74,7 @@ def _cell(value: Any, low: Any = None, high: Any = None) -> str:
     return text if low is None or not math.isfinite(low) else f"{text} [{low:.3f}, {high:.3f}]"
 
 
-def _rows(doc: dict[str, Any], every: bool, margin: float = 0.0) -> list[list[str]]:
+def _rows(doc: dict[str, Any], every: bool) -> list[list[str]]:
     rows = []
     for suite, modes in doc["suites"].items():
         for mode, figures in modes.items():
@@ -80,12 +85,11 @@ def _rows(doc: dict[str, Any], every: bool, margin: float = 0.0) -> list[list[st
                 delta = "-" if not math.isfinite(v["delta"]) else (
                     f"{v['delta']:+.3f} [{v['delta_ci_low']:+.3f}, {v['delta_ci_high']:+.3f}]")
                 rows.append([f"{suite} ({mode})", metric, _cell(v["a"], v["a_ci_low"], v["a_ci_high"]),
-                             _cell(v["b"], v["b_ci_low"], v["b_ci_high"]), delta, p, str(v["n"]),
-                             changed(v, metric, margin)])
+                             _cell(v["b"], v["b_ci_low"], v["b_ci_high"]), delta, p, str(v["n"]), v["change"]])
     return rows
 
 
-def _print(doc: dict[str, Any], every: bool, margin: float = 0.0) -> None:
+def _print(doc: dict[str, Any], every: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -93,11 +97,12 @@ def _print(doc: dict[str, Any], every: bool, margin: float = 0.0) -> None:
     if not console.is_terminal:  # piped or logged: keep each row on one line
         console = Console(width=200)
     table = Table(title=f"A: {doc['a']}\nB: {doc['b']}", caption=f"95% bootstrap intervals, {doc['n_resamples']} "
-                  f"resamples (seed {doc['seed']}), paired by item; p: exact McNemar (right / wrong items), else the "
-                  "paired sign-flip test (~)")
+                  f"resamples (seed {doc['seed']}), paired by unit; p: exact sign test (right / wrong items), else the "
+                  "paired sign-flip test (~); worse / better: p under the threshold after Holm, the interval beyond "
+                  "the margin")
     for i, h in enumerate(("suite", "metric", "A", "B", "B - A", "p", "n", "")):
         table.add_column(h, justify="left" if i in (0, 1, 7) else "right", no_wrap=True)
-    for row in _rows(doc, every, margin):
+    for row in _rows(doc, every):
         style = {"worse": "red", "better": "green"}.get(row[-1])
         table.add_row(*row, style=style)
     console.print(table)

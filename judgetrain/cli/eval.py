@@ -291,13 +291,12 @@ def main(argv: list[str] | None = None) -> int:
                                   **gen_kwargs)
         results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state,
                                           modes=eval_args.eval_scoring, generator=generator, model=target,
-                                          adapter=adapter, baseline=baseline,
-                                          regression_margin=eval_args.eval_regression_margin)
+                                          adapter=adapter, baseline=baseline, **eval_args.regression_kwargs())
         if is_baseline:
             baseline = current_items(results, eval_args.eval_scoring)
         elif doc.get("regressions") and state.is_main_process:
-            logger.warning("%s: %d categories worse than the baseline %s (the interval of the difference excludes 0): "
-                           "%s", name, len(doc["regressions"]), args.baseline, ", ".join(doc["regressions"]))
+            logger.warning("%s: %d categories worse than the baseline %s (%s): %s", name, len(doc["regressions"]),
+                           args.baseline, doc["worse_rule"], ", ".join(doc["regressions"]))
         summary[name] = doc["metrics"]
         if state.is_main_process:
             print_table(name, results)

@@ -13,7 +13,8 @@ reads (``sample_id``, ``perturbation_set``, ``perturbation_category``, ``perturb
 ``n_tokens``, ``stopped``; ``summary.json`` (per judge: parse rate, reasons, mean score, tokens/s). Killed at any
 moment, the same command continues where the committed batches end (`judgetrain.judge.output`); SIGTERM ends it
 with exit code 143 after the batch in flight is dropped. Exit codes: 0 done, 1 crashed (or an endpoint's retries ran
-out), 2 refused (bad items, bad judge, an endpoint's key, URL or model refused at start, another run's output_dir),
+out), 2 refused (bad items, bad judge, an endpoint's key, URL or model refused at start, an endpoint refusing the
+first prompts alike: an option of the request, another run's output_dir),
 143 stopped by a signal. With ``--backend vllm`` a judge whose engine would not fit ``--gpu_memory_utilization`` x the
 GPU's memory (weights + one full-context key/value cache) is refused (exit 2) before any model loads.
 """
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight per endpoint judge and process")
     add_endpoint_options(p)
+    p.add_argument("--retry_rejected", action="store_true",
+                   help="endpoint judges: generate again the rows the server refused (reason endpoint_rejected), on "
+                        "a resume too (judges-file key retry_rejected)")
     p.add_argument("--on_bad_row", choices=("error", "skip"), default="error",
                    help="bad items: stop naming them (default), or skip them to the rejects file, counted")
     p.add_argument("--rejects_path", help="where skipped items go (default <output_dir>/rejects.jsonl)")
@@ -149,7 +153,7 @@ def options(args: argparse.Namespace):
                    concurrency=args.concurrency, trust_remote_code=args.trust_remote_code,
                    endpoint_timeout_s=args.endpoint_timeout_s, endpoint_max_retries=args.endpoint_max_retries,
                    endpoint_wait_budget_s=args.endpoint_wait_budget_s,
-                   gpu_memory_utilization=args.gpu_memory_utilization)
+                   gpu_memory_utilization=args.gpu_memory_utilization, retry_rejected=args.retry_rejected)
 
 
 def summary_table(summary: dict):
@@ -215,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.cli.eval import _cpu_only
     from judgetrain.config.recipe import RecipeError
     from judgetrain.data.validate import DataValidationError
-    from judgetrain.judge.endpoint import EndpointError
+    from judgetrain.judge.endpoint import EndpointError, RequestRefused
     from judgetrain.judge.fit import preflight_vllm
     from judgetrain.judge.items import read_items
     from judgetrain.judge.judges import JudgeSpecError, judge_specs, preflight_endpoints
@@ -238,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     except EndpointError as err:  # mid-run: the answers received are committed; a refusal (key, model) is exit 2
         print(f"judgetrain judge: {err}; the evaluations committed stay, run the same command to continue",
               file=sys.stderr)
-        return 2 if err.status in (401, 403, 404) else 1
+        return 2 if err.status in (401, 403, 404) or isinstance(err, RequestRefused) else 1
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if state.is_main_process:

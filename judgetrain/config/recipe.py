@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
+from judgetrain.config.directions import greater_is_better
 from judgetrain.config.packaged import packaged_names, resolve_packaged
 from judgetrain.utils.device import has_accelerator
 from judgetrain.utils.errors import RecipeError
@@ -207,7 +208,8 @@ class EvalArguments:
                                 "[[B>A]] or [[A=B]])."})
     eval_regression_action: Literal["warn", "stop"] = field(
         default="warn", metadata={"help": "After an eval with a baseline (the eval before the first step), a category "
-                                  "whose figure got worse with an interval excluding 0: warn (one WARNING line, "
+                                  "whose figure got worse (paired p under eval_regression_alpha after Holm, the "
+                                  "interval beyond eval_regression_margin, enough units to tell): warn (one WARNING line, "
                                   "counted in the run summary and status), or stop the run there with its "
                                   "checkpoint saved."})
     eval_regression_margin: float = field(
@@ -215,6 +217,10 @@ class EvalArguments:
                                "only when the whole interval of its difference lies beyond it the wrong way (0: any "
                                "interval excluding 0; 0.02: a loss of at least 2 accuracy points). A deterministic "
                                "judge's tiny consistent shifts have intervals excluding 0."})
+    eval_regression_alpha: float = field(
+        default=0.05, metadata={"help": "The regression guard's threshold on the paired test's p-value, after Holm's "
+                                "correction across every figure of the eval: a category is worse only under it, and "
+                                "a category too small for its test to reach it is reported as too few to tell."})
     eval_max_rows: int | None = field(
         default=None, metadata={"help": "Row cap per eval suite, sampled evenly across domains / perturbation types."}
     )
@@ -297,6 +303,9 @@ class EvalArguments:
         if not (isinstance(self.eval_regression_margin, (int, float)) and 0 <= self.eval_regression_margin < math.inf):
             raise RecipeError(f"eval_regression_margin: a number >= 0 in the figures' units (0.02: two accuracy "
                               f"points), got {self.eval_regression_margin!r}")
+        if not (isinstance(self.eval_regression_alpha, (int, float)) and 0 < self.eval_regression_alpha < 1):
+            raise RecipeError(f"eval_regression_alpha: a p-value threshold between 0 and 1 (0.05), got "
+                              f"{self.eval_regression_alpha!r}")
         if self.eval_generate_samples:
             if os.environ.get("RANK", "0") == "0":  # parsed on every process of a launch: said once
                 logger.warning("eval_generate_samples is deprecated and will be removed: it now turns the generate scoring "
@@ -312,6 +321,10 @@ class EvalArguments:
         else judge, which gives the generate rows their expected score)."""
         return dict(scoring=recorded_mode(self.eval_scoring), batch_tokens=self.eval_batch_tokens,
                     prefix_sharing=self.eval_prefix_sharing, merge_lora=self.eval_merge_lora)
+
+    def regression_kwargs(self) -> dict[str, float]:
+        """The regression guard's options (`judgetrain.eval.runner.evaluate_and_write`, `JudgeEvalCallback`)."""
+        return dict(regression_margin=self.eval_regression_margin, regression_alpha=self.eval_regression_alpha)
 
     def generator_kwargs(self) -> dict[str, Any]:
         """The `judgetrain.eval.generate.Generator` options these arguments set (generate mode)."""
@@ -701,7 +714,8 @@ def parse_recipe(argv: list[str]) -> Recipe:
         script_args, training_args, model_args = parser.parse_args_into_dataclasses(args=overrides)
     except (TypeError, ValueError, OverflowError) as e:  # a dataclass refused a value (a RecipeError included)
         raise RecipeError(f"recipe {recipe_path}: {e}") from e
-    check_eval_schedule(script_args, training_args, recipe_path)
+    check_eval_schedule(script_args, training_args, recipe_path,
+                        greater_given="greater_is_better" in data or "greater_is_better" in given)
     resolved = dict(data)
     for name in given:
         value = next(getattr(obj, name) for obj in (script_args, training_args, model_args) if hasattr(obj, name))
@@ -718,10 +732,12 @@ def default_eval_strategy(options: dict[str, Any]) -> str:
     return "steps" if options.get("eval_steps") else "epoch"
 
 
-def check_eval_schedule(script_args, training_args, recipe_path=None) -> None:
+def check_eval_schedule(script_args, training_args, recipe_path=None, greater_given: bool = False) -> None:
     """The eval schedule (TrainingArguments' keys) asks only for what the suites can give: judgetrain has no
     eval_dataset, its evaluation is the suites. metric_for_best_model may be spelt as metrics.jsonl shows it
-    (``eval/rmbench/total_avg_acc``), as Trainer looks it up (``eval_rmbench/total_avg_acc``) or without the prefix."""
+    (``eval/rmbench/total_avg_acc``), as Trainer looks it up (``eval_rmbench/total_avg_acc``) or without the prefix;
+    ``greater_is_better`` follows the figure's direction (`judgetrain.config.directions`: ``style_spread`` lower),
+    and a recipe that sets it (``greater_given``) the other way, or names a figure best at a value, is refused."""
     where = f"recipe {recipe_path}: " if recipe_path else ""
     suites = script_args.eval_suites
     if not suites:
@@ -744,6 +760,15 @@ def check_eval_schedule(script_args, training_args, recipe_path=None) -> None:
             f"{where}metric_for_best_model: {metric!r}{default} is not a figure of the eval suites "
             f"({', '.join(suites)}): name one as metrics.jsonl shows it, e.g. "
             f"eval/{suites[0]}/{SUITE_EXAMPLE_METRIC[suites[0]]}")
+    try:
+        greater = greater_is_better(name)
+    except ValueError as e:
+        raise RecipeError(f"{where}metric_for_best_model: {e}") from None
+    if greater_given and bool(training_args.greater_is_better) != greater:
+        raise RecipeError(f"{where}greater_is_better: {training_args.greater_is_better}, but {name} is "
+                          f"{'higher' if greater else 'lower'}-is-better: drop greater_is_better (it follows the "
+                          "figure) or choose another metric_for_best_model")
+    training_args.greater_is_better = greater
     training_args.metric_for_best_model = "eval_" + name  # the key Trainer and its callbacks look up
 
 

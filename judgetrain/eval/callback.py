@@ -39,7 +39,7 @@ from transformers import TrainerCallback
 from judgetrain.compat.transformers import log_without_overrides, save_checkpoint_now
 from judgetrain.config.recipe import REGRESSION_ACTIONS, Recipe, recorded_mode, scoring_modes
 from judgetrain.eval import reference
-from judgetrain.eval.compare import worse_rule
+from judgetrain.eval.compare import REGRESSION_ALPHA, worse_rule
 from judgetrain.eval.evidence import NO_BASELINE_MODES, read_baseline
 from judgetrain.eval.generate import Generator
 from judgetrain.eval.metrics import Items, rmbench_matrices, split_interval_keys, to_trainer_log_keys
@@ -103,6 +103,7 @@ class JudgeEvalCallback(TrainerCallback):
         log_matrix_images: bool = False,
         regression_action: str = "warn",
         regression_margin: float = 0.0,
+        regression_alpha: float = REGRESSION_ALPHA,
     ) -> None:
         self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
         self.tokenizer = tokenizer
@@ -131,6 +132,7 @@ class JudgeEvalCallback(TrainerCallback):
             raise ValueError(f"regression_action: one of {REGRESSION_ACTIONS}, got {regression_action!r}")
         self.regression_action = regression_action
         self.regression_margin = regression_margin
+        self.regression_alpha = regression_alpha
         self.baseline: dict[tuple[str, str], Items] | None = None  # per-item figures of the eval at step 0
         self.regressions: list[dict[str, Any]] = []  # {step, categories} of each eval that found some
         if trainer is not None:
@@ -155,7 +157,7 @@ class JudgeEvalCallback(TrainerCallback):
             log_matrix_images=script_args.log_matrix_images,
             trainer=trainer,
             regression_action=script_args.eval_regression_action,
-            regression_margin=script_args.eval_regression_margin,
+            **script_args.regression_kwargs(),
         )
 
     @staticmethod
@@ -308,9 +310,9 @@ class JudgeEvalCallback(TrainerCallback):
         step = int(state.global_step)
         self.regressions.append({"step": step, "categories": list(worse)})
         if self.trainer.is_world_process_zero():
-            logger.warning("eval at step %d: %d categor%s worse than the baseline (the eval before the first step; the "
-                           "interval of the difference excludes %s): %s%s", step, len(worse),
-                           "y" if len(worse) == 1 else "ies", worse_rule(self.regression_margin), ", ".join(worse),
+            logger.warning("eval at step %d: %d categor%s worse than the baseline (the eval before the first step; %s): "
+                           "%s%s", step, len(worse), "y" if len(worse) == 1 else "ies",
+                           worse_rule(self.regression_margin, self.regression_alpha), ", ".join(worse),
                            "; stopping (eval_regression_action: stop)" if self.regression_action == "stop" else "")
         if self.regression_action != "stop":
             return
@@ -390,7 +392,8 @@ class JudgeEvalCallback(TrainerCallback):
             results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,
                                                   generator=self.generator, step=step, epoch=state.epoch,
                                                   baseline=self.baseline if step > 0 else None,
-                                                  regression_margin=self.regression_margin)
+                                                  regression_margin=self.regression_margin,
+                                                  regression_alpha=self.regression_alpha)
         except EvalStopped as stop:
             self._abandon(state, stop, "the eval")
         finally:

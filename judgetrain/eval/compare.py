@@ -8,8 +8,9 @@ An evaluation is a folder that `judgetrain.eval.runner.evaluate_and_write` wrote
 ``<suite>.jsonl``, ``<suite>.<mode>.jsonl`` for each other scoring mode): ``<output_dir>/eval/<step>/`` of a run, or
 ``<output-dir>/<name>/`` of `judgetrain eval`; a run folder means its latest evaluation. Each suite and mode present in
 both is read into per-item figures (`judgetrain.eval.metrics.Items`), paired by item, and every figure gets A, B and
-B - A with their intervals from the same bootstrap resamples, and a p-value: exact McNemar where its items are right
-or wrong, else the paired sign-flip test (`judgetrain.eval.metrics.paired_difference`).
+B - A with their intervals from the same bootstrap resamples, and a p-value: the exact sign test where its items are
+right or wrong, else the paired sign-flip test (`judgetrain.eval.metrics.paired_difference`). Both resample and count
+each suite's unit of independence (`UNITS`), not its rows.
 
 What each suite's records give (the row files' fields):
 - rmbench (implicit, judge): ``id``, ``domain``, ``score_chosen`` / ``score_rejected`` (3 each) -> RM-Bench's figures
@@ -31,11 +32,13 @@ import json
 import logging
 import math
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from judgetrain.config.recipe import PROXY_MODES
+from judgetrain.config.directions import direction
+from judgetrain.config.recipe import PROXY_MODES, did_you_mean
 from judgetrain.eval.metrics import (
     N_RESAMPLES,
     Items,
@@ -43,6 +46,7 @@ from judgetrain.eval.metrics import (
     judgebench_items,
     paired_difference,
     rmbench_items,
+    smallest_p,
 )
 from judgetrain.utils.errors import BadInputError
 
@@ -60,7 +64,18 @@ HEADLINE = {
     "pairwise": ("accuracy", "inconsistent_rate"),
     "evalbiasbench": ("single_acc", "pair_acc", "agreement"),
 }
-LOWER_IS_BETTER = ("style_spread", "anchor_mae", "inconsistent_rate")
+# Each suite's unit of independence: what one bootstrap draw and one count of the paired test are. Rows of one unit
+# share what makes them alike (the same prompt, the same pair in another order), so counting them apart would claim
+# more evidence than the data holds.
+UNITS = {
+    "rmbench": "a prompt (its 3 chosen and 3 rejected styles: one record)",
+    "judgebias": "a sample within a perturbation set (its rows at each perturbation rate)",
+    "ideation": "a pair (both orders)",
+    "judgebench": "a pair (both presentations: one record)",
+    "pairwise": "a pair (both presentations: one record)",
+    "evalbiasbench": "a pair (both presentations: one record)",
+}
+REGRESSION_ALPHA = 0.05  # the default of the recipe key eval_regression_alpha
 
 
 class EvaluationError(BadInputError, ValueError):
@@ -68,13 +83,17 @@ class EvaluationError(BadInputError, ValueError):
 
 
 def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                        suites: list[str] | None = None) -> dict[str, Any]:
+                        suites: list[str] | None = None, margin: float = 0.0,
+                        alpha: float = REGRESSION_ALPHA) -> dict[str, Any]:
     """A (the baseline) against B, per suite and scoring mode both hold: ``{"a", "b" (the folders read), "suites":
-    {suite: {mode: {metric: paired figures}}}, "metrics": {logged key: value}, "skipped": [why a suite or mode was
-    left out], "n_resamples", "seed"}``. Logged keys: ``eval/<suite>[/<mode>]/delta/<metric>`` and its
-    ``delta_ci_low``, ``delta_ci_high``, ``p_value`` (the mode named unless it is both evaluations' first mode)."""
+    {suite: {mode: {metric: paired figures, "change" among them}}}, "metrics": {logged key: value}, "regressions":
+    [<suite>[/<mode>]/<metric> worse], "skipped": [why a suite or mode was left out], "n_resamples", "seed"}``.
+    Logged keys: ``eval/<suite>[/<mode>]/delta/<metric>`` and its ``delta_ci_low``, ``delta_ci_high``, ``p_value``,
+    ``n_units`` (the mode named unless it is both evaluations' first mode). ``change``: what `changes` says of the
+    figure with ``margin`` and ``alpha``, every figure judged together, as the run's guard judges them."""
     folder_a, folder_b = evaluation_folder(a), evaluation_folder(b)
     files_a, files_b = row_files(folder_a), row_files(folder_b)
+    check_suites(suites, files_a, files_b)
     bare = _bare_mode(folder_a) == _bare_mode(folder_b) and _bare_mode(folder_a)
     doc: dict[str, Any] = {"a": str(folder_a), "b": str(folder_b), "n_resamples": n_resamples, "seed": seed,
                            "suites": {}, "metrics": {}, "skipped": []}
@@ -99,18 +118,40 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
     if not doc["suites"]:
         raise EvaluationError(f"nothing to compare between {folder_a} and {folder_b}: "
                               + ("; ".join(doc["skipped"]) or "no per-row files"))
+    named = {(f"{suite}/{metric}" if mode == bare else f"{suite}/{mode}/{metric}"): fig
+             for suite, modes in doc["suites"].items() for mode, figures in modes.items()
+             for metric, fig in figures.items()}
+    said = changes(named, margin, alpha)
+    for name, fig in named.items():
+        fig["change"] = said.get(name, "")
+    doc["regressions"] = [name for name, s in said.items() if s == "worse"]
     return doc
+
+
+def check_suites(suites: list[str] | None, files_a: dict[tuple[str, str], Path],
+                 files_b: dict[tuple[str, str], Path]) -> None:
+    """Each suite asked for (``--suites``) is one `judgetrain compare` knows and one both evaluations hold; else an
+    `EvaluationError` naming it, the nearest known suite, and the suites each side holds."""
+    held_a, held_b = sorted({s for s, _ in files_a}), sorted({s for s, _ in files_b})
+    holds = f"A holds {', '.join(held_a) or 'none'}; B holds {', '.join(held_b) or 'none'}"
+    for suite in suites or []:
+        if suite not in UNITS:
+            raise EvaluationError(f"--suites: unknown suite {suite!r}{did_you_mean(suite, UNITS)} (known: "
+                                  f"{', '.join(UNITS)}; {holds})")
+        if suite not in held_a or suite not in held_b:
+            raise EvaluationError(f"--suites: {suite} is not in {'A' if suite not in held_a else 'B'}: {holds}")
 
 
 def delta_keys(suite: str, mode: str, bare: str | None, paired: dict[str, dict[str, Any]],
                prefix: str = "eval/") -> dict[str, float]:
     """The logged keys of one suite's paired figures (`paired_difference`): ``<prefix><suite>[/<mode>]/delta/<metric>``
-    and its ``.../delta_ci_low``, ``.../delta_ci_high``, ``.../p_value`` (the mode named unless it is ``bare``)."""
+    and its ``.../delta_ci_low``, ``.../delta_ci_high``, ``.../p_value``, ``.../n_units`` (the units its test counted)
+    (the mode named unless it is ``bare``)."""
     base = f"{prefix}{suite}/" if mode == bare else f"{prefix}{suite}/{mode}/"
     out: dict[str, float] = {}
     for metric, v in paired.items():
         out[f"{base}delta/{metric}"] = v["delta"]
-        for part in ("delta_ci_low", "delta_ci_high", "p_value"):
+        for part in ("delta_ci_low", "delta_ci_high", "p_value", "n_units"):
             out[f"{base}delta/{metric}/{part}"] = v[part]
     return out
 
@@ -120,27 +161,55 @@ def _as_ab(v: dict[str, Any]) -> dict[str, Any]:
     return {"a": v["base"], "a_ci_low": v["base_ci_low"], "a_ci_high": v["base_ci_high"], "b": v["trained"],
             "b_ci_low": v["trained_ci_low"], "b_ci_high": v["trained_ci_high"], "delta": v["delta"],
             "delta_ci_low": v["delta_ci_low"], "delta_ci_high": v["delta_ci_high"], "p_value": v["p_value"],
-            "p_method": v["p_method"], "n": v["n"], "n_only_a": v["n_only_base"], "n_only_b": v["n_only_trained"]}
+            "p_method": v["p_method"], "n": v["n"], "n_units": v["n_units"], "n_only_a": v["n_only_base"],
+            "n_only_b": v["n_only_trained"]}
 
 
-def changed(v: dict[str, Any], metric: str, margin: float = 0.0) -> str:
-    """"better", "worse" (B against A, the interval of the difference excluding 0) or "" (within noise). With a
-    ``margin`` (the recipe's ``eval_regression_margin``, in the figure's units), "worse" asks more: the whole
-    interval beyond ``margin`` the wrong way (a loss that cannot be smaller than ``margin``)."""
-    low, high = v["delta_ci_low"], v["delta_ci_high"]
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return ""
-    lower_is_better = metric.endswith(LOWER_IS_BETTER)
-    if (low > margin) if lower_is_better else (high < -margin):
-        return "worse"
-    if (high < 0) if lower_is_better else (low > 0):
-        return "better"
-    return ""
+def changes(figures: Mapping[str, Mapping[str, Any]], margin: float = 0.0,
+            alpha: float = REGRESSION_ALPHA) -> dict[str, str]:
+    """What can be said of each paired figure, all judged together: ``{name: "better" | "worse" | "" | "n = 2: too
+    few to tell"}``. ``figures``: {name (its last part names the figure, `judgetrain.config.directions`): {delta_ci_low,
+    delta_ci_high, p_value, n_units}}; a figure not ranked (a count) is left out.
+
+    "worse" (and "better") asks three things at once:
+    - the paired test's p-value is under ``alpha`` after Holm's step-down correction across the figures tested
+      together (Holm, 1979): sorted p_(1) <= ... <= p_(m), the i-th is significant while p_(j) < alpha / (m - j + 1)
+      for every j <= i;
+    - the interval of the difference lies wholly beyond ``margin`` the wrong way ("worse": a loss that cannot be
+      smaller than ``margin``, in the figure's units) or beyond 0 the right way ("better");
+    - the figure has enough units for its test to reach ``alpha`` at all (`smallest_p` of its units under ``alpha``);
+      one that has not is "n = <units>: too few to tell" and is left out of Holm's count.
+    The one rule of the run's guard, `judgetrain eval --baseline`, `judgetrain compare`, the report and the card."""
+    out: dict[str, str] = {}
+    tested: list[tuple[float, str]] = []
+    for name, v in figures.items():
+        if direction(name) is None:
+            continue
+        units = v.get("n_units")
+        if units is not None and smallest_p(int(units)) >= alpha:
+            out[name] = f"n = {int(units)}: too few to tell"
+            continue
+        out[name] = ""
+        p, low, high = (v.get(k) for k in ("p_value", "delta_ci_low", "delta_ci_high"))
+        if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (p, low, high)):
+            tested.append((float(p), name))
+    tested.sort()
+    for i, (p, name) in enumerate(tested):
+        if p >= alpha / (len(tested) - i):
+            break  # Holm: this and every larger p-value stand
+        v, way = figures[name], direction(name)
+        low, high = v["delta_ci_low"], v["delta_ci_high"]
+        if way == "lower":
+            out[name] = "worse" if low > margin else "better" if high < 0 else ""
+        elif way == "higher":
+            out[name] = "worse" if high < -margin else "better" if low > 0 else ""
+    return out
 
 
-def worse_rule(margin: float = 0.0) -> str:
-    """What the interval of a difference excludes for `changed` to say "worse", in words (warnings, report, card)."""
-    return f"a loss under the margin {margin:g}" if margin else "0"
+def worse_rule(margin: float = 0.0, alpha: float = REGRESSION_ALPHA) -> str:
+    """What `changes` asks of a figure to call it worse, in words (warnings, report, card)."""
+    beyond = f"a loss under the margin {margin:g}" if margin else "0"
+    return f"paired test p < {alpha:g} after Holm across the figures, the interval of the difference excluding {beyond}"
 
 
 # ---------------------------------------------------------------------------------------------- the files
@@ -249,11 +318,13 @@ def _rmbench_rows(records: list[dict], mode: str) -> list[dict]:
 
 
 def _judgebias(records: list[dict], mode: str) -> Items:
-    keys, cats, right, extra = [], [], [], {"represent/anchor_mae": [], "error/detect_rate": [],
+    keys, cats, right, units, extra = [], [], [], [], {"represent/anchor_mae": [], "error/detect_rate": [],
                                             "represent/within_half_rate": []}
     records = [r for r in records if not r.get("skipped")]
     for r in records:
         keys.append((r.get("row_index"), r.get("sample_id"), r.get("perturbation_type")))
+        sample = r.get("sample_id")  # a row without its sample is its own unit
+        units.append(f"row {r.get('row_index')!r}" if sample is None else f"{sample!r}|{r.get('perturbation_type')}")
         cat = r.get("perturbation_category")
         cats.append(cat)
         anchor = _nan(r.get("anchor_score"))
@@ -283,7 +354,7 @@ def _judgebias(records: list[dict], mode: str) -> Items:
         if len(arr) and np.isfinite(arr).any():
             values[name] = arr
     binary = tuple(k for k in values if not k.endswith("anchor_mae"))
-    return Items(keys, values, binary=binary)
+    return Items(keys, values, clusters=np.asarray(units, dtype=object), binary=binary)
 
 
 def _ideation(records: list[dict], mode: str) -> Items:

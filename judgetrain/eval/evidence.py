@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from judgetrain.eval.compare import HEADLINE, changed, delta_keys, read_records, row_files, suite_items
+from judgetrain.eval.compare import REGRESSION_ALPHA, HEADLINE, changes, delta_keys, read_records, row_files, suite_items
 from judgetrain.eval.metrics import Items, items_intervals, paired_difference
 
 logger = logging.getLogger(__name__)
@@ -43,16 +43,16 @@ def suite_evidence(suite: str, mode: str, records: list[dict]) -> tuple[Items | 
 
 
 def paired_deltas(current: dict[tuple[str, str], Items], baseline: dict[tuple[str, str], Items],
-                  bare: str | None, margin: float = 0.0) -> tuple[dict[str, float], dict[str, dict[str, Any]], list[str]]:
+                  bare: str | None, margin: float = 0.0, alpha: float = REGRESSION_ALPHA,
+                  ) -> tuple[dict[str, float], dict[str, dict[str, Any]], list[str]]:
     """Each (suite, mode) present in both: the paired difference of every figure (current - baseline, same
-    resamples for both, McNemar's exact p for right / wrong items). Returns (logged keys
-    ``eval/<suite>[/<mode>]/delta/<metric>`` and its ``delta_ci_low``, ``delta_ci_high``, ``p_value``;
-    {suite: {mode: {metric: paired figures}}}; the categories that got worse: ``<suite>[/<mode>]/<metric>`` whose
-    difference goes the wrong way with an interval that excludes 0, or excludes ``margin`` when one is given:
-    `judgetrain.eval.compare.changed`)."""
+    resamples of each suite's units for both, the paired test's p over those units). Returns (logged keys
+    ``eval/<suite>[/<mode>]/delta/<metric>`` and its ``delta_ci_low``, ``delta_ci_high``, ``p_value``, ``n_units``;
+    {suite: {mode: {metric: paired figures}}}; the categories that got worse: ``<suite>[/<mode>]/<metric>`` that
+    `judgetrain.eval.compare.changes` calls worse, every figure of every suite and mode judged together)."""
     keys: dict[str, float] = {}
     deltas: dict[str, dict[str, Any]] = {}
-    worse: list[str] = []
+    judged: dict[str, dict[str, Any]] = {}
     for (suite, mode), items in current.items():
         base = baseline.get((suite, mode))
         if base is None:
@@ -63,7 +63,8 @@ def paired_deltas(current: dict[tuple[str, str], Items], baseline: dict[tuple[st
         deltas.setdefault(suite, {})[mode] = paired
         keys.update(delta_keys(suite, mode, bare, paired))
         where = suite if mode == bare else f"{suite}/{mode}"
-        worse += [f"{where}/{metric}" for metric, v in paired.items() if changed(v, metric, margin) == "worse"]
+        judged.update({f"{where}/{metric}": v for metric, v in paired.items()})
+    worse = [name for name, said in changes(judged, margin, alpha).items() if said == "worse"]
     return keys, deltas, worse
 
 

@@ -51,6 +51,8 @@ __all__ = [
     "items_intervals",
     "paired_difference",
     "mcnemar_p",
+    "sign_test_p",
+    "smallest_p",
     "sign_flip_p",
     "style_spread",
     "rmbench_items",
@@ -458,11 +460,12 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     return out
 
 
-INTERVAL_SUFFIXES = ("/ci_low", "/ci_high", "/delta_ci_low", "/delta_ci_high")
+INTERVAL_SUFFIXES = ("/ci_low", "/ci_high", "/delta_ci_low", "/delta_ci_high", "/n_units")
 
 
 def split_interval_keys(logs: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-    """(figures, interval bounds): the bounds (keys ending in `INTERVAL_SUFFIXES`) apart from everything else.
+    """(figures, interval bounds): the bounds and the units a paired test counted (keys ending in
+    `INTERVAL_SUFFIXES`) apart from everything else.
     The trackers get the figures, deltas and p-values; metrics.jsonl, results.json and the report get the bounds too
     (with them a tracker would show about twice as many keys as figures)."""
     bounds = {k: v for k, v in logs.items() if k.endswith(INTERVAL_SUFFIXES)}
@@ -636,7 +639,7 @@ class Items:
     another category). ``groups``: {metric: (n,) labels} for a figure that is the unweighted mean of its groups' means
     (RM-Bench's domains); ``strata``: labels items are resampled within (each stratum keeps its size); ``clusters``:
     labels of items resampled together (a prompt's block); ``binary``: the metrics whose items are right / wrong
-    (1.0 / 0.0), where an exact McNemar p-value applies to a paired delta."""
+    (1.0 / 0.0), where the exact sign test over units (`sign_test_p`) applies to a paired delta."""
 
     keys: list
     values: dict[str, np.ndarray]
@@ -745,22 +748,71 @@ def bootstrap_ci(values: Any, *, groups: Any = None, strata: Any = None, cluster
             "n": int(np.isfinite(v).sum())}
 
 
+def _two_sided_binomial(k: int, n: int) -> float:
+    """Exact two-sided p of k successes in n draws of Binomial(n, 1/2): min(1, 2 P(X <= min(k, n - k))); 1.0 when
+    n = 0. Integer arithmetic (no normal approximation)."""
+    if n == 0:
+        return 1.0
+    term = tail = 1  # C(n, 0); C(n, j) = C(n, j - 1) (n - j + 1) / j, exact in integers
+    for j in range(1, min(k, n - k) + 1):
+        term = term * (n - j + 1) // j
+        tail += term
+    return min(1.0, 2 * tail / 2**n)
+
+
 def mcnemar_p(correct_trained: Any, correct_base: Any) -> float:
-    """Exact two-sided McNemar p-value of two judges right / wrong on the same items: over the items whose correctness
-    changed (b gained, c lost), P = min(1, 2 * P(X <= min(b, c))) with X ~ Binomial(b + c, 1/2); 1.0 when none
-    changed. Exact integer arithmetic (no normal approximation)."""
+    """Exact two-sided McNemar p-value of two judges right / wrong on the same items, each item its own unit: over
+    the items whose correctness changed (b gained, c lost), P = min(1, 2 * P(X <= min(b, c))) with
+    X ~ Binomial(b + c, 1/2); 1.0 when none changed. Items that are not independent (two orders of one pair) need
+    `sign_test_p` with their clusters."""
     t, b = np.asarray(correct_trained, dtype=bool), np.asarray(correct_base, dtype=bool)
     if t.shape != b.shape:
         raise ValueError(f"mcnemar_p needs the same items twice, got {t.shape} and {b.shape}")
     gained, lost = int(np.sum(t & ~b)), int(np.sum(~t & b))
-    n = gained + lost
-    if n == 0:
-        return 1.0
-    term = tail = 1  # C(n, 0); C(n, k) = C(n, k - 1) (n - k + 1) / k, exact in integers
-    for k in range(1, min(gained, lost) + 1):
-        term = term * (n - k + 1) // k
-        tail += term
-    return min(1.0, 2 * tail / 2**n)
+    return _two_sided_binomial(gained, gained + lost)
+
+
+def _unit_differences(trained: Any, base: Any, weights: Any, clusters: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(per unit and column: the weighted sum of trained - base over its items, in a canonical order; per unit and
+    column: whether it holds an item finite on both sides). A unit is a cluster, or an item without clusters."""
+    t = np.asarray(trained, dtype=np.float64)
+    b = np.asarray(base, dtype=np.float64)
+    t, b = (t[:, None], b[:, None]) if t.ndim == 1 else (t, b)
+    both = np.isfinite(t) & np.isfinite(b)
+    w = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).reshape(t.shape)
+    diff = np.where(both, (t - b) * w, 0.0)
+    present = both.astype(np.float64)
+    if clusters is not None:
+        unit = _codes(clusters, len(diff))
+        n_units = unit.max() + 1 if len(unit) else 0
+        summed, held = np.zeros((n_units, diff.shape[1])), np.zeros((n_units, diff.shape[1]))
+        np.add.at(summed, unit, diff)
+        np.add.at(held, unit, present)
+        diff, present = summed, held
+    order = np.lexsort(diff.T[::-1]) if len(diff) else np.arange(0)
+    return diff[order], present[order] > 0  # the same items in any order: the same units
+
+
+def sign_test_p(trained: Any, base: Any, *, weights: Any = None, clusters: Any = None) -> np.ndarray:
+    """Exact two-sided sign test of each column of ``trained`` - ``base`` (n,) or (n, m), one count per unit of
+    independence (a cluster, else an item): each unit's weighted difference summed over its items; under no
+    difference a unit that changed is as likely to have gained as lost, so the p-value is `_two_sided_binomial` of the
+    units that gained among those that changed (Dixon and Mood, 1946). Units that did not change carry no
+    information. With one item per unit and right / wrong items it is `mcnemar_p` exactly. Items NaN on either side
+    are left out. Ten pairs in both orders, the trained judge right on 4 pairs in both orders where the base is
+    always wrong: 4 units gained, none lost, p = 2 / 2**4 = 0.125 (McNemar over the 20 rows: 0.0078)."""
+    diff, _ = _unit_differences(trained, base, weights, clusters)
+    scale = np.abs(diff).max(axis=0, initial=0.0)
+    eps = 1e-9 * np.maximum(scale, 1e-300)  # a unit's float sum of +x and -x is no change
+    gained, lost = (diff > eps).sum(axis=0), (diff < -eps).sum(axis=0)
+    return np.asarray([_two_sided_binomial(int(g), int(g + l)) for g, l in zip(gained, lost)])
+
+
+def smallest_p(n_units: int) -> float:
+    """The smallest two-sided p-value a paired test on ``n_units`` units can give: every unit changed, all the same
+    way, 2 / 2**n_units (1.0 without units). A category whose smallest p is not under the threshold cannot be shown
+    to have changed, whatever its figures."""
+    return 1.0 if n_units < 1 else min(1.0, 2.0 ** (1 - n_units))
 
 
 def items_intervals(items: Items, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
@@ -780,10 +832,11 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
     """Trained against base on the items both hold (paired by key), for each metric both have.
 
     Per metric: ``trained``, ``base`` and ``delta`` (trained - base) with their percentile intervals
-    (``<name>_ci_low``, ``<name>_ci_high``), all three from the same resamples of the paired items (a resample draws
-    an item for both judges at once), ``p_value`` and ``p_method``: ``mcnemar`` (exact) for right / wrong items,
-    else ``sign_flip`` (`sign_flip_p`: the paired randomization test, as many flips as resamples), and ``n`` (the
-    items counted). An item is counted in a metric only where both values are finite. Also ``n_only_trained`` /
+    (``<name>_ci_low``, ``<name>_ci_high``), all three from the same resamples of the paired units (a resample draws
+    a unit, a cluster of items or an item, for both judges at once), ``p_value`` and ``p_method``: ``sign_test``
+    (`sign_test_p`, exact, one count per unit: McNemar's test when each unit is one item) for right / wrong items,
+    else ``sign_flip`` (`sign_flip_p`: the paired randomization test over units, as many flips as resamples), ``n``
+    (the items counted) and ``n_units`` (the units they lie in: what the test counts). An item is counted in a metric only where both values are finite. Also ``n_only_trained`` /
     ``n_only_base``: items of one side alone, left out."""
     where = {k: i for i, k in enumerate(base.keys)}
     if len(where) != len(base.keys) or len(set(trained.keys)) != len(trained.keys):
@@ -806,6 +859,8 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
         (t_low, b_low), (t_high, b_high) = (np.split(x, 2) for x in _interval(stats, confidence))
         d_low, d_high = _interval(delta_stats, confidence)
         flipped = sign_flip_p(tv, bv, weights=weights, clusters=t.clusters, n_flips=n_resamples, seed=seed)
+        signs = sign_test_p(tv, bv, weights=weights, clusters=t.clusters)
+        _, held = _unit_differences(tv, bv, weights, t.clusters)
         for j, k in enumerate(names):
             binary = k in t.binary and k in b.binary
             out[k] = {"trained": float(point[j]), "trained_ci_low": float(t_low[j]),
@@ -813,9 +868,9 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
                       "base_ci_low": float(b_low[j]), "base_ci_high": float(b_high[j]),
                       "delta": float(delta_point[j]), "delta_ci_low": float(d_low[j]),
                       "delta_ci_high": float(d_high[j]),
-                      "p_value": mcnemar_p(tv[both[:, j], j] > 0.5, bv[both[:, j], j] > 0.5) if binary
-                      else float(flipped[j]), "p_method": "mcnemar" if binary else "sign_flip",
-                      "n": int(both[:, j].sum())}
+                      "p_value": float(signs[j] if binary else flipped[j]),
+                      "p_method": "sign_test" if binary else "sign_flip",
+                      "n": int(both[:, j].sum()), "n_units": int(held[:, j].sum())}
     extra = {"n_only_trained": len(trained.keys) - len(t_idx), "n_only_base": len(base.keys) - len(b_idx)}
     return {k: {**v, **extra} for k, v in out.items()} if out else {}
 
@@ -825,19 +880,8 @@ def sign_flip_p(trained: Any, base: Any, *, weights: Any = None, clusters: Any =
     """Two-sided p-value of the paired randomization (sign-flip) test of each column of ``trained`` - ``base`` (n,) or
     (n, m): under no difference each item's (or cluster's) weighted difference is as likely negative as positive;
     p = (1 + flips whose |sum| reaches the observed |sum|) / (n_flips + 1), so never below 1 / (n_flips + 1). Items
-    NaN on either side are left out. On right / wrong items it estimates what `mcnemar_p` computes exactly."""
-    t = np.asarray(trained, dtype=np.float64)
-    b = np.asarray(base, dtype=np.float64)
-    t, b = (t[:, None], b[:, None]) if t.ndim == 1 else (t, b)
-    both = np.isfinite(t) & np.isfinite(b)
-    w = np.ones_like(t) if weights is None else np.asarray(weights, dtype=np.float64).reshape(t.shape)
-    diff = np.where(both, (t - b) * w, 0.0)
-    if clusters is not None:
-        unit = _codes(clusters, len(diff))
-        summed = np.zeros((unit.max() + 1 if len(unit) else 0, diff.shape[1]))
-        np.add.at(summed, unit, diff)
-        diff = summed
-    diff = diff[np.lexsort(diff.T[::-1])] if len(diff) else diff  # the same items in any order: the same flips
+    NaN on either side are left out. On right / wrong items `sign_test_p` computes the exact p-value instead."""
+    diff, _ = _unit_differences(trained, base, weights, clusters)
     observed = np.abs(diff.sum(axis=0))
     reach = observed * (1 - 1e-9) - 1e-12  # a flip whose sum equals the observed one counts (float sums)
     rng, hits = np.random.default_rng(seed), np.zeros(diff.shape[1])

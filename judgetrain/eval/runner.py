@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.config.recipe import PROXY_MODES, recorded_mode
+from judgetrain.eval.compare import REGRESSION_ALPHA, worse_rule
 from judgetrain.eval.evidence import headline_table, paired_deltas, suite_evidence
 from judgetrain.eval.generate import generate_sharded
 from judgetrain.eval.metrics import Items, flatten_eval_metrics, flatten_mode_metrics, interval_keys
@@ -293,13 +294,15 @@ def evaluate_and_write(
     generator: Any = None,
     baseline: dict[tuple[str, str], Items] | None = None,
     regression_margin: float = 0.0,
+    regression_alpha: float = REGRESSION_ALPHA,
     **about: Any,
 ) -> tuple[dict[str, SuiteResult], dict[str, Any]]:
     """`evaluate` on every process, then, on the main process, ``<directory>/<suite>[.<mode>].jsonl`` and
     ``<directory>/results.json``, and the compact table of the headline figures logged. ``baseline``: {(suite, mode):
     per-item figures} of the judge compared with (`judgetrain.eval.evidence`): the summary then also holds the paired
-    ``deltas``, their logged keys and ``regressions`` (the categories that got worse, by more than
-    ``regression_margin`` when it is set). Returns (results, summary);
+    ``deltas``, their logged keys and ``regressions`` (the categories that got worse: paired p under
+    ``regression_alpha`` after Holm, the interval beyond ``regression_margin``, enough units:
+    `judgetrain.eval.compare.changes`). Returns (results, summary);
     every process gets both."""
     modes = list(modes or [engine.scoring])
     results = evaluate(engine, specs, state=state, modes=modes, generator=generator)
@@ -307,7 +310,9 @@ def evaluate_and_write(
                            generator=generator, **about)
     if baseline is not None:
         keys, summary["deltas"], summary["regressions"] = paired_deltas(current_items(results, modes), baseline,
-                                                                        summary["scoring"], regression_margin)
+                                                                        summary["scoring"], regression_margin,
+                                                                        regression_alpha)
+        summary["worse_rule"] = worse_rule(regression_margin, regression_alpha)
         summary["metrics"].update(keys)
     if state is None or state.is_main_process:
         write_evaluation(results, summary, directory)

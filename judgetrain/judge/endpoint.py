@@ -14,8 +14,9 @@ The command line names such a judge as ``endpoint=BASE_URL,model=NAME,key_env=VA
   the server sends none); ``stopped`` is ``finish_reason == "stop"`` (``"length"``: cut at ``max_new_tokens``).
 - The key: read from the environment variable ``api_key_env`` names, when the generator is made (a missing or empty
   variable is an error before any request), and sent only as the ``Authorization: Bearer`` header. It is never
-  logged, written or put into an error message (a server's error text that echoes it is redacted). No variable:
-  no header (a local server without a key).
+  logged, written or put into an error message: a server's body or header that echoes it is redacted (`redact`)
+  before anything is cut to length, in any form (as sent, JSON-escaped, URL-encoded, any 8 characters of it in a
+  row, a start of it at the end of a body cut short). No variable: no header (a local server without a key).
 - Concurrency: at most ``concurrency`` requests in flight, from daemon threads (an interrupted run does not wait for
   them to finish). Results come back in input order.
 - Redirects: followed only to the same scheme, host and port; a redirect elsewhere is an `EndpointError` naming
@@ -29,7 +30,10 @@ The command line names such a judge as ``endpoint=BASE_URL,model=NAME,key_env=VA
   how long the judge waits and how long it has waited. ``waits`` records each wait as ``(outcome, seconds)``.
 - A prompt the server refuses (400, 413, 422: longer than its context, a content filter) is not retried and stops
   nothing: its result is a `Rejected` (the HTTP status and the server's message, key redacted), written as a row
-  with reason ``endpoint_rejected``.
+  with reason ``endpoint_rejected``. But when the first answers of a generator (two or more, nothing answered yet)
+  are all refusals with the same status and message, the request is what is refused (an option the server does not
+  take: a reasoning model refusing ``max_tokens`` or ``temperature: 0``): `RequestRefused` names that option and
+  quotes the message, and no result of the call is kept.
 - Errors: 401 / 403 (the key refused), 404 (no such model, or a wrong base URL) and other 4xx stop the call with an
   `EndpointError` naming the URL, the model and the server's message; so does a prompt whose retries or wait budget
   run out. The other prompts in flight are abandoned; the error's ``partial`` holds every answer received (None for
@@ -57,6 +61,7 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -69,18 +74,25 @@ from typing import Any
 
 from judgetrain.eval.generate import Generated
 from judgetrain.judge.options import check_settings
+from judgetrain.judge.output import REJECTED_REASON
 
 logger = logging.getLogger(__name__)
 
 OUTCOMES = ("ok", "rejected", "retried_429", "retried_5xx", "retried_timeout", "retried_connection",
             "retried_bad_answer", "failed", "abandoned")
 REJECTED_STATUSES = (400, 413, 422)  # the prompt itself refused: too long for the context, a content filter
-REJECTED_REASON = "endpoint_rejected"
+
 MAX_RETRY_AFTER_S = 600.0  # a Retry-After past this is read as this (a server asking for hours is waited for 10 min)
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MAX_RETRIES = 30
 DEFAULT_WAIT_BUDGET_S = 600.0  # per prompt: longer than a vLLM server takes to start again
 PREFLIGHT_TRIES = 3  # GET /models at start: a server that does not answer these is refused
+ERROR_BODY_BYTES = 1 << 16  # read of an error body or an unreadable answer, redacted whole before any cut
+REDACT_RUN = 8  # characters in a row of the key (in any form) that are redacted wherever they appear
+# the request's options a server may refuse, and the judgetrain option that sets each
+REQUEST_OPTIONS = {"max_tokens": "--max_new_tokens", "temperature": "--temperature / --do_sample",
+                   "seed": "--seed", "continue_final_message": "--force_score_prefix",
+                   "add_generation_prompt": "--force_score_prefix", "stream": None}
 
 
 class EndpointError(RuntimeError):
@@ -103,6 +115,11 @@ class Rejected(Generated):
     message: str = ""
 
 
+class RequestRefused(EndpointError):
+    """The endpoint refused the first prompts of a judge alike (one status, one message): the request is refused (an
+    option the server does not take), not a prompt. Nothing of them is kept (``partial`` is None)."""
+
+
 class _Retry(Exception):
     """A retryable outcome: its kind (an ``OUTCOMES`` retried_* key), what happened, the server's Retry-After."""
 
@@ -113,6 +130,53 @@ class _Retry(Exception):
 
 class _Abandoned(Exception):
     """Another prompt failed: this one is given up."""
+
+
+def _secret_forms(secret: str) -> list[str]:
+    """The forms a server may echo a secret in: as sent, JSON-escaped (``\\/``, ``\\uXXXX``), URL-encoded (``%XX`` in
+    either case, ``+`` for a space)."""
+    escaped = json.dumps(secret)[1:-1]
+    quoted = [urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret, safe=""),
+              urllib.parse.quote(secret)]
+    forms = {secret, escaped, escaped.replace("/", "\\/"), "".join(f"\\u{ord(c):04x}" for c in secret)}
+    forms.update(quoted)
+    forms.update(re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), q) for q in quoted)
+    return sorted(forms, key=len, reverse=True)
+
+
+def redact(text: str, secret: str | None, *, cut: bool = False) -> str:
+    """``text`` with a secret (an API key) replaced by ``***`` wherever any `REDACT_RUN` characters in a row of one of
+    its forms (`_secret_forms`) appear: the whole key, a key a server shows in part, a key split by a cut. ``cut``:
+    ``text`` is the start of a longer body, so a start of the key of 4 characters or more at its very end goes too.
+    Applied before anything is cut to length, everywhere a response's body or header reaches a message, a log, a row
+    or a file."""
+    if not secret or not text:
+        return text
+    marks = bytearray(len(text))
+    for form in _secret_forms(secret):
+        n = min(REDACT_RUN, len(form))
+        for gram in {form[i:i + n] for i in range(len(form) - n + 1)}:
+            at = text.find(gram)
+            while at >= 0:
+                marks[at:at + n] = b"\1" * n
+                at = text.find(gram, at + 1)
+        if cut:
+            for j in range(min(len(form), len(text)), 3, -1):
+                if text.endswith(form[:j]):
+                    marks[len(text) - j:] = b"\1" * j
+                    break
+    if not any(marks):
+        return text
+    out, i = [], 0
+    while i < len(text):
+        if marks[i]:
+            while i < len(text) and marks[i]:
+                i += 1
+            out.append("***")
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -152,10 +216,16 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
     """Follows a redirect to the same scheme, host and port only: urllib copies every header of the request, the
-    key's ``Authorization`` included, to whatever URL a redirect names."""
+    key's ``Authorization`` included, to whatever URL a redirect names. The ``Location`` named in the error is
+    redacted (a server may echo the key in it)."""
+
+    def __init__(self, redact_text) -> None:
+        super().__init__()
+        self.redact_text = redact_text
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         if _origin(newurl) != _origin(req.full_url):
+            newurl = self.redact_text(newurl)
             raise EndpointError(f"endpoint {req.full_url} answered HTTP {code}, a redirect to {newurl} (another host "
                                 "or scheme): not followed, the request carries the API key; give the URL the "
                                 "server redirects to as endpoint=", code)
@@ -222,7 +292,7 @@ class EndpointGenerator:
         if self._key and parsed.scheme == "http" and not loopback:
             logger.warning("endpoint %s: the API key in $%s goes over plain http to a host that is not this machine "
                            "(anyone on the path can read it); use https://", self.base_url, api_key_env)
-        handlers: list = [_SameOriginRedirects()]
+        handlers: list = [_SameOriginRedirects(self._redact)]
         if loopback:
             handlers.append(urllib.request.ProxyHandler({}))
         self._opener = urllib.request.build_opener(*handlers)
@@ -251,8 +321,13 @@ class EndpointGenerator:
             body.update(continue_final_message=True, add_generation_prompt=False)
         return body
 
-    def _redact(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
+    def _redact(self, text: str, cut: bool = False) -> str:
+        return redact(text, self._key, cut=cut)
+
+    def _shown(self, raw: bytes, limit: int) -> str:
+        """At most ``limit`` characters of a response body, the key redacted from the whole read before the cut."""
+        text = self._redact(raw[:ERROR_BODY_BYTES].decode("utf-8", "replace"), cut=len(raw) > ERROR_BODY_BYTES)
+        return text[:limit]
 
     def _send(self, url: str, body: dict[str, Any] | None = None) -> bytes:
         """One request (POST with a JSON body, GET without). Returns the response's bytes; raises `_Retry`,
@@ -288,7 +363,7 @@ class EndpointGenerator:
             return self._generated(json.loads(raw))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise _Retry("retried_bad_answer", "HTTP 200 without a chat completion (is it OpenAI-compatible?): "
-                         f"{self._redact(raw[:300].decode('utf-8', 'replace'))!r}") from None
+                         f"{self._shown(raw, 300)!r}") from None
 
     def preflight(self) -> str | None:
         """Ask ``GET {base_url}/models`` before anything runs (`PREFLIGHT_TRIES` tries): `EndpointError` for a
@@ -335,8 +410,7 @@ class EndpointGenerator:
         except (ValueError, KeyError, TypeError):
             if strict:
                 raise EndpointError(f"endpoint {self.base_url}/models (model {self.model!r}) answered 200 without a "
-                                    f"model list (is it OpenAI-compatible?): "
-                                    f"{self._redact(raw[:300].decode('utf-8', 'replace'))!r}") from None
+                                    f"model list (is it OpenAI-compatible?): {self._shown(raw, 300)!r}") from None
             return None
         match = [i for i in ids if i == self.model] or [i for i in ids if i.endswith("/" + self.model)]
         if ids and not match:
@@ -347,15 +421,15 @@ class EndpointGenerator:
         return ids
 
     def _http_error(self, e: urllib.error.HTTPError, url: str) -> Exception:
-        detail = ""
+        detail, raw = "", b""
         try:  # the error body may be unreadable, cut short or not JSON: the status alone is enough
-            detail = e.read(2000).decode("utf-8", "replace")
-            payload = json.loads(detail)
+            raw = e.read(ERROR_BODY_BYTES + 1)
+            payload = json.loads(raw[:ERROR_BODY_BYTES])
             err = payload.get("error", payload) if isinstance(payload, dict) else payload
-            detail = str(err.get("message", err) if isinstance(err, dict) else err)
+            detail = self._redact(str(err.get("message", err) if isinstance(err, dict) else err))
         except Exception:  # noqa: BLE001 - IncompleteRead, a reset, a timeout, bad JSON: keep what was read
-            pass
-        detail = self._redact(str(detail)).strip()[:500]
+            detail = self._shown(raw, ERROR_BODY_BYTES)
+        detail = detail.strip()[:500]  # cut after the key is redacted from all of it
         try:
             retry_after = retry_after_seconds(e.headers.get("Retry-After") if e.headers else None)
         except Exception:  # noqa: BLE001 - an unreadable header: the backoff decides
@@ -488,7 +562,30 @@ class EndpointGenerator:
                                       f"{type(error).__name__}: {self._redact(str(error))[:300]}")
             error.partial = list(results)
             raise error
+        refused = self._refused_request(results, prompts[0])
+        if refused is not None:
+            raise refused
         return results  # type: ignore[return-value]
+
+    def _refused_request(self, results: list, messages: list[dict]) -> RequestRefused | None:
+        """A `RequestRefused` when nothing was ever answered and every result here (two at least) is a refusal with
+        the same status and message; it names the request's option the message names and the judgetrain option
+        that sets it. None otherwise (a prompt refused among answered ones stays its row)."""
+        if self.stats["ok"] or len(results) < 2 or not all(isinstance(r, Rejected) for r in results):
+            return None
+        if len({(r.status, r.message) for r in results}) != 1:
+            return None
+        status, message = results[0].status, results[0].message
+        sent = self._body(messages)
+        named = [k for k in REQUEST_OPTIONS if k in sent and re.search(rf"\b{k}\b", message)]
+        option = (f"; the option it names: {named[0]}={json.dumps(sent[named[0]])}"
+                  + (f" (judgetrain's {REQUEST_OPTIONS[named[0]]})" if REQUEST_OPTIONS[named[0]] else "")
+                  if named else "; an option of the request it does not take? (sent: "
+                  + ", ".join(f"{k}={json.dumps(v)}" for k, v in sent.items() if k not in ("model", "messages")) + ")")
+        return RequestRefused(f"endpoint {self.url} (model {self.model!r}) refused all of the first {len(results)} "
+                              f"prompts alike, HTTP {status}: {message!r}: the request is refused, not a prompt"
+                              f"{option}; nothing was written for them: change that option and run the same command",
+                              status)
 
     def close(self) -> None:
         """No more requests (connections are per request: nothing stays open)."""

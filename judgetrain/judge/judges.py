@@ -9,7 +9,8 @@ folder) or comma-separated ``key=value`` pairs:
   environment variable ``VAR``, never from a file, and never written to the output).
 
 An endpoint judge also takes ``timeout_s``, ``max_retries`` and ``wait_budget_s`` (its own values of
-``--endpoint_timeout_s``, ``--endpoint_max_retries`` and ``--endpoint_wait_budget_s``); a local judge takes
+``--endpoint_timeout_s``, ``--endpoint_max_retries`` and ``--endpoint_wait_budget_s``) and ``retry_rejected`` (true /
+false: its own ``--retry_rejected``, the rows its server refused generated again); a local judge takes
 ``gpu_memory_utilization`` (its own ``--gpu_memory_utilization``: the share of the GPU its vLLM engine may take).
 
 ``--judges_file FILE.yaml`` is a list of mappings with the same keys. ``name`` is the ``judge_model`` written in every
@@ -42,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 ENDPOINT_SETTINGS = {"timeout_s": float, "max_retries": int, "wait_budget_s": float}
 LOCAL_SETTINGS = {"gpu_memory_utilization": float}
-KEYS = ("model", "adapter", "name", "endpoint", "key_env", *ENDPOINT_SETTINGS, *LOCAL_SETTINGS)
+KEYS = ("model", "adapter", "name", "endpoint", "key_env", "retry_rejected", *ENDPOINT_SETTINGS, *LOCAL_SETTINGS)
+FLAGS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 FINGERPRINT_SAMPLES = 16  # blocks read from each weight file, evenly spaced
 FINGERPRINT_BLOCK = 1 << 16
 
@@ -63,6 +65,12 @@ class JudgeSpec:
     wait_budget_s: float | None = None
     gpu_memory_utilization: float | None = None  # a local judge's vLLM share of the GPU (None: the command's)
     served_model: str | None = None  # the id the endpoint's model list gives the model (`preflight_endpoints`)
+    retry_rejected: bool | None = None  # rows the endpoint refused generated again (None: the command's)
+
+    def retries_rejected(self, opts) -> bool:
+        """Whether this judge's rows its endpoint refused are generated again: its own ``retry_rejected``, else the
+        command's ``--retry_rejected``."""
+        return bool(opts.retry_rejected if self.retry_rejected is None else self.retry_rejected)
 
     @property
     def is_endpoint(self) -> bool:
@@ -115,8 +123,8 @@ def make_spec(fields: dict[str, Any], where: str) -> JudgeSpec:
         if "adapter" in clean or set(clean) & set(LOCAL_SETTINGS):
             raise JudgeSpecError(f"{where}: an endpoint judge takes no adapter or gpu_memory_utilization (the server "
                                  "serves its weights)")
-    elif "key_env" in clean or set(clean) & set(ENDPOINT_SETTINGS):
-        raise JudgeSpecError(f"{where}: {', '.join(sorted(set(clean) & {'key_env', *ENDPOINT_SETTINGS}))} "
+    elif endpoint_only := sorted(set(clean) & {"key_env", "retry_rejected", *ENDPOINT_SETTINGS}):
+        raise JudgeSpecError(f"{where}: {', '.join(endpoint_only)} "
                              "is for endpoint judges (endpoint=BASE_URL)")
     elif "model" not in clean and "adapter" not in clean:
         raise JudgeSpecError(f"{where}: a judge needs model=M (or adapter=PATH, whose base model is loaded)")
@@ -132,6 +140,10 @@ def make_spec(fields: dict[str, Any], where: str) -> JudgeSpec:
         check_settings(**settings)
     except ValueError as e:
         raise JudgeSpecError(f"{where}: {e}") from None
+    if "retry_rejected" in clean:
+        if clean["retry_rejected"].lower() not in FLAGS:
+            raise JudgeSpecError(f"{where}: retry_rejected={clean['retry_rejected']!r} is not true or false")
+        settings["retry_rejected"] = FLAGS[clean["retry_rejected"].lower()]
     name = clean.get("name") or (clean["model"] if "endpoint" in clean else
                                  _default_name(clean.get("model"), clean.get("adapter")))
     return JudgeSpec(name, clean.get("model"), clean.get("adapter"), clean.get("endpoint"), clean.get("key_env"),

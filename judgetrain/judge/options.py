@@ -29,6 +29,7 @@ class Options:
     endpoint_max_retries: int = 30  # retries per prompt,
     endpoint_wait_budget_s: float = 600.0  # and seconds a prompt may wait between its retries in all
     gpu_memory_utilization: float = 0.85  # vLLM judges: the share of the GPU's memory the engine may take
+    retry_rejected: bool = False  # endpoint judges: rows the server refused are generated again (not the identity)
 
     def identity(self) -> dict[str, Any]:
         """The options that change what is written (batching and backend do not, beyond float noise)."""

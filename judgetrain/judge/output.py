@@ -41,6 +41,7 @@ SHARDS = "shards"
 EVALUATIONS = "evaluations.jsonl"
 SUMMARY = "summary.json"
 REJECTS = "rejects.jsonl"
+REJECTED_REASON = "endpoint_rejected"  # a row's reason when its endpoint refused the prompt (judge.endpoint)
 
 
 @dataclass
@@ -130,6 +131,54 @@ def done_items(committed: Iterable[Committed]) -> dict[str, set[int]]:
     return done
 
 
+def _rows(committed: Iterable[Committed]):
+    """(shard position, judge, item, its row refused by the endpoint, the row's bytes or None) of every committed row,
+    in the order a merge reads them."""
+    for s, c in enumerate(committed):
+        for batch in c.batches:
+            items = batch["items"]
+            reasons = batch.get("reason") or [None] * len(items)
+            sizes = batch.get("bytes") or [None] * len(items)
+            for item, reason, size in zip(items, reasons, sizes):
+                yield s, batch["judge"], item, reason == REJECTED_REASON, size
+
+
+def rejected_items(committed: Iterable[Committed]) -> dict[str, set[int]]:
+    """judge name -> the items whose row is a refusal of the endpoint (``reason`` endpoint_rejected) and no later row
+    answered: what ``--retry_rejected`` generates again."""
+    kept: dict[tuple[str, int], bool] = {}
+    for _, judge, item, rejected, _ in _rows(committed):
+        if kept.get((judge, item), True):  # `merge`'s rule: a row stays unless it is a refusal a later row replaces
+            kept[(judge, item)] = rejected
+    out: dict[str, set[int]] = {}
+    for (judge, item), rejected in kept.items():
+        if rejected:
+            out.setdefault(judge, set()).add(item)
+    return out
+
+
+def merged_bytes(committed: list[Committed], judges: list[str], n_items: int) -> int | None:
+    """The size `merge` gives evaluations.jsonl: every committed row but those it drops (an endpoint's refusal that a
+    later row of the same item replaced, a row committed twice); None where a dropped row's size is not in the index
+    (batches committed before it held ``bytes``)."""
+    column = {j: k for k, j in enumerate(judges)}
+    kept: dict[int, tuple[bool, int | None]] = {}
+    dropped = 0
+    for _, judge, item, rejected, size in _rows(committed):
+        if judge not in column or not 0 <= item < n_items:
+            continue
+        k = item * len(judges) + column[judge]
+        if k in kept:
+            gone = kept[k][1] if kept[k][0] else size  # the refusal replaced, or the second copy dropped
+            if gone is None:
+                return None
+            dropped += gone
+            if not kept[k][0]:
+                continue
+        kept[k] = (rejected, size)
+    return sum(c.end for c in committed) - dropped
+
+
 class ShardWriter:
     """Process ``rank``'s shard: locked, cut back to its committed part, appended one batch at a time."""
 
@@ -156,11 +205,12 @@ class ShardWriter:
 
     def append(self, rows: list[dict], judge: str, items: list[int], meta: dict[str, list]) -> None:
         """Commit one batch: the rows, then the index line that makes them count."""
-        data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
-        self._shard.write(data)
+        lines = [(json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8") for row in rows]
+        self._shard.write(b"".join(lines))
         self._shard.flush()
         os.fsync(self._shard.fileno())
-        record = {"end": self._shard.tell(), "judge": judge, "items": items, **meta}
+        record = {"end": self._shard.tell(), "judge": judge, "items": items, **meta,
+                  "bytes": [len(line) for line in lines]}  # each row's line: `merged_bytes`
         self._index.write((json.dumps(record) + "\n").encode("utf-8"))
         self._index.flush()
         os.fsync(self._index.fileno())
@@ -215,21 +265,23 @@ def _row_places(judges: list[str], n_items: int, committed: list[Committed],
                 block: int | None = None) -> tuple[tuple[array, array, array], int]:
     """Where each item x judge's row is: three arrays over ``item * len(judges) + judge`` (the shard's position in
     ``committed``, -1 for none; the line's byte offset; its length without the newline), and how many rows were
-    committed twice (the first kept). Rows of a judge not in ``judges`` or an item past ``n_items`` are passed over."""
+    committed twice (the first kept; an endpoint's refusal is replaced by a later row of its item, ``--retry_rejected``,
+    and not counted). Rows of a judge not in ``judges`` or an item past ``n_items`` are passed over."""
     column = {j: k for k, j in enumerate(judges)}
     slots = n_items * len(judges)
     shard_of, offset, length = array("h", [-1]) * slots, array("q", [0]) * slots, array("l", [0]) * slots
+    refused = bytearray(slots)
     twice = 0
     for s, c in enumerate(committed):
-        keys = ((b["judge"], item) for b in c.batches for item in b["items"])
-        for (judge, item), (start, size) in zip(keys, _line_spans(c.shard, c.end, block or MERGE_BLOCK)):
+        keys = ((judge, item, rejected) for shard, judge, item, rejected, _ in _rows([c]))
+        for (judge, item, rejected), (start, size) in zip(keys, _line_spans(c.shard, c.end, block or MERGE_BLOCK)):
             if judge not in column or not 0 <= item < n_items:
                 continue
             k = item * len(judges) + column[judge]
-            if shard_of[k] >= 0:
+            if shard_of[k] >= 0 and not refused[k]:
                 twice += 1
                 continue
-            shard_of[k], offset[k], length[k] = s, start, size
+            shard_of[k], offset[k], length[k], refused[k] = s, start, size, rejected
     return (shard_of, offset, length), twice
 
 
@@ -297,7 +349,8 @@ def _judge_difference(name: str, key: str, old: Any, new: Any) -> str:
 
 def check_identity(out: Path, identity: dict) -> str:
     """``fresh`` (identity written) or ``resume``; RecipeError naming every difference when the output_dir holds
-    another run's rows."""
+    another run's rows. A run that committed no row (stopped at its first answers: an endpoint refusing an option)
+    holds nothing to mix: its identity is replaced."""
     from judgetrain.config.recipe import RecipeError
 
     path = out / IDENTITY
@@ -307,6 +360,11 @@ def check_identity(out: Path, identity: dict) -> str:
         except ValueError as e:
             raise RecipeError(f"{path} is unreadable ({e}); move the folder away to start again") from None
         diffs = identity_differences(old, identity)
+        if diffs and not any(c.batches for c in read_done(out)):
+            logger.info("%s: no evaluation was committed under the earlier options (%s): starting afresh", out,
+                        "; ".join(diffs))
+            write_json(path, identity)
+            return "fresh"
         if diffs:
             raise RecipeError(f"{out} holds evaluations of another run; refusing to mix them. What changed: "
                               + "; ".join(diffs) + ". Use another --output_dir, or put the old values back.")
@@ -320,19 +378,27 @@ def check_identity(out: Path, identity: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ summary
 def summarize(committed: list[Committed], judges: list[str], n_items: int) -> dict[str, Any]:
-    """Per judge, from the done index: rows, parse rate, reasons, mean score, stopped share, tokens and tokens/s."""
+    """Per judge, from the done index: rows, parse rate, reasons, mean score, stopped share, tokens and tokens/s. The
+    rows are those `merge` writes (an endpoint's refusal replaced by a later row of its item is not counted); tokens
+    and seconds are every batch's."""
     out: dict[str, Any] = {}
     for judge in judges:
         batches = [b for c in committed for b in c.batches if b["judge"] == judge]
-        scores = [s for b in batches for s in b.get("score", []) if s is not None]
-        reasons = Counter(r for b in batches for r in b.get("reason", []))
-        rows = sum(len(b["items"]) for b in batches)
+        kept: dict[int, dict[str, Any]] = {}
+        for b in batches:
+            for j, item in enumerate(b["items"]):
+                row = {k: b[k][j] for k in ("score", "reason", "stopped") if isinstance(b.get(k), list)}
+                if kept.get(item, {}).get("reason", REJECTED_REASON) == REJECTED_REASON:
+                    kept[item] = row
+        scores = [r["score"] for r in kept.values() if r.get("score") is not None]
+        reasons = Counter(r["reason"] for r in kept.values() if "reason" in r)
+        rows = len(kept)
         tokens = sum(sum(b.get("n_tokens", [])) for b in batches)
         seconds = sum(b.get("seconds", 0.0) for b in batches)
         out[judge] = {
             "rows": rows, "items": n_items, "parsed": len(scores), "parse_rate": len(scores) / rows if rows else None,
             "reasons": dict(reasons.most_common()), "mean_score": sum(scores) / len(scores) if scores else None,
-            "stopped": sum(sum(b.get("stopped", [])) for b in batches),
+            "stopped": sum(bool(r.get("stopped")) for r in kept.values()),
             "truncated_prompts": sum(b.get("truncated", 0) for b in batches),
             "generated_tokens": tokens, "generate_seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds else None,  # per process: the seconds are each process's own

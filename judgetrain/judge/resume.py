@@ -31,7 +31,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from judgetrain.judge.output import EVALUATIONS, IDENTITY, done_items, identity_differences, read_done
+from judgetrain.judge.output import (EVALUATIONS, IDENTITY, done_items, identity_differences, merged_bytes, read_done,
+                                     rejected_items)
 from judgetrain.utils.files import read_json
 
 logger = logging.getLogger(__name__)
@@ -74,18 +75,21 @@ def _items_unchanged(out: Path, source: str, on_bad_row: str, rejects_path: str,
     return record
 
 
-def _all_committed(out: Path, names: list[str], n_items: int):
-    """The committed batches when every judge holds every item exactly once and ``evaluations.jsonl`` is their
-    merge (its size is that of the committed rows); None otherwise."""
+def _all_committed(out: Path, names: list[str], n_items: int, retry: list[str]):
+    """The committed batches when every judge holds every item, none of the judges in ``retry`` holds a row its
+    endpoint refused (``--retry_rejected`` generates those again) and ``evaluations.jsonl`` is their merge (its size
+    is `merged_bytes`); None otherwise."""
     committed = read_done(out)
     done = done_items(committed)
-    rows = sum(len(b["items"]) for c in committed for b in c.batches)
-    if rows != n_items * len(names) or any(len(done.get(n, ())) != n_items for n in names):
+    if any(len(done.get(n, ())) != n_items for n in names):
         return None
     if any(not 0 <= i < n_items for n in names for i in done[n]):
         return None
-    final = out / EVALUATIONS
-    if not final.is_file() or final.stat().st_size != sum(c.end for c in committed):
+    refused = rejected_items(committed)
+    if any(refused.get(n) for n in retry):
+        return None
+    final, size = out / EVALUATIONS, merged_bytes(committed, names, n_items)
+    if size is None or not final.is_file() or final.stat().st_size != size:
         return None
     return committed
 
@@ -109,7 +113,7 @@ def nothing_left(out: Path, source: str, specs: list, opts, *, on_bad_row: str =
         return None
     names = [s.name for s in specs]
     n_items = record["n_items"]
-    committed = _all_committed(out, names, n_items)
+    committed = _all_committed(out, names, n_items, [s.name for s in specs if s.retries_rejected(opts)])
     if committed is None:
         return None
     from judgetrain.judge.output import summarize, write_summary

@@ -12,6 +12,10 @@
   (`judgetrain.eval.scoring.DEFAULT_JUDGE_PREFIX`, the JSON up to ``"overall_score": ``), its first token is one of the
   score tokens judge mode reads (`ScoringEngine.score_token_ids`), then it writes a few tokens; the evaluation written
   is the prefix, the score it wrote (``4``, ``4.5``) and the JSON block's end (`evaluation_text`).
+- Refusals: a prompt an endpoint refuses is a row with reason ``endpoint_rejected``; a judge whose ``retry_rejected``
+  is on (``--retry_rejected``) generates those rows again, on a resume too (the new row replaces the refusal in the
+  merge). An endpoint that refuses its first prompts alike (`judgetrain.judge.endpoint.RequestRefused`: an option
+  of the request, not a prompt) stops the command, nothing committed for them.
 - Stop: SIGTERM or Ctrl-C is checked before every generate call and between chunks (OR-ed over the processes); the
   batches committed stay, the one in flight is dropped, and the command ends with 143 (`EXIT_PREEMPTED`).
 """
@@ -34,7 +38,8 @@ from judgetrain.judge.items import Item
 from judgetrain.judge.fit import LoadPlan, adapter_config, auto_batch_tokens, engine_weights, gpu_share, load_plan
 from judgetrain.judge.judges import JudgeSpec, endpoint_settings, load_files, load_local
 from judgetrain.judge.options import Options
-from judgetrain.judge.output import ShardWriter, check_identity, done_items, merge, read_done, summarize, write_summary
+from judgetrain.judge.output import (ShardWriter, check_identity, done_items, merge, merged_bytes, read_done,
+                                     rejected_items, summarize, write_summary)
 from judgetrain.judge.resume import record_items
 from judgetrain.trainer.callbacks import GracefulStop
 from judgetrain.utils.ranks import decided_on_main
@@ -261,6 +266,21 @@ def generate_missing(specs: list[JudgeSpec], items: list[Item], done: dict, opts
     return generated
 
 
+def kept_items(out, specs: list[JudgeSpec], opts: Options, main: bool) -> dict[str, set[int]]:
+    """judge name -> the items whose committed row stays: a row its endpoint refused does not when the judge's
+    ``retry_rejected`` is on (it is generated again)."""
+    committed = read_done(out)
+    done, refused = done_items(committed), rejected_items(committed)
+    for spec in specs:
+        again = refused.get(spec.name, set()) if spec.retries_rejected(opts) else set()
+        if again:
+            done[spec.name] = done[spec.name] - again
+            if main:
+                logger.info("judge %s: %d row(s) its endpoint refused are generated again (retry_rejected)", spec.name,
+                            len(again))
+    return done
+
+
 def identity(item_set, specs: list[JudgeSpec], opts: Options) -> dict:
     return {"items": {"source": item_set.source, "digest": item_set.digest(), "n_items": len(item_set.items)},
             "judges": [s.identity() for s in specs], "options": opts.identity()}
@@ -283,7 +303,7 @@ def run_panel(item_set, specs: list[JudgeSpec], opts: Options, out, state) -> di
     items = item_set.items
     names = [s.name for s in specs]
     start = decided_on_main(lambda: confirmed(out, item_set, identity(item_set, specs, opts)))
-    done = done_items(read_done(out))
+    done = kept_items(out, specs, opts, state.is_main_process)
     total = len(items) * len(specs)
     n_done = sum(len(done.get(n, set()) & set(range(len(items)))) for n in names)
     main = state.is_main_process
@@ -301,7 +321,7 @@ def run_panel(item_set, specs: list[JudgeSpec], opts: Options, out, state) -> di
                               "evaluations_per_s": progress.rate()}
     if main:
         committed = read_done(out)
-        merged = sum(c.end for c in committed)  # the size of a merge of the committed rows, each once
+        merged = merged_bytes(committed, names, len(items))  # the size of a merge of the committed rows, each once
         if generated or progress.done > n_done or not final.exists() or final.stat().st_size != merged:
             merge(out, names, len(items), committed)
         else:

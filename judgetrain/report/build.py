@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from judgetrain.config.directions import direction, rank_score
 from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
@@ -53,7 +54,6 @@ SUITE_RANK = {"rmbench": 0, "judgebias": 1, "ideation": 2}
 METRIC_RANK = {"hard_acc": 0, "normal_acc": 1, "easy_acc": 2, "avg_acc": 3, "total_avg_acc": 3, "style_gap": 4,
                "accuracy": 0, "margin": 1, "detect_rate": 2, "anchor_mae": 3, "position_consistency": 1}
 # engine counters and timings logged under eval/: not quality metrics, kept out of tables and curves
-_NOT_A_METRIC = re.compile(r"(^|/)(n_|num_|long_)[^/]*$|runtime|per_second|/n$|/parse_fail/|/(tokens_generated|mean_tokens)$")
 # the figures of a suite's table of proxies beside what the judge writes, in reading order
 GENERATED_FIGURES = {
     "rmbench": ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc"),
@@ -239,9 +239,10 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
 
 # ------------------------------------------------------------------------------------------------- metric access
 def metric_keys(run: Run) -> list[str]:
-    """Logged eval metric names of a run, in reading order (RM-Bench, JudgeBias, Ideation, others)."""
+    """Logged eval figures of a run, in reading order (RM-Bench, JudgeBias, Ideation, others): the keys with a
+    direction (`judgetrain.config.directions`); interval bounds, p-values and counts are no figure to rank."""
     keys = {k for rec in run.records.values() for k, v in rec.items()
-            if k.startswith("eval/") and _is_num(v) and not _NOT_A_METRIC.search(k)}
+            if k.startswith("eval/") and _is_num(v) and direction(k) is not None}
     return sorted(keys, key=_metric_order)
 
 
@@ -256,7 +257,7 @@ def _metric_order(key: str) -> tuple:
 
 def eval_steps_of(run: Run) -> list[int]:
     return [s for s, rec in run.records.items()
-            if any(k.startswith("eval/") and _is_num(v) and not _NOT_A_METRIC.search(k) for k, v in rec.items())]
+            if any(k.startswith("eval/") and _is_num(v) and direction(k) is not None for k, v in rec.items())]
 
 
 def series(run: Run, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -282,17 +283,6 @@ def _mode_of(key: str) -> str | None:
     return parts[2] if len(parts) > 3 and parts[2] in SCORING_MODES else None
 
 
-def _better(key: str) -> str:
-    last = key.rsplit("/", 1)[-1]
-    if last == "style_gap":
-        return "closer to 0"
-    if last == "first_position_rate":
-        return "closer to 0.5"
-    if "mae" in last or "loss" in last:
-        return "lower"
-    return "higher"
-
-
 def summary_rows(run: Run) -> list[dict[str, Any]]:
     """One row per eval metric: last value (with its step/epoch), best value and the step/epoch it was reached.
 
@@ -306,9 +296,8 @@ def summary_rows(run: Run) -> list[dict[str, Any]]:
         xs, ys = gap_series(run, key[: -len("/style_gap")]) if derived else series(run, key)
         if not len(xs):
             continue
-        better = _better(key)
-        score = {"closer to 0": -np.abs(ys), "closer to 0.5": -np.abs(ys - 0.5), "lower": -ys}.get(better, ys)
-        best = int(np.argmax(score))  # first occurrence: the earliest step reaching the best value
+        better = direction(key)
+        best = int(np.argmax([rank_score(key, y) for y in ys]))  # first occurrence: the earliest step reaching the best value
         last_step, best_step = int(xs[-1]), int(xs[best])
         out.append({"metric": key, "last": float(ys[-1]), "last_step": last_step,
                     "last_epoch": run.epoch_at(last_step), "best": float(ys[best]), "best_step": best_step,

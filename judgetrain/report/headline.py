@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
-from judgetrain.eval.compare import changed, worse_rule
+from judgetrain.config.directions import greater_is_better
+from judgetrain.eval.compare import REGRESSION_ALPHA, changes, worse_rule
 
 HEADLINE = (
     ("eval/rmbench/hard_acc", "RM-Bench hard accuracy"),
@@ -73,11 +74,18 @@ def selection(recipe: Mapping[str, Any] | None, logged: set[str]) -> tuple[str, 
         key = "eval/" + str(wanted).removeprefix("eval/").removeprefix("eval_")
         if key in logged:
             greater = recipe.get("greater_is_better")
-            return key, bool(greater) if greater is not None else not any(w in key for w in ("loss", "mae"))
+            return key, bool(greater) if greater is not None else _greater(key)
     for key in (DEFAULT_SELECTION, *(k for k, _ in HEADLINE)):
         if key in logged:
             return key, True
     return None
+
+
+def _greater(key: str) -> bool:
+    try:
+        return greater_is_better(key)
+    except ValueError:  # a recipe older than the check of metric_for_best_model's direction
+        return True
 
 
 def headline(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None) -> Headline | None:
@@ -124,30 +132,35 @@ def against_base(records: Mapping[int, Mapping[str, Any]],
                  recipe: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The last evaluation logged against a baseline (the eval before the first step, `judgetrain.eval.evidence`):
     ``{"step", "rows": [{figure, base, trained, ci_low, ci_high, delta, delta_ci_low, delta_ci_high, p_value}],
-    "worse": [figures worse than the base, the interval of the difference excluding 0], "margin"}``; rows hold each
-    suite's headline figures (`judgetrain.eval.compare.HEADLINE`), ``worse`` every figure (beyond the recipe's
-    ``eval_regression_margin``, as the run's guard judged them). None without such an evaluation."""
+    "worse": [figures worse than the base], "too_few": [figures with too few units to tell], "margin", "alpha"}``;
+    rows hold each suite's headline figures (`judgetrain.eval.compare.HEADLINE`), ``worse`` every figure that
+    `judgetrain.eval.compare.changes` calls worse with the recipe's ``eval_regression_margin`` and
+    ``eval_regression_alpha``, as the run's guard judged them. None without such an evaluation."""
     steps = [s for s, r in records.items() if any("/delta/" in k for k in r)]
     if not steps:
         return None
     step = max(steps)
     rec = records[step]
     margin = float((recipe or {}).get("eval_regression_margin") or 0.0)
-    rows, worse = [], []
-    for key in sorted(k for k in rec if "/delta/" in k and not k.endswith(("_ci_low", "_ci_high", "/p_value"))):
+    alpha = float((recipe or {}).get("eval_regression_alpha") or REGRESSION_ALPHA)
+    rows, judged = [], {}
+    for key in sorted(k for k in rec if "/delta/" in k and not k.endswith(("_ci_low", "_ci_high", "/p_value",
+                                                                            "/n_units"))):
         where, metric = key.split("/delta/", 1)
         trained, delta = rec.get(f"{where}/{metric}"), rec[key]
         figures = {"delta_ci_low": rec.get(f"{key}/delta_ci_low"), "delta_ci_high": rec.get(f"{key}/delta_ci_high")}
-        bounded = _num(figures["delta_ci_low"]) and _num(figures["delta_ci_high"])
-        if bounded and changed(figures, metric, margin) == "worse":
-            worse.append(f"{where.removeprefix('eval/')}/{metric}")
+        judged[f"{where.removeprefix('eval/')}/{metric}"] = {**figures, "p_value": rec.get(f"{key}/p_value"),
+                                                            "n_units": rec.get(f"{key}/n_units")}
         if metric not in SUITE_HEADLINE.get(where.split("/")[1], ()):
             continue
         rows.append({"figure": f"{where.removeprefix('eval/')}/{metric}", "trained": trained,
                      "base": trained - delta if _num(trained) and _num(delta) else None,
                      "ci_low": rec.get(f"{where}/{metric}/ci_low"), "ci_high": rec.get(f"{where}/{metric}/ci_high"),
                      "delta": delta, **figures, "p_value": rec.get(f"{key}/p_value")})
-    return {"step": step, "rows": rows, "worse": worse, "margin": margin}
+    said = changes(judged, margin, alpha)
+    return {"step": step, "rows": rows, "worse": [name for name, s in said.items() if s == "worse"],
+            "too_few": [name for name, s in said.items() if s.endswith("too few to tell")], "margin": margin,
+            "alpha": alpha}
 
 
 AGAINST_BASE_HEADER = ("figure", "base", "trained", "95% interval", "difference", "its interval", "p")
@@ -160,14 +173,15 @@ def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
         return ("No evaluation against the base judge was logged (`eval_on_start: true` scores the baseline in judge, "
                 "verdict and generate modes; implicit mode has none: its base is 0 for every response).")
     if versus["worse"]:
-        return (f"Worse than the base judge at step {versus['step']} (the interval of the difference excludes "
-                f"{worse_rule(versus['margin'])})")
-    return f"No category got worse than the base judge at step {versus['step']}."
+        return f"Worse than the base judge at step {versus['step']} ({worse_rule(versus['margin'], versus['alpha'])})"
+    few = versus.get("too_few") or []
+    return (f"No category got worse than the base judge at step {versus['step']}"
+            + (f"; too few units to tell: {', '.join(few)}." if few else "."))
 
 
 def against_base_cells(versus: Mapping[str, Any] | None) -> list[list[str]]:
     """Base vs trained as text cells under `AGAINST_BASE_HEADER`: each figure with its interval, the difference,
-    its interval and p-value (an exact McNemar p for accuracies, "-" where none applies)."""
+    its interval and p-value (the exact sign test over units for accuracies, "-" where none applies)."""
     if versus is None:
         return []
     return [[r["figure"], fmt(r["base"]), fmt(r["trained"]), f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]",
