@@ -435,8 +435,9 @@ def _number_format(name: str, text: str) -> list[Span]:
     spans = []
     for m in re.finditer(r"(?<![\w.,:/#\u2212-])(\d{1,3}(?:,\d{3})+|\d{4,})(\.\d+)?(?![\w,:/\u2212-]|\.\d)", text):
         whole = m.group(1)
-        if "," not in whole and len(whole) == 4 and 1000 <= int(whole) <= 2100:
-            continue  # a year is written without a separator
+        if "," not in whole and len(whole) == 4 and 1000 <= int(whole) <= 2100 and \
+                re.search(r"(?:\b(?:in|since|by|until|from|to|year|of)|[©(])[ \t]*\Z", text[max(0, m.start() - 12): m.start()], re.I):
+            continue  # a year ("in 2023", "(2021)") is written without a separator
         new = whole.replace(",", "") if "," in whole else f"{int(whole):,}"
         spans.append(Span(m.start(1), m.end(1), name, lambda _r, n=new: n))
     return _outside(spans, text)
