@@ -110,6 +110,11 @@ class Number:
     figures: int  # significant figures
     minus: str
     exponent: str | None  # the text between mantissa and power ("e", "×10^"); None: plain
+    power: int = 0  # of ten, in scientific notation
+
+    def step(self) -> float:
+        """The worth of the last digit written (the number's resolution)."""
+        return 10.0 ** (self.power - self.decimals)
 
     @classmethod
     def parse(cls, text: str) -> "Number":
@@ -120,12 +125,15 @@ class Number:
         minus = mantissa[0] if mantissa[:1] in MINUS else ("\u2212" if "\u2212" in power else "-")
         return cls(text, -value if mantissa[:1] in MINUS else value,
                    len(digits.split(".", 1)[1]) if "." in digits else 0,
-                   max(1, len(digits.replace(".", "").lstrip("0"))), minus, sci.group(0) if sci else None)
+                   max(1, len(digits.replace(".", "").lstrip("0"))), minus, sci.group(0) if sci else None,
+                   int(power.replace("\u2212", "-")))
 
-    def write(self, value: float, decimals: int | None = None) -> str:
+    def write(self, value: float, decimals: int | None = None, resolution: float | None = None) -> str:
         """``value`` written like this number (its minus sign; scientific where this one is and the value is
-        outside [0.001, 10000)): with ``decimals`` decimals, else with this number's significant figures, widened
-        by up to three decimals where that writes the value exactly (25 °C is 298.15 K, not 298.1 K)."""
+        outside [0.001, 10000)): with ``decimals`` decimals, else with this number's significant figures, and at
+        least the decimals that keep ``resolution`` (the source's last digit, in this unit: 15 min is 0.0104 d,
+        not 0.010 d), widened by up to three decimals where that writes the value exactly (25 °C is 298.15 K, not
+        298.1 K)."""
         sign, value = (self.minus if value < 0 else ""), abs(value)
         if decimals is None and self.exponent and value and not 1e-3 <= value < 1e4:
             power = math.floor(math.log10(value))
@@ -133,7 +141,10 @@ class Number:
             d = _exact_decimals(mantissa, self.figures - 1)
             return f"{sign}{mantissa:.{d}f}{self.exponent}{self.minus if power < 0 else ''}{abs(power)}"
         if decimals is None:
-            decimals = _exact_decimals(value, self.figures - 1 - (math.floor(math.log10(value)) if value else 0))
+            decimals = self.figures - 1 - (math.floor(math.log10(value)) if value else 0)
+            if resolution:
+                decimals = max(decimals, math.ceil(-math.log10(resolution) - 1e-9))
+            decimals = _exact_decimals(value, decimals)
         text = f"{value:.{max(0, decimals)}f}"
         return sign + text if float(text) else text
 
@@ -244,7 +255,8 @@ class Rules:
                 if q.other:
                     spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, q.other))
                 continue
-            why = self._unphysical(q, [n.value for n in q.numbers], q.unit)
+            why = "compound_unit" if q.unit and text[m.end(): m.end() + 1] == "/" else \
+                self._unphysical(q, [n.value for n in q.numbers], q.unit)  # 5 °C/min: a rate, not a temperature
             if why:
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, why))
             elif mode in ("unit_swap", "convert"):
@@ -314,8 +326,10 @@ class Rules:
                 return q.write([n.text for n in q.numbers], q.tolerance and q.tolerance.text, rng.choice(others))
             target = rng.choice(others)
             to_scale, to_offset = units[target]
-            numbers = [n.write((n.value * scale + offset - to_offset) / to_scale) for n in q.numbers]
-            tolerance = None if q.tolerance is None else q.tolerance.write(q.tolerance.value * scale / to_scale)
+            numbers = [n.write((n.value * scale + offset - to_offset) / to_scale, resolution=n.step() * scale / to_scale)
+                       for n in q.numbers]
+            tolerance = None if q.tolerance is None else q.tolerance.write(
+                q.tolerance.value * scale / to_scale, resolution=q.tolerance.step() * scale / to_scale)
             return q.write(numbers, tolerance, target)
 
         return draw

@@ -148,6 +148,12 @@ class _Scanner:
             if tol is not None:
                 tolerance, end = tol, tol[0]
         unit = self.unit(end)
+        if unit is not None and self.at(unit[0]) == "/":  # 5 °C/min, 2 mg/mL: a compound unit, read as written
+            stop = unit[0] + 1
+            while _is_word(self.at(stop)):
+                stop += 1
+            out.append(Reading("chain", 0.0, 0.0, self.text[i:stop]))
+            return stop
         if unit is not None:
             stop, name, dim, (scale, offset) = unit
             text = self.text[i:stop]
