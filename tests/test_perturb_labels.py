@@ -101,7 +101,8 @@ def test_unit_conversion_converts_the_whole_quantity_exactly(source, expected):
 
 
 @pytest.mark.parametrize("wrong, right", [("-20 °C", "-293.1 K"), ("-4 °F", "--15.56 °C"), ("60-80 °C", "60-353.1 K"),
-                                          ("25 ± 2 °C", "25 ± 275.1 K"), ("3.2e-3 g", "3.2e-3000 mg")])
+                                          ("25 ± 2 °C", "25 ± 275.1 K"), ("3.2e-3 g", "3.2e-3000 mg"),
+                                          ("25 °C", "298.1 K")])  # 298.15 K, written at four figures
 def test_the_oracle_catches_what_the_old_conversion_wrote(wrong, right):
     lost, new = readings_differ(wrong, right)
     assert lost and new
@@ -318,3 +319,25 @@ def test_every_operator_writes_items_that_mean_their_label_or_rejects(parts, nam
                 assert c.after == c.after.lower(), (c.before, c.after)
             if c.before.isupper() and len(c.before) > 1:
                 assert c.after.isupper(), (c.before, c.after)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"operators": {"scale": {**OPERATORS["scale"], "decimals": "two"}}},
+     "operators.scale.decimals: expected an integer from 0 to 12, got 'two'"),
+    ({"operators": {"scale": {**OPERATORS["scale"], "require_unit": "yes"}}},
+     "operators.scale.require_unit: expected true or false, got 'yes'"),
+    ({"units": {**UNITS, "length": {"": 1, "m": 1}}}, "units.length.: a unit is a token without spaces"),
+    ({"units": {**UNITS, "other": {"g": 1, "lb": 453.6}}}, "units.other.g: already a unit of another dimension"),
+])
+def test_every_bad_spec_exits_2_in_one_line_naming_the_key(tmp_path, capsys, change, message):
+    from judgetrain.cli.perturb import main
+
+    data = spec_data()
+    data["operators"] = {**data["operators"], **change.get("operators", {})}
+    data["units"] = change.get("units", data["units"])
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    code = main(["--source", str(tmp_path / "never-read.jsonl"), "--spec", str(path), "--output_dir",
+                 str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err

@@ -9,7 +9,7 @@ quantity is caught by a reader that does not share its mistake.
 A reading is one number: a bare number, a percentage, a quantity with a unit of the spec (its value in the base
 unit), each end of a range, a tolerance (a difference: scale, no offset), or a chain such as a CAS number or a date
 (compared as written). Two readings are the same quantity when their dimensions agree and their values differ by at
-most half the last written digit of the finer of the two (298.15 K for 25 °C; 37.8 °C for 100 °F).
+less than half the last written digit of the finer of the two (298.15 K for 25 °C, not 298.1 K; 37.8 °C for 100 °F).
 """
 
 from __future__ import annotations
@@ -191,7 +191,8 @@ def same(a: Reading, b: Reading) -> bool:
         return False
     if a.dim == "chain":
         return a.text == b.text
-    return abs(a.value - b.value) <= 0.5 * min(a.step, b.step) * (1 + 1e-9) + 1e-12 * max(1.0, abs(a.value))
+    # under half a step: a value exactly halfway (313.15 K written 313.1 K) could have been written exactly
+    return abs(a.value - b.value) < 0.5 * min(a.step, b.step) * (1 - 1e-6) or a.value == b.value
 
 
 def differ(source: list[Reading], copy: list[Reading]) -> tuple[list[Reading], list[Reading]]:

@@ -241,6 +241,11 @@ def _operator(name: str, op: Any, tables: dict, units: dict, base: Path) -> Oper
             options["factor"] = _range(op.get("factor", [0.5, 2.0]), f"{where}.factor")
         if mode == "shift":
             options["shift"] = _range(op.get("shift", [-10, 10]), f"{where}.shift")
+        if "decimals" in op and (isinstance(op["decimals"], bool) or not isinstance(op["decimals"], int)
+                                 or not 0 <= op["decimals"] <= 12):
+            raise SpecError(f"{where}.decimals: expected an integer from 0 to 12, got {op['decimals']!r}")
+        if not isinstance(op.get("require_unit", False), bool):
+            raise SpecError(f"{where}.require_unit: expected true or false, got {op['require_unit']!r}")
         if mode in ("unit_swap", "convert") and (mode == "convert") != (op["category"] == "represent"):
             raise SpecError(f"{where}: a correct unit conversion is represent, a swap without converting is error")
     elif kind == "format":
@@ -259,6 +264,11 @@ def _units(value: Any) -> dict[str, dict[str, tuple[float, float]]]:
     for dim, units in _mapping(value or {}, "units").items():
         out[str(dim)] = {}
         for unit, conv in _mapping(units, f"units.{dim}").items():
+            if not re.fullmatch(r"[^\s\d.,:;()\[\]{}-][^\s]*", str(unit)):
+                raise SpecError(f"units.{dim}.{unit}: a unit is a token without spaces that does not start with a "
+                                f"digit or punctuation")
+            if any(str(unit) in seen for seen in out.values()):
+                raise SpecError(f"units.{dim}.{unit}: already a unit of another dimension")
             if isinstance(conv, (int, float)) and not isinstance(conv, bool):
                 conv = [conv, 0]
             if not (isinstance(conv, list) and len(conv) == 2 and all(isinstance(c, (int, float)) for c in conv)
