@@ -341,3 +341,21 @@ def test_every_bad_spec_exits_2_in_one_line_naming_the_key(tmp_path, capsys, cha
                  str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_a_long_rule_run_logs_items_per_second_and_the_time_left(caplog):
+    """`make_all` logs its progress (items made, items/s, ETA) on the main process: here at every sample."""
+    import logging
+
+    from judgetrain.perturb.build import make_all, plan
+    from judgetrain.perturb.source import Sample
+
+    samples = [Sample(i, f"Heat iron at {20 + i} °C for {i + 1} h.", TEMPLATE, {}, "t", i) for i in range(4)]
+    planned, _ = plan(spec(), samples, with_model=False)
+    with caplog.at_level(logging.INFO, logger="judgetrain.perturb.build"):
+        made = make_all(spec(), planned, {}, every=0.0)
+    assert len(made) == len(planned) == 4 * len(OPERATORS)
+    lines = [r.getMessage() for r in caplog.records if "items made" in r.getMessage()]
+    assert [line.split(" items made")[0] for line in lines] == [f"perturb: {k * len(OPERATORS)}/{len(planned)}"
+                                                                for k in (1, 2, 3)]
+    assert all("items/s, ETA" in line and line.endswith(" min") for line in lines)
