@@ -33,7 +33,7 @@ OPERATORS = {
                 "pairs": {"iron": "manganese", "dissolve": "precipitate", "heat": "cool",
                           "Teflon-lined autoclave": "open beaker", "tube furnace": "hot plate"}},
     "formula": {"kind": "table", "category": "represent", "case": "preserve",
-                "pairs": {"acetone": "C3H6O", "ethanol": "C2H6O"}},
+                "pairs": {"acetone": "C3H6O", "ethanol": "C2H6O", "lithium hydroxide": "LiOH"}},
     "to_plain": {"kind": "format", "category": "represent", "rewrite": "markdown_to_plain"},
     "to_markdown": {"kind": "format", "category": "represent", "rewrite": "plain_to_markdown"},
     "order": {"kind": "format", "category": "represent", "rewrite": "list_order"},
@@ -178,6 +178,21 @@ def test_case_is_folded_for_all_of_unicode_and_the_edit_is_invisible_in_casing()
     assert run_op("element", "preheat the iron-rich")[0] == "preheat the manganese-rich"
 
 
+def test_a_value_with_capitals_of_its_own_keeps_them_and_a_visible_edit_is_a_reject():
+    from judgetrain.perturb.build import visible_table_edit
+    from judgetrain.perturb.operators import Change
+
+    assert run_op("formula", "Dissolve lithium hydroxide in acetone.")[0] == "Dissolve LiOH in C3H6O."
+    assert run_op("formula", "ACETONE, then Ethanol.")[0] == "C3H6O, then C2H6O."
+    assert visible_table_edit(spec(), "heat it", [Change("element", "heat", "Cool", 0)]) == \
+        "'heat' -> 'Cool': a lowercase word written capitalised"
+    assert visible_table_edit(spec(), "HEAT it", [Change("element", "HEAT", "cool", 0)]) == \
+        "'HEAT' -> 'cool': a word in capitals written otherwise"
+    assert visible_table_edit(spec(), "preheat", [Change("element", "heat", "cool", 3)]) == "'heat' -> 'cool' cuts a word"
+    assert visible_table_edit(spec(), "in a Teflon-lined autoclave", [
+        Change("element", "Teflon-lined autoclave", "open beaker", 5)]) is None
+
+
 # ------------------------------------------------------------------------------------------------ the spec
 def _spec_file(tmp_path: Path, pairs: dict, **op) -> Path:
     data = {"template": TEMPLATE, "operators": {"dose": {"kind": "table", "category": "error", "match": "pattern",
@@ -285,6 +300,7 @@ RECIPE_LINES = [
     "Compute 2 * 3 * 4 = 24 in __init__ with `a_b` and $x*y$.\n```\ndef f():\n    return 2 * 3\n```",
     "İRON and Diſſolve; HEAT it, then heat it again.   Trailing   spaces   \n\n\n\nEnd.",
     "Wash with acetone, dry at 120 °C for 12000 s, weigh 1,500 mg.",
+    "Dissolve lithium hydroxide and LiOH in Ethanol; ACETONE rinse.",
 ]
 HOSTILE = ["\u202e\u200b", "{{text}}", "\\g<1>", "$", "`", "**", "-", "−", "°C", "e-3", "×10^", "±", " to ", "\n",
            "\x00", "😀", "ſ", "İ", "K", "%", ":"]

@@ -239,6 +239,10 @@ def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dic
         why = token_differences(source, text, ordered)
         if why:
             return "content_changed", why
+    if "table" in kinds and p.method != "model":
+        why = visible_table_edit(spec, source, [c for c in changes if spec.operators[c.kind].kind == "table"])
+        if why:
+            return "edit_visible", why
     if category == "error" and "numeric" in kinds:
         why = no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"])
         if why:
@@ -261,6 +265,28 @@ def represent_words(spec: Spec) -> tuple[str, ...]:
     checks read around them, so an abbreviation's letters are never a unit and its expansion loses nothing."""
     return tuple({w for op in spec.operators.values() if op.kind == "table" and op.category == "represent"
                   and op.options["match"] == "word" for k, v in op.options["pairs"].items() for w in (k, v)})
+
+
+def visible_table_edit(spec: Spec, source: str, changes: list[Change]) -> str | None:
+    """Why a word table's edit shows in the text (None when it does not): it cuts a word, or its casing differs
+    from the word it replaced (a lowercase word turned capitalised, an all-capitals word not in capitals), a key or
+    a value with capitals of its own (a formula, a name) aside."""
+    for c in changes:
+        op = spec.operators[c.kind]
+        if op.options["match"] != "word":
+            continue
+        end = c.position + len(c.before)
+        if source[c.position - 1: c.position].isalnum() or source[end: end + 1].isalnum():
+            return f"{c.before!r} -> {c.after!r} cuts a word"
+        if c.before in op.options["pairs"] and c.before != c.before.lower():
+            continue  # a key with capitals of its own (HNO3, Teflon): its casing is the table's, not the text's
+        if c.after in {v for v in op.options["pairs"].values() if v != v.lower()}:
+            continue
+        if c.before.islower() and not c.after.islower():
+            return f"{c.before!r} -> {c.after!r}: a lowercase word written capitalised"
+        if len(c.before) > 1 and c.before.isupper() and not c.after.isupper():
+            return f"{c.before!r} -> {c.after!r}: a word in capitals written otherwise"
+    return None
 
 
 def no_real_error(spec: Spec, changes: list[Change]) -> tuple[str, str] | None:

@@ -352,9 +352,6 @@ def cased(word: str, key: str, value: str, at_sentence_start: bool) -> str:
         return value if own_case else value.upper()
     if value[:1].islower() and word[:1].isupper() and (at_sentence_start or not key[:1].isupper()):
         return value[:1].upper() + value[1:]
-    if value[:1].isupper() and not value[1:2].isupper() and not any(c.isdigit() for c in value) \
-            and word[:1].islower() and not at_sentence_start:
-        return value[:1].lower() + value[1:]  # a table that capitalises its values, mid-sentence
     return value
 
 
