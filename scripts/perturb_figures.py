@@ -1,7 +1,8 @@
 """The share of items and of rejects by reason per set of `judgetrain perturb`'s materials and style packs (rule
 operators and stand-ins, no model), over the bundled recipes and over generated ones, and how many of the items an
 independent reading finds mislabelled: a represent item whose quantities (read back to base units) or whose text
-outside markup changed, an error item whose numeric edit reads back as the same quantity or turns non-physical.
+outside markup changed, an error item whose numeric edit reads back as the same quantity or turns non-physical, and
+any item whose word-table edit cuts a word or shows in its casing.
 
     python scripts/perturb_figures.py --out /tmp/figures                       # bundled + 2,000 generated
     python scripts/perturb_figures.py --out /tmp/figures --audit_only DIR      # audit another run's output folder
@@ -97,7 +98,7 @@ def run(pack: str, rows: list[dict], out: Path) -> dict:
 
 def audit(pack: str, out: Path) -> Counter:
     """Per set, the items the independent reading finds mislabelled (see the module doc)."""
-    from judgetrain.perturb.build import no_real_error, represent_words
+    from judgetrain.perturb.build import no_real_error, represent_words, visible_table_edit
     from judgetrain.perturb.operators import Change
     from judgetrain.perturb.oracle import differ, read_quantities, token_differences
     from judgetrain.perturb.spec import load_spec
@@ -120,6 +121,8 @@ def audit(pack: str, out: Path) -> Counter:
                 source, text, all(spec.operators[c.kind].options.get("rewrite") != "list_order" for c in changes)))
         else:
             wrong = bool(no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"]))
+        wrong = wrong or bool(visible_table_edit(spec, source, [c for c in changes if c.kind in spec.operators and
+                                                                spec.operators[c.kind].kind == "table"]))
         bad[item["perturbation_set"]] += bool(wrong)
     return bad
 

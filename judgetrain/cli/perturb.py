@@ -13,7 +13,9 @@ command again after a kill); without ``--model`` a model operator's ``stand_in``
 model set without one is left out (said in the log and the summary). Writes ``<output_dir>/items.jsonl`` (the items),
 ``rejects.jsonl`` (items that failed their checks, with the reason) and ``summary.json`` (per set: items, edits per
 item, rejects by reason). Bad source rows stop the command before any model loads, naming file, row and field.
-Exit codes: 0 done, 2 refused (bad spec, bad source rows), 143 stopped by a signal.
+An endpoint's key variable, URL and model list are checked before any work, as `judgetrain judge` checks them.
+Exit codes: 0 done, 1 an endpoint's retries ran out mid-run, 2 refused (bad spec, bad source rows, an endpoint's
+key, URL or model), 143 stopped by a signal.
 """
 
 # Late imports: rich, judgetrain.data, judgetrain.judge, judgetrain.perturb, judgetrain.utils, judgetrain.cli,

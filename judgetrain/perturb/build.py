@@ -17,12 +17,19 @@ Writes into the output folder:
 Seeded: every item draws from its own generator, seeded by the spec's seed, the set and the sample, so the same
 seed, source and spec give byte-identical files, whichever sets are asked for.
 
-Checks (the reason written to rejects): a rule item whose operators found nothing to edit (``no_eligible_span``),
-an edit not where its operator said (``edit_misplaced``); a model rewrite that is empty (``empty``), cut at
-max_new_tokens (``cut_at_max_new_tokens``) or the same as its source (``unchanged``); and the operator's declared
-``checks``: ``numbers`` (every number and unit of the source survives; represent operators), ``entities`` (every
-listed word or table key present in the source survives, as itself or an equivalent of the spec's represent tables), ``length_ratio``
-(new length / source length within [low, high]), ``changed: false`` (an operator allowed to leave the text as is).
+Checks (the reason written to rejects): a rule item whose operators found nothing to edit (``no_eligible_span``;
+the quantities they left alone, a percentage or a ratio, counted per set as ``left_alone``) or drew no valid edit
+(``no_valid_edit``), an edit not where its operator said (``edit_misplaced``), a word table's edit that cuts a word
+or shows in its casing (``edit_visible``); a model rewrite the endpoint refused (``endpoint_refused``, with the
+server's status and message), empty (``empty``), cut at max_new_tokens (``cut_at_max_new_tokens``) or the same as
+its source (``unchanged``); every represent item read by `judgetrain.perturb.oracle`, its quantities back to base
+units: one of the source's missing (``numbers_lost``) or, made by rule, one added (``numbers_added``); a format
+rewrite that changed a token outside markup, code, math or an identifier (``content_changed``); a numeric error
+edit that reads back as the same quantity (``no_real_error``) or turns zero, of the other sign or below absolute
+zero (``not_physical``); and the operator's declared ``checks``: ``entities`` (every listed word or table key
+present in the source survives, as itself or an equivalent of the spec's represent tables), ``length_ratio`` (new
+length / source length within [low, high]), ``changed: false`` (an operator allowed to leave the text as is),
+``numbers: false`` (a represent operator whose quantities are not read).
 """
 
 from __future__ import annotations
