@@ -13,7 +13,9 @@ command again after a kill); without ``--model`` a model operator's ``stand_in``
 model set without one is left out (said in the log and the summary). Writes ``<output_dir>/items.jsonl`` (the items),
 ``rejects.jsonl`` (items that failed their checks, with the reason) and ``summary.json`` (per set: items, edits per
 item, rejects by reason). Bad source rows stop the command before any model loads, naming file, row and field.
-Exit codes: 0 done, 2 refused (bad spec, bad source rows), 143 stopped by a signal.
+An endpoint's key variable, URL and model list are checked before any work, as `judgetrain judge` checks them.
+Exit codes: 0 done, 1 an endpoint's retries ran out mid-run, 2 refused (bad spec, bad source rows, an endpoint's
+key, URL or model), 143 stopped by a signal.
 """
 
 # Late imports: rich, judgetrain.data, judgetrain.judge, judgetrain.perturb, judgetrain.utils, judgetrain.cli,
@@ -46,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source_revision", help="branch, tag or commit of a hub dataset")
     p.add_argument("--spec", required=True, help="perturbation spec: a YAML file, or a pack (materials, style)")
     p.add_argument("--sets", nargs="+", help="only these sets of the spec (default: all)")
-    p.add_argument("--seed", type=int, help="the draw of edits (default: the spec's seed)")
+    p.add_argument("--seed", type=int, help="the draw of rule edits, and of sampled rewrites with --do_sample "
+                                            "(default: the spec's seed); finished greedy rewrites are kept")
     p.add_argument("--output_dir", required=True, help="where items.jsonl, rejects.jsonl and summary.json go")
     p.add_argument("--on_bad_row", choices=("error", "skip"), default="error",
                    help="bad source rows: stop naming them (default), or skip them to the rejects file, counted")
@@ -87,7 +90,8 @@ def summary_table(summary: dict):
 
 def main(argv: list[str] | None = None) -> int:
     from judgetrain.data.validate import DataValidationError
-    from judgetrain.judge.judges import JudgeSpecError, parse_judge
+    from judgetrain.judge.endpoint import EndpointError
+    from judgetrain.judge.judges import JudgeSpecError, parse_judge, preflight_endpoints
     from judgetrain.perturb.build import perturb, plan
     from judgetrain.perturb.source import read_samples
     from judgetrain.perturb.spec import SpecError, load_spec, select_sets
@@ -102,20 +106,28 @@ def main(argv: list[str] | None = None) -> int:
     try:  # everything that can be refused is, before any model loads
         spec = select_sets(load_spec(args.spec, seed=args.seed), args.sets)
         rewriter = parse_judge(args.model) if args.model else None
+        if rewriter is not None:  # judge's endpoint rules: key variable, URL and GET /models, before any work
+            # greedy rewrites do not depend on the seed: --seed redraws rule edits, finished rewrites are kept
+            opts = replace(options(args), seed=spec.seed if args.do_sample else 0)
+            rewriter = preflight_endpoints([rewriter], opts)[0]
         samples, read = read_samples(args.source, spec, split=args.source_split, on_bad_row=args.on_bad_row,
                                      rejects_path=args.rejects_path or str(out / "source_rejects.jsonl"),
                                      revision=args.source_revision)
         models = any(p.method == "model" for p in plan(spec, samples, with_model=rewriter is not None)[0])
-        opts = state = None
+        state = None
         if not models and launch_rank() != 0:
             return 0  # rule operators only: the main process writes everything, the others have nothing to do
         if models:
-            opts = replace(options(args), seed=spec.seed)  # the model's sampling seed: the spec's
             state = process_state()
-        result = perturb(spec, samples, out, rewriter=rewriter if models else None, opts=opts, state=state)
+        result = perturb(spec, samples, out, rewriter=rewriter if models else None, opts=opts if models else None,
+                         state=state)
     except (DataValidationError, SpecError, JudgeSpecError, FileNotFoundError, ValueError) as err:
         print(f"judgetrain perturb: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except EndpointError as err:  # mid-run, as judge: the rewrites committed stay; a refused key or model is exit 2
+        print(f"judgetrain perturb: {err}; the rewrites committed stay, run the same command to continue",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT if err.status in (401, 403, 404) else 1
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if "summary" in result:

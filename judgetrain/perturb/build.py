@@ -17,12 +17,19 @@ Writes into the output folder:
 Seeded: every item draws from its own generator, seeded by the spec's seed, the set and the sample, so the same
 seed, source and spec give byte-identical files, whichever sets are asked for.
 
-Checks (the reason written to rejects): a rule item whose operators found nothing to edit (``no_eligible_span``),
-an edit not where its operator said (``edit_misplaced``); a model rewrite that is empty (``empty``), cut at
-max_new_tokens (``cut_at_max_new_tokens``) or the same as its source (``unchanged``); and the operator's declared
-``checks``: ``numbers`` (every number and unit of the source survives; represent operators), ``entities`` (every
-listed word or table key present in the source survives, as itself or an equivalent of the spec's represent tables), ``length_ratio``
-(new length / source length within [low, high]), ``changed: false`` (an operator allowed to leave the text as is).
+Checks (the reason written to rejects): a rule item whose operators found nothing to edit (``no_eligible_span``;
+the quantities they left alone, a percentage or a ratio, counted per set as ``left_alone``) or drew no valid edit
+(``no_valid_edit``), an edit not where its operator said (``edit_misplaced``), a word table's edit that cuts a word
+or shows in its casing (``edit_visible``); a model rewrite the endpoint refused (``endpoint_refused``, with the
+server's status and message), empty (``empty``), cut at max_new_tokens (``cut_at_max_new_tokens``) or the same as
+its source (``unchanged``); every represent item read by `judgetrain.perturb.oracle`, its quantities back to base
+units: one of the source's missing (``numbers_lost``) or, made by rule, one added (``numbers_added``); a format
+rewrite that changed a token outside markup, code, math or an identifier (``content_changed``); a numeric error
+edit that reads back as the same quantity (``no_real_error``) or turns zero, of the other sign or below absolute
+zero (``not_physical``); and the operator's declared ``checks``: ``entities`` (every listed word or table key
+present in the source survives, as itself or an equivalent of the spec's represent tables), ``length_ratio`` (new
+length / source length within [low, high]), ``changed: false`` (an operator allowed to leave the text as is),
+``numbers: false`` (a represent operator whose quantities are not read).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import logging
 import random
 import re
 import statistics
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +48,7 @@ from typing import Any
 from judgetrain.judge.judges import JudgeSpec
 from judgetrain.judge.options import Options
 from judgetrain.perturb.operators import Change, Rules, Span, apply, misplaced, pick
+from judgetrain.perturb.oracle import differ, read_quantities, token_differences
 from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
 from judgetrain.perturb.source import Sample
 from judgetrain.perturb.spec import ORIGINAL_SET, PerturbSet, Spec, table_entities
@@ -50,7 +59,6 @@ logger = logging.getLogger(__name__)
 ITEMS = "items.jsonl"
 REJECTS = "rejects.jsonl"
 SUMMARY = "summary.json"
-_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?![\d])")
 
 
 @dataclass(frozen=True)
@@ -110,10 +118,12 @@ def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter: Jud
     made = make_all(spec, planned, rewrites)
     items, rejects = [], []
     per_set: dict[str, dict[str, Any]] = {}
-    for p, (text, changes, why) in zip(planned, made):
+    for p, (text, changes, why, left_alone) in zip(planned, made):
         stats = per_set.setdefault(p.set_name, {"category": p.pset.category if p.pset else "represent",
                                                 "rate": p.rate, "operators": list(p.operators), "method": p.method,
-                                                "items": 0, "rejected": 0, "rejects": Counter(), "edits": []})
+                                                "items": 0, "rejected": 0, "rejects": Counter(), "edits": [],
+                                                "left_alone": Counter()})
+        stats["left_alone"].update(left_alone)
         if why is None:
             why = check(spec, p, text, changes, rewrites.get((p.sample.sample_id, p.set_name)))
         if why is not None:
@@ -139,18 +149,27 @@ def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter: Jud
             "n_items": len(items), "n_rejected": len(rejects), "skipped": skipped}
 
 
-def make_all(spec: Spec, planned: list[Planned], rewrites: dict) -> list[tuple[str, list[Change], tuple | None]]:
+def make_all(spec: Spec, planned: list[Planned], rewrites: dict, every: float = 10.0) -> list[tuple]:
     """`make` for every planned item, in its order; a sample's spans are found once per operator, however many
-    sets and rates use that operator (the items of one sample are made together)."""
+    sets and rates use that operator (the items of one sample are made together). Logs items made, items/s and
+    the time left at most every ``every`` seconds."""
     rules = Rules(spec)
     by_sample: dict[int, list[int]] = {}
     for k, p in enumerate(planned):
         by_sample.setdefault(id(p.sample), []).append(k)
     made: list = [None] * len(planned)
+    t0 = last = time.monotonic()
+    done = 0
     for ks in by_sample.values():
         spans = SampleSpans(rules, planned[ks[0]].sample.text)
         for k in ks:
             made[k] = make(spec, planned[k], rewrites, spans)
+        done += len(ks)
+        now = time.monotonic()
+        if now - last >= every and done < len(planned):
+            last, rate = now, done / max(now - t0, 1e-9)
+            logger.info("perturb: %d/%d items made (%.1f%%), %.1f items/s, ETA %.1f min", done, len(planned),
+                        100 * done / len(planned), rate, (len(planned) - done) / rate / 60)
     return made
 
 
@@ -166,21 +185,30 @@ class SampleSpans:
         return self.found[name]
 
 
-def make(spec: Spec, p: Planned, rewrites: dict, spans_of: SampleSpans) -> tuple[str, list[Change], tuple | None]:
-    """(new text, changes, None), or the reason nothing usable could be made. ``spans_of(operator)``: the spans an
+def make(spec: Spec, p: Planned, rewrites: dict, spans_of: SampleSpans) -> tuple[str, list[Change], tuple | None,
+                                                                               Counter]:
+    """(new text, changes, None or the reason nothing usable could be made, the quantities the operators left
+    alone by why: a percentage, a ratio, a value below absolute zero). ``spans_of(operator)``: the spans an
     operator could edit in the sample's text."""
     source = p.sample.text
     if p.pset is None:
-        return source, [], None
+        return source, [], None, Counter()
     if p.method == "model":
         got = rewrites[(p.sample.sample_id, p.set_name)]
-        return got["text"], diff_changes(p.operators[0], source, got["text"]), None
+        return got["text"], diff_changes(p.operators[0], source, got["text"]), None, Counter()
     rng = random.Random(f"{spec.seed}|{p.set_name}|{p.sample.sample_id!r}")
     spans = [s for name in p.operators for s in spans_of(name)]
-    if not spans:
-        return source, [], ("no_eligible_span", f"{', '.join(p.operators)} found nothing to edit in the text")
-    text, changes = apply(source, pick(spans, p.rate, rng), rng)
-    return text, changes, None
+    left_alone = Counter(s.skip for s in spans if s.skip)
+    picked = pick(spans, p.rate, rng)
+    if not picked:
+        alone = f" (left alone: {', '.join(f'{n} {k}' for k, n in sorted(left_alone.items()))})" if left_alone else ""
+        return source, [], ("no_eligible_span", f"{', '.join(p.operators)} found nothing to edit in the text{alone}"), \
+            left_alone
+    text, changes = apply(source, picked, rng)
+    if not changes:
+        return source, [], ("no_valid_edit", "no drawn edit differs from the source after rounding and keeps its "
+                                              "physical sense"), left_alone
+    return text, changes, None, left_alone
 
 
 def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dict | None) -> tuple[str, str] | None:
@@ -192,6 +220,8 @@ def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dic
     for name in p.operators:
         declared.update(spec.operators[name].checks)
     if p.method == "model":
+        if rewrite.get("error"):
+            return "endpoint_refused", rewrite["error"]
         if not text.strip():
             return "empty", "the model wrote nothing"
         if not rewrite["stopped"]:
@@ -202,10 +232,28 @@ def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dic
             return "edit_misplaced", where
     if declared.get("changed", True) and (not changes or p.method == "model" and text.split() == source.split()):
         return "unchanged", "the text is its source" + (" (whitespace aside)" if text != source else "")
-    if declared.get("numbers"):
-        lost = quantities(source, spec) - quantities(text, spec)
+    kinds = {spec.operators[name].kind for name in p.operators}
+    category = p.pset.category
+    if category == "represent" and declared.get("numbers", True):
+        lost, new = differ(*(read_quantities(t, spec.units, represent_words(spec)) for t in (source, text)))
         if lost:
-            return "numbers_lost", "missing: " + ", ".join(sorted(lost))
+            return "numbers_lost", "missing: " + ", ".join(map(str, lost)) + (
+                f"; the copy has instead: {', '.join(map(str, new))}" if new else "")
+        if new and p.method != "model":
+            return "numbers_added", "the copy has: " + ", ".join(map(str, new))
+    if category == "represent" and "format" in kinds:
+        ordered = all(spec.operators[name].options.get("rewrite") != "list_order" for name in p.operators)
+        why = token_differences(source, text, ordered)
+        if why:
+            return "content_changed", why
+    if "table" in kinds and p.method != "model":
+        why = visible_table_edit(spec, source, [c for c in changes if spec.operators[c.kind].kind == "table"])
+        if why:
+            return "edit_visible", why
+    if category == "error" and "numeric" in kinds:
+        why = no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"])
+        if why:
+            return why
     if declared.get("entities"):
         for entity, spellings in table_entities(spec, declared["entities"]).items():
             if _has(source, {entity}) and not _has(text, spellings):
@@ -219,15 +267,47 @@ def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dic
     return None
 
 
-def quantities(text: str, spec: Spec) -> Counter:
-    """Every number (thousands separators and trailing zeros aside) and every unit of the spec, counted."""
-    out = Counter(f"{float(n.replace(',', '')):g}" for n in _NUMBER.findall(text))
-    for dim in spec.units.values():
-        for unit in dim:
-            found = len(re.findall(rf"(?<![A-Za-z]){re.escape(unit)}(?![A-Za-z])", text))
-            if found:
-                out[unit] += found
-    return out
+def represent_words(spec: Spec) -> tuple[str, ...]:
+    """The words the spec's represent tables rewrite (b.i.d. and twice daily, acetone and C3H6O): the quantity
+    checks read around them, so an abbreviation's letters are never a unit and its expansion loses nothing."""
+    return tuple({w for op in spec.operators.values() if op.kind == "table" and op.category == "represent"
+                  and op.options["match"] == "word" for k, v in op.options["pairs"].items() for w in (k, v)})
+
+
+def visible_table_edit(spec: Spec, source: str, changes: list[Change]) -> str | None:
+    """Why a word table's edit shows in the text (None when it does not): it cuts a word, or its casing differs
+    from the word it replaced (a lowercase word turned capitalised, an all-capitals word not in capitals), a key or
+    a value with capitals of its own (a formula, a name) aside."""
+    for c in changes:
+        op = spec.operators[c.kind]
+        if op.options["match"] != "word":
+            continue
+        end = c.position + len(c.before)
+        if source[c.position - 1: c.position].isalnum() or source[end: end + 1].isalnum():
+            return f"{c.before!r} -> {c.after!r} cuts a word"
+        if c.before in op.options["pairs"] and c.before != c.before.lower():
+            continue  # a key with capitals of its own (HNO3, Teflon): its casing is the table's, not the text's
+        if c.after in {v for v in op.options["pairs"].values() if v != v.lower()}:
+            continue
+        if c.before.islower() and not c.after.islower():
+            return f"{c.before!r} -> {c.after!r}: a lowercase word written capitalised"
+        if len(c.before) > 1 and c.before.isupper() and not c.after.isupper():
+            return f"{c.before!r} -> {c.after!r}: a word in capitals written otherwise"
+    return None
+
+
+def no_real_error(spec: Spec, changes: list[Change]) -> tuple[str, str] | None:
+    """(reason, detail) where a numeric error edit is no real error: the quantity read back the same
+    (``no_real_error``), or it turned zero, changed its sign or went below absolute zero (``not_physical``)."""
+    for c in changes:
+        before, after = (read_quantities(t, spec.units) for t in (c.before, c.after))
+        if not differ(before, after)[0]:
+            return "no_real_error", f"{c.before!r} -> {c.after!r} reads back as the same quantity"
+        for a, b in zip(before, after):
+            offset = a.dim in spec.units and any(off for _, off in spec.units[a.dim].values())
+            if b.value <= 0 if offset else (b.value == 0 or (a.value < 0) != (b.value < 0)):
+                return "not_physical", f"{c.before!r} -> {c.after!r}"
+    return None
 
 
 def _has(text: str, words: set[str]) -> bool:
@@ -246,6 +326,7 @@ def item(p: Planned, text: str, changes: list[Change], rewriter: JudgeSpec | Non
 def _set_summary(stats: dict) -> dict:
     edits = stats.pop("edits")
     stats["rejects"] = dict(sorted(stats["rejects"].items(), key=lambda kv: (-kv[1], kv[0])))
+    stats["left_alone"] = dict(sorted(stats["left_alone"].items()))
     stats["edits_per_item"] = ({"mean": round(statistics.fmean(edits), 4), "min": min(edits), "max": max(edits)}
                                if edits else None)
     return stats

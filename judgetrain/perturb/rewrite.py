@@ -64,7 +64,8 @@ def run_rewrites(requests: list[Request], spec: Spec, rewriter: JudgeSpec, opts:
         for line in f:
             row = json.loads(line)
             texts[(row["sample_id"], row["perturbation_set"])] = {
-                "text": clean(row["evaluation"]), "stopped": row["stopped"], "n_tokens": row["n_tokens"]}
+                "text": clean(row["evaluation"]), "stopped": row["stopped"], "n_tokens": row["n_tokens"],
+                "error": row.get("error")}
     return texts
 
 

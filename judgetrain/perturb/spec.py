@@ -178,6 +178,31 @@ def _table(op: dict, tables: dict[str, dict[str, str]], base: Path, where: str) 
     return pairs
 
 
+_TEMPLATE_ESCAPE = re.compile(r"\\(g<([^>]*)>|\d{1,2}|\\|.?)", re.S)
+
+
+def check_replacement(pattern: str, value: str, where: str, flags: int = 0) -> None:
+    """A pattern table's pair checked before any text is read: the pattern compiles, and its value refers only to
+    the pattern's own groups (``\\g<1>``, ``\\g<name>``, ``\\1``) and holds no other escape (``\\a`` would become
+    a control character; write ``\\\\`` for a backslash). SpecError naming the pair otherwise."""
+    try:
+        compiled = re.compile(pattern, flags)
+    except re.error as e:
+        raise SpecError(f"{where}: pattern {pattern!r} does not compile: {e}") from None
+    for m in _TEMPLATE_ESCAPE.finditer(value):
+        ref = m.group(2) if m.group(2) is not None else m.group(1) if m.group(1)[:1].isdigit() else None
+        if ref is not None:
+            low = 0 if m.group(2) is not None else 1  # \\0 is an octal escape, \\g<0> the whole match
+            known = ref in compiled.groupindex or (ref.isdigit() and low <= int(ref) <= compiled.groups)
+            if not known:
+                raise SpecError(f"{where}: the value {value!r} of pattern {pattern!r} refers to group {ref!r}, and "
+                                f"the pattern has {compiled.groups} group(s)"
+                                + (f" ({', '.join(compiled.groupindex)})" if compiled.groupindex else ""))
+        elif m.group(1) != "\\":
+            raise SpecError(f"{where}: the value {value!r} of pattern {pattern!r} holds the escape \\{m.group(1)}; "
+                            f"a value takes group references (\\g<1>) and \\\\ for a backslash, nothing else")
+
+
 def _checks(value: Any, where: str) -> dict[str, Any]:
     checks = dict(_mapping(value or {}, f"{where} checks"))
     _unknown(checks, CHECK_KEYS, f"{where} checks")
@@ -204,11 +229,8 @@ def _operator(name: str, op: Any, tables: dict, units: dict, base: Path) -> Oper
         if options["match"] not in ("word", "pattern") or options["case"] not in ("exact", "preserve"):
             raise SpecError(f"{where}: match is word | pattern and case is exact | preserve")
         if options["match"] == "pattern":
-            for pattern in options["pairs"]:
-                try:
-                    re.compile(pattern)
-                except re.error as e:
-                    raise SpecError(f"{where}: pattern {pattern!r} does not compile: {e}") from None
+            for pattern, value in options["pairs"].items():
+                check_replacement(pattern, value, where, re.IGNORECASE if options["case"] == "preserve" else 0)
     elif kind == "numeric":
         mode = op.get("mode")
         if mode not in NUMERIC_MODES:
@@ -219,6 +241,11 @@ def _operator(name: str, op: Any, tables: dict, units: dict, base: Path) -> Oper
             options["factor"] = _range(op.get("factor", [0.5, 2.0]), f"{where}.factor")
         if mode == "shift":
             options["shift"] = _range(op.get("shift", [-10, 10]), f"{where}.shift")
+        if "decimals" in op and (isinstance(op["decimals"], bool) or not isinstance(op["decimals"], int)
+                                 or not 0 <= op["decimals"] <= 12):
+            raise SpecError(f"{where}.decimals: expected an integer from 0 to 12, got {op['decimals']!r}")
+        if not isinstance(op.get("require_unit", False), bool):
+            raise SpecError(f"{where}.require_unit: expected true or false, got {op['require_unit']!r}")
         if mode in ("unit_swap", "convert") and (mode == "convert") != (op["category"] == "represent"):
             raise SpecError(f"{where}: a correct unit conversion is represent, a swap without converting is error")
     elif kind == "format":
@@ -237,6 +264,11 @@ def _units(value: Any) -> dict[str, dict[str, tuple[float, float]]]:
     for dim, units in _mapping(value or {}, "units").items():
         out[str(dim)] = {}
         for unit, conv in _mapping(units, f"units.{dim}").items():
+            if not re.fullmatch(r"[^\s\d.,:;()\[\]{}-][^\s]*", str(unit)):
+                raise SpecError(f"units.{dim}.{unit}: a unit is a token without spaces that does not start with a "
+                                f"digit or punctuation")
+            if any(str(unit) in seen for seen in out.values()):
+                raise SpecError(f"units.{dim}.{unit}: already a unit of another dimension")
             if isinstance(conv, (int, float)) and not isinstance(conv, bool):
                 conv = [conv, 0]
             if not (isinstance(conv, list) and len(conv) == 2 and all(isinstance(c, (int, float)) for c in conv)
