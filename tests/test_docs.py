@@ -247,7 +247,7 @@ def plan_judgetrain(args: list[str]) -> Plan:
     if words == "compare":
         return Plan("help", ("compare",), "two saved evaluations (tests/test_compare.py writes two with the real "
                     "runner and compares them)")
-    if words in ("data check", "pairs build", "tiny build"):
+    if words in ("data check", "pairs build", "pairs known", "tiny build"):
         return Plan("run", (*words.split(), *rest), "bundled data / the tiny judge: seconds")
     if words == "cache":
         env = {"JUDGETRAIN_CACHE": "<empty>"} if rest[:1] == ["clear"] else {}

@@ -368,7 +368,7 @@ class JudgeTrainArguments(EvalArguments):
     train_datasets: list[dict] = field(
         default_factory=list,
         metadata={
-            "help": "Training mixture: a list of components, each {dataset: judgebias|ideation, source: hub id | path "
+            "help": "Training mixture: a list of components, each {dataset: judgebias|ideation|preference, source: hub id | path "
             "| 'bundled', split, weight or rows, and adapter options such as categories, min_score_delta, mode}."
         },
     )
@@ -436,6 +436,7 @@ COMPONENT_KEYS = {
                   "on_bad_row", "rejects_path", "revision"),
     "ideation": (*MIXTURE_KEYS, "source", "split", "mode", "group_disjoint", "validation_fraction", "seed",
                  "max_rows", "on_bad_row", "rejects_path", "revision"),
+    "preference": (*MIXTURE_KEYS, "source", "split", "max_rows", "seed", "on_bad_row", "rejects_path", "revision"),
 }
 
 
@@ -444,7 +445,7 @@ def _check_component(i: int, comp: Any) -> None:
     here, with a hint, before anything is written to output_dir, not as a TypeError inside the loader."""
     if not isinstance(comp, dict) or comp.get("dataset") not in COMPONENT_KEYS:
         raise RecipeError(
-            f"train_datasets[{i}]: each component needs `dataset: judgebias` or `dataset: ideation`, got {comp!r}"
+            f"train_datasets[{i}]: each component needs `dataset:` one of {', '.join(COMPONENT_KEYS)}, got {comp!r}"
         )
     valid = COMPONENT_KEYS[comp["dataset"]]
     for key in comp:
