@@ -386,6 +386,13 @@ class JudgeTrainArguments(EvalArguments):
     )
     audit_rows: int | None = field(default=None, metadata={"help": "Audit only the first N rows per dataset (dry run)."})
     resume: str | None = field(default=None, metadata={"help": "auto: newest complete checkpoint in output_dir; or a checkpoint path."})
+    init_adapter: str | None = field(
+        default=None,
+        metadata={"help": "Start training from this LoRA adapter (a folder with adapter_config.json and "
+                  "adapter_model.safetensors, such as an earlier run's output_dir): its weights are the policy's first "
+                  "values and its LoRA settings replace lora_r / lora_alpha / lora_target_modules; the reference stays "
+                  "the base model (the adapter disabled). Needs use_peft. The next round of a loop starts here."},
+    )
     resume_force: bool = field(
         default=False,
         metadata={"help": "Resume even if the checkpoint's run identity (recipe, data, process count, versions) differs; "
@@ -703,6 +710,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
     except (TypeError, ValueError, OverflowError) as e:  # a dataclass refused a value (a RecipeError included)
         raise RecipeError(f"recipe {recipe_path}: {e}") from e
     check_eval_schedule(script_args, training_args, recipe_path)
+    check_init_adapter(script_args.init_adapter, model_args, recipe_path)
     resolved = dict(data)
     for name in given:
         value = next(getattr(obj, name) for obj in (script_args, training_args, model_args) if hasattr(obj, name))
@@ -710,6 +718,20 @@ def parse_recipe(argv: list[str]) -> Recipe:
     if script_args.accelerate_config:  # a packaged config's name (cpu) when no such path exists; resolved keeps it
         script_args.accelerate_config = resolve_packaged(script_args.accelerate_config, "accelerate_configs")
     return Recipe(script_args, training_args, model_args, resolved, recipe_path)
+
+
+def check_init_adapter(path: str | None, model_args, recipe_path=None) -> None:
+    """init_adapter names a LoRA adapter folder with safetensors weights, and the recipe trains LoRA (use_peft)."""
+    if path is None:
+        return
+    where = f"recipe {recipe_path}: " if recipe_path else ""
+    if not model_args.use_peft:
+        raise RecipeError(f"{where}init_adapter: {path} starts from a LoRA adapter; set use_peft: true")
+    folder = Path(path)
+    missing = [name for name in ("adapter_config.json", "adapter_model.safetensors") if not (folder / name).is_file()]
+    if missing:
+        raise RecipeError(f"{where}init_adapter: {path} holds no {' and no '.join(missing)} (a LoRA adapter folder, "
+                          "such as a finished run's output_dir, with safetensors weights)")
 
 
 def default_eval_strategy(options: dict[str, Any]) -> str:
