@@ -263,6 +263,9 @@ def plan_judgetrain(args: list[str]) -> Plan:
             return Plan("run", ("perturb", *rest), "rule operators over the bundled recipes: seconds")
         return Plan("help", ("perturb",), "a model's rewrites or the user's own samples (tests/test_perturb.py runs "
                     "both kinds on the bundled recipes)")
+    if words == "loop":
+        return Plan("help", ("loop",), "rounds of judge, DPO and eval: minutes of CPU even on the tiny judge "
+                    "(tests/test_loop.py runs two rounds, and kills it during each stage)")
     if words == "bench":
         return Plan("help", ("bench",), "minutes of CPU even at its smallest (tests/test_bench.py runs --quick)")
     raise Unclassified(f"judgetrain {words}: the test does not know how to run it; add it to plan_judgetrain")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
@@ -39,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as err:
         logger.error("%s; rerun the same command to continue from this stage", err)
         return err.code
-    from pathlib import Path
-
     print((Path(config.output_dir) / "rounds.md").read_text(encoding="utf-8"), file=sys.stdout)
     logger.info("round table: %s (and rounds.csv, rounds.md)", result["table"])
     return 0

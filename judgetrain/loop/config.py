@@ -153,7 +153,7 @@ def _checked(data: dict, kind, where: str, prefix: str) -> dict:
     valid = [f.name for f in fields(kind)]
     for key in data:
         if key not in valid:
-            raise LoopConfigError(f"{where}: unknown key {prefix}{key!r}{did_you_mean(str(key), valid)}; "
+            raise LoopConfigError(f"{where}: unknown key {prefix + str(key)!r}{did_you_mean(str(key), valid)}; "
                                   f"valid: {', '.join(valid)}")
     missing = [name for name in ("output_dir", "model", "recipe") if kind is LoopConfig and name not in data]
     if missing:
