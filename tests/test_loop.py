@@ -79,7 +79,8 @@ def recomputed_accuracy(rows: list[dict]) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
-    config = loop_config(tmp_path)
+    config = loop_config(tmp_path, heldout={"fraction": 0.25, "types": ["spacing"]},
+                         eval={"suites": ["pairwise"], "scoring": ["judge", "verdict"]})
     proc = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path / "loop"
@@ -89,8 +90,9 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
     assert len(heldout) == 3 and {r["id"].split("|")[0] for r in heldout} == set(split["heldout_samples"])
     for k in (1, 2):
         rd = out / f"round-{k}"
-        train_ids = {r["sample_id"] for r in read_jsonl(rd / "split" / "train.jsonl")}
-        assert train_ids.isdisjoint(int(s) for s in split["heldout_samples"])
+        train_items = read_jsonl(rd / "split" / "train.jsonl")
+        assert {r["sample_id"] for r in train_items}.isdisjoint(int(s) for s in split["heldout_samples"])
+        assert {r["perturbation_type"] for r in train_items} == {"original", "drug_swap"}  # spacing held out whole
         recipe = yaml.safe_load((rd / "recipe.yaml").read_text())
         assert recipe["train_datasets"] == [{"dataset": "preference", "source": str(rd / "pairs"), "split": "train"}]
         assert recipe.get("init_adapter") == (str(out / "round-1" / "train") if k == 2 else None)
@@ -107,6 +109,10 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
         accuracy, inconsistent = recomputed_accuracy(per_row)
         assert keys[f"round/{k}/eval/pairwise/verdict/accuracy"] == pytest.approx(accuracy)
         assert keys[f"round/{k}/eval/pairwise/verdict/inconsistent_rate"] == pytest.approx(inconsistent)
+        judge_rows = read_jsonl(eval_dir / name / "pairwise.jsonl")  # judge mode: one verdict from the two scores
+        judge_accuracy = sum(r["verdicts"][0] == r["label"] for r in judge_rows) / len(judge_rows)
+        assert keys[f"round/{k}/eval/pairwise/accuracy"] == pytest.approx(judge_accuracy)
+        assert all((r["scores"][0] > r["scores"][1]) == (r["verdicts"][0] == "A>B") for r in judge_rows)
         row = next(r for r in rows if r["round"] == k and r["figure"] == "pairwise/verdict/accuracy")
         assert row["value"] == pytest.approx(accuracy) and row["n"] == len(heldout)
         if k:
@@ -114,6 +120,9 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
             assert keys[f"round/{k}/eval/pairwise/verdict/delta/accuracy"] == pytest.approx(accuracy - base[0])
             assert row["delta"] == pytest.approx(accuracy - base[0])
             assert f"round/{k}/eval/pairwise/verdict/delta/accuracy/p_value" in keys
+            base_rows = read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.jsonl")
+            base_judge = sum(r["verdicts"][0] == r["label"] for r in base_rows) / len(base_rows)
+            assert keys[f"round/{k}/eval/pairwise/delta/accuracy"] == pytest.approx(judge_accuracy - base_judge)
     csv_lines = (out / "rounds.csv").read_text().splitlines()
     assert csv_lines[0].startswith("round,figure,value,ci_low,ci_high,delta") and len(csv_lines) == len(rows) + 1
     state = json.loads((out / "loop_state.json").read_text())
