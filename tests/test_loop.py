@@ -68,6 +68,21 @@ def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, e
     assert not (tmp_path / "loop").exists()
 
 
+def test_a_rerun_continues_only_the_loop_its_config_started_and_may_add_rounds(tmp_path):
+    from judgetrain.loop.config import LoopConfigError, load_config
+    from judgetrain.loop.run import open_state
+
+    config = load_config(loop_config(tmp_path))
+    state = open_state(config, tmp_path / "loop")
+    state["done"]["1/items"] = {"wall_s": 1.0, "cpu_s": 0.5}
+    (tmp_path / "loop" / "loop_state.json").write_text(json.dumps(state))
+    more = load_config(loop_config(tmp_path, rounds=5))
+    assert open_state(more, tmp_path / "loop")["done"] == {"1/items": {"wall_s": 1.0, "cpu_s": 0.5}}
+    other = load_config(loop_config(tmp_path, model="smollm2-135m-instruct"))
+    with pytest.raises(LoopConfigError, match="holds a loop started with another config"):
+        open_state(other, tmp_path / "loop")
+
+
 def recomputed_accuracy(rows: list[dict]) -> tuple[float, float]:
     """Verdict mode's accuracy (right in both orders) and inconsistent rate, from a suite's per-row file: the BA
     verdict names the row's B as A."""
@@ -75,6 +90,37 @@ def recomputed_accuracy(rows: list[dict]) -> tuple[float, float]:
     right = [r["verdicts"][0] == r["label"] and swap.get(r["verdicts"][1]) == r["label"] for r in rows]
     flips = [swap.get(r["verdicts"][1]) != r["verdicts"][0] for r in rows]
     return sum(right) / len(rows), sum(flips) / len(rows)
+
+
+def assert_table_matches_per_row_files(out: Path, rounds: int, n_heldout: int) -> list[dict]:
+    """rounds.json against each round's per-row files (judge and verdict mode of the held-out pairs): every
+    figure, its round and its difference against the base recomputed. Returns the table's rows."""
+    table = json.loads((out / "rounds.json").read_text())
+    keys, rows = table["keys"], table["rows"]
+    assert {r["round"] for r in rows} == set(range(rounds + 1))
+    for k in range(rounds + 1):
+        eval_dir = out / f"round-{max(k, 1)}" / "eval"
+        name = "baseline" if k == 0 else next(p.name for p in eval_dir.iterdir() if p.is_dir() and p.name != "baseline")
+        per_row = read_jsonl(eval_dir / name / "pairwise.verdict.jsonl")
+        assert len(per_row) == n_heldout
+        accuracy, inconsistent = recomputed_accuracy(per_row)
+        assert keys[f"round/{k}/eval/pairwise/verdict/accuracy"] == pytest.approx(accuracy)
+        assert keys[f"round/{k}/eval/pairwise/verdict/inconsistent_rate"] == pytest.approx(inconsistent)
+        judge_rows = read_jsonl(eval_dir / name / "pairwise.jsonl")  # judge mode: one verdict from the two scores
+        judge_accuracy = sum(r["verdicts"][0] == r["label"] for r in judge_rows) / len(judge_rows)
+        assert keys[f"round/{k}/eval/pairwise/accuracy"] == pytest.approx(judge_accuracy)
+        assert all((r["scores"][0] > r["scores"][1]) == (r["verdicts"][0] == "A>B") for r in judge_rows)
+        row = next(r for r in rows if r["round"] == k and r["figure"] == "pairwise/verdict/accuracy")
+        assert row["value"] == pytest.approx(accuracy) and row["n"] == n_heldout
+        if k:
+            base = recomputed_accuracy(read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.verdict.jsonl"))
+            assert keys[f"round/{k}/eval/pairwise/verdict/delta/accuracy"] == pytest.approx(accuracy - base[0])
+            assert row["delta"] == pytest.approx(accuracy - base[0])
+            assert f"round/{k}/eval/pairwise/verdict/delta/accuracy/p_value" in keys
+            base_rows = read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.jsonl")
+            base_judge = sum(r["verdicts"][0] == r["label"] for r in base_rows) / len(base_rows)
+            assert keys[f"round/{k}/eval/pairwise/delta/accuracy"] == pytest.approx(judge_accuracy - base_judge)
+    return rows
 
 
 @pytest.mark.slow
@@ -98,31 +144,7 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
         assert recipe.get("init_adapter") == (str(out / "round-1" / "train") if k == 2 else None)
         assert (rd / "train" / "adapter_model.safetensors").is_file()
         assert len([m for m in read_jsonl(rd / "train" / "metrics.jsonl") if "train/loss" in m]) == 2
-    table = json.loads((out / "rounds.json").read_text())
-    keys, rows = table["keys"], table["rows"]
-    assert {r["round"] for r in rows} == {0, 1, 2}
-    for k in (0, 1, 2):
-        eval_dir = out / f"round-{max(k, 1)}" / "eval"
-        name = "baseline" if k == 0 else next(p.name for p in eval_dir.iterdir() if p.is_dir() and p.name != "baseline")
-        per_row = read_jsonl(eval_dir / name / "pairwise.verdict.jsonl")
-        assert len(per_row) == len(heldout)
-        accuracy, inconsistent = recomputed_accuracy(per_row)
-        assert keys[f"round/{k}/eval/pairwise/verdict/accuracy"] == pytest.approx(accuracy)
-        assert keys[f"round/{k}/eval/pairwise/verdict/inconsistent_rate"] == pytest.approx(inconsistent)
-        judge_rows = read_jsonl(eval_dir / name / "pairwise.jsonl")  # judge mode: one verdict from the two scores
-        judge_accuracy = sum(r["verdicts"][0] == r["label"] for r in judge_rows) / len(judge_rows)
-        assert keys[f"round/{k}/eval/pairwise/accuracy"] == pytest.approx(judge_accuracy)
-        assert all((r["scores"][0] > r["scores"][1]) == (r["verdicts"][0] == "A>B") for r in judge_rows)
-        row = next(r for r in rows if r["round"] == k and r["figure"] == "pairwise/verdict/accuracy")
-        assert row["value"] == pytest.approx(accuracy) and row["n"] == len(heldout)
-        if k:
-            base = recomputed_accuracy(read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.verdict.jsonl"))
-            assert keys[f"round/{k}/eval/pairwise/verdict/delta/accuracy"] == pytest.approx(accuracy - base[0])
-            assert row["delta"] == pytest.approx(accuracy - base[0])
-            assert f"round/{k}/eval/pairwise/verdict/delta/accuracy/p_value" in keys
-            base_rows = read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.jsonl")
-            base_judge = sum(r["verdicts"][0] == r["label"] for r in base_rows) / len(base_rows)
-            assert keys[f"round/{k}/eval/pairwise/delta/accuracy"] == pytest.approx(judge_accuracy - base_judge)
+    rows = assert_table_matches_per_row_files(out, rounds=2, n_heldout=len(heldout))
     csv_lines = (out / "rounds.csv").read_text().splitlines()
     assert csv_lines[0].startswith("round,figure,value,ci_low,ci_high,delta") and len(csv_lines) == len(rows) + 1
     state = json.loads((out / "loop_state.json").read_text())

@@ -108,8 +108,10 @@ class LoopConfig:
     eval: Eval = field(default_factory=Eval)
 
     def digest(self) -> str:
-        """SHA-256 of the config's values: a rerun continues only the loop this config started."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        """SHA-256 of the config's values but ``rounds``: a rerun continues only the loop this config started, and
+        a larger ``rounds`` adds rounds to a finished loop."""
+        values = {k: v for k, v in asdict(self).items() if k != "rounds"}
+        return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
 
     @property
     def needs_judge(self) -> bool:

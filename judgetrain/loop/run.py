@@ -69,18 +69,23 @@ def run_loop(config: LoopConfig) -> dict[str, Any]:
     """Every round's stages in order, those done skipped (see the module doc). Returns ``{"status", "rounds",
     "table"}``; raises `StageFailed` when a command fails, `LoopConfigError` when the output_dir holds another loop."""
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state = read_json(out / STATE) or {"config": config.digest(), "done": {}}
-    if state["config"] != config.digest():
-        raise LoopConfigError(f"{out} holds a loop started with another config ({STATE}); continue it with that "
-                              "config, or give this one another output_dir")
-    write_json(out / STATE, state)
-    loop = Loop(config, out, state)
+    loop = Loop(config, out, open_state(config, out))
     for k in range(1, config.rounds + 1):
         for stage in loop.stages():
             loop.stage(k, stage)
         table = write_round_table(out, config.rounds)
     return {"status": "finished", "rounds": config.rounds, "table": str(table)}
+
+
+def open_state(config: LoopConfig, out: Path) -> dict:
+    """The loop's state in ``out`` (new, or the one this config started: `LoopConfigError` for another's)."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = read_json(out / STATE) or {"config": config.digest(), "done": {}}
+    if state["config"] != config.digest():
+        raise LoopConfigError(f"{out} holds a loop started with another config ({STATE}); continue it with that "
+                              "config (rounds may grow), or give this one another output_dir")
+    write_json(out / STATE, state)
+    return state
 
 
 class Loop:
