@@ -20,6 +20,7 @@ and the layers listed before it, lazy imports inside functions included (tests/t
                  checks, the items `judgetrain judge` reads
     metrics.py   the metric functions' public home
     train.py     the per-process recipe that `accelerate launch -m judgetrain.train` runs
+    loop         `judgetrain loop`: rounds of the debiasing loop, each stage a command, resumable; the round table
     bench        `judgetrain bench`
     cli          every `judgetrain` command; nothing imports it
 

@@ -33,7 +33,8 @@ from judgetrain.eval.callback import JudgeEvalCallback
 from judgetrain.eval.rows import recipe_eval_suites
 from judgetrain.eval.suites import SuiteSpec
 from judgetrain.models.aliases import resolve_model
-from judgetrain.models.loading import load_recipe_tokenizer, model_init_kwargs, pinned_snapshot
+from judgetrain.models.loading import (init_adapter_config, load_init_adapter, load_recipe_tokenizer, model_init_kwargs,
+                                      pinned_snapshot)
 from judgetrain.report.card import write_card
 from judgetrain.run.checkpoints import finish_markers, write_final_marker
 from judgetrain.run.diskfull import DiskFull, every_rank_stops, stop_if_disk_full
@@ -198,10 +199,15 @@ def build_trainer(recipe: Recipe, model_path: str, tokenizer, train_dataset, eva
     if forced:
         callbacks.append(ForcedResume(forced))
     snapshot = pinned_snapshot(model_path, model_args.model_revision)  # offline: the pinned commit's own folder
+    start = script_args.init_adapter  # a warm start: the adapter's LoRA settings, then its weights
+    peft_config = init_adapter_config(start) if start else get_peft_config(model_args)
     with JudgeEvalCallback.building(training_args):  # the suites, not an eval_dataset, are what eval_strategy runs
         trainer = JudgeDPOTrainer(model=snapshot, args=training_args, train_dataset=train_dataset,
-                                  processing_class=tokenizer, peft_config=get_peft_config(model_args),
+                                  processing_class=tokenizer, peft_config=peft_config,
                                   callbacks=callbacks, prefix_sharing=script_args.prefix_sharing)
+    if start:
+        logger.info("starting from the adapter %s (%d tensors); the reference is the base model", start,
+                    load_init_adapter(trainer.model, start))
     if snapshot != model_path or is_hub_id(model_path):  # adapters name the hub model and its commit, not a folder
         for config in getattr(trainer.model, "peft_config", {}).values():
             config.base_model_name_or_path, config.revision = model_path, model_args.model_revision

@@ -247,7 +247,7 @@ def plan_judgetrain(args: list[str]) -> Plan:
     if words == "compare":
         return Plan("help", ("compare",), "two saved evaluations (tests/test_compare.py writes two with the real "
                     "runner and compares them)")
-    if words in ("data check", "pairs build", "tiny build"):
+    if words in ("data check", "pairs build", "pairs known", "tiny build"):
         return Plan("run", (*words.split(), *rest), "bundled data / the tiny judge: seconds")
     if words == "cache":
         env = {"JUDGETRAIN_CACHE": "<empty>"} if rest[:1] == ["clear"] else {}
@@ -263,6 +263,9 @@ def plan_judgetrain(args: list[str]) -> Plan:
             return Plan("run", ("perturb", *rest), "rule operators over the bundled recipes: seconds")
         return Plan("help", ("perturb",), "a model's rewrites or the user's own samples (tests/test_perturb.py runs "
                     "both kinds on the bundled recipes)")
+    if words == "loop":
+        return Plan("help", ("loop",), "rounds of judge, DPO and eval: minutes of CPU even on the tiny judge "
+                    "(tests/test_loop.py runs two rounds, and kills it during each stage)")
     if words == "bench":
         return Plan("help", ("bench",), "minutes of CPU even at its smallest (tests/test_bench.py runs --quick)")
     raise Unclassified(f"judgetrain {words}: the test does not know how to run it; add it to plan_judgetrain")

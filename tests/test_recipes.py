@@ -89,7 +89,7 @@ def test_the_recipe_schema_lists_each_adapters_keys_in_its_order():
     from judgetrain.config.recipe import COMPONENT_KEYS
     from judgetrain.data.mixture import component_keys
 
-    assert sorted(COMPONENT_KEYS) == ["ideation", "judgebias"]
+    assert sorted(COMPONENT_KEYS) == ["ideation", "judgebias", "preference"]
     for name, keys in COMPONENT_KEYS.items():
         assert list(keys) == component_keys(name), name
 

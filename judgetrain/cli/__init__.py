@@ -18,6 +18,8 @@ COMMANDS = {
     "judge": ("judgetrain.cli.judge", "run judges over items: evaluations in the panel schema, resumable, sharded"),
     "perturb": ("judgetrain.cli.perturb", "perturb source samples by a spec into judge items: rule and model rewrites, checked"),
     "pairs build": ("judgetrain.cli.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
+    "pairs known": ("judgetrain.cli.pairs_known", "build DPO pairs of known direction from perturb's items: source beats error copy"),
+    "loop": ("judgetrain.cli.loop", "rounds of perturb, judge, pairs, DPO from the last adapter and eval against the base, resumable"),
     "bench": ("judgetrain.cli.bench", "benchmark training and evaluation against baselines"),
     "memory check": ("judgetrain.cli.memory", "measure a DPO step's peak memory on this CPU beside the estimate"),
     "status": ("judgetrain.cli.status", "print the exit code a launch wrote to its output_dir (scheduler scripts)"),

@@ -33,13 +33,14 @@ def stats_table(stats: dict):
                   f"(train {stats['train_samples']}, validation {stats['validation_samples']})")
     if total:
         table.add_row("Score delta", f"mean={stats['score_delta_mean']:.2f}, median={stats['score_delta_median']:g}")
-    for judge, counts in stats["rejects_by_judge"].items():
+    for judge, counts in stats.get("rejects_by_judge", {"all": stats.get("rejects_by_reason", {})}).items():
         detail = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "0"
         table.add_row(f"Rejects: {judge}", detail)
     if stats.get("endpoint_rejected_rows"):  # no evaluation to read: the endpoint refused the prompt
         table.add_row("Prompts an endpoint refused", f"{stats['endpoint_rejected_rows']:,}")
-    table.add_row("Skipped samples (anchor)", f"{stats['skipped_samples']} "
-                  f"(< {stats['options']['min_represent_evals']} representational scores)")
+    if "skipped_samples" in stats:  # anchor consensus alone
+        table.add_row("Skipped samples (anchor)", f"{stats['skipped_samples']} "
+                      f"(< {stats['options']['min_represent_evals']} representational scores)")
     return table
 
 
@@ -83,11 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     except (PanelDataError, ValueError) as err:
         logger.error("%s", err)
         return EXIT_BAD_INPUT
+    return show_stats(stats, args.out)
+
+
+def show_stats(stats: dict, out: str) -> int:
+    """Print the statistics table; the exit code: 1 when no pair was built, else 0."""
     from rich.console import Console
 
     Console().print(stats_table(stats))
     if stats["total_pairs"] == 0:
-        logger.error("no pairs were built; see %s/stats.json and rejects.jsonl", args.out)
+        logger.error("no pairs were built; see %s/stats.json and rejects.jsonl", out)
         return 1
     return 0
 

@@ -381,7 +381,7 @@ class JudgeTrainArguments(EvalArguments):
     train_datasets: list[dict] = field(
         default_factory=list,
         metadata={
-            "help": "Training mixture: a list of components, each {dataset: judgebias|ideation, source: hub id | path "
+            "help": "Training mixture: a list of components, each {dataset: judgebias|ideation|preference, source: hub id | path "
             "| 'bundled', split, weight or rows, and adapter options such as categories, min_score_delta, mode}."
         },
     )
@@ -399,6 +399,13 @@ class JudgeTrainArguments(EvalArguments):
     )
     audit_rows: int | None = field(default=None, metadata={"help": "Audit only the first N rows per dataset (dry run)."})
     resume: str | None = field(default=None, metadata={"help": "auto: newest complete checkpoint in output_dir; or a checkpoint path."})
+    init_adapter: str | None = field(
+        default=None,
+        metadata={"help": "Start training from this LoRA adapter (a folder with adapter_config.json and "
+                  "adapter_model.safetensors, such as an earlier run's output_dir): its weights are the policy's first "
+                  "values and its LoRA settings replace lora_r / lora_alpha / lora_target_modules; the reference stays "
+                  "the base model (the adapter disabled). Needs use_peft. The next round of a loop starts here."},
+    )
     resume_force: bool = field(
         default=False,
         metadata={"help": "Resume even if the checkpoint's run identity (recipe, data, process count, versions) differs; "
@@ -449,6 +456,7 @@ COMPONENT_KEYS = {
                   "on_bad_row", "rejects_path", "revision"),
     "ideation": (*MIXTURE_KEYS, "source", "split", "mode", "group_disjoint", "validation_fraction", "seed",
                  "max_rows", "on_bad_row", "rejects_path", "revision"),
+    "preference": (*MIXTURE_KEYS, "source", "split", "max_rows", "seed", "on_bad_row", "rejects_path", "revision"),
 }
 
 
@@ -457,7 +465,7 @@ def _check_component(i: int, comp: Any) -> None:
     here, with a hint, before anything is written to output_dir, not as a TypeError inside the loader."""
     if not isinstance(comp, dict) or comp.get("dataset") not in COMPONENT_KEYS:
         raise RecipeError(
-            f"train_datasets[{i}]: each component needs `dataset: judgebias` or `dataset: ideation`, got {comp!r}"
+            f"train_datasets[{i}]: each component needs `dataset:` one of {', '.join(COMPONENT_KEYS)}, got {comp!r}"
         )
     valid = COMPONENT_KEYS[comp["dataset"]]
     for key in comp:
@@ -716,6 +724,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
         raise RecipeError(f"recipe {recipe_path}: {e}") from e
     check_eval_schedule(script_args, training_args, recipe_path,
                         greater_given="greater_is_better" in data or "greater_is_better" in given)
+    check_init_adapter(script_args.init_adapter, model_args, recipe_path)
     resolved = dict(data)
     for name in given:
         value = next(getattr(obj, name) for obj in (script_args, training_args, model_args) if hasattr(obj, name))
@@ -723,6 +732,20 @@ def parse_recipe(argv: list[str]) -> Recipe:
     if script_args.accelerate_config:  # a packaged config's name (cpu) when no such path exists; resolved keeps it
         script_args.accelerate_config = resolve_packaged(script_args.accelerate_config, "accelerate_configs")
     return Recipe(script_args, training_args, model_args, resolved, recipe_path)
+
+
+def check_init_adapter(path: str | None, model_args, recipe_path=None) -> None:
+    """init_adapter names a LoRA adapter folder with safetensors weights, and the recipe trains LoRA (use_peft)."""
+    if path is None:
+        return
+    where = f"recipe {recipe_path}: " if recipe_path else ""
+    if not model_args.use_peft:
+        raise RecipeError(f"{where}init_adapter: {path} starts from a LoRA adapter; set use_peft: true")
+    folder = Path(path)
+    missing = [name for name in ("adapter_config.json", "adapter_model.safetensors") if not (folder / name).is_file()]
+    if missing:
+        raise RecipeError(f"{where}init_adapter: {path} holds no {' and no '.join(missing)} (a LoRA adapter folder, "
+                          "such as a finished run's output_dir, with safetensors weights)")
 
 
 def default_eval_strategy(options: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ import datasets
 
 from .io import Table, build_dataset, message_feature, read_split
 from .sampling import balanced_sample
-from .validate import Rejects, check_int, check_messages, check_number, check_text, parse_messages, validate_rows
+from .validate import Rejects, check_int, check_number, check_pair_messages, check_text, parse_messages, validate_rows
 
 logger = logging.getLogger(__name__)
 
@@ -85,18 +85,7 @@ def check_row(row: dict) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     missing = [c for c in COLUMNS if c not in row or row[c] is None]
     problems.extend((c, "missing value") for c in missing)
-    contents = {}
-    for col, roles in (("prompt", [["system", "user"]]), ("chosen", [["assistant"]]), ("rejected", [["assistant"]])):
-        if col in missing:
-            continue
-        msgs, err = parse_messages(row[col])
-        err = err or check_messages(msgs, roles)
-        if err:
-            problems.append((col, err))
-        else:
-            contents[col] = msgs[-1]["content"]
-    if "chosen" in contents and contents.get("chosen") == contents.get("rejected"):
-        problems.append(("rejected", "chosen identical to rejected"))
+    problems += check_pair_messages(row, [["system", "user"]], skip=missing)
     for col in FLOAT_COLUMNS:
         if col in missing:
             continue

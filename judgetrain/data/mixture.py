@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 def _adapters():
     from .ideation import load_ideation
     from .judgebias import load_judgebias
+    from .preference import load_preference
 
-    return {"judgebias": load_judgebias, "ideation": load_ideation}
+    return {"judgebias": load_judgebias, "ideation": load_ideation, "preference": load_preference}
 
 
 def component_source(comp: dict) -> str | None:

@@ -451,7 +451,7 @@ def split_by_sample(rows: list[dict], validation_fraction: float, seed: int) -> 
 def pair_statistics(train_rows: list[dict], val_rows: list[dict]) -> dict[str, Any]:
     """The card's statistics table: counts, category shares, samples per split, score gaps, pairs per type."""
     rows = train_rows + val_rows
-    deltas = [row["score_delta"] for row in rows]
+    deltas = [row["score_delta"] for row in rows if row.get("score_delta") is not None]
     n_error = sum(row["perturbation_category"] == "error" for row in rows)
     n_repr = len(rows) - n_error
     n_samples = len({row["sample_id"] for row in rows})
@@ -551,12 +551,17 @@ def output_schema():
     return pa.schema([(name, types.get(name, pa.string())) for name in OUTPUT_COLUMNS])
 
 
-def write_pairs(rows: list[dict], path: str | Path) -> None:
+def write_pairs(rows: list[dict], path: str | Path, columns: tuple[str, ...] = OUTPUT_COLUMNS) -> None:
+    """``rows`` as a parquet file of ``columns`` (the published schema's types; any other column a string, or an
+    integer sample_id / a float rate where the rows hold them)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = output_schema()
-    table = pa.Table.from_pydict({name: [row[name] for row in rows] for name in OUTPUT_COLUMNS}, schema=schema)
+    schema = pa.schema([output_schema().field(name) if name in OUTPUT_COLUMNS else (name, pa.string())
+                        for name in columns])
+    if rows and not isinstance(rows[0].get("sample_id"), int):
+        schema = schema.set(schema.get_field_index("sample_id"), pa.field("sample_id", pa.string()))
+    table = pa.Table.from_pydict({name: [row[name] for row in rows] for name in columns}, schema=schema)
     pq.write_table(table, path)
 
 

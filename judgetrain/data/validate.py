@@ -167,6 +167,24 @@ def check_messages(messages: list, roles_allowed: Sequence[Sequence[str]]) -> st
     return f"wrong roles: got [{', '.join(map(str, roles))}], expected {want}"
 
 
+def check_pair_messages(row: dict, prompt_roles: Sequence[Sequence[str]], skip: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """Problems (field, problem) of a preference row's ``prompt`` (roles one of ``prompt_roles``), ``chosen`` and
+    ``rejected`` (one assistant turn each, not the same text); the columns in ``skip`` are not read."""
+    problems, contents = [], {}
+    for col, roles in (("prompt", prompt_roles), ("chosen", [["assistant"]]), ("rejected", [["assistant"]])):
+        if col in skip:
+            continue
+        msgs, err = parse_messages(row.get(col))
+        err = err or check_messages(msgs, roles)
+        if err:
+            problems.append((col, err))
+        else:
+            contents[col] = msgs[-1]["content"]
+    if "chosen" in contents and contents.get("chosen") == contents.get("rejected"):
+        problems.append(("rejected", "chosen identical to rejected"))
+    return problems
+
+
 # ---------------------------------------------------------------- running checks over rows
 
 def json_safe(value: Any) -> Any:

@@ -1,7 +1,7 @@
 """Which weights and tokenizer a run loads: the tokenizer every entry point uses, and the keyword arguments TRL
 passes to ``from_pretrained`` for the policy."""
 
-# Late imports: transformers, judgetrain.models, judgetrain.config, trl, accelerate, judgetrain.utils (inside the
+# Late imports: transformers, judgetrain.models, judgetrain.config, trl, accelerate, judgetrain.utils, peft, safetensors (inside the
 # functions that use them): the model cache and aliases are read without loading a model (`judgetrain cache`, the dry
 # run): torch and transformers come in with a load.
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -94,3 +95,26 @@ def pinned_snapshot(name_or_path: str, revision: str | None) -> str:
     folder = str(folder)
     logger.info("Model %s at %s: the hub is offline, loading its cached snapshot %s", name_or_path, revision, folder)
     return folder
+
+
+def init_adapter_config(path: str | os.PathLike):
+    """The LoRA config of the adapter a run starts from (``init_adapter``), made trainable."""
+    from peft import PeftConfig
+
+    config = PeftConfig.from_pretrained(str(path))
+    config.inference_mode = False
+    return config
+
+
+def load_init_adapter(model, path: str | os.PathLike) -> int:
+    """Copy the safetensors weights of the adapter at ``path`` into ``model``'s ``default`` adapter (a PeftModel
+    built with `init_adapter_config`): the reference, the adapter disabled, stays the base model. Returns the number
+    of tensors copied; ValueError when the adapter holds a tensor the model has no place for."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(str(Path(path) / "adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, weights, adapter_name="default")
+    if result.unexpected_keys:
+        raise ValueError(f"init_adapter {path}: tensors the model has no place for: {result.unexpected_keys[:3]}")
+    return len(weights)

@@ -36,6 +36,7 @@ from judgetrain.config.directions import direction, rank_score
 from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
+from judgetrain.report import rounds
 from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
                                         against_base_verdict, headline, headline_note, headline_table)
 from judgetrain.run.checkpoints import list_checkpoints
@@ -438,6 +439,7 @@ def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
         _curves_figure(runs, [(title, [(suite, _key_fn(f"eval/{suite}/generate/{fig}")) for suite in SUITE_RANK])
                               for fig, title in (("parse_rate", "parse rate"), ("agreement", "agreement (Spearman)"))],
                        markers=True, title="what the judge writes"))
+    add("rounds.png", rounds.CAPTION, rounds.round_table_figure([run.path for run in runs]))  # a loop's round table
     return figs
 
 

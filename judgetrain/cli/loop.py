@@ -1,0 +1,45 @@
+"""`judgetrain loop CONFIG`: rounds of the debiasing loop in one resumable command (judgetrain.loop.run): each round
+makes or reads its items, has the current judge evaluate them, builds pairs, continues DPO from the last round's
+adapter and scores the result against the base; the round table is printed and written.
+
+    judgetrain loop loop.yaml       # killed at any stage, the same command continues where it stopped
+
+Exit codes: 0 done, 2 a bad config (or another loop's output_dir), else the failing stage's command's code.
+"""
+
+# Late imports: judgetrain.loop (inside the functions that use them): `judgetrain --help` starts without the stages'
+# libraries.
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.logging import setup_logging
+
+logger = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="judgetrain loop", description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", help="the loop's YAML config (docs/loop.md)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    from judgetrain.loop.config import LoopConfigError, load_config
+    from judgetrain.loop.run import StageFailed, run_loop
+
+    try:
+        config = load_config(args.config)
+        result = run_loop(config)
+    except LoopConfigError as err:
+        logger.error("%s", err)
+        return EXIT_BAD_INPUT
+    except StageFailed as err:
+        logger.error("%s; rerun the same command to continue from this stage", err)
+        return err.code
+    print((Path(config.output_dir) / "rounds.md").read_text(encoding="utf-8"), file=sys.stdout)
+    logger.info("round table: %s (and rounds.csv, rounds.md)", result["table"])
+    return 0

@@ -1,0 +1,72 @@
+"""`judgetrain pairs known`: DPO pairs whose direction is known by construction, from `judgetrain perturb`'s items
+(judgetrain.perturb.known): the pairwise form (the source against each copy in both orders, no judge needed) or
+the pointwise form (a panel's evaluations of the items ranked against the source's score)."""
+
+# Late imports: judgetrain.perturb, judgetrain.data, judgetrain.cli (inside the functions that use them): each
+# command loads only what it runs, so `judgetrain --help` and the light commands start without them.
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.logging import setup_logging
+
+logger = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from judgetrain.perturb.known import FORMS, TIES
+
+    p = argparse.ArgumentParser(prog="judgetrain pairs known", description=__doc__.split("\n\n")[0])
+    p.add_argument("--form", choices=FORMS, default="pairwise",
+                   help="pairwise: verdict pairs, source against copy in both orders; pointwise: ranked evaluations")
+    p.add_argument("--items", help="pairwise: the items `judgetrain perturb` wrote (items.jsonl)")
+    p.add_argument("--source", help="pairwise: the source samples the items were made from (perturb's --source)")
+    p.add_argument("--source_split", default="train", help="split of a hub dataset or folder (default train)")
+    p.add_argument("--spec", help="pairwise: the spec the items were made by (a YAML file, or a pack)")
+    p.add_argument("--evaluations", help="pointwise: the evaluations of the items, the original set included")
+    p.add_argument("--out", required=True, help="output directory (train/validation parquet, stats, rejects)")
+    p.add_argument("--ties", choices=TIES, default="tie",
+                   help="a representational copy: a tie verdict / a score at the source's (tie), or no pair (drop)")
+    p.add_argument("--min_delta", type=float, default=0.5, help="pointwise: minimum score gap of a pair (0.5)")
+    p.add_argument("--tie_margin", type=float, default=0.5,
+                   help="pointwise: a representational copy's score this near the source's is a tie (0.5)")
+    p.add_argument("--max_pairs", type=int, default=5, help="pointwise: at most this many pairs per sample and set (5)")
+    p.add_argument("--validation_fraction", type=float, default=0.1, help="share of samples held out (0.1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=float, nargs=2, default=(0.5, 5.5), metavar=("LO", "HI"),
+                   help="pointwise: accepted overall score range, inclusive (0.5 5.5)")
+    p.add_argument("--score_key", default="overall_score", help="pointwise: JSON key of the overall score")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    setup_logging()
+    from judgetrain.data.validate import DataValidationError
+    from judgetrain.perturb.known import known_pairs
+
+    try:
+        samples = None
+        if args.form == "pairwise":
+            if not (args.items and args.source and args.spec):
+                parser.error("the pairwise form needs --items, --source and --spec")
+            from judgetrain.perturb.source import read_samples
+            from judgetrain.perturb.spec import load_spec
+
+            samples, _ = read_samples(args.source, load_spec(args.spec), split=args.source_split)
+        elif not args.evaluations:
+            parser.error("the pointwise form needs --evaluations")
+        stats = known_pairs(args.out, form=args.form, items=args.items, samples=samples, evaluations=args.evaluations,
+                            ties=args.ties, min_delta=args.min_delta, tie_margin=args.tie_margin,
+                            max_pairs=args.max_pairs, validation_fraction=args.validation_fraction, seed=args.seed,
+                            score_key=args.score_key, scale=tuple(args.scale))
+    except (DataValidationError, ValueError, FileNotFoundError) as err:
+        logger.error("%s", err)
+        return EXIT_BAD_INPUT
+    from judgetrain.cli.pairs import show_stats
+
+    return show_stats(stats, args.out)

@@ -1,0 +1,275 @@
+"""`judgetrain loop CONFIG`: rounds of the debiasing loop, each stage the command a user would run, resumable.
+
+    result = run_loop(load_config("loop.yaml"))     # {"rounds": [...], "table": path, "status": "finished"}
+
+Round k (1-based), in ``<output_dir>/round-<k>/``:
+
+    items   `judgetrain perturb` (the factory, seeded ``items.seed + k - 1``) -> items/items.jsonl, or the given file
+    split   the items of held-out samples (by sample_id) and held-out types apart -> split/train.jsonl, heldout.jsonl;
+            round 1 also writes the held-out pairs every round is scored on (``<output_dir>/heldout/pairwise.jsonl``:
+            each held-out error copy against its source, the pairwise suite's rows)
+    judge   (pairs from evaluations) `judgetrain judge`: the current judge (the base plus round k-1's adapter),
+            ``judge.samples`` sampled evaluations per item (one command per sample, seeded) beside ``judge.judges``
+            -> judge/<name>/evaluations.jsonl, all of them in judge/evaluations.jsonl
+    pairs   `judgetrain pairs known` or `judgetrain pairs build` -> pairs/train.parquet, stats.json, rejects.jsonl
+    train   `judgetrain train` (accelerate launch of judgetrain.train) of round-<k>/recipe.yaml: the config's recipe
+            with its ``train`` keys, the pairs, ``init_adapter`` = round k-1's adapter (the reference stays the
+            base), ``resume: auto`` -> train/ (the adapter, metrics.jsonl, checkpoints)
+    eval    `judgetrain eval --baseline MODEL` of the adapter on the held-out pairs and the benchmark suites -> eval/
+
+after which the round table (`judgetrain.loop.table`) is written again from every finished round's eval files.
+
+A stage is done once its command exited 0; ``<output_dir>/loop_state.json`` records it (atomically) with its wall
+time and the CPU-seconds of its processes, and ``stages.jsonl`` logs each start and end. Killed at any point, the
+same command skips the stages done and reruns the one it stopped in, which continues through the command's own
+resume where it has one (`judgetrain judge`'s done index, training's checkpoints). A config other than the one
+that started the loop is refused (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from judgetrain.data.pairs import validation_samples
+from judgetrain.judge.items import read_items
+from judgetrain.loop.config import LoopConfig, LoopConfigError
+from judgetrain.loop.table import write_round_table
+from judgetrain.perturb.known import item_text, question_of
+from judgetrain.perturb.source import read_samples
+from judgetrain.perturb.spec import ORIGINAL_SET, load_spec
+from judgetrain.utils.files import read_json, write_json, write_lines
+
+logger = logging.getLogger(__name__)
+
+STATE = "loop_state.json"
+LOG = "stages.jsonl"
+HELDOUT = Path("heldout") / "pairwise.jsonl"
+
+
+class StageFailed(RuntimeError):
+    """A stage's command exited with an error (its code is ``code``)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def run_loop(config: LoopConfig) -> dict[str, Any]:
+    """Every round's stages in order, those done skipped (see the module doc). Returns ``{"status", "rounds",
+    "table"}``; raises `StageFailed` when a command fails, `LoopConfigError` when the output_dir holds another loop."""
+    out = Path(config.output_dir)
+    loop = Loop(config, out, open_state(config, out))
+    for k in range(1, config.rounds + 1):
+        for stage in loop.stages():
+            loop.stage(k, stage)
+        table = write_round_table(out, config.rounds)
+    return {"status": "finished", "rounds": config.rounds, "table": str(table)}
+
+
+def open_state(config: LoopConfig, out: Path) -> dict:
+    """The loop's state in ``out`` (new, or the one this config started: `LoopConfigError` for another's)."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = read_json(out / STATE) or {"config": config.digest(), "done": {}}
+    if state["config"] != config.digest():
+        raise LoopConfigError(f"{out} holds a loop started with another config ({STATE}); continue it with that "
+                              "config (rounds may grow), or give this one another output_dir")
+    write_json(out / STATE, state)
+    return state
+
+
+class Loop:
+    """One loop's stages: each a method named after the stage, given the round."""
+
+    def __init__(self, config: LoopConfig, out: Path, state: dict):
+        self.config, self.out, self.state = config, out, state
+
+    def stages(self) -> list[str]:
+        return ["items", "split", *(["judge"] if self.config.needs_judge else []), "pairs", "train", "eval"]
+
+    def round_dir(self, k: int) -> Path:
+        return self.out / f"round-{k}"
+
+    def adapter(self, k: int) -> Path | None:
+        """Round k's trained adapter (None for round 0, the base)."""
+        return self.round_dir(k) / "train" if k >= 1 else None
+
+    def stage(self, k: int, name: str) -> None:
+        """Run stage ``name`` of round ``k`` unless it is done; record it done with its time and CPU-seconds."""
+        key = f"{k}/{name}"
+        if key in self.state["done"]:
+            logger.info("round %d: %s done earlier, skipped", k, name)
+            return
+        logger.info("round %d: %s", k, name)
+        self._log({"round": k, "stage": name, "event": "start"})
+        wall, cpu = time.monotonic(), _cpu_seconds()
+        getattr(self, f"stage_{name}")(k, self.round_dir(k))
+        record = {"wall_s": round(time.monotonic() - wall, 3), "cpu_s": round(_cpu_seconds() - cpu, 3)}
+        self.state["done"][key] = record
+        write_json(self.out / STATE, self.state)
+        self._log({"round": k, "stage": name, "event": "done", **record})
+
+    def _log(self, record: dict) -> None:
+        with (self.out / LOG).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+    # ---- the stages -------------------------------------------------------------------------------------------
+
+    def stage_items(self, k: int, rd: Path) -> None:
+        items = self.config.items
+        if items.file is not None:
+            return  # given: every round reads the same file
+        cmd = ["perturb", "--source", items.source, "--source_split", items.source_split, "--spec", items.spec,
+               "--seed", str(items.seed + k - 1), "--output_dir", str(rd / "items")]
+        run_command(cmd + (["--sets", *items.sets] if items.sets else []))
+
+    def items_path(self, k: int) -> str:
+        return self.config.items.file or str(self.round_dir(k) / "items" / "items.jsonl")
+
+    def stage_split(self, k: int, rd: Path) -> None:
+        """Training items apart from the held-out ones; round 1 also writes the held-out pairs."""
+        held = self.config.heldout
+        items = read_items(self.items_path(k)).items
+        held_ids = validation_samples([i.columns["sample_id"] for i in items], held.fraction, held.seed)
+        train, heldout = [], []
+        for item in items:
+            row = {**item.columns, "prompt": item.messages}
+            out_of_training = item.columns["sample_id"] in held_ids or item.columns.get("perturbation_type") in held.types
+            (heldout if out_of_training else train).append(row)
+        if not train:
+            raise LoopConfigError(f"round {k}: every item is held out (heldout.fraction {held.fraction}, types "
+                                  f"{held.types}): nothing to train on")
+        (rd / "split").mkdir(parents=True, exist_ok=True)
+        write_lines(rd / "split" / "train.jsonl", (json.dumps(r, ensure_ascii=False) for r in train))
+        write_lines(rd / "split" / "heldout.jsonl", (json.dumps(r, ensure_ascii=False) for r in heldout))
+        write_json(rd / "split" / "split.json", {"train_items": len(train), "heldout_items": len(heldout),
+                                                 "heldout_samples": sorted(map(str, held_ids)),
+                                                 "heldout_types": list(held.types)})
+        if k == 1 and self.config.items.source and self.config.items.spec:
+            write_heldout_pairs(heldout, self.samples(), self.out / HELDOUT)
+
+    def samples(self):
+        items = self.config.items
+        samples, _ = read_samples(items.source, load_spec(items.spec), split=items.source_split)
+        return samples
+
+    def stage_judge(self, k: int, rd: Path) -> None:
+        judge, model = self.config.judge, self.config.model
+        current = f"model={model}" + (f",adapter={self.adapter(k - 1)}" if k > 1 else "")
+        runs = [(f"round{k - 1}-s{j}", [f"{current},name=round{k - 1}-s{j}"], j) for j in range(1, judge.samples + 1)]
+        runs += [("judges", list(judge.judges), 0)] if judge.judges else []
+        for name, specs, seed in runs:
+            cmd = ["judge", "--items", str(rd / "split" / "train.jsonl"), "--output_dir", str(rd / "judge" / name),
+                   "--seed", str(seed)]
+            cmd += [arg for spec in specs for arg in ("--judge", spec)]
+            if name != "judges":
+                cmd += ["--do_sample", "--temperature", str(judge.temperature)]
+            if judge.force_score_prefix:
+                cmd.append("--force_score_prefix")
+            if judge.max_new_tokens:
+                cmd += ["--max_new_tokens", str(judge.max_new_tokens)]
+            run_command(cmd, num_processes=self.config.num_processes, module="judgetrain.cli.judge")
+        (rd / "judge").mkdir(parents=True, exist_ok=True)
+        rows = [line for name, _, _ in runs
+                for line in (rd / "judge" / name / "evaluations.jsonl").read_text(encoding="utf-8").splitlines() if line]
+        write_lines(rd / "judge" / "evaluations.jsonl", rows)
+
+    def stage_pairs(self, k: int, rd: Path) -> None:
+        pairs, items = self.config.pairs, self.config.items
+        options = [arg for key, value in pairs.options.items() for arg in (f"--{key}", str(value))]
+        if pairs.method == "anchor":
+            cmd = ["pairs", "build", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
+                   "--validation-fraction", "0"]
+        elif pairs.form == "pointwise":
+            cmd = ["pairs", "known", "--form", "pointwise", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
+                   "--ties", pairs.ties, "--validation_fraction", "0"]
+        else:
+            cmd = ["pairs", "known", "--items", str(rd / "split" / "train.jsonl"), "--source", items.source,
+                   "--source_split", items.source_split, "--spec", items.spec, "--ties", pairs.ties,
+                   "--validation_fraction", "0"]
+        run_command(cmd + ["--out", str(rd / "pairs")] + options)
+
+    def stage_train(self, k: int, rd: Path) -> None:
+        recipe = yaml.safe_load(Path(self.config.recipe).read_text(encoding="utf-8")) or {}
+        recipe.update(self.config.train)
+        recipe.update({"model_name_or_path": self.config.model, "output_dir": str(rd / "train"), "resume": "auto",
+                       "train_datasets": [{"dataset": "preference", "source": str(rd / "pairs"), "split": "train"}],
+                       "num_processes": self.config.num_processes})
+        recipe["eval_suites"] = self.config.train.get("eval_suites", "none")  # the eval stage scores the round
+        if self.config.accelerate_config:
+            recipe["accelerate_config"] = self.config.accelerate_config
+        if k > 1:
+            recipe["init_adapter"] = str(self.adapter(k - 1))
+        path = rd / "recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+        run_command(["train", str(path)])
+
+    def stage_eval(self, k: int, rd: Path) -> None:
+        ev = self.config.eval
+        suites = list(ev.suites)
+        heldout = self.out / HELDOUT
+        options = dict(ev.options)
+        if heldout.is_file() and heldout.stat().st_size:
+            options.setdefault("eval_pairwise_source", str(heldout))
+        elif "pairwise" in suites and "eval_pairwise_source" not in options:
+            suites.remove("pairwise")  # no held-out pair to score
+        cmd = ["eval", "--model", self.config.model, "--adapter", str(self.adapter(k)), "--baseline", self.config.model,
+               "--output-dir",
+               str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.scoring]
+        if ev.max_rows:
+            cmd += ["--eval_max_rows", str(ev.max_rows)]
+        cmd += [arg for key, value in options.items() for arg in (f"--{key}", str(value))]
+        run_command(cmd, num_processes=self.config.num_processes, module="judgetrain.cli.eval")
+
+
+def write_heldout_pairs(heldout: list[dict], samples: list, path: Path) -> int:
+    """Each held-out error copy against its source as a pairwise-suite row (``id`` sample|set, ``prompt`` the
+    question, ``response_a`` the source, ``response_b`` the copy, ``label`` A>B, ``category`` the perturbation type);
+    the suite shows both orders. Returns the rows written."""
+    by_id = {str(s.sample_id): s for s in samples}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for item in heldout:
+        sample = by_id.get(str(item["sample_id"]))
+        if item.get("perturbation_category") != "error" or item.get("perturbation_set") == ORIGINAL_SET or sample is None:
+            continue
+        text = item_text(sample, item["prompt"])
+        if text is None or text == sample.text:
+            continue
+        rows.append({"id": f"{item['sample_id']}|{item['perturbation_set']}", "prompt": question_of(sample),
+                     "response_a": sample.text, "response_b": text, "label": "A>B",
+                     "category": item.get("perturbation_type")})
+    write_lines(path, (json.dumps(r, ensure_ascii=False) for r in rows))
+    logger.info("held-out pairs: %d error copies against their sources (%s)", len(rows), path)
+    return len(rows)
+
+
+def run_command(argv: list[str], *, num_processes: int = 1, module: str | None = None) -> None:
+    """``judgetrain ARGV`` in a child process (``accelerate launch -m MODULE`` for more than one process), as a user
+    runs it; `StageFailed` unless it exits 0."""
+    if num_processes > 1 and module is not None:
+        name_words = 2 if argv[0] in ("pairs", "data", "tiny", "memory") else 1
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes), "-m", module,
+               *argv[name_words:]]
+    else:
+        cmd = [sys.executable, "-m", "judgetrain.cli", *argv]
+    logger.info("running: judgetrain %s", " ".join(shlex.quote(a) for a in argv))
+    code = subprocess.run(cmd, env=os.environ.copy()).returncode
+    if code != 0:
+        raise StageFailed(f"judgetrain {' '.join(argv[:2])} exited with {code}", code)
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime

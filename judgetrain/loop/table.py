@@ -1,0 +1,112 @@
+"""The round table: each figure of each round against the base, from the files `judgetrain eval --baseline` wrote.
+
+    table = round_table("loops/clinic", rounds=2)   # {"keys": {...}, "rows": [...]} ; write_round_table writes it
+
+Keys extend the eval keys (`judgetrain eval`'s results.json ``metrics``) with the round: ``round/<k>/eval/<suite>[/
+<mode>]/<metric>`` with its ``/ci_low`` and ``/ci_high``, ``round/<k>/eval/<suite>[/<mode>]/delta/<metric>`` with
+``/delta_ci_low``, ``/delta_ci_high`` and ``/p_value``; round 0 is the base (the baseline's figures of round 1's
+evaluation). Rows (one per figure and round): ``round``, ``figure`` (``<suite>[/<mode>]/<metric>``), ``value``,
+``ci_low``, ``ci_high``, ``delta``, ``delta_ci_low``, ``delta_ci_high``, ``p_value``, ``n``.
+
+Written to ``<output_dir>/rounds.json`` (keys and rows), ``rounds.csv`` and ``rounds.md``; `judgetrain report`
+draws it (`judgetrain.report.build`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from judgetrain.utils.files import write_json
+
+TABLE = "rounds.json"
+COLUMNS = ("round", "figure", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high", "p_value", "n")
+
+
+def eval_results(eval_dir: Path) -> tuple[dict | None, dict | None]:
+    """(the evaluated judge's results.json, the baseline's) of one round's eval folder; None where absent."""
+    base = eval_dir / "baseline" / "results.json"
+    trained = [p for p in sorted(eval_dir.glob("*/results.json")) if p.parent.name != "baseline"]
+    read = lambda p: json.loads(p.read_text(encoding="utf-8"))  # noqa: E731
+    return (read(trained[-1]) if trained else None), (read(base) if base.is_file() else None)
+
+
+def round_table(out: str | Path, rounds: int) -> dict[str, Any]:
+    """The keys and rows of every round whose evaluation is written (see the module doc)."""
+    out = Path(out)
+    keys: dict[str, Any] = {}
+    rows: list[dict] = []
+    for k in range(1, rounds + 1):
+        trained, base = eval_results(out / f"round-{k}" / "eval")
+        if trained is None:
+            continue
+        if k == 1 and base is not None:
+            keys.update({f"round/0/{key}": value for key, value in base["metrics"].items()})
+            rows += figure_rows(0, base, None)
+        keys.update({f"round/{k}/{key}": value for key, value in trained["metrics"].items()})
+        rows += figure_rows(k, trained, trained.get("deltas") or {})
+    return {"keys": keys, "rows": rows}
+
+
+def figure_rows(k: int, results: dict, deltas: dict | None) -> list[dict]:
+    """One row per figure with an interval (results.json ``intervals``: suite -> mode -> metric), and its
+    difference against the base where ``deltas`` has it (round 0, the base itself, has none)."""
+    rows = []
+    recorded = results.get("scoring")
+    for suite, modes in sorted((results.get("intervals") or {}).items()):
+        for mode, metrics in modes.items():
+            for metric, iv in metrics.items():
+                if iv.get("value") is None:
+                    continue
+                figure = f"{suite}/{metric}" if mode == recorded else f"{suite}/{mode}/{metric}"
+                d = ((deltas or {}).get(suite) or {}).get(mode, {}).get(metric) or {}
+                rows.append({"round": k, "figure": figure, "value": iv["value"], "ci_low": iv.get("ci_low"),
+                             "ci_high": iv.get("ci_high"), "delta": d.get("delta"),
+                             "delta_ci_low": d.get("delta_ci_low"), "delta_ci_high": d.get("delta_ci_high"),
+                             "p_value": d.get("p_value"), "n": iv.get("n")})
+    return rows
+
+
+def write_round_table(out: str | Path, rounds: int) -> Path:
+    """Write rounds.json, rounds.csv and rounds.md (see the module doc), log the markdown; returns rounds.json."""
+    out = Path(out)
+    table = round_table(out, rounds)
+    write_json(out / TABLE, table)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table["rows"])
+    (out / "rounds.csv").write_text(buffer.getvalue(), encoding="utf-8")
+    (out / "rounds.md").write_text(markdown(table["rows"]), encoding="utf-8")
+    return out / TABLE
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table as markdown: a line per figure, a column per round (round 0: the base), each cell the value with
+    its 95% interval and, after round 0, the difference against the base with its interval and p."""
+    rounds = sorted({r["round"] for r in rows})
+    figures = list(dict.fromkeys(r["figure"] for r in rows))
+    cell = {(r["figure"], r["round"]): r for r in rows}
+    lines = ["| figure | " + " | ".join("base" if k == 0 else f"round {k}" for k in rounds) + " |",
+             "|---|" + "---|" * len(rounds)]
+    for figure in figures:
+        cells = [format_cell(cell.get((figure, k))) for k in rounds]
+        lines.append(f"| {figure} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def format_cell(row: dict | None) -> str:
+    if row is None:
+        return ""
+    text = f"{row['value']:.3f} [{_num(row['ci_low'])}, {_num(row['ci_high'])}]"
+    if row["delta"] is not None:
+        text += (f"; Δ {row['delta']:+.3f} [{_num(row['delta_ci_low'])}, {_num(row['delta_ci_high'])}], "
+                 f"p {_num(row['p_value'])}")
+    return text
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,236 @@
+"""DPO pairs whose direction is known by construction (OffsetBias's construction), from `judgetrain perturb`'s items:
+an error copy is worse than its source, a representational copy is as good as it.
+
+    judgetrain pairs known --items perturbed/items.jsonl --source recipes.jsonl --spec materials --out pairs_known
+    judgetrain pairs known --form pointwise --evaluations panel/evaluations.jsonl --out pairs_known
+
+Two forms:
+
+- ``pairwise`` (no judge needed): the pairwise verdict prompt of the EvalBiasBench / JudgeBench / pairwise suites
+  (`judgetrain.data.pairwise.verdict_messages`: the question, then the two texts as assistants A and B) with the
+  source against each copy, in both orders (``order`` AB: the source shown as A; BA: as B), so that position never
+  predicts the label. An error copy: chosen = the verdict that prefers the source (``[[A>B]]`` in AB, ``[[B>A]]``
+  in BA), rejected = the other. A representational copy, as ``ties`` says: ``tie`` writes chosen ``[[A=B]]`` against
+  each of the two preferences in each order (4 rows), ``drop`` writes no pair (counted). The texts come from the
+  source samples (``--source`` / ``--spec``, as `judgetrain perturb` read them): each item's text is read out of its
+  prompt by the sample's template; the question is the user turn with the text left out.
+  Rows: ``prompt``, ``chosen``, ``rejected`` (JSON message lists), ``sample_id``, ``perturbation_set``,
+  ``perturbation_type``, ``perturbation_category``, ``perturbation_rate``, ``order``, ``label`` (A>B, B>A or A=B),
+  read by the ``preference`` training dataset.
+- ``pointwise``: a panel file of evaluations of the items (`judgetrain judge`'s evaluations.jsonl; several sampled
+  evaluations of one judge may stand in for a panel) holding the ``original`` set (the spec's ``original: true``):
+  the source's score is the median over its evaluations; an error copy's evaluation that scores below it is chosen
+  against one that does not; on a representational copy (``ties: tie``) an evaluation within ``tie_margin`` of the
+  source's score is chosen against one further than ``min_delta`` from it. Rows in `judgetrain pairs build`'s schema
+  (``anchor_score`` = the source's score), read by the ``preference`` training dataset, and by the ``judgebias``
+  dataset and eval suite where the spec names its sets in the JudgeBias vocabulary (the materials pack).
+
+Both write what `judgetrain pairs build` writes: ``train.parquet``, ``validation.parquet`` (split by sample_id),
+``rejects.jsonl`` (every item or evaluation that made no pair for a reason other than the tie policy, with its
+reason: ``no_source``, ``prompt_mismatch``, ``unchanged``, ``no_source_score`` and the score parser's reasons) and
+``stats.json`` (`judgetrain.data.pairs.pair_statistics` plus the counts by reason).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from judgetrain.data.pairs import (OUTPUT_COLUMNS, Evaluation, PanelDataError, check_options, deduplicate,
+                                   load_table, pair_statistics, score_evaluations, split_by_sample, write_pairs,
+                                   write_rejects)
+from judgetrain.data.pairwise import verdict_messages
+from judgetrain.judge.items import Item, read_items
+from judgetrain.perturb.source import Sample
+from judgetrain.perturb.spec import ORIGINAL_SET
+from judgetrain.utils.numbers import nan_to_none
+
+logger = logging.getLogger(__name__)
+
+FORMS = ("pairwise", "pointwise")
+TIES = ("tie", "drop")
+TIE, BETTER = "[[A=B]]", {"A": "[[A>B]]", "B": "[[B>A]]"}
+PAIRWISE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_set", "perturbation_type",
+                    "perturbation_category", "perturbation_rate", "order", "label")
+_SENTINEL = "\x00judgetrain-text\x00"
+
+
+def known_pairs(out_dir: str | Path, *, form: str = "pairwise", items: str | Path | None = None,
+                samples: list[Sample] | None = None, evaluations: str | Path | list[dict] | None = None,
+                ties: str = "tie", min_delta: float = 0.5, tie_margin: float = 0.5, max_pairs: int = 5,
+                validation_fraction: float = 0.1, seed: int = 0, score_key: str = "overall_score",
+                scale: tuple[float, float] = (0.5, 5.5)) -> dict[str, Any]:
+    """Build the pairs of ``form`` (see the module doc), write them with their rejects and statistics to
+    ``out_dir``; returns the statistics. ValueError (PanelDataError) when the inputs cannot be used at all."""
+    if form not in FORMS or ties not in TIES:
+        raise ValueError(f"form must be one of {FORMS} and ties one of {TIES}, got {form!r}, {ties!r}")
+    check_options(max_pairs, validation_fraction)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dropped: Counter = Counter()
+    if form == "pairwise":
+        if items is None or samples is None:
+            raise ValueError("the pairwise form needs the items and the source samples they were made from")
+        pairs, rejects = pairwise_pairs(read_items(str(items)).items, samples, ties, dropped)
+        columns = PAIRWISE_COLUMNS
+    else:
+        if evaluations is None:
+            raise ValueError("the pointwise form needs a panel file of evaluations of the items")
+        pairs, rejects = pointwise_pairs(load_table(evaluations), ties, dropped, min_delta=min_delta,
+                                         tie_margin=tie_margin, max_pairs=max_pairs, seed=seed,
+                                         score_key=score_key, scale=scale)
+        columns = OUTPUT_COLUMNS
+    unique = deduplicate(pairs, dropped)
+    train_rows, val_rows = split_by_sample(unique, validation_fraction, seed)
+    write_rejects(rejects, out / "rejects.jsonl")
+    write_pairs(train_rows, out / "train.parquet", columns)
+    write_pairs(val_rows, out / "validation.parquet", columns)
+    stats = {**pair_statistics(train_rows, val_rows), "form": form, "ties": ties,
+             "pairs_by_label": dict(sorted(Counter(r.get("label", "pointwise") for r in unique).items())),
+             "rejected_rows": len(rejects), "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
+             "dropped": dict(sorted(dropped.items())),
+             "options": {"min_delta": min_delta, "tie_margin": tie_margin, "max_pairs": max_pairs,
+                         "validation_fraction": validation_fraction, "seed": seed}}
+    (out / "stats.json").write_text(json.dumps(nan_to_none(stats), indent=2) + "\n", encoding="utf-8")
+    logger.info("pairs known (%s): %d pairs (train %d, validation %d), %d rejected (%s)", form, len(unique),
+                len(train_rows), len(val_rows), len(rejects), out / "rejects.jsonl")
+    return stats
+
+
+# ---- pairwise ----------------------------------------------------------------------------------------------------
+
+def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
+                   dropped: Counter) -> tuple[list[dict], list[dict]]:
+    """Every item against its source in both orders (see the module doc): (rows, rejects)."""
+    by_id = {str(s.sample_id): s for s in samples}
+    rows, rejects = [], []
+    for item in items:
+        cols = item.columns
+        if cols.get("perturbation_set") == ORIGINAL_SET:
+            continue  # the source itself
+        base = {"sample_id": cols.get("sample_id"), "perturbation_set": cols.get("perturbation_set"),
+                "source": item.source, "row": item.row}
+        sample = by_id.get(str(cols.get("sample_id")))
+        if sample is None:
+            rejects.append({**base, "reason": "no_source", "detail": "no source sample has this sample_id"})
+            continue
+        text = item_text(sample, item.messages)
+        if text is None:
+            rejects.append({**base, "reason": "prompt_mismatch",
+                            "detail": "the item's prompt is not the sample's template around a text"})
+            continue
+        if text == sample.text:
+            rejects.append({**base, "reason": "unchanged", "detail": "the copy is its source: it makes no pair"})
+            continue
+        category = cols.get("perturbation_category")
+        if category == "represent" and ties == "drop":
+            dropped["represent_no_pair"] += 1
+            continue
+        question = question_of(sample)
+        for order, (a, b) in (("AB", (sample.text, text)), ("BA", (text, sample.text))):
+            prompt = json.dumps(verdict_messages(question, a, b), ensure_ascii=False)
+            source_letter = "A" if order == "AB" else "B"
+            if category == "error":
+                verdicts = [(BETTER[source_letter], BETTER["B" if source_letter == "A" else "A"])]
+            else:
+                verdicts = [(TIE, BETTER["A"]), (TIE, BETTER["B"])]
+            for chosen, rejected in verdicts:
+                rows.append({"prompt": prompt, "chosen": _assistant(chosen), "rejected": _assistant(rejected),
+                             "sample_id": cols.get("sample_id"), "perturbation_set": cols.get("perturbation_set"),
+                             "perturbation_type": cols.get("perturbation_type"), "perturbation_category": category,
+                             "perturbation_rate": float(cols.get("perturbation_rate") or 0.0), "order": order,
+                             "label": chosen.strip("[]")})
+    return rows, rejects
+
+
+def item_text(sample: Sample, messages: list[dict]) -> str | None:
+    """The text an item's prompt holds in the place of the sample's ``{{text}}`` (the template's other parts must
+    match exactly), or None."""
+    shape = sample.prompt(_SENTINEL)
+    if len(shape) != len(messages):
+        return None
+    text = None
+    for want, got in zip(shape, messages):
+        if want["role"] != got["role"]:
+            return None
+        if _SENTINEL not in want["content"]:
+            if want["content"] != got["content"]:
+                return None
+            continue
+        head, _, tail = want["content"].partition(_SENTINEL)
+        content = got["content"]
+        if _SENTINEL in tail or not (content.startswith(head) and content.endswith(tail)) \
+                or len(content) < len(head) + len(tail):
+            return None
+        text = content[len(head):len(content) - len(tail)]
+    return text
+
+
+def question_of(sample: Sample) -> str:
+    """What the two texts answer: the sample's user turn(s) with the text left out."""
+    parts = [m["content"].replace(_SENTINEL, "").strip() for m in sample.prompt(_SENTINEL) if m["role"] == "user"]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _assistant(text: str) -> str:
+    return json.dumps([{"role": "assistant", "content": text}], ensure_ascii=False)
+
+
+# ---- pointwise ---------------------------------------------------------------------------------------------------
+
+def pointwise_pairs(rows: list[dict], ties: str, dropped: Counter, *, min_delta: float, tie_margin: float,
+                    max_pairs: int, seed: int, score_key: str,
+                    scale: tuple[float, float]) -> tuple[list[dict], list[dict]]:
+    """Evaluations of a copy ranked against the source's score (see the module doc): (rows, rejects)."""
+    evals, rejects = score_evaluations(rows, score_key=score_key, scale=scale)
+    source_scores: dict[int, list[float]] = defaultdict(list)
+    groups: dict[tuple[int, str], list[Evaluation]] = defaultdict(list)
+    for e in evals:
+        if e.perturbation_set == ORIGINAL_SET:
+            source_scores[e.sample_id].append(e.score)
+        else:
+            groups[(e.sample_id, e.perturbation_set)].append(e)
+    pairs = []
+    for (sample_id, _), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if sample_id not in source_scores:
+            rejects += [{"sample_id": e.sample_id, "perturbation_set": e.perturbation_set, "judge_model": e.judge_model,
+                         "reason": "no_source_score", "detail": f"no evaluation of the sample's {ORIGINAL_SET} set"}
+                        for e in group]
+            continue
+        anchor = float(statistics.median(source_scores[sample_id]))
+        if group[0].perturbation_category == "error":  # the copy below the source is right
+            chosen = [e for e in group if e.score < anchor]
+            rejected = [e for e in group if e.score >= anchor]
+            candidates = [(c, r) for c in chosen for r in rejected if r.score - c.score >= min_delta]
+        elif ties == "drop":
+            dropped["represent_no_pair"] += len(group)
+            continue
+        else:  # the copy at the source's score is right
+            chosen = [e for e in group if abs(e.score - anchor) <= tie_margin]
+            rejected = [e for e in group if abs(e.score - anchor) > tie_margin]
+            candidates = [(c, r) for c in chosen for r in rejected
+                          if abs(r.score - anchor) - abs(c.score - anchor) >= min_delta]
+        dropped["candidates"] += len(chosen) * len(rejected)
+        dropped["min_delta"] += len(chosen) * len(rejected) - len(candidates)
+        random.Random(f"{seed}|{sample_id}|{group[0].perturbation_set}").shuffle(candidates)
+        candidates.sort(key=lambda cr: -abs(cr[0].score - cr[1].score))
+        dropped["cap"] += max(0, len(candidates) - max_pairs)
+        pairs += [_pointwise_row(c, r, anchor) for c, r in candidates[:max_pairs]]
+    return pairs, rejects
+
+
+def _pointwise_row(chosen: Evaluation, rejected: Evaluation, anchor: float) -> dict:
+    return {"prompt": chosen.prompt, "chosen": _assistant(chosen.evaluation), "rejected": _assistant(rejected.evaluation),
+            "score_chosen": chosen.score, "score_rejected": rejected.score,
+            "score_delta": abs(chosen.score - rejected.score), "anchor_score": anchor, "sample_id": chosen.sample_id,
+            "perturbation_type": chosen.perturbation_type, "perturbation_category": chosen.perturbation_category,
+            "perturbation_rate": chosen.perturbation_rate, "chosen_model": chosen.judge_model,
+            "rejected_model": rejected.judge_model}
+
+
+__all__ = ["FORMS", "TIES", "PanelDataError", "known_pairs", "item_text", "question_of"]

@@ -1,0 +1,201 @@
+"""`judgetrain loop`: the config checked before anything runs (an unknown key refused with the nearest one); (slow)
+two rounds end to end on the tiny judge, whose files and round table agree, the table recomputed from the per-row
+files of each round's evaluation and drawn by `judgetrain report`; (slow) the command killed during each stage and
+rerun: every stage done once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import REPO, read_jsonl
+
+SPEC = {"name": "clinic", "original": True,
+        "template": [{"role": "system", "content": "Judge the note. End with ```json {\"overall_score\": ...}```."},
+                     {"role": "user", "content": "Patient: {{patient}}\n\nNote:\n{{text}}"}],
+        "operators": {"drug_swap": {"kind": "table", "category": "error",
+                                    "pairs": {"aspirin": "warfarin", "ibuprofen": "codeine", "paracetamol": "morphine"}},
+                      "spacing": {"kind": "format", "category": "represent", "rewrite": "number_format"}},
+        "sets": [{"name": "drug_swap"}, {"name": "spacing"}]}
+DRUGS = ("aspirin", "ibuprofen", "paracetamol")
+
+
+def loop_config(tmp_path: Path, **over) -> Path:
+    """12 notes, the clinic spec, a quarter of the samples held out, 2 DPO steps a round on the tiny judge."""
+    (tmp_path / "clinic.yaml").write_text(yaml.safe_dump(SPEC, sort_keys=False), encoding="utf-8")
+    notes = [{"sample_id": i, "patient": f"P{i}", "text": f"Give {DRUGS[i % 3]} {1000 + 100 * i} mg daily."}
+             for i in range(12)]
+    (tmp_path / "notes.jsonl").write_text("".join(json.dumps(n) + "\n" for n in notes), encoding="utf-8")
+    config = {"output_dir": str(tmp_path / "loop"), "rounds": 2, "model": "tiny-judge",
+              "recipe": str(REPO / "recipes" / "quickstart.yaml"),
+              "train": {"max_steps": 2, "per_device_train_batch_size": 4, "logging_steps": 1, "warmup_steps": 0,
+                        "save_steps": 1, "learning_rate": 0.05},
+              "items": {"source": str(tmp_path / "notes.jsonl"), "spec": str(tmp_path / "clinic.yaml")},
+              "heldout": {"fraction": 0.25},
+              "pairs": {"method": "known", "form": "pairwise"},
+              "eval": {"suites": ["pairwise"], "scoring": ["verdict"]}, **over}
+    path = tmp_path / "loop.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def loop_command(config: Path) -> list[str]:
+    return [sys.executable, "-m", "judgetrain.cli", "loop", str(config)]
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"roundz": 2}, "unknown key 'roundz'; did you mean 'rounds'?"),
+    ({"pairs": {"metod": "known"}}, "unknown key 'pairs.metod'; did you mean 'method'?"),
+    ({"pairs": {"form": "listwise"}}, "pairs.form: 'listwise' is not one of pairwise, pointwise"),
+    ({"train": {"init_adapter": "x"}}, "train.init_adapter: the loop sets it each round; remove it"),
+    ({"items": {"file": "items.jsonl"}}, "the pairwise known form needs items.source and items.spec"),
+])
+def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, edit, message, caplog):
+    from judgetrain.cli import main
+
+    config = loop_config(tmp_path, **edit)
+    assert main(["loop", str(config)]) == 2
+    assert f"{config}: " in caplog.text and message in caplog.text
+    assert not (tmp_path / "loop").exists()
+
+
+def test_a_rerun_continues_only_the_loop_its_config_started_and_may_add_rounds(tmp_path):
+    from judgetrain.loop.config import LoopConfigError, load_config
+    from judgetrain.loop.run import open_state
+
+    config = load_config(loop_config(tmp_path))
+    state = open_state(config, tmp_path / "loop")
+    state["done"]["1/items"] = {"wall_s": 1.0, "cpu_s": 0.5}
+    (tmp_path / "loop" / "loop_state.json").write_text(json.dumps(state))
+    more = load_config(loop_config(tmp_path, rounds=5))
+    assert open_state(more, tmp_path / "loop")["done"] == {"1/items": {"wall_s": 1.0, "cpu_s": 0.5}}
+    other = load_config(loop_config(tmp_path, model="smollm2-135m-instruct"))
+    with pytest.raises(LoopConfigError, match="holds a loop started with another config"):
+        open_state(other, tmp_path / "loop")
+
+
+def recomputed_accuracy(rows: list[dict]) -> tuple[float, float]:
+    """Verdict mode's accuracy (right in both orders) and inconsistent rate, from a suite's per-row file: the BA
+    verdict names the row's B as A."""
+    swap = {"A>B": "B>A", "B>A": "A>B"}
+    right = [r["verdicts"][0] == r["label"] and swap.get(r["verdicts"][1]) == r["label"] for r in rows]
+    flips = [swap.get(r["verdicts"][1]) != r["verdicts"][0] for r in rows]
+    return sum(right) / len(rows), sum(flips) / len(rows)
+
+
+def assert_table_matches_per_row_files(out: Path, rounds: int, n_heldout: int) -> list[dict]:
+    """rounds.json against each round's per-row files (judge and verdict mode of the held-out pairs): every
+    figure, its round and its difference against the base recomputed. Returns the table's rows."""
+    table = json.loads((out / "rounds.json").read_text())
+    keys, rows = table["keys"], table["rows"]
+    assert {r["round"] for r in rows} == set(range(rounds + 1))
+    for k in range(rounds + 1):
+        eval_dir = out / f"round-{max(k, 1)}" / "eval"
+        name = "baseline" if k == 0 else next(p.name for p in eval_dir.iterdir() if p.is_dir() and p.name != "baseline")
+        per_row = read_jsonl(eval_dir / name / "pairwise.verdict.jsonl")
+        assert len(per_row) == n_heldout
+        accuracy, inconsistent = recomputed_accuracy(per_row)
+        assert keys[f"round/{k}/eval/pairwise/verdict/accuracy"] == pytest.approx(accuracy)
+        assert keys[f"round/{k}/eval/pairwise/verdict/inconsistent_rate"] == pytest.approx(inconsistent)
+        judge_rows = read_jsonl(eval_dir / name / "pairwise.jsonl")  # judge mode: one verdict from the two scores
+        judge_accuracy = sum(r["verdicts"][0] == r["label"] for r in judge_rows) / len(judge_rows)
+        assert keys[f"round/{k}/eval/pairwise/accuracy"] == pytest.approx(judge_accuracy)
+        assert all((r["scores"][0] > r["scores"][1]) == (r["verdicts"][0] == "A>B") for r in judge_rows)
+        row = next(r for r in rows if r["round"] == k and r["figure"] == "pairwise/verdict/accuracy")
+        assert row["value"] == pytest.approx(accuracy) and row["n"] == n_heldout
+        if k:
+            base = recomputed_accuracy(read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.verdict.jsonl"))
+            assert keys[f"round/{k}/eval/pairwise/verdict/delta/accuracy"] == pytest.approx(accuracy - base[0])
+            assert row["delta"] == pytest.approx(accuracy - base[0])
+            assert f"round/{k}/eval/pairwise/verdict/delta/accuracy/p_value" in keys
+            base_rows = read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.jsonl")
+            base_judge = sum(r["verdicts"][0] == r["label"] for r in base_rows) / len(base_rows)
+            assert keys[f"round/{k}/eval/pairwise/delta/accuracy"] == pytest.approx(judge_accuracy - base_judge)
+    return rows
+
+
+@pytest.mark.slow
+def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
+    config = loop_config(tmp_path, heldout={"fraction": 0.25, "types": ["spacing"]},
+                         eval={"suites": ["pairwise"], "scoring": ["judge", "verdict"]})
+    proc = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = tmp_path / "loop"
+    assert "| figure | base | round 1 | round 2 |" in proc.stdout
+    heldout = read_jsonl(out / "heldout" / "pairwise.jsonl")
+    split = json.loads((out / "round-1" / "split" / "split.json").read_text())
+    assert len(heldout) == 3 and {r["id"].split("|")[0] for r in heldout} == set(split["heldout_samples"])
+    for k in (1, 2):
+        rd = out / f"round-{k}"
+        train_items = read_jsonl(rd / "split" / "train.jsonl")
+        assert {r["sample_id"] for r in train_items}.isdisjoint(int(s) for s in split["heldout_samples"])
+        assert {r["perturbation_type"] for r in train_items} == {"original", "drug_swap"}  # spacing held out whole
+        recipe = yaml.safe_load((rd / "recipe.yaml").read_text())
+        assert recipe["train_datasets"] == [{"dataset": "preference", "source": str(rd / "pairs"), "split": "train"}]
+        assert recipe.get("init_adapter") == (str(out / "round-1" / "train") if k == 2 else None)
+        assert (rd / "train" / "adapter_model.safetensors").is_file()
+        assert len([m for m in read_jsonl(rd / "train" / "metrics.jsonl") if "train/loss" in m]) == 2
+    rows = assert_table_matches_per_row_files(out, rounds=2, n_heldout=len(heldout))
+    csv_lines = (out / "rounds.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("round,figure,value,ci_low,ci_high,delta") and len(csv_lines) == len(rows) + 1
+    state = json.loads((out / "loop_state.json").read_text())
+    assert sorted(state["done"]) == sorted(f"{k}/{s}" for k in (1, 2) for s in ("items", "split", "pairs", "train",
+                                                                                  "eval"))
+    assert all(v["wall_s"] > 0 and v["cpu_s"] >= 0 for v in state["done"].values())
+
+    from judgetrain.report.build import make_report
+
+    paths = make_report([out], tmp_path / "report")
+    assert "rounds.png" in paths and "rounds.png" in (tmp_path / "report" / "report.md").read_text()
+    # a rerun of a finished loop runs nothing again
+    again = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "train done earlier, skipped" in again.stderr
+    assert len([e for e in read_jsonl(out / "stages.jsonl") if e["event"] == "start"]) == 10
+
+
+# where each stage has begun its work (the kill waits for it, so that it lands inside the stage)
+INSIDE = {"items": "round-1/items", "split": None, "judge": "round-1/judge/round0-s1", "pairs": "round-1/pairs",
+          "train": "round-1/train", "eval": "round-1/eval"}
+
+
+@pytest.mark.slow
+def test_killed_during_each_stage_then_rerun_every_stage_is_done_once(tmp_path, tiny_judge):
+    config = loop_config(tmp_path, rounds=1, pairs={"method": "known", "form": "pointwise"},
+                         judge={"samples": 2, "force_score_prefix": True, "max_new_tokens": 8})
+    out = tmp_path / "loop"
+    stopped_inside = []
+    for stage, inside in INSIDE.items():
+        proc = subprocess.Popen(loop_command(config), cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        while proc.poll() is None:
+            started = any(e["stage"] == stage and e["event"] == "start" for e in read_jsonl(out / "stages.jsonl")) \
+                if (out / "stages.jsonl").is_file() else False
+            if started and (inside is None or (out / inside).exists()):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, f"the loop ended before {stage} began"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        done = json.loads((out / "loop_state.json").read_text())["done"]
+        if f"1/{stage}" not in done:
+            stopped_inside.append(stage)
+    assert set(stopped_inside) >= {"items", "judge", "pairs", "train", "eval"}, stopped_inside
+    final = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert final.returncode == 0, final.stderr[-4000:]
+    events = read_jsonl(out / "stages.jsonl")
+    done = Counter(e["stage"] for e in events if e["event"] == "done")
+    assert done == Counter({s: 1 for s in INSIDE}), done
+    starts = Counter(e["stage"] for e in events if e["event"] == "start")
+    assert all(starts[s] == 2 for s in stopped_inside), starts
+    assert json.loads((out / "rounds.json").read_text())["keys"]["round/1/eval/pairwise/verdict/n"] == 3
+    assert len(read_jsonl(out / "round-1" / "judge" / "evaluations.jsonl")) == 2 * len(
+        read_jsonl(out / "round-1" / "split" / "train.jsonl"))
