@@ -721,11 +721,17 @@ def default_eval_strategy(options: dict[str, Any]) -> str:
 def check_eval_schedule(script_args, training_args, recipe_path=None) -> None:
     """The eval schedule (TrainingArguments' keys) asks only for what the suites can give: judgetrain has no
     eval_dataset, its evaluation is the suites. metric_for_best_model may be spelt as metrics.jsonl shows it
-    (``eval/rmbench/total_avg_acc``), as Trainer looks it up (``eval_rmbench/total_avg_acc``) or without the prefix."""
+    (``eval/rmbench/total_avg_acc``), as Trainer looks it up (``eval_rmbench/total_avg_acc``) or without the prefix.
+    ``eval_suites: none`` turns the evaluation off, the baseline before the first step (``eval_on_start``) with it,
+    said in one line: a recipe that scores its start (the quickstart) runs without evaluating by that one key."""
     where = f"recipe {recipe_path}: " if recipe_path else ""
     suites = script_args.eval_suites
+    if not suites and training_args.eval_on_start:
+        training_args.eval_on_start = False
+        if os.environ.get("RANK", "0") == "0":  # parsed on every process of a launch: said once
+            logger.info("eval_suites is empty: no evaluation, eval_on_start's baseline included")
     if not suites:
-        asks = {"eval_strategy": training_args.eval_strategy != "no", "eval_on_start": training_args.eval_on_start,
+        asks = {"eval_strategy": training_args.eval_strategy != "no",
                 "load_best_model_at_end": training_args.load_best_model_at_end,
                 "save_strategy": training_args.save_strategy == "best"}
         asked = [key for key, on in asks.items() if on]
