@@ -17,6 +17,9 @@ import json
 import logging
 import os
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 import zlib
 from collections import abc
 from dataclasses import dataclass
@@ -77,10 +80,6 @@ def fetch_url(url: str, *, timeout: float = 60.0) -> Path:
     (a commit's raw URL, not a branch's). Raises ConnectionError when it cannot be fetched (no connection, a server
     error, or the hub offline: ``HF_HUB_OFFLINE`` keeps judgetrain off the network for URLs too) and MissingFileError
     when the server answers that there is no such file."""
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
     name = Path(urllib.parse.urlparse(url).path).name or "download"
     path = cache_root() / "downloads" / hashlib.sha256(url.encode("utf-8")).hexdigest()[:16] / name
     if path.is_file():
