@@ -35,7 +35,9 @@ from judgetrain.eval.suites import SuiteSpec
 from judgetrain.models.aliases import resolve_model
 from judgetrain.models.loading import (init_adapter_config, load_init_adapter, load_recipe_tokenizer, model_init_kwargs,
                                       pinned_snapshot)
+from judgetrain.report.build import read_metrics
 from judgetrain.report.card import write_card
+from judgetrain.report.headline import against_base, against_base_text
 from judgetrain.run.checkpoints import finish_markers, write_final_marker
 from judgetrain.run.diskfull import DiskFull, every_rank_stops, stop_if_disk_full
 from judgetrain.run.revisions import pin_hub_revisions
@@ -277,6 +279,19 @@ def save_final(trainer: JudgeDPOTrainer, tokenizer, recipe: Recipe) -> None:
         write_final_marker(output_dir)
         logger.info("Final %s saved to %s (safetensors) with recipe.yaml",
                     "adapter" if recipe.model_args.use_peft else "model", output_dir)
+        log_against_base(recipe)
+
+
+def log_against_base(recipe: Recipe) -> None:
+    """The run's last lines (main process): its last evaluation against the base judge (the eval before the first
+    step), each figure with its interval, the difference, its interval and p-value, as `judgetrain report` and the
+    model card open with it (`judgetrain.report.headline.against_base`); nothing for a run that did not evaluate."""
+    metrics = Path(recipe.training_args.output_dir) / "metrics.jsonl"
+    records = read_metrics(metrics) if metrics.is_file() else {}
+    if not any(k.startswith("eval/") for rec in records.values() for k in rec):
+        return
+    logger.info("Against the base judge, the last eval (`judgetrain report %s` draws every eval):\n%s",
+                recipe.training_args.output_dir, against_base_text(against_base(records, recipe.resolved)))
 
 
 def finish(parts: TrainerParts) -> None:

@@ -41,7 +41,9 @@ def small_disk(tmp_path):
 
 def _recipe(tmp_path) -> Path:
     recipe = tmp_path / "small.yaml"  # the quickstart on 12 + 12 rows: 3 steps an epoch
-    recipe.write_text(QUICKSTART.read_text().replace("split: train}", "split: train, rows: 12}")
+    recipe.write_text(QUICKSTART.read_text().replace("eval_on_start: true", "eval_on_start: false")
+                      .replace("eval_scoring: [implicit, judge]", "eval_scoring: implicit")  # one row file an eval
+                      .replace("split: train}", "split: train, rows: 12}")
                       .replace("split: train, mode: pairwise}", "split: train, mode: pairwise, rows: 12}"))
     return recipe
 

@@ -20,7 +20,8 @@ METRIC = "eval/judgebias/error/accuracy"
 def _recipe(tmp_path: Path, extra: str) -> str:
     path = tmp_path / "r.yaml"
     text = QUICKSTART.read_text().replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [judgebias]")
-    path.write_text(text + "\nmax_steps: 6\nlogging_steps: 1\neval_max_rows: 8\n" + extra)
+    text += "\nmax_steps: 6\nlogging_steps: 1\neval_max_rows: 8\neval_scoring: implicit\neval_on_start: false\n"
+    path.write_text(text + extra)
     return str(path)
 
 
@@ -52,10 +53,13 @@ def test_old_schedule_keys_are_refused_naming_the_new_key(tmp_path, old, new):
 
 def test_an_eval_schedule_without_suites_is_refused_naming_the_key():
     for flags, key in ((["--eval_strategy", "steps"], "eval_strategy: steps"),
-                       (["--eval_on_start"], "eval_on_start: True"),
                        (["--save_strategy", "best", "--metric_for_best_model", METRIC], "save_strategy: best")):
         with pytest.raises(RecipeError, match=rf"{key} asks for evaluations, but eval_suites is empty"):
             parse_recipe([str(QUICKSTART), "--eval_suites", "none", *flags])
+    # eval_suites: none turns the evaluation off, the quickstart's baseline before the first step with it
+    assert parse_recipe([str(QUICKSTART)]).training_args.eval_on_start is True
+    recipe = parse_recipe([str(QUICKSTART), "--eval_suites", "none", "--eval_on_start", "true"])
+    assert recipe.training_args.eval_on_start is False and recipe.training_args.eval_strategy == "no"
 
 
 def test_metric_for_best_model_is_taken_as_metrics_jsonl_spells_it_or_as_trainer_does_and_checked():

@@ -81,6 +81,60 @@ def test_max_rows_draws_evenly_over_sources_and_categories(judgebench_dir, evalb
     assert ds["id"] == load_judgebench(judgebench_dir, max_rows=17, seed=3)["id"]  # seeded
 
 
+# ------------------------------------------------------------------------------------- the authors' file by URL
+def test_evalbiasbench_by_its_authors_url_is_fetched_once_and_read_as_the_file(evalbiasbench_dir, tmp_path,
+                                                                               monkeypatch):
+    """An http(s) source (the 8B recipes name OffsetBias's biasbench.json at a commit) from a real HTTP server on
+    localhost: fetched once into the judgetrain cache and read as the file is, then read from the cache with the server
+    gone; a URL the server does not have is a MissingFileError naming it; not fetched yet with the network off
+    (HF_HUB_OFFLINE) is a ConnectionError, which the dry run reports as unreachable."""
+    import functools
+    import http.server
+    import shutil
+    import threading
+
+    from huggingface_hub import constants
+
+    from judgetrain.utils.errors import MissingFileError
+    from judgetrain.utils.hub import hub_unreachable
+
+    www = tmp_path / "www"
+    (www / "data").mkdir(parents=True)
+    shutil.copy(evalbiasbench_dir / "biasbench.json", www / "data" / "biasbench.json")
+    asked = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(www)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/data/biasbench.json"
+    monkeypatch.setenv("JUDGETRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    try:
+        ds = load_evalbiasbench(url)
+        with pytest.raises(MissingFileError, match=r"/data/nope\.json: HTTP 404"):
+            load_evalbiasbench(url.replace("biasbench.json", "nope.json"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked == ["/data/biasbench.json", "/data/nope.json"]
+    local = load_evalbiasbench(evalbiasbench_dir)
+    assert len(ds) == 80 and ds["id"] == local["id"] and ds["prompt"] == local["prompt"]
+    assert ds["id"][0] == "biasbench.json#length bias/0"
+    assert load_evalbiasbench(url)["response_b"] == local["response_b"]  # the server is gone: the cached file
+    assert len(list((tmp_path / "cache" / "downloads").glob("*/biasbench.json"))) == 1
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConnectionError, match="not downloaded yet") as offline:
+        load_evalbiasbench(url.replace("biasbench.json", "other.json"))
+    assert hub_unreachable(offline.value)
+
+
 # ----------------------------------------------------------------------------------------- a team's own pairs
 def _write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

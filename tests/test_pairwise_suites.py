@@ -285,7 +285,7 @@ def test_a_run_against_its_start_logs_paired_deltas_and_eval_baseline_gives_the_
                             "  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n",
                             f"  - {{dataset: judgebias, source: {data}, split: train}}\n")
     recipe = recipe.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [judgebias]")
-    recipe = recipe.replace("eval_scoring: implicit", "eval_scoring: [judge]")
+    recipe = recipe.replace("eval_scoring: [implicit, judge]", "eval_scoring: [judge]")
     recipe = recipe.replace("learning_rate: 2.0e-3", "learning_rate: 1.0e-2").replace("warmup_steps: 5", "warmup_steps: 0")
     recipe = recipe.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 4")
     recipe = recipe.replace("lr_scheduler_type: cosine", "lr_scheduler_type: constant").replace("save_steps: 25",

@@ -27,7 +27,8 @@ def small_recipe(path: Path, extra: str = "") -> str:
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [judgebias]")
     text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
-    text += f"\nmax_steps: {MAX_STEPS}\nsave_steps: 2\nlogging_steps: 1\neval_steps: 4\neval_max_rows: 32\n" + extra
+    text += f"\nmax_steps: {MAX_STEPS}\nsave_steps: 2\nlogging_steps: 1\neval_steps: 4\neval_max_rows: 32\n"
+    text += "eval_scoring: implicit\neval_on_start: false\n" + extra  # no start eval: the evals at steps 4 and 8
     path.write_text(text)
     return str(path)
 

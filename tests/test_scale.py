@@ -31,11 +31,13 @@ def _recipe(path: Path, full: bool = False) -> str:
     if full:  # a full fine-tune: no adapter, a learning rate for all weights
         text = text.replace("use_peft: true", "use_peft: false").replace("learning_rate: 2.0e-3", "learning_rate: 1.0e-4")
         # and generate mode on 5 rows a suite, in batches of 2 JudgeBias prompts (about 400 tokens each)
-        text = text.replace("eval_scoring: implicit", "eval_scoring: [implicit, generate]")
+        text = text.replace("eval_scoring: [implicit, judge]", "eval_scoring: [implicit, generate]")
         text += f"\neval_generate_max_rows: {GENERATED_ROWS}\neval_generate_max_new_tokens: 6\neval_batch_tokens: 1024\n"
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", "eval_suites: [rmbench, judgebias]")
     text = text.replace("eval_max_rows: null", "eval_max_rows: 12")
+    text = text.replace("eval_scoring: [implicit, judge]", "eval_scoring: implicit")  # proxy only, no start eval
+    text = text.replace("eval_on_start: true", "eval_on_start: false")
     text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
     text += (f"\nmax_steps: {STEPS}\nsave_steps: {EVERY}\nlogging_steps: 1\neval_steps: {EVERY}\n"
              "lr_scheduler_type: constant\nwarmup_steps: 0\n")

@@ -24,7 +24,7 @@ def _recipe(path, evals: bool) -> str:
     text = text.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 2")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]",
                         "eval_suites: [judgebias]" if evals else "eval_suites: none")
-    text = text.replace("eval_scoring: implicit", "eval_scoring: [implicit, generate]")
+    text = text.replace("eval_scoring: [implicit, judge]", "eval_scoring: [implicit, generate]")
     text = text.replace("eval_max_rows: null", "eval_max_rows: 6")
     text += (f"\nmax_steps: {STEPS}\nsave_strategy: 'no'\neval_steps: {EVAL_AT}\neval_on_start: false\nlogging_steps: 1\n"
              "lr_scheduler_type: constant\nwarmup_steps: 0\neval_generate_max_rows: 3\neval_generate_max_new_tokens: 4\n"

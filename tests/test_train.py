@@ -23,6 +23,8 @@ def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> s
     text = text.replace("  - {dataset: ideation, source: bundled, split: train, mode: pairwise}\n", "")
     text = text.replace("eval_suites: [rmbench, judgebias, ideation]", f"eval_suites: {eval_suites}")
     text = text.replace("report_to: none", f"report_to: {report_to}")
+    text = text.replace("eval_scoring: [implicit, judge]", "eval_scoring: implicit")  # proxy only, no start eval
+    text = text.replace("eval_on_start: true", "eval_on_start: false")
     path.write_text(text + extra)
     return str(path)
 
@@ -30,6 +32,7 @@ def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> s
 # .ci/run launches the README's quickstart line from a cold start just before the tests, and names that run here
 # (its folder and the launch's stderr) so the module reads it instead of training the same recipe again.
 GIVEN_RUN = "JUDGETRAIN_TEST_QUICKSTART_RUN"
+LAUNCH_LOG: dict[Path, str] = {}  # the quickstart run -> its launch's stderr (the main process's log)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,7 @@ def quickstart_run(tmp_path_factory):
         out = tmp_path_factory.mktemp("quickstart")
         stderr = accelerate_launch("cpu.yaml", [QUICKSTART, "--output_dir", str(out)]).stderr
     assert "Traceback" not in stderr
+    LAUNCH_LOG[out] = stderr
     return out
 
 
@@ -58,7 +62,7 @@ def test_quickstart_writes_train_and_eval_keys_checkpoints_and_final_adapter(qui
     assert train_records, "no train/loss logged"
     assert {"train/rewards/margins", "train/rewards/accuracies", "train/learning_rate"} <= set(train_records[0])
     eval_records = [r for r in records if "eval/rmbench/total_avg_acc" in r]
-    assert [r["step"] for r in eval_records] == [31, 62]  # one per epoch
+    assert [r["step"] for r in eval_records] == [0, 31, 62]  # the base judge before the first step, then each epoch
     for r in eval_records:
         for key in ("eval/rmbench/hard_acc", "eval/rmbench/normal_acc", "eval/rmbench/easy_acc",
                     "eval/judgebias/error/accuracy", "eval/judgebias/represent/accuracy",
@@ -84,8 +88,10 @@ def _judgebias_rows(run_dir, step):
 
 def test_quickstart_judge_learns_the_bundled_judgebias_signal(quickstart_run):
     evals = [r for r in read_metrics(quickstart_run) if "eval/judgebias/error/accuracy" in r]
-    assert [r["step"] for r in evals] == [31, 62]
-    # Before training the LoRA adapter is the identity, every margin 0: chance (test_eval_schedule checks it at step 0).
+    assert [r["step"] for r in evals] == [0, 31, 62]
+    # Before training the LoRA adapter is the identity: every implicit margin 0 up to rounding (the start eval)
+    assert max(abs(r["score_chosen"] - r["score_rejected"]) for r in _judgebias_rows(quickstart_run, 0)) < 1e-4
+    evals = evals[1:]
     # After: validation preference accuracy (implicit reward margin > 0), held-out samples, both categories
     after = _judgebias_rows(quickstart_run, 62)
     assert len(after) == 96
@@ -114,6 +120,75 @@ def test_report_on_the_quickstart_run(quickstart_run, tmp_path):
     assert "eval/rmbench/total_avg_acc" in html and "eval/judgebias/error/accuracy" in html
     assert f"{last['eval/rmbench/total_avg_acc']:.4f}" in html
     assert f"{last['eval/judgebias/represent/accuracy']:.4f}" in html
+
+
+# the judge as deployed (judge mode) against its start: each figure, its interval, the difference, its interval, p
+VERSUS = ("rmbench/judge/hard_acc", "rmbench/judge/easy_acc", "rmbench/judge/style_spread",
+          "judgebias/judge/error/accuracy", "judgebias/judge/represent/anchor_mae", "judgebias/judge/error/detect_rate",
+          "ideation/judge/accuracy")
+
+
+def _versus_cells(last: dict, figure: str) -> list[str]:
+    """What the against-base table shows for one figure of the last eval (4 decimals, as the report writes)."""
+    key, (where, metric) = f"eval/{figure}", figure.rsplit("/judge/", 1)
+    delta = f"eval/{where}/judge/delta/{metric}"
+    return [f"{last[key] - last[delta]:.4f}", f"{last[key]:.4f}",
+            f"[{last[key + '/ci_low']:.4f}, {last[key + '/ci_high']:.4f}]", f"{last[delta]:.4f}", f"[{last[delta + '/delta_ci_low']:.4f}, {last[delta + '/delta_ci_high']:.4f}]",
+            f"{last[delta + '/p_value']:.4f}"]
+
+
+def test_quickstart_scores_the_deployed_judge_against_its_start(quickstart_run):
+    """eval_on_start scores the base judge in judge mode; each later eval logs every judge-mode figure with its interval
+    and its paired difference from the base with the difference's interval and p-value; the difference is the
+    figure's change on the same rows."""
+    from judgetrain.report.build import read_metrics as merged_metrics
+
+    records = merged_metrics(quickstart_run / "metrics.jsonl")
+    base = records[0]
+    assert not any("/delta/" in k for k in base)  # the base has nothing to be compared with
+    for step in (31, 62):
+        rec = records[step]
+        for figure in VERSUS:
+            where, metric = figure.rsplit("/judge/", 1)
+            key, delta = f"eval/{figure}", f"eval/{where}/judge/delta/{metric}"
+            assert rec[key + "/ci_low"] <= rec[key] <= rec[key + "/ci_high"], (step, figure)
+            assert rec[delta] == pytest.approx(rec[key] - base[key], abs=1e-9), (step, figure)
+            assert rec[delta + "/delta_ci_low"] <= rec[delta] <= rec[delta + "/delta_ci_high"], (step, figure)
+            assert 0.0 <= rec[delta + "/p_value"] <= 1.0, (step, figure)
+        assert not any(k.startswith("eval/rmbench/delta/") for k in rec)  # the implicit reward has no baseline (all 0)
+    # the judge scored each RM-Bench response in judge mode at the start: 48 rows x 6 expected scores in 1-5
+    start = read_jsonl(quickstart_run / "eval" / "0" / "rmbench.judge.jsonl")
+    assert len(start) == 48 and all(1 <= v <= 5 for r in start for v in r["score_chosen"] + r["score_rejected"])
+
+
+def test_quickstart_report_and_console_open_with_the_table_against_the_base(quickstart_run, tmp_path):
+    from judgetrain.report.build import make_report
+    from judgetrain.report.build import read_metrics as merged_metrics
+
+    last = merged_metrics(quickstart_run / "metrics.jsonl")[62]
+    rows = {figure: _versus_cells(last, figure) for figure in VERSUS}
+    # the report: its first section, before the headline and every other table
+    make_report([quickstart_run], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    sections = md.split("\n## ")
+    assert sections[1].startswith("Against the base judge: ") and "## Headline: " in md
+    assert "| figure | base | trained | 95% interval | difference | its interval | p |" in sections[1]
+    assert sections[1].count("\n| rmbench/judge/") == 5 and sections[1].count("\n| judgebias/judge/") == 4
+    for figure, cells in rows.items():
+        assert f"| {figure} | " + " | ".join(cells) + " |" in sections[1], figure
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert html.index("Against the base judge") < html.index("Headline")
+    # the console: the training log ends with the same table (main process only, once)
+    log = LAUNCH_LOG[quickstart_run]
+    saved = log.index("Final adapter saved to")
+    assert log.count("Against the base judge") == 1 and log.index("Against the base judge") > saved
+    table = log[log.index("Against the base judge"):].splitlines()
+    assert table[1].startswith(("No category got worse than the base judge at step 62",
+                                "Worse than the base judge at step 62"))
+    assert table[2].split() == ["figure", "base", "trained", "95%", "interval", "difference", "its", "interval", "p"]
+    shown = {line.split()[0]: line.split(None, 1)[1].split() for line in table[3:] if line.split()}
+    for figure, cells in rows.items():
+        assert " ".join(shown[figure]) == " ".join(cells), figure
 
 
 def test_quickstart_writes_the_judges_model_card(quickstart_run):

@@ -20,7 +20,7 @@ from judgetrain.models.aliases import is_alias, resolve_model
 from judgetrain.models.loading import load_recipe_tokenizer
 from judgetrain.models.tiny import ensure_tiny_judge
 from judgetrain.run.state import output_dir_in_use, plan_start
-from judgetrain.utils.hub import hub_refusal, hub_unreachable, is_hub_id
+from judgetrain.utils.hub import hub_refusal, hub_unreachable, is_hub_id, is_url
 
 logger = logging.getLogger(__name__)
 
@@ -191,10 +191,11 @@ def _raise_refused(error: Exception, fields: list[tuple[str, str]]):
 
 
 def _names_a_source(source: str) -> bool:
-    """Whether a recipe's source names something to read: "bundled", an existing path or a hub id, by the data
-    loaders' own rule (`judgetrain.data.io.resolve_local`)."""
+    """Whether a recipe's source names something to read: "bundled", an existing path, a hub id or an http(s) URL
+    (fetched when the rows are read: offline, a note), by the data loaders' own rule
+    (`judgetrain.data.io.resolve_local`)."""
 
-    if source == "bundled":
+    if source == "bundled" or is_url(source):
         return True
     try:
         resolve_local(source, "")

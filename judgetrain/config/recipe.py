@@ -760,11 +760,17 @@ def check_eval_schedule(script_args, training_args, recipe_path=None, greater_gi
     eval_dataset, its evaluation is the suites. metric_for_best_model may be spelt as metrics.jsonl shows it
     (``eval/rmbench/total_avg_acc``), as Trainer looks it up (``eval_rmbench/total_avg_acc``) or without the prefix;
     ``greater_is_better`` follows the figure's direction (`judgetrain.config.directions`: ``style_spread`` lower),
-    and a recipe that sets it (``greater_given``) the other way, or names a figure best at a value, is refused."""
+    and a recipe that sets it (``greater_given``) the other way, or names a figure best at a value, is refused.
+    ``eval_suites: none`` turns the evaluation off, the baseline before the first step (``eval_on_start``) with it,
+    said in one line: a recipe that scores its start (the quickstart) runs without evaluating by that one key."""
     where = f"recipe {recipe_path}: " if recipe_path else ""
     suites = script_args.eval_suites
+    if not suites and training_args.eval_on_start:
+        training_args.eval_on_start = False
+        if os.environ.get("RANK", "0") == "0":  # parsed on every process of a launch: said once
+            logger.info("eval_suites is empty: no evaluation, eval_on_start's baseline included")
     if not suites:
-        asks = {"eval_strategy": training_args.eval_strategy != "no", "eval_on_start": training_args.eval_on_start,
+        asks = {"eval_strategy": training_args.eval_strategy != "no",
                 "load_best_model_at_end": training_args.load_best_model_at_end,
                 "save_strategy": training_args.save_strategy == "best"}
         asked = [key for key, on in asks.items() if on]

@@ -17,6 +17,9 @@ import json
 import logging
 import os
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 import zlib
 from collections import abc
 from dataclasses import dataclass
@@ -24,8 +27,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from judgetrain.utils.errors import MissingFileError
-from judgetrain.utils.files import utf8_problem
-from judgetrain.utils.hub import is_hub_id
+from judgetrain.utils.files import cache_root, utf8_problem
+from judgetrain.utils.hub import hub_offline, is_hub_id, is_url
 
 from .validate import JSON_ERRORS, MALFORMED, DataValidationError, RowProblem, json_problem
 
@@ -56,16 +59,49 @@ class Table:
 
 
 def resolve_local(source: str | os.PathLike, dataset: str) -> Path | None:
-    """The local path a source means, or None when it is a hub id. Raises MissingFileError (a FileNotFoundError) for a missing path."""
+    """The local path a source means (an http(s) URL: its file downloaded once, `fetch_url`), or None when it is a hub
+    id. Raises MissingFileError (a FileNotFoundError) for a missing path."""
     source = str(source)
     if source == "bundled":
         return Path(sample_source(dataset))
+    if is_url(source):
+        return fetch_url(source)
     path = Path(source).expanduser()
     if path.exists():
         return path
     if is_hub_id(source):
         return None
     raise MissingFileError(f"data source {source!r} is neither an existing file/directory nor a hub id (owner/name)")
+
+
+def fetch_url(url: str, *, timeout: float = 60.0) -> Path:
+    """The file ``url`` names, downloaded once into ``$JUDGETRAIN_CACHE/downloads/<first 16 hex digits of the URL's
+    SHA-256>/<its file name>`` (through a temporary file and a rename) and read from there on: name a fixed version
+    (a commit's raw URL, not a branch's). Raises ConnectionError when it cannot be fetched (no connection, a server
+    error, or the hub offline: ``HF_HUB_OFFLINE`` keeps judgetrain off the network for URLs too) and MissingFileError
+    when the server answers that there is no such file."""
+    name = Path(urllib.parse.urlparse(url).path).name or "download"
+    path = cache_root() / "downloads" / hashlib.sha256(url.encode("utf-8")).hexdigest()[:16] / name
+    if path.is_file():
+        return path
+    if hub_offline():
+        raise ConnectionError(f"data source {url}: not downloaded yet, and the network is off (HF_HUB_OFFLINE)")
+    logger.info("downloading %s into %s", url, path.parent)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            data = response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code >= 500:
+            raise ConnectionError(f"data source {url}: the server failed (HTTP {exc.code})") from exc
+        raise MissingFileError(f"data source {url}: HTTP {exc.code} {exc.reason} (check the URL: a raw file at a "
+                               "commit)") from None
+    except (urllib.error.URLError, TimeoutError) as exc:
+        raise ConnectionError(f"data source {url}: unreachable ({getattr(exc, 'reason', exc)})") from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{name}.{os.getpid()}.part")
+    part.write_bytes(data)
+    os.replace(part, path)
+    return path
 
 
 def data_files(directory: Path) -> list[Path]:

@@ -38,7 +38,8 @@ from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
 from judgetrain.report import rounds
 from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
-                                        against_base_verdict, headline, headline_note, headline_table)
+                                        against_base_text, against_base_verdict, headline, headline_note,
+                                        headline_table)
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.utils.errors import MissingFileError
 
@@ -734,6 +735,8 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     for run in runs:
         for note in run.notes:
             logger.warning("%s: %s", run.name, note)
+    for run in runs:  # said first, as the pages open with it: each run against its base judge
+        logger.info("%s, against the base judge:\n%s", run.name, against_base_text(against_base(run.records, run.recipe)))
 
     written: dict[str, Path] = {}
     figures = []

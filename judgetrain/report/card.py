@@ -29,7 +29,7 @@ from typing import Any
 from judgetrain.report.headline import (Headline, against_base, against_base_lines, headline, headline_note,
                                         headline_table)
 from judgetrain.utils.files import read_json, write_lines
-from judgetrain.utils.hub import is_hub_id
+from judgetrain.utils.hub import is_hub_id, is_url
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ _SUITE_DATA = {  # eval suite -> (its name, the hub dataset it comes from, what 
                   "judgetrain's bundled synthetic sample in the JudgeBias-DPO-RefFree schema"),
     "ideation": ("Ideation test", "tintin1027/research-ideation-arena-si-rm",
                  "judgetrain's bundled synthetic sample in the Research Ideation Arena schema"),
-    "evalbiasbench": ("EvalBiasBench (OffsetBias)", "NCSOFT/offsetbias", "no bundled copy"),
+    "evalbiasbench": ("EvalBiasBench (OffsetBias)", "evalbiasbench", "no bundled copy"),  # on GitHub only
     "judgebench": ("JudgeBench", "ScalerLab/JudgeBench", "no bundled copy"),
     "pairwise": ("held-out pairs", "held-out-pairs", "no bundled copy"),
 }
@@ -131,6 +131,8 @@ def _suite_dataset(suite: str, recipe: Mapping[str, Any]) -> dict[str, Any]:
         return {"name": f"{name} ({bundled})", "type": hub}
     if is_hub_id(source):
         return {"name": name, "type": source}
+    if is_url(source):
+        return {"name": f"{name} ({source.split('//', 1)[-1].split('/', 1)[0]})", "type": hub}
     return {"name": f"{name} (local copy)", "type": hub}
 
 

@@ -199,3 +199,17 @@ def against_base_lines(versus: Mapping[str, Any] | None) -> list[str]:
     lines = [f"**{verdict}**: {worse}" if worse else verdict, "",
              "| " + " | ".join(AGAINST_BASE_HEADER) + " |", "|" + "|".join("---" for _ in AGAINST_BASE_HEADER) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in against_base_cells(versus)]
+
+
+def against_base_text(versus: Mapping[str, Any] | None) -> str:
+    """The same as `against_base_lines` as fixed-width text, for a log or a terminal: the verdict (and what got
+    worse) first, then base vs trained with the interval, the difference, its interval and p-value."""
+    verdict = against_base_verdict(versus)
+    if versus is None:
+        return verdict
+    lines = [f"{verdict}: {', '.join(versus['worse'])}" if versus["worse"] else verdict]
+    rows = [list(AGAINST_BASE_HEADER), *against_base_cells(versus)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(AGAINST_BASE_HEADER))]
+    lines += ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+              for row in rows]
+    return "\n".join(lines)

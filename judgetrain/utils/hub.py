@@ -20,6 +20,11 @@ def is_hub_id(source: str) -> bool:
     return not Path(source).exists() and bool(_HUB_ID.match(source)) and not source.startswith((".", "/", "~"))
 
 
+def is_url(source: str) -> bool:
+    """Whether a source is an http(s) URL: a file its authors publish outside the hub (OffsetBias's biasbench.json)."""
+    return str(source).startswith(("https://", "http://"))
+
+
 def is_commit(revision: str | None) -> bool:
     """A full 40-hex commit hash (a branch or tag name can move; a commit cannot)."""
     return bool(revision) and bool(_COMMIT.fullmatch(str(revision)))
