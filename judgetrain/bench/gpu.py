@@ -289,9 +289,11 @@ def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, s
     return out
 
 
-def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
+def random_model_folder(name: str, tokenizer_dir: str, out: Path, *, layers: int | None = None,
+                        vocab: int | None = None) -> str:
     """A random-init model of a real shape saved with a small tokenizer (its ids are valid in the larger vocabulary),
-    so the train workers can load it as they load any model folder."""
+    so the train workers can load it as they load any model folder. ``layers`` / ``vocab``: fewer layers, or the
+    tokenizer's vocabulary in place of the shape's (checks on a CPU of the per-layer terms at a real layer width)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
@@ -299,7 +301,8 @@ def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
         return str(out)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
-    config = Qwen3Config(**{**REAL_SHAPES[name], "vocab_size": max(REAL_SHAPES[name]["vocab_size"], len(tokenizer))})
+    shape = {**REAL_SHAPES[name], "num_hidden_layers": layers or REAL_SHAPES[name]["num_hidden_layers"]}
+    config = Qwen3Config(**{**shape, "vocab_size": max(vocab or shape["vocab_size"], len(tokenizer))})
     config.architectures = ["Qwen3ForCausalLM"]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(str(out))
