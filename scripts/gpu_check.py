@@ -349,25 +349,40 @@ def check_memory(cfg) -> dict:
 
 def check_bench(cfg) -> dict:
     if cfg.device == "cpu":  # the code path of the device bench at the tiny shape, in process
-        from judgetrain.bench.gpu import device_bench_shape, measure_matmul_rate
         import torch
+
+        from judgetrain.bench.gpu import device_bench_generation, device_bench_shape, measure_matmul_rate
 
         peak = measure_matmul_rate("cpu", torch.bfloat16, n=256, seconds=0.2)
         got = device_bench_shape("tiny", "cpu", torch.bfloat16, 64, 2, 2, 1, 4, peak)
         expect(got["train_tokens_per_s"] > 0 and got["train_mfu"] > 0, f"bench figures: {got}")
-        return {"tiny": {k: got[k] for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu")}}
+        gen = device_bench_generation("tiny", "cpu", torch.float32, tiny_tokenizer_dir(), cfg.work, prompts=2,
+                                      prompt_words=12, new_tokens=4)
+        expect(gen["static_cache"]["static_cache_batches"] > 0 and gen["dynamic_cache"]["static_cache_batches"] == 0,
+               f"generation figures: {gen}")
+        return {"tiny": {**{k: got[k] for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu")},
+                         "generation": gen}}
     report = cfg.work / "bench.json"
     # Qwen3-0.6B and -1.7B (the 8B default is a bench of its own: building and initialising it alone took most of
     # the first loan's 180 s), few steps, a 1 s matmul probe
     cmd = [sys.executable, "-m", "judgetrain.cli", "bench", "--device", "cuda", "--only", "device",
-           "--shapes", "qwen3-0.6b", "qwen3-1.7b", "--prefix-sharing-shapes", "qwen3-0.6b", "--device-steps", "3",
-           "--device-warmup", "1", "--matmul-seconds", "1", "--output", str(report)]
+           "--shapes", "qwen3-0.6b", "qwen3-1.7b", "--prefix-sharing-shapes", "qwen3-0.6b", "qwen3-1.7b",
+           "--device-steps", "3", "--device-warmup", "1", "--matmul-seconds", "1", "--repeats", "1", "--warmup", "0",
+           "--train-steps", "2", "--output", str(report)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=cfg.cap - 5)
     (cfg.work / "bench.log").write_text(proc.stdout + proc.stderr)
     expect(proc.returncode == 0, f"judgetrain bench ended {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
-    shapes_ = json.loads(report.read_text())["device_bench"]["shapes"]
-    return {name: {k: v.get(k) for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu",
-                                         "peak_memory_gib")} for name, v in shapes_.items()}
+    device = json.loads(report.read_text())["device_bench"]
+    out = {name: {**{k: v.get(k) for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu",
+                                           "train_peak_gpu_mb", "train_peak_estimated_mb")},
+                  "eval_sharing": v.get("eval_sharing"), "generation": v.get("generation")}
+           for name, v in device["shapes"].items()}
+    for name, shapes_ in (device.get("prefix_sharing") or {}).items():  # prefix-shared DPO against TRL's, bf16
+        out.setdefault(name, {})["prefix_sharing_vs_trl"] = {
+            rows_: {side: {k: figs[side].get(k) for k in ("samples_per_s", "tokens_per_s", "mfu", "peak_gpu_mb")}
+                    for side in ("trl", "prefix_sharing")} | {"mfu_ratio": figs.get("mfu_ratio")}
+            for rows_, figs in shapes_.items()}
+    return out
 
 
 VLLM_CHILD = r"""

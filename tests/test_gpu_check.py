@@ -34,8 +34,15 @@ def test_the_gpu_check_runs_every_check_on_cpu_and_writes_its_figures(tmp_path):
     assert engine["float32"]["max_rel_score_diff"] <= 1e-4 and engine["bfloat16"]["shared_prompts"] > 0
     mem = checks["memory"]["figures"]["cases"]
     assert [(c["lora_r"], c["checkpointing"]) for c in mem] == [(16, False), (None, True)]
+    assert all(c["optimizer"] == "fused" and c["estimated_phase"] for c in mem)
     assert all(c["measured_mib"] > 0 and c["bf16"] for c in mem)
-    assert checks["bench"]["figures"]["tiny"]["train_tokens_per_s"] > 0
+    bench = checks["bench"]["figures"]["tiny"]
+    assert bench["train_tokens_per_s"] > 0 and bench["train_mfu"] > 0 and bench["eval_tokens_per_s"] > 0
+    gen = bench["generation"]  # the device bench's generation figures, every key, from the same code on CPU
+    assert gen["static_cache"]["tokens"] == gen["dynamic_cache"]["tokens"] == 2 * 4
+    assert gen["static_cache"]["static_cache_batches"] == 1 and gen["dynamic_cache"]["static_cache_batches"] == 0
+    assert gen["static_cache"]["tokens_per_s"] > 0 and gen["static_cache_speedup"] > 0
+    assert gen["batch_tokens_auto"] > 0 and gen["batch_tokens_how"].startswith("CPU: ")
     assert report["environment"]["device"] == "cpu" and report["setup"]["missing"] == []
 
 
@@ -110,3 +117,17 @@ def test_the_device_kit_installs_offline_into_an_empty_venv_and_imports_the_stac
     assert manifest["verified"]["versions"]["trl"] == "1.16.0"
     assert set(manifest["verified"]["versions"]) == {"judgetrain", "trl", "datasets", "huggingface_hub",
                                                      "transformers", "peft", "accelerate"}
+
+
+def test_the_device_benchs_mfu_of_prefix_shared_dpo_against_trls_on_a_worked_example():
+    """add_train_mfu: MFU counts the pairs' model FLOPs at TRL's length for both sides (the same work for the same
+    loss). Tiny shape, 100 tokens a response: N = 2 x 36,864 + 64 x 512 = 106,496 matmul parameters; a DPO LoRA step
+    6 N + 4 x (4 L q S) = 843,776 FLOPs a token; a pair 2 x 100 of them; 2 and 3 pairs/s over 1e9 FLOP/s."""
+    from judgetrain.bench.gpu import REAL_SHAPES, add_train_mfu
+
+    rows = {"tokens_per_response": {"trl": 100, "prefix_sharing": 60},
+            "trl": {"samples_per_s": 2.0}, "prefix_sharing": {"samples_per_s": 3.0}}
+    add_train_mfu(rows, REAL_SHAPES["tiny"], 1e9)
+    assert rows["trl"]["mfu"] == pytest.approx(2 * 2 * 100 * 843_776 / 1e9)
+    assert rows["prefix_sharing"]["mfu"] == pytest.approx(3 * 2 * 100 * 843_776 / 1e9)
+    assert rows["mfu_ratio"] == pytest.approx(1.5)
