@@ -65,6 +65,9 @@ def test_dry_run_says_whether_the_zero3_recipe_fits_the_stated_gpu():
     assert mem["tokens_per_step"] == 4096 * 2 * 8 * 8  # max_length x (chosen + rejected) x accumulation x processes
     assert mem["fits"] is True and mem["peak_gib"] < 79
     assert "Memory per device, zero3 over 8 process(es)" in proc.stderr and "fits H100-80GB" in proc.stderr
+    # the AdamW it assumed: the recipe sets no optim, so the Trainer's default, fused, with no step temporaries
+    assert mem["optimizer"] == "fused" and mem["per_device_gib"]["optimizer_step_temporaries"] == 0
+    assert "AdamW assumed: optim adamw_torch_fused: torch's fused AdamW kernel" in proc.stderr
 
 
 def test_dry_run_says_a_full_fine_tune_without_sharding_does_not_fit_and_what_would():
