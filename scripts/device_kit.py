@@ -167,7 +167,8 @@ def verify(out: Path) -> dict:
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=REPO / "wheels", help="the kit's folder (default: wheels/ in the checkout)")
+    p.add_argument("--out", type=Path, default=REPO / "wheels",
+                   help="the kit's folder (default: wheels/ in the checkout)")
     p.add_argument("--pythons", default="3.10,3.11,3.12,3.13",
                    help="Python versions to fetch compiled wheels for (default: 3.10,3.11,3.12,3.13)")
     p.add_argument("--max_mib", type=float, default=60.0, help="the most the folder may take (default: 60)")

@@ -229,8 +229,9 @@ def test_the_optimizer_steps_temporaries_are_those_of_its_implementation():
     from judgetrain.checks.memory import ModelShape, Plan, optimizer_implementation, optimizer_step_temporaries
 
     extra = {}
-    for impl, flags in {"fused": {"fused": True}, "foreach": {"foreach": True}, "per-parameter": {"foreach": False}}.items():
-        params = [torch.nn.Parameter(torch.randn(1000, 1000)) for _ in range(4)] + [torch.nn.Parameter(torch.randn(3000, 1000))]
+    implementations = {"fused": {"fused": True}, "foreach": {"foreach": True}, "per-parameter": {"foreach": False}}
+    for impl, flags in implementations.items():
+        params = [torch.nn.Parameter(torch.randn(n, 1000)) for n in (1000, 1000, 1000, 1000, 3000)]
         for p in params:
             p.grad = torch.randn_like(p)
         opt = torch.optim.AdamW(params, lr=1e-3, **flags)

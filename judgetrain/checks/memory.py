@@ -357,8 +357,8 @@ def estimate(shape: ModelShape, plan: Plan, usable: float | None = None) -> dict
     # judgetrain's scoring engine keeps the logits of scored positions only (the responses: EVAL_SCORED_FRACTION of
     # a batch's tokens, assumed): the logits in the weights' dtype, their fp32 copy and the logsumexp temporary
     scored = int(eval_tokens * EVAL_SCORED_FRACTION)
-    out["eval_pass"] = (eval_tokens * (no_grad_bytes_per_token_layer(shape, plan, adapter_on=lora) + shape.hidden * wb * 2)
-                        + scored * shape.vocab * (wb + 8))
+    eval_layer = no_grad_bytes_per_token_layer(shape, plan, adapter_on=lora)
+    out["eval_pass"] = eval_tokens * (eval_layer + shape.hidden * wb * 2) + scored * shape.vocab * (wb + 8)
     # merged LoRA weights (fp32 models only; half-precision layers keep PEFT's forward): bounded by the engine
     merge = lora and wb == 4 and plan.eval_merge_lora and eval_tokens > 0 and shard_w == 1
     out["eval_merged_lora"] = merged_extra_bytes(
