@@ -1,9 +1,11 @@
 """The `--device cuda` part: real shapes (Qwen3-0.6B / Qwen3-8B, random init, bf16), tokens per second and MFU against
-a measured matmul rate, the engine's prefix sharing on against off, and the prefix-sharing trainer on a real shape.
+a measured matmul rate, the engine's prefix sharing on against off, generation on the static against the dynamic
+key/value cache with `--batch_tokens auto`'s choice, and the prefix-sharing trainer against TRL's on a real shape.
 """
 
-# Late imports: torch, peft, transformers, judgetrain.eval (inside the functions that use them): each benchmark part
-# loads only what it measures, and a timed side's imports are part of what it times.
+# Late imports: torch, peft, transformers, judgetrain.eval, judgetrain.judge, judgetrain.models (inside the functions
+# that use them): each benchmark part loads only what it measures, and a timed side's imports are part of what it
+# times.
 
 from __future__ import annotations
 

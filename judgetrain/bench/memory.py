@@ -61,10 +61,9 @@ def measure_dpo_step(model_dir: str, *, lora_r: int | None, checkpointing: bool,
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()  # the peak starts at what is allocated now: weights, reference
-        phases = phase_peaks()
-        trainer.add_callback(phases)
-        trainer.train()
-        peak = max(int(torch.cuda.max_memory_allocated()), *phases.peaks.values())  # the callback resets the counter
+        with PhasePeaks() as phases:
+            trainer.train()
+        peak = max(int(torch.cuda.max_memory_allocated()), *phases.peaks.values())  # the phase hooks reset the counter
         return {"peak_bytes": peak, "seq_len": seq_len, "batch": batch,
                 "reserved_peak_bytes": int(torch.cuda.max_memory_reserved()), "phase_peak_bytes": phases.peaks}
     tracker = LiveTensorBytes()
@@ -77,31 +76,33 @@ def measure_dpo_step(model_dir: str, *, lora_r: int | None, checkpointing: bool,
     return {"peak_bytes": int(tracker.peak), "seq_len": seq_len, "batch": batch}
 
 
-def phase_peaks():
-    """A TrainerCallback recording ``torch.cuda.max_memory_allocated`` of each phase of each optimizer step: the
-    forward and backward (the reference pass included) up to the optimizer step, and the step itself."""
-    import torch
-    from transformers import TrainerCallback
+class PhasePeaks:
+    """While active: ``torch.cuda.max_memory_allocated`` of each phase of every optimizer step, through torch's global
+    optimizer-step hooks: the forward and backward (the reference pass included) up to the step, and the step
+    itself."""
 
-    class _PhasePeaks(TrainerCallback):
-        def __init__(self):
-            self.peaks: dict[str, int] = {"forward_backward": 0, "optimizer_step": 0}
+    def __init__(self):
+        self.peaks: dict[str, int] = {"forward_backward": 0, "optimizer_step": 0}
+        self._handles: list = []
 
-        def _take(self, phase: str) -> None:
-            torch.cuda.synchronize()
-            self.peaks[phase] = max(self.peaks[phase], int(torch.cuda.max_memory_allocated()))
-            torch.cuda.reset_peak_memory_stats()
+    def _take(self, phase: str) -> None:
+        import torch
 
-        def on_step_begin(self, args, state, control, **kwargs):
-            torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        self.peaks[phase] = max(self.peaks[phase], int(torch.cuda.max_memory_allocated()))
+        torch.cuda.reset_peak_memory_stats()
 
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self._take("forward_backward")
+    def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        def on_optimizer_step(self, args, state, control, **kwargs):
-            self._take("optimizer_step")
+        self._handles = [register_optimizer_step_pre_hook(lambda *_: self._take("forward_backward")),
+                         register_optimizer_step_post_hook(lambda *_: self._take("optimizer_step"))]
+        return self
 
-    return _PhasePeaks()
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        return False
 
 
 class LiveTensorBytes:
