@@ -2,11 +2,13 @@
 """First contact with a GPU machine: does judgetrain run here as the recipes need it (bf16, prefix sharing, the eval
 engine, the memory estimate)? One run, at most 10 minutes on one GPU, one JSON of pass/fail and figures.
 
-    python scripts/gpu_check.py --device cuda --out gpu_check.json [--wheels DIR] [--only CHECK ...]
+    python scripts/gpu_check.py --device cuda --out gpu_check.json [--wheels DIR] [--only CHECK ...] [--budget S]
 
-Run it from the checkout. trl and datasets are installed first if missing, offline, from a folder of wheels
-(``--wheels``; default: ``wheels/`` beside the checkout or inside it). Each check runs under its own time cap and the
-script goes on after a failed one; the exit code is 1 when any check failed. The checks:
+Run it from the checkout, after ``python scripts/device_kit.py`` made the kit of wheels (``--wheels``; default:
+``wheels/`` beside the checkout or inside it): its pinned stack is installed first, offline, where the machine lacks
+it. Each check runs under its own time cap, and all of them with the install within ``--budget`` seconds (default
+465: one device call of 8 minutes); the script goes on after a failed one, writes one JSON after each, and exits 1
+when any check failed. The checks (the GPU questions run before memory and bench):
 
 * ``quickstart``: recipes/quickstart.yaml in bf16 (``--dtype bfloat16 --bf16 true``) for a few steps: it ends 0, logs
   ``prefix_sharing: on`` and finite losses;
@@ -17,8 +19,11 @@ script goes on after a failed one; the exit code is 1 when any check failed. The
 * ``eval_engine``: judgetrain.eval.scoring.ScoringEngine with prefix sharing and merged LoRA against the plain engine
   (both off) on the same requests, fp32 (merged LoRA runs there) and bf16;
 * ``memory``: torch.cuda.max_memory_allocated of real DPOTrainer steps against the dry run's estimate
-  (judgetrain.checks.memory) for Qwen3-0.6B- and -1.7B-shaped random models, LoRA and full, checkpointing on and off;
-* ``bench``: ``judgetrain bench --device cuda --only device`` (tokens/s, MFU), its JSON kept beside this one;
+  (judgetrain.checks.memory), within its 10% margin, for the five cases of the first H200 loan (Qwen3-0.6B-shaped LoRA
+  and full, checkpointing on and off; Qwen3-1.7B full with checkpointing), each with the allocator's reserved peak and
+  the peak of each phase (forward and backward, the optimizer's step);
+* ``bench``: ``judgetrain bench --device cuda --only device`` at Qwen3-0.6B and -1.7B (tokens/s, MFU), its JSON kept
+  beside this one;
 * ``vllm`` (GPU, vLLM installed; a subprocess): the vLLM generation backend on a LoRA model loaded by hub id at a
   pinned commit of a local hub cache whose ``main`` holds other weights: the engine is built at the pinned revision
   and writes what transformers writes, the allocator's cache is emptied before it starts (free memory before and
@@ -53,7 +58,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BF16_EPS = 2.0**-7  # bf16's relative rounding step: the tolerances below are small multiples of it
-CAPS = {"cuda": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 150, "bench": 180,
+CAPS = {"cuda": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 180, "bench": 200,
                  "vllm": 240, "flash_attention": 60, "tf32": 60},
         "cpu": {"quickstart": 120, "prefix_sharing": 60, "eval_engine": 60, "memory": 60, "bench": 60,
                 "vllm": 30, "flash_attention": 60, "tf32": 60}}
@@ -81,17 +86,44 @@ def expect(ok: bool, what: str) -> None:
 
 
 def ensure_packages(wheels: Path | None) -> dict:
-    """trl and datasets from the wheels folder (pip --no-index) when this environment lacks them."""
-    missing = [name for name in ("trl", "datasets") if importlib.util.find_spec(name) is None]
-    out = {"missing": missing, "installed_from": None}
-    if missing:
-        if wheels is None or not wheels.is_dir():
-            raise SystemExit(f"gpu_check: {', '.join(missing)} not installed and no wheels folder (--wheels DIR)")
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels), *missing],
-                       check=True)
-        importlib.invalidate_caches()
-        out["installed_from"] = str(wheels)
+    """The device kit's pinned stack (scripts/device_kit.py: ``requirements.txt`` in the wheels folder), installed
+    offline (pip --no-index) when any of it is missing or at another version; without a kit, trl and datasets from
+    the folder when missing. What the kit expects the machine to have (torch, numpy, pandas, pyarrow) is checked
+    first, so that a machine without them fails here, named, not at the first import of a check."""
+    import importlib.metadata as metadata
+
+    kit = wheels / "kit.json" if wheels is not None else None
+    out = {"wheels": str(wheels) if wheels is not None else None, "installed_from": None}
+    if kit is not None and kit.is_file():
+        manifest = json.loads(kit.read_text())
+        absent = [n for n in manifest["device_must_have"] if importlib.util.find_spec(n) is None]
+        if absent:
+            raise SystemExit(f"gpu_check: this machine lacks {', '.join(absent)}, which the kit in {wheels} expects "
+                             "the machine to have (too large to carry)")
+        pins = [line.split("==") for line in (wheels / "requirements.txt").read_text().split()]
+        out["missing"] = [f"{n}=={v}" for n, v in pins if _version(metadata, n) != v]
+        if out["missing"]:
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+                            str(wheels), "-r", str(wheels / "requirements.txt")], check=True)
+            out["installed_from"] = str(wheels)
+    else:
+        out["missing"] = [name for name in ("trl", "datasets") if importlib.util.find_spec(name) is None]
+        if out["missing"]:
+            if wheels is None or not wheels.is_dir():
+                raise SystemExit(f"gpu_check: {', '.join(out['missing'])} not installed and no wheels folder "
+                                 "(--wheels DIR; make one with scripts/device_kit.py)")
+            subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
+                            *out["missing"]], check=True)
+            out["installed_from"] = str(wheels)
+    importlib.invalidate_caches()
     return out
+
+
+def _version(metadata, name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def environment(device: str) -> dict:
@@ -285,21 +317,30 @@ def check_eval_engine(cfg) -> dict:
 def check_memory(cfg) -> dict:
     from judgetrain.bench.gpu import random_model_folder
     from judgetrain.bench.memory import check
+    from judgetrain.checks.memory import ESTIMATE_MARGIN
 
     tok = tiny_tokenizer_dir()
     if cfg.device == "cuda":
-        cases = [("qwen3-0.6b", 16, False), ("qwen3-0.6b", 16, True), ("qwen3-1.7b", None, True)]
-        words, margin = 1000, (-0.10, 0.30)
+        # the five cases of the first H200 loan (docs/scale.md), so that a new card's figures compare with them
+        cases = [("qwen3-0.6b", 16, False), ("qwen3-0.6b", 16, True), ("qwen3-0.6b", None, False),
+                 ("qwen3-0.6b", None, True), ("qwen3-1.7b", None, True)]
+        words, margin = 1000, (-ESTIMATE_MARGIN, ESTIMATE_MARGIN)
     else:
         cases = [("tiny", 16, False), ("tiny", None, True)]
-        words, margin = 100, (-0.05, 0.30)
+        words, margin = 100, (-0.05, 0.30)  # the tiny judge: CPU LM-head tiles weigh most there
     out = []
-    for name, lora_r, ckpt in cases:
+    for name, lora_r, ckpt in cases:  # all cases measured before any verdict: one failure must not hide the rest
         folder = random_model_folder(name, tok, cfg.work / f"model-{name}")
         got = check(folder, lora_r=lora_r, checkpointing=ckpt, bf16=True, words=words, steps=2,
                     output_dir=str(cfg.work / f"mem-{name}-{lora_r}-{ckpt}"), device=cfg.device)
         got["shape"] = name
         out.append(got)
+        if cfg.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+    for got in out:
+        name, lora_r, ckpt = got["shape"], got["lora_r"], got["checkpointing"]
         expect(margin[0] <= got["error"] <= margin[1],
                f"{name} lora_r={lora_r} checkpointing={ckpt}: estimate {got['estimated_mib']} MiB against measured "
                f"{got['measured_mib']} MiB ({got['error']:+.0%}; allowed {margin[0]:+.0%} to {margin[1]:+.0%})")
@@ -308,22 +349,40 @@ def check_memory(cfg) -> dict:
 
 def check_bench(cfg) -> dict:
     if cfg.device == "cpu":  # the code path of the device bench at the tiny shape, in process
-        from judgetrain.bench.gpu import device_bench_shape, measure_matmul_rate
         import torch
+
+        from judgetrain.bench.gpu import device_bench_generation, device_bench_shape, measure_matmul_rate
 
         peak = measure_matmul_rate("cpu", torch.bfloat16, n=256, seconds=0.2)
         got = device_bench_shape("tiny", "cpu", torch.bfloat16, 64, 2, 2, 1, 4, peak)
         expect(got["train_tokens_per_s"] > 0 and got["train_mfu"] > 0, f"bench figures: {got}")
-        return {"tiny": {k: got[k] for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu")}}
+        gen = device_bench_generation("tiny", "cpu", torch.float32, tiny_tokenizer_dir(), cfg.work, prompts=2,
+                                      prompt_words=12, new_tokens=4)
+        expect(gen["static_cache"]["static_cache_batches"] > 0 and gen["dynamic_cache"]["static_cache_batches"] == 0,
+               f"generation figures: {gen}")
+        return {"tiny": {**{k: got[k] for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu")},
+                         "generation": gen}}
     report = cfg.work / "bench.json"
+    # Qwen3-0.6B and -1.7B (the 8B default is a bench of its own: building and initialising it alone took most of
+    # the first loan's 180 s), few steps, a 1 s matmul probe
     cmd = [sys.executable, "-m", "judgetrain.cli", "bench", "--device", "cuda", "--only", "device",
-           "--output", str(report)]
+           "--shapes", "qwen3-0.6b", "qwen3-1.7b", "--prefix-sharing-shapes", "qwen3-0.6b", "qwen3-1.7b",
+           "--device-steps", "3", "--device-warmup", "1", "--matmul-seconds", "1", "--repeats", "1", "--warmup", "0",
+           "--train-steps", "2", "--output", str(report)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=cfg.cap - 5)
     (cfg.work / "bench.log").write_text(proc.stdout + proc.stderr)
     expect(proc.returncode == 0, f"judgetrain bench ended {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
-    shapes_ = json.loads(report.read_text())["device_bench"]["shapes"]
-    return {name: {k: v.get(k) for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu",
-                                         "peak_memory_gib")} for name, v in shapes_.items()}
+    device = json.loads(report.read_text())["device_bench"]
+    out = {name: {**{k: v.get(k) for k in ("train_tokens_per_s", "train_mfu", "eval_tokens_per_s", "eval_mfu",
+                                           "train_peak_gpu_mb", "train_peak_estimated_mb")},
+                  "eval_sharing": v.get("eval_sharing"), "generation": v.get("generation")}
+           for name, v in device["shapes"].items()}
+    for name, shapes_ in (device.get("prefix_sharing") or {}).items():  # prefix-shared DPO against TRL's, bf16
+        out.setdefault(name, {})["prefix_sharing_vs_trl"] = {
+            rows_: {side: {k: figs[side].get(k) for k in ("samples_per_s", "tokens_per_s", "mfu", "peak_gpu_mb")}
+                    for side in ("trl", "prefix_sharing")} | {"mfu_ratio": figs.get("mfu_ratio")}
+            for rows_, figs in shapes_.items()}
+    return out
 
 
 VLLM_CHILD = r"""
@@ -485,9 +544,11 @@ def check_tf32(cfg) -> dict:
     return out
 
 
+# In the order they run: the short GPU questions before the long memory and bench checks, vLLM (rarely installed) last
 CHECKS = {"quickstart": check_quickstart, "prefix_sharing": check_prefix_sharing, "eval_engine": check_eval_engine,
-          "memory": check_memory, "bench": check_bench, "vllm": check_vllm, "flash_attention": check_flash_attention,
-          "tf32": check_tf32}
+          "flash_attention": check_flash_attention, "tf32": check_tf32, "memory": check_memory, "bench": check_bench,
+          "vllm": check_vllm}
+BUDGET_S = 465  # the whole run, the kit's install included: one device call of 8 minutes, less a margin
 
 
 # ------------------------------------------------------------------------------------------------- driver
@@ -534,11 +595,16 @@ def parse(argv=None):
     p.add_argument("--only", nargs="+", choices=list(CHECKS), default=None,
                    help="the checks to run (default: all on cuda; on cpu all but " + ", ".join(GPU_QUESTIONS) + ")")
     p.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    p.add_argument("--budget", type=int, default=BUDGET_S,
+                   help=f"seconds for the whole run, the install included (default {BUDGET_S}): a check gets its cap "
+                        "or what is left, whichever is less; one with under 10 s left is recorded as not run")
     return p.parse_args(argv)
 
 
 def run(args) -> int:
+    started = time.perf_counter()
     setup = ensure_packages(args.wheels or default_wheels())
+    setup["seconds"] = round(time.perf_counter() - started, 1)
     sys.path.insert(0, str(REPO))
     import torch
 
@@ -552,12 +618,18 @@ def run(args) -> int:
         t0 = time.perf_counter()
         only = args.only or [c for c in CHECKS if args.device == "cuda" or c not in GPU_QUESTIONS]
         for name in only:
-            cfg = argparse.Namespace(device=args.device, work=work, cap=CAPS[args.device][name])
-            report["checks"][name] = result = run_check(name, cfg)
+            left = int(args.budget - (time.perf_counter() - started))
+            if left < 10:
+                report["checks"][name] = result = {"ok": False, "error": f"not run: the budget of {args.budget} s "
+                                                   "was spent", "seconds": 0.0, "cap_s": 0}
+            else:
+                cfg = argparse.Namespace(device=args.device, work=work, cap=min(CAPS[args.device][name], left))
+                report["checks"][name] = result = run_check(name, cfg)
             print(f"gpu_check: {name}: {'pass' if result['ok'] else 'FAIL ' + result['error'][:300]} "
                   f"({result['seconds']} s)", file=sys.stderr, flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1, default=str))
         report["seconds"] = round(time.perf_counter() - t0, 1)
+        report["seconds_with_setup"] = round(time.perf_counter() - started, 1)
         report["ok"] = all(r["ok"] for r in report["checks"].values())
     Path(args.out).write_text(json.dumps(report, indent=1, default=str))
     print(f"gpu_check: {'all passed' if report['ok'] else 'FAILED'}; {args.out}", file=sys.stderr)

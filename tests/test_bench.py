@@ -176,7 +176,10 @@ def test_device_prefix_sharing_part_runs_on_a_real_shape_code_path(tmp_path):
     args.prefix_sharing_shapes = ["tiny"]
     args.train_shapes = ["judgebias"]  # the RM-Bench shape runs the same code (the quick bench trains on it)
     tb = bench.TrainBench(args.recipe, tmp_path / "train", args.train_steps, args.train_batch_size, "cpu")
-    out = bench.bench_device_prefix_sharing(args, tb, tmp_path / "device")
+    out = bench.bench_device_prefix_sharing(args, tb, tmp_path / "device", peak_flops=1e9)
     assert set(out["tiny"]) == {"judgebias"}
     r = out["tiny"]["judgebias"]
     assert _positive(r["samples_per_s_ratio"]) and r["prefix_sharing_stats"]["on"] is True
+    # each side's MFU over the stated rate: the same pairs' model FLOPs, so their ratio is the samples/s ratio
+    assert _positive(r["trl"]["mfu"]) and _positive(r["prefix_sharing"]["mfu"])
+    assert r["mfu_ratio"] == pytest.approx(r["samples_per_s_ratio"])

@@ -64,6 +64,9 @@ NOT_RUN = {
     ("bash", "scripts/gpu_check_zero3.sh"): "a ZeRO-3 kill-and-resume check: needs deepspeed and minutes of training",
     ("python", "scripts/gpu_check.py"): "the first-contact GPU check: needs a GPU and up to 10 minutes "
                                         "(tests/test_gpu_check.py runs its --device cpu mode)",
+    ("python", "scripts/device_kit.py"): "downloads the device kit's wheels from PyPI and installs them into a new "
+                                         "venv: minutes (tests/test_gpu_check.py checks its contents; its whole run is "
+                                         "an extended test there)",
 }
 SHELL_BUILTINS = {"trap", "wait", "kill", "exit", "[", "test", "cd", "export", "set", "echo", "true", "false"}
 # Scripts of the repository run with --help (a real run trains a real model for many minutes).

@@ -65,6 +65,9 @@ def test_dry_run_says_whether_the_zero3_recipe_fits_the_stated_gpu():
     assert mem["tokens_per_step"] == 4096 * 2 * 8 * 8  # max_length x (chosen + rejected) x accumulation x processes
     assert mem["fits"] is True and mem["peak_gib"] < 79
     assert "Memory per device, zero3 over 8 process(es)" in proc.stderr and "fits H100-80GB" in proc.stderr
+    # the AdamW it assumed: the recipe sets no optim, so the Trainer's default, fused, with no step temporaries
+    assert mem["optimizer"] == "fused" and mem["per_device_gib"]["optimizer_step_temporaries"] == 0
+    assert "AdamW assumed: optim adamw_torch_fused: torch's fused AdamW kernel" in proc.stderr
 
 
 def test_dry_run_says_a_full_fine_tune_without_sharding_does_not_fit_and_what_would():
@@ -103,21 +106,201 @@ def test_the_estimate_counts_the_merged_lora_weights_of_an_fp32_eval_within_thei
 
 
 def test_lora_saved_activations_of_a_bf16_base_with_the_fp32_adapter():
-    """Qwen3-8B, LoRA on every projection: 176 KiB per token per layer from ACT_* for bf16, plus LoRA's bf16 copy of
-    each adapted input (2 bytes x 36,864 = 72 KiB), plus a live dropout's mask (bool on CUDA, an fp32 noise tensor
-    on CPU); nothing more for an fp32 base without dropout (the case ACT_* were fitted on)."""
-    from judgetrain.checks.memory import Plan, activation_bytes_per_token_layer, lora_saved_bytes_per_token_layer
+    """Qwen3-8B, LoRA on every projection, per token per layer: the norms' fp32 inputs (4 x (2 x 4096 + 4096 + 1024)),
+    SDPA's q, k, v and output at q's width under a padding mask (2 x 4 x 4096), SwiGLU's gate, up and act (2 x 3 x
+    12288), and LoRA's half-precision copy of each adapted input (2 x (5 x 4096 + 4096 + 12288) = 72 KiB), plus a live
+    dropout's mask (bool on CUDA, an fp32 noise tensor on CPU); an fp32 base without dropout keeps the shared inputs
+    once (its adapter takes the tensor the base layer had)."""
+    from judgetrain.checks.memory import Plan, saved_bytes_per_token_layer
 
     shape = BUILTIN_SHAPES["Qwen/Qwen3-8B"]
-    kib = {}
-    for name, plan in {"fp32": Plan(weight_bytes=4, lora_r=16), "bf16": Plan(weight_bytes=2, lora_r=16),
-                       "bf16 dropout": Plan(weight_bytes=2, lora_r=16, lora_dropout=0.05),
-                       "bf16 dropout cpu": Plan(weight_bytes=2, lora_r=16, lora_dropout=0.05, device="cpu"),
-                       "zero3 bf16 adapter": Plan(weight_bytes=2, lora_r=16, parallelism="zero3")}.items():
-        kib[name] = (activation_bytes_per_token_layer(shape, plan.weight_bytes)
-                     + lora_saved_bytes_per_token_layer(shape, plan)) / 1024
-    assert kib == {"fp32": 352, "bf16": 176 + 72, "bf16 dropout": 176 + 72 + 36, "bf16 dropout cpu": 176 + 72 + 144,
-                   "zero3 bf16 adapter": 176}
+    kib = {name: saved_bytes_per_token_layer(shape, plan) / 1024 for name, plan in {
+        "bf16": Plan(weight_bytes=2, lora_r=16), "bf16 dropout": Plan(weight_bytes=2, lora_r=16, lora_dropout=0.05),
+        "bf16 dropout cpu": Plan(weight_bytes=2, lora_r=16, lora_dropout=0.05, device="cpu"),
+        "bf16 no padding": Plan(weight_bytes=2, lora_r=16, padded=False),
+        "fp32": Plan(weight_bytes=4, lora_r=16), "bf16 full": Plan(weight_bytes=2)}.items()}
+    base = 4 * (2 * 4096 + 4096 + 1024) / 1024 + 2 * 4 * 4096 / 1024 + 2 * 3 * 12288 / 1024
+    assert kib["bf16"] == base + 72
+    assert kib["bf16 dropout"] == base + 72 + 36 and kib["bf16 dropout cpu"] == base + 72 + 144
+    assert kib["bf16 no padding"] == base + 72 - 2 * 2 * (4096 - 1024) / 1024  # SDPA's enable_gqa: k, v at kv width
+    norms = 4 * (2 * 4096 + 4096 + 1024) / 1024  # fp32 in either dtype
+    assert kib["fp32"] == norms + 2 * (base - norms) + 4 * (2 * 4096 + 12288) / 1024
+    # a full fine-tune: the trained norm weights keep the normalised inputs, the projections their inputs
+    assert kib["bf16 full"] == base + 2 * (2 * 4096 + 4096 + 1024) / 1024 + 2 * (2 * 4096 + 12288) / 1024
+
+
+# Five peaks torch.cuda.max_memory_allocated measured on an H200 (torch 2.11, CUDA 13.0, transformers 5.24, TRL 1.16)
+# for two DPOTrainer steps of random Qwen3-shaped models in bf16, batch 1, 2,017 tokens a sequence (scripts/gpu_check.py
+# with words=1000; the Trainer's default adamw_torch_fused), as docs/scale.md reports them: two in MiB; the other three
+# "within 1%" of the estimate then in use, which the test takes with that 1% as their uncertainty.
+H200_PEAKS = [  # (shape, lora_r, checkpointing, measured MiB, uncertainty)
+    ("qwen3-0.6b", 16, True, 2415, 0.0), ("qwen3-0.6b", None, False, 13516, 0.0),
+    ("qwen3-0.6b", 16, False, 9265.3, 0.01), ("qwen3-0.6b", None, True, 6125.5, 0.01),
+    ("qwen3-1.7b", None, True, 17259.5, 0.01)]
+
+
+@pytest.mark.parametrize("case", H200_PEAKS, ids=lambda c: f"{c[0]}-{'lora' if c[1] else 'full'}-ckpt{int(c[2])}")
+def test_the_estimate_is_within_10_percent_of_each_peak_the_h200_measured(case):
+    """The H200's worked cases: the estimate within 10% of the measured peak (the band gpu_check holds it to), the
+    measured figure's own uncertainty added. Before the account of where memory goes, two of them were 15.5% and
+    17% low (2,040 and 11,223 MiB)."""
+    from judgetrain.bench.gpu import REAL_SHAPES
+    from judgetrain.checks.memory import Plan, estimate, shape_from_config
+
+    name, lora_r, ckpt, measured, unsure = case
+    shape = shape_from_config({**REAL_SHAPES[name], "model_type": "qwen3"})
+    est = estimate(shape, Plan(weight_bytes=2, lora_r=lora_r, batch=1, seq_len=2017, checkpointing=ckpt,
+                               eval_batch_tokens=0, device="cuda", padded=False, optimizer="fused"))
+    error = est["peak"] / 2**20 / measured - 1
+    assert abs(error) <= 0.10 + unsure, (case, est["peak"] / 2**20)
+    assert est["peak_phase"] == "policy forward/backward"
+
+
+def test_the_full_fine_tunes_excess_on_the_h200_is_what_its_layers_save():
+    """The full fine-tune without checkpointing measured 2,293 MiB over the old estimate. Its layers save 70 KiB per
+    token each (the norms' fp32 inputs, Qwen3's q/k norms, the trained norm weights' normalised inputs), not the
+    50 KiB the old per-layer constant gave: over 28 layers and 4,034 tokens that is 2,206 MiB of the 2,293."""
+    from judgetrain.bench.gpu import REAL_SHAPES
+    from judgetrain.checks.memory import Plan, saved_bytes_per_token_layer, shape_from_config
+
+    shape = shape_from_config({**REAL_SHAPES["qwen3-0.6b"], "model_type": "qwen3"})
+    per_layer = saved_bytes_per_token_layer(shape, Plan(weight_bytes=2, padded=False))
+    assert per_layer == 70 * 1024
+    old = 2 * (9 * 1024 + 4 * 1024 + 4 * 3072)
+    assert (per_layer - old) * 28 * 4034 / 2**20 == pytest.approx(2206, abs=1)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_a_layers_saved_bytes_are_what_autograd_saves(arch, dtype, lora):
+    """The per-layer account against the tensors autograd really saves (saved-tensor hooks, parameters left out):
+    Qwen3-0.6B's layer widths (q 2,048 wide against hidden 1,024, GQA 16/8 heads, q/k norms) as Qwen3 and as Llama (no
+    q/k norms), bf16 under autocast (PEFT's fp32 adapter) and fp32, LoRA r=16 on every projection and full; the
+    difference between 2 layers and 1, per token, within 2% (the rest: rotary tables, 1/rms, LoRA's r-wide
+    intermediates)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    from judgetrain.bench.gpu import REAL_SHAPES
+    from judgetrain.checks.memory import Plan, saved_bytes_per_token_layer, shape_from_config
+
+    tokens, torch_dtype = 2 * 512, getattr(torch, dtype)  # LoRA casts its weights once a layer: 0.7 KiB a token here
+
+    def saved(layers: int) -> int:
+        cfg = {**REAL_SHAPES["qwen3-0.6b"], "num_hidden_layers": layers, "vocab_size": 256}
+        torch.manual_seed(0)
+        config = Qwen3Config(**cfg) if arch == "qwen3" else LlamaConfig(**cfg)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
+        if lora:
+            model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0))
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        inner = model.get_base_model().model if lora else model.model
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            inner(input_ids=torch.randint(0, 256, (2, tokens // 2)))
+        return sum(storages.values())
+
+    measured = (saved(2) - saved(1)) / tokens
+    shape = shape_from_config({**REAL_SHAPES["qwen3-0.6b"], "model_type": arch})
+    counted = saved_bytes_per_token_layer(shape, Plan(weight_bytes=torch_dtype.itemsize, lora_r=16 if lora else None,
+                                                      padded=False))
+    assert counted == pytest.approx(measured, rel=0.02), (measured, counted)
+
+
+def test_the_optimizer_steps_temporaries_are_those_of_its_implementation():
+    """torch's AdamW step on CPU with every tensor counted: fused allocates nothing beyond parameters, gradients and
+    state; foreach one tensor the size of every parameter (the square root of exp_avg_sq); the per-parameter loop the
+    previous denominator beside the current square root and quotient (here 1 + 3 + 3 = 7 of the 7 million numbers:
+    at most 3 x the largest). The estimate counts the same, and takes the implementation as the Trainer and torch
+    choose it from the recipe's optim."""
+    import torch
+
+    from judgetrain.bench.memory import LiveTensorBytes
+    from judgetrain.checks.memory import ModelShape, Plan, optimizer_implementation, optimizer_step_temporaries
+
+    extra = {}
+    implementations = {"fused": {"fused": True}, "foreach": {"foreach": True}, "per-parameter": {"foreach": False}}
+    for impl, flags in implementations.items():
+        params = [torch.nn.Parameter(torch.randn(n, 1000)) for n in (1000, 1000, 1000, 1000, 3000)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-3, **flags)
+        opt.step()  # the state exists from here on
+        tracker = LiveTensorBytes()
+        for t in params + [p.grad for p in params] + [v for s in opt.state.values() for v in s.values()]:
+            tracker.track(t)
+        before = tracker.current
+        with tracker:
+            opt.step()
+        extra[impl] = (tracker.peak - before) / 4
+    assert extra == {"fused": 0, "foreach": 7_000_000, "per-parameter": 7_000_000}
+    shape = ModelShape(1000, 3000, 1, 1, 1, 1000, 1000, True)  # largest trained tensor: 3000 x 1000
+    assert [optimizer_step_temporaries(shape, Plan(optimizer=impl), 7_000_000, 4, 1) for impl in extra] == \
+        [0, 7_000_000 * 4, 3 * 3_000_000 * 4]
+    assert optimizer_implementation("adamw_torch_fused")[0] == "fused"  # the Trainer's default since torch 2.8
+    assert optimizer_implementation("adamw_torch", "cuda")[0] == "foreach"
+    assert optimizer_implementation("adamw_torch", "cpu")[0] == "per-parameter"
+    assert optimizer_implementation("adamw_bnb_8bit")[0] == "foreach"  # not torch's: counted as the most
+
+
+@pytest.mark.slow
+def test_foreach_adamw_raises_a_full_fine_tunes_peak_by_one_copy_of_its_parameters_as_estimated(tiny_judge, tmp_path):
+    """Real DPOTrainer steps on CPU, every tensor counted, Qwen3-0.6B's layer widths (2 layers, the tokenizer's
+    vocabulary), a full bf16 fine-tune with checkpointing on 37-token sequences, so that the optimizer's step is the
+    peak: the Trainer's fused AdamW, then foreach forced (what adamw_torch runs on CUDA) and the per-parameter loop
+    (adamw_torch on CPU). Foreach adds one bf16 copy of the trained parameters (57 MiB) to the measured peak; the
+    estimate of each is within 2%."""
+    from judgetrain.bench.gpu import random_model_folder as qwen3_model_folder
+
+    model = qwen3_model_folder("qwen3-0.6b", tiny_judge, tmp_path / "q", layers=2, vocab=1)
+    got = {impl: check(model, lora_r=None, checkpointing=True, bf16=True, words=10, optimizer=impl,
+                       output_dir=str(tmp_path / impl)) for impl in ("fused", "foreach", "per-parameter")}
+    for impl, g in got.items():
+        assert abs(g["error"]) <= 0.02, g
+    assert got["foreach"]["estimated_phase"] == "optimizer step"
+    trained = got["foreach"]["measured_mib"] - got["fused"]["measured_mib"]
+    assert 50 <= trained <= 60, got  # 2 layers of 15.7 M and the 2,048 x 1,024 embedding, 2 bytes each: 57 MiB
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora_r", [16, None], ids=["lora", "full"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
+def test_the_estimate_at_qwen3_layer_widths_is_within_10_percent_of_the_cpu_peak(tiny_judge, tmp_path, lora_r,
+                                                                                   checkpointing):
+    """The H200's four Qwen3-0.6B cases at the same layer widths on CPU (2 layers, the tokenizer's vocabulary, 417
+    tokens a sequence, bf16, the Trainer's fused AdamW), every tensor counted: within 10% (measured: +0.5%, -0.4%,
+    +8.9%, +5.8%: with checkpointing the CPU's LM-head tiles and the reference pass weigh most at 2 layers)."""
+    from judgetrain.bench.gpu import random_model_folder as qwen3_model_folder
+
+    model = qwen3_model_folder("qwen3-0.6b", tiny_judge, tmp_path / "q", layers=2, vocab=1)
+    got = check(model, lora_r=lora_r, checkpointing=checkpointing, bf16=True, words=200,
+                output_dir=str(tmp_path / "out"))
+    assert got["seq_len"] == 417 and abs(got["error"]) <= 0.10, got
+
+
+def test_a_verdict_with_less_spare_than_the_estimates_margin_says_tight():
+    """Fits, but with under 10% of the peak to spare: the report says tight, and by how much."""
+    from judgetrain.checks.memory import ESTIMATE_MARGIN, GPUS, Plan, report
+
+    shape = BUILTIN_SHAPES["Qwen/Qwen3-8B"]
+    plans = {batch: report(shape, "table", Plan(weight_bytes=2, lora_r=16, batch=batch, seq_len=4096,
+                                                checkpointing=True), "A10-24GB") for batch in (1, 2, 4)}
+    assert ESTIMATE_MARGIN == 0.10
+    for got in plans.values():
+        peak = got["peak_gib"]
+        assert got["tight"] == (got["fits"] and GPUS["A10-24GB"] / GIB - peak < 0.1 * peak)
+        assert got["margin_gib"] == pytest.approx(0.1 * peak, abs=0.01)
+    assert any(g["tight"] for g in plans.values()) or any(not g["fits"] for g in plans.values())
 
 
 @pytest.mark.parametrize("hidden", [256, pytest.param(512, marks=pytest.mark.extended(

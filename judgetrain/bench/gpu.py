@@ -1,9 +1,11 @@
 """The `--device cuda` part: real shapes (Qwen3-0.6B / Qwen3-8B, random init, bf16), tokens per second and MFU against
-a measured matmul rate, the engine's prefix sharing on against off, and the prefix-sharing trainer on a real shape.
+a measured matmul rate, the engine's prefix sharing on against off, generation on the static against the dynamic
+key/value cache with `--batch_tokens auto`'s choice, and the prefix-sharing trainer against TRL's on a real shape.
 """
 
-# Late imports: torch, peft, transformers, judgetrain.eval (inside the functions that use them): each benchmark part
-# loads only what it measures, and a timed side's imports are part of what it times.
+# Late imports: torch, peft, transformers, judgetrain.eval, judgetrain.judge, judgetrain.models (inside the functions
+# that use them): each benchmark part loads only what it measures, and a timed side's imports are part of what it
+# times.
 
 from __future__ import annotations
 
@@ -289,9 +291,11 @@ def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, s
     return out
 
 
-def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
+def random_model_folder(name: str, tokenizer_dir: str, out: Path, *, layers: int | None = None,
+                        vocab: int | None = None) -> str:
     """A random-init model of a real shape saved with a small tokenizer (its ids are valid in the larger vocabulary),
-    so the train workers can load it as they load any model folder."""
+    so the train workers can load it as they load any model folder. ``layers`` / ``vocab``: fewer layers, or the
+    tokenizer's vocabulary in place of the shape's (checks on a CPU of the per-layer terms at a real layer width)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
@@ -299,7 +303,8 @@ def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
         return str(out)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
-    config = Qwen3Config(**{**REAL_SHAPES[name], "vocab_size": max(REAL_SHAPES[name]["vocab_size"], len(tokenizer))})
+    shape = {**REAL_SHAPES[name], "num_hidden_layers": layers or REAL_SHAPES[name]["num_hidden_layers"]}
+    config = Qwen3Config(**{**shape, "vocab_size": max(vocab or shape["vocab_size"], len(tokenizer))})
     config.architectures = ["Qwen3ForCausalLM"]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(str(out))
@@ -307,18 +312,86 @@ def random_model_folder(name: str, tokenizer_dir: str, out: Path) -> str:
     return str(out)
 
 
-def bench_device_prefix_sharing(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) -> dict:
-    """TRL's DPOTrainer against JudgeDPOTrainer on a real shape (bf16, LoRA, sdpa), both row shapes."""
+def bench_device_prefix_sharing(cfg: argparse.Namespace, tb: TrainBench, workdir: Path,
+                                peak_flops: float | None = None) -> dict:
+    """TRL's DPOTrainer against JudgeDPOTrainer on a real shape (bf16, LoRA, sdpa), both row shapes; with
+    ``peak_flops`` (the device's measured matmul rate) each side's MFU: the model FLOPs of the pairs it trained (TRL's
+    tokens, the work both sides do for the same loss) per second over that rate."""
     out = {}
     for name in cfg.prefix_sharing_shapes:
         folder = random_model_folder(name, tb.model_path, workdir / f"model-{name}")
         out[name] = bench_train_shapes(cfg, tb, workdir / name, model_path=folder,
                                        dpo_extra={"bf16": cfg.device == "cuda", "use_cpu": cfg.device != "cuda"})
+        if peak_flops:
+            for rows in out[name].values():
+                add_train_mfu(rows, REAL_SHAPES[name], peak_flops)
     return out
 
 
-def bench_device(cfg: argparse.Namespace) -> dict:
+def add_train_mfu(rows: dict, shape: dict, peak_flops: float) -> None:
+    """``mfu`` of each side of a train_shapes result: samples/s x the pair's model FLOPs (chosen and rejected
+    sequences of TRL's length, `flops_per_token`'s DPO LoRA step) over ``peak_flops``."""
+    seq = rows["tokens_per_response"]["trl"]
+    per_pair = 2 * seq * flops_per_token(shape, int(seq))["dpo_lora_step"]
+    for side in ("trl", "prefix_sharing"):
+        rows[side]["mfu"] = rows[side]["samples_per_s"] * per_pair / peak_flops
+    rows["mfu_ratio"] = ratio(rows["prefix_sharing"]["mfu"], rows["trl"]["mfu"])
+
+
+def device_bench_generation(name: str, device: str, dtype, tokenizer_dir: str, workdir: Path, *, prompts: int = 16,
+                            prompt_words: int = 60, new_tokens: int = 64) -> dict:
+    """`judgetrain.eval.generate.Generator` (greedy, the same prompts) on a random-init model of a real shape: tokens
+    per second on the preallocated key/value cache against the dynamic one, and ``--batch_tokens auto``'s choice for
+    this model on this device (`judgetrain.judge.fit.auto_batch_tokens`) with the memory the generation then used."""
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from judgetrain.eval.generate import Generator
+    from judgetrain.judge.fit import auto_batch_tokens
+
+    folder = random_model_folder(name, tokenizer_dir, workdir / f"gen-{name}")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    cuda = device == "cuda"
+    batch_tokens, how = auto_batch_tokens(model, device)
+    body = " ".join(["the alloy is heated"] * (prompt_words // 4))
+    rows = [[{"role": "user", "content": f"Grade answer {i}: {body}"}] for i in range(prompts)]
+    out: dict[str, Any] = {"prompts": prompts, "max_new_tokens": new_tokens, "batch_tokens_auto": batch_tokens,
+                           "batch_tokens_how": how}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i, warm, order in alternating(1, 1, [True, False]):
+        for static in order:
+            gen = Generator(model, tokenizer, max_new_tokens=new_tokens, batch_tokens=batch_tokens,
+                            static_cache=static)
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            texts = gen.generate(rows)
+            if cuda:
+                torch.cuda.synchronize()
+            if warm:
+                continue
+            seconds = time.perf_counter() - t0
+            key = "static_cache" if static else "dynamic_cache"
+            out[key] = {"seconds": seconds, "tokens": sum(len(g.token_ids) for g in texts),
+                        "static_cache_batches": gen.stats.static_cache_batches}
+            out[key]["tokens_per_s"] = out[key]["tokens"] / seconds
+            if cuda:
+                out[key]["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            times[static].append(seconds)
+    out["static_cache_speedup"] = ratio(out["dynamic_cache"]["seconds"], out["static_cache"]["seconds"])
+    del model
+    return out
+
+
+def bench_device(cfg: argparse.Namespace, workdir: Path) -> dict:
+    """Per real shape: the LoRA DPO step's and the eval forward's tokens/s and MFU, the scoring engine's prefix
+    sharing on against off, and generation on the static against the dynamic key/value cache with ``--batch_tokens
+    auto``'s choice (random models saved under ``workdir``)."""
+    import torch
+
+    from judgetrain.models.tiny import ensure_tiny_judge
 
     dtype = torch.bfloat16
     t0 = time.perf_counter()
@@ -335,5 +408,10 @@ def bench_device(cfg: argparse.Namespace) -> dict:
         out["shapes"][name]["eval_sharing"] = device_bench_eval_sharing(name, cfg.device, dtype)
         logger.info("%s: eval first epoch, prefix sharing on / off: %s", name,
                     {k: round(v["speedup"], 2) for k, v in out["shapes"][name]["eval_sharing"].items()})
+        gen = out["shapes"][name]["generation"] = device_bench_generation(
+            name, cfg.device, dtype, ensure_tiny_judge(), workdir)
+        logger.info("%s: generation %.0f tok/s on the static cache, %.0f on the dynamic one (%.2fx); --batch_tokens "
+                    "auto: %d (%s)", name, gen["static_cache"]["tokens_per_s"], gen["dynamic_cache"]["tokens_per_s"],
+                    gen["static_cache_speedup"], gen["batch_tokens_auto"], gen["batch_tokens_how"])
     out["seconds"] = time.perf_counter() - t0
     return out

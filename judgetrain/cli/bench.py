@@ -297,10 +297,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         if "startup" in parts:
             report["startup"] = timed("startup", bench_startup, args, workdir / "startup")
         if "device" in parts:
-            report["device_bench"] = timed("device", bench_device, args)
+            report["device_bench"] = timed("device", bench_device, args, workdir / "device")
             tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
             report["device_bench"]["prefix_sharing"] = timed("device", bench_device_prefix_sharing, args, tb,
-                                                              workdir / "device")
+                                                              workdir / "device",
+                                                              report["device_bench"]["matmul_flops_per_s"])
     finally:
         if tmp is not None:
             tmp.cleanup()

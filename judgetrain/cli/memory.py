@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from judgetrain.bench.memory import check, llama_model_folder
-from judgetrain.checks.memory import BUILTIN_SHAPES
+from judgetrain.checks.memory import BUILTIN_SHAPES, OPTIMIZER_IMPLEMENTATIONS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,12 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--arch", choices=sorted(BUILTIN_SHAPES), help="measure a random model of this shape")
     parser.add_argument("--layers", type=int, default=None, help="with --arch: fewer layers")
+    parser.add_argument("--optimizer", choices=OPTIMIZER_IMPLEMENTATIONS, default="fused",
+                        help="the AdamW implementation (default fused: the Trainer's adamw_torch_fused; foreach: what "
+                             "adamw_torch runs on CUDA; per-parameter: on a CPU)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if args.arch:
             model = llama_model_folder(BUILTIN_SHAPES[args.arch], Path(tmp) / "model", args.model, layers=args.layers)
         print(json.dumps(check(model, lora_r=args.lora_r, checkpointing=args.checkpointing, words=args.words,
-                               steps=args.steps, output_dir=str(Path(tmp) / "run"))))
+                               steps=args.steps, output_dir=str(Path(tmp) / "run"), optimizer=args.optimizer)))
     return 0
 
