@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 
 from judgetrain.cli.args import ConventionParser, console, refuse_file
-from judgetrain.data.scoreparse import check_scale
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
+from judgetrain.utils.numbers import check_scale
 
 logger = logging.getLogger(__name__)
 

@@ -49,10 +49,10 @@ from tqdm import tqdm
 from judgetrain.data.chat import judge_turn
 from judgetrain.data.io import UnreadableFile, read_file
 from judgetrain.data.judgebias import PERTURBATION_SETS, TYPE_ALIASES, TYPE_CATEGORY, perturbation_set
-from judgetrain.data.scoreparse import check_scale, parse_overall_score_result
+from judgetrain.data.scoreparse import parse_overall_score_result
 from judgetrain.data.validate import MALFORMED
 from judgetrain.utils.errors import BadInputError
-from judgetrain.utils.numbers import nan_to_none
+from judgetrain.utils.numbers import check_scale, nan_to_none
 
 logger = logging.getLogger(__name__)
 PROGRESS_FROM = 20_000  # evaluations: a smaller panel is read in seconds, without a progress bar

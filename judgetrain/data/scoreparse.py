@@ -90,14 +90,6 @@ class ScoreResult:
         return self.reason == OK
 
 
-def check_scale(scale: tuple[float, float]) -> None:
-    """A score range ``(lo, hi)`` is accepted only with lo below hi (``--scale 5 1`` is refused, not read as empty)."""
-    lo, hi = scale
-    if not lo < hi:
-        raise ValueError(f"--scale {lo:g} {hi:g}: the low end must be below the high end (e.g. --scale {min(lo, hi):g} "
-                         f"{max(lo, hi):g})")
-
-
 def safe_arithmetic(expr: str) -> float | None:
     """Value of a numeric literal or simple arithmetic expression; None for anything else. Never executes code."""
     if not isinstance(expr, str):
