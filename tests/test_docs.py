@@ -190,7 +190,7 @@ def _flags(args) -> list[str]:
 
 def _value(args, *flags: str) -> str | None:
     """The value of the first of ``flags`` that ``args`` give, in either spelling (``--output_dir``, ``--output-dir``)."""
-    names = {f.replace("-", "_") for f in flags}
+    names = {"--" + f[2:].replace("-", "_") for f in flags}
     for i, a in enumerate(args):
         name = "--" + a[2:].split("=", 1)[0].replace("-", "_") if a.startswith("--") else a
         if name in names and "=" not in a and i + 1 < len(args):
@@ -463,7 +463,10 @@ def _accelerate_help() -> str:
 
 
 def _assert_flags_in(flags, help_text: str, what: str, cmd: DocCommand):
-    missing = [f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", help_text)]
+    """Each flag in the help, in either spelling (a judgetrain command's help shows ``--output_dir`` and takes
+    ``--output-dir`` too)."""
+    missing = [f for f in flags if not any(re.search(rf"(?<![\w-]){re.escape(g)}(?![\w-])", help_text)
+                                           for g in (f, "--" + f[2:].replace("-", "_")))]
     assert not missing, f"{cmd}\n{what} --help has no {', '.join(missing)}"
 
 
