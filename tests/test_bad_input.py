@@ -410,7 +410,8 @@ def no_template_model(tiny_judge, tmp_path_factory):
 def test_eval_cli_missing_model_or_data_is_a_one_line_error(tmp_path, tiny_judge):
     p = _cli(["judgetrain.cli.eval", "--model", str(tmp_path / "nope"), "--eval_suites", "judgebias",
               "--eval_max_rows", "2", "--output-dir", str(tmp_path / "o")])
-    assert p.returncode == 2 and "cannot load model" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.returncode == 2 and f"--model {tmp_path / 'nope'}: no such folder" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and not (tmp_path / "o").exists()
     p = _cli(["judgetrain.cli.eval", "--model", tiny_judge, "--eval_suites", "rmbench", "--eval_rmbench_source",
               str(tmp_path / "missing.json"), "--eval_max_rows", "2", "--output-dir", str(tmp_path / "o")])
     assert p.returncode == 2 and "cannot load eval data" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]

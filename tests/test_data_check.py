@@ -58,14 +58,14 @@ def test_check_ideation_pairwise_reports_orders(capsys):
     assert "AB" in out and "BA" in out and "test" in out
 
 
-def test_check_on_corrupted_file_exits_nonzero_naming_row_and_field(tmp_path):
+def test_check_on_corrupted_file_exits_2_naming_row_and_field(tmp_path):
     rows = pq.read_table(Path(sample_source("judgebias")) / "validation.parquet").to_pylist()[:8]
     rows[5]["chosen"] = rows[5]["chosen"][:-3]  # truncated JSON
     path = tmp_path / "validation.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = subprocess.run([sys.executable, "-m", "judgetrain.cli", "data", "check", "--dataset", "judgebias",
                            "--source", str(path), "--split", "validation"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert str(path) in proc.stderr and "row 5" in proc.stderr and "'chosen'" in proc.stderr
     assert "malformed JSON" in proc.stderr and "1 of 8 rows are bad" in proc.stderr
 
@@ -75,9 +75,9 @@ def test_check_skip_mode_writes_rejects_and_succeeds(tmp_path, capsys):
     rows[2]["chosen"] = rows[2]["chosen"][:2]
     (tmp_path / "code_filtered.json").write_text(json.dumps(rows))
     rejects = tmp_path / "rejects.jsonl"
-    assert cli_main(["data", "check", "--dataset", "rmbench", "--source", str(tmp_path)]) == 1
-    assert cli_main(["data", "check", "--dataset", "rmbench", "--source", str(tmp_path), "--on-bad-row", "skip",
-                     "--rejects", str(rejects)]) == 0
+    assert cli_main(["data", "check", "--dataset", "rmbench", "--source", str(tmp_path)]) == 2
+    assert cli_main(["data", "check", "--dataset", "rmbench", "--source", str(tmp_path), "--on_bad_row", "skip",
+                     "--rejects_path", str(rejects)]) == 0
     rec = json.loads(rejects.read_text())
     assert (rec["row"], rec["field"]) == (2, "chosen") and "wrong length" in rec["reason"]
     assert "11" in capsys.readouterr().out

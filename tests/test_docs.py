@@ -191,11 +191,14 @@ def _flags(args) -> list[str]:
     return [a.split("=", 1)[0] for a in args if a.startswith("--") and a != "--"]
 
 
-def _value(args, flag: str) -> str | None:
+def _value(args, *flags: str) -> str | None:
+    """The value of the first of ``flags`` that ``args`` give, in either spelling (``--output_dir``, ``--output-dir``)."""
+    names = {"--" + f[2:].replace("-", "_") for f in flags}
     for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
+        name = "--" + a[2:].split("=", 1)[0].replace("-", "_") if a.startswith("--") else a
+        if name in names and "=" not in a and i + 1 < len(args):
             return args[i + 1]
-        if a.startswith(flag + "="):
+        if name in names and "=" in a:
             return a.split("=", 1)[1]
     return None
 
@@ -310,7 +313,7 @@ def plan_accelerate(args: list[str]) -> Plan:
     raise Unclassified(f"accelerate launch -m {module}: unknown module")
 
 
-OUTPUT_FLAGS = ("--out", "--output_dir")
+OUTPUT_FLAGS = ("--out", "--output_dir", "--output")
 
 
 def written_before(cmd: DocCommand) -> set[str]:
@@ -466,7 +469,10 @@ def _accelerate_help() -> str:
 
 
 def _assert_flags_in(flags, help_text: str, what: str, cmd: DocCommand):
-    missing = [f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", help_text)]
+    """Each flag in the help, in either spelling (a judgetrain command's help shows ``--output_dir`` and takes
+    ``--output-dir`` too)."""
+    missing = [f for f in flags if not any(re.search(rf"(?<![\w-]){re.escape(g)}(?![\w-])", help_text)
+                                           for g in (f, "--" + f[2:].replace("-", "_")))]
     assert not missing, f"{cmd}\n{what} --help has no {', '.join(missing)}"
 
 
@@ -537,17 +543,17 @@ def check_output(p: Plan, out: str, workspace: Path):
     """What a real run must have produced, beyond exit 0."""
     args = list(p.argv)
     if args[0] == "report":
-        dest = Path(_value(args, "--out") or Path(args[1]) / "report")
+        dest = Path(_value(args, *OUTPUT_FLAGS) or Path(args[1]) / "report")
         assert (workspace / dest / "report.html").stat().st_size > 0, dest
     elif args[:2] == ["pairs", "build"]:
         assert "Total pairs" in out and "468" in out, out  # the table docs/data.md shows
-        assert (workspace / _value(args, "--out") / "train.parquet").is_file()
+        assert (workspace / _value(args, *OUTPUT_FLAGS) / "train.parquet").is_file()
     elif args[0] == "eval":
         assert "overall" in out or "rmbench" not in (_value(args, "--eval_suites") or "rmbench"), out
-        results = list((workspace / (_value(args, "--output-dir") or "judgetrain_eval")).rglob("results.json"))
+        results = list((workspace / (_value(args, "--output_dir") or "judgetrain_eval")).rglob("results.json"))
         assert results, "judgetrain eval wrote no results.json"
     elif args[:2] == ["tiny", "build"]:
-        assert (workspace / _value(args, "--out") / "config.json").is_file()
+        assert (workspace / _value(args, *OUTPUT_FLAGS) / "config.json").is_file()
     elif args[:2] == ["cache", "clear"]:
         assert out.startswith("removed "), out
 

@@ -57,8 +57,8 @@ def test_bad_items_are_named_by_file_row_and_field_before_any_model_loads(tmp_pa
             {"sample_id": 1, "prompt": [{"role": "user", "content": "Another."}]},
             {"sample_id": 3, "prompt": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}]
     items.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    # the judge does not exist: a run that loaded it first would fail on the model, not on the items
-    code = judge("--items", items, "--judge", "model=/no/such/judge", "--output_dir", tmp_path / "out")
+    # the judge can load (an alias, built only when it loads): the items are refused before it does
+    code = judge("--items", items, "--judge", "tiny-judge", "--output_dir", tmp_path / "out")
     err = capsys.readouterr().err
     assert code == 2
     assert f"{items} [split=train] row 1, field 'sample_id': missing column" in err

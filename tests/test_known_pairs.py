@@ -52,7 +52,7 @@ def test_pairwise_pairs_prefer_the_source_in_both_orders_ties_and_rejects(tmp_pa
     items.append({**same, "sample_id": 9, "perturbation_set": "drug_swap_100pct", "perturbation_category": "error"})
     items_path.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
     out = tmp_path / "pairs"
-    assert cli("pairs", "known", "--items", items_path, "--source", source, "--spec", spec, "--out", out,
+    assert cli("pairs", "known", "--items", items_path, "--source", source, "--spec", spec, "--output_dir", out,
                "--validation_fraction", "0") == 0
     rows = pq.read_table(out / "train.parquet").to_pylist()
     errors = [r for r in rows if r["perturbation_category"] == "error"]
@@ -85,7 +85,7 @@ def test_pairwise_pairs_prefer_the_source_in_both_orders_ties_and_rejects(tmp_pa
     assert stats["pairs_by_label"] == {"A=B": len(ties), "A>B": 2, "B>A": 2}
 
     # ties: drop writes no pair for a representational copy, and counts it
-    assert cli("pairs", "known", "--items", items_path, "--source", source, "--spec", spec, "--out",
+    assert cli("pairs", "known", "--items", items_path, "--source", source, "--spec", spec, "--output_dir",
                tmp_path / "dropped", "--ties", "drop", "--validation_fraction", "0") == 0
     dropped = json.loads((tmp_path / "dropped" / "stats.json").read_text())
     assert dropped["total_pairs"] == 4 and dropped["dropped"]["represent_no_pair"] == len(ties) // 4
@@ -113,7 +113,7 @@ def test_pointwise_pairs_rank_a_copys_evaluations_against_the_source_score(tmp_p
     panel.append({**evaluation(items[(1, "spacing_100pct")], "s9", 0), "evaluation": "no score here"})
     (tmp_path / "panel.jsonl").write_text("".join(json.dumps(r) + "\n" for r in panel), encoding="utf-8")
     out = tmp_path / "pointwise"
-    assert cli("pairs", "known", "--form", "pointwise", "--evaluations", tmp_path / "panel.jsonl", "--out", out,
+    assert cli("pairs", "known", "--form", "pointwise", "--evaluations", tmp_path / "panel.jsonl", "--output_dir", out,
                "--validation_fraction", "0") == 0
     rows = pq.read_table(out / "train.parquet").to_pylist()
     got = sorted((r["perturbation_category"], r["score_chosen"], r["score_rejected"], r["anchor_score"]) for r in rows)
@@ -136,7 +136,7 @@ def test_pointwise_pairs_rank_a_copys_evaluations_against_the_source_score(tmp_p
 def test_pairwise_form_without_its_source_is_refused(tmp_path, capsys):
     _, _, items_path = factory(tmp_path)
     with pytest.raises(SystemExit) as exit_:
-        cli("pairs", "known", "--items", items_path, "--out", tmp_path / "x")
+        cli("pairs", "known", "--items", items_path, "--output_dir", tmp_path / "x")
     assert exit_.value.code == 2 and not (tmp_path / "x").exists()
     assert "needs --items, --source and --spec" in capsys.readouterr().err
 

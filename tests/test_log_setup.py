@@ -37,11 +37,11 @@ print(json.dumps({"root": root.level, "handlers": [type(h).__name__ for h in roo
 
 # (main, quiet, force, a handler set up before) -> root level, root handlers, transformers level, progress bars
 CASES = {
-    "main process": ((1, 0, 0, 0), logging.INFO, ["StreamHandler"], logging.WARNING, [True] * 3),
-    "other process": ((0, 0, 0, 0), logging.WARNING, ["StreamHandler"], logging.ERROR, [False] * 3),
-    "bench worker": ((1, 1, 1, 0), logging.WARNING, ["StreamHandler"], logging.ERROR, [False] * 3),
+    "main process": ((1, 0, 0, 0), logging.INFO, ["BarSafeHandler"], logging.WARNING, [True] * 3),
+    "other process": ((0, 0, 0, 0), logging.WARNING, ["BarSafeHandler"], logging.ERROR, [False] * 3),
+    "bench worker": ((1, 1, 1, 0), logging.WARNING, ["BarSafeHandler"], logging.ERROR, [False] * 3),
     "embedded": ((1, 0, 0, 1), logging.WARNING, ["NullHandler"], logging.WARNING, [True] * 3),
-    "training process": ((1, 0, 1, 1), logging.INFO, ["StreamHandler"], logging.WARNING, [True] * 3),
+    "training process": ((1, 0, 1, 1), logging.INFO, ["BarSafeHandler"], logging.WARNING, [True] * 3),
 }
 
 

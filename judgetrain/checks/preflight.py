@@ -26,15 +26,16 @@ import uuid
 from pathlib import Path
 
 import torch
-from huggingface_hub.errors import HFValidationError
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
 from transformers.utils import import_utils
 
 from judgetrain.checks.memory import model_shape, plan_from_recipe
 from judgetrain.config.recipe import Recipe, RecipeError
-from judgetrain.models.aliases import is_alias
+from judgetrain.models.aliases import aliases, is_alias
 from judgetrain.trainer.parallelism import deepspeed_missing
 from judgetrain.utils.files import LockUnsupported, file_lock
-from judgetrain.utils.hub import cached_snapshot, hub_offline
+from judgetrain.utils.hub import cached_snapshot, hub_offline, is_hub_id
 from judgetrain.utils.ranks import decided_on_main
 
 GIB = 1024**3
@@ -253,6 +254,36 @@ def hub_problem(model_name_or_path: str, revision: str | None = None, env=os.env
     return (f"model_name_or_path {model_name_or_path}: the hub is offline (HF_HUB_OFFLINE) and the model is not in "
             "the local Hugging Face cache: download it first (`huggingface-cli download "
             f"{model_name_or_path}`) on a machine with network, or give a local folder")
+
+
+def model_problem(name: str, option: str) -> str | None:
+    """Why the model ``name`` given as ``option`` (``--judge``, ``--model``, ...) cannot load here, checked without
+    loading it, one line, or None: a folder without a model (no config.json or adapter_config.json), a file, a path
+    that does not exist and is no hub id or alias, a hub id that the hub (or, offline, the local cache) does not
+    have. A command asks it before it writes anything, so a refused run leaves its output folder as it was."""
+    if is_alias(name):
+        return None
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+            return None
+        return f"{option} {name}: a folder without a model (no config.json or adapter_config.json)"
+    if path.exists():
+        return f"{option} {name}: a file, not a model folder"
+    if not is_hub_id(name):
+        return f"{option} {name}: no such folder, and not a hub id (owner/name) or an alias ({', '.join(aliases())})"
+    offline = hub_problem(name)
+    if offline:
+        return f"{option} {name}: {offline.split(': ', 1)[1]}"
+    if hub_offline():
+        return None
+    try:
+        HfApi().model_info(name, timeout=30)
+    except RepositoryNotFoundError:
+        return f"{option} {name}: no such model on the hub (or it is private: set HF_TOKEN); check the name"
+    except Exception:  # noqa: BLE001 - hub unreachable: the cache may hold it, and the load says what is wrong
+        return None
+    return None
 
 
 def preflight(recipe: Recipe) -> list[str]:

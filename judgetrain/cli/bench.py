@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.bench.checkpoint import bench_checkpoint
+from judgetrain.cli.args import ConventionParser
 from judgetrain.bench.common import BenchError, default_recipe, load_average, machine_info, package_versions
 from judgetrain.bench.eval import bench_eval, eval_model_location, load_eval_model
 from judgetrain.bench.generation import GENERATION_MODELS, bench_generation
@@ -95,8 +96,8 @@ SIZES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="judgetrain bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = ConventionParser(prog="judgetrain bench", description=__doc__.split("\n\n")[0],
+                         epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--output", default="bench.json", help="where to write the JSON report (default: bench.json)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: the tiny-judge comparisons; cuda: also the real-shape GPU figures (needs CUDA)")

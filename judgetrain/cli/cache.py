@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 
+from judgetrain.cli.args import ConventionParser
 from judgetrain.models.cache import NOT_ENTRIES, list_entries
 from judgetrain.models.cache import __doc__ as _LIBRARY_DOC
 from judgetrain.utils.files import cache_root
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="judgetrain cache", description=_LIBRARY_DOC.split("\n\n")[0])
+def build_parser() -> ConventionParser:
+    parser = ConventionParser(prog="judgetrain cache", description=_LIBRARY_DOC.split("\n\n")[0])
     parser.add_argument("action", choices=["list", "clear", "path"], help="list the entries, remove them, or print the root")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     root = cache_root()
     if args.action == "path":

@@ -1,13 +1,13 @@
 """`judgetrain compare A B`: two saved evaluations side by side, from their per-row files, without scoring again.
 
-    judgetrain compare runs/base-eval/tiny-judge runs/quickstart/eval/40 --out compare.json
+    judgetrain compare runs/base-eval/tiny-judge runs/quickstart/eval/40 --output compare.json
 
 A is the baseline, B the evaluation compared to it: each a folder `judgetrain eval` or a run's eval wrote
 (``results.json`` with ``<suite>.jsonl``), or a run folder (its latest evaluation). For each headline figure of every
 suite and scoring mode both hold, prints A, B, B - A with its 95% bootstrap interval (the same resamples for both) and
 a p-value (the exact sign test over each suite's units where the items are right or wrong, else the paired sign-flip
 test over units), and "worse" or "better" where `judgetrain.eval.compare.changes` can say so; writes every figure to
-``--out`` (JSON). The library call is `judgetrain.eval.compare.compare_evaluations`.
+``--output`` (JSON). The library call is `judgetrain.eval.compare.compare_evaluations`.
 """
 
 # Late imports: rich (inside the functions that use them): each command loads only what it runs, so `judgetrain
@@ -15,12 +15,12 @@ test over units), and "worse" or "better" where `judgetrain.eval.compare.changes
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 from pathlib import Path
 from typing import Any
 
+from judgetrain.cli.args import ConventionParser, console
 from judgetrain.eval.compare import HEADLINE, REGRESSION_ALPHA, EvaluationError, compare_evaluations
 from judgetrain.eval.metrics import N_RESAMPLES
 from judgetrain.run.state import EXIT_BAD_INPUT
@@ -31,11 +31,11 @@ from judgetrain.utils.numbers import nan_to_none
 logger = logging.getLogger(__name__)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="judgetrain compare", description=__doc__.split("\n\n")[0])
+def build_parser() -> ConventionParser:
+    p = ConventionParser(prog="judgetrain compare", description=__doc__.split("\n\n")[0])
     p.add_argument("a", metavar="A", help="the baseline: an evaluation folder or a run folder (its latest eval)")
     p.add_argument("b", metavar="B", help="the evaluation compared to A (same kinds of path)")
-    p.add_argument("--out", default="compare.json", help="the JSON written (default: ./compare.json)")
+    p.add_argument("--output", "--out", default="compare.json", help="the JSON file written (default: ./compare.json)")
     p.add_argument("--suites", nargs="+", help="only these suites (default: every suite both hold)")
     p.add_argument("--all", action="store_true", help="print every figure (per domain, category, bias), not only the "
                                                       "headline ones")
@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
+    if Path(args.output).is_dir():
+        logger.error("--output %s: a folder; name the JSON file to write (e.g. %s)", args.output,
+                     Path(args.output) / "compare.json")
+        return EXIT_BAD_INPUT
     if args.resamples < 1000:
         logger.warning("--resamples %d: intervals from fewer than 1,000 resamples move with the seed", args.resamples)
     try:
@@ -62,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s", exc)
         return EXIT_BAD_INPUT
     _print(doc, args.all)
-    write_json(Path(args.out), nan_to_none(doc))
-    print(f"written: {args.out}")
+    write_json(Path(args.output), nan_to_none(doc))
+    print(f"written: {args.output}")
     return 0
 
 
@@ -90,12 +94,9 @@ def _rows(doc: dict[str, Any], every: bool) -> list[list[str]]:
 
 
 def _print(doc: dict[str, Any], every: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:  # piped or logged: keep each row on one line
-        console = Console(width=200)
+    out = console()
     table = Table(title=f"A: {doc['a']}\nB: {doc['b']}", caption=f"95% bootstrap intervals, {doc['n_resamples']} "
                   f"resamples (seed {doc['seed']}), paired by unit; p: exact sign test (right / wrong items), else the "
                   "paired sign-flip test (~); worse / better: p under the threshold after Holm, the interval beyond "
@@ -105,6 +106,6 @@ def _print(doc: dict[str, Any], every: bool) -> None:
     for row in _rows(doc, every):
         style = {"worse": "red", "better": "green"}.get(row[-1])
         table.add_row(*row, style=style)
-    console.print(table)
+    out.print(table)
     for why in doc["skipped"]:
-        console.print(f"not compared: {why}")
+        out.print(f"not compared: {why}")

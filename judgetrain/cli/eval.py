@@ -7,27 +7,27 @@
 The evaluation options are the recipe's keys, by the same names (`judgetrain.config.recipe.EvalArguments`:
 ``--eval_suites``, ``--eval_max_rows``, ``--eval_scoring`` (one or several modes: ``implicit generate``),
 ``--eval_generate_max_rows``, ``--eval_generate_max_new_tokens``, ``--eval_batch_tokens``, ``--eval_<suite>_source``,
-``--no_eval_prefix_sharing``, ...; hyphens work too: ``--eval-max-rows``); the rest say what to evaluate and where
-to write. ``--model`` is a hub id, a model directory, an adapter directory (adapter_config.json: its base model is
-loaded and the adapter applied), or a run directory: then every ``checkpoint-*/`` inside (by step) and the run's
-final model/adapter are evaluated in turn. Rows are split over the processes of ``accelerate launch`` and gathered;
+``--no_eval_prefix_sharing``, ...; hyphens work too, as in every judgetrain command: ``--eval-max-rows``); the rest
+say what to evaluate and where to write. ``--model`` is a hub id, a model directory, an adapter directory
+(adapter_config.json: its base model is loaded and the adapter applied), or a run directory: then every
+``checkpoint-*/`` inside (by step) and the run's final model/adapter are evaluated in turn. Rows are split over the processes of ``accelerate launch`` and gathered;
 every row is scored once. Implicit scoring of an adapter uses the base model (adapter disabled) as the reference;
-of a full model it needs ``--ref-model`` (without one the score is the plain log-likelihood). The reference
+of a full model it needs ``--ref_model`` (without one the score is the plain log-likelihood). The reference
 log-probs are cached across the checkpoints of one run when they share the reference.
 
-Writes, per evaluated model, ``<output-dir>/<name>/results.json`` (flat logged keys, nested metrics, engine stats)
+Writes, per evaluated model, ``<output_dir>/<name>/results.json`` (flat logged keys, nested metrics, engine stats)
 and ``<suite>.jsonl`` (per-row scores; ``<suite>.<mode>.jsonl`` for each other mode, ``<suite>.generate.jsonl``
 with the texts written), the files the training callback writes per eval step
 (`judgetrain.eval.runner.evaluate_and_write`); prints the RM-Bench table (domains x hard/normal/easy/avg).
 
 ``--baseline MODEL`` (a hub id, model or adapter directory, as ``--model``) scores that judge first, on the same rows
-and in the same modes, into ``<output-dir>/baseline/``; every model evaluated after it gets, beside each figure,
+and in the same modes, into ``<output_dir>/baseline/``; every model evaluated after it gets, beside each figure,
 ``eval/<suite>[/<mode>]/delta/<metric>`` (trained - baseline) with its ``delta_ci_low``, ``delta_ci_high`` and
 ``p_value``, and the categories that got worse are named in a warning and in results.json's ``regressions``.
 """
 
 # Late imports: transformers, judgetrain.config, judgetrain.models, torch, peft, rich, judgetrain.utils, accelerate,
-# judgetrain.eval (inside the functions that use them): each command loads only what it runs, so `judgetrain --help`
+# judgetrain.eval, judgetrain.checks (inside the functions that use them): each command loads only what it runs, so `judgetrain --help`
 # and the light commands (status, cache, report) start without them.
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from judgetrain.cli.args import console, figure_cell, follow_conventions, normalise, refuse_file, unknown_message
 from judgetrain.models.loading import load_tokenizer
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.run.state import EXIT_BAD_INPUT
@@ -62,34 +63,33 @@ def build_parser():
     p.add_argument("--model_revision", help="branch, tag or commit of the weights and tokenizer that load from the hub "
                    "(--model, or the base an adapter names; default: the revision the adapter recorded, else main)")
     p.add_argument("--adapter_revision", help="branch, tag or commit of a hub adapter (--adapter)")
-    p.add_argument("--ref-model", help="reference model for implicit scoring of a full (non-adapter) model")
+    p.add_argument("--ref_model", help="reference model for implicit scoring of a full (non-adapter) model")
     p.add_argument("--baseline", help="a judge to compare with (hub id, model or adapter dir): scored first on the same "
                    "rows; each model's figures then carry their paired difference against it")
-    p.add_argument("--ideation-mode", choices=("implicit", "pairwise"), default="implicit")
+    p.add_argument("--ideation_mode", choices=("implicit", "pairwise"), default="implicit")
     p.add_argument("--seed", type=int, default=0, help="seed of the row cap sample")
-    p.add_argument("--max-length", type=int, help="longest scored sequence (default: the model's context)")
-    p.add_argument("--long-inputs", choices=("truncate_prompt", "skip"), default="truncate_prompt",
+    p.add_argument("--max_length", type=int, help="longest scored sequence (default: the model's context)")
+    p.add_argument("--long_inputs", choices=("truncate_prompt", "skip"), default="truncate_prompt",
                    help="longer inputs: cut the prompt from the left (response end kept) or skip the row; counted")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    p.add_argument("--output-dir", default="judgetrain_eval", help="where results.json and per-row scores go")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off by default)")
-    return p
+    p.add_argument("--output_dir", default="judgetrain_eval", help="where results.json and per-row scores go")
+    p.add_argument("--on_bad_row", choices=("error", "skip"), default="error",
+                   help="bad suite rows: stop naming them (default), or skip them to <output_dir>/rejects-<suite>.jsonl, "
+                        "counted")
+    p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off by default)")
+    return follow_conventions(p)
 
 
 def parse_args(argv: list[str] | None):
     """(EvalArguments, the other options). An unknown option, an old spelling (``--suites``, ``--max-rows``: now the
     recipe's names) included, exits with code 2 naming the option to use."""
-    from judgetrain.config.recipe import RENAMED_EVAL_FLAGS, did_you_mean
+    from judgetrain.config.recipe import RENAMED_EVAL_FLAGS
 
     parser = build_parser()
+    argv = normalise(parser, list(sys.argv[1:] if argv is None else argv))
     eval_args, args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
-        token = next((t for t in unknown if t.startswith("-")), unknown[0])
-        if not token.startswith("-"):
-            parser.error(f"unexpected argument {token!r} (options are --name value)")
-        valid = [o.lstrip("-") for action in parser._actions for o in action.option_strings]
-        name = token.lstrip("-").split("=", 1)[0]
-        parser.error(f"unknown option {token}{did_you_mean(name, valid, flag=True, renamed=RENAMED_EVAL_FLAGS)}")
+        parser.error(unknown_message(parser, unknown, RENAMED_EVAL_FLAGS))
     return eval_args, args
 
 
@@ -170,10 +170,9 @@ def _name(target: str, root: str, n_targets: int) -> str:
 
 # ----------------------------------------------------------------------------------------------- output
 def print_table(name: str, results: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    out = console()
     if "rmbench" in results and results["rmbench"].metrics:
         m = results["rmbench"].metrics
         table = Table(title=f"RM-Bench: {name}")
@@ -186,9 +185,9 @@ def print_table(name: str, results: dict[str, Any]) -> None:
             table.add_row(d, "0", "missing", "", "", "")
         table.add_row("overall", str(m["n_rows"]),
                       *(f"{m[k]:.3f}" for k in ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc")), style="bold")
-        console.print(table)
+        out.print(table)
         if m.get("n_skipped") or m.get("n_truncated"):
-            console.print(f"rmbench: {m['n_skipped']} rows skipped, {m['n_truncated']} truncated (long inputs)")
+            out.print(f"rmbench: {m['n_skipped']} rows skipped, {m['n_truncated']} truncated (long inputs)")
     other = {k: v for name_, r in results.items() for k, v in r.flat().items()
              if name_ != "rmbench" or k.split("/")[2] in r.modes}  # rmbench's bare figures are the table above
     if other:
@@ -196,8 +195,8 @@ def print_table(name: str, results: dict[str, Any]) -> None:
         table.add_column("metric")
         table.add_column("value", justify="right")
         for k, v in other.items():
-            table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
-        console.print(table)
+            table.add_row(k, figure_cell(k, v))
+        out.print(table)
 
 
 def _cpu_only() -> bool:
@@ -207,6 +206,34 @@ def _cpu_only() -> bool:
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return True
     return not has_accelerator()
+
+
+def refused(args: argparse.Namespace) -> str | None:
+    """Why the command's own options cannot run (one line, the fix), checked before any weights load: an output_dir
+    that is a file, a model, adapter, reference or baseline that cannot load here. None when they can."""
+    from judgetrain.checks.preflight import model_problem
+
+    try:
+        refuse_file(args.output_dir)
+    except ValueError as err:
+        return str(err)
+    run_dir = Path(args.model).is_dir() and list_checkpoints(Path(args.model))  # its checkpoints are the models
+    return next(filter(None, (model_problem(name, option) for option, name in (
+        ("--model", None if run_dir else args.model), ("--adapter", args.adapter), ("--ref_model", args.ref_model),
+        ("--baseline", args.baseline)) if name)), None)
+
+
+def load_rows(specs: list, args: argparse.Namespace) -> None:
+    """Each suite's rows read once, its cap applied (every checkpoint is scored on the same rows); bad rows refused,
+    or with ``--on_bad_row skip`` written to ``<output_dir>/rejects-<suite>.jsonl`` and counted."""
+    from judgetrain.eval.suites import load_suite_dataset, load_suite_rows
+
+    for spec in specs:
+        if args.on_bad_row == "skip":
+            spec.rows = [dict(r) for r in load_suite_dataset(
+                spec, on_bad_row="skip", rejects_path=str(Path(args.output_dir) / f"rejects-{spec.name}.jsonl"))]
+        spec.rows = load_suite_rows(spec)
+        spec.max_rows = None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,16 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(state.is_main_process)
     from judgetrain.config.recipe import remote_code_warning
 
-    warning = remote_code_warning(["--trust-remote-code"] if args.trust_remote_code else [], args.model)
+    warning = remote_code_warning(["--trust_remote_code"] if args.trust_remote_code else [], args.model)
     if warning and state.is_main_process:
         logger.warning(warning)
+    problem = refused(args)
+    if problem:
+        print(f"judgetrain eval: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         specs = suite_specs(eval_args, seed=args.seed, ideation_mode=args.ideation_mode)
-        from judgetrain.eval.suites import load_suite_rows
-
-        for spec in specs:  # load once: every checkpoint is scored on the same rows
-            spec.rows = load_suite_rows(spec)
-            spec.max_rows = None
+        load_rows(specs, args)
     except (ValueError, FileNotFoundError) as err:  # DataValidationError is a ValueError
         print(f"judgetrain eval: cannot load eval data: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -30,18 +30,19 @@ import logging
 import sys
 from pathlib import Path
 
+from judgetrain.cli.args import ConventionParser, console, refuse_file
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
+from judgetrain.utils.numbers import check_scale
 
 logger = logging.getLogger(__name__)
 
 FORCED_MAX_NEW_TOKENS = 4  # after the forced prefix: the score (4, ., 5) and one more
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="judgetrain judge", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2], allow_abbrev=False)
+def build_parser() -> ConventionParser:
+    p = ConventionParser(prog="judgetrain judge", description=__doc__.split("\n\n")[0],
+                         epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--items", required=True, help="JSONL / JSON / parquet file, folder, or hub dataset (owner/name)")
     p.add_argument("--items_split", default="train", help="split of a hub dataset or folder (default train)")
     p.add_argument("--items_revision", help="branch, tag or commit of a hub dataset")
@@ -141,6 +142,7 @@ def options(args: argparse.Namespace):
     for name in ("chunk_size", "batch_tokens", "max_batch_size", "concurrency"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name} must be at least 1")
+    check_scale(args.scale)
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu_memory_utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.endpoint_max_retries < 0 or not args.endpoint_timeout_s > 0 or not args.endpoint_wait_budget_s >= 0:
@@ -200,9 +202,7 @@ def finished_already(args: argparse.Namespace) -> int | None:
 
 
 def print_result(summary: dict, evaluations: str, rows: int, out: Path, n_rejected: int, rejects_path) -> None:
-    from rich.console import Console
-
-    Console().print(summary_table(summary))
+    console().print(summary_table(summary))
     rejected = f"; {n_rejected} item(s) rejected, see {rejects_path}" if n_rejected else ""
     logger.info("wrote %s (%d rows) and %s%s", evaluations, rows, out / "summary.json", rejected)
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.judge.endpoint import EndpointError, RequestRefused
     from judgetrain.judge.fit import preflight_vllm
     from judgetrain.judge.items import read_items
-    from judgetrain.judge.judges import JudgeSpecError, judge_specs, preflight_endpoints
+    from judgetrain.judge.judges import JudgeSpecError, judge_specs, preflight_endpoints, preflight_local
     from judgetrain.judge.output import REJECTS
     from judgetrain.judge.runner import run_panel
     from judgetrain.run.state import EXIT_PREEMPTED
@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     try:  # everything that can be refused is, before any model loads
         opts = options(args)
         specs = preflight_endpoints(judge_specs(args.judge, args.judges_file), opts)
+        preflight_local(specs)  # each local judge's weights can load: a refused run writes nothing
+        refuse_file(out)
         preflight_vllm(specs, opts)  # vLLM judges: the engine can run (adapter, installed) and fits the GPU
         item_set = read_items(args.items, split=args.items_split, on_bad_row=args.on_bad_row,
                               rejects_path=args.rejects_path or str(out / REJECTS), revision=args.items_revision)

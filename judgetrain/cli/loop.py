@@ -12,11 +12,11 @@ Exit codes: 0 done, 2 a bad config (or another loop's output_dir), else the fail
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
+from judgetrain.cli.args import ConventionParser
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="judgetrain loop", description=__doc__.split("\n\n")[0])
+    parser = ConventionParser(prog="judgetrain loop", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="the loop's YAML config (docs/loop.md)")
     args = parser.parse_args(argv)
     setup_logging()

@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 from judgetrain.bench.memory import check, llama_model_folder
 from judgetrain.checks.memory import BUILTIN_SHAPES, OPTIMIZER_IMPLEMENTATIONS
+from judgetrain.cli.args import ConventionParser
+from judgetrain.run.state import EXIT_BAD_INPUT
 
 
-def main(argv: list[str] | None = None) -> int:
-    """judgetrain memory check MODEL_DIR [--lora_r 16] [--checkpointing] [--layers N --arch NAME]"""
-
-    parser = argparse.ArgumentParser(prog="judgetrain memory", description=main.__doc__)
+def build_parser() -> ConventionParser:
+    parser = ConventionParser(prog="judgetrain memory check", description=main.__doc__)
     parser.add_argument("model", help="a model folder, or with --arch the tokenizer folder for a random model")
     parser.add_argument("--lora_r", type=int, default=None)
     parser.add_argument("--checkpointing", action="store_true")
@@ -26,7 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer", choices=OPTIMIZER_IMPLEMENTATIONS, default="fused",
                         help="the AdamW implementation (default fused: the Trainer's adamw_torch_fused; foreach: what "
                              "adamw_torch runs on CUDA; per-parameter: on a CPU)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """judgetrain memory check MODEL_DIR [--lora_r 16] [--checkpointing] [--layers N --arch NAME] [--optimizer foreach]"""
+
+    parser = build_parser()
     args = parser.parse_args(argv)
+    folder = Path(args.model)
+    if not (folder.is_dir() if args.arch else (folder / "config.json").is_file()):
+        what = "a folder" if args.arch else "a model folder (no config.json)"
+        print(f"judgetrain memory check: {args.model}: not {what}; give a model folder, or with --arch the folder of "
+              "a tokenizer", file=sys.stderr)
+        return EXIT_BAD_INPUT
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if args.arch:

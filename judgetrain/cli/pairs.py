@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 
+from judgetrain.cli.args import ConventionParser, console, refuse_file
 from judgetrain.data.pairs import PanelDataError, build_pairs
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
@@ -44,38 +44,40 @@ def stats_table(stats: dict):
     return table
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> ConventionParser:
+    parser = ConventionParser(
         prog="judgetrain pairs build",
         description="Build anchor-consensus, direction-aware DPO pairs (JudgeBias-DPO-RefFree schema) "
                     "from a judge panel's evaluations.",
     )
     parser.add_argument("--evaluations", required=True, help="jsonl / json / parquet table of judge evaluations")
-    parser.add_argument("--out", required=True, help="output directory (train/validation parquet, stats, rejects)")
-    parser.add_argument("--min-delta", type=float, default=0.5, help="minimum score gap of a pair (default 0.5)")
-    parser.add_argument("--represent-anchor-margin", type=float, default=1.5,
+    parser.add_argument("--output_dir", "--out", required=True,
+                        help="output directory (train/validation parquet, stats, rejects)")
+    parser.add_argument("--min_delta", type=float, default=0.5, help="minimum score gap of a pair (default 0.5)")
+    parser.add_argument("--represent_anchor_margin", type=float, default=1.5,
                         help="drop represent pairs whose chosen score is more than this below the anchor (1.5)")
-    parser.add_argument("--error-anchor-margin", type=float, default=2.0,
+    parser.add_argument("--error_anchor_margin", type=float, default=2.0,
                         help="drop error pairs whose rejected score is more than this below the anchor (2.0)")
-    parser.add_argument("--max-pairs", type=int, default=5, help="at most this many pairs per sample per set (5)")
-    parser.add_argument("--min-represent-evals", type=int, default=3,
+    parser.add_argument("--max_pairs", type=int, default=5, help="at most this many pairs per sample per set (5)")
+    parser.add_argument("--min_represent_evals", type=int, default=3,
                         help="skip samples with fewer representational scores for the anchor (3)")
-    parser.add_argument("--anchor-sets", choices=("rates", "represent"), default="rates",
+    parser.add_argument("--anchor_sets", choices=("rates", "represent"), default="rates",
                         help="anchor over the representational rate sets (card, default) or every represent set")
-    parser.add_argument("--validation-fraction", type=float, default=0.1, help="share of samples held out (0.1)")
+    parser.add_argument("--validation_fraction", type=float, default=0.1, help="share of samples held out (0.1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, nargs=2, default=(0.5, 5.5), metavar=("LO", "HI"),
                         help="accepted overall score range, inclusive (0.5 5.5)")
-    parser.add_argument("--score-key", default="overall_score", help="JSON key of the overall score")
+    parser.add_argument("--score_key", default="overall_score", help="JSON key of the overall score")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     setup_logging()
     try:
+        refuse_file(args.output_dir)
         stats = build_pairs(
-            args.evaluations, args.out, min_delta=args.min_delta,
+            args.evaluations, args.output_dir, min_delta=args.min_delta,
             represent_anchor_margin=args.represent_anchor_margin, error_anchor_margin=args.error_anchor_margin,
             max_pairs=args.max_pairs, min_represent_evals=args.min_represent_evals,
             validation_fraction=args.validation_fraction, seed=args.seed, scale=tuple(args.scale),
@@ -84,14 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     except (PanelDataError, ValueError) as err:
         logger.error("%s", err)
         return EXIT_BAD_INPUT
-    return show_stats(stats, args.out)
+    return show_stats(stats, args.output_dir)
 
 
 def show_stats(stats: dict, out: str) -> int:
     """Print the statistics table; the exit code: 1 when no pair was built, else 0."""
-    from rich.console import Console
-
-    Console().print(stats_table(stats))
+    console().print(stats_table(stats))
     if stats["total_pairs"] == 0:
         logger.error("no pairs were built; see %s/stats.json and rejects.jsonl", out)
         return 1

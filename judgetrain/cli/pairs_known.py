@@ -2,24 +2,24 @@
 (judgetrain.perturb.known): the pairwise form (the source against each copy in both orders, no judge needed) or
 the pointwise form (a panel's evaluations of the items ranked against the source's score)."""
 
-# Late imports: judgetrain.perturb, judgetrain.data, judgetrain.cli (inside the functions that use them): each
+# Late imports: judgetrain.perturb, judgetrain.data, judgetrain.cli.pairs (inside the functions that use them): each
 # command loads only what it runs, so `judgetrain --help` and the light commands start without them.
 
 from __future__ import annotations
 
-import argparse
 import logging
 
+from judgetrain.cli.args import ConventionParser, refuse_file
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> ConventionParser:
     from judgetrain.perturb.known import FORMS, TIES
 
-    p = argparse.ArgumentParser(prog="judgetrain pairs known", description=__doc__.split("\n\n")[0])
+    p = ConventionParser(prog="judgetrain pairs known", description=__doc__.split("\n\n")[0])
     p.add_argument("--form", choices=FORMS, default="pairwise",
                    help="pairwise: verdict pairs, source against copy in both orders; pointwise: ranked evaluations")
     p.add_argument("--items", help="pairwise: the items `judgetrain perturb` wrote (items.jsonl)")
@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--source_split", default="train", help="split of a hub dataset or folder (default train)")
     p.add_argument("--spec", help="pairwise: the spec the items were made by (a YAML file, or a pack)")
     p.add_argument("--evaluations", help="pointwise: the evaluations of the items, the original set included")
-    p.add_argument("--out", required=True, help="output directory (train/validation parquet, stats, rejects)")
+    p.add_argument("--output_dir", "--out", required=True,
+                   help="output directory (train/validation parquet, stats, rejects)")
     p.add_argument("--ties", choices=TIES, default="tie",
                    help="a representational copy: a tie verdict / a score at the source's (tie), or no pair (drop)")
     p.add_argument("--min_delta", type=float, default=0.5, help="pointwise: minimum score gap of a pair (0.5)")
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.perturb.known import known_pairs
 
     try:
+        refuse_file(args.output_dir)
         samples = None
         if args.form == "pairwise":
             if not (args.items and args.source and args.spec):
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             samples, _ = read_samples(args.source, load_spec(args.spec), split=args.source_split)
         elif not args.evaluations:
             parser.error("the pointwise form needs --evaluations")
-        stats = known_pairs(args.out, form=args.form, items=args.items, samples=samples, evaluations=args.evaluations,
+        stats = known_pairs(args.output_dir, form=args.form, items=args.items, samples=samples, evaluations=args.evaluations,
                             ties=args.ties, min_delta=args.min_delta, tie_margin=args.tie_margin,
                             max_pairs=args.max_pairs, validation_fraction=args.validation_fraction, seed=args.seed,
                             score_key=args.score_key, scale=tuple(args.scale))
@@ -69,4 +71,4 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     from judgetrain.cli.pairs import show_stats
 
-    return show_stats(stats, args.out)
+    return show_stats(stats, args.output_dir)

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 # The library is imported inside main: `--help` and a refused spec answer at once, and a run of rule operators alone
 # never imports accelerate or torch.
-import argparse
 import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from judgetrain.cli.args import ConventionParser, console, refuse_file
 from judgetrain.cli.judge import add_batch_options, add_endpoint_options, add_gpu_memory_option, options
 from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_PREEMPTED
 from judgetrain.utils.logging import setup_logging
@@ -39,10 +39,9 @@ from judgetrain.utils.logging import setup_logging
 logger = logging.getLogger(__name__)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="judgetrain perturb", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 2)[2], allow_abbrev=False)
+def build_parser() -> ConventionParser:
+    p = ConventionParser(prog="judgetrain perturb", description=__doc__.split("\n\n")[0],
+                         epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--source", required=True, help="JSONL / JSON / parquet file, folder, or hub dataset (owner/name)")
     p.add_argument("--source_split", default="train", help="split of a hub dataset or folder (default train)")
     p.add_argument("--source_revision", help="branch, tag or commit of a hub dataset")
@@ -105,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(launch_rank() == 0)
     try:  # everything that can be refused is, before any model loads
         spec = select_sets(load_spec(args.spec, seed=args.seed), args.sets)
-        rewriter = parse_judge(args.model) if args.model else None
+        refuse_file(out)
+        rewriter = parse_judge(args.model, "--model") if args.model else None
         if rewriter is not None:  # judge's endpoint rules: key variable, URL and GET /models, before any work
             # greedy rewrites do not depend on the seed: --seed redraws rule edits, finished rewrites are kept
             opts = replace(options(args), seed=spec.seed if args.do_sample else 0)
@@ -131,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if "summary" in result:
-        from rich.console import Console
-
-        Console().print(summary_table(result["summary"]))
+        console().print(summary_table(result["summary"]))
         logger.info("wrote %s (%d items from %d samples), %s (%d rejected), %s", result["items"], result["n_items"],
                     len(samples), result["rejects"], result["n_rejected"], out / "summary.json")
         if read["rejected"]:

@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from judgetrain.report.build import SUMMARY_HEADER, build_report, cmp_cell, cmp_label, fmt_epoch, summary_cells
+from judgetrain.cli.args import ConventionParser, console, refuse_file
+from judgetrain.report.build import (SUMMARY_HEADER, NothingToReport, build_report, cmp_cell, cmp_label, fmt_epoch,
+                                     summary_cells)
 from judgetrain.report.build import __doc__ as _LIBRARY_DOC
 from judgetrain.report.headline import headline, headline_note, headline_table
 from judgetrain.run.state import EXIT_BAD_INPUT
@@ -22,12 +23,9 @@ logger = logging.getLogger(__name__)
 
 
 def _print_tables(result: Mapping[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:  # piped or logged: rich would fold the metric names into 80 columns
-        console = Console(width=160)
+    out = console()
     runs = result["runs"]
     for run in runs:  # the headline first: the figures the model card shows
         head = headline(run.records, run.recipe)
@@ -38,9 +36,9 @@ def _print_tables(result: Mapping[str, Any]) -> None:
                 table.add_column(h, justify="left" if i == 0 else "right", style="cyan" if i == 0 else None)
             for row in rows:
                 table.add_row(*row)
-            console.print(table)
+            out.print(table)
     for info in result["infos"]:
-        console.print(f"[bold]{info['name']}[/bold]: {info['status']}; last step {info['last_step']}, epoch "
+        out.print(f"[bold]{info['name']}[/bold]: {info['status']}; last step {info['last_step']}, epoch "
                       f"{fmt_epoch(info['last_epoch'])}, {len(info['eval_points'])} eval point(s)")
     if len(runs) > 1 and result["comparison"]:
         table = Table(title="last eval (best @ epoch)")
@@ -50,12 +48,12 @@ def _print_tables(result: Mapping[str, Any]) -> None:
         table.add_column("better")
         for row in result["comparison"]:
             table.add_row(cmp_label(row), *[cmp_cell(row["runs"].get(run.name)) for run in runs], row["better"])
-        console.print(table)
+        out.print(table)
     else:
         for run in runs:
             rows = result["tables"][run.name]
             if not rows:
-                console.print(f"{run.name}: no evaluation logged yet")
+                out.print(f"{run.name}: no evaluation logged yet")
                 continue
             table = Table(title=f"{run.name}: last eval and best epoch")
             for i, h in enumerate(SUMMARY_HEADER):
@@ -63,22 +61,32 @@ def _print_tables(result: Mapping[str, Any]) -> None:
                                  no_wrap=i == 0)
             for row in rows:
                 table.add_row(*summary_cells(row))
-            console.print(table)
-    console.print(f"report: {result['paths']['report.html']}  ({len(result['paths'])} files)")
+            out.print(table)
+    out.print(f"report: {result['paths']['report.html']}  ({len(result['paths'])} files)")
+
+
+def build_parser() -> ConventionParser:
+    parser = ConventionParser(prog="judgetrain report", description=_LIBRARY_DOC.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run output directories (one or more)")
+    parser.add_argument("--output_dir", "--out", default=None, help="where to write (default: RUN_DIR/report for one run, "
+                                                    "./judgetrain_report for several)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="judgetrain report", description=_LIBRARY_DOC.split("\n\n")[0])
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run output directories (one or more)")
-    parser.add_argument("--out", default=None, help="where to write (default: RUN_DIR/report for one run, "
-                                                    "./judgetrain_report for several)")
+    parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
     missing = [d for d in args.run_dirs if not Path(d).is_dir()]
     if missing:
         logger.error("not a run directory: %s", ", ".join(missing))
         return EXIT_BAD_INPUT
-    result = build_report(args.run_dirs, args.out)
+    try:
+        refuse_file(args.output_dir or ".")
+        result = build_report(args.run_dirs, args.output_dir)
+    except (NothingToReport, ValueError) as err:
+        logger.error("%s", err)
+        return EXIT_BAD_INPUT
     _print_tables(result)
     return 0
 

@@ -1,13 +1,19 @@
-"""`judgetrain status RECIPE [overrides]` (or ``python -m judgetrain.cli.status``): print the exit code the run of
-launch ``$JUDGETRAIN_LAUNCH_ID`` wrote to its output_dir, for scheduler scripts around a bare `accelerate launch`
-(which turns every worker's code into 1).
+"""`judgetrain status RUN_DIR` (or `judgetrain status RECIPE [overrides]`, which names its output_dir): how the run in
+that folder stands, one line: running, finished, stopped (by a signal: resume with ``--resume auto``), failed, or
+refused, with its exit code and step, e.g. ``runs/quickstart: finished (exit code 0) at step 62``.
 
-`judgetrain status RECIPE --verify [overrides]`: read every byte of every checkpoint of the run's output_dir (and of
-its final model) against the SHA-256 in its marker, one line each (a resume trusts a checkpoint by sizes, mtimes
-and sampled blocks); exit 1 when one fails. Where output_dir is machine-local, run it on each machine."""
+With ``$JUDGETRAIN_LAUNCH_ID`` set (scheduler scripts around a bare `accelerate launch`, which turns every worker's
+code into 1): print the exit code that launch wrote to its output_dir; exit 1 when it wrote none.
 
-# Late imports: judgetrain.config, judgetrain.run (inside the functions that use them): each command loads only what
-# it runs, so `judgetrain --help` and the light commands (status, cache, report) start without them.
+`judgetrain status RUN_DIR --verify` (or ``RECIPE --verify``): read every byte of every checkpoint of the run (and of
+its final model) against the SHA-256 in its marker, one line each (a resume trusts a checkpoint by sizes, mtimes and
+sampled blocks); exit 1 when one fails. Where output_dir is machine-local, run it on each machine.
+
+Exit codes: 0 the state was read (or every checkpoint verified), 1 a checkpoint failed --verify (or the launch
+named by ``$JUDGETRAIN_LAUNCH_ID`` wrote no code), 2 not a run folder or a bad recipe."""
+
+# Late imports: judgetrain.config, judgetrain.run (inside the functions that use them): each command
+# loads only what it runs, so `judgetrain --help` and the light commands (status, cache, report) start without them.
 
 from __future__ import annotations
 
@@ -15,27 +21,85 @@ import os
 import sys
 from pathlib import Path
 
-from judgetrain.run.state import LAUNCH_ID_ENV, read_statuses
+from judgetrain.run.layout import IDENTITY_FILE, METRICS_FILE, STATUS_FILE
+from judgetrain.run.state import EXIT_BAD_INPUT, LAUNCH_ID_ENV, output_dir_in_use, read_statuses
+
+# how each status line a launch writes reads (judgetrain.train, judgetrain.run.state.outcome_code)
+STATES = {"finished": "finished",
+          "preempted": "stopped by a signal: resume it with judgetrain train RECIPE --resume auto",
+          "nonfinite": "stopped on a non-finite loss or gradient", "regressed": "stopped: an eval got worse than the "
+          "baseline", "disk_full": "stopped: the disk is full", "failed": "failed", "refused": "refused at start"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the launch's exit code; exit 1 when that launch wrote none."""
-    from judgetrain.config.recipe import parse_recipe
-
+    """Print the run's state (or the launch's exit code); the module's doc gives the exit codes."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if argv else 2
+        print(f"usage: judgetrain status RUN_DIR|RECIPE [overrides] [--verify]\n\n{__doc__}")
+        return 0 if argv else EXIT_BAD_INPUT
     verify = "--verify" in argv
-    training_args = parse_recipe([a for a in argv if a != "--verify"]).training_args
+    argv = [a for a in argv if a != "--verify"]
+    if not argv:
+        print("judgetrain status: name the run: judgetrain status RUN_DIR --verify (or RECIPE --verify)",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        output_dir = run_folder(argv)
+    except ValueError as err:
+        print(f"judgetrain status: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if verify:
-        return verify_run(Path(training_args.output_dir))
+        return verify_run(output_dir)
     launch_id = os.environ.get(LAUNCH_ID_ENV)
-    for status in reversed(read_statuses(Path(training_args.output_dir))):
-        if launch_id and status.get("launch_id") == launch_id and isinstance(status.get("exit_code"), int):
-            print(status["exit_code"])
-            return 0
-    return 1
+    if launch_id:
+        for status in reversed(read_statuses(output_dir)):
+            if status.get("launch_id") == launch_id and isinstance(status.get("exit_code"), int):
+                print(status["exit_code"])
+                return 0
+        return 1
+    print(f"{output_dir}: {run_state(output_dir)}")
+    return 0
+
+
+def run_folder(argv: list[str]) -> Path:
+    """The run folder ``argv`` names: a folder (a run's output_dir), else a recipe with overrides (its output_dir).
+    ValueError (one line) for a recipe that does not parse or a path that is neither."""
+    from judgetrain.config.recipe import RecipeError, did_you_mean, parse_recipe
+
+    first = Path(argv[0])
+    if first.is_dir() and len(argv) == 1:
+        if not any((first / name).exists() for name in (STATUS_FILE, METRICS_FILE, IDENTITY_FILE)):
+            raise ValueError(f"{first}: not a run folder (no {STATUS_FILE}, {METRICS_FILE} or {IDENTITY_FILE}); give "
+                             "a run's output_dir or its recipe")
+        return first
+    if first.is_dir():
+        flag = next((a for a in argv[1:] if a.startswith("-")), None)
+        if flag:
+            name = flag.lstrip("-").split("=", 1)[0].replace("-", "_")
+            raise ValueError(f"unknown option {flag}{did_you_mean(name, ['verify'], flag=True)} (a run folder takes "
+                             "--verify alone; overrides go with a recipe)")
+        raise ValueError(f"{first}: a folder takes no overrides; give a run's output_dir alone, or its recipe")
+    try:
+        return Path(parse_recipe(argv).training_args.output_dir)
+    except RecipeError as err:
+        raise ValueError(str(err).splitlines()[0]) from None
+
+
+def run_state(output_dir: Path) -> str:
+    """One line: running (its lock is held), else how its last launch ended."""
+    busy = output_dir_in_use(output_dir)
+    if busy:
+        return f"running ({busy.split('(', 1)[-1].split(')', 1)[0]})"
+    ended = [s for s in read_statuses(output_dir) if s.get("status") in STATES]
+    if not ended:
+        if not output_dir.is_dir():
+            return "not started (no such folder)"
+        return ("failed: its last launch ended without writing how (killed, or a crash before its first line); "
+                "resume it with judgetrain train RECIPE --resume auto")
+    last = ended[-1]
+    step = f" at step {last['step']}" if last.get("step") is not None else ""
+    why = f": {last['message']}" if last.get("message") and last["status"] in ("failed", "refused", "disk_full") else ""
+    return f"{STATES[last['status']]} (exit code {last.get('exit_code')}){step}{why}".splitlines()[0]
 
 
 def verify_run(output_dir: Path) -> int:

@@ -27,6 +27,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from judgetrain.config.packaged import packaged_names
 from judgetrain.config.recipe import RecipeError, parse_recipe, split_recipe_argv
 from judgetrain.run.checkpoints import STOP_WINDOW_S  # the stop window, which the stop checkpoint's marker fits
 from judgetrain.run.state import EXIT_BAD_INPUT
@@ -48,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"judgetrain train: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     script_args, training_args = recipe.script_args, recipe.training_args
+    problem = launch_problem(script_args.accelerate_config, training_args.output_dir)
+    if problem:
+        print(f"judgetrain train: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if script_args.dry_run:
         try:
             report = run(argv)
@@ -76,6 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     cmd = launch + ["-m", "judgetrain.train"] + ([recipe] if recipe else []) + overrides
     logging.getLogger(__name__).info("Launching: %s", " ".join(shlex.quote(c) for c in cmd))
     return launch_and_wait(cmd, Path(training_args.output_dir))
+
+
+def launch_problem(accelerate_config: str | None, output_dir: str) -> str | None:
+    """What would make the launch itself fail (one line, with the fix), found before anything starts: an
+    accelerate config that is not a file, an output_dir that is a file."""
+    if accelerate_config and not Path(accelerate_config).is_file():
+        return (f"--accelerate_config {accelerate_config}: no such file; give a path or a packaged config's name "
+                f"({', '.join(packaged_names('accelerate_configs'))})")
+    if Path(output_dir).exists() and not Path(output_dir).is_dir():
+        return f"--output_dir {output_dir}: a file, not a folder; name a folder (made if missing)"
+    return None
 
 
 def dry_run_verdict(report: dict) -> int:

@@ -2,11 +2,12 @@
 
     judgetrain data check --dataset judgebias --source bundled --tokenizer path/to/model
     judgetrain data check --dataset rmbench --source RM-Bench/data
-    judgetrain data check --dataset ideation --source data/ideation --split test --on-bad-row skip --rejects bad.jsonl
+    judgetrain data check --dataset ideation --source data/ideation --split test --on_bad_row skip \
+        --rejects_path bad.jsonl
 
 Prints row counts per split, category, perturbation type and domain, and (with --tokenizer) the token-length
-distribution of prompt + chosen and prompt + rejected after the chat template. Exits 1 on bad data, naming the
-file, split, row and field.
+distribution of prompt + chosen and prompt + rejected after the chat template. Exits 2 on bad data, naming the
+file, split, row and field, and on a source without rows.
 """
 
 # Late imports: judgetrain.data (inside the functions that use them): `judgetrain data check` and `pairs build` read
@@ -19,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from judgetrain.data.chat import chat_ids, text_ids
 
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 DATASETS = ("judgebias", "ideation", "rmbench")
 PERCENTILES = (50, 90, 95, 99, 100)
+PROGRESS_FROM = 2000  # pairs: a smaller source is tokenized in seconds
 
 
 def splits_of(dataset: str, source: str, asked: list[str] | None) -> list[str]:
@@ -56,8 +59,9 @@ def load_split(dataset: str, source: str, split: str, args):
     from . import load_ideation, load_judgebias, load_rmbench
 
     rejects = None
-    if args.rejects:
-        rejects = args.rejects if len(args.splits_of) == 1 else str(Path(args.rejects).with_suffix("")) + f"-{split}.jsonl"
+    if args.rejects_path:
+        rejects = (args.rejects_path if len(args.splits_of) == 1
+                   else str(Path(args.rejects_path).with_suffix("")) + f"-{split}.jsonl")
     common = {"on_bad_row": args.on_bad_row, "rejects_path": rejects}
     if dataset == "judgebias":
         return load_judgebias(source, split, **common)
@@ -86,8 +90,12 @@ def _n_tokens(tokenizer, messages) -> int:
 
 
 def token_lengths(dataset: str, ds, tokenizer) -> dict[str, np.ndarray]:
+    """Tokens of prompt + chosen and of prompt + rejected per pair, a progress bar on a source of 2,000 pairs or
+    more."""
     chosen, rejected = [], []
-    for c, r in _texts(dataset, ds, tokenizer):
+    pairs = len(ds) * (3 if dataset == "rmbench" else 1)
+    for c, r in tqdm(_texts(dataset, ds, tokenizer), total=pairs, desc="token lengths", unit="pair",
+                     disable=pairs < PROGRESS_FROM):
         chosen.append(_n_tokens(tokenizer, c))
         rejected.append(_n_tokens(tokenizer, r))
     return {"prompt+chosen": np.array(chosen), "prompt+rejected": np.array(rejected)}

@@ -1,6 +1,6 @@
 """Build anchor-consensus, direction-aware DPO pairs from a judge panel's scored evaluations.
 
-    judgetrain pairs build --evaluations judgetrain/data/samples/panel/evaluations.jsonl.gz --out pairs_out
+    judgetrain pairs build --evaluations judgetrain/data/samples/panel/evaluations.jsonl.gz --output_dir pairs_out
 
 Input: one row per (sample, perturbation set, judge) with ``sample_id``, ``perturbation_set`` (e.g.
 ``element_substitution_100pct``), ``perturbation_category`` (``error`` / ``represent``; derived from the set
@@ -44,15 +44,18 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Iterable
 
+from tqdm import tqdm
+
 from judgetrain.data.chat import judge_turn
 from judgetrain.data.io import UnreadableFile, read_file
 from judgetrain.data.judgebias import PERTURBATION_SETS, TYPE_ALIASES, TYPE_CATEGORY, perturbation_set
 from judgetrain.data.scoreparse import parse_overall_score_result
 from judgetrain.data.validate import MALFORMED
 from judgetrain.utils.errors import BadInputError
-from judgetrain.utils.numbers import nan_to_none
+from judgetrain.utils.numbers import check_scale, nan_to_none
 
 logger = logging.getLogger(__name__)
+PROGRESS_FROM = 20_000  # evaluations: a smaller panel is read in seconds, without a progress bar
 
 # The perturbation vocabulary is the JudgeBias adapter's: one table for the data we read and the data we build.
 ERROR_SETS = tuple(perturbation_set(t, r) for t, r in PERTURBATION_SETS if TYPE_CATEGORY[t] == "error")
@@ -120,6 +123,9 @@ def read_evaluations(source: str | Path | Iterable[dict]) -> list[dict]:
     if not isinstance(source, (str, Path)):
         return [dict(row) for row in source]
     path = Path(source)
+    if path.is_dir():
+        raise PanelDataError(f"--evaluations {path}: a folder; give the evaluations file (`judgetrain judge` writes "
+                             f"{path / 'evaluations.jsonl'})")
     if not path.is_file():
         raise PanelDataError(f"evaluations file not found: {path}")
     try:
@@ -222,7 +228,7 @@ def compute_anchors(evals: list[Evaluation], *, anchor_sets: str = "rates") -> t
             represent = rated
         else:
             used = "represent"
-            logger.warning("no represent sets below 100%% rate: anchors use every represent set")
+            logger.warning("no represent sets below 100% rate: anchors use every represent set")
     elif anchor_sets != "represent":
         raise ValueError(f"anchor_sets must be 'rates' or 'represent', not {anchor_sets!r}")
     scores: dict[int, list[float]] = defaultdict(list)
@@ -275,7 +281,8 @@ def score_evaluations(rows: list[dict], *, score_key: str = "overall_score",
     evals: list[Evaluation] = []
     rejects: list[dict] = []
     seen: set[tuple[int, str, str]] = set()
-    for index, row in enumerate(rows):
+    bar = tqdm(rows, desc="scoring evaluations", unit="row", disable=len(rows) < PROGRESS_FROM)
+    for index, row in enumerate(bar):
         ev, reject = _normalise(row, score_key, scale)
         if ev is not None:
             key = (ev.sample_id, ev.perturbation_set, ev.judge_model)
@@ -497,9 +504,10 @@ def build_pairs(
     """Build the pairs, write ``train.parquet``, ``validation.parquet``, ``rejects.jsonl``, ``stats.json`` to
     ``out_dir`` and return the statistics. Raises :class:`PanelDataError` when the table has no usable shape."""
     check_options(max_pairs, validation_fraction)
+    check_scale(scale)
+    rows = load_table(evaluations)  # read before the output folder is made: a refused table leaves nothing behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = load_table(evaluations)
 
     evals, rejects = score_evaluations(rows, score_key=score_key, scale=scale)
     write_rejects(rejects, out / "rejects.jsonl")

@@ -63,7 +63,7 @@ class DataValidationError(BadInputError, ValueError):
             lines.append("problems by field: " + "; ".join(f"{k} x{v}" for k, v in reasons.most_common()))
         for p in self.problems[1:5]:
             lines.append(f"  also: {p.describe()}")
-        lines.append('Fix the data or pass on_bad_row="skip" (CLI: --on-bad-row skip) to drop and record bad rows.')
+        lines.append("Fix the data or pass --on_bad_row skip (a recipe's key on_bad_row: skip) to drop and record bad rows.")
         super().__init__("\n".join(lines))
 
 

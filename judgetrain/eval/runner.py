@@ -108,13 +108,56 @@ def _per_row(scores: list[RowScore], per_row: int) -> list[RowScore]:
     return out
 
 
+PROGRESS_EVERY_S = 30.0  # a suite's progress line at most this often (main process)
+
+
+class SuiteProgress:
+    """A suite's progress while it is scored, logged by the main process at most every `PROGRESS_EVERY_S` seconds:
+    ``eval rmbench: pass 1 of the suite, 120/300 forwards (40%), ~19/48 rows, 2.1 rows/s, ETA 0.2 min``. The scoring
+    engine calls `stage` with a pass's forwards (the policy's, then the reference's) and `forward` before each one;
+    rows are the suite's rows times the pass's share done (sharded over processes, they move together)."""
+
+    def __init__(self, label: str, n_rows: int, main: bool):
+        self.label, self.n_rows, self.main = label, n_rows, main
+        self.passes, self.total, self.done = 0, 0, 0
+        self.t0 = self.last = time.monotonic()
+
+    def stage(self, total: int) -> None:
+        self.passes, self.total, self.done = self.passes + 1, total, 0
+        self.t0 = time.monotonic()
+
+    def forward(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if not self.main or now - self.last < PROGRESS_EVERY_S or not self.total:
+            return
+        self.last = now
+        share = min(self.done / self.total, 1.0)
+        rate = share * self.n_rows / max(now - self.t0, 1e-9)
+        eta = (1 - share) * self.n_rows / rate if rate > 0 else float("nan")
+        logger.info("eval %s: pass %d of the suite, %d/%d forwards (%.0f%%), ~%d/%d rows, %.1f rows/s, ETA %.1f min",
+                    self.label, self.passes, self.done, self.total, 100 * share, round(share * self.n_rows),
+                    self.n_rows, rate, eta / 60)
+
+
+@contextlib.contextmanager
+def showing_progress(engine: Any, label: str, n_rows: int, state: Any):
+    """``engine.progress`` set to a `SuiteProgress` while the block runs."""
+    engine.progress = SuiteProgress(label, n_rows, state is None or state.is_main_process)
+    try:
+        yield
+    finally:
+        engine.progress = None
+
+
 def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, state: Any,
            bare: bool = True) -> SuiteResult:
     name = spec.name
     requests, per_row = _requests(spec, rows, mode)
     before = engine.stats.as_dict()
     t0 = time.perf_counter()
-    scores, rows_per_rank = score_sharded(engine, requests, state)
+    with showing_progress(engine, name if bare else f"{name} ({mode})", len(rows), state):
+        scores, rows_per_rank = score_sharded(engine, requests, state)
     scores = _per_row(scores, per_row)
     seconds = time.perf_counter() - t0
     records = [build_record(name, i, row, s, mode) for i, (row, s) in enumerate(zip(rows, scores))]

@@ -108,12 +108,16 @@ class EvalStopped(Exception):
 class StopPoints:
     """What the scoring engine and the generator share: before each forward or generate call (`_stop_point`) they ask
     ``stop_check`` (set by the callback; None: never stop), and a True answer abandons the eval with `EvalStopped`,
-    naming how many such points were passed (``_stop_points``)."""
+    naming how many such points were passed (``_stop_points``). The same points count the forwards done for
+    ``progress`` (`judgetrain.eval.runner.SuiteProgress`, set by the runner for a suite; None: nothing shown)."""
 
     stop_check: Any = None
     _stop_points: int = 0
+    progress: Any = None
 
     def _stop_point(self) -> None:
+        if self.progress is not None:
+            self.progress.forward()
         if self.stop_check is None:
             return
         self._stop_points += 1
@@ -407,7 +411,8 @@ class ScoringEngine(StopPoints):
                 return ids, values
         raise ValueError(
             f"the tokenizer has no single-token scores after the judge prefix {self.judge_prefix!r}; "
-            "pass other score_values or judge_prefix"
+            "score this model in implicit or generate mode (recipe key eval_scoring, `judgetrain eval --eval_scoring "
+            "implicit`), or from Python give ScoringEngine other score_values or judge_prefix"
         )
 
     def _build_sequences(self, requests: Sequence[Request]) -> tuple[list[_Seq], list[RowScore]]:
@@ -592,6 +597,8 @@ class ScoringEngine(StopPoints):
         n_total = n_forwards
         if sync:
             n_total = max(gather_object([n_forwards]))
+        if self.progress is not None:
+            self.progress.stage(n_total)
         out: dict[tuple[int, int], float] = {}
         if shared_rows:
             scorer = SharedScorer(model, self._pad_id, self.stats, self._token_logps, self._judge_value,

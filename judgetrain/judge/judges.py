@@ -22,7 +22,8 @@ its files; an endpoint judge by its model name and the id the server lists it un
 the URL, so a job requeued onto a server on another host resumes.
 """
 
-# Late imports: yaml, transformers, torch, peft, judgetrain.models, judgetrain.utils, judgetrain.run, judgetrain.judge
+# Late imports: yaml, transformers, torch, peft, judgetrain.models, judgetrain.utils, judgetrain.run, judgetrain.judge,
+# judgetrain.checks
 # (inside the functions that use them): a finished run is decided and the judges are checked before torch is imported
 # (judgetrain.judge.resume); the model libraries come in when a judge is loaded.
 
@@ -150,22 +151,23 @@ def make_spec(fields: dict[str, Any], where: str) -> JudgeSpec:
                      **settings)
 
 
-def parse_judge(value: str) -> JudgeSpec:
-    """One ``--judge`` value (see the module doc)."""
+def parse_judge(value: str, option: str = "--judge") -> JudgeSpec:
+    """One ``--judge`` value (see the module doc); ``option`` names the flag in the messages (perturb's
+    ``--model``)."""
     value = value.strip()
     if not value:
-        raise JudgeSpecError("--judge: empty value")
+        raise JudgeSpecError(f"{option}: empty value")
     if "=" not in value:
-        return make_spec({"model": value}, f"--judge {value!r}")
+        return make_spec({"model": value}, f"{option} {value!r}")
     fields: dict[str, str] = {}
     for part in value.split(","):
         key, sep, val = part.partition("=")
         if not sep:
-            raise JudgeSpecError(f"--judge {value!r}: {part!r} is not key=value")
+            raise JudgeSpecError(f"{option} {value!r}: {part!r} is not key=value")
         if key.strip() in fields:
-            raise JudgeSpecError(f"--judge {value!r}: {key.strip()} given twice")
+            raise JudgeSpecError(f"{option} {value!r}: {key.strip()} given twice")
         fields[key.strip()] = val
-    return make_spec(fields, f"--judge {value!r}")
+    return make_spec(fields, f"{option} {value!r}")
 
 
 def read_judges_file(path: str) -> list[JudgeSpec]:
@@ -300,6 +302,22 @@ def preflight_endpoints(specs: list[JudgeSpec], opts) -> list[JudgeSpec]:
 
 
 # ------------------------------------------------------------------------------------------------ local models
+def preflight_local(specs: list[JudgeSpec], option: str = "--judge") -> None:
+    """Every local judge's model and adapter can load here (`judgetrain.checks.preflight.model_problem`), checked
+    before anything is written: JudgeSpecError naming the judge and the fix, the output folder left as it was."""
+    from judgetrain.checks.preflight import model_problem
+
+    for spec in specs:
+        if spec.is_endpoint:
+            continue
+        if spec.adapter and not (Path(spec.adapter) / "adapter_config.json").is_file():
+            raise JudgeSpecError(f"judge {spec.name!r}: adapter {spec.adapter}: no adapter_config.json there; give "
+                                 "a PEFT adapter folder (a run's output_dir or one of its checkpoint-N folders)")
+        problem = model_problem(spec.base_model(), option)
+        if problem:
+            raise JudgeSpecError(f"judge {spec.name!r}: {problem}")
+
+
 def load_local(spec: JudgeSpec, *, dtype: str = "auto", trust_remote_code: bool = False, device=None):
     """(model, tokenizer) of a local judge: the base model (alias, hub id or folder), its adapter applied."""
     from transformers import AutoModelForCausalLM

@@ -189,7 +189,7 @@ class Loop:
         options = [arg for key, value in pairs.options.items() for arg in (f"--{key}", str(value))]
         if pairs.method == "anchor":
             cmd = ["pairs", "build", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
-                   "--validation-fraction", "0"]
+                   "--validation_fraction", "0"]
         elif pairs.form == "pointwise":
             cmd = ["pairs", "known", "--form", "pointwise", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
                    "--ties", pairs.ties, "--validation_fraction", "0"]
@@ -197,7 +197,7 @@ class Loop:
             cmd = ["pairs", "known", "--items", str(rd / "split" / "train.jsonl"), "--source", items.source,
                    "--source_split", items.source_split, "--spec", items.spec, "--ties", pairs.ties,
                    "--validation_fraction", "0"]
-        run_command(cmd + ["--out", str(rd / "pairs")] + options)
+        run_command(cmd + ["--output_dir", str(rd / "pairs")] + options)
 
     def stage_train(self, k: int, rd: Path) -> None:
         recipe = yaml.safe_load(Path(self.config.recipe).read_text(encoding="utf-8")) or {}

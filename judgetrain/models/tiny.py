@@ -1,7 +1,7 @@
 """The embedded tiny judge: a real Qwen2 causal LM, randomly initialised from a seed, with a BPE tokenizer and a
 ChatML chat template, built offline so the tests and the quickstart run without the Hugging Face hub.
 
-    judgetrain tiny build --out tiny-judge          # or, from Python: ensure_tiny_judge()
+    judgetrain tiny build --output_dir tiny-judge   # or, from Python: ensure_tiny_judge()
 
 The directory it writes is an ordinary model directory (config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, chat_template.jinja) that `AutoModelForCausalLM.from_pretrained` and

@@ -1,7 +1,7 @@
 """Draw one or more runs: RM-Bench matrices, training and eval curves, the style-bias gap, an offline HTML page.
 
     judgetrain report outputs/quickstart                       # -> outputs/quickstart/report/
-    judgetrain report outputs/run_a outputs/run_b --out cmp/   # overlaid figures + a comparison table
+    judgetrain report outputs/run_a outputs/run_b --output_dir cmp/   # overlaid figures + a comparison table
 
 Reads what a run writes (docs/evaluation.md, "Where metrics go"): ``metrics.jsonl`` (a torn last line of a killed run
 is ignored, a step logged twice after a resume keeps its later values, a run still going is drawn as far as it
@@ -41,7 +41,7 @@ from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, again
                                         against_base_text, against_base_verdict, headline, headline_note,
                                         headline_table)
 from judgetrain.run.checkpoints import list_checkpoints
-from judgetrain.utils.errors import MissingFileError
+from judgetrain.utils.errors import BadInputError, MissingFileError
 
 logger = logging.getLogger(__name__)
 
@@ -722,12 +722,19 @@ def _unique_names(paths: Sequence[Path]) -> list[str]:
     return names
 
 
+class NothingToReport(BadInputError):
+    """No run directory given holds a logged figure: a report of 0 figures would say nothing."""
+
+
 def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None) -> dict[str, Any]:
     """Everything `make_report` writes, plus the runs and tables (for the CLI's terminal summary)."""
     if not run_dirs:
         raise ValueError("no run directory given")
     paths = [Path(p) for p in run_dirs]
     runs = [load_run(p, name) for p, name in zip(paths, _unique_names(paths))]
+    if not any(run.records or run.eval_rows for run in runs):
+        raise NothingToReport(f"nothing to report in {', '.join(map(str, paths))}: no metrics.jsonl and no eval/ "
+                              "files (a run folder of `judgetrain train`, once it has logged)")
     if out_dir is None:
         out_dir = paths[0] / "report" if len(paths) == 1 else Path("judgetrain_report")
     out = Path(out_dir)

@@ -252,7 +252,7 @@ def write_marker(ckpt: Path, step: int, identity: dict | None = None, *, deadlin
         if unhashed:
             extra["unhashed"] = unhashed
             logger.warning("%s: %d of %d files marked by size and sampled blocks only (the stop deadline came "
-                           "first); `judgetrain status --verify` cannot check their every byte",
+                           "first); `judgetrain status RUN_DIR --verify` cannot check their every byte",
                            ckpt, len(unhashed), len(listed))
         result["marker"] = write_manifest(ckpt, extra, name=COMPLETE_MARKER, entries=listed)
     if dist is not None:

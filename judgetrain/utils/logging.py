@@ -7,7 +7,21 @@ from __future__ import annotations
 
 import logging
 
+from tqdm import tqdm
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class BarSafeHandler(logging.StreamHandler):
+    """A stderr handler that writes through `tqdm.write`: a progress bar drawn on the terminal (the training bar of
+    transformers' ProgressCallback, a datasets map) is cleared, the line written, the bar drawn again below it, so a
+    log line never lands inside a bar's line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging's own contract: a failed emit is reported, never raised
+            self.handleError(record)
 
 
 def setup_logging(main: bool = True, *, quiet: bool = False, force: bool = False) -> None:
@@ -18,7 +32,8 @@ def setup_logging(main: bool = True, *, quiet: bool = False, force: bool = False
     bench's measured workers): warnings only and no progress bars on every process. A root logger that already has
     handlers (an embedding program, pytest) is left as it is unless ``force`` (a training process, which owns its
     output)."""
-    logging.basicConfig(format=FORMAT, level=logging.INFO if main and not quiet else logging.WARNING, force=force)
+    logging.basicConfig(format=FORMAT, level=logging.INFO if main and not quiet else logging.WARNING, force=force,
+                        handlers=[BarSafeHandler()])
     if main and not quiet:
         return
     import datasets
