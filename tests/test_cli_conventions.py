@@ -157,6 +157,8 @@ TYPOS = [  # (argv, the misspelt option, the hint)
     (["status", str(REPO / "judgetrain"), "--verfy"], "--verfy", "--verify"),
     (["tiny", "build", "--sead", "1"], "--sead", "--seed"),
     (["cache", "list", "--al"], "--al", None),
+    (["pairs", "known", "--items", "i", "--output_dir", "o", "--tie", "drop"], "--tie", "--ties"),
+    (["loop", "loop.yaml", "--confg", "x"], "--confg", None),
 ]
 
 

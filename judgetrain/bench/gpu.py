@@ -410,8 +410,8 @@ def bench_device(cfg: argparse.Namespace, workdir: Path) -> dict:
                     {k: round(v["speedup"], 2) for k, v in out["shapes"][name]["eval_sharing"].items()})
         gen = out["shapes"][name]["generation"] = device_bench_generation(
             name, cfg.device, dtype, ensure_tiny_judge(), workdir)
-        logger.info("%s: generation %.0f tok/s on the static cache, %.0f on the dynamic one (%.2fx); --batch_tokens "
-                    "auto: %d (%s)", name, gen["static_cache"]["tokens_per_s"], gen["dynamic_cache"]["tokens_per_s"],
-                    gen["static_cache_speedup"], gen["batch_tokens_auto"], gen["batch_tokens_how"])
+        logger.info("%s: generation %.0f tok/s on the static cache, %.0f on the dynamic one (%.2fx); judge's "
+                    "batch_tokens auto: %d (%s)", name, gen["static_cache"]["tokens_per_s"],
+                    gen["dynamic_cache"]["tokens_per_s"], gen["static_cache_speedup"], gen["batch_tokens_auto"], gen["batch_tokens_how"])
     out["seconds"] = time.perf_counter() - t0
     return out

@@ -23,10 +23,14 @@ from judgetrain.utils.logging import setup_logging
 logger = logging.getLogger(__name__)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> ConventionParser:
     parser = ConventionParser(prog="judgetrain loop", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="the loop's YAML config (docs/loop.md)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging()
     from judgetrain.loop.config import LoopConfigError, load_config
     from judgetrain.loop.run import StageFailed, run_loop

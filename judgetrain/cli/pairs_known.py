@@ -2,7 +2,7 @@
 (judgetrain.perturb.known): the pairwise form (the source against each copy in both orders, no judge needed) or
 the pointwise form (a panel's evaluations of the items ranked against the source's score)."""
 
-# Late imports: judgetrain.perturb, judgetrain.data, judgetrain.cli.pairs (inside the functions that use them): each
+# Late imports: judgetrain.perturb, judgetrain.data, judgetrain.cli (inside the functions that use them): each
 # command loads only what it runs, so `judgetrain --help` and the light commands start without them.
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from judgetrain.utils.logging import setup_logging
 logger = logging.getLogger(__name__)
 
 
-def _parser() -> ConventionParser:
+def build_parser() -> ConventionParser:
     from judgetrain.perturb.known import FORMS, TIES
 
     p = ConventionParser(prog="judgetrain pairs known", description=__doc__.split("\n\n")[0])
@@ -44,7 +44,7 @@ def _parser() -> ConventionParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
     from judgetrain.data.validate import DataValidationError
