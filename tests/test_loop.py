@@ -199,3 +199,19 @@ def test_killed_during_each_stage_then_rerun_every_stage_is_done_once(tmp_path, 
     assert json.loads((out / "rounds.json").read_text())["keys"]["round/1/eval/pairwise/verdict/n"] == 3
     assert len(read_jsonl(out / "round-1" / "judge" / "evaluations.jsonl")) == 2 * len(
         read_jsonl(out / "round-1" / "split" / "train.jsonl"))
+
+
+def test_verdict_pairs_on_a_reference_relative_loss_are_warned_about(caplog):
+    """Verdict pairs in both orders ask a reference-relative loss for opposite changes of the base's position
+    preference: the loop says so, naming the likelihood term that trains the verdicts; an sft term, pointwise pairs
+    or anchor pairs are not warned about."""
+    from judgetrain.loop.config import Pairs
+    from judgetrain.loop.run import warn_reference_relative
+
+    caplog.set_level("WARNING", logger="judgetrain.loop.run")
+    assert warn_reference_relative({"loss_type": ["sigmoid"]}, Pairs(method="known", form="pairwise"))
+    assert warn_reference_relative({}, Pairs(method="known", form="pairwise"))  # TRL's default: sigmoid alone
+    assert "loss_type: [sigmoid, sft]" in caplog.text
+    assert not warn_reference_relative({"loss_type": ["sigmoid", "sft"]}, Pairs(method="known", form="pairwise"))
+    assert not warn_reference_relative({"loss_type": "sigmoid"}, Pairs(method="known", form="pointwise"))
+    assert not warn_reference_relative({"loss_type": "sigmoid"}, Pairs(method="anchor"))

@@ -31,7 +31,7 @@ def stats_table(stats: dict):
                   f"{stats['represent_pairs']:,} ({stats['represent_share']:.0%})")
     table.add_row("Unique samples", f"{stats['unique_samples']:,} "
                   f"(train {stats['train_samples']}, validation {stats['validation_samples']})")
-    if total:
+    if total and stats.get("score_delta_mean") == stats.get("score_delta_mean"):  # NaN: verdict pairs have no scores
         table.add_row("Score delta", f"mean={stats['score_delta_mean']:.2f}, median={stats['score_delta_median']:g}")
     for judge, counts in stats.get("rejects_by_judge", {"all": stats.get("rejects_by_reason", {})}).items():
         detail = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "0"

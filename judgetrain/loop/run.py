@@ -210,6 +210,7 @@ class Loop:
             recipe["accelerate_config"] = self.config.accelerate_config
         if k > 1:
             recipe["init_adapter"] = str(self.adapter(k - 1))
+        warn_reference_relative(recipe, self.config.pairs)
         path = rd / "recipe.yaml"
         path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
         run_command(["train", str(path)])
@@ -230,6 +231,23 @@ class Loop:
             cmd += ["--eval_max_rows", str(ev.max_rows)]
         cmd += [arg for key, value in options.items() for arg in (f"--{key}", str(value))]
         run_command(cmd, num_processes=self.config.num_processes, module="judgetrain.cli.eval")
+
+
+def warn_reference_relative(recipe: dict, pairs) -> bool:
+    """Warn (and return True) when verdict pairs shown in both orders are trained on a purely reference-relative DPO
+    loss. Such a loss scores the policy's change against the base judge, and the two orders of a pair ask for opposite
+    changes of any constant preference for the first position: the loss is flat in that preference at the base, so a
+    base judge that always says [[A>B]] keeps saying it unless the judge learns the content. A likelihood term
+    (``loss_type: [sigmoid, sft]``, SFR-Judge's DPO + SFT) scores the verdict itself and pulls both orders to it."""
+    loss = recipe.get("loss_type", ["sigmoid"])
+    loss = [loss] if isinstance(loss, str) else list(loss)
+    if pairs.method != "known" or pairs.form != "pairwise" or "sft" in loss:
+        return False
+    logger.warning("loss_type %s on verdict pairs in both orders: a reference-relative loss cannot move the base "
+                   "judge's preference for a position (the two orders cancel it); add the likelihood term, "
+                   "loss_type: [%s, sft] with loss_weights, to train the verdicts themselves (docs/loop.md)",
+                   loss, ", ".join(loss))
+    return True
 
 
 def write_heldout_pairs(heldout: list[dict], samples: list, path: Path) -> int:
