@@ -70,7 +70,9 @@ NOT_RUN = {
 }
 SHELL_BUILTINS = {"trap", "wait", "kill", "exit", "[", "test", "cd", "export", "set", "echo", "true", "false"}
 # Scripts of the repository run with --help (a real run trains a real model for many minutes).
-HELP_SCRIPTS = {"scripts/smollm2_rmbench_demo.py": "trains and scores SmolLM2-135M-Instruct: 40 minutes of CPU"}
+HELP_SCRIPTS = {"scripts/smollm2_rmbench_demo.py": "trains and scores SmolLM2-135M-Instruct: 40 minutes of CPU",
+                "scripts/verdict_probe_data.py": "writes the verdict-loss probe's pairs, which the next command "
+                                                 "trains SmolLM2 on for half an hour"}
 # Recipe models a dry run would first convert into the cache.
 CONVERTED_MODELS = {"smollm2-135m-instruct"}
 
