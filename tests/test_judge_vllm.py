@@ -164,7 +164,7 @@ def test_backend_vllm_without_vllm_is_refused_with_exit_2(tmp_path, capsys):
     if vllm_available():
         pytest.skip("vLLM can run here")
     out = tmp_path / "out"
-    code = main(["--items", str(_items(tmp_path / "items.jsonl")), "--judge", "model=/no/such/judge",
+    code = main(["--items", str(_items(tmp_path / "items.jsonl")), "--judge", "model=tiny-judge",
                  "--output_dir", str(out), "--backend", "vllm"])
     err = capsys.readouterr().err
     assert code == 2
