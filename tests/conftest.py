@@ -76,3 +76,22 @@ def ddp_full(tmp_path_factory):
     from test_scale import ddp_reference
 
     return ddp_reference(tmp_path_factory, full=True)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A test that runs a training process's entry point in-process (``judgetrain.train.run``) sets the root logger
+    up as that process owns it (``setup_logging(force=True)``); the root's handlers and level are put back after each
+    test, so that its handler does not write into the next tests' captured output."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)

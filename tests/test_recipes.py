@@ -41,12 +41,14 @@ def test_every_recipe_passes_dry_run(recipe, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_every_accelerate_config_parses_and_is_in_the_readme(config):
+def test_every_accelerate_config_parses_and_is_in_the_scale_page(config):
+    """Each launch config parses, and docs/scale.md (where README sends a user who launches on more than a laptop)
+    names it."""
     from accelerate.commands.config.config_args import load_config_from_file
 
     cfg = load_config_from_file(str(config))
     assert cfg.num_processes >= 1
-    assert f"accelerate_configs/{config.name}" in (REPO / "README.md").read_text()
+    assert f"accelerate_configs/{config.name}" in (REPO / "docs" / "scale.md").read_text()
 
 
 def test_unknown_recipe_key_names_the_nearest_valid_key(tmp_path):

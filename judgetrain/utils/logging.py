@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from tqdm import tqdm
 
@@ -15,11 +16,30 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 class BarSafeHandler(logging.StreamHandler):
     """A stderr handler that writes through `tqdm.write`: a progress bar drawn on the terminal (the training bar of
     transformers' ProgressCallback, a datasets map) is cleared, the line written, the bar drawn again below it, so a
-    log line never lands inside a bar's line."""
+    log line never lands inside a bar's line. Like logging's last-resort handler it writes to ``sys.stderr`` as it is
+    when the line is written, not as it was when the handler was made (a stream replaced and closed since, by a
+    redirect or a test's capture, would lose every later line)."""
+
+    def __init__(self, stream=None) -> None:
+        super().__init__(stream)
+        self._given = stream  # a stream named here is kept; without one, sys.stderr at each line
+
+    @property
+    def stream(self):
+        return self._given if self._given is not None else sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler assigns it; setStream names a stream to keep
+        self._given = value
 
     def emit(self, record: logging.LogRecord) -> None:
+        if not getattr(tqdm, "_instances", None):  # no bar drawn: a plain line
+            super().emit(record)
+            return
         try:
             tqdm.write(self.format(record), file=self.stream)
+        except (ValueError, OSError):  # a bar left open on a stream since closed: the line is still written
+            super().emit(record)
         except Exception:  # noqa: BLE001 - logging's own contract: a failed emit is reported, never raised
             self.handleError(record)
 
