@@ -195,7 +195,9 @@ def test_killed_during_each_stage_then_rerun_every_stage_is_done_once(tmp_path, 
     done = Counter(e["stage"] for e in events if e["event"] == "done")
     assert done == Counter({s: 1 for s in INSIDE}), done
     starts = Counter(e["stage"] for e in events if e["event"] == "start")
-    assert all(starts[s] == 2 for s in stopped_inside), starts
+    # each stage killed inside was begun again (a kill aimed at a stage as short as the split can land in the next
+    # one, which is then begun a third time); what counts is that each ended done once, above
+    assert all(starts[s] >= 2 for s in stopped_inside), starts
     assert json.loads((out / "rounds.json").read_text())["keys"]["round/1/eval/pairwise/verdict/n"] == 3
     assert len(read_jsonl(out / "round-1" / "judge" / "evaluations.jsonl")) == 2 * len(
         read_jsonl(out / "round-1" / "split" / "train.jsonl"))

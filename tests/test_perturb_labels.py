@@ -264,12 +264,11 @@ def test_model_rewrites_get_judges_endpoint_preflight_and_refusals(tmp_path, mon
     code, err = run(f"endpoint={dead},model=rw", "b", "--endpoint_wait_budget_s", 600)
     assert code == 2 and "did not answer" in err and "Traceback" not in err
     assert not (tmp_path / "b" / "rewrites").exists()  # refused before any work
-    with ScriptedServer(model="rw", reject_word="Reword") as server:  # a 400 for every prompt
+    with ScriptedServer(model="rw", reject_word="Reword") as server:  # a 400 for every prompt: the request's fault
         code, err = run(f"endpoint={server.base_url},model=rw", "c")
-        assert code == 0 and server.statuses == [400] * 3
-    rejects = read_jsonl(tmp_path / "c" / "rejects.jsonl")
-    assert [r["reason"] for r in rejects] == ["endpoint_refused"] * 3
-    assert rejects[0]["detail"].startswith("HTTP 400: This model's maximum context length is 32 tokens")
+        assert code == 2 and set(server.statuses) == {400} and "Traceback" not in err
+        assert "This model's maximum context length is 32 tokens" in err  # the server's own words, quoted
+    assert not (tmp_path / "c" / "rejects.jsonl").exists() or not read_jsonl(tmp_path / "c" / "rejects.jsonl")
 
 
 def test_seed_redraws_rule_edits_and_keeps_finished_greedy_rewrites(tmp_path, capsys):

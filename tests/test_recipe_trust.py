@@ -122,4 +122,4 @@ def test_eval_cli_trust_remote_code_gives_the_same_warning(tmp_path):
                         "--eval_suites", "judgebias", "--eval_max_rows", "2", "--trust-remote-code",
                         "--output-dir", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2
-    assert f"Remote code is ON (--trust-remote-code): loading {tmp_path / 'none'} runs Python code" in p.stderr
+    assert f"Remote code is ON (--trust_remote_code): loading {tmp_path / 'none'}" in p.stderr

@@ -155,7 +155,8 @@ def options(args: argparse.Namespace):
                    concurrency=args.concurrency, trust_remote_code=args.trust_remote_code,
                    endpoint_timeout_s=args.endpoint_timeout_s, endpoint_max_retries=args.endpoint_max_retries,
                    endpoint_wait_budget_s=args.endpoint_wait_budget_s,
-                   gpu_memory_utilization=args.gpu_memory_utilization, retry_rejected=args.retry_rejected)
+                   gpu_memory_utilization=args.gpu_memory_utilization,
+                   retry_rejected=getattr(args, "retry_rejected", False))  # perturb's rewrites: no such option
 
 
 def summary_table(summary: dict):

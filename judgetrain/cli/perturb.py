@@ -89,7 +89,7 @@ def summary_table(summary: dict):
 
 def main(argv: list[str] | None = None) -> int:
     from judgetrain.data.validate import DataValidationError
-    from judgetrain.judge.endpoint import EndpointError
+    from judgetrain.judge.endpoint import EndpointError, RequestRefused
     from judgetrain.judge.judges import JudgeSpecError, parse_judge, preflight_endpoints
     from judgetrain.perturb.build import perturb, plan
     from judgetrain.perturb.source import read_samples
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     except EndpointError as err:  # mid-run, as judge: the rewrites committed stay; a refused key or model is exit 2
         print(f"judgetrain perturb: {err}; the rewrites committed stay, run the same command to continue",
               file=sys.stderr)
-        return EXIT_BAD_INPUT if err.status in (401, 403, 404) else 1
+        return EXIT_BAD_INPUT if err.status in (401, 403, 404) or isinstance(err, RequestRefused) else 1
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if "summary" in result:

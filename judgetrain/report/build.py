@@ -732,9 +732,10 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
         raise ValueError("no run directory given")
     paths = [Path(p) for p in run_dirs]
     runs = [load_run(p, name) for p, name in zip(paths, _unique_names(paths))]
-    if not any(run.records or run.eval_rows for run in runs):
-        raise NothingToReport(f"nothing to report in {', '.join(map(str, paths))}: no metrics.jsonl and no eval/ "
-                              "files (a run folder of `judgetrain train`, once it has logged)")
+    if not any(run.records or run.eval_rows or rounds.round_rows(run.path) for run in runs):
+        raise NothingToReport(f"nothing to report in {', '.join(map(str, paths))}: no metrics.jsonl, no eval/ files "
+                              "and no round table (a run folder of `judgetrain train` once it has logged, or of "
+                              "`judgetrain loop`)")
     if out_dir is None:
         out_dir = paths[0] / "report" if len(paths) == 1 else Path("judgetrain_report")
     out = Path(out_dir)
