@@ -226,6 +226,8 @@ BAD_INPUTS = [  # (argv with {t} for the folder, what the line says)
     (["memory", "check", "{t}/nodir"], "not a model folder"),
     (["memory", "check", "{t}/afile"], "not a model folder"),
     (["pairs", "build", "--evaluations", str(PANEL), "--output_dir", "{t}/out", "--scale", "5", "1"], "--scale 5 1"),
+    (["pairs", "known", "--form", "pointwise", "--evaluations", str(PANEL), "--output_dir", "{t}/out", "--scale", "5",
+      "1"], "--scale 5 1"),
     (["pairs", "build", "--evaluations", "{t}/emptydir", "--output_dir", "{t}/out"], "a folder"),
     (["pairs", "build", "--evaluations", "{t}/empty.jsonl", "--output_dir", "{t}/out"], "empty"),
     (["pairs", "build", "--evaluations", str(PANEL), "--out", "{t}/afile"], "a file, not a folder"),

@@ -63,12 +63,18 @@ def build_parser() -> ConventionParser:
                         help="skip samples with fewer representational scores for the anchor (3)")
     parser.add_argument("--anchor_sets", choices=("rates", "represent"), default="rates",
                         help="anchor over the representational rate sets (card, default) or every represent set")
+    add_split_and_score_options(parser)
+    return parser
+
+
+def add_split_and_score_options(parser: ConventionParser, scores_for: str = "") -> None:
+    """The options every pair builder shares: the held-out share and its seed, and how an evaluation's score is read
+    (``scores_for``: the form that reads scores, named in the help when not every form does)."""
     parser.add_argument("--validation_fraction", type=float, default=0.1, help="share of samples held out (0.1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=float, nargs=2, default=(0.5, 5.5), metavar=("LO", "HI"),
-                        help="accepted overall score range, inclusive (0.5 5.5)")
-    parser.add_argument("--score_key", default="overall_score", help="JSON key of the overall score")
-    return parser
+                        help=f"{scores_for}accepted overall score range, inclusive (0.5 5.5)")
+    parser.add_argument("--score_key", default="overall_score", help=f"{scores_for}JSON key of the overall score")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_parser() -> ConventionParser:
+    from judgetrain.cli.pairs import add_split_and_score_options
     from judgetrain.perturb.known import FORMS, TIES
 
     p = ConventionParser(prog="judgetrain pairs known", description=__doc__.split("\n\n")[0])
@@ -35,11 +36,7 @@ def build_parser() -> ConventionParser:
     p.add_argument("--tie_margin", type=float, default=0.5,
                    help="pointwise: a representational copy's score this near the source's is a tie (0.5)")
     p.add_argument("--max_pairs", type=int, default=5, help="pointwise: at most this many pairs per sample and set (5)")
-    p.add_argument("--validation_fraction", type=float, default=0.1, help="share of samples held out (0.1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scale", type=float, nargs=2, default=(0.5, 5.5), metavar=("LO", "HI"),
-                   help="pointwise: accepted overall score range, inclusive (0.5 5.5)")
-    p.add_argument("--score_key", default="overall_score", help="pointwise: JSON key of the overall score")
+    add_split_and_score_options(p, scores_for="pointwise: ")
     return p
 
 

@@ -252,7 +252,9 @@ def _assistant(text: str) -> str:
 
 # ---- the pipeline: scores -> anchors -> pairs -> filters -> split ---------------------------------------------
 
-def check_options(max_pairs: int, validation_fraction: float) -> None:
+def check_options(max_pairs: int, validation_fraction: float, scale: tuple[float, float]) -> None:
+    """ValueError for options no pair builder can use (`build_pairs`, `judgetrain.perturb.known.known_pairs`)."""
+    check_scale(scale)
     if max_pairs < 1:
         raise ValueError("max_pairs must be >= 1")
     if not 0.0 <= validation_fraction < 1.0:
@@ -503,8 +505,7 @@ def build_pairs(
 ) -> dict[str, Any]:
     """Build the pairs, write ``train.parquet``, ``validation.parquet``, ``rejects.jsonl``, ``stats.json`` to
     ``out_dir`` and return the statistics. Raises :class:`PanelDataError` when the table has no usable shape."""
-    check_options(max_pairs, validation_fraction)
-    check_scale(scale)
+    check_options(max_pairs, validation_fraction, scale)
     rows = load_table(evaluations)  # read before the output folder is made: a refused table leaves nothing behind
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,7 @@ def known_pairs(out_dir: str | Path, *, form: str = "pairwise", items: str | Pat
     ``out_dir``; returns the statistics. ValueError (PanelDataError) when the inputs cannot be used at all."""
     if form not in FORMS or ties not in TIES:
         raise ValueError(f"form must be one of {FORMS} and ties one of {TIES}, got {form!r}, {ties!r}")
-    check_options(max_pairs, validation_fraction)
+    check_options(max_pairs, validation_fraction, scale)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dropped: Counter = Counter()
