@@ -48,7 +48,7 @@ from judgetrain.loop.table import write_round_table
 from judgetrain.perturb.known import item_text, question_of
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import ORIGINAL_SET, load_spec
-from judgetrain.utils.files import read_json, write_json, write_lines
+from judgetrain.utils.files import append_jsonl, read_json, write_json, write_lines
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +120,7 @@ class Loop:
         self._log({"round": k, "stage": name, "event": "done", **record})
 
     def _log(self, record: dict) -> None:
-        with (self.out / LOG).open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"time": time.time(), **record}) + "\n")
+        append_jsonl(self.out / LOG, {"time": time.time(), **record})
 
     # ---- the stages -------------------------------------------------------------------------------------------
 
@@ -225,8 +224,7 @@ class Loop:
         elif "pairwise" in suites and "eval_pairwise_source" not in options:
             suites.remove("pairwise")  # no held-out pair to score
         cmd = ["eval", "--model", self.config.model, "--adapter", str(self.adapter(k)), "--baseline", self.config.model,
-               "--output-dir",
-               str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.scoring]
+               "--output_dir", str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.scoring]
         if ev.max_rows:
             cmd += ["--eval_max_rows", str(ev.max_rows)]
         cmd += [arg for key, value in options.items() for arg in (f"--{key}", str(value))]
