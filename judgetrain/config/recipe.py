@@ -406,6 +406,14 @@ class JudgeTrainArguments(EvalArguments):
                   "values and its LoRA settings replace lora_r / lora_alpha / lora_target_modules; the reference stays "
                   "the base model (the adapter disabled). Needs use_peft. The next round of a loop starts here."},
     )
+    batch_groups: bool = field(
+        default=False,
+        metadata={"help": "Keep the rows of one group (the `group` column: `judgetrain pairs known` gives both orders of "
+                  "a verdict pair one group) together: the shuffle moves whole groups, and training reads the rows in "
+                  "that order (train_sampling_strategy: sequential), so a per-device batch whose size is a multiple "
+                  "of the group size holds each pair in both orders. A group cut across batches is counted and warned "
+                  "of (data_audit.json: batch_groups)."},
+    )
     resume_force: bool = field(
         default=False,
         metadata={"help": "Resume even if the checkpoint's run identity (recipe, data, process count, versions) differs; "
@@ -725,6 +733,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
     check_eval_schedule(script_args, training_args, recipe_path,
                         greater_given="greater_is_better" in data or "greater_is_better" in given)
     check_init_adapter(script_args.init_adapter, model_args, recipe_path)
+    check_batch_groups(script_args, training_args, recipe_path)
     resolved = dict(data)
     for name in given:
         value = next(getattr(obj, name) for obj in (script_args, training_args, model_args) if hasattr(obj, name))
@@ -746,6 +755,23 @@ def check_init_adapter(path: str | None, model_args, recipe_path=None) -> None:
     if missing:
         raise RecipeError(f"{where}init_adapter: {path} holds no {' and no '.join(missing)} (a LoRA adapter folder, "
                           "such as a finished run's output_dir, with safetensors weights)")
+
+
+def check_batch_groups(script_args, training_args, recipe_path=None) -> None:
+    """batch_groups reads the rows in the order the grouped shuffle gave them: train_sampling_strategy sequential
+    (set when the recipe leaves it at random, said once); another sampler would scatter the groups, and is refused."""
+    if not script_args.batch_groups:
+        return
+    strategy = training_args.train_sampling_strategy
+    if strategy == "random":
+        training_args.train_sampling_strategy = "sequential"
+        if os.environ.get("RANK", "0") == "0":
+            logger.info("batch_groups: rows are read in the grouped shuffle's order (train_sampling_strategy: "
+                        "sequential)")
+    elif strategy != "sequential":
+        where = f"recipe {recipe_path}: " if recipe_path else ""
+        raise RecipeError(f"{where}batch_groups: true keeps each group's rows in one batch, but "
+                          f"train_sampling_strategy: {strategy} reorders them; leave it unset or set sequential")
 
 
 def default_eval_strategy(options: dict[str, Any]) -> str:

@@ -56,7 +56,8 @@ def component_keys(dataset: str) -> list[str]:
 
 def mixture_features() -> datasets.Features:
     msgs = message_feature()
-    return datasets.Features({"prompt": msgs, "chosen": msgs, "rejected": msgs, "dataset": datasets.Value("string")})
+    return datasets.Features({"prompt": msgs, "chosen": msgs, "rejected": msgs, "dataset": datasets.Value("string"),
+                              "group": datasets.Value("string")})
 
 
 def load_component(component: dict, seed: int = 0) -> datasets.Dataset:
@@ -87,22 +88,56 @@ def load_component(component: dict, seed: int = 0) -> datasets.Dataset:
     if k > n:
         logger.info("mixture component %s: %d rows drawn from %d (rows repeat)", label, k, n)
     idx = deterministic_subset(n, k, seed) if k != n else list(range(n))
-    ds = ds.select(idx).select_columns(["prompt", "chosen", "rejected"])
-    ds = ds.add_column("dataset", [label] * len(ds))
+    ds = ds.select(idx)
+    groups = ([None if g is None else f"{label}|{g}" for g in ds["group"]] if "group" in ds.column_names
+              else [None] * len(ds))
+    ds = ds.select_columns(["prompt", "chosen", "rejected"])
+    ds = ds.add_column("dataset", [label] * len(ds)).add_column("group", groups)
     return ds.cast(mixture_features())
 
 
-def load_mixture(components: list[dict], *, seed: int = 0, flatten: bool = True) -> datasets.Dataset:
+def load_mixture(components: list[dict], *, seed: int = 0, flatten: bool = True,
+                 groups: bool = False) -> datasets.Dataset:
     """Concatenate and shuffle (with ``seed``) the components; see the module docstring. ``flatten=False``: the
     shuffled order stays an indices mapping over the components' rows instead of a copy of them in that order,
     for a caller whose next step maps every row anyway (the training rows' length audit writes them in that order:
-    one full copy of the rows less at start)."""
+    one full copy of the rows less at start). ``groups``: the shuffle moves whole groups (`grouped_order`)."""
     if not components:
         raise ValueError("a mixture needs at least one component")
     parts = [load_component(c, seed) for c in components]
-    mixed = datasets.concatenate_datasets(parts).shuffle(seed=seed)
+    mixed = datasets.concatenate_datasets(parts)
+    mixed = mixed.select(grouped_order(mixed["group"], seed)) if groups else mixed.shuffle(seed=seed)
     counts = {}
     for p in parts:
         counts[p[0]["dataset"] if len(p) else "?"] = counts.get(p[0]["dataset"] if len(p) else "?", 0) + len(p)
     logger.info("mixture: %d rows (%s)", len(mixed), ", ".join(f"{k} {v}" for k, v in counts.items()))
     return mixed.flatten_indices() if flatten else mixed
+
+
+def grouped_order(groups: list[str | None], seed: int) -> list[int]:
+    """A seeded shuffle of row indices that keeps the rows of each group together, in their order: the units (a
+    group's rows, or one row without a group) are shuffled, then laid end to end."""
+    import random
+
+    units: dict[object, list[int]] = {}
+    for i, g in enumerate(groups):
+        units.setdefault(("row", i) if g is None else ("group", g), []).append(i)
+    order = list(units.values())
+    random.Random(seed).shuffle(order)
+    return [i for unit in order for i in unit]
+
+
+def groups_cut(groups: list[str | None], batch_size: int) -> dict[str, int]:
+    """How rows in this order fall into consecutive batches of ``batch_size``: ``groups`` (of two rows or more),
+    ``cut`` (those whose rows land in more than one batch) and ``largest`` (rows of the largest group)."""
+    spans: dict[str, set[int]] = {}
+    for i, g in enumerate(groups):
+        if g is not None:
+            spans.setdefault(g, set()).add(i // batch_size)
+    sizes: dict[str, int] = {}
+    for g in groups:
+        if g is not None:
+            sizes[g] = sizes.get(g, 0) + 1
+    multi = [g for g, n in sizes.items() if n > 1]
+    return {"groups": len(multi), "cut": sum(len(spans[g]) > 1 for g in multi),
+            "largest": max(sizes.values(), default=0)}

@@ -4,8 +4,8 @@
     load_preference("pairs_known", split="train")        # train.parquet of a pairs folder, or any jsonl/parquet
 
 A recipe names it as ``{dataset: preference, source: pairs_known, split: train}``. The prompt ends with a user
-turn (a system turn may come first), chosen and rejected are one assistant turn each and differ; ``sample_id`` is
-kept when present (as a string). Bad rows are named by file, row and field (``on_bad_row="skip"``: counted and
+turn (a system turn may come first), chosen and rejected are one assistant turn each and differ; ``sample_id`` and ``group``
+(rows a recipe's ``batch_groups`` keeps in one batch) are kept when present (as strings). Bad rows are named by file, row and field (``on_bad_row="skip"``: counted and
 written to the rejects file).
 """
 
@@ -33,12 +33,14 @@ def normalise_row(row: dict, table: Table | None = None) -> dict:
         msgs, _ = parse_messages(row[col])
         out[col] = [{"role": m["role"], "content": m["content"]} for m in msgs]
     out["sample_id"] = None if row.get("sample_id") is None else str(row["sample_id"])
+    out["group"] = None if row.get("group") is None else str(row["group"])
     return out
 
 
 def features() -> datasets.Features:
     msgs = message_feature()
-    return datasets.Features({"prompt": msgs, "chosen": msgs, "rejected": msgs, "sample_id": datasets.Value("string")})
+    return datasets.Features({"prompt": msgs, "chosen": msgs, "rejected": msgs, "sample_id": datasets.Value("string"),
+                              "group": datasets.Value("string")})
 
 
 def load_preference(source: str | os.PathLike, split: str = "train", *, max_rows: int | None = None, seed: int = 0,

@@ -40,7 +40,7 @@ def build_train_dataset(recipe: Recipe, *, max_rows_each: int | None = None, fla
             comp.pop("rows", None)
             comp.setdefault("weight", 1.0)
         components.append(comp)
-    return load_mixture(components, seed=training_args.seed, flatten=flatten)
+    return load_mixture(components, seed=training_args.seed, flatten=flatten, groups=script_args.batch_groups)
 
 
 def load_audited_dataset(recipe: Recipe, tokenizer):
@@ -121,6 +121,8 @@ def preparation_key(recipe: Recipe, tokenizer) -> tuple[str | None, str]:
 
     add(library_versions(), training_args.seed, training_args.max_length, script_args.long_rows,
         script_args.on_bad_row, code_digest(*PREPARATION_CODE))
+    if script_args.batch_groups:  # the rows' order (a key written before batch_groups existed stays as it was)
+        add("batch_groups", training_args.per_device_train_batch_size)
     for comp in script_args.train_datasets:
         comp = dict(comp)
         source = component_source(comp)
@@ -168,6 +170,8 @@ def _audited_rows(recipe: Recipe, tokenizer, out: Path, main: bool):
         str(out / "rejects" / "long_rows.jsonl") if main else None,
         num_proc=training_args.dataset_num_proc, neutralise=True,
     )
+    if script_args.batch_groups:
+        audit["batch_groups"] = batch_groups_report(dataset["group"], training_args.per_device_train_batch_size)
     if main:
         (out / "data_audit.json").write_text(json.dumps(audit, indent=1))
     if len(dataset) == 0:
@@ -175,6 +179,26 @@ def _audited_rows(recipe: Recipe, tokenizer, out: Path, main: bool):
                           f"{out / 'data_audit.json'}): raise max_length or change long_rows / on_bad_row")
     kept = ["prompt", "chosen", "rejected", *TOKEN_COLUMNS]  # the ids: none when max_length is None (no audit)
     return dataset.select_columns([c for c in kept if c in dataset.column_names]), audit
+
+
+def batch_groups_report(groups: list, batch_size: int) -> dict:
+    """batch_groups' check of the rows as training reads them (after the length audit): how many groups are cut
+    across per-device batches, warned of loudly (their rows then meet in no batch)."""
+    from judgetrain.data.mixture import groups_cut
+
+    report = groups_cut(groups, batch_size)
+    if report["groups"] == 0:
+        logger.warning("batch_groups: no row has a group (the `group` column, written by `judgetrain pairs known`): "
+                       "the rows are shuffled one by one")
+    elif report["cut"]:
+        logger.warning("batch_groups: %d of %d groups are cut across per-device batches of %d rows (a group has up "
+                       "to %d rows; a batch size that is not a multiple of it, rows without a group between them, or "
+                       "rows the length audit dropped move the boundaries)", report["cut"], report["groups"],
+                       batch_size, report["largest"])
+    else:
+        logger.info("batch_groups: each of %d groups lies within one per-device batch of %d rows", report["groups"],
+                    batch_size)
+    return report
 
 
 def _raise_on_every_process(failure: Exception | None, state) -> None:

@@ -16,7 +16,8 @@ Two forms:
   prompt by the sample's template; the question is the user turn with the text left out.
   Rows: ``prompt``, ``chosen``, ``rejected`` (JSON message lists), ``sample_id``, ``perturbation_set``,
   ``perturbation_type``, ``perturbation_category``, ``perturbation_rate``, ``order``, ``label`` (A>B, B>A or A=B),
-  read by the ``preference`` training dataset.
+  ``group`` (the same for every row of one copy: a recipe's ``batch_groups`` trains them in one batch), read by the
+  ``preference`` training dataset.
 - ``pointwise``: a panel file of evaluations of the items (`judgetrain judge`'s evaluations.jsonl; several sampled
   evaluations of one judge may stand in for a panel) holding the ``original`` set (the spec's ``original: true``):
   the source's score is the median over its evaluations; an error copy's evaluation that scores below it is chosen
@@ -56,7 +57,7 @@ FORMS = ("pairwise", "pointwise")
 TIES = ("tie", "drop")
 TIE, BETTER = "[[A=B]]", {"A": "[[A>B]]", "B": "[[B>A]]"}
 PAIRWISE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_set", "perturbation_type",
-                    "perturbation_category", "perturbation_rate", "order", "label")
+                    "perturbation_category", "perturbation_rate", "order", "label", "group")
 _SENTINEL = "\x00judgetrain-text\x00"
 
 
@@ -132,6 +133,7 @@ def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
             dropped["represent_no_pair"] += 1
             continue
         question = question_of(sample)
+        group = f"{cols.get('sample_id')}|{cols.get('perturbation_set')}|{item.row}"  # every row of this copy
         for order, (a, b) in (("AB", (sample.text, text)), ("BA", (text, sample.text))):
             prompt = json.dumps(verdict_messages(question, a, b), ensure_ascii=False)
             source_letter = "A" if order == "AB" else "B"
@@ -144,7 +146,7 @@ def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
                              "sample_id": cols.get("sample_id"), "perturbation_set": cols.get("perturbation_set"),
                              "perturbation_type": cols.get("perturbation_type"), "perturbation_category": category,
                              "perturbation_rate": float(cols.get("perturbation_rate") or 0.0), "order": order,
-                             "label": chosen.strip("[]")})
+                             "label": chosen.strip("[]"), "group": group})
     return rows, rejects
 
 
