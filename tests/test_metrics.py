@@ -8,10 +8,16 @@ import sys
 import numpy as np
 import pytest
 
+from judgetrain.config.directions import direction
 from judgetrain.eval.metrics import (
+    evalbiasbench_results,
     flatten_eval_metrics,
     ideation_accuracy,
+    judgebench_items,
+    judgebench_results,
     judgebias_checks,
+    paired_difference,
+    predictions_from_scores,
     rmbench_accuracy,
     rmbench_results,
     to_trainer_log_keys,
@@ -179,3 +185,37 @@ def test_metrics_module_does_not_import_torch():
 
     code = "import sys, judgetrain.eval.metrics; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ------------------------------------------------------------------ first_position_rate (position bias, both orders)
+
+def test_first_position_rate_on_worked_pairs():
+    def rows(verdicts_per_pair):
+        return [{"id": k, "label": "A>B" if k % 2 else "B>A", "source": "mmlu-pro-law", "verdicts": v}
+                for k, v in enumerate(verdicts_per_pair)]
+
+    always_a = judgebench_results(rows([["A>B", "A>B"]] * 4))
+    assert always_a["first_position_rate"] == 1.0 and always_a["inconsistent_rate"] == 1.0
+    # the same letter in both orders, A for two pairs and B for two: no lean to a position, yet never consistent
+    per_pair = judgebench_results(rows([["A>B", "A>B"], ["A>B", "A>B"], ["B>A", "B>A"], ["B>A", "B>A"]]))
+    assert per_pair["first_position_rate"] == 0.5 and per_pair["inconsistent_rate"] == 1.0
+    right = judgebench_results(rows([["B>A", "A>B"], ["A>B", "B>A"]] * 2))  # right in both orders
+    assert right["first_position_rate"] == 0.5 and right["inconsistent_rate"] == 0.0
+    ties = judgebench_results(rows([["A=B", "A>B"], [None, None]]))  # a tie names neither; nothing read: NaN
+    assert ties["first_position_rate"] == 1.0
+    assert math.isnan(judgebench_results(rows([["A>B"]]))["first_position_rate"])  # one order: not counted
+
+    ebb = [{"bias": "length", "label": 1, "predictions": p} for p in ([1, 1], [1, 2], [2, 2], [3, 1])]
+    assert evalbiasbench_results(ebb)["first_position_rate"] == pytest.approx((1 + 0.5 + 0 + 1) / 4)
+    mirrored = [{"bias": "length", "label": 1, "predictions": predictions_from_scores(s, 5)} for s in (3, 7, 9)]
+    assert evalbiasbench_results(mirrored)["first_position_rate"] == 0.5  # scored alone: no position to lean to
+    assert direction("eval/pairwise/verdict/first_position_rate") == "closer to 0.5"
+
+
+def test_first_position_rate_difference_against_an_always_a_base():
+    base = judgebench_items([{"id": k, "label": "A>B", "source": "x", "verdicts": ["A>B", "A>B"]} for k in range(40)])
+    mixed = judgebench_items([{"id": k, "label": "A>B", "source": "x",
+                               "verdicts": ["A>B", "A>B"] if k % 2 else ["B>A", "B>A"]} for k in range(40)])
+    d = paired_difference(mixed, base)["first_position_rate"]
+    assert d["delta"] == pytest.approx(-0.5) and d["delta_ci_high"] < -0.3 and d["p_method"] == "sign_flip"
+    assert d["p_value"] < 0.01

@@ -438,12 +438,16 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     elif suite == "evalbiasbench":  # OffsetBias's three figures, overall and per bias (slugged names)
         for key in _EVALBIASBENCH_FIGURES:
             out[base + key] = float(results[key])
+        if _finite_number(results.get("first_position_rate")):
+            out[base + "first_position_rate"] = float(results["first_position_rate"])
         for bias in results.get("biases", []):
             for key in _EVALBIASBENCH_FIGURES:
                 out[f"{base}{bias}/{key}"] = float(results[bias][key])
     elif suite in ("judgebench", "pairwise"):  # JudgeBench's rule: accuracy, per category, inconsistent_rate
         out[base + "accuracy"] = float(results["accuracy"])
         out[base + "inconsistent_rate"] = float(results["inconsistent_rate"])
+        if _finite_number(results.get("first_position_rate")):
+            out[base + "first_position_rate"] = float(results["first_position_rate"])
         for cat, vals in results.items():
             if isinstance(vals, Mapping) and "accuracy" in vals:
                 out[f"{base}{cat}/accuracy"] = float(vals["accuracy"])
@@ -454,7 +458,7 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     for key, vals in results.items():  # engine counters (rows, long inputs, runtime)
         if _finite_number(vals) and base + key not in out and key not in (
             "hard_acc", "normal_acc", "easy_acc", "total_avg_acc", "accuracy", "position_consistency",
-            "inconsistent_rate", *_EVALBIASBENCH_FIGURES
+            "inconsistent_rate", "first_position_rate", *_EVALBIASBENCH_FIGURES
         ):
             out[base + key] = float(vals)
     return out
@@ -516,7 +520,7 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     outside the category; a row without ``source`` is counted in its own ``category``, the generic pairwise suite's
     rule). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a score-based judge)
     gets the one verdict of `verdict_from_scores`. Keys: the row's ``id`` (else its place)."""
-    keys, correct, inconsistent, categories = [], [], [], []
+    keys, correct, inconsistent, first, categories = [], [], [], [], []
     for i, row in enumerate(rows):
         verdicts = row.get("verdicts")
         if verdicts is None and row.get("scores") is not None:
@@ -530,6 +534,7 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         total = sum(1 if v == label else -1 if v == _SWAP[label] else 0 for v in as_row)
         correct.append(float(total > 0))
         inconsistent.append(float(as_row[0] != as_row[1]) if len(as_row) == 2 else math.nan)
+        first.append(first_position_share(verdicts) if len(verdicts) == 2 else math.nan)
         # JudgeBench's category of the source; a team's own pairs (no source) keep their own category
         categories.append(judgebench_category(row["source"]) if row.get("source") else row.get("category"))
         keys.append(row.get("id", row.get("pair_id", i)))
@@ -537,7 +542,17 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     values = {"accuracy": correct_arr, "inconsistent_rate": np.asarray(inconsistent, dtype=np.float64)}
     for cat in sorted(set(categories) - {None}):
         values[f"{cat}/accuracy"] = np.where(cats == cat, correct_arr, np.nan)
-    return Items(keys, values, binary=tuple(values))
+    binary = tuple(values)
+    values["first_position_rate"] = np.asarray(first, dtype=np.float64)
+    return Items(keys, values, binary=binary)
+
+
+def first_position_share(verdicts: Sequence[str | None]) -> float:
+    """A pair's share of read verdicts, each about what the judge was shown, that pick the response shown first
+    ("A>B"); NaN when none was read (a tie names neither). Over a pair shown in both orders a judge without position
+    bias averages 0.5 whatever it knows of the content: the two orders put each response first once."""
+    read = [v == "A>B" for v in verdicts if v in ("A>B", "B>A")]
+    return sum(read) / len(read) if read else math.nan
 
 
 def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -550,7 +565,10 @@ def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
     Returns ``accuracy`` (share of correct rows, 0-1), ``{knowledge, reasoning, math, coding}: {accuracy, n}`` for
     the categories present, ``inconsistent_rate`` (share of the rows judged twice whose two verdicts differ once the
-    second is read back to the row's order; NaN when none was judged twice), ``n`` and ``n_both_orders``."""
+    second is read back to the row's order; NaN when none was judged twice), ``first_position_rate`` (judgetrain's
+    figure, not the authors': over the rows judged twice, the share of read verdicts that pick the response shown
+    first, each row weighted alike; 0.5 is no position bias, see `first_position_share`), ``n`` and
+    ``n_both_orders``."""
     items = judgebench_items(rows)
     out: dict[str, Any] = {"accuracy": _mean(items.values["accuracy"])}
     for key in items.values:
@@ -559,6 +577,8 @@ def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             out[key.split("/")[0]] = {"accuracy": float(np.nanmean(v)), "n": int(np.sum(np.isfinite(v)))}
     twice = items.values["inconsistent_rate"][np.isfinite(items.values["inconsistent_rate"])]
     out["inconsistent_rate"] = _mean(twice)
+    fp = items.values["first_position_rate"]
+    out["first_position_rate"] = _mean(fp[np.isfinite(fp)])
     out["n"] = len(items.keys)
     out["n_both_orders"] = len(twice)
     return out
@@ -579,7 +599,7 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     """Per-row figures of EvalBiasBench (`evalbiasbench_results` has the rules): ``single_acc`` (0, 0.5 or 1: the share
     of the row's two picks that are right), ``pair_acc`` and ``agreement`` (1.0 / 0.0), each also as
     ``<bias>/<figure>`` (NaN outside the bias). Keys: the row's ``id`` (else its place)."""
-    keys, single, pair, agree, biases = [], [], [], [], []
+    keys, single, pair, agree, first_shown, biases = [], [], [], [], [], []
     for i, row in enumerate(rows):
         label, picks = row["label"], row.get("predictions")
         if label not in (1, 2) or isinstance(label, bool):
@@ -592,6 +612,7 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         single.append(sum(right) / 2)
         pair.append(float(all(right)))
         agree.append(float((first in (1, 2) and second in (1, 2) and first + second == 3) or first == second == 3))
+        first_shown.append(first_position_share([{1: "A>B", 2: "B>A"}.get(p) for p in picks]))
         biases.append(str(row["bias"]))
         keys.append(row.get("id", i))
     values = {"single_acc": np.asarray(single), "pair_acc": np.asarray(pair), "agreement": np.asarray(agree)}
@@ -599,7 +620,9 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     for bias in sorted(set(biases)):
         for fig in _EVALBIASBENCH_FIGURES:
             values[f"{bias}/{fig}"] = np.where(cats == bias, values[fig], np.nan)
-    return Items(keys, values, binary=tuple(k for k in values if not k.endswith("single_acc")))
+    binary = tuple(k for k in values if not k.endswith("single_acc"))
+    values["first_position_rate"] = np.asarray(first_shown, dtype=np.float64)
+    return Items(keys, values, binary=binary)
 
 
 def evalbiasbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -612,9 +635,13 @@ def evalbiasbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
     Returns, overall (all rows pooled) and per bias ``{<bias>: {...}}``: ``single_acc`` (right picks / (2 x rows)),
     ``pair_acc`` (rows whose two picks are both right / rows), ``agreement`` (rows whose two picks name the same
-    response, or are both ties / rows) and ``n``; ``biases`` lists the biases present. Shares 0-1 (the paper: x100)."""
+    response, or are both ties / rows) and ``n``; overall also ``first_position_rate`` (judgetrain's figure, not
+    OffsetBias': the share of read picks that name the response shown first, each row weighted alike; 0.5 is no
+    position bias); ``biases`` lists the biases present. Shares 0-1 (the paper: x100)."""
     items = evalbiasbench_items(rows)
     out: dict[str, Any] = {k: _mean(items.values[k]) for k in _EVALBIASBENCH_FIGURES}
+    fp = items.values["first_position_rate"]
+    out["first_position_rate"] = _mean(fp[np.isfinite(fp)])
     biases = sorted({k.rsplit("/", 1)[0] for k in items.values if "/" in k})
     for bias in biases:
         v = {k: float(np.nanmean(items.values[f"{bias}/{k}"])) for k in _EVALBIASBENCH_FIGURES}
