@@ -99,14 +99,16 @@ def test_the_preparation_key_follows_the_inputs_and_refuses_to_guess(tmp_path, t
     tok = AutoTokenizer.from_pretrained(tiny_judge)
     shutil.copytree(sample_source("judgebias"), tmp_path / "jb")
 
-    def key(source="%s" % (tmp_path / "jb"), **comp):
+    def key(source="%s" % (tmp_path / "jb"), batch_groups=False, **comp):
         script = SimpleNamespace(train_datasets=[{"dataset": "judgebias", "source": source, "split": "train", **comp}],
-                                 long_rows="error", on_bad_row="error")
-        return preparation_key(Recipe(script, SimpleNamespace(seed=42, max_length=1024), None, {}), tok)
+                                 long_rows="error", on_bad_row="error", batch_groups=batch_groups)
+        training = SimpleNamespace(seed=42, max_length=1024, per_device_train_batch_size=4)
+        return preparation_key(Recipe(script, training, None, {}), tok)
 
     first, why = key()
     assert len(first) == 64 and why == "" and key() == (first, "")
     assert key(rows=40)[0] != first  # a recipe data key
+    assert key(batch_groups=True)[0] != first  # the rows' order
     os.utime(tmp_path / "jb" / "train.parquet", ns=(1, 1))
     assert key()[0] != first  # a source file's modification time
     assert key(source="owner/judgebias") == (None, "owner/judgebias is read from the hub at main, not at a commit")
