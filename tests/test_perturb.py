@@ -597,3 +597,13 @@ def test_the_style_pack_without_a_model_makes_its_rule_sets_and_says_what_it_lef
     assert [(r["sample_id"], r["perturbation_set"], r["reason"]) for r in read_jsonl(out / "rejects.jsonl")] == [
         (1, "detailed_markdown_100pct", "no_eligible_span"), (2, "markdown_to_plain_100pct", "no_eligible_span"),
         (1, "plain_to_markdown_100pct", "no_eligible_span")]  # in the spec's order of sets
+
+
+def test_model_rewrites_take_the_endpoint_options_of_judge_retry_rejected_included():
+    from judgetrain.cli.judge import options
+    from judgetrain.cli.perturb import build_parser
+
+    args = build_parser().parse_args(["--source", "s", "--spec", "materials", "--output_dir", "o", "--retry_rejected",
+                                      "--endpoint_max_retries", "3"])
+    opts = options(args)
+    assert opts.retry_rejected is True and opts.endpoint_max_retries == 3

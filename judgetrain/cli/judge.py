@@ -72,9 +72,6 @@ def build_parser() -> ConventionParser:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight per endpoint judge and process")
     add_endpoint_options(p)
-    p.add_argument("--retry_rejected", action="store_true",
-                   help="endpoint judges: generate again the rows the server refused (reason endpoint_rejected), on "
-                        "a resume too (judges-file key retry_rejected)")
     p.add_argument("--on_bad_row", choices=("error", "skip"), default="error",
                    help="bad items: stop naming them (default), or skip them to the rejects file, counted")
     p.add_argument("--rejects_path", help="where skipped items go (default <output_dir>/rejects.jsonl)")
@@ -126,6 +123,9 @@ def add_endpoint_options(p) -> None:
     p.add_argument("--endpoint_wait_budget_s", type=float, default=600.0,
                    help="endpoint judges: seconds a prompt may wait for its server between retries in all, long enough "
                         "for a server restart (default 600; judges-file key wait_budget_s)")
+    p.add_argument("--retry_rejected", action="store_true",
+                   help="endpoint judges: generate again the rows the server refused (reason endpoint_rejected), on "
+                        "a resume too (judges-file key retry_rejected)")
 
 
 def options(args: argparse.Namespace):
@@ -156,7 +156,7 @@ def options(args: argparse.Namespace):
                    endpoint_timeout_s=args.endpoint_timeout_s, endpoint_max_retries=args.endpoint_max_retries,
                    endpoint_wait_budget_s=args.endpoint_wait_budget_s,
                    gpu_memory_utilization=args.gpu_memory_utilization,
-                   retry_rejected=getattr(args, "retry_rejected", False))  # perturb's rewrites: no such option
+                   retry_rejected=args.retry_rejected)
 
 
 def summary_table(summary: dict):
