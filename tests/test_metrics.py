@@ -219,3 +219,38 @@ def test_first_position_rate_difference_against_an_always_a_base():
     d = paired_difference(mixed, base)["first_position_rate"]
     assert d["delta"] == pytest.approx(-0.5) and d["delta_ci_high"] < -0.3 and d["p_method"] == "sign_flip"
     assert d["p_value"] < 0.01
+
+
+def test_first_position_prob_reads_the_lean_before_a_verdict_flips():
+    import math as m
+
+    def row(k, gap_ab, gap_ba):  # log p([[A>B]]) - log p([[B>A]]) in each order
+        return {"id": k, "label": "A>B", "source": "x", "verdicts": ["A>B" if gap_ab > 0 else "B>A",
+                                                                     "A>B" if gap_ba > 0 else "B>A"],
+                "scores": [-1.0, -1.0 - gap_ab, -2.0, -2.0 - gap_ba]}
+
+    base = [row(k, 3.3, 3.3) for k in range(30)]
+    leaning_less = [row(k, 0.3, 0.3) for k in range(30)]  # every verdict still A
+    out_base, out_less = judgebench_results(base), judgebench_results(leaning_less)
+    assert out_base["first_position_rate"] == out_less["first_position_rate"] == 1.0
+    assert out_base["first_position_prob"] == pytest.approx(1 / (1 + m.exp(-3.3)))  # 0.964
+    assert out_less["first_position_prob"] == pytest.approx(1 / (1 + m.exp(-0.3)))  # 0.574
+    d = paired_difference(judgebench_items(leaning_less), judgebench_items(base))["first_position_prob"]
+    assert d["delta_ci_high"] < -0.3 and d["p_value"] < 0.01
+    # content without a lean: right in both orders, the first-shown response picked as often as not
+    assert judgebench_results([row(0, 2.0, -2.0)])["first_position_prob"] == pytest.approx(0.5)
+    # judge mode's two scores and generate mode's none: not measured
+    assert m.isnan(judgebench_results([{"label": "A>B", "source": "x", "scores": [1.0, 2.0]}])["first_position_prob"])
+    ebb = evalbiasbench_results([{"bias": "length", "label": 1, "predictions": [1, 1],
+                                  "scores": [-1.0, -2.0, -1.0, -2.0]}])
+    assert ebb["first_position_prob"] == pytest.approx(1 / (1 + m.exp(-1.0)))
+    flat = flatten_eval_metrics("pairwise", out_less)
+    assert flat["eval/pairwise/first_position_prob"] == pytest.approx(out_less["first_position_prob"])
+
+
+def test_an_order_with_no_verdict_read_is_not_consistent():
+    rows = [{"label": "A>B", "source": "x", "verdicts": [None, None]},
+            {"label": "A>B", "source": "x", "verdicts": ["A>B", None]},
+            {"label": "A>B", "source": "x", "verdicts": ["A=B", "A=B"]},
+            {"label": "A>B", "source": "x", "verdicts": ["A>B", "B>A"]}]
+    assert judgebench_results(rows)["inconsistent_rate"] == 0.5  # two unread; two ties agree; one right twice

@@ -60,9 +60,9 @@ HEADLINE = {
                   "represent/within_half_rate"),
     "ideation": ("accuracy", "position_consistency"),
     "judgebench": ("accuracy", "knowledge/accuracy", "reasoning/accuracy", "math/accuracy", "coding/accuracy",
-                   "inconsistent_rate", "first_position_rate"),
-    "pairwise": ("accuracy", "inconsistent_rate", "first_position_rate"),
-    "evalbiasbench": ("single_acc", "pair_acc", "agreement", "first_position_rate"),
+                   "inconsistent_rate", "first_position_rate", "first_position_prob"),
+    "pairwise": ("accuracy", "inconsistent_rate", "first_position_rate", "first_position_prob"),
+    "evalbiasbench": ("single_acc", "pair_acc", "agreement", "first_position_rate", "first_position_prob"),
 }
 # Each suite's unit of independence: what one bootstrap draw and one count of the paired test are. Rows of one unit
 # share what makes them alike (the same prompt, the same pair in another order), so counting them apart would claim

@@ -438,16 +438,18 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     elif suite == "evalbiasbench":  # OffsetBias's three figures, overall and per bias (slugged names)
         for key in _EVALBIASBENCH_FIGURES:
             out[base + key] = float(results[key])
-        if _finite_number(results.get("first_position_rate")):
-            out[base + "first_position_rate"] = float(results["first_position_rate"])
+        for key in ("first_position_rate", "first_position_prob"):
+            if _finite_number(results.get(key)):
+                out[base + key] = float(results[key])
         for bias in results.get("biases", []):
             for key in _EVALBIASBENCH_FIGURES:
                 out[f"{base}{bias}/{key}"] = float(results[bias][key])
     elif suite in ("judgebench", "pairwise"):  # JudgeBench's rule: accuracy, per category, inconsistent_rate
         out[base + "accuracy"] = float(results["accuracy"])
         out[base + "inconsistent_rate"] = float(results["inconsistent_rate"])
-        if _finite_number(results.get("first_position_rate")):
-            out[base + "first_position_rate"] = float(results["first_position_rate"])
+        for key in ("first_position_rate", "first_position_prob"):
+            if _finite_number(results.get(key)):
+                out[base + key] = float(results[key])
         for cat, vals in results.items():
             if isinstance(vals, Mapping) and "accuracy" in vals:
                 out[f"{base}{cat}/accuracy"] = float(vals["accuracy"])
@@ -458,7 +460,7 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     for key, vals in results.items():  # engine counters (rows, long inputs, runtime)
         if _finite_number(vals) and base + key not in out and key not in (
             "hard_acc", "normal_acc", "easy_acc", "total_avg_acc", "accuracy", "position_consistency",
-            "inconsistent_rate", "first_position_rate", *_EVALBIASBENCH_FIGURES
+            "inconsistent_rate", "first_position_rate", "first_position_prob", *_EVALBIASBENCH_FIGURES
         ):
             out[base + key] = float(vals)
     return out
@@ -516,11 +518,12 @@ def judgebench_category(source: str) -> str | None:
 
 def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     """Per-row figures of JudgeBench (`judgebench_results` has the rules): ``accuracy`` (the row right: 1.0 / 0.0),
-    ``inconsistent_rate`` (1.0 / 0.0; NaN for a row judged in one presentation only) and ``<category>/accuracy`` (NaN
+    ``inconsistent_rate`` (1.0 / 0.0, 1.0 when an order's verdict was not read; NaN for a row judged in one
+    presentation only), ``first_position_rate`` and ``first_position_prob`` (NaN where not measured) and ``<category>/accuracy`` (NaN
     outside the category; a row without ``source`` is counted in its own ``category``, the generic pairwise suite's
     rule). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a score-based judge)
     gets the one verdict of `verdict_from_scores`. Keys: the row's ``id`` (else its place)."""
-    keys, correct, inconsistent, first, categories = [], [], [], [], []
+    keys, correct, inconsistent, first, lean, categories = [], [], [], [], [], []
     for i, row in enumerate(rows):
         verdicts = row.get("verdicts")
         if verdicts is None and row.get("scores") is not None:
@@ -533,8 +536,10 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         as_row = [verdicts[0]] + [swap_verdict(v) for v in verdicts[1:]]  # the second was shown swapped
         total = sum(1 if v == label else -1 if v == _SWAP[label] else 0 for v in as_row)
         correct.append(float(total > 0))
-        inconsistent.append(float(as_row[0] != as_row[1]) if len(as_row) == 2 else math.nan)
+        # nothing read in an order is no agreement between the orders (as ideation's position_consistency counts it)
+        inconsistent.append(float(None in as_row or as_row[0] != as_row[1]) if len(as_row) == 2 else math.nan)
         first.append(first_position_share(verdicts) if len(verdicts) == 2 else math.nan)
+        lean.append(first_position_prob(row.get("scores")))
         # JudgeBench's category of the source; a team's own pairs (no source) keep their own category
         categories.append(judgebench_category(row["source"]) if row.get("source") else row.get("category"))
         keys.append(row.get("id", row.get("pair_id", i)))
@@ -544,7 +549,20 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         values[f"{cat}/accuracy"] = np.where(cats == cat, correct_arr, np.nan)
     binary = tuple(values)
     values["first_position_rate"] = np.asarray(first, dtype=np.float64)
+    values["first_position_prob"] = np.asarray(lean, dtype=np.float64)
     return Items(keys, values, binary=binary)
+
+
+def first_position_prob(scores: Any) -> float:
+    """Verdict mode's position lean as probabilities: a pair's four log-probabilities (``[[A>B]]``, ``[[B>A]]`` as
+    shown, then swapped) give, per order, the probability of the verdict that picks the response shown first, the
+    two verdicts' probabilities normalised to 1; the mean of the two orders (0.5: no lean, whatever the content).
+    It moves where the verdict itself does not yet flip. NaN for any other record (two scores of a score-based
+    judge, none in generate mode)."""
+    if not isinstance(scores, (list, tuple)) or len(scores) != 4 or not all(_finite_number(x) for x in scores):
+        return math.nan
+    return float(np.mean([1.0 / (1.0 + math.exp(scores[1] - scores[0])),
+                          1.0 / (1.0 + math.exp(scores[3] - scores[2]))]))
 
 
 def first_position_share(verdicts: Sequence[str | None]) -> float:
@@ -565,10 +583,11 @@ def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
     Returns ``accuracy`` (share of correct rows, 0-1), ``{knowledge, reasoning, math, coding}: {accuracy, n}`` for
     the categories present, ``inconsistent_rate`` (share of the rows judged twice whose two verdicts differ once the
-    second is read back to the row's order; NaN when none was judged twice), ``first_position_rate`` (judgetrain's
-    figure, not the authors': over the rows judged twice, the share of read verdicts that pick the response shown
-    first, each row weighted alike; 0.5 is no position bias, see `first_position_share`), ``n`` and
-    ``n_both_orders``."""
+    second is read back to the row's order, or one was not read; NaN when none was judged twice), and two figures of
+    judgetrain's, not the authors': ``first_position_rate`` (over the rows judged twice, the share of read verdicts
+    that pick the response shown first, each row weighted alike; 0.5 is no position bias, see
+    `first_position_share`) and in verdict mode ``first_position_prob`` (the same lean in probabilities, see
+    `first_position_prob`); ``n`` and ``n_both_orders``."""
     items = judgebench_items(rows)
     out: dict[str, Any] = {"accuracy": _mean(items.values["accuracy"])}
     for key in items.values:
@@ -577,8 +596,9 @@ def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             out[key.split("/")[0]] = {"accuracy": float(np.nanmean(v)), "n": int(np.sum(np.isfinite(v)))}
     twice = items.values["inconsistent_rate"][np.isfinite(items.values["inconsistent_rate"])]
     out["inconsistent_rate"] = _mean(twice)
-    fp = items.values["first_position_rate"]
-    out["first_position_rate"] = _mean(fp[np.isfinite(fp)])
+    for key in ("first_position_rate", "first_position_prob"):
+        v = items.values[key]
+        out[key] = _mean(v[np.isfinite(v)])
     out["n"] = len(items.keys)
     out["n_both_orders"] = len(twice)
     return out
@@ -599,7 +619,7 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     """Per-row figures of EvalBiasBench (`evalbiasbench_results` has the rules): ``single_acc`` (0, 0.5 or 1: the share
     of the row's two picks that are right), ``pair_acc`` and ``agreement`` (1.0 / 0.0), each also as
     ``<bias>/<figure>`` (NaN outside the bias). Keys: the row's ``id`` (else its place)."""
-    keys, single, pair, agree, first_shown, biases = [], [], [], [], [], []
+    keys, single, pair, agree, first_shown, lean, biases = [], [], [], [], [], [], []
     for i, row in enumerate(rows):
         label, picks = row["label"], row.get("predictions")
         if label not in (1, 2) or isinstance(label, bool):
@@ -613,6 +633,7 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         pair.append(float(all(right)))
         agree.append(float((first in (1, 2) and second in (1, 2) and first + second == 3) or first == second == 3))
         first_shown.append(first_position_share([{1: "A>B", 2: "B>A"}.get(p) for p in picks]))
+        lean.append(first_position_prob(row.get("scores")))
         biases.append(str(row["bias"]))
         keys.append(row.get("id", i))
     values = {"single_acc": np.asarray(single), "pair_acc": np.asarray(pair), "agreement": np.asarray(agree)}
@@ -622,6 +643,7 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
             values[f"{bias}/{fig}"] = np.where(cats == bias, values[fig], np.nan)
     binary = tuple(k for k in values if not k.endswith("single_acc"))
     values["first_position_rate"] = np.asarray(first_shown, dtype=np.float64)
+    values["first_position_prob"] = np.asarray(lean, dtype=np.float64)
     return Items(keys, values, binary=binary)
 
 
@@ -640,8 +662,9 @@ def evalbiasbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     position bias); ``biases`` lists the biases present. Shares 0-1 (the paper: x100)."""
     items = evalbiasbench_items(rows)
     out: dict[str, Any] = {k: _mean(items.values[k]) for k in _EVALBIASBENCH_FIGURES}
-    fp = items.values["first_position_rate"]
-    out["first_position_rate"] = _mean(fp[np.isfinite(fp)])
+    for key in ("first_position_rate", "first_position_prob"):
+        v = items.values[key]
+        out[key] = _mean(v[np.isfinite(v)])
     biases = sorted({k.rsplit("/", 1)[0] for k in items.values if "/" in k})
     for bias in biases:
         v = {k: float(np.nanmean(items.values[f"{bias}/{k}"])) for k in _EVALBIASBENCH_FIGURES}
