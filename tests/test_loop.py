@@ -217,3 +217,11 @@ def test_verdict_pairs_on_a_reference_relative_loss_are_warned_about(caplog):
     assert not warn_reference_relative({"loss_type": ["sigmoid", "sft"]}, Pairs(method="known", form="pairwise"))
     assert not warn_reference_relative({"loss_type": "sigmoid"}, Pairs(method="known", form="pointwise"))
     assert not warn_reference_relative({"loss_type": "sigmoid"}, Pairs(method="anchor"))
+
+    from judgetrain.loop.run import warn_orders_apart
+
+    caplog.clear()
+    assert warn_orders_apart({"loss_type": ["sigmoid", "sft"]}, Pairs(method="known", form="pairwise"))
+    assert "set train: {batch_groups: true}" in caplog.text
+    assert not warn_orders_apart({"batch_groups": True}, Pairs(method="known", form="pairwise"))
+    assert not warn_orders_apart({}, Pairs(method="known", form="pointwise"))
