@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import random
 
 import datasets
 
@@ -117,8 +118,6 @@ def load_mixture(components: list[dict], *, seed: int = 0, flatten: bool = True,
 def grouped_order(groups: list[str | None], seed: int) -> list[int]:
     """A seeded shuffle of row indices that keeps the rows of each group together, in their order: the units (a
     group's rows, or one row without a group) are shuffled, then laid end to end."""
-    import random
-
     units: dict[object, list[int]] = {}
     for i, g in enumerate(groups):
         units.setdefault(("row", i) if g is None else ("group", g), []).append(i)
