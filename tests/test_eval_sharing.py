@@ -242,3 +242,17 @@ def test_merged_lora_holds_at_most_its_budget_and_leaves_the_weights_bit_for_bit
     assert merged_extra_bytes([10, 30, 10], 25) == 20 + 30
     assert {k: v.detach().numpy().tobytes() for k, v in peft_model.state_dict().items()} == before
     assert not any("forward" in vars(m) for m in peft_model.modules())
+
+
+def test_a_batch_closes_before_a_sequence_it_would_pad_by_more_than_a_fifth():
+    from judgetrain.eval.batching import MIN_FILL, budget_batches
+
+    lengths = [100, 95, 81, 79, 60, 50, 47, 10]
+    plain = budget_batches(lengths, lambda n: n, 10_000, 64)
+    assert plain == [lengths]  # the budget alone: one batch, 522 real tokens in 800 slots
+    filled = budget_batches(lengths, lambda n: n, 10_000, 64, min_fill=MIN_FILL)
+    assert filled == [[100, 95, 81], [79], [60, 50], [47], [10]]
+    assert all(min(b) >= MIN_FILL * max(b) for b in filled)
+    # the padded length may differ from the cost: the leaves of one row group attend over a shared past
+    past = 1000
+    assert budget_batches([100, 70], lambda n: past + n, 10_000, 64, padded=lambda n: n, min_fill=0.8) == [[100], [70]]

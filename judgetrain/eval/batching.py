@@ -5,13 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def budget_batches(items: Sequence, cost, batch_tokens: int, max_batch: int) -> list[list]:
+MIN_FILL = 0.8  # a scoring batch closes before an item shorter than this share of its longest (padding bound)
+
+
+def budget_batches(items: Sequence, cost, batch_tokens: int, max_batch: int, *, padded=None,
+                   min_fill: float = 0.0) -> list[list]:
     """Greedy batches over ``items`` sorted most costly first: a batch grows while (its size + 1) x the cost of its
-    first item fits ``batch_tokens`` and it holds fewer than ``max_batch`` items."""
+    first item fits ``batch_tokens``, it holds fewer than ``max_batch`` items and, with ``min_fill``, the next item's
+    padded length (``padded``, default ``cost``: the tokens the forward pads to the batch's longest) is at least
+    ``min_fill`` x the first's, so that no sequence of a batch is more than 1 - min_fill padding."""
+    padded = padded or cost
     batches: list[list] = []
     current: list = []
     for item in items:
-        if current and ((len(current) + 1) * cost(current[0]) > batch_tokens or len(current) >= max_batch):
+        if current and ((len(current) + 1) * cost(current[0]) > batch_tokens or len(current) >= max_batch
+                        or padded(item) < min_fill * padded(current[0])):
             batches.append(current)
             current = []
         current.append(item)

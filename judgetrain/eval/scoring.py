@@ -49,7 +49,7 @@ from judgetrain.compat.transformers import base_model
 from judgetrain.config.recipe import PROXY_MODES
 from judgetrain.data.chat import chat_ids, control_pattern, neutral_messages, text_ids
 from judgetrain.data.tokenise import checked_tokens, pair_tokeniser
-from judgetrain.eval.batching import budget_batches, common_prefix_length
+from judgetrain.eval.batching import MIN_FILL, budget_batches, common_prefix_length
 from judgetrain.eval.merged import merged_lora
 from judgetrain.eval.sharing import SharedScorer, count_forwards, plan_rows
 from judgetrain.models.attention import prefix_sharing_problem
@@ -487,9 +487,10 @@ class ScoringEngine(StopPoints):
 
     # ------------------------------------------------------------------------------------------ batching
     def _batches(self, seqs: list[_Seq]) -> list[list[_Seq]]:
-        """Sorted length buckets: longest first, a batch grows while batch size x longest <= batch_tokens."""
+        """Sorted length buckets: longest first, a batch grows while batch size x longest <= batch_tokens and each
+        sequence is at least `MIN_FILL` of the longest."""
         order = sorted(seqs, key=lambda s: (-len(s.ids), s.row, s.slot))
-        return budget_batches(order, lambda s: len(s.ids), self.batch_tokens, self.max_batch_size)
+        return budget_batches(order, lambda s: len(s.ids), self.batch_tokens, self.max_batch_size, min_fill=MIN_FILL)
 
     def _collate(self, batch: list[_Seq], device: torch.device):
         longest = max(len(s.ids) for s in batch)

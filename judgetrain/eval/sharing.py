@@ -35,7 +35,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from judgetrain.compat.transformers import cache_keyword, output_cache, select_cache_entries
-from judgetrain.eval.batching import budget_batches, common_prefix_length
+from judgetrain.eval.batching import MIN_FILL, budget_batches, common_prefix_length
 
 MIN_SUITE_PREFIX = 8  # a shorter common prefix is not worth a forward of its own
 
@@ -113,11 +113,13 @@ def group_rows(rows: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> 
 
 def leaf_chunks(group: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> list[list[tuple[int, int]]]:
     """(row position in group, leaf index) chunks: longest leaves first, a chunk grows while
-    entries x (longest row prefix + longest leaf) fits the budget (the key/value length each leaf attends over)."""
+    entries x (longest row prefix + longest leaf) fits the budget (the key/value length each leaf attends over), and
+    while a leaf is at least `MIN_FILL` of the chunk's longest (the leaves are what the chunk's forward pads)."""
     past = max(len(r.prefix) for r in group)
     items = [(g, i) for g, r in enumerate(group) for i, leaf in enumerate(r.leaves) if leaf]
     items.sort(key=lambda gi: -len(group[gi[0]].leaves[gi[1]]))
-    return budget_batches(items, lambda gi: past + len(group[gi[0]].leaves[gi[1]]), batch_tokens, max_batch)
+    return budget_batches(items, lambda gi: past + len(group[gi[0]].leaves[gi[1]]), batch_tokens, max_batch,
+                          padded=lambda gi: len(group[gi[0]].leaves[gi[1]]), min_fill=MIN_FILL)
 
 
 def count_forwards(rows: Sequence[SharedRow], batch_tokens: int, max_batch: int) -> int:
