@@ -246,6 +246,13 @@ def test_first_position_prob_reads_the_lean_before_a_verdict_flips():
     assert ebb["first_position_prob"] == pytest.approx(1 / (1 + m.exp(-1.0)))
     flat = flatten_eval_metrics("pairwise", out_less)
     assert flat["eval/pairwise/first_position_prob"] == pytest.approx(out_less["first_position_prob"])
+    assert flat["eval/pairwise/first_position_rate"] == 1.0
+    assert flatten_eval_metrics("evalbiasbench", ebb)["eval/evalbiasbench/first_position_prob"] == pytest.approx(
+        ebb["first_position_prob"])
+    # Ideation's generated verdicts carry their own first_position_rate: logged as well
+    ideation = flatten_eval_metrics("ideation", {"accuracy": 0.5, "position_consistency": 0.5,
+                                                 "first_position_rate": 0.6})
+    assert ideation["eval/ideation/first_position_rate"] == 0.6
 
 
 def test_an_order_with_no_verdict_read_is_not_consistent():

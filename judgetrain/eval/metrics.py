@@ -438,18 +438,12 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     elif suite == "evalbiasbench":  # OffsetBias's three figures, overall and per bias (slugged names)
         for key in _EVALBIASBENCH_FIGURES:
             out[base + key] = float(results[key])
-        for key in ("first_position_rate", "first_position_prob"):
-            if _finite_number(results.get(key)):
-                out[base + key] = float(results[key])
         for bias in results.get("biases", []):
             for key in _EVALBIASBENCH_FIGURES:
                 out[f"{base}{bias}/{key}"] = float(results[bias][key])
     elif suite in ("judgebench", "pairwise"):  # JudgeBench's rule: accuracy, per category, inconsistent_rate
         out[base + "accuracy"] = float(results["accuracy"])
         out[base + "inconsistent_rate"] = float(results["inconsistent_rate"])
-        for key in ("first_position_rate", "first_position_prob"):
-            if _finite_number(results.get(key)):
-                out[base + key] = float(results[key])
         for cat, vals in results.items():
             if isinstance(vals, Mapping) and "accuracy" in vals:
                 out[f"{base}{cat}/accuracy"] = float(vals["accuracy"])
@@ -457,10 +451,10 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
         for key, vals in results.items():
             if _finite_number(vals):
                 out[base + key] = float(vals)
-    for key, vals in results.items():  # engine counters (rows, long inputs, runtime)
+    for key, vals in results.items():  # engine counters (rows, long inputs, runtime), the position lean figures
         if _finite_number(vals) and base + key not in out and key not in (
             "hard_acc", "normal_acc", "easy_acc", "total_avg_acc", "accuracy", "position_consistency",
-            "inconsistent_rate", "first_position_rate", "first_position_prob", *_EVALBIASBENCH_FIGURES
+            "inconsistent_rate", *_EVALBIASBENCH_FIGURES
         ):
             out[base + key] = float(vals)
     return out
