@@ -237,6 +237,9 @@ def test_first_position_prob_reads_the_lean_before_a_verdict_flips():
     assert out_less["first_position_prob"] == pytest.approx(1 / (1 + m.exp(-0.3)))  # 0.574
     d = paired_difference(judgebench_items(leaning_less), judgebench_items(base))["first_position_prob"]
     assert d["delta_ci_high"] < -0.3 and d["p_value"] < 0.01
+    # a verdict a thousand nats less likely than the other: a probability of 0 or 1, not an overflow
+    assert judgebench_results([row(0, -1000.0, 1000.0)])["first_position_prob"] == 0.5
+    assert judgebench_results([row(0, 1000.0, 1000.0)])["first_position_prob"] == 1.0
     # content without a lean: right in both orders, the first-shown response picked as often as not
     assert judgebench_results([row(0, 2.0, -2.0)])["first_position_prob"] == pytest.approx(0.5)
     # judge mode's two scores and generate mode's none: not measured

@@ -555,8 +555,9 @@ def first_position_prob(scores: Any) -> float:
     judge, none in generate mode)."""
     if not isinstance(scores, (list, tuple)) or len(scores) != 4 or not all(_finite_number(x) for x in scores):
         return math.nan
-    return float(np.mean([1.0 / (1.0 + math.exp(scores[1] - scores[0])),
-                          1.0 / (1.0 + math.exp(scores[3] - scores[2]))]))
+    # sigmoid(d) = (1 + tanh(d / 2)) / 2: no overflow at any gap (a verdict may be hundreds of nats less likely)
+    return float(np.mean([(1.0 + math.tanh((scores[0] - scores[1]) / 2)) / 2,
+                          (1.0 + math.tanh((scores[2] - scores[3]) / 2)) / 2]))
 
 
 def first_position_share(verdicts: Sequence[str | None]) -> float:
