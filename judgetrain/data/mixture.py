@@ -129,14 +129,10 @@ def grouped_order(groups: list[str | None], seed: int) -> list[int]:
 def groups_cut(groups: list[str | None], batch_size: int) -> dict[str, int]:
     """How rows in this order fall into consecutive batches of ``batch_size``: ``groups`` (of two rows or more),
     ``cut`` (those whose rows land in more than one batch) and ``largest`` (rows of the largest group)."""
-    spans: dict[str, set[int]] = {}
+    batches: dict[str, list[int]] = {}  # per group, the batch of each of its rows
     for i, g in enumerate(groups):
         if g is not None:
-            spans.setdefault(g, set()).add(i // batch_size)
-    sizes: dict[str, int] = {}
-    for g in groups:
-        if g is not None:
-            sizes[g] = sizes.get(g, 0) + 1
-    multi = [g for g, n in sizes.items() if n > 1]
-    return {"groups": len(multi), "cut": sum(len(spans[g]) > 1 for g in multi),
-            "largest": max(sizes.values(), default=0)}
+            batches.setdefault(g, []).append(i // batch_size)
+    multi = [b for b in batches.values() if len(b) > 1]
+    return {"groups": len(multi), "cut": sum(b[0] != b[-1] for b in multi),
+            "largest": max(map(len, batches.values()), default=0)}

@@ -41,6 +41,7 @@ from judgetrain.config.directions import direction
 from judgetrain.config.recipe import PROXY_MODES, did_you_mean
 from judgetrain.eval.metrics import (
     N_RESAMPLES,
+    POSITION_FIGURES,
     Items,
     evalbiasbench_items,
     judgebench_items,
@@ -60,9 +61,9 @@ HEADLINE = {
                   "represent/within_half_rate"),
     "ideation": ("accuracy", "position_consistency"),
     "judgebench": ("accuracy", "knowledge/accuracy", "reasoning/accuracy", "math/accuracy", "coding/accuracy",
-                   "inconsistent_rate", "first_position_rate", "first_position_prob"),
-    "pairwise": ("accuracy", "inconsistent_rate", "first_position_rate", "first_position_prob"),
-    "evalbiasbench": ("single_acc", "pair_acc", "agreement", "first_position_rate", "first_position_prob"),
+                   "inconsistent_rate", *POSITION_FIGURES),
+    "pairwise": ("accuracy", "inconsistent_rate", *POSITION_FIGURES),
+    "evalbiasbench": ("single_acc", "pair_acc", "agreement", *POSITION_FIGURES),
 }
 # Each suite's unit of independence: what one bootstrap draw and one count of the paired test are. Rows of one unit
 # share what makes them alike (the same prompt, the same pair in another order), so counting them apart would claim

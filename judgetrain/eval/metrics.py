@@ -169,6 +169,11 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else math.nan
 
 
+def _finite_mean(values: np.ndarray) -> float:
+    """The mean of the finite values (NaN: the row does not count), NaN when there is none."""
+    return _mean(values[np.isfinite(values)])
+
+
 def judgebias_checks(rows: Iterable[Mapping[str, Any]], scoring: str = "implicit") -> dict[str, Any]:
     """Perturbation checks on JudgeBias validation rows.
 
@@ -542,8 +547,7 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     for cat in sorted(set(categories) - {None}):
         values[f"{cat}/accuracy"] = np.where(cats == cat, correct_arr, np.nan)
     binary = tuple(values)
-    values["first_position_rate"] = np.asarray(first, dtype=np.float64)
-    values["first_position_prob"] = np.asarray(lean, dtype=np.float64)
+    values.update(zip(POSITION_FIGURES, (np.asarray(first, dtype=np.float64), np.asarray(lean, dtype=np.float64))))
     return Items(keys, values, binary=binary)
 
 
@@ -589,17 +593,15 @@ def judgebench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         if key.endswith("/accuracy"):
             v = items.values[key]
             out[key.split("/")[0]] = {"accuracy": float(np.nanmean(v)), "n": int(np.sum(np.isfinite(v)))}
-    twice = items.values["inconsistent_rate"][np.isfinite(items.values["inconsistent_rate"])]
-    out["inconsistent_rate"] = _mean(twice)
-    for key in ("first_position_rate", "first_position_prob"):
-        v = items.values[key]
-        out[key] = _mean(v[np.isfinite(v)])
+    out["inconsistent_rate"] = _finite_mean(items.values["inconsistent_rate"])
+    out.update({key: _finite_mean(items.values[key]) for key in POSITION_FIGURES})
     out["n"] = len(items.keys)
-    out["n_both_orders"] = len(twice)
+    out["n_both_orders"] = int(np.isfinite(items.values["inconsistent_rate"]).sum())
     return out
 
 
 _EVALBIASBENCH_FIGURES = ("single_acc", "pair_acc", "agreement")
+POSITION_FIGURES = ("first_position_rate", "first_position_prob")  # judgetrain's lean figures of the pairwise suites
 
 
 def predictions_from_scores(score_1: Any, score_2: Any) -> list[int | None]:
@@ -637,8 +639,8 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         for fig in _EVALBIASBENCH_FIGURES:
             values[f"{bias}/{fig}"] = np.where(cats == bias, values[fig], np.nan)
     binary = tuple(k for k in values if not k.endswith("single_acc"))
-    values["first_position_rate"] = np.asarray(first_shown, dtype=np.float64)
-    values["first_position_prob"] = np.asarray(lean, dtype=np.float64)
+    values.update(zip(POSITION_FIGURES, (np.asarray(first_shown, dtype=np.float64),
+                                         np.asarray(lean, dtype=np.float64))))
     return Items(keys, values, binary=binary)
 
 
@@ -654,12 +656,10 @@ def evalbiasbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     ``pair_acc`` (rows whose two picks are both right / rows), ``agreement`` (rows whose two picks name the same
     response, or are both ties / rows) and ``n``; overall also ``first_position_rate`` (judgetrain's figure, not
     OffsetBias': the share of read picks that name the response shown first, each row weighted alike; 0.5 is no
-    position bias); ``biases`` lists the biases present. Shares 0-1 (the paper: x100)."""
+    position bias) and, in verdict mode, ``first_position_prob`` (the same lean in probabilities); ``biases`` lists the biases present. Shares 0-1 (the paper: x100)."""
     items = evalbiasbench_items(rows)
     out: dict[str, Any] = {k: _mean(items.values[k]) for k in _EVALBIASBENCH_FIGURES}
-    for key in ("first_position_rate", "first_position_prob"):
-        v = items.values[key]
-        out[key] = _mean(v[np.isfinite(v)])
+    out.update({key: _finite_mean(items.values[key]) for key in POSITION_FIGURES})
     biases = sorted({k.rsplit("/", 1)[0] for k in items.values if "/" in k})
     for bias in biases:
         v = {k: float(np.nanmean(items.values[f"{bias}/{k}"])) for k in _EVALBIASBENCH_FIGURES}

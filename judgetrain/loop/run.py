@@ -232,6 +232,11 @@ class Loop:
         run_command(cmd, num_processes=self.config.num_processes, module="judgetrain.cli.eval")
 
 
+def verdict_pairs(pairs) -> bool:
+    """Whether the loop trains verdict pairs shown in both orders (`judgetrain pairs known`'s pairwise form)."""
+    return pairs.method == "known" and pairs.form == "pairwise"
+
+
 def warn_reference_relative(recipe: dict, pairs) -> bool:
     """Warn (and return True) when verdict pairs shown in both orders are trained on a purely reference-relative DPO
     loss. Such a loss scores the policy's change against the base judge, and the two orders of a pair ask for opposite
@@ -240,7 +245,7 @@ def warn_reference_relative(recipe: dict, pairs) -> bool:
     (``loss_type: [sigmoid, sft]``, SFR-Judge's DPO + SFT) scores the verdict itself and pulls both orders to it."""
     loss = recipe.get("loss_type", ["sigmoid"])
     loss = [loss] if isinstance(loss, str) else list(loss)
-    if pairs.method != "known" or pairs.form != "pairwise" or "sft" in loss:
+    if not verdict_pairs(pairs) or "sft" in loss:
         return False
     logger.warning("loss_type %s on verdict pairs in both orders: a reference-relative loss cannot move the base "
                    "judge's preference for a position (the two orders cancel it); add the likelihood term, "
@@ -254,7 +259,7 @@ def warn_orders_apart(recipe: dict, pairs) -> bool:
     (``batch_groups`` off): a batch may then hold more verdicts of one letter than the other, and the likelihood term
     pushes the judge's preference for a position back and forth instead of to the middle (docs/results.md, the
     verdict probe: 12 steps ended at a gap of 2.57 nats with rows apart, 0.21 with both orders in one batch)."""
-    if pairs.method != "known" or pairs.form != "pairwise" or recipe.get("batch_groups"):
+    if not verdict_pairs(pairs) or recipe.get("batch_groups"):
         return False
     logger.warning("verdict pairs in both orders train with batch_groups off: a batch may hold more [[A>B]] than "
                    "[[B>A]] verdicts; set train: {batch_groups: true} to keep both orders of a pair in one batch "
