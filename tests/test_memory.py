@@ -91,7 +91,7 @@ def test_an_unknown_gpu_is_a_clear_error():
 
 def test_the_estimate_counts_the_merged_lora_weights_of_an_fp32_eval_within_their_bound():
     """fp32 Llama-3.1-8B with LoRA on every projection: the scoring engine's merged weights are bounded by the cache
-    (256 MiB) plus one 4096 x 14336 fp32 projection merged in its forward (224 MiB), not a copy of every adapted
+    (512 MiB) plus one 4096 x 14336 fp32 projection merged in its forward (224 MiB), not a copy of every adapted
     weight (~28 GB); bf16 layers keep PEFT's forward, and a run with merge_lora off holds none."""
     from judgetrain.checks.memory import MERGED_CACHE_BYTES, Plan, estimate
 
@@ -103,6 +103,19 @@ def test_the_estimate_counts_the_merged_lora_weights_of_an_fp32_eval_within_thei
     assert estimate(shape, Plan(weight_bytes=2, lora_r=16))["eval_merged_lora"] == 0
     assert estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_merge_lora=False))["eval_merged_lora"] == 0
     assert estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_batch_tokens=0))["eval_merged_lora"] == 0
+
+
+def test_every_projection_of_smollm2_is_held_merged_in_float32():
+    """SmolLM2-135M, the judge the CPU recipes train, with LoRA on all seven projections: its adapted weights (405 MiB
+    in float32) fit the merged cache whole, so generation runs every layer merged (a layer past the cache keeps
+    PEFT's forward while decoding); the estimate counts exactly that copy, no layer merged in its forward."""
+    from judgetrain.checks.memory import MERGED_CACHE_BYTES, Plan, estimate
+
+    shape = BUILTIN_SHAPES["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    every = sum(a * b for a, b in shape.adapted_projections(None)) * shape.layers * 4
+    assert every / 2**20 == pytest.approx(405.0, abs=0.1)
+    assert every <= MERGED_CACHE_BYTES
+    assert estimate(shape, Plan(weight_bytes=4, lora_r=16, eval_batch_tokens=8192))["eval_merged_lora"] == every
 
 
 def test_lora_saved_activations_of_a_bf16_base_with_the_fp32_adapter():

@@ -68,9 +68,10 @@ RENAMED_KEYS = {"eval_every_n_steps": "eval_steps", "eval_suites_on_start": "eva
 SUITE_EXAMPLE_METRIC = {"rmbench": "total_avg_acc", "judgebias": "error/accuracy", "ideation": "accuracy",
                         "evalbiasbench": "pair_acc", "judgebench": "accuracy", "pairwise": "accuracy"}
 
-# What judgetrain.eval.merged may hold for merged LoRA weights for a whole scoring call; layers beyond it merge in
-# their own forward (one layer's weight at a time).
-MERGED_CACHE_BYTES = 256 * 2**20
+# What judgetrain.eval.merged may hold for merged LoRA weights for a whole scoring or generation call; layers beyond it
+# merge in their own forward (one layer's weight at a time), or keep PEFT's forward in generation. 512 MiB holds every
+# projection of SmolLM2-135M in float32 (405 MiB), the judge the CPU recipes train.
+MERGED_CACHE_BYTES = 512 * 2**20
 
 
 # A recipe is a file that may come from someone else (docs/reliability.md: "What a recipe can do"). Its `env:` mapping is applied

@@ -8,9 +8,10 @@ they were, whatever happens inside the context. Scores differ from the unmerged 
 engine's equality tests hold it to rtol 1e-4).
 
 The merged weights are temporaries, and their memory is bounded: layers are merged once for the whole context while
-their merged weights fit ``cache_bytes`` (``MERGED_CACHE_BYTES``, 256 MiB: every adapted layer of a small model), and
-every further layer builds ``W + s B A`` in its own forward and frees it on return (one layer's weight at a time:
-224 MiB for Llama-3.1-8B's fp32 MLP projections, instead of a copy of every adapted weight, ~28 GB). An in-place merge
+their merged weights fit ``cache_bytes`` (``MERGED_CACHE_BYTES``, 512 MiB: every adapted layer of a small model, such
+as SmolLM2-135M's 405 MiB in float32), and every further layer builds ``W + s B A`` in its own forward and frees it on
+return (one layer's weight at a time: 224 MiB for Llama-3.1-8B's fp32 MLP projections, instead of a copy of every
+adapted weight, ~28 GB). An in-place merge
 (``W += s B A``, undone after) would hold nothing at all but cannot be undone bit for bit in float arithmetic without a
 copy of ``W``, and the reference (the same weights with the adapter disabled) must stay exact; merging in the forward
 keeps the weights untouched at a cost of ``r / tokens`` of the layer's matmul. The memory estimate counts the bound
