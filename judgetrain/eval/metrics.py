@@ -518,10 +518,10 @@ def judgebench_category(source: str) -> str | None:
 def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
     """Per-row figures of JudgeBench (`judgebench_results` has the rules): ``accuracy`` (the row right: 1.0 / 0.0),
     ``inconsistent_rate`` (1.0 / 0.0, 1.0 when an order's verdict was not read; NaN for a row judged in one
-    presentation only), ``first_position_rate`` and ``first_position_prob`` (NaN where not measured) and ``<category>/accuracy`` (NaN
-    outside the category; a row without ``source`` is counted in its own ``category``, the generic pairwise suite's
-    rule). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a score-based judge)
-    gets the one verdict of `verdict_from_scores`. Keys: the row's ``id`` (else its place)."""
+    presentation only), ``first_position_rate`` and ``first_position_prob`` (NaN where not measured) and
+    ``<category>/accuracy`` (NaN outside the category; a row without ``source`` is counted in its own ``category``,
+    the generic pairwise suite's rule). A row without ``verdicts`` but with ``scores`` ([score_a, score_b], a
+    score-based judge) gets the one verdict of `verdict_from_scores`. Keys: the row's ``id`` (else its place)."""
     keys, correct, inconsistent, first, lean, categories = [], [], [], [], [], []
     for i, row in enumerate(rows):
         verdicts = row.get("verdicts")
@@ -656,7 +656,8 @@ def evalbiasbench_results(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     ``pair_acc`` (rows whose two picks are both right / rows), ``agreement`` (rows whose two picks name the same
     response, or are both ties / rows) and ``n``; overall also ``first_position_rate`` (judgetrain's figure, not
     OffsetBias': the share of read picks that name the response shown first, each row weighted alike; 0.5 is no
-    position bias) and, in verdict mode, ``first_position_prob`` (the same lean in probabilities); ``biases`` lists the biases present. Shares 0-1 (the paper: x100)."""
+    position bias) and, in verdict mode, ``first_position_prob`` (the same lean in probabilities); ``biases`` lists
+    the biases present. Shares 0-1 (the paper: x100)."""
     items = evalbiasbench_items(rows)
     out: dict[str, Any] = {k: _mean(items.values[k]) for k in _EVALBIASBENCH_FIGURES}
     out.update({key: _finite_mean(items.values[key]) for key in POSITION_FIGURES})
