@@ -30,6 +30,8 @@ import yaml
 
 from judgetrain.config.directions import greater_is_better
 from judgetrain.config.packaged import packaged_names, resolve_packaged
+from judgetrain.config.suites import DEFAULT as DEFAULT_SUITES
+from judgetrain.config.suites import check_suite_name, example_figure, registered
 from judgetrain.utils.device import has_accelerator
 from judgetrain.utils.errors import RecipeError
 
@@ -38,9 +40,6 @@ if TYPE_CHECKING:  # the types of `Recipe`'s fields; trl is imported when a reci
 
 logger = logging.getLogger(__name__)
 
-SUITES = ("rmbench", "judgebias", "ideation", "evalbiasbench", "judgebench", "pairwise")
-DEFAULT_SUITES = ("rmbench", "judgebias", "ideation")  # eval_suites' default
-PAIRWISE_SUITES = ("evalbiasbench", "judgebench", "pairwise")  # a prompt, two responses, the better one's label
 PROXY_MODES = ("implicit", "judge")  # one forward per response: the implicit reward, the forced-prefix expected score
 # verdict: the pairwise suites' responses shown together, in both orders, the verdict letter's log-probability read in
 # one forward per order; generate: the judge writes its evaluation (or verdict), the score is parsed from it
@@ -65,8 +64,6 @@ class ScoringModes(tuple):
 
 # Keys judgetrain had before it used TrainingArguments' own: refused, with the new name as the hint.
 RENAMED_KEYS = {"eval_every_n_steps": "eval_steps", "eval_suites_on_start": "eval_on_start"}
-SUITE_EXAMPLE_METRIC = {"rmbench": "total_avg_acc", "judgebias": "error/accuracy", "ideation": "accuracy",
-                        "evalbiasbench": "pair_acc", "judgebench": "accuracy", "pairwise": "accuracy"}
 
 # What judgetrain.eval.merged may hold for merged LoRA weights for a whole scoring or generation call; layers beyond it
 # merge in their own forward (one layer's weight at a time), or keep PEFT's forward in generation. 512 MiB holds every
@@ -293,10 +290,9 @@ class EvalArguments:
         if not isinstance(self.eval_suites, list):
             raise RecipeError(f"eval_suites: a list of suite names, got {self.eval_suites!r}")
         for suite in self.eval_suites:
-            if suite not in SUITES:
-                raise RecipeError(f"eval_suites: unknown suite {suite!r}; valid: {', '.join(SUITES)}")
-            source = getattr(self, f"eval_{suite}_source", "")
-            if suite in PAIRWISE_SUITES and not source:
+            check_suite_name(suite)
+            cls = registered(suite)  # a suite without a bundled copy needs a source (checked again when it loads)
+            if cls is not None and cls.bundled is None and not getattr(self, f"eval_{suite}_source", ""):
                 raise RecipeError(f"eval_suites names {suite}: set eval_{suite}_source (a file, folder or hub id)")
         if self.eval_pairwise_columns is not None and not isinstance(self.eval_pairwise_columns, dict):
             raise RecipeError(f"eval_pairwise_columns: a mapping field: column, got {self.eval_pairwise_columns!r}")
@@ -815,7 +811,7 @@ def check_eval_schedule(script_args, training_args, recipe_path=None, greater_gi
         raise RecipeError(
             f"{where}metric_for_best_model: {metric!r}{default} is not a figure of the eval suites "
             f"({', '.join(suites)}): name one as metrics.jsonl shows it, e.g. "
-            f"eval/{suites[0]}/{SUITE_EXAMPLE_METRIC[suites[0]]}")
+            f"eval/{suites[0]}/{example_figure(suites[0])}")
     try:
         greater = greater_is_better(name)
     except ValueError as e:

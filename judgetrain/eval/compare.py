@@ -7,23 +7,14 @@
 An evaluation is a folder that `judgetrain.eval.runner.evaluate_and_write` wrote (``results.json`` and
 ``<suite>.jsonl``, ``<suite>.<mode>.jsonl`` for each other scoring mode): ``<output_dir>/eval/<step>/`` of a run, or
 ``<output-dir>/<name>/`` of `judgetrain eval`; a run folder means its latest evaluation. Each suite and mode present in
-both is read into per-item figures (`judgetrain.eval.metrics.Items`), paired by item, and every figure gets A, B and
+both is read into per-item figures (`judgetrain.eval.stats.Items`), paired by item, and every figure gets A, B and
 B - A with their intervals from the same bootstrap resamples, and a p-value: the exact sign test where its items are
-right or wrong, else the paired sign-flip test (`judgetrain.eval.metrics.paired_difference`). Both resample and count
+right or wrong, else the paired sign-flip test (`judgetrain.eval.stats.paired_difference`). Both resample and count
 each suite's unit of independence (`UNITS`), not its rows.
 
-What each suite's records give (the row files' fields):
-- rmbench (implicit, judge): ``id``, ``domain``, ``score_chosen`` / ``score_rejected`` (3 each) -> RM-Bench's figures
-  and the style spread, resampled by prompt within domains; generate: the 6 parsed scores of ``outputs``.
-- judgebias (implicit: chosen > rejected; judge: the judge's score closer to the chosen evaluation's): ``<category>/
-  accuracy``, judge mode also ``represent/anchor_mae`` and ``error/detect_rate``; generate: ``represent/
-  within_half_rate`` and ``error/detect_rate`` of the parsed score (unread: a failure).
-- ideation: ``accuracy`` per row (a pair's two orders resampled together) and ``position_consistency`` per pair;
-  generate: ``accuracy`` of the verdicts written.
-- judgebench and pairwise (records with ``label`` "A>B" / "B>A", ``source`` or ``category`` and ``verdicts``, the
-  judge's verdicts as shown, the second about the swapped presentation) -> `judgetrain.eval.metrics.judgebench_items`;
-  evalbiasbench (``bias``, ``label`` 1 / 2 or "A>B" / "B>A", ``predictions``) -> `evalbiasbench_items`. Records
-  without their verdicts are not compared (said in ``skipped``).
+What each suite's records give is read by its class (`judgetrain.eval.benchmarks`, `Suite.items`): RM-Bench's
+figures resampled by prompt within domains, JudgeBias's by sample within a perturbation set, Ideation's by pair, the
+pairwise suites' by pair (records without their verdicts are not compared, said in ``skipped``).
 """
 
 from __future__ import annotations
@@ -35,47 +26,22 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from judgetrain.config.directions import direction
 from judgetrain.config.recipe import PROXY_MODES, did_you_mean
-from judgetrain.eval.metrics import (
-    N_RESAMPLES,
-    POSITION_FIGURES,
-    Items,
-    evalbiasbench_items,
-    judgebench_items,
-    paired_difference,
-    rmbench_items,
-    smallest_p,
-)
+from judgetrain.config.suites import registered
+from judgetrain.eval.benchmarks import SuiteFacts, get_suite
+from judgetrain.eval.stats import N_RESAMPLES, Items, paired_difference, smallest_p
 from judgetrain.utils.errors import BadInputError
 
 logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 # The figures printed first, per suite (the JSON holds every figure); a category's figures follow its suite's.
-HEADLINE = {
-    "rmbench": ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc", "style_spread"),
-    "judgebias": ("error/accuracy", "represent/accuracy", "represent/anchor_mae", "error/detect_rate",
-                  "represent/within_half_rate"),
-    "ideation": ("accuracy", "position_consistency"),
-    "judgebench": ("accuracy", "knowledge/accuracy", "reasoning/accuracy", "math/accuracy", "coding/accuracy",
-                   "inconsistent_rate", *POSITION_FIGURES),
-    "pairwise": ("accuracy", "inconsistent_rate", *POSITION_FIGURES),
-    "evalbiasbench": ("single_acc", "pair_acc", "agreement", *POSITION_FIGURES),
-}
+HEADLINE = SuiteFacts("headline")
 # Each suite's unit of independence: what one bootstrap draw and one count of the paired test are. Rows of one unit
 # share what makes them alike (the same prompt, the same pair in another order), so counting them apart would claim
 # more evidence than the data holds.
-UNITS = {
-    "rmbench": "a prompt (its 3 chosen and 3 rejected styles: one record)",
-    "judgebias": "a sample within a perturbation set (its rows at each perturbation rate)",
-    "ideation": "a pair (both orders)",
-    "judgebench": "a pair (both presentations: one record)",
-    "pairwise": "a pair (both presentations: one record)",
-    "evalbiasbench": "a pair (both presentations: one record)",
-}
+UNITS = SuiteFacts("unit")
 REGRESSION_ALPHA = 0.05  # the default of the recipe key eval_regression_alpha
 
 
@@ -275,113 +241,6 @@ def suite_items(suite: str, mode: str, records: list[dict]) -> tuple[Items | Non
     """(the per-item figures of one suite's records in one mode, None) or (None, why they cannot be compared)."""
     if not records:
         return None, "no records"
-    if suite in ("judgebench", "pairwise", "evalbiasbench"):  # a row the engine skipped (too long) is not an item
-        records = [r for r in records if not r.get("skipped")]
-    if suite == "rmbench":
-        return rmbench_items(_rmbench_rows(records, mode)), None
-    if suite == "judgebias":
-        return _judgebias(records, mode), None
-    if suite == "ideation":
-        return _ideation(records, mode), None
-    if suite in ("judgebench", "pairwise"):
-        if not all("verdicts" in r or "scores" in r for r in records):
-            return None, "its records carry no verdicts"
-        return judgebench_items([{**r, "id": _key(r)} for r in records]), None
-    if suite == "evalbiasbench":
-        if not all("predictions" in r for r in records):
-            return None, "its records carry no predictions"
-        return evalbiasbench_items([{**r, "id": _key(r), "label": _label_number(r["label"])} for r in records]), None
-    return None, "a suite compare does not know"
-
-
-def _key(record: dict) -> Any:
-    """An item's identity across two evaluations of the same rows."""
-    return record.get("id") if record.get("id") is not None else (record.get("row_index"), record.get("pair_id"))
-
-
-def _label_number(label: Any) -> Any:
-    return {"A>B": 1, "B>A": 2}.get(label, label)
-
-
-def _nan(value: Any) -> float:
-    return math.nan if value is None else float(value)
-
-
-def _rmbench_rows(records: list[dict], mode: str) -> list[dict]:
-    if mode != "generate":
-        return [r for r in records if r.get("score_chosen") is not None and r.get("score_rejected") is not None]
-    out = []
-    for r in records:
-        scores = [_nan(o.get("score")) for o in r["outputs"]]
-        out.append({"id": r.get("id"), "domain": r.get("domain"), "score_chosen": scores[:3],
-                    "score_rejected": scores[3:]})
-    return out
-
-
-def _judgebias(records: list[dict], mode: str) -> Items:
-    keys, cats, right, units, extra = [], [], [], [], {"represent/anchor_mae": [], "error/detect_rate": [],
-                                            "represent/within_half_rate": []}
-    records = [r for r in records if not r.get("skipped")]
-    for r in records:
-        keys.append((r.get("row_index"), r.get("sample_id"), r.get("perturbation_type")))
-        sample = r.get("sample_id")  # a row without its sample is its own unit
-        units.append(f"row {r.get('row_index')!r}" if sample is None else f"{sample!r}|{r.get('perturbation_type')}")
-        cat = r.get("perturbation_category")
-        cats.append(cat)
-        anchor = _nan(r.get("anchor_score"))
-        if mode == "generate":
-            score = _nan(r["outputs"][0].get("score"))
-            right.append(math.nan)
-            within = float(abs(score - anchor) <= 0.5) if cat == "represent" else math.nan  # NaN compares False
-            extra["represent/within_half_rate"].append(within)
-            extra["error/detect_rate"].append(float(score < anchor) if cat == "error" else math.nan)
-            extra["represent/anchor_mae"].append(abs(score - anchor) if cat == "represent" else math.nan)
-            continue
-        chosen, rejected = _nan(r.get("score_chosen")), _nan(r.get("score_rejected"))
-        if mode == "judge":
-            judge = _nan(r.get("judge_score"))
-            right.append(float(abs(judge - chosen) < abs(judge - rejected)))
-            extra["represent/anchor_mae"].append(abs(judge - anchor) if cat == "represent" else math.nan)
-            extra["error/detect_rate"].append(float(judge <= anchor - 0.5) if cat == "error" else math.nan)
-        else:
-            right.append(float(chosen > rejected))
-    cats_arr, right_arr = np.asarray(cats, dtype=object), np.asarray(right, dtype=np.float64)
-    values: dict[str, np.ndarray] = {}
-    if mode != "generate":
-        for cat in sorted({c for c in cats if c is not None}):
-            values[f"{cat}/accuracy"] = np.where(cats_arr == cat, right_arr, np.nan)
-    for name, column in extra.items():
-        arr = np.asarray(column, dtype=np.float64)
-        if len(arr) and np.isfinite(arr).any():
-            values[name] = arr
-    binary = tuple(k for k in values if not k.endswith("anchor_mae"))
-    return Items(keys, values, clusters=np.asarray(units, dtype=object), binary=binary)
-
-
-def _ideation(records: list[dict], mode: str) -> Items:
-    keys, right, pairs = [], [], []
-    if mode == "generate":
-        for r in records:
-            pair = r.get("pair_id")
-            for o in r["outputs"]:
-                keys.append((r.get("row_index"), pair, o.get("order")))
-                right.append(float(o.get("choice") is not None and o.get("choice") == o.get("preferred")))
-                pairs.append(pair)
-        return Items(keys, {"accuracy": np.asarray(right)}, clusters=np.asarray(pairs, dtype=object),
-                     binary=("accuracy",))
-    records = [r for r in records if not r.get("skipped")]
-    by_pair: dict[Any, dict[str, float]] = {}
-    for r in records:
-        ok = float(_nan(r.get("score_chosen")) > _nan(r.get("score_rejected")))
-        pair = r.get("pair_id") if r.get("pair_id") is not None else r.get("row_index")
-        keys.append((r.get("row_index"), r.get("sample_id"), r.get("order")))
-        right.append(ok)
-        pairs.append(pair)
-        if r.get("order") in ("AB", "BA"):
-            by_pair.setdefault(pair, {})[r["order"]] = ok
-    values = {"accuracy": np.asarray(right, dtype=np.float64)}
-    if by_pair:  # a pair's consistency counted once, on its AB row
-        values["position_consistency"] = np.asarray(
-            [float(by_pair[p]["AB"] == by_pair[p]["BA"]) if r.get("order") == "AB" and len(by_pair[p]) == 2
-             else math.nan for p, r in zip(pairs, records)], dtype=np.float64)
-    return Items(keys, values, clusters=np.asarray([str(p) for p in pairs], dtype=object), binary=tuple(values))
+    if registered(suite) is None:
+        return None, "a suite compare does not know"
+    return get_suite(suite).items(records, mode)

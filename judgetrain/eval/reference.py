@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM
 
 from judgetrain.config.recipe import RecipeError
 from judgetrain.eval.scoring import ScoringEngine, shard_indices
-from judgetrain.eval.suites import SuiteSpec, build_request, load_suite_rows
+from judgetrain.eval.suites import SuiteSpec, build_request
 from judgetrain.utils.files import write_json
 
 logger = logging.getLogger(__name__)
@@ -54,9 +54,7 @@ def score_reference(engine: ScoringEngine, specs: list[SuiteSpec], state: Any) -
     try:
         with engine.computing_reference(), torch.no_grad():  # the live training model: no inference tensors (ZeRO-3 gathers params here)
             for spec in specs:
-                if spec.rows is None:
-                    spec.rows = load_suite_rows(spec)
-                    spec.max_rows = None
+                spec.load_rows()
                 mine = shard_indices(len(spec.rows), rank, world)
                 requests = []
                 for i in mine:

@@ -31,7 +31,6 @@ from judgetrain.eval.suites import (
     build_requests,
     generate_metrics,
     generate_prompts,
-    load_suite_rows,
     select_rows,
     suite_metrics,
 )
@@ -75,10 +74,8 @@ class SuiteResult:
 
 
 def _rows(spec: SuiteSpec) -> list[dict]:
-    if spec.rows is None:
-        spec.rows = load_suite_rows(spec)  # the cap is applied here once; later calls keep these rows
-        spec.max_rows = None
-    return list(spec.rows) if not isinstance(spec.rows, list) else spec.rows
+    rows = spec.load_rows()  # the cap is applied here once; later calls keep these rows
+    return list(rows) if not isinstance(rows, list) else rows
 
 
 def _requests(spec: SuiteSpec, rows: list[dict], mode: str, indices: list[int] | None = None) -> tuple[list, int]:

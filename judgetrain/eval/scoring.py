@@ -51,6 +51,7 @@ from judgetrain.data.chat import chat_ids, control_pattern, neutral_messages, te
 from judgetrain.data.tokenise import checked_tokens, pair_tokeniser
 from judgetrain.eval.batching import MIN_FILL, budget_batches, common_prefix_length
 from judgetrain.eval.merged import merged_lora
+from judgetrain.eval.requests import Request, RowScore  # noqa: F401 (the engine's request and answer, defined without torch)
 from judgetrain.eval.sharing import SharedScorer, count_forwards, plan_rows
 from judgetrain.models.attention import prefix_sharing_problem
 from judgetrain.models.templates import assistant_prefix
@@ -60,32 +61,6 @@ logger = logging.getLogger(__name__)
 LONG_INPUT_MODES = ("truncate_prompt", "skip")
 DEFAULT_JUDGE_PREFIX = '```json\n{\n  "overall_score": '
 DEFAULT_SCORE_VALUES = tuple(x / 2 for x in range(2, 11))  # 1, 1.5, ..., 5
-
-
-@dataclass
-class Request:
-    """What one row asks the engine to score.
-
-    kind ``implicit``/``loglik``: ``prompt`` (messages list or plain string) and ``responses`` (each an assistant
-    message list, or a string). kind ``judge``: ``judge_prompts``, each a messages list that a judge answers.
-    """
-
-    kind: str
-    prompt: Any = None
-    responses: Sequence[Any] = ()
-    judge_prompts: Sequence[Any] = ()
-    row_index: int | None = None  # global row index (set by score_sharded)
-    cache_key: str | None = None  # names the row across evals (set by runner.evaluate): its token ids are kept
-
-
-@dataclass
-class RowScore:
-    """The engine's answer for one row: ``scores`` (one float per response, None when the row was skipped)."""
-
-    scores: list[float] | None
-    truncated: bool = False
-    skipped: bool = False
-    no_reference: bool = False  # implicit: the frozen reference cache has no value for it (skipped, counted apart)
 
 
 @dataclass
