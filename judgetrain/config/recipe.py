@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from judgetrain.config.directions import greater_is_better
 from judgetrain.config.packaged import packaged_names, resolve_packaged
 from judgetrain.config.suites import DEFAULT as DEFAULT_SUITES
-from judgetrain.config.suites import check_suite_name, example_figure, registered
+from judgetrain.config.suites import check_eval_schedule, check_suite_name, default_eval_strategy, suite_names
 from judgetrain.utils.device import has_accelerator
 from judgetrain.utils.errors import RecipeError
 
@@ -289,10 +288,11 @@ class EvalArguments:
         self.eval_suites = suite_names(self.eval_suites)
         if not isinstance(self.eval_suites, list):
             raise RecipeError(f"eval_suites: a list of suite names, got {self.eval_suites!r}")
+        defaults = {f.name: f.default for f in fields(self)}
         for suite in self.eval_suites:
             check_suite_name(suite)
-            cls = registered(suite)  # a suite without a bundled copy needs a source (checked again when it loads)
-            if cls is not None and cls.bundled is None and not getattr(self, f"eval_{suite}_source", ""):
+            key = f"eval_{suite}_source"  # None by default: no bundled copy (refused again when its rows load)
+            if key in defaults and defaults[key] is None and not getattr(self, key):
                 raise RecipeError(f"eval_suites names {suite}: set eval_{suite}_source (a file, folder or hub id)")
         if self.eval_pairwise_columns is not None and not isinstance(self.eval_pairwise_columns, dict):
             raise RecipeError(f"eval_pairwise_columns: a mapping field: column, got {self.eval_pairwise_columns!r}")
@@ -351,17 +351,6 @@ def scoring_modes(value: Any) -> list[str]:
     if not modes:
         raise RecipeError(f"eval_scoring: name at least one mode ({', '.join(SCORING_MODES)})")
     return modes
-
-
-def suite_names(value: Any) -> Any:
-    """eval_suites as a list of names: ``rmbench,judgebias`` split at commas, ``none`` / ``[]`` / ``""`` give []
-    (``--eval_suites none`` turns evaluation off). A value that is no list of names is returned as it is."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)):
-        return value
-    names = [part.strip() for item in value for part in str(item).split(",") if part.strip()]
-    return [] if [n.lower() for n in names] in (["none"], ["[]"]) else names
 
 
 RENAMED_EVAL_FLAGS = {  # `judgetrain eval`'s flags before they took the recipe's names: --suites, --max-rows, ...
@@ -769,59 +758,6 @@ def check_batch_groups(script_args, training_args, recipe_path=None) -> None:
         where = f"recipe {recipe_path}: " if recipe_path else ""
         raise RecipeError(f"{where}batch_groups: true keeps each group's rows in one batch, but "
                           f"train_sampling_strategy: {strategy} reorders them; leave it unset or set sequential")
-
-
-def default_eval_strategy(options: dict[str, Any]) -> str:
-    """eval_strategy when the recipe leaves it unset: steps with eval_steps, else epoch, when suites are set."""
-    if not suite_names(options.get("eval_suites", list(DEFAULT_SUITES))):
-        return "no"
-    return "steps" if options.get("eval_steps") else "epoch"
-
-
-def check_eval_schedule(script_args, training_args, recipe_path=None, greater_given: bool = False) -> None:
-    """The eval schedule (TrainingArguments' keys) asks only for what the suites can give: judgetrain has no
-    eval_dataset, its evaluation is the suites. metric_for_best_model may be spelt as metrics.jsonl shows it
-    (``eval/rmbench/total_avg_acc``), as Trainer looks it up (``eval_rmbench/total_avg_acc``) or without the prefix;
-    ``greater_is_better`` follows the figure's direction (`judgetrain.config.directions`: ``style_spread`` lower),
-    and a recipe that sets it (``greater_given``) the other way, or names a figure best at a value, is refused.
-    ``eval_suites: none`` turns the evaluation off, the baseline before the first step (``eval_on_start``) with it,
-    said in one line: a recipe that scores its start (the quickstart) runs without evaluating by that one key."""
-    where = f"recipe {recipe_path}: " if recipe_path else ""
-    suites = script_args.eval_suites
-    if not suites and training_args.eval_on_start:
-        training_args.eval_on_start = False
-        if os.environ.get("RANK", "0") == "0":  # parsed on every process of a launch: said once
-            logger.info("eval_suites is empty: no evaluation, eval_on_start's baseline included")
-    if not suites:
-        asks = {"eval_strategy": training_args.eval_strategy != "no",
-                "load_best_model_at_end": training_args.load_best_model_at_end,
-                "save_strategy": training_args.save_strategy == "best"}
-        asked = [key for key, on in asks.items() if on]
-        if asked:
-            value = getattr(training_args, asked[0])
-            raise RecipeError(f"{where}{asked[0]}: {getattr(value, 'value', value)} asks for evaluations, but "
-                              f"eval_suites is empty: name the suites to score, or drop {asked[0]}")
-        return
-    metric = training_args.metric_for_best_model
-    if metric is None or training_args.eval_strategy == "no":
-        return
-    name = str(metric).removeprefix("eval/").removeprefix("eval_")
-    if name.split("/", 1)[0] not in suites:
-        default = " (TrainingArguments' default with load_best_model_at_end)" if metric == "loss" else ""
-        raise RecipeError(
-            f"{where}metric_for_best_model: {metric!r}{default} is not a figure of the eval suites "
-            f"({', '.join(suites)}): name one as metrics.jsonl shows it, e.g. "
-            f"eval/{suites[0]}/{example_figure(suites[0])}")
-    try:
-        greater = greater_is_better(name)
-    except ValueError as e:
-        raise RecipeError(f"{where}metric_for_best_model: {e}") from None
-    if greater_given and bool(training_args.greater_is_better) != greater:
-        raise RecipeError(f"{where}greater_is_better: {training_args.greater_is_better}, but {name} is "
-                          f"{'higher' if greater else 'lower'}-is-better: drop greater_is_better (it follows the "
-                          "figure) or choose another metric_for_best_model")
-    training_args.greater_is_better = greater
-    training_args.metric_for_best_model = "eval_" + name  # the key Trainer and its callbacks look up
 
 
 def save_recipe(resolved: dict, path: str | os.PathLike, command: str | None = None) -> None:

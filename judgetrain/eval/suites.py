@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from judgetrain.config.suites import suite_names
+from judgetrain.config.suites import known_suites
 from judgetrain.data.pairwise import check_template
 from judgetrain.eval.benchmarks import get_suite
 from judgetrain.eval.benchmarks.base import RUBRIC_SYSTEM, rubric_prompt  # noqa: F401 (imported from here)
@@ -34,13 +34,13 @@ from judgetrain.utils.errors import RecipeError
 
 logger = logging.getLogger(__name__)
 
-SUITES = suite_names()  # judgetrain's own suites (a suite registered later is known to `suite_names`)
+SUITES = known_suites()  # judgetrain's own suites (a suite registered later is known to `known_suites`)
 PAIRWISE_SUITES = tuple(n for n in SUITES if get_suite(n).pairwise)  # a prompt, two responses: verdict mode
 
 
 def pairwise_suites() -> tuple[str, ...]:
     """Every registered suite scored in verdict mode."""
-    return tuple(n for n in suite_names() if get_suite(n).pairwise)
+    return tuple(n for n in known_suites() if get_suite(n).pairwise)
 
 
 @dataclass
@@ -66,8 +66,8 @@ class SuiteSpec:
     prompt: str | None = None  # pairwise suites, verdict and generate modes: the user template (default PAIRWISE_USER)
 
     def __post_init__(self):
-        if self.name not in suite_names():
-            raise ValueError(f"unknown eval suite {self.name!r}; valid: {', '.join(suite_names())}")
+        if self.name not in known_suites():
+            raise ValueError(f"unknown eval suite {self.name!r}; valid: {', '.join(known_suites())}")
 
     @property
     def suite(self) -> Any:

@@ -34,6 +34,8 @@ import numpy as np
 
 from judgetrain.config.directions import direction, rank_score
 from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
+from judgetrain.config.suites import registered, known_suites
+from judgetrain.eval.benchmarks import Suite, SuiteFacts
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
 from judgetrain.report import rounds
@@ -52,17 +54,19 @@ TRAIN_KEYS = (
     ("train/rewards/margins", "reward margin (chosen - rejected)"),
     ("train/rewards/accuracies", "reward accuracy"),
 )
-SUITE_RANK = {"rmbench": 0, "judgebias": 1, "ideation": 2}
 METRIC_RANK = {"hard_acc": 0, "normal_acc": 1, "easy_acc": 2, "avg_acc": 3, "total_avg_acc": 3, "style_gap": 4,
                "accuracy": 0, "margin": 1, "detect_rate": 2, "anchor_mae": 3, "position_consistency": 1}
 # engine counters and timings logged under eval/: not quality metrics, kept out of tables and curves
 # the figures of a suite's table of proxies beside what the judge writes, in reading order
-GENERATED_FIGURES = {
-    "rmbench": ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc"),
-    "judgebias": ("represent/accuracy", "error/accuracy", "represent/anchor_mae", "represent/within_half_rate",
-                  "error/detect_rate", "error/mean_drop"),
-    "ideation": ("accuracy", "position_consistency", "first_position_rate"),
-}
+GENERATED_FIGURES = SuiteFacts("generate_table")  # per suite: its figures beside what the judge writes
+
+
+def suite_rank() -> dict[str, int]:
+    """{suite: its place} of the suites whose curves the report draws in panels of their own (`Suite.curves`), in the
+    registry's order; any other suite's logged figures go to the panel of other eval metrics."""
+    return {name: i for i, name in enumerate(n for n in known_suites() if getattr(registered(n), "curves", False))}
+
+
 GENERATED_COMMON = ("parse_rate", "agreement", "stopped_rate", "mean_tokens", "n_generated")
 
 
@@ -175,12 +179,10 @@ def read_metrics(path: str | Path, notes: list[str] | None = None) -> dict[int, 
 
 def _row_key(suite: str, row: Mapping[str, Any]) -> Any:
     """Identity of a per-row record, to drop rows written twice (an eval re-run after a resume appending to the
-    same file): the suite's row index, else the RM-Bench id; None (keep every row) when neither is there."""
-    if row.get("row_index") is not None:
-        return ("row_index", row["row_index"])
-    if suite == "rmbench" and row.get("id") is not None:
-        return ("id", row["id"])
-    return None
+    same file): the suite's row index, else what the suite names a row by (`Suite.row_key`: RM-Bench's id); None
+    (keep every row) when neither is there."""
+    cls = registered(suite) or Suite
+    return cls().row_key(row)
 
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
@@ -254,7 +256,7 @@ def _metric_order(key: str) -> tuple:
     middle = parts[2:-1]
     domain_rank = {"chat": 0, "math": 1, "code": 2, "safety": 3}
     group = (0, "") if not middle else (1 + (middle[0] == "type"), domain_rank.get(middle[-1], 9), "/".join(middle))
-    return (SUITE_RANK.get(suite, 9), suite, group, METRIC_RANK.get(parts[-1], 9), key)
+    return (suite_rank().get(suite, 9), suite, group, METRIC_RANK.get(parts[-1], 9), key)
 
 
 def eval_steps_of(run: Run) -> list[int]:
@@ -431,13 +433,13 @@ def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
     add("ideation.png", "Research-ideation test accuracy (and position consistency in pairwise mode)" + label,
         _curves_figure(runs, [(k[len("eval/"):], [(k, _key_fn(k))]) for k in idea_keys], markers=True,
                        unit="accuracy", title="Ideation"))
-    other = [k for k in keys if k.split("/")[1] not in SUITE_RANK]
+    other = [k for k in keys if k.split("/")[1] not in suite_rank()]
     add("eval_other.png", "Other logged eval metrics" + label,
         _curves_figure(runs, [(k, [(k, _key_fn(k))]) for k in other], markers=True, title="other eval metrics"))
     add("generate.png", "Generate mode per eval point: share of the judge's written evaluations whose score (or "
         "verdict) could be read, and the Spearman agreement of the written score with judge mode's expected score"
         + label,
-        _curves_figure(runs, [(title, [(suite, _key_fn(f"eval/{suite}/generate/{fig}")) for suite in SUITE_RANK])
+        _curves_figure(runs, [(title, [(suite, _key_fn(f"eval/{suite}/generate/{fig}")) for suite in suite_rank()])
                               for fig, title in (("parse_rate", "parse rate"), ("agreement", "agreement (Spearman)"))],
                        markers=True, title="what the judge writes"))
     add("rounds.png", rounds.CAPTION, rounds.round_table_figure([run.path for run in runs]))  # a loop's round table
@@ -463,7 +465,7 @@ def generated_tables(run: Run) -> list[dict[str, Any]]:
     rec = run.records[step]
     bare = _bare_mode(run)
     out = []
-    for suite in SUITE_RANK:
+    for suite in suite_rank():
         if not any(k.startswith(f"eval/{suite}/generate/") for k in rec):
             continue
         modes = [m for m in ("implicit", "judge") if m == bare or any(k.startswith(f"eval/{suite}/{m}/") for k in rec)]
@@ -491,7 +493,7 @@ def _matrix_figures(runs: Sequence[Run]) -> list[tuple[str, str, Any, str]]:
     for run in runs:
         prefix = "rmbench_matrix_" + ("" if len(runs) == 1 else _slug(run.name) + "_")
         for step, suites in sorted(run.eval_rows.items()):
-            rows = suites.get("rmbench")
+            rows = [r for name, rs in suites.items() if getattr(registered(name), "matrices", False) for r in rs]
             if not rows:
                 continue
             mats = rmbench_matrices(rows)

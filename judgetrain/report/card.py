@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from judgetrain.config.suites import registered, known_suites
+from judgetrain.eval.benchmarks import Suite
 from judgetrain.report.headline import (Headline, against_base, against_base_lines, headline, headline_note,
                                         headline_table)
 from judgetrain.utils.files import read_json, write_lines
@@ -34,17 +36,6 @@ from judgetrain.utils.hub import is_hub_id, is_url
 logger = logging.getLogger(__name__)
 
 CARD_FILE = "README.md"
-_SUITE_DATA = {  # eval suite -> (its name, the hub dataset it comes from, what the bundled sample is)
-    "rmbench": ("RM-Bench", "THU-KEG/RM-Bench", "a bundled subset of THU-KEG/RM-Bench"),
-    "judgebias": ("JudgeBias validation", "iknow-lab/JudgeBias-DPO-RefFree",
-                  "judgetrain's bundled synthetic sample in the JudgeBias-DPO-RefFree schema"),
-    "ideation": ("Ideation test", "tintin1027/research-ideation-arena-si-rm",
-                 "judgetrain's bundled synthetic sample in the Research Ideation Arena schema"),
-    "evalbiasbench": ("EvalBiasBench (OffsetBias)", "evalbiasbench", "no bundled copy"),  # on GitHub only
-    "judgebench": ("JudgeBench", "ScalerLab/JudgeBench", "no bundled copy"),
-    "pairwise": ("held-out pairs", "held-out-pairs", "no bundled copy"),
-}
-_TRAIN_HUB = {"judgebias": "iknow-lab/JudgeBias-DPO-RefFree", "ideation": "tintin1027/research-ideation-arena-si-rm"}
 _CACHE_DIR = re.compile(r"(?:^|/)models--([\w.-]+)--([\w.-]+)(?:/|$)")
 
 
@@ -83,8 +74,9 @@ def _training_data(recipe: Mapping[str, Any], audit: Mapping[str, Any]) -> tuple
     hub_ids, lines = [], ["| dataset | source | split | options | rows trained on |", "|---|---|---|---|---|"]
     for comp in recipe.get("train_datasets") or []:
         name = str(comp.get("dataset"))
-        bundled = f"judgetrain's bundled synthetic sample in the {_TRAIN_HUB.get(name, name)} schema"
-        hub, shown = _source(comp.get("source"), _TRAIN_HUB.get(name), bundled)
+        train_hub = getattr(registered(name), "train_hub", None)  # an eval suite of the same schema knows its hub id
+        bundled = f"judgetrain's bundled synthetic sample in the {train_hub or name} schema"
+        hub, shown = _source(comp.get("source"), train_hub, bundled)
         if hub:
             hub_ids.append(hub)
         options = ", ".join(f"{k}={v}" for k, v in comp.items() if k not in ("dataset", "source", "split")) or "-"
@@ -125,7 +117,8 @@ def _recipe_lines(recipe: Mapping[str, Any], current: Mapping[str, Any]) -> list
 
 
 def _suite_dataset(suite: str, recipe: Mapping[str, Any]) -> dict[str, Any]:
-    name, hub, bundled = _SUITE_DATA[suite]
+    cls = registered(suite) or Suite  # its name, the hub dataset it comes from, what the bundled sample is
+    name, hub, bundled = cls.title or suite, cls.hub or suite, cls.bundled or "no bundled copy"
     source = str(recipe.get(f"eval_{suite}_source") or "bundled")
     if source == "bundled":
         return {"name": f"{name} ({bundled})", "type": hub}
@@ -142,7 +135,7 @@ def model_index(name: str, head: Headline | None, which: str, recipe: Mapping[st
     if head is None:
         return []
     results = []
-    for suite in _SUITE_DATA:
+    for suite in known_suites():
         metrics = [{"type": "accuracy" if r["metric"].endswith("acc") or r["metric"].endswith("accuracy")
                     else "parse_rate", "name": r["label"], "value": round(r[which], 4)}
                    for r in head.rows if r["metric"].split("/")[1] == suite and r[which] is not None]

@@ -12,20 +12,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from judgetrain.config.suites import registered, suite_names
+from judgetrain.config.suites import registered, known_suites
 from judgetrain.eval.benchmarks import (evalbiasbench, ideation, judgebench, judgebias,  # noqa: F401 (each registers its suite)
                                    pairwise, rmbench)
 from judgetrain.eval.benchmarks.base import Suite
 from judgetrain.utils.errors import RecipeError
 
-__all__ = ["Suite", "SuiteFacts", "get_suite", "suite_names"]
+__all__ = ["Suite", "SuiteFacts", "get_suite", "known_suites"]
 
 
 def get_suite(name: str) -> Suite:
     """The suite registered under ``name`` (RecipeError naming the valid ones for any other)."""
     cls = registered(name)
     if cls is None:
-        raise RecipeError(f"unknown eval suite {name!r}; valid: {', '.join(suite_names())}")
+        raise RecipeError(f"unknown eval suite {name!r}; valid: {', '.join(known_suites())}")
     return cls()
 
 
@@ -43,7 +43,7 @@ class SuiteFacts(Mapping):
         return getattr(cls, self.attr)
 
     def __iter__(self) -> Iterator[str]:
-        return (n for n in suite_names() if registered(n) is not None)
+        return (n for n in known_suites() if registered(n) is not None)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)

@@ -97,6 +97,7 @@ class Suite:
     generate_table: ClassVar[tuple[str, ...]] = ()  # the report's table of figures beside what the judge writes
     bare_figures: ClassVar[tuple[str, ...]] = ()  # the top-level keys `log_figures` names itself
     matrices: ClassVar[bool] = False  # the report draws its 3x3 style matrices
+    curves: ClassVar[bool] = False  # the report draws its figures' curves in panels of their own
 
     # ------------------------------------------------------------------------------------------------ rows
     def source(self, spec: Any) -> Any:

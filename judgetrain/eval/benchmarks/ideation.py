@@ -136,6 +136,7 @@ class Ideation(Suite):
     takes_mode = True
     unit = "a pair (both orders)"
     headline = FIGURES
+    curves = True
     generate_table = ("accuracy", "position_consistency", "first_position_rate")
     bare_figures = FIGURES
 

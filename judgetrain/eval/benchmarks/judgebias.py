@@ -184,6 +184,7 @@ class JudgeBias(Suite):
     headline = ("error/accuracy", "represent/accuracy", "represent/anchor_mae", "error/detect_rate",
                 "represent/within_half_rate")
     example_figure = "error/accuracy"
+    curves = True
     generate_table = ("represent/accuracy", "error/accuracy", "represent/anchor_mae", "represent/within_half_rate",
                       "error/detect_rate", "error/mean_drop")
 

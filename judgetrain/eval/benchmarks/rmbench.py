@@ -190,6 +190,7 @@ class RMBench(Suite):
     unit = "a prompt (its 3 chosen and 3 rejected styles: one record)"
     headline = ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc", "style_spread")
     example_figure = "total_avg_acc"
+    curves = True
     generate_table = FIGURES
     bare_figures = FIGURES
     matrices = True
