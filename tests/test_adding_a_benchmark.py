@@ -90,6 +90,7 @@ def test_a_suite_defined_outside_runs_through_eval_compare_report_and_the_round_
     from judgetrain.cli.eval import main as eval_main
     from judgetrain.cli.report import main as report_main
     from judgetrain.loop.table import write_round_table
+    from judgetrain.report.rounds import round_table_figure
 
     base, adapter = judges
     loop = tmp_path / "loop"
@@ -118,7 +119,9 @@ def test_a_suite_defined_outside_runs_through_eval_compare_report_and_the_round_
     assert "toysuite/accuracy" in (loop / "rounds.md").read_text()
 
     assert report_main([str(loop), "--output-dir", str(tmp_path / "report")]) == 0
-    assert "toysuite/accuracy" in (tmp_path / "report" / "report.md").read_text()
+    assert "rounds.png" in (tmp_path / "report" / "report.md").read_text()
+    drawn = round_table_figure([loop])  # the report's panels of the round table: one per figure
+    assert "toysuite/accuracy" in [ax.get_title() for ax in drawn.axes]
 
 
 def test_a_name_that_is_no_suite_is_refused_with_the_registered_ones(toy_suite):
