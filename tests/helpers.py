@@ -256,3 +256,22 @@ def expected_dry_run_refusals(recipe: Path, output_dir: Path) -> tuple[set[str],
 def refusal_kinds(preflight: list[str]) -> list[str]:
     """The kind of each preflight line (REFUSAL_KINDS), "other" for a line of none of them."""
     return [next((k for k, m in REFUSAL_KINDS.items() if m in line), "other") for line in preflight]
+
+
+def tiny_judge_and_adapter(folder: Path) -> tuple[Path, Path]:
+    """(the small tiny judge, a LoRA adapter on it) under ``folder``: the adapter random, not zero, so that its scores
+    differ from the base's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from judgetrain.models.tiny import build_tiny_judge
+
+    from test_eval_cli import SMALL
+
+    base = build_tiny_judge(Path(folder) / "base", seed=0, config=SMALL)
+    torch.manual_seed(1)
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base),
+                   LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).save_pretrained(
+        Path(folder) / "adapter")
+    return Path(base), Path(folder) / "adapter"

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from judgetrain.config.suites import register, unregister
 from judgetrain.eval.benchmarks import Suite
@@ -18,6 +17,8 @@ from judgetrain.eval.benchmarks.base import rubric_prompt
 from judgetrain.eval.requests import Request, RowScore
 from judgetrain.eval.stats import Items
 from judgetrain.utils.errors import BadInputError
+
+from helpers import tiny_judge_and_adapter
 
 ROWS = Path(__file__).parent / "fixtures" / "toy_suite.jsonl"  # six questions, a right and a wrong answer each
 
@@ -70,19 +71,7 @@ def toy_suite():
 @pytest.fixture
 def judges(tmp_path):
     """The tiny judge and a LoRA adapter on it (random, not zero: its scores differ from the base's)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from judgetrain.models.tiny import build_tiny_judge
-
-    from test_eval_cli import SMALL
-
-    base = build_tiny_judge(tmp_path / "base", seed=0, config=SMALL)
-    torch.manual_seed(1)
-    get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                   LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).save_pretrained(
-        tmp_path / "adapter")
-    return base, tmp_path / "adapter"
+    return tiny_judge_and_adapter(tmp_path)
 
 
 def test_a_suite_defined_outside_runs_through_eval_compare_report_and_the_round_table(tmp_path, toy_suite, judges):

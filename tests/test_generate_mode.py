@@ -216,20 +216,11 @@ def test_generation_gets_the_scoring_max_length_for_its_prompt_and_max_new_token
 
 
 def test_judgetrain_eval_implicit_and_generate_on_the_tiny_judge(tmp_path):
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
     from judgetrain.cli.eval import main
-    from judgetrain.models.tiny import build_tiny_judge
 
-    from test_eval_cli import SMALL
+    from helpers import tiny_judge_and_adapter
 
-    base = build_tiny_judge(tmp_path / "base", seed=0, config=SMALL)
-    torch.manual_seed(1)
-    get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                   LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).save_pretrained(
-        tmp_path / "adapter")
+    tiny_judge_and_adapter(tmp_path)
     out = tmp_path / "out"
     assert main(["--model", str(tmp_path / "adapter"), "--eval_scoring", "implicit", "generate", "--eval_max_rows", "2",
                  "--eval_generate_max_rows", "1", "--eval_generate_max_new_tokens", "4", "--max-length", "384",

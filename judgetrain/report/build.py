@@ -388,8 +388,8 @@ def _rmbench_groups(runs: Sequence[Run]) -> list[tuple[str, str]]:
 def _type_categories(runs: Sequence[Run]) -> dict[str, str]:
     out = {}
     for run in runs:
-        for suites in run.eval_rows.values():
-            for row in suites.get("judgebias", []):
+        for suites in run.eval_rows.values():  # the rows of a suite of perturbation types (JudgeBias's)
+            for row in (r for rows in suites.values() for r in rows):
                 if row.get("perturbation_type") is not None:
                     out[str(row["perturbation_type"])] = str(row.get("perturbation_category", ""))
     return out

@@ -148,8 +148,8 @@ class Suite:
         """The prompts the judge writes an answer to for one row: its judge-mode prompts."""
         return list(self.request(row, "judge").judge_prompts)
 
-    def generate_fields(self, index: int, row: dict) -> dict[str, Any]:
-        """The row's identity in its generate record."""
+    def generate_fields(self, index: int, row: dict, outputs: list[dict]) -> dict[str, Any]:
+        """The row's identity in its generate record (``outputs``: what was read of each generation)."""
         return {}
 
     def generate_output(self, row: dict, slot: int, generated: Any, expected: list | None) -> dict[str, Any]:
@@ -160,10 +160,10 @@ class Suite:
     def generate_record(self, index: int, row: dict, generated: list[Any], expected: RowScore) -> dict[str, Any]:
         """The per-row record of generate mode (``<suite>.generate.jsonl``): the row's identity and one output per
         prompt (text, ``n_tokens``, ``prompt_tokens``, ``stopped``, ``truncated``, what was parsed, ``expected``)."""
-        rec: dict[str, Any] = {"row_index": index, **self.generate_fields(index, row)}
-        rec["outputs"] = [{"text": g.text, "n_tokens": g.n_tokens, "prompt_tokens": g.prompt_tokens,
-                           "stopped": g.stopped, "truncated": g.truncated,
-                           **self.generate_output(row, slot, g, expected.scores)} for slot, g in enumerate(generated)]
+        outputs = [{"text": g.text, "n_tokens": g.n_tokens, "prompt_tokens": g.prompt_tokens, "stopped": g.stopped,
+                    "truncated": g.truncated, **self.generate_output(row, slot, g, expected.scores)}
+                   for slot, g in enumerate(generated)]
+        rec: dict[str, Any] = {"row_index": index, **self.generate_fields(index, row, outputs), "outputs": outputs}
         if expected.skipped:
             rec["judge_skipped"] = True
         return rec

@@ -176,7 +176,7 @@ class Ideation(Suite):
     def generate_prompts(self, row: dict, prompt: str | None = None) -> list[Any]:
         return [verdict_prompt for _, _, verdict_prompt in ideation_orders(row)]
 
-    def generate_fields(self, index: int, row: dict) -> dict[str, Any]:
+    def generate_fields(self, index: int, row: dict, outputs: list[dict]) -> dict[str, Any]:
         return {"sample_id": row.get("sample_id"), "pair_id": row.get("pair_id") or row.get("sample_id") or index}
 
     def generate_output(self, row: dict, slot: int, generated: Any, expected: list | None) -> dict[str, Any]:

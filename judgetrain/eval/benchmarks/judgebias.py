@@ -201,7 +201,7 @@ class JudgeBias(Suite):
 
     def row_fields(self, row: dict, score: RowScore, scoring: str) -> dict[str, Any]:
         s = score.scores
-        rec = self.generate_fields(0, row)
+        rec = self.generate_fields(0, row, [])
         if scoring == "judge":  # score_* are the dataset's recorded verdicts, judge_score the model's
             rec.update(score_chosen=row.get("score_chosen"), score_rejected=row.get("score_rejected"),
                        judge_score=s[0] if s else None)
@@ -212,7 +212,7 @@ class JudgeBias(Suite):
     def figures(self, records: list[dict], scoring: str) -> dict[str, Any]:
         return judgebias_checks(records, scoring=scoring)
 
-    def generate_fields(self, index: int, row: dict) -> dict[str, Any]:
+    def generate_fields(self, index: int, row: dict, outputs: list[dict]) -> dict[str, Any]:
         return {"sample_id": row.get("sample_id"), "perturbation_category": row.get("perturbation_category"),
                 "perturbation_type": row.get("perturbation_type"), "anchor_score": row.get("anchor_score")}
 

@@ -215,7 +215,7 @@ class RMBench(Suite):
     def figures(self, records: list[dict], scoring: str) -> dict[str, Any]:
         return rmbench_results(records)
 
-    def generate_fields(self, index: int, row: dict) -> dict[str, Any]:
+    def generate_fields(self, index: int, row: dict, outputs: list[dict]) -> dict[str, Any]:
         return {"id": row.get("id"), "domain": row.get("domain")}
 
     def generated_figures(self, records: list[dict]) -> dict[str, Any]:

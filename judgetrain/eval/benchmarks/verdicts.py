@@ -113,25 +113,22 @@ class PairSuite(Suite):
         """The verdict prompt (``prompt``: its user template) as stored and swapped."""
         return [messages for _, messages in both_orders(row, user=prompt or PAIRWISE_USER)]
 
-    def generate_record(self, index: int, row: dict, generated: list[Any], expected: RowScore) -> dict[str, Any]:
-        """The verdict written in each order (parsed by `parse_pair_verdict`, about what was shown), the benchmark's
-        fields (`pair_fields`) and, per output, ``expected``: the judge-mode margin of the better response (its
-        rubric score minus the other's), None when judge mode skipped it."""
-        outputs, verdicts = [], []
+    def generate_output(self, row: dict, slot: int, generated: Any, expected: list | None) -> dict[str, Any]:
+        """The verdict written in one order (parsed by `parse_pair_verdict`, about what was shown), whether it names
+        the better response once read back to the row's order (``agrees``: 1, 0 a tie, -1, None unread) and
+        ``expected``: the judge-mode margin of the better response (its rubric score minus the other's)."""
+        order = both_orders(row)[slot][0]
+        parsed = parse_pair_verdict(generated.text)
+        as_row = parsed.verdict if order == "AB" else swap_verdict(parsed.verdict)
+        agrees = None if as_row is None else 1.0 if as_row == row["label"] else 0.0 if as_row == "A=B" else -1.0
         better = 0 if row["label"] == "A>B" else 1
-        margin = None if expected.scores is None else expected.scores[better] - expected.scores[1 - better]
-        for (order, _), g in zip(both_orders(row), generated):
-            parsed = parse_pair_verdict(g.text)
-            as_row = parsed.verdict if order == "AB" else swap_verdict(parsed.verdict)
-            verdicts.append(parsed.verdict)
-            agrees = None if as_row is None else 1.0 if as_row == row["label"] else 0.0 if as_row == "A=B" else -1.0
-            outputs.append({"text": g.text, "n_tokens": g.n_tokens, "prompt_tokens": g.prompt_tokens,
-                            "stopped": g.stopped, "truncated": g.truncated, "order": order, "verdict": parsed.verdict,
-                            "reason": parsed.reason, "agrees": agrees, "expected": margin})
-        rec = {"row_index": index, "id": row.get("id"), **self.pair_fields(row, verdicts), "outputs": outputs}
-        if expected.skipped:
-            rec["judge_skipped"] = True
-        return rec
+        margin = None if expected is None else expected[better] - expected[1 - better]
+        return {"order": order, "verdict": parsed.verdict, "reason": parsed.reason, "agrees": agrees,
+                "expected": margin}
+
+    def generate_fields(self, index: int, row: dict, outputs: list[dict]) -> dict[str, Any]:
+        """The benchmark's fields (`pair_fields`) of the verdicts written."""
+        return {"id": row.get("id"), **self.pair_fields(row, [o["verdict"] for o in outputs])}
 
     def generated_value(self, out: dict) -> float | None:
         """+1 the verdict (read back to the row's order) names the better response, -1 the other."""
