@@ -62,7 +62,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,8 @@ from judgetrain.compat.transformers import (base_model, cache_keyword, output_ca
                                            static_cache, supports_static_cache)
 from judgetrain.eval.batching import budget_batches
 from judgetrain.eval.merged import merged_lora
-from judgetrain.eval.scoring import StopPoints, _as_ids, judge_prompt_ids
+from judgetrain.eval.scoring import StopPoints
+from judgetrain.eval.sequences import as_ids, judge_prompt_ids
 from judgetrain.eval.sharing import shared_token_prefix
 from judgetrain.models.attention import prefix_sharing_problem
 from judgetrain.eval.vllm import VLLMBackend, VLLMWeights, resolve_backend
@@ -145,7 +146,7 @@ def end_of_turn_ids(tokenizer) -> list[int]:
     after = text[cut + len(_SENTINEL):]
     if not after:
         return []
-    ids = _as_ids(tokenizer(text=after, add_special_tokens=False))
+    ids = as_ids(tokenizer(text=after, add_special_tokens=False))
     added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {}) | set(tokenizer.all_special_ids)
     return [ids[0]] if ids and ids[0] in added else []
 
@@ -182,6 +183,10 @@ class Generator(StopPoints):
             by layer (synced), ``auto`` gather when the full weights fit the free device memory (see module doc).
         static_cache: decode on a key/value cache allocated once per call for the batch's whole length (see module
             doc); off, or where the model does not support it, transformers' dynamic cache.
+        stop_check: called before every generate call; True abandons the generation
+            (`judgetrain.eval.scoring.EvalStopped`). Under several processes it must give every rank the same answer
+            (`judgetrain.trainer.callbacks.GracefulStop.any_requested` is reduced over them): every rank makes the
+            same number of calls, so they all stop at the same one. None: never stop.
     """
 
     def __init__(self, model, tokenizer, *, max_new_tokens: int = 512, max_length: int | None = None,
@@ -189,7 +194,8 @@ class Generator(StopPoints):
                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, merge_lora: bool = True,
                  prefix_sharing: bool = True, backend: str = "transformers", stop_token_ids: Sequence[int] = (),
                  vllm_kwargs: dict | None = None, model_revision: str | None = None,
-                 vllm_weights: VLLMWeights | None = None, zero3_gather: str = "auto", static_cache: bool = True) -> None:
+                 vllm_weights: VLLMWeights | None = None, zero3_gather: str = "auto", static_cache: bool = True,
+                 stop_check: Callable[[], bool] | None = None) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if zero3_gather not in ZERO3_GATHER:
@@ -212,11 +218,8 @@ class Generator(StopPoints):
                              seed=seed, merge_lora=merge_lora, prefix_sharing=prefix_sharing, backend=backend,
                              stop_token_ids=tuple(stop_token_ids), vllm_kwargs=vllm_kwargs,
                              model_revision=model_revision, vllm_weights=vllm_weights, zero3_gather=zero3_gather,
-                             static_cache=static_cache)
-        # called before every generate call; True abandons the generation (`judgetrain.eval.scoring.EvalStopped`).
-        # Under several processes it must give every rank the same answer (the callback's is reduced over them):
-        # every rank makes the same number of calls, so they all stop at the same one
-        self.stop_check: Any = None
+                             static_cache=static_cache, stop_check=stop_check)
+        self.stop_check = stop_check
         self._stop_points = 0
         self.max_new_tokens = int(max_new_tokens)
         self.max_length = int(max_length)
@@ -262,7 +265,7 @@ class Generator(StopPoints):
 
     def prompt_ids(self, prompt) -> list[int]:
         """Token ids of a prompt (a messages list, or a plain string: one user turn), before truncation: judge mode's
-        rendering without its forced score prefix (`judgetrain.eval.scoring.judge_prompt_ids`)."""
+        rendering without its forced score prefix (`judgetrain.eval.sequences.judge_prompt_ids`)."""
         return judge_prompt_ids(self.tokenizer, prompt)
 
     def _fit(self, ids: list[int]) -> tuple[list[int], bool]:

@@ -33,7 +33,8 @@ from judgetrain.data.chat import judge_turn
 from judgetrain.data.scoreparse import parse_overall_score_result
 from judgetrain.eval.generate import Generator
 from judgetrain.eval.vllm import resolve_backend
-from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX, EvalStopped, ScoringEngine, judge_prompt_ids
+from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX, EvalStopped, ScoringEngine
+from judgetrain.eval.sequences import judge_prompt_ids
 from judgetrain.judge.endpoint import REJECTED_REASON, EndpointError, EndpointGenerator, Rejected
 from judgetrain.judge.items import Item
 from judgetrain.judge.fit import LoadPlan, adapter_config, auto_batch_tokens, engine_weights, gpu_share, load_plan
