@@ -90,5 +90,5 @@ def test_the_recipe_and_the_run_pass_sleep_mode_and_the_pinned_revision_to_the_g
     training = DPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
     recipe = Recipe(script, training, ModelConfig(model_revision=PINNED), {})
     cb = JudgeEvalCallback.from_recipe(recipe, recipe_specs(recipe), None)
-    assert cb.generator_kwargs["model_revision"] == PINNED
-    assert cb.generator_kwargs["vllm_kwargs"]["enable_sleep_mode"] is True
+    assert cb.evaluation.model_revision == PINNED
+    assert cb.evaluation.args.generator_kwargs()["vllm_kwargs"]["enable_sleep_mode"] is True

@@ -24,8 +24,9 @@ from accelerate import PartialState
 from judgetrain.config.recipe import PROXY_MODES, Recipe, scoring_modes
 from judgetrain.data.prepare import reload_memory_mapped, tokenizer_key
 from judgetrain.eval.sequences import SequenceBuilder
+from judgetrain.eval.session import Evaluation
 from judgetrain.eval.suites import (SuiteSpec, applies, build_requests, check_verdict_tokens, load_suite_dataset,
-                                   load_suite_rows, suite_specs, verdict_suites)
+                                   load_suite_rows, verdict_suites)
 from judgetrain.utils.files import read_json, write_json
 from judgetrain.utils.fingerprints import code_digest
 
@@ -50,30 +51,27 @@ def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: s
 
 
 def recipe_specs(recipe: Recipe) -> list[SuiteSpec]:
-    """The suites a recipe evaluates during training ([] when it does not evaluate): its ``eval_*`` keys, the run's
-    seed for the row cap, and Ideation in the format the judge is trained on (the ``mode`` of an ideation component
-    of ``train_datasets``)."""
+    """The suites a recipe evaluates during training ([] when it does not evaluate): its evaluation's
+    (`Evaluation.from_recipe`: its ``eval_*`` keys, the run's seed for the row cap, Ideation in the format the judge is
+    trained on)."""
     script_args, training_args = recipe.script_args, recipe.training_args
     if not script_args.eval_suites or (training_args.eval_strategy == "no" and not training_args.eval_on_start):
         return []
-    ideation_mode = "implicit"
-    for comp in script_args.train_datasets or []:
-        if comp.get("dataset") == "ideation" and comp.get("mode"):
-            ideation_mode = comp["mode"]
-    return suite_specs(script_args, seed=training_args.seed or 0, ideation_mode=ideation_mode)
+    return Evaluation.from_recipe(recipe).suite_specs()
 
 
 def recipe_eval_suites(recipe: Recipe, tokenizer) -> list[SuiteSpec]:
     """The suites a recipe evaluates during training, their rows read now (`prepare_eval_rows`); [] when it does
     not evaluate. Give them to the run's `JudgeEvalCallback`."""
-    script_args, training_args = recipe.script_args, recipe.training_args
+    script_args = recipe.script_args
     specs = recipe_specs(recipe)
     if verdict_suites([s.name for s in specs], script_args.eval_scoring):
         check_verdict_tokens(tokenizer)  # before any row is read or weight loaded
     if specs:
-        prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,
-                          max_length=training_args.max_length, scoring=script_args.eval_scoring,
-                          long_inputs="skip" if script_args.long_rows == "skip" else "truncate_prompt")
+        evaluation = Evaluation.from_recipe(recipe)
+        prepare_eval_rows(specs, recipe.training_args.output_dir, on_bad_row=script_args.on_bad_row,
+                          tokenizer=tokenizer, max_length=evaluation.max_length, scoring=script_args.eval_scoring,
+                          long_inputs=evaluation.long_inputs)
     return specs
 
 
