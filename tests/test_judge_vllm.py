@@ -159,13 +159,13 @@ def test_a_judge_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, m
 
 
 def test_backend_vllm_without_vllm_is_refused_with_exit_2(tmp_path, capsys):
-    from judgetrain.cli.judge import main
+    from judgetrain.cli import main
     from judgetrain.eval.vllm import vllm_available
 
     if vllm_available():
         pytest.skip("vLLM can run here")
     out = tmp_path / "out"
-    code = main(["--items", str(_items(tmp_path / "items.jsonl")), "--judge", "model=tiny-judge",
+    code = main(["judge", "--items", str(_items(tmp_path / "items.jsonl")), "--judge", "model=tiny-judge",
                  "--output_dir", str(out), "--backend", "vllm"])
     err = capsys.readouterr().err
     assert code == 2
