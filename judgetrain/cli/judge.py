@@ -238,9 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     except (DataValidationError, JudgeSpecError, RecipeError, FileNotFoundError, ValueError) as err:
         raise BadInputError(str(err)) from err
     except EndpointError as err:  # mid-run: the answers received are committed; a refusal (key, model) is exit 2
-        print(f"judgetrain judge: {err}; the evaluations committed stay, run the same command to continue",
-              file=sys.stderr)
-        return 2 if err.status in (401, 403, 404) or isinstance(err, RequestRefused) else 1
+        message = f"{err}; the evaluations committed stay, run the same command to continue"
+        if err.status in (401, 403, 404) or isinstance(err, RequestRefused):
+            raise BadInputError(message) from err
+        print(f"judgetrain judge: {message}", file=sys.stderr)
+        return 1
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if state.is_main_process:
