@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 
+from judgetrain.cli import main as cli_main
 from judgetrain.cli.compare import main as compare_main
 from judgetrain.eval.compare import compare_evaluations, evaluation_folder
 from judgetrain.metrics import judgebench_results, mcnemar_p
@@ -132,22 +133,21 @@ def test_a_run_folder_means_its_latest_evaluation_and_pairwise_verdicts_are_comp
     assert "pairwise (judge): its records carry no verdicts" in doc["skipped"]
 
 
-def test_a_path_that_is_no_evaluation_is_named(tmp_path, evaluations, caplog):
-    assert compare_main([str(tmp_path), str(evaluations[1]), "--out", str(tmp_path / "c.json")]) == 2
-    assert f"{tmp_path} is not a saved evaluation: no results.json" in caplog.text
+def test_a_path_that_is_no_evaluation_is_named(tmp_path, evaluations, capsys):
+    assert cli_main(["compare", str(tmp_path), str(evaluations[1]), "--out", str(tmp_path / "c.json")]) == 2
+    assert f"judgetrain compare: {tmp_path} is not a saved evaluation: no results.json" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
 
 
-def test_an_unknown_suite_is_named_with_the_nearest_one_and_what_each_side_holds(tmp_path, evaluations, caplog):
+def test_an_unknown_suite_is_named_with_the_nearest_one_and_what_each_side_holds(tmp_path, evaluations, capsys):
     """--suites judgebnech (a typo): not "no per-row files", though the files exist, but the suite, the nearest known
     one and the suites each side holds; a known suite neither evaluation holds is named with what they hold."""
     a, b = evaluations
     out = tmp_path / "c.json"
-    assert compare_main([str(a), str(b), "--suites", "judgebnech", "--out", str(out)]) == 2
+    assert cli_main(["compare", str(a), str(b), "--suites", "judgebnech", "--out", str(out)]) == 2
     assert ("--suites: unknown suite 'judgebnech'; did you mean 'judgebench'? (known: rmbench, judgebias, ideation, "
             "judgebench, pairwise, evalbiasbench; A holds ideation, judgebias, rmbench; B holds ideation, judgebias, "
-            "rmbench)") in caplog.text
-    caplog.clear()
-    assert compare_main([str(a), str(b), "--suites", "judgebench", "--out", str(out)]) == 2
-    assert "--suites: judgebench is not in A: A holds ideation, judgebias, rmbench; B holds" in caplog.text
+            "rmbench)") in capsys.readouterr().err
+    assert cli_main(["compare", str(a), str(b), "--suites", "judgebench", "--out", str(out)]) == 2
+    assert "--suites: judgebench is not in A: A holds ideation, judgebias, rmbench; B holds" in capsys.readouterr().err
     assert not out.exists()

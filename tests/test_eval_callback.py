@@ -7,7 +7,9 @@ import json
 import pytest
 import torch
 
+from judgetrain.config.recipe import EvalArguments
 from judgetrain.eval.callback import JudgeEvalCallback
+from judgetrain.eval.session import Evaluation
 from judgetrain.eval.suites import SuiteSpec
 
 SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -63,8 +65,9 @@ def test_callback_logs_eval_keys_each_epoch_in_a_dpo_run(tiny_dir, tmp_path):
     suites = _suites()
     for spec in suites:
         spec.generate_max_rows = 1  # generate mode on 1 row of each suite: 6 + 1 + 2 texts per eval
-    cb = JudgeEvalCallback(suites, batch_tokens=512, on_start=True, trainer=trainer, scoring=["implicit", "generate"],
-                           generator_kwargs=dict(max_new_tokens=4))
+    evaluation = Evaluation(EvalArguments(eval_scoring=["implicit", "generate"], eval_batch_tokens=512,
+                                          eval_generate_max_new_tokens=4))
+    cb = JudgeEvalCallback(suites, evaluation, on_start=True, trainer=trainer)
     trainer.add_callback(cb)  # as TRL's own callbacks are added
     trainer.train()
 

@@ -142,15 +142,15 @@ def test_rows_whose_prompt_was_cut_differently_per_response_are_scored_whole(pef
 
 
 def test_plan_splits_at_the_token_ids_of_the_whole_sequence():
-    from judgetrain.eval.scoring import _Seq
+    from judgetrain.eval.sequences import TokenSequence
 
-    seqs = [_Seq(0, 0, [1, 2, 3, 7, 8], 3), _Seq(0, 1, [1, 2, 3, 9], 3),  # same prompt tokens: shared
-            _Seq(1, 0, [1, 2, 4, 7], 3), _Seq(1, 1, [1, 2, 5, 7], 3),  # prompt tokens differ: whole
-            _Seq(2, 0, [1, 6, 7], 2), _Seq(2, 1, [1, 6, 8, 9], 2), _Seq(2, 2, [6, 6, 8], 2)]  # 2 share, 1 was cut
+    seqs = [TokenSequence(0, 0, [1, 2, 3, 7, 8], 3), TokenSequence(0, 1, [1, 2, 3, 9], 3),  # same prompt tokens: shared
+            TokenSequence(1, 0, [1, 2, 4, 7], 3), TokenSequence(1, 1, [1, 2, 5, 7], 3),  # prompt tokens differ: whole
+            TokenSequence(2, 0, [1, 6, 7], 2), TokenSequence(2, 1, [1, 6, 8, 9], 2), TokenSequence(2, 2, [6, 6, 8], 2)]  # 2 share, 1 was cut
     rows, whole = plan_rows(seqs, judge=False)
     assert [(r.row, r.prefix, r.leaves) for r in rows] == [(0, [1, 2, 3], [[7, 8], [9]]), (2, [1, 6], [[7], [8, 9]])]
     assert [(s.row, s.slot) for s in whole] == [(1, 0), (1, 1), (2, 2)]
-    judge_rows, _ = plan_rows([_Seq(0, 0, [1, 2, 3], 3), _Seq(0, 1, [1, 2, 3, 4], 4), _Seq(1, 0, [5, 6], 2)],
+    judge_rows, _ = plan_rows([TokenSequence(0, 0, [1, 2, 3], 3), TokenSequence(0, 1, [1, 2, 3, 4], 4), TokenSequence(1, 0, [5, 6], 2)],
                               judge=True)
     assert [(r.prefix, r.leaves, r.terminal) for r in judge_rows] == [([1, 2], [[3], [3, 4]], False),
                                                                        ([5, 6], [], True)]

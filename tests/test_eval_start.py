@@ -87,15 +87,15 @@ def test_token_ids_are_kept_across_evals_and_dropped_when_max_length_changes(mod
     specs = [SuiteSpec("ideation", max_rows=4)]
     engine = ScoringEngine(model, tokenizer, max_length=512, batch_tokens=2048)
     calls = []  # one per row tokenised (a batch at once, each prompt once; or whole, one row at a time)
-    real, real_batch = engine._pair_sequences, engine._chat_pairs
-    engine._pair_sequences = lambda *a: calls.append(1) or real(*a)
+    real, real_batch = engine.sequences.pair_ids, engine.sequences.chat_pairs
+    engine.sequences.pair_ids = lambda *a: calls.append(1) or real(*a)
 
     def batch(requests):
         got = real_batch(requests)
         calls.extend([1] * len(got))
         return got
 
-    engine._chat_pairs = batch
+    engine.sequences.chat_pairs = batch
     first = evaluate(engine, specs)
     assert len(calls) == 4
     second = evaluate(engine, specs)

@@ -106,7 +106,7 @@ def test_trl_and_the_implicit_scorer_split_prompt_and_completion_at_the_same_tok
     tail = len(tok(fam.after_eot, add_special_tokens=False)["input_ids"]) if fam.after_eot else 0
     for i, row in enumerate(ROWS):
         ex = case.trainer.train_dataset[i]
-        prompt_ids, completions = case.engine._pair_sequences(row["prompt"], [row["chosen"], row["rejected"]])
+        prompt_ids, completions = case.engine.sequences.pair_ids(row["prompt"], [row["chosen"], row["rejected"]])
         assert prompt_ids == ex["prompt_ids"]
         assert completions == [ex["chosen_ids"], ex["rejected_ids"]]
         for ids, msg in ((ex["chosen_ids"], row["chosen"]), (ex["rejected_ids"], row["rejected"])):
@@ -128,8 +128,8 @@ def test_no_doubled_bos_in_training_scoring_or_generation_prompts(case):
     assert tok("x")["input_ids"][0] == bos  # the tokenizer adds BOS on plain encoding, like Llama 3's
     judge = rubric_prompt("Is 7 prime?", "Yes.")
     for ids in (case.trainer.train_dataset[0]["prompt_ids"],
-                engine._pair_sequences(ROWS[0]["prompt"], [ROWS[0]["chosen"]])[0],
-                engine._judge_ids(judge), engine._turn_ids(judge)):
+                engine.sequences.pair_ids(ROWS[0]["prompt"], [ROWS[0]["chosen"]])[0],
+                engine.sequences.judge_ids(judge), engine.sequences.turn_ids(judge)):
         assert ids[0] == bos and ids.count(bos) == 1, tok.decode(ids[:3])
 
 
@@ -179,7 +179,7 @@ def test_judge_score_is_read_where_a_dpo_trained_judge_writes_it(family, request
     completion = engine.judge_prefix + "4\n}\n```"
     trained = tok.apply_chat_template(judge + [{"role": "assistant", "content": completion}], tokenize=True,
                                       return_dict=True)["input_ids"]
-    ids = engine._judge_ids(judge)
+    ids = engine.sequences.judge_ids(judge)
     assert trained[: len(ids)] == ids
     assert trained[len(ids)] == score_ids[values.index(4.0)]
     if family == "qwen3":  # after the think block, not right after the generation prompt

@@ -222,7 +222,8 @@ def test_lora_runs_merged_in_generate_and_batched_equals_one_at_a_time(models):
 
 
 def test_vllm_backend_asked_for_without_vllm_or_a_gpu_fails_clearly(models):
-    from judgetrain.eval.generate import Generator, vllm_available
+    from judgetrain.eval.generate import Generator
+    from judgetrain.eval.vllm import vllm_available
 
     if vllm_available():
         pytest.skip("vLLM and a GPU are present")

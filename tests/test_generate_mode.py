@@ -206,13 +206,17 @@ def test_a_recipe_with_an_unknown_mode_is_refused_naming_the_key(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- end to end
-def test_generation_gets_the_scoring_max_length_for_its_prompt_and_max_new_tokens_on_top():
-    from judgetrain.eval.callback import JudgeEvalCallback
+def test_generation_gets_the_scoring_max_length_for_its_prompt_and_max_new_tokens_on_top(tiny_judge):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cb = JudgeEvalCallback(["judgebias"], scoring=["implicit", "generate"], max_length=768,
-                           generator_kwargs={"max_new_tokens": 384})
-    assert cb.engine_kwargs["max_length"] == 768 and cb.generator_kwargs["max_length"] == 768 + 384
-    assert JudgeEvalCallback(["judgebias"], generator_kwargs={"max_length": 900}).generator_kwargs["max_length"] == 900
+    from judgetrain.eval.session import Evaluation
+
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_judge), AutoTokenizer.from_pretrained(tiny_judge)
+    evaluation = Evaluation(EvalArguments(eval_scoring=["implicit", "generate"], eval_generate_max_new_tokens=384),
+                            max_length=768)
+    assert evaluation.engine(model, tokenizer).max_length == 768
+    assert evaluation.generator(model, tokenizer).max_length == 768 + 384
+    assert Evaluation(EvalArguments(eval_scoring=["implicit"]), max_length=768).generator(model, tokenizer) is None
 
 
 def test_judgetrain_eval_implicit_and_generate_on_the_tiny_judge(tmp_path):

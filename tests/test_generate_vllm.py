@@ -1,4 +1,4 @@
-"""The vLLM generation backend (`judgetrain.eval.generate._VLLMBackend`) against the transformers engine: the same
+"""The vLLM generation backend (`judgetrain.eval.vllm.VLLMBackend`) against the transformers engine: the same
 greedy tokens with a LoRA adapter (passed as a LoRA request) and with a full fine-tune (its weights loaded into the
 engine on each call), on tiny random Qwen2, Qwen3 and Llama 3.1 models with their chat templates, their weights spread
 as in tests/test_generate.py, and a head size vLLM's CPU attention takes (32). Runs where vLLM can: installed with
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from families import build_family_model
-from judgetrain.eval.generate import Generator, vllm_available, vllm_lora_rank
+from judgetrain.eval.generate import Generator
+from judgetrain.eval.vllm import vllm_available, vllm_lora_rank
 from test_generate import PROMPTS, SHARED, spread
 
 NEW = 16

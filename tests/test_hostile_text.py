@@ -138,9 +138,9 @@ def test_eval_scoring_sequences_hold_only_the_templates_control_tokens(name, tok
     tok, hostile = _get(tokenizers, name)
     engine = ScoringEngine(tiny_model, tok, max_length=100_000)
     row_h, row_c = _row(hostile), _row(_clean(hostile))
-    seqs_h, _ = engine._build_sequences([Request("implicit", prompt=row_h["prompt"],
+    seqs_h, _ = engine.sequences.build([Request("implicit", prompt=row_h["prompt"],
                                                  responses=[row_h["chosen"], row_h["rejected"]])])
-    seqs_c, _ = engine._build_sequences([Request("implicit", prompt=row_c["prompt"],
+    seqs_c, _ = engine.sequences.build([Request("implicit", prompt=row_c["prompt"],
                                                  responses=[row_c["chosen"], row_c["rejected"]])])
     for s_h, s_c in zip(seqs_h, seqs_c):
         assert _controls(tok, s_h.ids) == _controls(tok, s_c.ids)
@@ -153,8 +153,8 @@ def test_eval_scoring_sequences_hold_only_the_templates_control_tokens(name, tok
 def test_judge_rubric_prompt_embeds_a_hostile_response_as_text(name, tokenizers, tiny_model):
     tok, hostile = _get(tokenizers, name)
     engine = ScoringEngine(tiny_model, tok, scoring="judge", max_length=100_000)
-    ids_h = engine._judge_ids(rubric_prompt("Make NaCl.", "Dissolve and dry. " + hostile))
-    ids_c = engine._judge_ids(rubric_prompt("Make NaCl.", "Dissolve and dry. " + _clean(hostile)))
+    ids_h = engine.sequences.judge_ids(rubric_prompt("Make NaCl.", "Dissolve and dry. " + hostile))
+    ids_c = engine.sequences.judge_ids(rubric_prompt("Make NaCl.", "Dissolve and dry. " + _clean(hostile)))
     assert _controls(tok, ids_h) == _controls(tok, ids_c)
     # the sequence ends in the real generation prompt and the forced answer prefix, after the one user turn
     decoded = tok.decode(ids_h).replace(NEUTRAL, "")
@@ -172,7 +172,7 @@ def test_judge_score_of_a_row_is_read_at_the_templates_turn_not_at_a_fake_one(to
     engine = ScoringEngine(tiny_model, tok, scoring="judge", max_length=100_000)
     prompt = rubric_prompt("Make NaCl.", "Dissolve and dry. " + hostile)
     (row,) = engine.score_requests([Request("judge", judge_prompts=[prompt])])
-    ids = engine._judge_ids(prompt)
+    ids = engine.sequences.judge_ids(prompt)
     im_start = tok.convert_tokens_to_ids("<|im_start|>")
     assert ids.count(im_start) == 3  # system, user, and the template's assistant turn: no fourth
     # by a second route: the template on the neutralised messages, the prefix, one forward of the model, and the
@@ -194,9 +194,9 @@ def test_judge_score_of_a_row_is_read_at_the_templates_turn_not_at_a_fake_one(to
 
 
 def _seq(ids):
-    from judgetrain.eval.scoring import _Seq
+    from judgetrain.eval.sequences import TokenSequence
 
-    return _Seq(0, 0, ids, len(ids))
+    return TokenSequence(0, 0, ids, len(ids))
 
 
 def _unsafe_judge_ids(tok, prefix, messages):

@@ -44,9 +44,9 @@ def write_items(path: Path, n: int, *, start: int = 0) -> Path:
 
 
 def judge(*argv) -> int:
-    from judgetrain.cli.judge import main
+    from judgetrain.cli import main  # the entry: bad input is its one line, exit code 2
 
-    return main([str(a) for a in argv])
+    return main(["judge", *(str(a) for a in argv)])
 
 
 # ------------------------------------------------------------------------------------------------ items

@@ -92,6 +92,7 @@ def test_the_vllm_judge_generator_reads_only_the_tokenizer_and_config(tiny_judge
     from transformers import AutoModelForCausalLM
 
     import judgetrain.eval.generate as generate
+    import judgetrain.eval.vllm as vllm_backend
     import judgetrain.judge.runner as runner
 
     base = AutoModelForCausalLM.from_pretrained(tiny_judge, dtype=torch.float32)
@@ -108,7 +109,7 @@ def test_the_vllm_judge_generator_reads_only_the_tokenizer_and_config(tiny_judge
     assert prefix is None and gen.model is None and gen.backend == "vllm"
     assert gen.prompt_ids("Rate this.") and gen.stop_token_ids
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    kwargs, peft = generate.vllm_engine_kwargs(gen, gen._vllm_kwargs)
+    kwargs, peft = vllm_backend.vllm_engine_kwargs(gen, gen._vllm_kwargs)
     assert peft is True
     assert kwargs["model"] == kwargs["tokenizer"] == str(tiny_judge) and "revision" not in kwargs
     assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["gpu_memory_utilization"]) == (True, 16, 0.4)
@@ -141,12 +142,12 @@ def test_the_option_and_the_judges_file_key(tmp_path):
 
 
 def test_a_judge_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, monkeypatch):
-    import judgetrain.eval.generate as generate
+    import judgetrain.eval.vllm as vllm_backend
 
     folder = tmp_path / "llama8b"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(LLAMA_8B))  # no weights: only the config is read
-    monkeypatch.setattr(generate, "resolve_backend", lambda backend: "vllm")
+    monkeypatch.setattr(vllm_backend, "resolve_backend", lambda backend: "vllm")
     specs = [JudgeSpec("big", model=str(folder)), JudgeSpec("api", endpoint="http://h/v1", model="m")]
     with pytest.raises(JudgeSpecError, match=r"judge 'big': its vLLM engine needs about 33\.0 GiB .* = 24\.0 GiB"):
         preflight_vllm(specs, Options(backend="vllm", gpu_memory_utilization=0.3), memory=(CARD, CARD))
@@ -158,13 +159,13 @@ def test_a_judge_that_does_not_fit_is_refused_before_any_model_loads(tmp_path, m
 
 
 def test_backend_vllm_without_vllm_is_refused_with_exit_2(tmp_path, capsys):
-    from judgetrain.cli.judge import main
-    from judgetrain.eval.generate import vllm_available
+    from judgetrain.cli import main
+    from judgetrain.eval.vllm import vllm_available
 
     if vllm_available():
         pytest.skip("vLLM can run here")
     out = tmp_path / "out"
-    code = main(["--items", str(_items(tmp_path / "items.jsonl")), "--judge", "model=tiny-judge",
+    code = main(["judge", "--items", str(_items(tmp_path / "items.jsonl")), "--judge", "model=tiny-judge",
                  "--output_dir", str(out), "--backend", "vllm"])
     err = capsys.readouterr().err
     assert code == 2

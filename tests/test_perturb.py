@@ -28,9 +28,9 @@ TEMPLATE = [{"role": "system", "content": "Judge the note. End with ```json {\"o
 
 
 def perturb(*argv) -> int:
-    from judgetrain.cli.perturb import main
+    from judgetrain.cli import main  # the entry: bad input is its one line, exit code 2
 
-    return main([str(a) for a in argv])
+    return main(["perturb", *(str(a) for a in argv)])
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -42,6 +42,12 @@ OPERATORS = {
 }
 
 
+def _perturb(argv: list[str]) -> int:
+    from judgetrain.cli import run_command
+
+    return run_command("perturb", argv)
+
+
 def spec_data(**extra) -> dict:
     return {"template": TEMPLATE, "units": UNITS, "operators": OPERATORS, "sets": [{"name": k} for k in OPERATORS],
             **extra}
@@ -163,7 +169,7 @@ def test_units_are_matched_as_units_and_expanded_abbreviations_pass(tmp_path):
     path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     source = tmp_path / "notes.jsonl"
     source.write_text(json.dumps({"sample_id": 1, "text": "Warfarin 5 mg p.o. b.i.d. for 3 d, e.g. with food."}) + "\n")
-    from judgetrain.cli.perturb import main
+    main = _perturb  # through the entry: bad input is its one line, exit code 2
 
     assert main(["--source", str(source), "--spec", str(path), "--output_dir", str(tmp_path / "out")]) == 0
     items = read_jsonl(tmp_path / "out" / "items.jsonl")
@@ -210,7 +216,7 @@ def _spec_file(tmp_path: Path, pairs: dict, **op) -> Path:
     ({r"(\d+ mg": "x"}, "operators.dose: pattern '(\\\\d+ mg' does not compile"),
 ])
 def test_a_bad_pattern_table_exits_2_naming_the_key_before_any_row_is_read(tmp_path, capsys, pairs, message):
-    from judgetrain.cli.perturb import main
+    main = _perturb  # through the entry: bad input is its one line, exit code 2
 
     code = main(["--source", str(tmp_path / "never-read.jsonl"), "--spec", str(_spec_file(tmp_path, pairs)),
                  "--output_dir", str(tmp_path / "out")])
@@ -246,7 +252,7 @@ def _model_spec(tmp_path: Path) -> Path:
 def test_model_rewrites_get_judges_endpoint_preflight_and_refusals(tmp_path, monkeypatch, capsys):
     from openai_server import ScriptedServer
 
-    from judgetrain.cli.perturb import main
+    main = _perturb  # through the entry: bad input is its one line, exit code 2
 
     spec_path, source = _model_spec(tmp_path), tmp_path / "notes.jsonl"
 
@@ -274,7 +280,7 @@ def test_model_rewrites_get_judges_endpoint_preflight_and_refusals(tmp_path, mon
 def test_seed_redraws_rule_edits_and_keeps_finished_greedy_rewrites(tmp_path, capsys):
     from openai_server import ScriptedServer
 
-    from judgetrain.cli.perturb import main
+    main = _perturb  # through the entry: bad input is its one line, exit code 2
 
     spec_path, source = _model_spec(tmp_path), tmp_path / "notes.jsonl"
     with ScriptedServer(model="rw") as server:
@@ -345,7 +351,7 @@ def test_every_operator_writes_items_that_mean_their_label_or_rejects(parts, nam
     ({"units": {**UNITS, "other": {"g": 1, "lb": 453.6}}}, "units.other.g: already a unit of another dimension"),
 ])
 def test_every_bad_spec_exits_2_in_one_line_naming_the_key(tmp_path, capsys, change, message):
-    from judgetrain.cli.perturb import main
+    main = _perturb  # through the entry: bad input is its one line, exit code 2
 
     data = spec_data()
     data["operators"] = {**data["operators"], **change.get("operators", {})}

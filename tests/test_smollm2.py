@@ -124,7 +124,7 @@ def test_trained_adapter_generates_and_stops_at_im_end(killed_then_resumed):
 
     run = killed_then_resumed[0]
     model, tok, _ = load_target(str(run), None, Namespace(dtype="float32", trust_remote_code=False))
-    ids = ScoringEngine(model, tok, max_length=512)._turn_ids(
+    ids = ScoringEngine(model, tok, max_length=512).sequences.turn_ids(
         [{"role": "user", "content": "What is the capital of France? Answer in one word."}])
     out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
     assert out[-1] == tok.convert_tokens_to_ids("<|im_end|>") and len(out) < 24

@@ -281,11 +281,11 @@ def test_trl_trainer_holds_the_same_ids(tiny_judge, tmp_path):
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen2.5", "qwen3", "llama31", "smollm2", "gemma"])
 def test_eval_engine_ids_with_the_prompt_tokenised_once_equal_its_whole_tokenisation(family, request, tokenizers):
-    """The eval engine's implicit-reward sequences (`ScoringEngine._build_sequences`, a batch of requests at once)
-    equal its whole tokenisation of each sequence (`_pair_sequences`: prompt, prompt + each response), on every row:
+    """The eval engine's implicit-reward sequences (`SequenceBuilder.build`, a batch of requests at once)
+    equal its whole tokenisation of each sequence (`pair_ids`: prompt, prompt + each response), on every row:
     the judge rows and the edge rows as pairs, RM-Bench-shaped rows with six responses and string prompts, raw
     control strings in content (the engine neutralises them)."""
-    from judgetrain.eval.scoring import Request, ScoringEngine
+    from judgetrain.eval.sequences import Request, SequenceBuilder
 
     tokenizer, system = _tokenizer(request, tokenizers, family)
     rows = judge_rows(system) + edge_rows(system)
@@ -293,13 +293,13 @@ def test_eval_engine_ids_with_the_prompt_tokenised_once_equal_its_whole_tokenisa
     texts = [row["chosen"][0]["content"] for row in rows]
     requests += [Request("implicit", prompt=rows[i]["prompt"], responses=texts[i:i + 6]) for i in range(0, 24, 6)]
     requests += [Request("loglik", prompt="Grade: 7 is prime.", responses=[" 4", "\n1", "<|im_end|>5"])]
-    engine = ScoringEngine(None, tokenizer, max_length=1 << 30)
-    pairs = engine._chat_pairs(requests)
+    sequences = SequenceBuilder(tokenizer, max_length=1 << 30)  # no model: tokenisation only
+    pairs = sequences.chat_pairs(requests)
     assert sorted(pairs) == list(range(len(requests))), family  # every row cut at a boundary
-    seqs = engine._build_sequences(requests)[0]
+    seqs = sequences.build(requests)[0]
     got = {(s.row, s.slot): (s.ids, s.start) for s in seqs}
     for r, req in enumerate(requests):
-        prompt_ids, completions = engine._pair_sequences(req.prompt, req.responses)
+        prompt_ids, completions = sequences.pair_ids(req.prompt, req.responses)
         assert pairs[r] == (prompt_ids, completions), (family, r)
         for slot, comp in enumerate(completions):
             assert got[(r, slot)] == (prompt_ids + comp, len(prompt_ids)), (family, r, slot)

@@ -1,4 +1,4 @@
-"""What the vLLM backend hands ``vllm.LLM`` (`judgetrain.eval.generate.vllm_engine_kwargs`), built without vLLM: the
+"""What the vLLM backend hands ``vllm.LLM`` (`judgetrain.eval.vllm.vllm_engine_kwargs`), built without vLLM: the
 base model at the run's pinned revision (a hub id; a local folder as it is), LoRA sized to the adapter, sleep mode only
 where vLLM has it (CUDA), and what a recipe's keys and a run's pinned revision pass down. The engine's memory before
 and after, and sleep mode itself, need a GPU: scripts/gpu_check.py's ``vllm`` check."""
@@ -10,7 +10,8 @@ import logging
 import pytest
 import torch
 
-from judgetrain.eval.generate import Generator, vllm_engine_kwargs, vllm_revision
+from judgetrain.eval.generate import Generator
+from judgetrain.eval.vllm import vllm_engine_kwargs, vllm_revision
 
 PINNED, OTHER = "b" * 40, "c" * 40
 HUB_ID = "judgetrain-test/judge"
@@ -89,5 +90,5 @@ def test_the_recipe_and_the_run_pass_sleep_mode_and_the_pinned_revision_to_the_g
     training = DPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
     recipe = Recipe(script, training, ModelConfig(model_revision=PINNED), {})
     cb = JudgeEvalCallback.from_recipe(recipe, recipe_specs(recipe), None)
-    assert cb.generator_kwargs["model_revision"] == PINNED
-    assert cb.generator_kwargs["vllm_kwargs"]["enable_sleep_mode"] is True
+    assert cb.evaluation.model_revision == PINNED
+    assert cb.evaluation.args.generator_kwargs()["vllm_kwargs"]["enable_sleep_mode"] is True

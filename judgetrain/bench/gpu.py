@@ -243,7 +243,8 @@ def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, s
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from judgetrain.eval.scoring import ScoringEngine, _Seq
+    from judgetrain.eval.scoring import ScoringEngine
+    from judgetrain.eval.sequences import TokenSequence
 
     shape = REAL_SHAPES[name]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -262,7 +263,7 @@ def device_bench_eval_sharing(name: str, device: str, dtype, repeats: int = 2, s
             prompt = torch.randint(1, shape["vocab_size"], (prompt_len,), generator=gen).tolist()
             for slot in range(n_resp):
                 resp = torch.randint(1, shape["vocab_size"], (resp_len,), generator=gen).tolist()
-                seqs.append(_Seq(r, slot, prompt + resp, prompt_len))
+                seqs.append(TokenSequence(r, slot, prompt + resp, prompt_len))
         times: dict[bool, list[float]] = {True: [], False: []}
         values, tokens = {}, {}
         for i, warm, order in alternating(1, repeats, [True, False]):

@@ -9,6 +9,7 @@ import sys
 
 from judgetrain import __version__
 from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 
 # subcommand -> (module, help). A nested command (``data check``) is listed with a space.
 COMMANDS = {
@@ -53,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for n_words in (2, 1):
         name = " ".join(argv[:n_words])
         if name in COMMANDS:
-            module = importlib.import_module(COMMANDS[name][0])
-            return int(module.main(argv[n_words:]) or 0)
+            return run_command(name, argv[n_words:])
     groups = {name.split()[0] for name in COMMANDS if " " in name}
     if argv[0] in groups:  # `judgetrain data`, `judgetrain data --help`: the group's commands
         asked = argv[1:2] in ([], ["-h"], ["--help"])
@@ -68,6 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     hint = f"; did you mean {near[0]!r}?" if near else ""
     print(f"judgetrain: unknown command {argv[0]!r}{hint} (see judgetrain --help)", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def run_command(name: str, argv: list[str]) -> int:
+    """Command ``name``'s exit code for ``argv``; its bad input (`BadInputError`) is one line on stderr naming the
+    command, exit code 2."""
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        return int(module.main(argv) or 0)
+    except BadInputError as err:
+        print(f"judgetrain {name}: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

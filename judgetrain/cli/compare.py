@@ -23,7 +23,7 @@ from typing import Any
 from judgetrain.cli.args import ConventionParser, console
 from judgetrain.eval.compare import HEADLINE, REGRESSION_ALPHA, EvaluationError, compare_evaluations
 from judgetrain.eval.metrics import N_RESAMPLES
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.files import write_json
 from judgetrain.utils.logging import setup_logging
 from judgetrain.utils.numbers import nan_to_none
@@ -54,17 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
     if Path(args.output).is_dir():
-        logger.error("--output %s: a folder; name the JSON file to write (e.g. %s)", args.output,
-                     Path(args.output) / "compare.json")
-        return EXIT_BAD_INPUT
+        raise BadInputError(f"--output {args.output}: a folder; name the JSON file to write (e.g. "
+                            f"{Path(args.output) / 'compare.json'})")
     if args.resamples < 1000:
         logger.warning("--resamples %d: intervals from fewer than 1,000 resamples move with the seed", args.resamples)
     try:
         doc = compare_evaluations(args.a, args.b, n_resamples=args.resamples, seed=args.seed, suites=args.suites,
                                   margin=args.regression_margin, alpha=args.regression_alpha)
     except EvaluationError as exc:
-        logger.error("%s", exc)
-        return EXIT_BAD_INPUT
+        raise BadInputError(str(exc)) from exc
     _print(doc, args.all)
     write_json(Path(args.output), nan_to_none(doc))
     print(f"written: {args.output}")

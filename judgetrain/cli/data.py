@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ from judgetrain.cli.args import ConventionParser, console
 from judgetrain.data.check import DATASETS, PERCENTILES, load_split, splits_of, summarise, token_lengths
 from judgetrain.data.check import __doc__ as _LIBRARY_DOC
 from judgetrain.data.validate import DataValidationError
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
 
@@ -46,11 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.tokenizer:  # a path, a hub id or a model alias (tiny-judge), loaded as training loads it
             tokenizer = _tokenizer(args.tokenizer)
     except DataValidationError as exc:
-        print(f"judgetrain data check: bad data\n{exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInputError(f"bad data\n{exc}") from exc
     except (FileNotFoundError, ValueError, OSError) as exc:
-        print(f"judgetrain data check: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInputError(str(exc)) from exc
 
     from rich.table import Table
 

@@ -43,8 +43,8 @@ from typing import Any
 from judgetrain.cli.args import console, figure_cell, follow_conventions, normalise, refuse_file, unknown_message
 from judgetrain.models.loading import load_tokenizer
 from judgetrain.run.checkpoints import list_checkpoints
-from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.device import has_accelerator
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -208,128 +208,148 @@ def _cpu_only() -> bool:
     return not has_accelerator()
 
 
-def refused(args: argparse.Namespace) -> str | None:
-    """Why the command's own options cannot run (one line, the fix), checked before any weights load: an output_dir
-    that is a file, a model, adapter, reference or baseline that cannot load here. None when they can."""
+def refuse(args: argparse.Namespace) -> None:
+    """Refuses (`BadInputError`, one line: the fix) the command's own options that cannot run, before any weights
+    load: an output_dir that is a file, a model, adapter, reference or baseline that cannot load here."""
     from judgetrain.checks.preflight import model_problem
 
     try:
         refuse_file(args.output_dir)
     except ValueError as err:
-        return str(err)
+        raise BadInputError(str(err)) from None
     run_dir = Path(args.model).is_dir() and list_checkpoints(Path(args.model))  # its checkpoints are the models
-    return next(filter(None, (model_problem(name, option) for option, name in (
+    problem = next(filter(None, (model_problem(name, option) for option, name in (
         ("--model", None if run_dir else args.model), ("--adapter", args.adapter), ("--ref_model", args.ref_model),
         ("--baseline", args.baseline)) if name)), None)
+    if problem:
+        raise BadInputError(problem)
 
 
 def load_rows(specs: list, args: argparse.Namespace) -> None:
     """Each suite's rows read once, its cap applied (every checkpoint is scored on the same rows); bad rows refused,
-    or with ``--on_bad_row skip`` written to ``<output_dir>/rejects-<suite>.jsonl`` and counted."""
+    or with ``--on_bad_row skip`` written to ``<output_dir>/rejects-<suite>.jsonl`` and counted. Rows that cannot be
+    read are a `BadInputError` naming them."""
     from judgetrain.eval.suites import load_suite_dataset, load_suite_rows
 
-    for spec in specs:
-        if args.on_bad_row == "skip":
-            spec.rows = [dict(r) for r in load_suite_dataset(
-                spec, on_bad_row="skip", rejects_path=str(Path(args.output_dir) / f"rejects-{spec.name}.jsonl"))]
-        spec.rows = load_suite_rows(spec)
-        spec.max_rows = None
+    try:
+        for spec in specs:
+            if args.on_bad_row == "skip":
+                spec.rows = [dict(r) for r in load_suite_dataset(
+                    spec, on_bad_row="skip", rejects_path=str(Path(args.output_dir) / f"rejects-{spec.name}.jsonl"))]
+            spec.rows = load_suite_rows(spec)
+            spec.max_rows = None
+    except (ValueError, FileNotFoundError) as err:  # DataValidationError is a ValueError
+        raise BadInputError(f"cannot load eval data: {err}") from err
+
+
+def evaluation_of(eval_args, args: argparse.Namespace):
+    """The `judgetrain.eval.session.Evaluation` of this command's options."""
+    from judgetrain.eval.session import Evaluation
+
+    return Evaluation(eval_args, max_length=args.max_length, long_inputs=args.long_inputs,
+                      model_revision=getattr(args, "model_revision", None), seed=args.seed,
+                      ideation_mode=args.ideation_mode)
+
+
+def runs(args: argparse.Namespace) -> list[tuple[str, str, str | None, bool]]:
+    """(name, target, adapter, baseline?) of each model evaluated: the baseline first (its per-item figures are kept
+    for the others), then each target of ``--model``. An alias that cannot be had here is a `BadInputError`."""
+    try:
+        root = _resolve(args.model)
+    except ValueError as err:  # e.g. its package is not installed: say how
+        raise BadInputError(str(err)) from None
+    targets = find_targets(root)
+    return ([("baseline", args.baseline, None, True)] if args.baseline else []) + [
+        (_name(target, root, len(targets)), target, args.adapter, False) for target in targets]
+
+
+def load_checked(target: str, adapter: str | None, args: argparse.Namespace, verdict: bool):
+    """`load_target`, with a model that cannot load, and a tokenizer without the verdict tokens, refused in one line."""
+    from judgetrain.eval.suites import check_verdict_tokens
+
+    try:
+        model, tokenizer, base = load_target(target, adapter, args)
+        if verdict:
+            check_verdict_tokens(tokenizer)
+    except BadInputError:
+        raise
+    except (OSError, ValueError, KeyError) as err:  # missing dir, no weights, bad adapter_config: say which
+        raise BadInputError(f"cannot load model {target}" + (f" with adapter {adapter}" if adapter else "")
+                            + f": {type(err).__name__}: {err}") from err
+    return model, tokenizer, base
+
+
+def load_reference(args: argparse.Namespace, device):
+    """The ``--ref_model`` of implicit scoring of a full model, on ``device`` (None without one)."""
+    if not args.ref_model:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(_resolve(args.ref_model), dtype=_dtype(args.dtype),
+                                                trust_remote_code=args.trust_remote_code).to(device)
+
+
+def evaluate_target(evaluation, specs: list, run: tuple, args: argparse.Namespace, state, shared: dict):
+    """Score one model (``run``: name, target, adapter, baseline?) on ``specs`` and write its files. ``shared``:
+    what the models evaluated in turn share (the reference model and its cache, the baseline's figures)."""
+    from judgetrain.eval.runner import evaluate_and_write
+    from judgetrain.eval.suites import verdict_suites
+
+    name, target, adapter, _ = run
+    verdict = bool(verdict_suites([s.name for s in specs], evaluation.modes))
+    model, tokenizer, base = load_checked(target, adapter, args, verdict)
+    model.to(state.device)
+    engine = evaluation.engine(model, tokenizer, ref_model=shared["ref_model"], ref_cache=shared["ref_cache"],
+                               ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base)
+    generator = evaluation.generator(model, tokenizer)
+    try:
+        return evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, modes=evaluation.modes,
+                                  generator=generator, model=target, adapter=adapter, baseline=shared["baseline"],
+                                  **evaluation.regression)
+    finally:
+        if generator is not None:  # a vLLM engine per model evaluated: each goes before the next starts
+            generator.close()
+
+
+def report(name: str, results: dict, doc: dict, args: argparse.Namespace, state) -> None:
+    """The warning naming the categories worse than the baseline, and the tables (main process)."""
+    if not state.is_main_process:
+        return
+    if doc.get("regressions"):
+        logger.warning("%s: %d categories worse than the baseline %s (%s): %s", name, len(doc["regressions"]),
+                       args.baseline, doc["worse_rule"], ", ".join(doc["regressions"]))
+    print_table(name, results)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from judgetrain.config.recipe import RecipeError
-    from judgetrain.utils.launcher import die_with_launcher
-
-    die_with_launcher()  # torchrun's workers live in sessions of their own: a killed launcher must not leave them
-    try:
-        eval_args, args = parse_args(argv)
-    except RecipeError as err:  # an EvalArguments value refused (an unknown suite)
-        print(f"judgetrain eval: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    """`judgetrain eval`. Bad input raises `BadInputError` (the `judgetrain` entry prints its one line, exit 2)."""
     from accelerate import PartialState
 
-    from judgetrain.eval.runner import current_items, evaluate_and_write
-    from judgetrain.eval.scoring import ScoringEngine
-    from judgetrain.eval.suites import check_verdict_tokens, suite_specs, verdict_suites
+    from judgetrain.config.recipe import remote_code_warning
+    from judgetrain.eval.runner import current_items
+    from judgetrain.utils.launcher import die_with_launcher
     from judgetrain.utils.numbers import nan_to_none
 
+    die_with_launcher()  # torchrun's workers live in sessions of their own: a killed launcher must not leave them
+    eval_args, args = parse_args(argv)  # an EvalArguments value refused (an unknown suite): RecipeError
     state = PartialState(cpu=_cpu_only())
     setup_logging(state.is_main_process)
-    from judgetrain.config.recipe import remote_code_warning
-
     warning = remote_code_warning(["--trust_remote_code"] if args.trust_remote_code else [], args.model)
     if warning and state.is_main_process:
         logger.warning(warning)
-    problem = refused(args)
-    if problem:
-        print(f"judgetrain eval: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        specs = suite_specs(eval_args, seed=args.seed, ideation_mode=args.ideation_mode)
-        load_rows(specs, args)
-    except (ValueError, FileNotFoundError) as err:  # DataValidationError is a ValueError
-        print(f"judgetrain eval: cannot load eval data: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    verdict = bool(verdict_suites([s.name for s in specs], eval_args.eval_scoring))
-
-    ref_model = None
-    if args.ref_model:
-        from transformers import AutoModelForCausalLM
-
-        ref_model = AutoModelForCausalLM.from_pretrained(_resolve(args.ref_model), dtype=_dtype(args.dtype),
-                                                         trust_remote_code=args.trust_remote_code).to(state.device)
-    try:
-        root = _resolve(args.model)
-    except ValueError as err:  # an alias that cannot be had here (e.g. its package is not installed): say how
-        print(f"judgetrain eval: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    targets = find_targets(root)
-    ref_cache: dict[str, float] = {}  # shared by the targets: keys name the reference weights and the tokens
+    refuse(args)
+    evaluation = evaluation_of(eval_args, args)
+    specs = evaluation.suite_specs()
+    load_rows(specs, args)
+    # shared by the models: the reference and its cache (keys name the reference weights and the tokens), the baseline
+    shared = {"ref_model": load_reference(args, state.device), "ref_cache": {}, "baseline": None}
     summary = {}
-    baseline = None
-    # (name, target, adapter, baseline?): the baseline first, its per-item figures kept for the others
-    runs = ([("baseline", args.baseline, None, True)] if args.baseline else []) + [
-        (_name(target, root, len(targets)), target, args.adapter, False) for target in targets]
-    for name, target, adapter, is_baseline in runs:
-        try:
-            model, tokenizer, base = load_target(target, adapter, args)
-            if verdict:
-                check_verdict_tokens(tokenizer)
-        except RecipeError as err:
-            print(f"judgetrain eval: {err}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        except (OSError, ValueError, KeyError) as err:  # missing dir, no weights, bad adapter_config: say which
-            print(f"judgetrain eval: cannot load model {target}"
-                  + (f" with adapter {adapter}" if adapter else "") + f": {type(err).__name__}: {err}",
-                  file=sys.stderr)
-            return EXIT_BAD_INPUT
-        model.to(state.device)
-        engine = ScoringEngine(model, tokenizer, ref_model=ref_model, max_length=args.max_length,
-                               long_inputs=args.long_inputs, **eval_args.engine_kwargs(),
-                               ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base,
-                               ref_cache=ref_cache)
-        generator = None
-        if "generate" in eval_args.eval_scoring:
-            from judgetrain.eval.generate import Generator
-
-            gen_kwargs = eval_args.generator_kwargs()
-            room = args.max_length + gen_kwargs["max_new_tokens"] if args.max_length else None  # prompt as scored, answer on top
-            generator = Generator(model, tokenizer, max_length=room, model_revision=getattr(args, "model_revision", None),
-                                  **gen_kwargs)
-        results, doc = evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state,
-                                          modes=eval_args.eval_scoring, generator=generator, model=target,
-                                          adapter=adapter, baseline=baseline, **eval_args.regression_kwargs())
-        if is_baseline:
-            baseline = current_items(results, eval_args.eval_scoring)
-        elif doc.get("regressions") and state.is_main_process:
-            logger.warning("%s: %d categories worse than the baseline %s (%s): %s", name, len(doc["regressions"]),
-                           args.baseline, doc["worse_rule"], ", ".join(doc["regressions"]))
-        summary[name] = doc["metrics"]
-        if state.is_main_process:
-            print_table(name, results)
-        if generator is not None:  # a vLLM engine per model evaluated: each goes before the next starts
-            generator.close()
-        del model, engine, generator
+    for run in runs(args):
+        results, doc = evaluate_target(evaluation, specs, run, args, state, shared)
+        if run[3]:
+            shared["baseline"] = current_items(results, evaluation.modes)
+        summary[run[0]] = doc["metrics"]
+        report(run[0], results, doc, args, state)
     if state.is_main_process:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "summary.json").write_text(json.dumps(nan_to_none(summary), indent=1))
@@ -338,4 +358,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from judgetrain.cli import run_command
+
+    sys.exit(run_command("eval", sys.argv[1:]))

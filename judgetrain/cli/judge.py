@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from judgetrain.cli.args import ConventionParser, console, refuse_file
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 from judgetrain.utils.numbers import check_scale
 
@@ -173,11 +173,6 @@ def summary_table(summary: dict):
     return table
 
 
-def _refuse(message: str) -> int:
-    print(f"judgetrain judge: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
-
-
 def finished_already(args: argparse.Namespace) -> int | None:
     """0 when the output_dir already holds every evaluation of this command (`judgetrain.judge.resume`: decided
     before torch, transformers or accelerate are imported, the summary printed again); None to start in full."""
@@ -241,11 +236,13 @@ def main(argv: list[str] | None = None) -> int:
                               rejects_path=args.rejects_path or str(out / REJECTS), revision=args.items_revision)
         result = run_panel(item_set, specs, opts, out, state)
     except (DataValidationError, JudgeSpecError, RecipeError, FileNotFoundError, ValueError) as err:
-        return _refuse(str(err))
+        raise BadInputError(str(err)) from err
     except EndpointError as err:  # mid-run: the answers received are committed; a refusal (key, model) is exit 2
-        print(f"judgetrain judge: {err}; the evaluations committed stay, run the same command to continue",
-              file=sys.stderr)
-        return 2 if err.status in (401, 403, 404) or isinstance(err, RequestRefused) else 1
+        message = f"{err}; the evaluations committed stay, run the same command to continue"
+        if err.status in (401, 403, 404) or isinstance(err, RequestRefused):
+            raise BadInputError(message) from err
+        print(f"judgetrain judge: {message}", file=sys.stderr)
+        return 1
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if state.is_main_process:
@@ -255,4 +252,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from judgetrain.cli import run_command
+
+    sys.exit(run_command("judge", sys.argv[1:]))

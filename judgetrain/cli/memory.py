@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 from judgetrain.bench.memory import check, llama_model_folder
 from judgetrain.checks.memory import BUILTIN_SHAPES, OPTIMIZER_IMPLEMENTATIONS
 from judgetrain.cli.args import ConventionParser
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 
 
 def build_parser() -> ConventionParser:
@@ -37,9 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.model)
     if not (folder.is_dir() if args.arch else (folder / "config.json").is_file()):
         what = "a folder" if args.arch else "a model folder (no config.json)"
-        print(f"judgetrain memory check: {args.model}: not {what}; give a model folder, or with --arch the folder of "
-              "a tokenizer", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInputError(f"{args.model}: not {what}; give a model folder, or with --arch the folder of a "
+                            "tokenizer")
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if args.arch:

@@ -10,7 +10,7 @@ import logging
 
 from judgetrain.cli.args import ConventionParser, console, refuse_file
 from judgetrain.data.pairs import PanelDataError, build_pairs
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             score_key=args.score_key, anchor_sets=args.anchor_sets,
         )
     except (PanelDataError, ValueError) as err:
-        logger.error("%s", err)
-        return EXIT_BAD_INPUT
+        raise BadInputError(str(err)) from err
     return show_stats(stats, args.output_dir)
 
 

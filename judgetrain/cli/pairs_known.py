@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from judgetrain.cli.args import ConventionParser, refuse_file
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                             max_pairs=args.max_pairs, validation_fraction=args.validation_fraction, seed=args.seed,
                             score_key=args.score_key, scale=tuple(args.scale))
     except (DataValidationError, ValueError, FileNotFoundError) as err:
-        logger.error("%s", err)
-        return EXIT_BAD_INPUT
+        raise BadInputError(str(err)) from err
     from judgetrain.cli.pairs import show_stats
 
     return show_stats(stats, args.output_dir)

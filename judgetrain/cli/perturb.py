@@ -33,7 +33,8 @@ from pathlib import Path
 
 from judgetrain.cli.args import ConventionParser, console, refuse_file
 from judgetrain.cli.judge import add_batch_options, add_endpoint_options, add_gpu_memory_option, options
-from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_PREEMPTED
+from judgetrain.run.state import EXIT_PREEMPTED
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -122,12 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         result = perturb(spec, samples, out, rewriter=rewriter if models else None, opts=opts if models else None,
                          state=state)
     except (DataValidationError, SpecError, JudgeSpecError, FileNotFoundError, ValueError) as err:
-        print(f"judgetrain perturb: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInputError(str(err)) from err
     except EndpointError as err:  # mid-run, as judge: the rewrites committed stay; a refused key or model is exit 2
-        print(f"judgetrain perturb: {err}; the rewrites committed stay, run the same command to continue",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT if err.status in (401, 403, 404) or isinstance(err, RequestRefused) else 1
+        message = f"{err}; the rewrites committed stay, run the same command to continue"
+        if err.status in (401, 403, 404) or isinstance(err, RequestRefused):
+            raise BadInputError(message) from err
+        print(f"judgetrain perturb: {message}", file=sys.stderr)
+        return 1
     if result["status"] == "stopped":
         return EXIT_PREEMPTED
     if "summary" in result:
@@ -151,4 +153,6 @@ def process_state():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from judgetrain.cli import run_command
+
+    sys.exit(run_command("perturb", sys.argv[1:]))

@@ -16,7 +16,7 @@ from judgetrain.report.build import (SUMMARY_HEADER, NothingToReport, build_repo
                                      summary_cells)
 from judgetrain.report.build import __doc__ as _LIBRARY_DOC
 from judgetrain.report.headline import headline, headline_note, headline_table
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -79,14 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     missing = [d for d in args.run_dirs if not Path(d).is_dir()]
     if missing:
-        logger.error("not a run directory: %s", ", ".join(missing))
-        return EXIT_BAD_INPUT
+        raise BadInputError(f"not a run directory: {', '.join(missing)}")
     try:
         refuse_file(args.output_dir or ".")
         result = build_report(args.run_dirs, args.output_dir)
     except (NothingToReport, ValueError) as err:
-        logger.error("%s", err)
-        return EXIT_BAD_INPUT
+        raise BadInputError(str(err)) from err
     _print_tables(result)
     return 0
 

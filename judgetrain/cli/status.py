@@ -23,6 +23,7 @@ from pathlib import Path
 
 from judgetrain.run.layout import IDENTITY_FILE, METRICS_FILE, STATUS_FILE
 from judgetrain.run.state import EXIT_BAD_INPUT, LAUNCH_ID_ENV, output_dir_in_use, read_statuses
+from judgetrain.utils.errors import BadInputError
 
 # how each status line a launch writes reads (judgetrain.train, judgetrain.run.state.outcome_code)
 STATES = {"finished": "finished",
@@ -40,14 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     verify = "--verify" in argv
     argv = [a for a in argv if a != "--verify"]
     if not argv:
-        print("judgetrain status: name the run: judgetrain status RUN_DIR --verify (or RECIPE --verify)",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInputError("name the run: judgetrain status RUN_DIR --verify (or RECIPE --verify)")
     try:
         output_dir = run_folder(argv)
     except ValueError as err:
-        print(f"judgetrain status: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInputError(str(err)) from err
     if verify:
         return verify_run(output_dir)
     launch_id = os.environ.get(LAUNCH_ID_ENV)
@@ -126,4 +124,6 @@ def verify_run(output_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from judgetrain.cli import run_command
+
+    sys.exit(run_command("status", sys.argv[1:]))

@@ -3,12 +3,11 @@ tokenizer)."""
 
 from __future__ import annotations
 
-import sys
 
 from judgetrain.cli.args import ConventionParser, refuse_file
 from judgetrain.models.tiny import __doc__ as _LIBRARY_DOC
 from judgetrain.models.tiny import build_tiny_judge, ensure_tiny_judge
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 
 
 def build_parser() -> ConventionParser:
@@ -24,8 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         refuse_file(args.output_dir or ".")
     except ValueError as err:
-        print(f"judgetrain tiny build: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInputError(str(err)) from err
     path = build_tiny_judge(args.output_dir, seed=args.seed) if args.output_dir else ensure_tiny_judge(seed=args.seed)
     print(path)
     return 0

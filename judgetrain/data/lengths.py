@@ -81,11 +81,38 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     completion would be cut (the judge's score lost), then apply the recipe's action. Returns (dataset, report).
     ``neutralise``: neutralise the messages' control strings first (`judgetrain.data.chat`), in the same pass over
     the rows as the tokenisation (the rows returned are the neutralised ones)."""
-    from judgetrain.compat.datasets import tokenizers_parallelism_kept
-    from judgetrain.data.chat import control_strings, neutralise_dataset
+    from judgetrain.data.chat import neutralise_dataset
 
     if max_length is None:
         return (neutralise_dataset(dataset, tokenizer, num_proc=num_proc) if neutralise else dataset), {"max_length": None}
+    with_len, tokens, tokenisation = _tokenised(dataset, tokenizer, num_proc, neutralise)
+    report: dict = {"max_length": max_length, "action": action, "datasets": {}, "tokenisation": tokenisation}
+    bad_rows = _count_long(with_len, max_length, report["datasets"])
+    if bad_rows and action == "error":
+        first = ", ".join(f"row {i} ({why})" for i, why in bad_rows[:5])
+        raise RecipeError(
+            f"{len(bad_rows)} training rows do not fit max_length={max_length}: {first}. Raise max_length, or set "
+            "long_rows to skip, truncate or shorten_prompt."
+        )
+    drop: dict[int, str] = {}
+    if action == "skip":
+        drop = dict(bad_rows)
+    elif action == "shorten_prompt" and bad_rows:
+        with_len, drop, report["shortened"] = _shorten_rows(with_len, bad_rows, tokenizer, max_length, tokens)
+    if drop:
+        with_len = _drop_rows(with_len, drop, rejects_path)
+    report["skipped"] = len(drop)
+    if action == "truncate" and bad_rows:
+        logger.warning("Data audit: %d rows will be truncated by TRL (their completion end is lost)", len(bad_rows))
+    return with_len.remove_columns(["_prompt_len", "_full_len", "_as_trl"]), report
+
+
+def _tokenised(dataset, tokenizer, num_proc, neutralise: bool):
+    """(the rows with TRL's ids and the audit's counts, the boundary tokens, the report's ``tokenisation`` entry):
+    the tokenisation pass, neutralising the messages' control strings first with ``neutralise``."""
+    from judgetrain.compat.datasets import tokenizers_parallelism_kept
+    from judgetrain.data.chat import control_strings, neutralise_dataset
+
     strings = control_strings(tokenizer) if neutralise else ()
     tokens, tokenisation = _tokenisation_plan(
         neutralise_dataset(_first_rows(dataset), tokenizer) if neutralise else _first_rows(dataset), tokenizer)
@@ -106,14 +133,17 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
     tokenisation["rows_prompt_once"] = len(with_len) - tokenisation["rows_as_trl"]
     logger.info("Tokenisation: %d rows with the prompt tokenised once, %d as TRL does (three times)",
                 tokenisation["rows_prompt_once"], tokenisation["rows_as_trl"])
+    return with_len, tokens, tokenisation
+
+
+def _count_long(with_len, max_length: int, datasets: dict) -> list[tuple[int, str]]:
+    """Per mixture component (``datasets``, filled): rows, rows whose prompt fills max_length, rows whose completion
+    would be cut, the longest; returns the rows that do not fit, each with why."""
     names = with_len["dataset"] if "dataset" in with_len.column_names else ["train"] * len(with_len)
-    prompt_lens, full_lens = with_len["_prompt_len"], with_len["_full_len"]
-    report: dict = {"max_length": max_length, "action": action, "datasets": {}, "tokenisation": tokenisation}
     bad_rows = []
-    for i, (name, p, f) in enumerate(zip(names, prompt_lens, full_lens)):
-        entry = report["datasets"].setdefault(
-            name, {"rows": 0, "prompt_fills_max_length": 0, "completion_cut": 0, "max_tokens": 0}
-        )
+    for i, (name, p, f) in enumerate(zip(names, with_len["_prompt_len"], with_len["_full_len"])):
+        entry = datasets.setdefault(name, {"rows": 0, "prompt_fills_max_length": 0, "completion_cut": 0,
+                                           "max_tokens": 0})
         entry["rows"] += 1
         entry["max_tokens"] = max(entry["max_tokens"], f)
         if p >= max_length:
@@ -122,55 +152,50 @@ def audit_lengths(dataset, tokenizer, max_length: int | None, action: str, rejec
         elif f > max_length:
             entry["completion_cut"] += 1
             bad_rows.append((i, "completion_cut"))
-    for name, entry in report["datasets"].items():
+    for name, entry in datasets.items():
         logger.info(
             "Data audit [%s]: %d rows, %d with a prompt that fills max_length=%d, %d whose completion would be cut, "
             "longest %d tokens",
             name, entry["rows"], entry["prompt_fills_max_length"], max_length, entry["completion_cut"], entry["max_tokens"],
         )
-    if bad_rows and action == "error":
-        first = ", ".join(f"row {i} ({why})" for i, why in bad_rows[:5])
-        raise RecipeError(
-            f"{len(bad_rows)} training rows do not fit max_length={max_length}: {first}. Raise max_length, or set "
-            "long_rows to skip, truncate or shorten_prompt."
-        )
+    return bad_rows
+
+
+def _shorten_rows(with_len, bad_rows: list[tuple[int, str]], tokenizer, max_length: int, tokens):
+    """``long_rows: shorten_prompt``: (the rows with the long prompts shortened, the rows that could not be and why,
+    how many were shortened)."""
     drop: dict[int, str] = {}
-    if action == "skip":
-        drop = dict(bad_rows)
-    elif action == "shorten_prompt" and bad_rows:
-        fixed = 0
-        rows = {}
-        for i, why in bad_rows:
-            new, ok = _shorten_prompt(with_len[i], tokenizer, max_length, tokens)
-            if ok:
-                rows[i] = new
-                fixed += 1
-            else:
-                drop[i] = f"{why}_unfixable"
-        if rows:
-            def replace(example, idx):
-                return rows.get(idx, example)
+    rows = {}
+    for i, why in bad_rows:
+        new, ok = _shorten_prompt(with_len[i], tokenizer, max_length, tokens)
+        if ok:
+            rows[i] = new
+        else:
+            drop[i] = f"{why}_unfixable"
+    if rows:
+        def replace(example, idx):
+            return rows.get(idx, example)
 
-            with_len = with_len.map(replace, with_indices=True, features=with_len.features,
-                                    desc="Shortening long prompts")
-        report["shortened"] = fixed
-        logger.info("Data audit: shortened the prompt of %d rows; %d could not be shortened and are skipped", fixed, len(drop))
-    if drop:
-        if rejects_path:  # rewritten on each load (a resume loads the same rows): never the same row twice
-            from judgetrain.data.validate import write_rejects
+        with_len = with_len.map(replace, with_indices=True, features=with_len.features, desc="Shortening long prompts")
+    logger.info("Data audit: shortened the prompt of %d rows; %d could not be shortened and are skipped", len(rows),
+                len(drop))
+    return with_len, drop, len(rows)
 
-            write_rejects(rejects_path, (
-                {"row": i, "reason": why, "tokens": full_lens[i],
-                 "data": {k: v for k, v in with_len[i].items() if not k.startswith("_") and k not in TOKEN_COLUMNS}}
-                for i, why in sorted(drop.items())
-            ))
-        keep = [i for i in range(len(with_len)) if i not in drop]
-        with_len = with_len.select(keep)
-        logger.warning("Data audit: skipped %d rows that do not fit max_length (written to %s)", len(drop), rejects_path)
-    report["skipped"] = len(drop)
-    if action == "truncate" and bad_rows:
-        logger.warning("Data audit: %d rows will be truncated by TRL (their completion end is lost)", len(bad_rows))
-    return with_len.remove_columns(["_prompt_len", "_full_len", "_as_trl"]), report
+
+def _drop_rows(with_len, drop: dict[int, str], rejects_path: str | None):
+    """The rows less ``drop`` (index -> why), those written to ``rejects_path``, counted in one warning."""
+    if rejects_path:  # rewritten on each load (a resume loads the same rows): never the same row twice
+        from judgetrain.data.validate import write_rejects
+
+        full_lens = with_len["_full_len"]
+        write_rejects(rejects_path, (
+            {"row": i, "reason": why, "tokens": full_lens[i],
+             "data": {k: v for k, v in with_len[i].items() if not k.startswith("_") and k not in TOKEN_COLUMNS}}
+            for i, why in sorted(drop.items())
+        ))
+    with_len = with_len.select([i for i in range(len(with_len)) if i not in drop])
+    logger.warning("Data audit: skipped %d rows that do not fit max_length (written to %s)", len(drop), rejects_path)
+    return with_len
 
 
 # Fewer rows than this for each of dataset_num_proc processes: one process, its batches encoded on every core by the

@@ -1,4 +1,6 @@
-"""Evaluation: one scoring engine (`scoring`), the suites (`suites`), the runner, the per-epoch callback and the CLI.
+"""Evaluation: one scoring engine (`scoring`, its token sequences built in `sequences`), the generator (`generate`,
+its vLLM backend in `vllm`), the suites (`suites`), the runner, the evaluation built in one place (`session`), the
+per-epoch callback and the CLI.
 
     from judgetrain.eval import ScoringEngine, SuiteSpec, evaluate, evaluate_and_write
     engine = ScoringEngine(model, tokenizer, scoring="implicit")
@@ -13,8 +15,9 @@ import importlib
 # Resolved on first use (PEP 562), so that `judgetrain.eval.metrics` (pure numpy) imports without torch.
 _EXPORTS = {
     "SuiteResult": "runner", "evaluate": "runner", "evaluate_and_write": "runner", "flat_metrics": "runner",
-    "write_records": "runner", "Request": "scoring", "RowScore": "scoring", "ScoringEngine": "scoring",
+    "write_records": "runner", "Request": "sequences", "RowScore": "sequences", "ScoringEngine": "scoring",
     "score_sharded": "scoring", "SUITES": "suites", "SuiteSpec": "suites", "load_suite_rows": "suites",
+    "Evaluation": "session",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -2,6 +2,7 @@
 
     trainer = DPOTrainer(...)
     trainer.add_callback(JudgeEvalCallback([SuiteSpec("rmbench", max_rows=200), SuiteSpec("judgebias")], trainer=trainer))
+    # or with the options of a recipe's eval keys: JudgeEvalCallback(suites, Evaluation(EvalArguments(...)), ...)
     trainer.train()
 
 Like TRL's own evaluation callbacks (``WinRateCallback(judge, trainer)``) it is given its trainer: it logs through
@@ -37,19 +38,18 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 from judgetrain.compat.transformers import log_without_overrides, save_checkpoint_now
-from judgetrain.config.recipe import REGRESSION_ACTIONS, Recipe, recorded_mode, scoring_modes
+from judgetrain.config.recipe import Recipe
 from judgetrain.eval import reference
-from judgetrain.eval.compare import REGRESSION_ALPHA, worse_rule
+from judgetrain.eval.compare import worse_rule
 from judgetrain.eval.evidence import NO_BASELINE_MODES, read_baseline
-from judgetrain.eval.generate import Generator
 from judgetrain.eval.metrics import Items, rmbench_matrices, split_interval_keys, to_trainer_log_keys
 from judgetrain.eval.plots import log_matrix_images
 from judgetrain.eval.runner import current_items, evaluate_and_write
 from judgetrain.run.checkpoints import checkpoint_dir, finish_markers
 from judgetrain.eval.scoring import EvalStopped, ScoringEngine
+from judgetrain.eval.session import Evaluation
 from judgetrain.eval.suites import SuiteSpec
 from judgetrain.trainer.callbacks import GracefulStop, RunStopped
-from judgetrain.utils.ranks import any_rank
 
 logger = logging.getLogger(__name__)
 
@@ -59,67 +59,49 @@ class JudgeEvalCallback(TrainerCallback):
 
     Args:
         suites: the suites (`SuiteSpec`), or suite names (bundled sources).
-        tokenizer: the tokenizer (default: the trainer's processing_class, read at `attach`).
-        scoring: a mode or a list of modes: ``implicit`` (DPO implicit reward; reference = adapter disabled, or the
-            trainer's ref_model), ``judge`` (expected overall score), ``generate`` (the judge writes its evaluation;
+        evaluation: what is evaluated and how (`judgetrain.eval.session.Evaluation`: the scoring modes, the engine's
+            and the generator's options, the regression guard's); default: ``Evaluation()``, implicit scoring.
+            Modes: ``implicit`` (DPO implicit reward; reference = adapter disabled, or the trainer's ref_model),
+            ``judge`` (expected overall score), ``generate`` (the judge writes its evaluation;
             `judgetrain.eval.generate.Generator`). The first of implicit / judge gives the bare keys.
+        tokenizer: the tokenizer (default: the trainer's processing_class, read at `attach`).
         own_schedule: with ``eval_strategy="no"``, evaluate at each epoch end (and every ``every_n_steps``); False:
             only when the trainer evaluates (``eval_on_start``, ``trainer.evaluate()``).
         every_n_steps: with the own schedule, also evaluate every N optimizer steps (0: epoch ends only).
         on_start: evaluate once before the first step (the baseline, logged at step 0), as ``eval_on_start`` does.
-        max_length, long_inputs, batch_tokens, prefix_sharing, merge_lora: passed to `ScoringEngine`.
-        generator_kwargs: generate mode: options of the `Generator` (max_new_tokens, do_sample, temperature, seed,
-            backend, ...; merge_lora defaults to the engine's, max_length to the engine's plus max_new_tokens).
         output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
         trainer: the trainer (or call `attach` once it is built); add the callback with ``trainer.add_callback``.
         log_matrix_images: also log the RM-Bench 3x3 heatmaps as images to the active W&B / TensorBoard callbacks.
-        regression_action: after an eval with a baseline (the eval at step 0, for every mode but implicit: see
-            `judgetrain.eval.evidence`), the categories whose figure got worse with an interval excluding 0 are named
-            in one WARNING line and kept in ``regressions``; ``"stop"`` also saves a checkpoint of this step and ends
-            the run (`RunStopped` with reason "regression").
-        regression_margin: a category is worse only when the whole interval of its difference lies beyond this
-            margin the wrong way (the figure's units; 0: any interval excluding 0).
+
+    The regression guard (``eval_regression_action``, ``_margin``, ``_alpha`` of the evaluation's arguments): after
+    an eval with a baseline (the eval at step 0, for every mode but implicit: see `judgetrain.eval.evidence`), the
+    categories whose figure got worse with an interval excluding 0 (and beyond the margin, in the figures' units)
+    are named in one WARNING line and kept in ``regressions``; ``"stop"`` also saves a checkpoint of this step and
+    ends the run (`RunStopped` with reason "regression").
     """
 
     def __init__(
         self,
         suites: list[SuiteSpec | str],
+        evaluation: Evaluation | None = None,
         *,
         tokenizer: Any = None,
-        scoring: str | list[str] = "implicit",
         own_schedule: bool = True,
         every_n_steps: int = 0,
         on_start: bool = False,
-        max_length: int | None = None,
-        long_inputs: str = "truncate_prompt",
-        batch_tokens: int = 8192,
-        generator_kwargs: dict[str, Any] | None = None,
-        prefix_sharing: bool = True,
-        merge_lora: bool = True,
         output_dir: str | None = None,
         ref_model: Any = None,
         trainer: Any = None,
         log_matrix_images: bool = False,
-        regression_action: str = "warn",
-        regression_margin: float = 0.0,
-        regression_alpha: float = REGRESSION_ALPHA,
     ) -> None:
         self.suites = [s if isinstance(s, SuiteSpec) else SuiteSpec(s) for s in suites]
+        self.evaluation = evaluation if evaluation is not None else Evaluation()
         self.tokenizer = tokenizer
-        self.modes = scoring_modes(scoring)
-        self.scoring = recorded_mode(self.modes)
+        self.modes = self.evaluation.modes
         self.own_schedule = own_schedule
         self.every_n_steps = int(every_n_steps or 0)
         self.on_start = on_start
-        self.engine_kwargs = dict(scoring=self.scoring, max_length=max_length, long_inputs=long_inputs,
-                                  batch_tokens=batch_tokens, prefix_sharing=prefix_sharing, merge_lora=merge_lora)
-        self.generator_kwargs = {"merge_lora": merge_lora, **(generator_kwargs or {})}
-        if max_length and "max_length" not in self.generator_kwargs:
-            # the prompt keeps the room training gives it and the answer comes on top: with the training max_length
-            # alone, a recipe whose prompts nearly fill it (the laptop recipe: 768, prompts ~450 tokens) would cut
-            # every prompt's rubric away to make room for max_new_tokens
-            self.generator_kwargs["max_length"] = int(max_length) + int(self.generator_kwargs.get("max_new_tokens", 512))
         self.output_dir = output_dir
         self.ref_model = ref_model
         self.log_matrix_images = log_matrix_images
@@ -128,11 +110,6 @@ class JudgeEvalCallback(TrainerCallback):
         self.generator: Any = None  # generate mode: one Generator, reused every eval
         self.last_step: int | None = None
         self.history: list[dict[str, float]] = []  # flat metrics of every eval, in order (handy in tests)
-        if regression_action not in REGRESSION_ACTIONS:
-            raise ValueError(f"regression_action: one of {REGRESSION_ACTIONS}, got {regression_action!r}")
-        self.regression_action = regression_action
-        self.regression_margin = regression_margin
-        self.regression_alpha = regression_alpha
         self.baseline: dict[tuple[str, str], Items] | None = None  # per-item figures of the eval at step 0
         self.regressions: list[dict[str, Any]] = []  # {step, categories} of each eval that found some
         if trainer is not None:
@@ -141,24 +118,12 @@ class JudgeEvalCallback(TrainerCallback):
     @classmethod
     def from_recipe(cls, recipe: Recipe, suites: list[SuiteSpec], tokenizer: Any, *,
                     trainer: Any = None) -> JudgeEvalCallback:
-        """Build from a `Recipe` and its suites (`judgetrain.eval.rows.recipe_specs`, their rows already read by
-        `prepare_eval_rows`); the schedule is the DPOConfig's (eval_strategy, eval_steps, eval_on_start). A vLLM engine
-        loads the base model at the run's pinned ``model_revision``."""
-        script_args, training_args = recipe.script_args, recipe.training_args
-        return cls(
-            suites,
-            tokenizer=tokenizer,
-            own_schedule=False,
-            max_length=training_args.max_length,
-            long_inputs="skip" if script_args.long_rows == "skip" else "truncate_prompt",
-            **{**script_args.engine_kwargs(), "scoring": script_args.eval_scoring},
-            generator_kwargs={**script_args.generator_kwargs(), "model_revision": recipe.model_args.model_revision},
-            output_dir=training_args.output_dir,
-            log_matrix_images=script_args.log_matrix_images,
-            trainer=trainer,
-            regression_action=script_args.eval_regression_action,
-            **script_args.regression_kwargs(),
-        )
+        """Build from a `Recipe` (`Evaluation.from_recipe`) and its suites (`judgetrain.eval.rows.recipe_specs`, their
+        rows already read by `prepare_eval_rows`); the schedule is the DPOConfig's (eval_strategy, eval_steps,
+        eval_on_start). A vLLM engine loads the base model at the run's pinned ``model_revision``."""
+        return cls(suites, Evaluation.from_recipe(recipe), tokenizer=tokenizer, own_schedule=False,
+                   output_dir=recipe.training_args.output_dir,
+                   log_matrix_images=recipe.script_args.log_matrix_images, trainer=trainer)
 
     @staticmethod
     @contextlib.contextmanager
@@ -239,9 +204,8 @@ class JudgeEvalCallback(TrainerCallback):
         model = self._model()
         if self.engine is None:
             stopper = self._stopper()
-            stop_check = (lambda: any_rank([stopper.requested])[0]) if stopper is not None else None
-            self.engine = ScoringEngine(model, self.tokenizer, ref_model=self._reference(model), stop_check=stop_check,
-                                        **self.engine_kwargs)
+            self.engine = self.evaluation.engine(model, self.tokenizer, ref_model=self._reference(model),
+                                                 stop_check=stopper.any_requested if stopper is not None else None)
         else:
             self.engine.set_model(model)
         return self.engine
@@ -305,16 +269,18 @@ class JudgeEvalCallback(TrainerCallback):
 
     def _regressed(self, state, worse: list[str]) -> None:
         """Categories got worse than at step 0: one WARNING line naming them, kept in ``regressions``; with
-        ``regression_action="stop"`` a checkpoint of this step is saved and the run ends (every process: the
+        ``eval_regression_action: stop`` a checkpoint of this step is saved and the run ends (every process: the
         figures are the same on each)."""
         step = int(state.global_step)
         self.regressions.append({"step": step, "categories": list(worse)})
+        stop = self.evaluation.args.eval_regression_action == "stop"
         if self.trainer.is_world_process_zero():
             logger.warning("eval at step %d: %d categor%s worse than the baseline (the eval before the first step; %s): "
                            "%s%s", step, len(worse), "y" if len(worse) == 1 else "ies",
-                           worse_rule(self.regression_margin, self.regression_alpha), ", ".join(worse),
-                           "; stopping (eval_regression_action: stop)" if self.regression_action == "stop" else "")
-        if self.regression_action != "stop":
+                           worse_rule(self.evaluation.args.eval_regression_margin,
+                                      self.evaluation.args.eval_regression_alpha), ", ".join(worse),
+                           "; stopping (eval_regression_action: stop)" if stop else "")
+        if not stop:
             return
         trainer = self.trainer
         save_checkpoint_now(trainer)
@@ -383,17 +349,15 @@ class JudgeEvalCallback(TrainerCallback):
 
         model = self._engine().model
         if "generate" in self.modes:
-            if self.generator is None:
-                self.generator = Generator(model, self.tokenizer, **self.generator_kwargs)
-                self.generator.stop_check = self.engine.stop_check  # a SIGTERM stops generation between its calls too
+            if self.generator is None:  # a SIGTERM stops generation between its calls too
+                self.generator = self.evaluation.generator(model, self.tokenizer, stop_check=self.engine.stop_check)
             self.generator.set_model(model, self.trainer.accelerator)  # ZeRO-3: gathered once per generate call
         out = Path(self.output_dir) / "eval" / str(step)
         try:
             results, summary = evaluate_and_write(self.engine, self.suites, out, state=PartialState(), modes=self.modes,
                                                   generator=self.generator, step=step, epoch=state.epoch,
                                                   baseline=self.baseline if step > 0 else None,
-                                                  regression_margin=self.regression_margin,
-                                                  regression_alpha=self.regression_alpha)
+                                                  **self.evaluation.regression)
         except EvalStopped as stop:
             self._abandon(state, stop, "the eval")
         finally:

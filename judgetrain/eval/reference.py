@@ -61,7 +61,7 @@ def score_reference(engine: ScoringEngine, specs: list[SuiteSpec], state: Any) -
                     req = build_request(spec.name, spec.rows[i], "implicit")
                     req.cache_key = f"{spec.key}:{i}"  # as runner.evaluate names it: the ids are reused there
                     requests.append(req)
-                seqs, _ = engine._build_sequences(requests)
+                seqs, _ = engine.sequences.build(requests)
                 implicit = [s for s in seqs if requests[s.row].kind == "implicit"]
                 engine._reference_logps(implicit, world > 1)
                 n += len(implicit)

@@ -7,8 +7,8 @@ others wait, then read its copy), the recipe's ``on_bad_row`` applied with the r
 rows' (``<output_dir>/rejects/eval_<suite>.jsonl``), the cap applied, the rows written once per machine to
 ``<output_dir>/eval_rows/<suite>/node-K`` and read back memory-mapped (a `datasets.Dataset` on ``spec.rows``: no
 per-rank copy of every row as Python dicts for the whole run). The length audit counts the rows whose sequences
-exceed ``max_length`` as the engine tokenises them (cut from the left, or skipped with ``long_rows: skip``) and
-writes the counts to ``<output_dir>/eval_audit.json``.
+exceed ``max_length`` as the engine tokenises them (`judgetrain.eval.sequences`, no model needed; cut from the left,
+or skipped with ``long_rows: skip``) and writes the counts to ``<output_dir>/eval_audit.json``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from typing import Any
 
 from accelerate import PartialState
 
-from judgetrain.config.recipe import PROXY_MODES, Recipe, recorded_mode, scoring_modes
+from judgetrain.config.recipe import PROXY_MODES, Recipe, scoring_modes
 from judgetrain.data.prepare import reload_memory_mapped, tokenizer_key
-from judgetrain.eval.scoring import ScoringEngine
+from judgetrain.eval.sequences import SequenceBuilder
+from judgetrain.eval.session import Evaluation
 from judgetrain.eval.suites import (SuiteSpec, applies, build_requests, check_verdict_tokens, load_suite_dataset,
-                                   load_suite_rows, suite_specs, verdict_suites)
+                                   load_suite_rows, verdict_suites)
 from judgetrain.utils.files import read_json, write_json
 from judgetrain.utils.fingerprints import code_digest
 
@@ -50,30 +51,27 @@ def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: s
 
 
 def recipe_specs(recipe: Recipe) -> list[SuiteSpec]:
-    """The suites a recipe evaluates during training ([] when it does not evaluate): its ``eval_*`` keys, the run's
-    seed for the row cap, and Ideation in the format the judge is trained on (the ``mode`` of an ideation component
-    of ``train_datasets``)."""
+    """The suites a recipe evaluates during training ([] when it does not evaluate): its evaluation's
+    (`Evaluation.from_recipe`: its ``eval_*`` keys, the run's seed for the row cap, Ideation in the format the judge is
+    trained on)."""
     script_args, training_args = recipe.script_args, recipe.training_args
     if not script_args.eval_suites or (training_args.eval_strategy == "no" and not training_args.eval_on_start):
         return []
-    ideation_mode = "implicit"
-    for comp in script_args.train_datasets or []:
-        if comp.get("dataset") == "ideation" and comp.get("mode"):
-            ideation_mode = comp["mode"]
-    return suite_specs(script_args, seed=training_args.seed or 0, ideation_mode=ideation_mode)
+    return Evaluation.from_recipe(recipe).suite_specs()
 
 
 def recipe_eval_suites(recipe: Recipe, tokenizer) -> list[SuiteSpec]:
     """The suites a recipe evaluates during training, their rows read now (`prepare_eval_rows`); [] when it does
     not evaluate. Give them to the run's `JudgeEvalCallback`."""
-    script_args, training_args = recipe.script_args, recipe.training_args
+    script_args = recipe.script_args
     specs = recipe_specs(recipe)
     if verdict_suites([s.name for s in specs], script_args.eval_scoring):
         check_verdict_tokens(tokenizer)  # before any row is read or weight loaded
     if specs:
-        prepare_eval_rows(specs, training_args.output_dir, on_bad_row=script_args.on_bad_row, tokenizer=tokenizer,
-                          max_length=training_args.max_length, scoring=script_args.eval_scoring,
-                          long_inputs="skip" if script_args.long_rows == "skip" else "truncate_prompt")
+        evaluation = Evaluation.from_recipe(recipe)
+        prepare_eval_rows(specs, recipe.training_args.output_dir, on_bad_row=script_args.on_bad_row,
+                          tokenizer=tokenizer, max_length=evaluation.max_length, scoring=script_args.eval_scoring,
+                          long_inputs=evaluation.long_inputs)
     return specs
 
 
@@ -142,7 +140,7 @@ def _audit_key(fingerprint: str | None, tokenizer: Any, max_length: int, long_in
     tok = tokenizer_key(tokenizer)
     if not fingerprint or not tok:
         return None
-    code = code_digest("eval/scoring.py", "eval/suites.py", "eval/rows.py")  # the code that builds what it counts
+    code = code_digest("eval/sequences.py", "eval/suites.py", "eval/rows.py")  # the code that builds what it counts
     parts = [fingerprint, tok, max_length, long_inputs, scoring_modes(scoring), code]
     return hashlib.sha256(json.dumps(parts, default=str).encode("utf-8")).hexdigest()
 
@@ -157,7 +155,7 @@ def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_in
         ["judge"] if "generate" in modes and "judge" not in modes else []) + (
         ["verdict"] if "verdict" in modes and applies(spec.name, "verdict") else [])
     counts = {"rows": 0, "too_long": 0, "longest": 0}
-    engine = ScoringEngine(None, tokenizer, scoring=recorded_mode(kinds), max_length=1 << 30)
+    sequences = SequenceBuilder(tokenizer, max_length=1 << 30)  # nothing cut: each sequence's whole length
     for start in range(0, len(spec.rows), AUDIT_BATCH):  # a batch of rows at a time: each prompt tokenised once
         batch = list(spec.rows.select(range(start, min(start + AUDIT_BATCH, len(spec.rows))))) \
             if hasattr(spec.rows, "select") else spec.rows[start:start + AUDIT_BATCH]
@@ -165,7 +163,7 @@ def audit_eval_lengths(spec: SuiteSpec, tokenizer: Any, max_length: int, long_in
         for kind in kinds:
             requests = [build_requests(spec, row, kind) for row in batch]
             owner = [i for i, built in enumerate(requests) for _ in built]  # the row of each request
-            for s in engine._build_sequences([r for built in requests for r in built])[0]:
+            for s in sequences.build([r for built in requests for r in built])[0]:
                 longest[owner[s.row]] = max(longest[owner[s.row]], len(s.ids))
         counts["rows"] += len(batch)
         counts["longest"] = max([counts["longest"], *longest])

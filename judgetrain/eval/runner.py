@@ -137,24 +137,14 @@ class SuiteProgress:
                     self.n_rows, rate, eta / 60)
 
 
-@contextlib.contextmanager
-def showing_progress(engine: Any, label: str, n_rows: int, state: Any):
-    """``engine.progress`` set to a `SuiteProgress` while the block runs."""
-    engine.progress = SuiteProgress(label, n_rows, state is None or state.is_main_process)
-    try:
-        yield
-    finally:
-        engine.progress = None
-
-
 def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, state: Any,
            bare: bool = True) -> SuiteResult:
     name = spec.name
     requests, per_row = _requests(spec, rows, mode)
     before = engine.stats.as_dict()
     t0 = time.perf_counter()
-    with showing_progress(engine, name if bare else f"{name} ({mode})", len(rows), state):
-        scores, rows_per_rank = score_sharded(engine, requests, state)
+    progress = SuiteProgress(name if bare else f"{name} ({mode})", len(rows), state is None or state.is_main_process)
+    scores, rows_per_rank = score_sharded(engine, requests, state, progress)
     scores = _per_row(scores, per_row)
     seconds = time.perf_counter() - t0
     records = [build_record(name, i, row, s, mode) for i, (row, s) in enumerate(zip(rows, scores))]

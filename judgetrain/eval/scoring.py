@@ -2,7 +2,7 @@
 
 A suite turns each of its rows into a `Request`: one prompt and several responses to score (RM-Bench: 3 chosen +
 3 rejected; JudgeBias and Ideation: chosen + rejected), or several judge prompts (judge mode). The engine turns the
-requests into token sequences, batches them by length and returns one float per response:
+requests into token sequences (`judgetrain.eval.sequences`), batches them by length and returns one float per response:
 
 - ``implicit``: sum over the response tokens of log pi(y|x) - log pi_ref(y|x), prompt tokens masked, chat template
   applied exactly as TRL 1.16's DPOTrainer tokenizes (prompt = chat template with ``add_generation_prompt=True``,
@@ -35,7 +35,6 @@ import contextlib
 import hashlib
 import inspect
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,29 +46,16 @@ from accelerate.utils import gather_object
 
 from judgetrain.compat.transformers import base_model
 from judgetrain.config.recipe import PROXY_MODES
-from judgetrain.data.chat import chat_ids, control_pattern, neutral_messages, text_ids
-from judgetrain.data.tokenise import checked_tokens, pair_tokeniser
-from judgetrain.eval.batching import MIN_FILL, budget_batches, common_prefix_length
+from judgetrain.eval.batching import MIN_FILL, budget_batches
 from judgetrain.eval.merged import merged_lora
-from judgetrain.eval.requests import Request, RowScore  # noqa: F401 (the engine's request and answer, defined without torch)
+from judgetrain.eval.requests import Request, RowScore
+from judgetrain.eval.sequences import DEFAULT_JUDGE_PREFIX, SequenceBuilder, TokenSequence, as_ids
 from judgetrain.eval.sharing import SharedScorer, count_forwards, plan_rows
 from judgetrain.models.attention import prefix_sharing_problem
-from judgetrain.models.templates import assistant_prefix
 
 logger = logging.getLogger(__name__)
 
-LONG_INPUT_MODES = ("truncate_prompt", "skip")
-DEFAULT_JUDGE_PREFIX = '```json\n{\n  "overall_score": '
 DEFAULT_SCORE_VALUES = tuple(x / 2 for x in range(2, 11))  # 1, 1.5, ..., 5
-
-
-@dataclass
-class _Seq:
-    row: int
-    slot: int
-    ids: list[int]
-    start: int  # first scored token (implicit/loglik); judge: len(ids) (the score is read after the last token)
-    key: str = ""
 
 
 class EvalStopped(Exception):
@@ -82,9 +68,10 @@ class EvalStopped(Exception):
 
 class StopPoints:
     """What the scoring engine and the generator share: before each forward or generate call (`_stop_point`) they ask
-    ``stop_check`` (set by the callback; None: never stop), and a True answer abandons the eval with `EvalStopped`,
+    ``stop_check`` (given at construction; None: never stop), and a True answer abandons the eval with `EvalStopped`,
     naming how many such points were passed (``_stop_points``). The same points count the forwards done for
-    ``progress`` (`judgetrain.eval.runner.SuiteProgress`, set by the runner for a suite; None: nothing shown)."""
+    ``progress`` (`judgetrain.eval.runner.SuiteProgress`, given for one call: `ScoringEngine.score_requests`; None:
+    nothing shown)."""
 
     stop_check: Any = None
     _stop_points: int = 0
@@ -104,28 +91,6 @@ class StopPoints:
 # blocks (fewer kernel launches) and is bounded only by the float32 copy of a bf16 block
 LOGSUMEXP_BLOCK_CPU = 1 << 19
 LOGSUMEXP_BLOCK_ACCELERATOR = 1 << 26
-
-
-def _as_ids(encoded: Any) -> list[int]:
-    ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
-    if hasattr(ids, "tolist"):
-        ids = ids.tolist()
-    if ids and isinstance(ids[0], list):  # a batch dimension
-        ids = ids[0]
-    return list(ids)
-
-
-def judge_prompt_ids(tokenizer: Any, messages: Any, suffix: str = "") -> list[int]:
-    """A judge prompt's token ids up to where the judge writes, then ``suffix`` (judge mode's forced score prefix;
-    nothing for generation): the chat template up to where an assistant turn's content starts, as training renders it
-    (`judgetrain.models.templates.assistant_prefix`; Qwen3: after the empty think block), encoded without adding
-    special tokens; without a chat template the contents joined by newlines, plus one newline. ``messages``: a
-    messages list, or a plain string (one user turn)."""
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    if getattr(tokenizer, "chat_template", None):  # content neutralised; the template and the suffix are ours
-        return _as_ids(tokenizer(text=assistant_prefix(tokenizer, list(messages)) + suffix, add_special_tokens=False))
-    return text_ids(tokenizer, "\n".join(m["content"] for m in messages) + "\n" + suffix)
 
 
 @dataclass
@@ -194,20 +159,18 @@ class ScoringEngine(StopPoints):
     ) -> None:
         if scoring not in PROXY_MODES:
             raise ValueError(f"scoring must be one of {PROXY_MODES}, got {scoring!r}")
-        if long_inputs not in LONG_INPUT_MODES:
-            raise ValueError(f"long_inputs must be one of {LONG_INPUT_MODES}, got {long_inputs!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.ref_model = ref_model
         self.scoring = scoring
-        self.long_inputs = long_inputs
         self.batch_tokens = int(batch_tokens)
         self.max_batch_size = int(max_batch_size)
-        self.judge_prefix = judge_prefix
         self.score_values = tuple(score_values)
         if max_length is None:
             max_length = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 4096
-        self.max_length = int(max_length)
+        # requests -> token sequences: the tokenizer, the length rule and the judge prefix live there
+        self.sequences = SequenceBuilder(tokenizer, max_length=max_length, long_inputs=long_inputs,
+                                         judge_prefix=judge_prefix)
         self.stats = EngineStats()
         self._ref_cache: dict[str, float] = {} if ref_cache is None else ref_cache
         self._ref_key = ref_key
@@ -230,9 +193,24 @@ class ScoringEngine(StopPoints):
         # same collective on every rank (every rank runs the same number of forwards when scoring with ``sync``)
         self.stop_check = stop_check
         self._stop_points = 0
-        self._seq_cache: dict[str, tuple[list[tuple[int, np.ndarray, int]], bool, bool]] = {}
-        self._seq_cache_of: tuple | None = None
-        self._said_no_boundary = False
+
+    @property
+    def max_length(self) -> int:
+        """Longest sequence fed to the model (`SequenceBuilder.max_length`)."""
+        return self.sequences.max_length
+
+    @max_length.setter
+    def max_length(self, value: int) -> None:
+        self.sequences.max_length = int(value)
+
+    @property
+    def long_inputs(self) -> str:
+        return self.sequences.long_inputs
+
+    @property
+    def judge_prefix(self) -> str:
+        """The forced answer prefix of judge scoring (`SequenceBuilder.judge_prefix`)."""
+        return self.sequences.judge_prefix
 
     # ------------------------------------------------------------------------------------------ model access
     def set_model(self, model: torch.nn.Module) -> None:
@@ -288,76 +266,6 @@ class ScoringEngine(StopPoints):
                 return int(cand)
         return 0
 
-    # ------------------------------------------------------------------------------------------ tokenization
-    def _has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
-
-    def _chat_ids(self, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-        """The conversation's ids; control strings inside message content are text (judgetrain.data.chat)."""
-        return chat_ids(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
-
-    def _chat_pairs(self, requests: Sequence[Request | None]) -> dict[int, tuple[list[int], list[list[int]]]]:
-        """`_pair_sequences`' ids of the conversational implicit / loglik requests (None: not asked), a batch at once
-        with each prompt tokenised once (`judgetrain.data.tokenise.PairTokeniser.rows`: the same ids, the prompt
-        rendered and tokenised up to the template's last added token before the responses, the rubric that opens
-        every prompt once per process); {} where the tokenizer gives no such boundary (said once), and rows without
-        one are left to `_pair_sequences`."""
-
-        if not self._has_chat_template():
-            return {}
-        asked = [(r, req) for r, req in enumerate(requests) if req is not None and req.kind in ("implicit", "loglik")
-                 and isinstance(req.prompt, (list, str)) and req.responses]
-        if not asked:
-            return {}
-        tokens = checked_tokens(self.tokenizer)
-        if tokens is None:
-            if not self._said_no_boundary:
-                self._said_no_boundary = True
-                logger.info("eval: no boundary to tokenise each prompt once for this tokenizer: each response's "
-                            "sequence is rendered and tokenised whole, as TRL's DPOTrainer does")
-            return {}
-        tok, pattern = self.tokenizer, control_pattern(self.tokenizer)
-        # as `_pair_sequences` reads a row under a chat template: a string prompt is the user's turn, a string
-        # response the assistant's
-        prompts = [neutral_messages([{"role": "user", "content": req.prompt}] if isinstance(req.prompt, str)
-                                    else req.prompt, tok, pattern) for _, req in asked]
-        completions = [[neutral_messages([{"role": "assistant", "content": x}] if isinstance(x, str) else list(x),
-                                         tok, pattern) for x in req.responses] for _, req in asked]
-        got = pair_tokeniser(self.tokenizer, tokens).rows(prompts, completions)
-        return {r: ids for (r, _), ids in zip(asked, got) if ids is not None}
-
-    def _pair_sequences(self, prompt: Any, responses: Sequence[Any]) -> tuple[list[int], list[list[int]]]:
-        """TRL 1.16 DPOTrainer tokenization of one prompt with several completions."""
-        chat = self._has_chat_template()
-        if isinstance(prompt, str) and chat:
-            prompt = [{"role": "user", "content": prompt}]
-        responses = [
-            ([{"role": "assistant", "content": r}] if isinstance(r, str) and chat else r) for r in responses
-        ]
-        if isinstance(prompt, list):
-            if not chat:  # a conversational row but no template: render as plain text
-                prompt = "\n".join(m["content"] for m in prompt)
-                responses = [r if isinstance(r, str) else "\n".join(m["content"] for m in r) for r in responses]
-        if isinstance(prompt, list):
-            prompt_ids = self._chat_ids(prompt, add_generation_prompt=True)
-            full = [self._chat_ids(prompt + list(r)) for r in responses]
-        else:  # TRL's plain-text path (prompt + completion + EOS), the text encoded as text
-            tok = self.tokenizer
-            eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-            prompt_ids = text_ids(tok, prompt, add_special_tokens=True)
-            full = [text_ids(tok, prompt + r, add_special_tokens=True) + eos for r in responses]
-        prompt_len = min(common_prefix_length(prompt_ids, f) for f in full) if full else len(prompt_ids)
-        return prompt_ids[:prompt_len], [f[prompt_len:] for f in full]
-
-    def _turn_ids(self, messages: list[dict]) -> list[int]:
-        """Prompt tokens up to where the assistant's content starts, as training renders the turn."""
-        if not self._has_chat_template():
-            return self._chat_ids(messages, add_generation_prompt=True)
-        return judge_prompt_ids(self.tokenizer, messages)
-
-    def _judge_ids(self, messages: Any) -> list[int]:
-        return judge_prompt_ids(self.tokenizer, messages, self.judge_prefix)
-
     def score_token_ids(self) -> tuple[list[int], list[float]]:
         """(token ids, score values) of the candidate score tokens after the judge prefix."""
         if self._score_tokens is None:
@@ -368,7 +276,7 @@ class ScoringEngine(StopPoints):
         tok = self.tokenizer
 
         def encode(text: str) -> list[int]:
-            return _as_ids(tok(text=text, add_special_tokens=False))
+            return as_ids(tok(text=text, add_special_tokens=False))
 
         for prefix, lead in ((self.judge_prefix, ""), (self.judge_prefix.rstrip(), " ")):
             base = encode(prefix)
@@ -381,7 +289,7 @@ class ScoringEngine(StopPoints):
                     values.append(float(value))
             if len(ids) >= 2:
                 if prefix != self.judge_prefix:
-                    self.judge_prefix = prefix  # the score token carries the space
+                    self.sequences.judge_prefix = prefix  # the score token carries the space
                 logger.info("judge scoring: %d score tokens %s", len(ids), values)
                 return ids, values
         raise ValueError(
@@ -390,84 +298,14 @@ class ScoringEngine(StopPoints):
             "implicit`), or from Python give ScoringEngine other score_values or judge_prefix"
         )
 
-    def _build_sequences(self, requests: Sequence[Request]) -> tuple[list[_Seq], list[RowScore]]:
-        seqs: list[_Seq] = []
-        rows: list[RowScore] = []
-        self._check_sequence_cache()
-        cached_of = [self._seq_cache.get(f"{req.kind}|{req.cache_key}") if req.cache_key is not None else None
-                     for req in requests]
-        pairs = self._chat_pairs([req if cached is None else None for req, cached in zip(requests, cached_of)])
-        for r, req in enumerate(requests):
-            cached = cached_of[r]
-            if cached is not None:  # tokenised at an earlier eval: the same ids (same tokenizer and length rule)
-                self._append_cached(r, cached, seqs, rows, len(req.judge_prompts if req.kind == "judge" else req.responses))
-                continue
-            row_seqs: list[_Seq] = []
-            truncated = skipped = False
-            if req.kind == "judge":
-                n = len(req.judge_prompts)
-                for slot, prompt in enumerate(req.judge_prompts):
-                    ids = self._judge_ids(prompt)
-                    if len(ids) > self.max_length:
-                        if self.long_inputs == "skip":
-                            skipped = True
-                            break
-                        ids, truncated = ids[-self.max_length :], True
-                    row_seqs.append(_Seq(r, slot, ids, len(ids)))
-            elif req.kind in ("implicit", "loglik"):
-                n = len(req.responses)
-                prompt_ids, completions = pairs.get(r) or self._pair_sequences(req.prompt, req.responses)
-                for slot, comp in enumerate(completions):
-                    ids, start = prompt_ids + comp, len(prompt_ids)
-                    if len(ids) > self.max_length:
-                        if self.long_inputs == "skip":
-                            skipped = True
-                            break
-                        truncated = True
-                        cut = len(ids) - self.max_length
-                        ids = ids[cut:]
-                        start = max(start - cut, 1)  # the first kept token has no context to be scored from
-                    if not comp:
-                        logger.warning("row %d response %d tokenizes to nothing; its score is 0", r, slot)
-                    row_seqs.append(_Seq(r, slot, ids, start))
-            else:
-                raise ValueError(f"unknown request kind {req.kind!r}")
-            if req.cache_key is not None:
-                self._seq_cache[f"{req.kind}|{req.cache_key}"] = (
-                    [(s.slot, np.asarray(s.ids, dtype=np.int32), s.start) for s in row_seqs], truncated, skipped)
-            if skipped:
-                rows.append(RowScore(None, truncated=False, skipped=True))
-                continue
-            rows.append(RowScore([math.nan] * n, truncated=truncated))
-            seqs.extend(row_seqs)
-        return seqs, rows
-
-    def _check_sequence_cache(self) -> None:
-        """Kept token ids stay valid while the tokenizer and the length rules stay; any change drops them."""
-        tok = self.tokenizer
-        of = (id(tok), getattr(tok, "name_or_path", None), len(tok) if hasattr(tok, "__len__") else None,
-              getattr(tok, "chat_template", None), self.max_length, self.long_inputs, self.judge_prefix)
-        if of != self._seq_cache_of:
-            self._seq_cache.clear()
-            self._seq_cache_of = of
-
-    @staticmethod
-    def _append_cached(r: int, cached, seqs: list[_Seq], rows: list[RowScore], n: int) -> None:
-        row_seqs, truncated, skipped = cached
-        if skipped:
-            rows.append(RowScore(None, truncated=False, skipped=True))
-            return
-        rows.append(RowScore([math.nan] * n, truncated=truncated))
-        seqs.extend(_Seq(r, slot, ids.tolist(), start) for slot, ids, start in row_seqs)
-
     # ------------------------------------------------------------------------------------------ batching
-    def _batches(self, seqs: list[_Seq]) -> list[list[_Seq]]:
+    def _batches(self, seqs: list[TokenSequence]) -> list[list[TokenSequence]]:
         """Sorted length buckets: longest first, a batch grows while batch size x longest <= batch_tokens and each
         sequence is at least `MIN_FILL` of the longest."""
         order = sorted(seqs, key=lambda s: (-len(s.ids), s.row, s.slot))
         return budget_batches(order, lambda s: len(s.ids), self.batch_tokens, self.max_batch_size, min_fill=MIN_FILL)
 
-    def _collate(self, batch: list[_Seq], device: torch.device):
+    def _collate(self, batch: list[TokenSequence], device: torch.device):
         longest = max(len(s.ids) for s in batch)
         ids = torch.full((len(batch), longest), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), longest), dtype=torch.long)
@@ -486,7 +324,7 @@ class ScoringEngine(StopPoints):
         except (TypeError, ValueError):
             return False
 
-    def _forward(self, model: torch.nn.Module, batch: list[_Seq], keep: int) -> torch.Tensor:
+    def _forward(self, model: torch.nn.Module, batch: list[TokenSequence], keep: int) -> torch.Tensor:
         device = next(model.parameters()).device
         ids, mask, pos = self._collate(batch, device)
         kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
@@ -495,7 +333,7 @@ class ScoringEngine(StopPoints):
         logits = model(**kwargs).logits
         return logits[:, -keep:, :], ids
 
-    def _sequence_logps(self, model: torch.nn.Module, batch: list[_Seq]) -> list[float]:
+    def _sequence_logps(self, model: torch.nn.Module, batch: list[TokenSequence]) -> list[float]:
         """Sum of log-probs of each sequence's scored tokens (positions >= start)."""
         keep = max(len(s.ids) - s.start for s in batch) + 1
         logits, ids = self._forward(model, batch, keep)
@@ -536,7 +374,7 @@ class ScoringEngine(StopPoints):
         vals = torch.tensor(values, dtype=probs.dtype, device=probs.device)
         return (probs * vals).sum(-1) / probs.sum(-1).clamp_min(1e-30)
 
-    def _judge_scores(self, model: torch.nn.Module, batch: list[_Seq]) -> list[float]:
+    def _judge_scores(self, model: torch.nn.Module, batch: list[TokenSequence]) -> list[float]:
         logits, _ = self._forward(model, batch, 1)
         return [float(x) for x in self._judge_value(logits[:, -1, :])]
 
@@ -558,7 +396,7 @@ class ScoringEngine(StopPoints):
 
         return merged_lora(model)
 
-    def _score_sequences(self, model: torch.nn.Module, seqs: list[_Seq], judge: bool, sync: bool) -> tuple[dict, int]:
+    def _score_sequences(self, model: torch.nn.Module, seqs: list[TokenSequence], judge: bool, sync: bool) -> tuple[dict, int]:
         """Score sequences ({(row, slot): value}) and return how many forwards ran. Rows whose sequences share their
         prompt go through `judgetrain.eval.sharing`; the rest in length buckets. With sharded weights (``sync``) every
         rank runs as many forwards as the busiest one (padding forwards, results thrown away)."""
@@ -587,20 +425,23 @@ class ScoringEngine(StopPoints):
             out.update(((s.row, s.slot), v) for s, v in zip(batch, fn(model, batch)))
         for _ in range(n_total - n_forwards):  # padding forward for FSDP / ZeRO-3
             self._stop_point()
-            self._sequence_logps(model, [_Seq(-1, 0, [self._pad_id, self._pad_id], 1)])
+            self._sequence_logps(model, [TokenSequence(-1, 0, [self._pad_id, self._pad_id], 1)])
         return out, n_forwards
 
     # ------------------------------------------------------------------------------------------ scoring
     @torch.no_grad()  # not inference_mode: the model is the live training model (see generate.py)
-    def score_requests(self, requests: Sequence[Request], *, sync: bool = False) -> list[RowScore]:
-        """Score the requests held by this process (no communication unless ``sync``)."""
+    def score_requests(self, requests: Sequence[Request], *, sync: bool = False,
+                       progress: Any = None) -> list[RowScore]:
+        """Score the requests held by this process (no communication unless ``sync``); ``progress`` counts this
+        call's forwards (`judgetrain.eval.runner.SuiteProgress`; None: nothing shown)."""
         t0 = time.perf_counter()
         self._stop_points = 0  # forwards of this call (named when a stop request ends it)
+        self.progress = progress
         model = self.model
         was_training = model.training
         model.eval()
         try:
-            seqs, rows = self._build_sequences(requests)
+            seqs, rows = self.sequences.build(requests)
             self.stats.sequences += len(seqs)
             kinds = {r: req.kind for r, req in enumerate(requests)}
             judge = [s for s in seqs if kinds[s.row] == "judge"]
@@ -632,12 +473,13 @@ class ScoringEngine(StopPoints):
                     else:  # frozen reference without this sequence: the row has no reference, so no score
                         rows[s.row] = RowScore(None, skipped=True, no_reference=True)
         finally:
+            self.progress = None
             if was_training:
                 model.train()
         self.stats.seconds += time.perf_counter() - t0
         return rows
 
-    def _key_sequences(self, seqs: list[_Seq]) -> None:
+    def _key_sequences(self, seqs: list[TokenSequence]) -> None:
         """Each sequence's reference-cache key: its token ids, where its completion starts, the reference's name."""
         namespace = self._reference_namespace()
         for s in seqs:
@@ -645,7 +487,7 @@ class ScoringEngine(StopPoints):
             h.update(f"|{s.start}|{namespace}".encode())
             s.key = h.hexdigest()
 
-    def _reference_logps(self, seqs: list[_Seq], sync: bool) -> dict[str, float]:
+    def _reference_logps(self, seqs: list[TokenSequence], sync: bool) -> dict[str, float]:
         self._key_sequences(seqs)
         todo, seen = [], set()
         for s in seqs:
@@ -695,18 +537,19 @@ def shard_indices(n_rows: int, rank: int, world: int) -> list[int]:
     return list(range(rank, n_rows, world))
 
 
-def score_sharded(engine: ScoringEngine, requests: Sequence[Request],
-                  state: Any | None = None) -> tuple[list[RowScore], list[int] | None]:
+def score_sharded(engine: ScoringEngine, requests: Sequence[Request], state: Any | None = None,
+                  progress: Any = None) -> tuple[list[RowScore], list[int] | None]:
     """Score all requests split over the processes of ``state`` (accelerate PartialState); every process gets all
-    row results back, in row order. Returns (row scores, rows each process scored; None in one process)."""
+    row results back, in row order. Returns (row scores, rows each process scored; None in one process).
+    ``progress``: as `ScoringEngine.score_requests`."""
     if state is None or state.num_processes == 1:
-        return engine.score_requests(requests), None
+        return engine.score_requests(requests, progress=progress), None
 
     mine = shard_indices(len(requests), state.process_index, state.num_processes)
     local = [requests[i] for i in mine]
     for i, req in zip(mine, local):
         req.row_index = i
-    scored = engine.score_requests(local, sync=True)
+    scored = engine.score_requests(local, sync=True, progress=progress)
     gathered = gather_object([(i, s, state.process_index) for i, s in zip(mine, scored)])
     out: list[RowScore | None] = [None] * len(requests)
     rows_per_rank = [0] * state.num_processes

@@ -56,7 +56,8 @@ class SharedRow:
 
 
 def plan_rows(seqs: Sequence[Any], judge: bool) -> tuple[list[SharedRow], list[Any]]:
-    """Group sequences (``_Seq``: row, slot, ids, start) into shareable rows; return (rows, sequences left unshared).
+    """Group sequences (`judgetrain.eval.sequences.TokenSequence`: row, slot, ids, start) into shareable rows;
+    return (rows, sequences left unshared).
 
     logps mode: the sequences of a row that have the same start and the same tokens before it share them (a
     response whose prompt ``truncate_prompt`` cut on its own is scored whole). judge mode: a row shares the common

@@ -181,11 +181,11 @@ def cuda_memory() -> tuple[int, int] | None:
 
 
 def local_engine(specs: list[JudgeSpec], backend: str) -> str | None:
-    """The engine local judges run on (`judgetrain.eval.generate.resolve_backend`); None without local judges;
+    """The engine local judges run on (`judgetrain.eval.vllm.resolve_backend`); None without local judges;
     JudgeSpecError when ``vllm`` is asked for and cannot run."""
     if all(s.is_endpoint for s in specs):
         return None
-    from judgetrain.eval.generate import resolve_backend
+    from judgetrain.eval.vllm import resolve_backend
 
     try:
         return resolve_backend(backend)
@@ -233,8 +233,8 @@ def adapter_bytes(adapter: str | None) -> int:
 
 
 def engine_weights(plan: LoadPlan, path: str, cfg: dict, opts) -> tuple[Any, int]:
-    """(`judgetrain.eval.generate.VLLMWeights`, context) of a judge whose engine loads its weights from disk."""
-    from judgetrain.eval.generate import VLLMWeights
+    """(`judgetrain.eval.vllm.VLLMWeights`, context) of a judge whose engine loads its weights from disk."""
+    from judgetrain.eval.vllm import VLLMWeights
 
     dtype, context = config_numbers(cfg, opts.dtype, opts.max_length)
     return VLLMWeights(path, dtype, plan.revision, plan.adapter, plan.lora_rank), context

@@ -31,8 +31,10 @@ from typing import Any
 
 from judgetrain.data.chat import judge_turn
 from judgetrain.data.scoreparse import parse_overall_score_result
-from judgetrain.eval.generate import Generator, resolve_backend
-from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX, EvalStopped, ScoringEngine, judge_prompt_ids
+from judgetrain.eval.generate import Generator
+from judgetrain.eval.vllm import resolve_backend
+from judgetrain.eval.scoring import DEFAULT_JUDGE_PREFIX, EvalStopped, ScoringEngine
+from judgetrain.eval.sequences import judge_prompt_ids
 from judgetrain.judge.endpoint import REJECTED_REASON, EndpointError, EndpointGenerator, Rejected
 from judgetrain.judge.items import Item
 from judgetrain.judge.fit import LoadPlan, adapter_config, auto_batch_tokens, engine_weights, gpu_share, load_plan
@@ -88,13 +90,13 @@ class ForcedScoreGenerator(Generator):
         return config
 
 
-def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | None]:
+def local_generator(spec: JudgeSpec, opts: Options, device, stop_check=None) -> tuple[Any, str | None]:
     """(generator, forced prefix or None) of a local judge. On the vLLM backend no transformers model of the weights
     is loaded (`judgetrain.judge.fit.load_plan`): the engine reads them from disk."""
 
     plan = load_plan(spec, resolve_backend(opts.backend), adapter_config(spec))
     if not plan.transformers_weights:
-        return disk_generator(spec, plan, opts), None
+        return disk_generator(spec, plan, opts, stop_check), None
     model, tokenizer = load_local(spec, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code, device=device)
     batch_tokens = opts.batch_tokens
     if batch_tokens is None:
@@ -102,7 +104,7 @@ def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | 
         logger.info("judge %s: batch_tokens auto: %d (%s)", spec.name, batch_tokens, how)
     kwargs = dict(max_new_tokens=opts.max_new_tokens, max_length=opts.max_length, batch_tokens=batch_tokens,
                   max_batch_size=opts.max_batch_size, do_sample=opts.do_sample, temperature=opts.temperature,
-                  top_p=opts.top_p, seed=opts.seed, backend=opts.backend)
+                  top_p=opts.top_p, seed=opts.seed, backend=opts.backend, stop_check=stop_check)
     if not opts.force_score_prefix:
         return Generator(model, tokenizer, **kwargs), None
     engine = ScoringEngine(model, tokenizer, scoring="judge")
@@ -111,7 +113,7 @@ def local_generator(spec: JudgeSpec, opts: Options, device) -> tuple[Any, str | 
     return ForcedScoreGenerator(model, tokenizer, prefix=engine.judge_prefix, score_ids=score_ids, **kwargs), engine.judge_prefix
 
 
-def disk_generator(spec: JudgeSpec, plan: LoadPlan, opts: Options) -> Generator:
+def disk_generator(spec: JudgeSpec, plan: LoadPlan, opts: Options, stop_check=None) -> Generator:
     """The Generator of a judge whose vLLM engine loads its weights from disk: the tokenizer and the config's numbers
     from the model's files, the judge's gpu_memory_utilization for the engine."""
     tokenizer, config, path = load_files(spec, plan.base, revision=plan.revision,
@@ -124,7 +126,8 @@ def disk_generator(spec: JudgeSpec, plan: LoadPlan, opts: Options) -> Generator:
                      batch_tokens=opts.batch_tokens or VLLM_BATCH_TOKENS, max_batch_size=opts.max_batch_size,
                      do_sample=opts.do_sample,
                      temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed, backend=plan.engine,
-                     vllm_kwargs={"gpu_memory_utilization": gpu_share(spec, opts)}, vllm_weights=weights)
+                     vllm_kwargs={"gpu_memory_utilization": gpu_share(spec, opts)}, vllm_weights=weights,
+                     stop_check=stop_check)
 
 
 def endpoint_generator(spec: JudgeSpec, opts: Options) -> tuple[Any, str | None]:
@@ -198,15 +201,15 @@ def judge_one(spec: JudgeSpec, items: list[Item], missing: list[int], opts: Opti
     """Generate ``missing`` (item indices) with one judge; returns the evaluations this process committed."""
 
     rank, world = state.process_index, state.num_processes
-    gen, prefix = endpoint_generator(spec, opts) if spec.is_endpoint else local_generator(spec, opts, state.device)
-    if not spec.is_endpoint:
-        gen.stop_check = stop._any_requested  # OR-ed over the processes (the flag itself in one process)
+    # a local judge's stop check is OR-ed over the processes (the flag itself in one process)
+    gen, prefix = endpoint_generator(spec, opts) if spec.is_endpoint else \
+        local_generator(spec, opts, state.device, stop.any_requested)
     # longest prompt first: each chunk holds prompts of like length, so its batches pad little
     order = sorted(missing, key=lambda i: (-sum(len(m["content"]) for m in items[i].messages), i))
     committed = 0
     try:
         for chunk in _chunks(order, opts.chunk_size * world):
-            if stop._any_requested():
+            if stop.any_requested():
                 raise JudgeStopped
             mine = chunk[rank::world]
             t0 = time.perf_counter()

@@ -365,11 +365,12 @@ class GracefulStop(TrainerCallback):
             logger.warning("%s received: saving a checkpoint after this step, then stopping.", self.signal_name)
         self.requested = True
 
-    def _any_requested(self) -> bool:
+    def any_requested(self) -> bool:
+        """Whether any process was asked to stop (a collective: every process calls it together)."""
         return any_rank([self.requested])[0]
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._any_requested():
+        if self.any_requested():
             if not self.requested or self.signal_name is None:
                 self.signal_name = self.signal_name or "stop request of another process"
             self.requested = True
