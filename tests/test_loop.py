@@ -59,12 +59,13 @@ def loop_command(config: Path) -> list[str]:
     ({"train": {"init_adapter": "x"}}, "train.init_adapter: the loop sets it each round; remove it"),
     ({"items": {"file": "items.jsonl"}}, "the pairwise known form needs items.source and items.spec"),
 ])
-def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, edit, message, caplog):
+def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, edit, message, capsys):
     from judgetrain.cli import main
 
     config = loop_config(tmp_path, **edit)
     assert main(["loop", str(config)]) == 2
-    assert f"{config}: " in caplog.text and message in caplog.text
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(f"judgetrain loop: {config}: ") and message in said[0]
     assert not (tmp_path / "loop").exists()
 
 

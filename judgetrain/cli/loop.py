@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from judgetrain.cli.args import ConventionParser
-from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -32,15 +31,12 @@ def build_parser() -> ConventionParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
-    from judgetrain.loop.config import LoopConfigError, load_config
+    from judgetrain.loop.config import load_config
     from judgetrain.loop.run import StageFailed, run_loop
 
+    config = load_config(args.config)  # a bad config raises LoopConfigError: the entry's one line, exit code 2
     try:
-        config = load_config(args.config)
         result = run_loop(config)
-    except LoopConfigError as err:
-        logger.error("%s", err)
-        return EXIT_BAD_INPUT
     except StageFailed as err:
         logger.error("%s; rerun the same command to continue from this stage", err)
         return err.code
