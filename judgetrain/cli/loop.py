@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from judgetrain.cli.args import ConventionParser
+from judgetrain.run.layout import ROUND_TABLE_CSV, ROUND_TABLE_MD
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as err:
         logger.error("%s; rerun the same command to continue from this stage", err)
         return err.code
-    print((Path(config.output_dir) / "rounds.md").read_text(encoding="utf-8"), file=sys.stdout)
-    logger.info("round table: %s (and rounds.csv, rounds.md)", result["table"])
+    print((Path(config.output_dir) / ROUND_TABLE_MD).read_text(encoding="utf-8"), file=sys.stdout)
+    logger.info("round table: %s (and %s, %s)", result["table"], ROUND_TABLE_CSV, ROUND_TABLE_MD)
     return 0
