@@ -10,11 +10,13 @@ and the layers listed before it, lazy imports inside functions included (tests/t
     data         sources to validated TRL rows: adapters, mixture, chat text, the length audit, the rows cache,
                  panel pairs and the score parser
     models       aliases, the model cache, the tiny judge, SmolLM2, tokenizer and template handling, attention
-    run          one output_dir: identity, lock, exit codes, checkpoints and their markers, hub pinning
+    run          one output_dir: identity, lock, exit codes, checkpoints and their markers, hub pinning, the file
+                 names; the command table and the launcher every command starts through
     trainer      the one DPOTrainer subclass, prefix sharing, callbacks, parallelism
     eval         the scoring and generation engines, suites, eval rows, the per-epoch callback, metrics, heatmaps
     report       `judgetrain report`
-    checks       a piece of every stage run before a launch: the dry run, the preflight, the memory estimate
+    checks       a piece of every stage run before a launch: the setup sequence, the dry run, the preflight, the
+                 memory estimate
     judge        `judgetrain judge`: judges over items into panel rows, resumable and sharded
     perturb      `judgetrain perturb`: the spec and its packs, rule operators, model rewrites on the judge engine,
                  checks, the items `judgetrain judge` reads

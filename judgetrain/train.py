@@ -3,9 +3,9 @@
     accelerate launch --config_file accelerate_configs/cpu.yaml -m judgetrain.train recipes/quickstart.yaml
 
 Read top to bottom, as it runs: `process_main` (exit code) -> `run` (process group, recipe, logging) -> `train`
-(the run's status line) -> `run_recipe`, the sequence: setup (preflight, model alias, hub commits, tokenizer,
-output_dir start, training rows, eval rows, trainer with its callbacks) -> `run_training` -> `save_final` ->
-`finish`. Each stage lives in its own folder: judgetrain.config (the `Recipe`), judgetrain.data (rows),
+(the run's status line) -> `run_recipe`, the sequence: setup (judgetrain.checks.setup, shared with the dry run:
+preflight, model alias, hub commits, tokenizer, output_dir start, training rows, eval rows), the trainer with its
+callbacks -> `run_training` -> `save_final` -> `finish`. Each stage lives in its own folder: judgetrain.config (the `Recipe`), judgetrain.data (rows),
 judgetrain.models (weights and tokenizer), judgetrain.run (the output_dir), judgetrain.trainer (the DPOTrainer subclass
 and its callbacks), judgetrain.eval (the per-epoch evaluation), judgetrain.checks (the preflight and the dry run).
 `judgetrain train` (judgetrain.cli.train) launches this module.
@@ -20,28 +20,22 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from accelerate import PartialState
 from transformers.trainer_utils import TrainOutput
 from trl import get_peft_config
 
 from judgetrain.checks.dry_run import dry_run
-from judgetrain.checks.preflight import check_before_start
+from judgetrain.checks.setup import LaunchSetup, setup
 from judgetrain.compat.transformers import active_wandb
-from judgetrain.config.recipe import Recipe, parse_recipe, remote_code_routes, remote_code_warning
-from judgetrain.data.prepare import load_audited_dataset
+from judgetrain.config.recipe import Recipe, parse_recipe
 from judgetrain.eval.callback import JudgeEvalCallback
-from judgetrain.eval.rows import recipe_eval_suites
 from judgetrain.eval.suites import SuiteSpec
-from judgetrain.models.aliases import resolve_model
-from judgetrain.models.loading import (init_adapter_config, load_init_adapter, load_recipe_tokenizer, model_init_kwargs,
+from judgetrain.models.loading import (init_adapter_config, load_init_adapter, model_init_kwargs,
                                       pinned_snapshot)
 from judgetrain.report.build import read_metrics
 from judgetrain.report.card import write_card
 from judgetrain.report.headline import against_base, against_base_text
 from judgetrain.run.checkpoints import finish_markers, write_final_marker
 from judgetrain.run.diskfull import DiskFull, every_rank_stops, stop_if_disk_full
-from judgetrain.run.revisions import pin_hub_revisions
-from judgetrain.run.start import prepare_output_dir, record_run
 from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_FAILED, outcome_code, write_status
 from judgetrain.trainer.callbacks import (CheckpointMarkerCallback, ForcedResume, GracefulStop, MetricsJsonlCallback,
                                           NonFiniteGuard, NoStepsLeft, RecipeSteps, RunStopped)
@@ -50,7 +44,6 @@ from judgetrain.trainer.parallelism import (ParallelismReport, allow_deepspeed_o
                                             requested_parallelism)
 from judgetrain.trainer.process import close_process_group, destroy_process_groups, init_process_state
 from judgetrain.utils.errors import BadInputError
-from judgetrain.utils.fingerprints import data_fingerprint
 from judgetrain.utils.hub import is_hub_id
 from judgetrain.utils.logging import setup_logging
 
@@ -125,20 +118,12 @@ def train(recipe: Recipe, command: str | None = None) -> dict:
 def run_recipe(recipe: Recipe, command: str | None) -> dict:
     """Setup -> train -> save -> cleanup. Returns the summary: output_dir, resumed_from, the data audit, how the
     run started, and `run_training`'s outcome (steps, stop reason, final metrics)."""
-    training_args, model_args = recipe.training_args, recipe.model_args
+    training_args = recipe.training_args
     out = Path(training_args.output_dir)
-    warn_remote_code(recipe)
-    check_before_start(recipe)  # every predicted failure, before any load
-    model_path = resolve_model(model_args.model_name_or_path)
-    revisions = pin_hub_revisions(recipe, model_path)  # the hub commits every later load reads
-    tokenizer = load_recipe_tokenizer(model_path, training_args, model_args)
-    resume_from, identity, plan = prepare_output_dir(recipe, revisions)
-    train_dataset, audit = load_audited_dataset(recipe, tokenizer)
-    identity["data"] = audit.get("rows_fingerprint") or data_fingerprint(train_dataset)
-    plan = record_run(out, identity, plan, recipe, command, resume_from)
-    eval_suites = recipe_eval_suites(recipe, tokenizer)  # read, checked and audited before step 1
+    done = setup(recipe, LaunchSetup(), command)  # the setup sequence the dry run shares (judgetrain.checks.setup)
+    (resume_from, identity, plan), tokenizer = done.start, done.tokenizer
     keep = training_args.save_total_limit  # build_trainer hands it to the checkpoint markers' rotation
-    parts = build_trainer(recipe, model_path, tokenizer, train_dataset, eval_suites, identity,
+    parts = build_trainer(recipe, done.model_path, tokenizer, done.train_dataset, done.eval_suites, identity,
                           forced=plan["forced"] if plan["kind"] == "resume" else None)
     try:
         outcome, result = run_training(parts, resume_from)
@@ -155,18 +140,10 @@ def run_recipe(recipe: Recipe, command: str | None) -> dict:
             stop_if_disk_full(e, parts.trainer, out, final=True)
             raise
     finish(parts)
-    return {"output_dir": str(out), "resumed_from": resume_from, "audit": audit, "start": plan["kind"], **outcome}
+    return {"output_dir": str(out), "resumed_from": resume_from, "audit": done.audit, "start": plan["kind"], **outcome}
 
 
 # ----------------------------------------------------------------------------------------------- setup
-
-
-def warn_remote_code(recipe: Recipe) -> None:
-    """The one warning (main process) when any setting of the recipe runs code shipped with the model."""
-    warning = remote_code_warning(remote_code_routes(recipe.training_args, recipe.model_args),
-                                  recipe.model_args.model_name_or_path)
-    if warning and PartialState().is_main_process:
-        logger.warning(warning)
 
 
 class TrainerParts(NamedTuple):

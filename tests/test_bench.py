@@ -120,7 +120,9 @@ def test_cuda_without_a_gpu_exits_with_a_clear_message(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    assert bench_cli.main(["--device", "cuda", "--output", "/nonexistent/never-written.json"]) == 2
+    from judgetrain.cli import main  # bad input is caught once, at the `judgetrain` entry
+
+    assert main(["bench", "--device", "cuda", "--output", "/nonexistent/never-written.json"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
 
 

@@ -1,7 +1,7 @@
 """`judgetrain loop`: the config checked before anything runs (an unknown key refused with the nearest one); (slow)
 two rounds end to end on the tiny judge, whose files and round table agree, the table recomputed from the per-row
-files of each round's evaluation and drawn by `judgetrain report`; (slow) the command killed during each stage and
-rerun: every stage done once."""
+files of each round's evaluation (the base's scored once, as round 0) and drawn by `judgetrain report`; (slow) the
+command killed during each stage and rerun: every stage done once."""
 
 from __future__ import annotations
 
@@ -59,12 +59,13 @@ def loop_command(config: Path) -> list[str]:
     ({"train": {"init_adapter": "x"}}, "train.init_adapter: the loop sets it each round; remove it"),
     ({"items": {"file": "items.jsonl"}}, "the pairwise known form needs items.source and items.spec"),
 ])
-def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, edit, message, caplog):
+def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, edit, message, capsys):
     from judgetrain.cli import main
 
     config = loop_config(tmp_path, **edit)
     assert main(["loop", str(config)]) == 2
-    assert f"{config}: " in caplog.text and message in caplog.text
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(f"judgetrain loop: {config}: ") and message in said[0]
     assert not (tmp_path / "loop").exists()
 
 
@@ -92,32 +93,37 @@ def recomputed_accuracy(rows: list[dict]) -> tuple[float, float]:
     return sum(right) / len(rows), sum(flips) / len(rows)
 
 
+def evaluation_of(out: Path, k: int) -> Path:
+    """Round k's one evaluation folder (round 0: the base's, scored once)."""
+    (folder,) = [p for p in (out / f"round-{k}" / "eval").iterdir() if p.is_dir()]
+    return folder
+
+
 def assert_table_matches_per_row_files(out: Path, rounds: int, n_heldout: int) -> list[dict]:
     """rounds.json against each round's per-row files (judge and verdict mode of the held-out pairs): every
-    figure, its round and its difference against the base recomputed. Returns the table's rows."""
+    figure, its round and its difference against the base (round 0's files, scored once) recomputed. Returns the
+    table's rows."""
     table = json.loads((out / "rounds.json").read_text())
     keys, rows = table["keys"], table["rows"]
     assert {r["round"] for r in rows} == set(range(rounds + 1))
     for k in range(rounds + 1):
-        eval_dir = out / f"round-{max(k, 1)}" / "eval"
-        name = "baseline" if k == 0 else next(p.name for p in eval_dir.iterdir() if p.is_dir() and p.name != "baseline")
-        per_row = read_jsonl(eval_dir / name / "pairwise.verdict.jsonl")
+        per_row = read_jsonl(evaluation_of(out, k) / "pairwise.verdict.jsonl")
         assert len(per_row) == n_heldout
         accuracy, inconsistent = recomputed_accuracy(per_row)
         assert keys[f"round/{k}/eval/pairwise/verdict/accuracy"] == pytest.approx(accuracy)
         assert keys[f"round/{k}/eval/pairwise/verdict/inconsistent_rate"] == pytest.approx(inconsistent)
-        judge_rows = read_jsonl(eval_dir / name / "pairwise.jsonl")  # judge mode: one verdict from the two scores
+        judge_rows = read_jsonl(evaluation_of(out, k) / "pairwise.jsonl")  # judge mode: one verdict from the two scores
         judge_accuracy = sum(r["verdicts"][0] == r["label"] for r in judge_rows) / len(judge_rows)
         assert keys[f"round/{k}/eval/pairwise/accuracy"] == pytest.approx(judge_accuracy)
         assert all((r["scores"][0] > r["scores"][1]) == (r["verdicts"][0] == "A>B") for r in judge_rows)
         row = next(r for r in rows if r["round"] == k and r["figure"] == "pairwise/verdict/accuracy")
         assert row["value"] == pytest.approx(accuracy) and row["n"] == n_heldout
         if k:
-            base = recomputed_accuracy(read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.verdict.jsonl"))
+            base = recomputed_accuracy(read_jsonl(evaluation_of(out, 0) / "pairwise.verdict.jsonl"))
             assert keys[f"round/{k}/eval/pairwise/verdict/delta/accuracy"] == pytest.approx(accuracy - base[0])
             assert row["delta"] == pytest.approx(accuracy - base[0])
             assert f"round/{k}/eval/pairwise/verdict/delta/accuracy/p_value" in keys
-            base_rows = read_jsonl(out / f"round-{k}" / "eval" / "baseline" / "pairwise.jsonl")
+            base_rows = read_jsonl(evaluation_of(out, 0) / "pairwise.jsonl")
             base_judge = sum(r["verdicts"][0] == r["label"] for r in base_rows) / len(base_rows)
             assert keys[f"round/{k}/eval/pairwise/delta/accuracy"] == pytest.approx(judge_accuracy - base_judge)
     return rows
@@ -148,8 +154,11 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
     csv_lines = (out / "rounds.csv").read_text().splitlines()
     assert csv_lines[0].startswith("round,figure,value,ci_low,ci_high,delta") and len(csv_lines) == len(rows) + 1
     state = json.loads((out / "loop_state.json").read_text())
-    assert sorted(state["done"]) == sorted(f"{k}/{s}" for k in (1, 2) for s in ("items", "split", "pairs", "train",
-                                                                                  "eval"))
+    assert sorted(state["done"]) == sorted(["0/eval"] + [f"{k}/{s}" for k in (1, 2) for s in ("items", "split", "pairs",
+                                                                                                "train", "eval")])
+    # the base is scored once: round 0 alone holds its evaluation, each round one evaluation and its comparison
+    assert all(len([p for p in (out / f"round-{k}" / "eval").iterdir() if p.is_dir()]) == 1 for k in (0, 1, 2))
+    assert all((out / f"round-{k}" / "eval" / "compare.json").is_file() for k in (1, 2))
     assert all(v["wall_s"] > 0 and v["cpu_s"] >= 0 for v in state["done"].values())
 
     from judgetrain.report.build import make_report
@@ -159,7 +168,7 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
     # a rerun of a finished loop runs nothing again
     again = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "train done earlier, skipped" in again.stderr
-    assert len([e for e in read_jsonl(out / "stages.jsonl") if e["event"] == "start"]) == 10
+    assert len([e for e in read_jsonl(out / "stages.jsonl") if e["event"] == "start"]) == 11
 
 
 # where each stage has begun its work (the kill waits for it, so that it lands inside the stage)
@@ -192,9 +201,9 @@ def test_killed_during_each_stage_then_rerun_every_stage_is_done_once(tmp_path, 
     final = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert final.returncode == 0, final.stderr[-4000:]
     events = read_jsonl(out / "stages.jsonl")
-    done = Counter(e["stage"] for e in events if e["event"] == "done")
-    assert done == Counter({s: 1 for s in INSIDE}), done
-    starts = Counter(e["stage"] for e in events if e["event"] == "start")
+    done = Counter((e["round"], e["stage"]) for e in events if e["event"] == "done")
+    assert done == Counter({(1, s): 1 for s in INSIDE} | {(0, "eval"): 1}), done
+    starts = Counter(e["stage"] for e in events if e["event"] == "start" and e["round"] == 1)
     # each stage killed inside was begun again (a kill aimed at a stage as short as the split can land in the next
     # one, which is then begun a third time); what counts is that each ended done once, above
     assert all(starts[s] >= 2 for s in stopped_inside), starts

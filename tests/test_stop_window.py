@@ -1,6 +1,6 @@
 """A SIGTERM'd launch of several processes gives its workers time to save the stop checkpoint: torchrun's agent
 SIGKILLs them TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds after passing the signal on (30 by default), which an 8B step
-plus its checkpoint outlasts. `judgetrain train` raises that window (judgetrain.cli.train.STOP_WINDOW_S).
+plus its checkpoint outlasts. `judgetrain train` raises that window (judgetrain.run.launch.launch_and_wait).
 
 The slow save is real: a ``sitecustomize`` on the workers' path makes the fsync of a checkpoint's marker take 40 s,
 as slow storage under a large checkpoint does, with no hook in judgetrain itself."""

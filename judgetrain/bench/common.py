@@ -22,12 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from judgetrain.utils.errors import BadInputError
+
 # Keys of the trainer arguments that name a run rather than configure it (left out of the config comparison).
 _RUN_NAMING_KEYS = {"output_dir", "logging_dir", "run_name", "hub_model_id"}
 
 
-class BenchError(RuntimeError):
-    """A benchmark that cannot give a fair figure (configs differ, scores differ, a run failed)."""
+class BenchError(BadInputError, RuntimeError):
+    """A benchmark that cannot give a fair figure (configs differ, scores differ, a run failed); `judgetrain bench`
+    refuses with its one line, exit code 2."""
 
 
 def median(values: list[float]) -> float:

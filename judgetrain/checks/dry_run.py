@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DeepSpeedPlugin
 
 from judgetrain.checks.memory import dry_run_memory
 from judgetrain.checks.preflight import preflight
+from judgetrain.checks.setup import LaunchSetup, setup
 from judgetrain.config.packaged import packaged_names
-from judgetrain.config.recipe import Recipe, RecipeError, remote_code_routes, remote_code_warning
+from judgetrain.config.recipe import Recipe, RecipeError
 from judgetrain.data.io import resolve_local
 from judgetrain.data.lengths import audit_lengths
 from judgetrain.data.prepare import build_train_dataset
@@ -28,77 +30,112 @@ DEFAULT_AUDIT_ROWS = 64
 
 
 def dry_run(recipe: Recipe) -> dict:
-    """Check a recipe without loading weights: schema (already parsed), files, accelerate config, data and lengths
-    on the first ``audit_rows`` rows. Hub sources and tokenizers unreachable offline are reported, not fatal."""
-    script_args, training_args, model_args = recipe.script_args, recipe.training_args, recipe.model_args
-
+    """Check a recipe without loading weights: the launch's setup sequence (`judgetrain.checks.setup`) with the
+    offline substitutes of `DryRunSetup` (schema already parsed; files, accelerate config, data and lengths on the
+    first ``audit_rows`` rows), then the memory estimate and the preflight. Hub sources and tokenizers unreachable
+    offline are reported, not fatal."""
     report: dict = {"recipe": "ok", "problems": [], "notes": []}
-    in_the_way = output_dir_problems(recipe)  # before the audit below writes any rejects there
-    warning = remote_code_warning(remote_code_routes(training_args, model_args), model_args.model_name_or_path)
-    if warning:
-        logger.warning(warning)
-        report["notes"].append(warning)
-    if script_args.accelerate_config:
-        if not Path(script_args.accelerate_config).is_file():
-
-            raise RecipeError(f"accelerate_config {script_args.accelerate_config}: file not found; packaged configs: "
-                              f"{', '.join(packaged_names('accelerate_configs'))}")
-        cfg = load_config_from_file(script_args.accelerate_config)
-        report["accelerate"] = {"distributed_type": str(cfg.distributed_type), "num_processes": cfg.num_processes}
-        if str(cfg.distributed_type).endswith("DEEPSPEED"):
-            report["accelerate"]["deepspeed"] = deepspeed_plugin_config(cfg)  # a missing package: see "preflight"
-    else:
-        cfg = None
-    n = script_args.audit_rows or DEFAULT_AUDIT_ROWS
-    sources = [str(comp.get("source", "bundled")) for comp in script_args.train_datasets]
-    for i, src in enumerate(sources):
-        if not _names_a_source(src):
-            raise RecipeError(f"train_datasets[{i}].source {src}: file or folder not found (nor a hub id, owner/name)")
-    try:
-        dataset = build_train_dataset(recipe, max_rows_each=n)
-        report["rows_audited"] = len(dataset)
-    except RecipeError:
-        raise
-    except Exception as e:  # the hub is unreachable offline: audit the bundled samples of the same datasets
-        if not hub_unreachable(e):
-            _raise_refused(e, [(f"train_datasets[{i}].source", s) for i, s in enumerate(sources)])
-        report["notes"].append(f"a hub source is unreachable ({type(e).__name__}); audited the bundled samples instead")
-        logger.warning("Dry run: %s; auditing the bundled samples of the same datasets in its place", e)
-        script_args.train_datasets = [dict(c, source="bundled") for c in script_args.train_datasets]
-        dataset = build_train_dataset(recipe, max_rows_each=n)
-        report["rows_audited"] = len(dataset)
-    model = model_args.model_name_or_path
-    action = script_args.long_rows
-    try:
-        tokenizer = load_recipe_tokenizer(resolve_model(model) if is_alias(model) else model, training_args, model_args)
-        report["tokenizer"] = model
-    except RecipeError:
-        raise
-    except Exception as e:
-        if not hub_unreachable(e):
-            _raise_refused(e, [("model_name_or_path", model)])
-
-        report["notes"].append(
-            f"tokenizer of {model} unreachable offline; lengths measured with the tiny judge's tokenizer (approximate, "
-            "so long rows are counted, not acted on)"
-        )
-        tokenizer = load_recipe_tokenizer(ensure_tiny_judge(), training_args)
-        action = "truncate"  # count only
-    # the recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run
-    _, audit = audit_lengths(dataset, tokenizer, training_args.max_length, action, None, neutralise=True)
-    report["audit"] = audit
-    report["eval"] = _eval_rows(recipe, tokenizer, n, report)
-    report["memory"] = _memory(recipe, cfg, report)
-
+    steps = DryRunSetup(report, recipe.script_args.audit_rows or DEFAULT_AUDIT_ROWS)
+    done = setup(recipe, steps)
+    report["eval"] = done.eval_suites
+    report["memory"] = _memory(recipe, steps.accelerate, report)
     # what would fail at the start of the run, checked on this machine (a dry run on a login node checks the login
     # node's packages, disk and hub cache: run it where the job runs)
     report["preflight"] = preflight(recipe)
-    report["preflight"] += in_the_way
+    report["preflight"] += done.start  # the output_dir's problems, found before the audit wrote any rejects there
     for problem in report["preflight"]:
         logger.warning("preflight: %s", problem)
     # the launch's verdict: 2 (refused, as the launch would be: EXIT_BAD_INPUT) when any check would stop it
     report["exit_code"] = 2 if report["preflight"] else 0
     return report
+
+
+class DryRunSetup(LaunchSetup):
+    """The launch's setup steps with the dry run's substitutes: nothing locked, pinned, recorded or loaded but the
+    tokenizer; the first ``n`` rows of each source; a hub unreachable offline is a note (the bundled samples, the tiny
+    judge's tokenizer) where the launch would fail. Writes what it finds into ``report``."""
+
+    def __init__(self, report: dict, n: int):
+        self.report, self.n, self.accelerate, self.long_rows = report, n, None, None
+
+    def remote_code(self, recipe: Recipe, warning: str) -> None:
+        logger.warning(warning)
+        self.report["notes"].append(warning)
+
+    def check(self, recipe: Recipe) -> None:
+        """The accelerate config and the training sources named; the preflight comes last (`dry_run`)."""
+        script_args = recipe.script_args
+        if script_args.accelerate_config:
+            if not Path(script_args.accelerate_config).is_file():
+                raise RecipeError(f"accelerate_config {script_args.accelerate_config}: file not found; packaged "
+                                  f"configs: {', '.join(packaged_names('accelerate_configs'))}")
+            cfg = self.accelerate = load_config_from_file(script_args.accelerate_config)
+            self.report["accelerate"] = {"distributed_type": str(cfg.distributed_type),
+                                         "num_processes": cfg.num_processes}
+            if str(cfg.distributed_type).endswith("DEEPSPEED"):  # a missing package: see "preflight"
+                self.report["accelerate"]["deepspeed"] = deepspeed_plugin_config(cfg)
+        for i, comp in enumerate(script_args.train_datasets):
+            src = str(comp.get("source", "bundled"))
+            if not _names_a_source(src):
+                raise RecipeError(f"train_datasets[{i}].source {src}: file or folder not found (nor a hub id, "
+                                  "owner/name)")
+
+    def model_path(self, recipe: Recipe) -> str:
+        model = recipe.model_args.model_name_or_path
+        return resolve_model(model) if is_alias(model) else model
+
+    def revisions(self, recipe: Recipe, model_path: str) -> dict:
+        return {}
+
+    def tokenizer(self, recipe: Recipe, model_path: str):
+        model = recipe.model_args.model_name_or_path
+        self.long_rows = recipe.script_args.long_rows
+        try:
+            tokenizer = super().tokenizer(recipe, model_path)
+            self.report["tokenizer"] = model
+            return tokenizer
+        except RecipeError:
+            raise
+        except Exception as e:
+            if not hub_unreachable(e):
+                _raise_refused(e, [("model_name_or_path", model)])
+        self.report["notes"].append(
+            f"tokenizer of {model} unreachable offline; lengths measured with the tiny judge's tokenizer (approximate, "
+            "so long rows are counted, not acted on)")
+        self.long_rows = "truncate"  # count only
+        return load_recipe_tokenizer(ensure_tiny_judge(), recipe.training_args)
+
+    def output_dir(self, recipe: Recipe, revisions: dict) -> list[str]:
+        return output_dir_problems(recipe)
+
+    def train_rows(self, recipe: Recipe, tokenizer) -> tuple[Any, dict]:
+        """The first ``n`` rows of each source (offline: the bundled samples of the same datasets), audited with the
+        recipe's own action: long_rows=error fails the dry run exactly as it would fail the real run."""
+        script_args = recipe.script_args
+        try:
+            dataset = build_train_dataset(recipe, max_rows_each=self.n)
+        except RecipeError:
+            raise
+        except Exception as e:  # the hub is unreachable offline: audit the bundled samples of the same datasets
+            sources = [str(comp.get("source", "bundled")) for comp in script_args.train_datasets]
+            if not hub_unreachable(e):
+                _raise_refused(e, [(f"train_datasets[{i}].source", s) for i, s in enumerate(sources)])
+            self.report["notes"].append(f"a hub source is unreachable ({type(e).__name__}); audited the bundled "
+                                        "samples instead")
+            logger.warning("Dry run: %s; auditing the bundled samples of the same datasets in its place", e)
+            script_args.train_datasets = [dict(c, source="bundled") for c in script_args.train_datasets]
+            dataset = build_train_dataset(recipe, max_rows_each=self.n)
+        self.report["rows_audited"] = len(dataset)
+        _, audit = audit_lengths(dataset, tokenizer, recipe.training_args.max_length, self.long_rows, None,
+                                 neutralise=True)
+        self.report["audit"] = audit
+        return dataset, audit
+
+    def record(self, recipe: Recipe, start, train_dataset, audit: dict, command: str | None):
+        return start
+
+    def eval_suites(self, recipe: Recipe, tokenizer) -> dict:
+        return _eval_rows(recipe, tokenizer, self.n, self.report)
 
 
 def output_dir_problems(recipe: Recipe) -> list[str]:

@@ -312,23 +312,64 @@ def _eval_gathers_whole(plan: Plan, params: int, resident: float, usable: float 
 def estimate(shape: ModelShape, plan: Plan, usable: float | None = None) -> dict[str, Any]:
     """Per-device peak memory in bytes by component, the peak, and the tokens one optimizer step sees. ``usable``:
     the device's memory, where known (decides ``eval_generate_zero3_gather: auto``)."""
-    n = plan.processes
+    out: dict[str, Any] = {}
     params = shape.params()
-    shard_w = n if plan.parallelism in ("fsdp", "zero3") else 1
-    shard_o = n if plan.parallelism in ("fsdp", "zero2", "zero3") else 1  # gradients and optimizer state
-    wb = plan.weight_bytes
-    lora = plan.lora_r is not None
+    shard_w = plan.processes if plan.parallelism in ("fsdp", "zero3") else 1
+    trainable, tb, shard_o = _states(shape, plan, out)
+    tokens = 2 * plan.batch * plan.seq_len
+    act, backward_layer, lm_head = _training_pass(shape, plan, out, tokens, shard_w)
+    ref_pass = _reference(shape, plan, out, tokens, shard_w)
+    _eval_pass(shape, plan, out, shard_w)
+    out["optimizer"] = plan.optimizer
+    out["optimizer_step_temporaries"] = optimizer_step_temporaries(shape, plan, trainable, tb, shard_o)
+
+    static = sum(out[k] for k in ("weights", "adapter", "master_weights", "optimizer_state", "reference_weights"))
+    # backward starts at the LM head: its tiles and temporaries are gone before the layers' backward (a recomputed
+    # layer under checkpointing, the gradients in flight) runs and their gradients accumulate
+    out["backward_layer"] = backward_layer
+    train_peak = static + act + max(lm_head, backward_layer + out["gradients"]) + out["gathered_layers"]
+    # the optimizer's step: activations gone, every gradient held, and the step's own temporaries
+    step_peak = static + out["gradients"] + out["optimizer_step_temporaries"]
+    ref_peak = static + ref_pass + out["gathered_layers"]
+    # generate mode under ZeRO-3 gathering the whole model (TRL's unwrap_model_for_generation): every parameter whole
+    # on each rank for the eval, beside its own partition; layer by layer: the two gathered layers, as scoring
+    whole = _eval_gathers_whole(plan, params, static + out["eval_pass"], usable)
+    out["eval_gathered"] = "whole model" if whole else "2 layers"
+    out["eval_gathered_weights"] = params * plan.weight_bytes if whole else out["gathered_layers"]
+    eval_peak = static + out["eval_pass"] + out["eval_gathered_weights"]
+    out["eval_peak"] = eval_peak
+    out["peak"] = max(train_peak, ref_peak, eval_peak, step_peak)
+    eval_phase = "eval scoring" + (" (generate mode gathers the whole model)" if whole else "")
+    out["peak_phase"] = {step_peak: "optimizer step", train_peak: "policy forward/backward",
+                         ref_peak: "reference pass", eval_peak: eval_phase}[out["peak"]]
+    out["tokens_per_step"] = tokens * plan.grad_accum * plan.processes
+    out["tokens_per_micro_step_per_device"] = tokens
+    out["parameters"] = params
+    out["trainable_parameters"] = trainable
+    return out
+
+
+def _states(shape: ModelShape, plan: Plan, out: dict[str, Any]) -> tuple[int, int, int]:
+    """The weights, adapter, master weights, gradients and optimizer state into ``out``; returns (trainable
+    parameters, bytes per trainable value, the shards of gradients and optimizer state)."""
+    params, wb, lora = shape.params(), plan.weight_bytes, plan.lora_r is not None
+    shard_w = plan.processes if plan.parallelism in ("fsdp", "zero3") else 1
+    shard_o = plan.processes if plan.parallelism in ("fsdp", "zero2", "zero3") else 1  # gradients, optimizer state
     trainable = shape.lora_params(plan.lora_r, plan.lora_targets) if lora else params
     tb = 4 if lora or plan.mixed_precision_master else wb  # PEFT keeps adapters in fp32; masters are fp32
-    out: dict[str, Any] = {}
     out["weights"] = params * wb / shard_w
     out["adapter"] = trainable * 4 / shard_w if lora else 0
     out["master_weights"] = params * 4 / shard_o if (plan.mixed_precision_master and not lora) else 0
     out["gradients"] = trainable * tb / shard_o
     out["optimizer_state"] = trainable * tb * plan.optimizer_state_per_param / shard_o
+    return trainable, tb, shard_o
 
-    seqs, t = 2 * plan.batch, plan.seq_len
-    tokens = seqs * t
+
+def _training_pass(shape: ModelShape, plan: Plan, out: dict[str, Any], tokens: int,
+                   shard_w: int) -> tuple[float, float, float]:
+    """The policy's forward and backward over ``tokens``: activations, the LM head's log-probabilities and the
+    layers gathered under sharding into ``out``; returns (activations, one layer's backward, the LM head)."""
+    wb, lora = plan.weight_bytes, plan.lora_r is not None
     train_layer = saved_bytes_per_token_layer(shape, plan)
     transient = backward_transient_bytes_per_token(shape, plan)
     if plan.checkpointing:  # layer inputs kept; in backward one layer recomputed at a time
@@ -345,14 +386,26 @@ def estimate(shape: ModelShape, plan: Plan, usable: float | None = None) -> dict
     out["activations"] = act
     out["lm_head_logprobs"] = lm_head
     out["gathered_layers"] = gathered if shard_w > 1 else 0
+    return act, backward_layer, lm_head
+
+
+def _reference(shape: ModelShape, plan: Plan, out: dict[str, Any], tokens: int, shard_w: int) -> float:
+    """The reference model's weights (a full fine-tune's frozen copy) and pass into ``out``; returns the pass."""
+    wb = plan.weight_bytes
     if plan.precompute_ref:
         ref_static, ref_pass = 0, 0
     else:
-        ref_static = 0 if lora else params * wb / shard_w  # full fine-tune: TRL's frozen copy
+        ref_static = 0 if plan.lora_r is not None else shape.params() * wb / shard_w  # TRL's frozen copy
         ref_pass = (tokens * (no_grad_bytes_per_token_layer(shape, plan, adapter_on=False) + shape.hidden * wb * 2)
                     + lm_head_bytes(shape, tokens, wb, device=plan.device))
     out["reference_weights"] = ref_static
     out["reference_pass"] = ref_pass
+    return ref_pass
+
+
+def _eval_pass(shape: ModelShape, plan: Plan, out: dict[str, Any], shard_w: int) -> None:
+    """The scoring engine's pass over ``eval_batch_tokens`` (and the merged LoRA copy it may hold) into ``out``."""
+    wb, lora = plan.weight_bytes, plan.lora_r is not None
     eval_tokens = plan.eval_batch_tokens
     # judgetrain's scoring engine keeps the logits of scored positions only (the responses: EVAL_SCORED_FRACTION of
     # a batch's tokens, assumed): the logits in the weights' dtype, their fp32 copy and the logsumexp temporary
@@ -364,34 +417,6 @@ def estimate(shape: ModelShape, plan: Plan, usable: float | None = None) -> dict
     out["eval_merged_lora"] = merged_extra_bytes(
         [a * b * wb for a, b in shape.adapted_projections(plan.lora_targets)] * shape.layers) if merge else 0
     out["eval_pass"] += out["eval_merged_lora"]
-
-    out["optimizer"] = plan.optimizer
-    out["optimizer_step_temporaries"] = optimizer_step_temporaries(shape, plan, trainable, tb, shard_o)
-
-    static = sum(out[k] for k in ("weights", "adapter", "master_weights", "optimizer_state", "reference_weights"))
-    # backward starts at the LM head: its tiles and temporaries are gone before the layers' backward (a recomputed
-    # layer under checkpointing, the gradients in flight) runs and their gradients accumulate
-    out["backward_layer"] = backward_layer
-    train_peak = static + act + max(lm_head, backward_layer + out["gradients"]) + out["gathered_layers"]
-    # the optimizer's step: activations gone, every gradient held, and the step's own temporaries
-    step_peak = static + out["gradients"] + out["optimizer_step_temporaries"]
-    ref_peak = static + ref_pass + out["gathered_layers"]
-    # generate mode under ZeRO-3 gathering the whole model (TRL's unwrap_model_for_generation): every parameter whole
-    # on each rank for the eval, beside its own partition; layer by layer: the two gathered layers, as scoring
-    whole = _eval_gathers_whole(plan, params, static + out["eval_pass"], usable)
-    out["eval_gathered"] = "whole model" if whole else "2 layers"
-    out["eval_gathered_weights"] = params * wb if whole else out["gathered_layers"]
-    eval_peak = static + out["eval_pass"] + out["eval_gathered_weights"]
-    out["eval_peak"] = eval_peak
-    out["peak"] = max(train_peak, ref_peak, eval_peak, step_peak)
-    eval_phase = "eval scoring" + (" (generate mode gathers the whole model)" if whole else "")
-    out["peak_phase"] = {step_peak: "optimizer step", train_peak: "policy forward/backward",
-                         ref_peak: "reference pass", eval_peak: eval_phase}[out["peak"]]
-    out["tokens_per_step"] = tokens * plan.grad_accum * n
-    out["tokens_per_micro_step_per_device"] = tokens
-    out["parameters"] = params
-    out["trainable_parameters"] = trainable
-    return out
 
 
 def lm_head_bytes(shape: ModelShape, tokens: int, wb: int, *, device: str = "cuda", trains_head: bool = False) -> int:

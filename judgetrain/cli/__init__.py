@@ -1,5 +1,7 @@
 """The `judgetrain` console script: one subcommand per job, each a module of this package with a `main(argv)` that
-turns argv into library calls and an exit code. Nothing outside judgetrain.cli imports it."""
+turns argv into library calls and an exit code (the command table: judgetrain.run.launch.COMMANDS). Bad input
+(judgetrain.utils.errors.BadInputError and its subclasses) raised by a command is caught here, once: one line naming
+the command, exit code 2. Nothing outside judgetrain.cli imports it."""
 
 from __future__ import annotations
 
@@ -8,27 +10,9 @@ import importlib
 import sys
 
 from judgetrain import __version__
+from judgetrain.run.launch import COMMANDS, find_command
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.errors import BadInputError
-
-# subcommand -> (module, help). A nested command (``data check``) is listed with a space.
-COMMANDS = {
-    "train": ("judgetrain.cli.train", "launch a training recipe through accelerate (or --dry-run it here)"),
-    "eval": ("judgetrain.cli.eval", "score a model or checkpoint(s) on the eval suites"),
-    "report": ("judgetrain.cli.report", "draw a run's metrics (heatmaps, curves, html)"),
-    "compare": ("judgetrain.cli.compare", "two saved evaluations side by side: deltas, intervals, p over units"),
-    "data check": ("judgetrain.cli.data", "validate a dataset source and print its statistics"),
-    "judge": ("judgetrain.cli.judge", "run judges over items: evaluations in the panel schema, resumable, sharded"),
-    "perturb": ("judgetrain.cli.perturb", "perturb source samples by a spec into judge items: rule and model rewrites, checked"),
-    "pairs build": ("judgetrain.cli.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
-    "pairs known": ("judgetrain.cli.pairs_known", "build DPO pairs of known direction from perturb's items: source beats error copy"),
-    "loop": ("judgetrain.cli.loop", "rounds of perturb, judge, pairs, DPO from the last adapter and eval against the base, resumable"),
-    "bench": ("judgetrain.cli.bench", "benchmark training and evaluation against baselines"),
-    "memory check": ("judgetrain.cli.memory", "measure a DPO step's peak memory on this CPU beside the estimate"),
-    "status": ("judgetrain.cli.status", "how a run stands (running, finished, stopped, failed) by its folder; --verify"),
-    "tiny build": ("judgetrain.cli.tiny", "build the embedded tiny judge into a model directory"),
-    "cache": ("judgetrain.cli.cache", "list or clear the models judgetrain built into its cache"),
-}
 
 
 def _usage(group: str | None = None) -> str:
@@ -51,10 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in {"-V", "--version"}:
         print(f"judgetrain {__version__}")
         return 0
-    for n_words in (2, 1):
-        name = " ".join(argv[:n_words])
-        if name in COMMANDS:
-            return run_command(name, argv[n_words:])
+    found = find_command(argv)
+    if found is not None:
+        return run_command(*found)
     groups = {name.split()[0] for name in COMMANDS if " " in name}
     if argv[0] in groups:  # `judgetrain data`, `judgetrain data --help`: the group's commands
         asked = argv[1:2] in ([], ["-h"], ["--help"])
@@ -73,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(name: str, argv: list[str]) -> int:
     """Command ``name``'s exit code for ``argv``; its bad input (`BadInputError`) is one line on stderr naming the
     command, exit code 2."""
-    module = importlib.import_module(COMMANDS[name][0])
+    module = importlib.import_module(COMMANDS[name].module)
     try:
         return int(module.main(argv) or 0)
     except BadInputError as err:

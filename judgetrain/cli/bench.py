@@ -70,7 +70,6 @@ from judgetrain.bench.report import SCHEMA_VERSION, jsonable, print_table, summa
 from judgetrain.bench.scale import bench_quickstart, bench_train_scale
 from judgetrain.bench.startup import bench_startup
 from judgetrain.bench.train import TRAIN_SHAPES, TrainBench, bench_train, bench_train_shapes
-from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -109,6 +108,26 @@ def build_parser() -> argparse.ArgumentParser:
                             "startup", "judge", "perturb", "evidence"),
                    help="run only these parts (default: all that apply to --device, but checkpoint, startup, judge and "
                         "evidence)")
+    _add_train_options(p)
+    _add_eval_options(p)
+    _add_generation_options(p)
+    g = p.add_argument_group("judgetrain judge (--only judge)")
+    g.add_argument("--judge_models", nargs="+", default=["tiny-judge"],
+                   help="judges of the speed side (aliases or paths; default tiny-judge)")
+    g.add_argument("--judge_items", type=int, default=16, help="items of the speed side (default 16)")
+    g.add_argument("--judge_max_new_tokens", type=int, default=32, help="tokens per evaluation (default 32)")
+    g.add_argument("--judge_resume_rows", type=int, default=136_000,
+                   help="done rows of the resume side (default 136,000: 34,000 items x 4 judges)")
+    p.add_argument("--perturb_samples", type=int, default=2000, help="--only perturb: source recipes x the materials "
+                   "pack's 17 sets, rule operators (default 2,000: 34,000 items)")
+    p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    _add_startup_options(p.add_argument_group("start-up (--only startup)"))
+    _add_gpu_options(p.add_argument_group("GPU (--device cuda)"))
+    return p
+
+
+def _add_train_options(p) -> None:
+    """The options of the training parts (train, train_shapes, scale, quickstart) and of the rounds."""
     p.add_argument("--train_shapes", nargs="+", choices=TRAIN_SHAPES, default=list(TRAIN_SHAPES),
                    help="row shapes of the train_shapes part (default: judgebias rmbench)")
     p.add_argument("--train_shapes_dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
@@ -121,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip_options", action="store_true", default=None, help="skip the speed-option runs (quick: skipped)")
     p.add_argument("--scale_repeats", type=int, help="rounds of the scale runs (default 2)")
     p.add_argument("--scale_train_steps", type=int, help="steps of the 1x train scale run (default 6)")
+    p.add_argument("--quickstart_steps", type=int, help="steps of the short quickstart run (default 4)")
+    p.add_argument("--quickstart_full", action="store_true", help="run the whole quickstart recipe (all epochs; slow)")
+    p.add_argument("--checkpoint_gb", type=float,
+                   help="size of the checkpoint part's synthetic checkpoint, written twice per round (default 1; quick 0.05)")
+
+
+def _add_eval_options(p) -> None:
+    """The options of the evaluation parts (eval, scale, evidence) and of the parser part."""
     p.add_argument("--rmbench_source", default="bundled",
                    help="RM-Bench rows: bundled, or a file/folder (e.g. RM-Bench/data in a clone of THU-KEG/RM-Bench)")
     p.add_argument("--eval_rows", type=int, help="RM-Bench rows scored (default: all of the source; quick 2)")
@@ -134,15 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive_batch_size", type=int, default=8, help="fixed batch (responses) of the naive evaluator")
     p.add_argument("--eval_batch_tokens", type=int, default=8192, help="engine token budget per batch (recipe default)")
     p.add_argument("--eval_max_length", type=int, default=4096, help="longest scored sequence (both evaluators)")
-    p.add_argument("--quickstart_steps", type=int, help="steps of the short quickstart run (default 4)")
-    p.add_argument("--quickstart_full", action="store_true", help="run the whole quickstart recipe (all epochs; slow)")
     p.add_argument("--parser_chars", type=int,
                    help=f"characters of the parser part's texts (default {CAP:,}; quick 20,000)")
     p.add_argument("--parser_panel_copies", type=int,
                    help=f"copies of the bundled panel in the parser part's pairs build (default {PANEL_COPIES}; "
                         "quick 1)")
-    p.add_argument("--checkpoint_gb", type=float,
-                   help="size of the checkpoint part's synthetic checkpoint, written twice per round (default 1; quick 0.05)")
+
+
+def _add_generation_options(p) -> None:
+    """The options of the generation part."""
     p.add_argument("--generation_models", nargs="+",
                    help="models of the generation part: aliases or paths (default: tiny-judge smollm2-135m-instruct; "
                         "quick: tiny-judge)")
@@ -157,17 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "stays float32, as in training)")
     p.add_argument("--generation_vllm", action="store_true",
                    help="the generation part also times the vLLM backend (vLLM installed, with CUDA or its CPU build)")
-    g = p.add_argument_group("judgetrain judge (--only judge)")
-    g.add_argument("--judge_models", nargs="+", default=["tiny-judge"],
-                   help="judges of the speed side (aliases or paths; default tiny-judge)")
-    g.add_argument("--judge_items", type=int, default=16, help="items of the speed side (default 16)")
-    g.add_argument("--judge_max_new_tokens", type=int, default=32, help="tokens per evaluation (default 32)")
-    g.add_argument("--judge_resume_rows", type=int, default=136_000,
-                   help="done rows of the resume side (default 136,000: 34,000 items x 4 judges)")
-    p.add_argument("--perturb_samples", type=int, default=2000, help="--only perturb: source recipes x the materials "
-                   "pack's 17 sets, rule operators (default 2,000: 34,000 items)")
-    p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
-    g = p.add_argument_group("start-up (--only startup)")
+
+
+def _add_startup_options(g) -> None:
+    """The options of the start-up part (``--only startup``)."""
     g.add_argument("--rows", "--startup-rows", type=int, default=2000, dest="startup_rows",
                    help="JudgeBias-shaped rows at real lengths (default 2,000; the real train split: 91639)")
     g.add_argument("--startup_data", default=None, help="a folder with train.parquet (default: written by "
@@ -185,8 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--startup_trl_from", default=None, metavar="REPORT",
                    help="take the bare TRL side's figures from an earlier bench report of the same recipe and rows "
                    "(TRL's side does not change with judgetrain's code; the report says where they came from)")
-    _add_gpu_options(p.add_argument_group("GPU (--device cuda)"))
-    return p
 
 
 def _add_gpu_options(g) -> None:
@@ -222,13 +240,18 @@ def resolve_config(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+DEFAULT_PARTS = ("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "generation")
+
+
 def run_bench(args: argparse.Namespace) -> dict:
+    """Every part asked for (``--only``, else `DEFAULT_PARTS` that apply to ``--device``) in order, each timed into
+    ``part_seconds``; the report with its summary."""
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: no CUDA device is visible to torch "
                          f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); run on a GPU machine")
-    parts = set(args.only or ["train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "generation"])
+    parts = set(args.only or DEFAULT_PARTS)
     if args.device != "cuda":
         parts.discard("device")
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "command": "judgetrain bench " + " ".join(args.argv),
@@ -237,72 +260,11 @@ def run_bench(args: argparse.Namespace) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="judgetrain-bench-") if args.workdir is None else None
     workdir = Path(args.workdir or tmp.name)
     t0 = time.perf_counter()
-    part_seconds: dict[str, float] = {}  # wall time of each part as run (train_shapes: both dtypes)
-    report["part_seconds"] = part_seconds
-
-    def timed(name, fn, *a, **kw):
-        t = time.perf_counter()
-        try:
-            return fn(*a, **kw)
-        finally:
-            part_seconds[name] = part_seconds.get(name, 0.0) + time.perf_counter() - t
-
+    report["part_seconds"] = {}  # wall time of each part as run (train_shapes: both dtypes)
     try:
-        tb = None
-        if "train" in parts:
-            report["train"] = timed("train", bench_train, args, workdir / "train")
-            tb = report["train"].pop("_bench")
-        if parts & {"scale", "quickstart", "train_shapes"}:
-            tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
-            args.quickstart_rows = tb.rows
-        if "train_shapes" in parts:
-            if "float32" in args.train_shapes_dtypes:
-                report["train_shapes"] = timed("train_shapes", bench_train_shapes, args, tb, workdir / "train")
-            if "bfloat16" in args.train_shapes_dtypes:  # the dtype the recipes train in: bf16 base, LoRA as PEFT casts it
-                report["train_shapes_bf16"] = timed("train_shapes", bench_train_shapes, args, tb,
-                                                    workdir / "train-bf16", shapes=args.train_shapes_bf16,
-                                                    dpo_extra={"model_init_kwargs": {"dtype": "bfloat16"}})
-        if "scale" in parts:
-            report["train_scale"] = timed("scale", bench_train_scale, args, tb, workdir / "train")
-        if "eval" in parts or "scale" in parts:
-            from judgetrain.config.recipe import parse_recipe
-
-            model_args = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")]).model_args
-            args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts
-            location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
-            report["eval"] = timed("eval", bench_eval, args, location, load_kwargs)
-        if "evidence" in parts:
-            from judgetrain.bench.evidence import bench_evidence
-            from judgetrain.config.recipe import parse_recipe
-
-            model_args = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")]).model_args
-            location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
-            model, tokenizer = load_eval_model(location, args.recipe, load_kwargs=load_kwargs)
-            report["evidence"] = timed("evidence", bench_evidence, args, model, tokenizer)
-        if "quickstart" in parts:
-            report["quickstart"] = timed("quickstart", bench_quickstart, args, workdir)
-        if "parser" in parts:
-            report["parser"] = timed("parser", bench_parser, args)
-        if "checkpoint" in parts:
-            report["checkpoint"] = timed("checkpoint", bench_checkpoint, args, workdir / "checkpoint")
-        if "generation" in parts:
-            report["generation"] = timed("generation", bench_generation, args)
-        if "judge" in parts:
-            from judgetrain.bench.judge import bench_judge
-
-            report["judge"] = timed("judge", bench_judge, args, workdir / "judge")
-        if "perturb" in parts:
-            from judgetrain.bench.perturb import bench_perturb
-
-            report["perturb"] = timed("perturb", bench_perturb, args, workdir / "perturb")
-        if "startup" in parts:
-            report["startup"] = timed("startup", bench_startup, args, workdir / "startup")
-        if "device" in parts:
-            report["device_bench"] = timed("device", bench_device, args, workdir / "device")
-            tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
-            report["device_bench"]["prefix_sharing"] = timed("device", bench_device_prefix_sharing, args, tb,
-                                                              workdir / "device",
-                                                              report["device_bench"]["matmul_flops_per_s"])
+        tb = _train_parts(args, parts, report, workdir)
+        _eval_parts(args, parts, report, workdir)
+        _other_parts(args, parts, report, workdir, tb)
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -313,19 +275,90 @@ def run_bench(args: argparse.Namespace) -> dict:
     return report
 
 
+def timed(report: dict, name: str, fn, *a, **kw):
+    """``fn(*a, **kw)``, its wall time added to the report's ``part_seconds[name]``."""
+    t = time.perf_counter()
+    try:
+        return fn(*a, **kw)
+    finally:
+        report["part_seconds"][name] = report["part_seconds"].get(name, 0.0) + time.perf_counter() - t
+
+
+def _train_parts(args, parts: set, report: dict, workdir: Path) -> TrainBench | None:
+    """The train, train_shapes and scale parts; returns the training bench they share (None when none ran)."""
+    tb = None
+    if "train" in parts:
+        report["train"] = timed(report, "train", bench_train, args, workdir / "train")
+        tb = report["train"].pop("_bench")
+    if parts & {"scale", "quickstart", "train_shapes"}:
+        tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
+        args.quickstart_rows = tb.rows
+    if "train_shapes" in parts:
+        if "float32" in args.train_shapes_dtypes:
+            report["train_shapes"] = timed(report, "train_shapes", bench_train_shapes, args, tb, workdir / "train")
+        if "bfloat16" in args.train_shapes_dtypes:  # the dtype the recipes train in: bf16 base, LoRA as PEFT casts it
+            report["train_shapes_bf16"] = timed(report, "train_shapes", bench_train_shapes, args, tb,
+                                                workdir / "train-bf16", shapes=args.train_shapes_bf16,
+                                                dpo_extra={"model_init_kwargs": {"dtype": "bfloat16"}})
+    if "scale" in parts:
+        report["train_scale"] = timed(report, "scale", bench_train_scale, args, tb, workdir / "train")
+    return tb
+
+
+def _eval_parts(args, parts: set, report: dict, workdir: Path) -> None:
+    """The eval (and the scale part's evaluation) and evidence parts, on the recipe's model or ``--eval_model``."""
+    if not parts & {"eval", "scale", "evidence"}:
+        return
+    from judgetrain.config.recipe import parse_recipe
+
+    model_args = parse_recipe([args.recipe, "--output_dir", str(workdir / "eval")]).model_args
+    location, load_kwargs = eval_model_location(args.eval_model or model_args.model_name_or_path)
+    if "eval" in parts or "scale" in parts:
+        args.eval_sets, args.eval_scale = "eval" in parts, "scale" in parts
+        report["eval"] = timed(report, "eval", bench_eval, args, location, load_kwargs)
+    if "evidence" in parts:
+        from judgetrain.bench.evidence import bench_evidence
+
+        model, tokenizer = load_eval_model(location, args.recipe, load_kwargs=load_kwargs)
+        report["evidence"] = timed(report, "evidence", bench_evidence, args, model, tokenizer)
+
+
+def _other_parts(args, parts: set, report: dict, workdir: Path, tb: TrainBench | None) -> None:
+    """The quickstart, parser, checkpoint, generation, judge, perturb, startup and device parts, in that order."""
+    if "quickstart" in parts:
+        report["quickstart"] = timed(report, "quickstart", bench_quickstart, args, workdir)
+    if "parser" in parts:
+        report["parser"] = timed(report, "parser", bench_parser, args)
+    if "checkpoint" in parts:
+        report["checkpoint"] = timed(report, "checkpoint", bench_checkpoint, args, workdir / "checkpoint")
+    if "generation" in parts:
+        report["generation"] = timed(report, "generation", bench_generation, args)
+    if "judge" in parts:
+        from judgetrain.bench.judge import bench_judge
+
+        report["judge"] = timed(report, "judge", bench_judge, args, workdir / "judge")
+    if "perturb" in parts:
+        from judgetrain.bench.perturb import bench_perturb
+
+        report["perturb"] = timed(report, "perturb", bench_perturb, args, workdir / "perturb")
+    if "startup" in parts:
+        report["startup"] = timed(report, "startup", bench_startup, args, workdir / "startup")
+    if "device" in parts:
+        report["device_bench"] = timed(report, "device", bench_device, args, workdir / "device")
+        tb = tb or TrainBench(args.recipe, workdir / "train", args.train_steps, args.train_batch_size, args.device)
+        report["device_bench"]["prefix_sharing"] = timed(report, "device", bench_device_prefix_sharing, args, tb,
+                                                          workdir / "device",
+                                                          report["device_bench"]["matmul_flops_per_s"])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
     setup_logging()
-    try:
-        args = resolve_config(args)
-        report = run_bench(args)
-    except BenchError as e:
-        print(f"judgetrain bench: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    report = jsonable(report)
+    args = resolve_config(args)  # a BenchError: the `judgetrain` entry's one line, exit code 2
+    report = jsonable(run_bench(args))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=1))
     print_table(report)

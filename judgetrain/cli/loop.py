@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from judgetrain.cli.args import ConventionParser
-from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.run.layout import ROUND_TABLE_CSV, ROUND_TABLE_MD
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -32,18 +32,15 @@ def build_parser() -> ConventionParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
-    from judgetrain.loop.config import LoopConfigError, load_config
+    from judgetrain.loop.config import load_config
     from judgetrain.loop.run import StageFailed, run_loop
 
+    config = load_config(args.config)  # a bad config raises LoopConfigError: the entry's one line, exit code 2
     try:
-        config = load_config(args.config)
         result = run_loop(config)
-    except LoopConfigError as err:
-        logger.error("%s", err)
-        return EXIT_BAD_INPUT
     except StageFailed as err:
         logger.error("%s; rerun the same command to continue from this stage", err)
         return err.code
-    print((Path(config.output_dir) / "rounds.md").read_text(encoding="utf-8"), file=sys.stdout)
-    logger.info("round table: %s (and rounds.csv, rounds.md)", result["table"])
+    print((Path(config.output_dir) / ROUND_TABLE_MD).read_text(encoding="utf-8"), file=sys.stdout)
+    logger.info("round table: %s (and %s, %s)", result["table"], ROUND_TABLE_CSV, ROUND_TABLE_MD)
     return 0

@@ -524,31 +524,30 @@ def build_pairs(
     write_pairs(train_rows, out / "train.parquet")
     write_pairs(val_rows, out / "validation.parquet")
 
-    stats = {
-        **pair_statistics(train_rows, val_rows),
-        "input_rows": len(rows),
-        "scored_rows": len(evals),
-        "rejected_rows": len(rejects),
-        "rejects_by_judge": count_rejects(rejects, {str(row.get("judge_model")) for row in rows}),
-        "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
-        "endpoint_rejected_rows": sum(r["reason"] == ENDPOINT_REJECTED for r in rejects),
-        "judges": sorted({str(row.get("judge_model")) for row in rows}),
-        "anchored_samples": len(anchors),
-        "skipped_samples": len(skipped),
-        "skipped_sample_ids": skipped,
-        "anchor_sets": anchor_sets_used,
-        "candidate_pairs": dropped["candidates"],
-        "dropped": {k: dropped[k] for k in ("tie", "min_delta", "anchor_filter", "cap", "duplicate")},
-        "prompt_mismatch_pairs": dropped["prompt_mismatch"],
-        "options": {"min_delta": min_delta, "represent_anchor_margin": represent_anchor_margin,
-                    "error_anchor_margin": error_anchor_margin, "max_pairs": max_pairs,
-                    "min_represent_evals": min_represent_evals, "validation_fraction": validation_fraction,
-                    "seed": seed, "scale": list(scale), "score_key": score_key, "anchor_sets": anchor_sets},
-    }
+    stats = {**pair_statistics(train_rows, val_rows), **panel_counts(rows, evals, rejects),
+             "anchored_samples": len(anchors), "skipped_samples": len(skipped), "skipped_sample_ids": skipped,
+             "anchor_sets": anchor_sets_used, "candidate_pairs": dropped["candidates"],
+             "dropped": {k: dropped[k] for k in ("tie", "min_delta", "anchor_filter", "cap", "duplicate")},
+             "prompt_mismatch_pairs": dropped["prompt_mismatch"],
+             "options": {"min_delta": min_delta, "represent_anchor_margin": represent_anchor_margin,
+                         "error_anchor_margin": error_anchor_margin, "max_pairs": max_pairs,
+                         "min_represent_evals": min_represent_evals, "validation_fraction": validation_fraction,
+                         "seed": seed, "scale": list(scale), "score_key": score_key, "anchor_sets": anchor_sets}}
     (out / "stats.json").write_text(json.dumps(nan_to_none(stats), indent=2) + "\n", encoding="utf-8")
     logger.info("wrote %s (%d rows), %s (%d rows), stats.json", out / "train.parquet", len(train_rows),
                 out / "validation.parquet", len(val_rows))
     return stats
+
+
+def panel_counts(rows: list[dict], evals: list, rejects: list[dict]) -> dict[str, Any]:
+    """The panel's rows as `build_pairs` counted them: read, scored, rejected (by judge, by reason, by the endpoint),
+    and the judges."""
+    judges = {str(row.get("judge_model")) for row in rows}
+    return {"input_rows": len(rows), "scored_rows": len(evals), "rejected_rows": len(rejects),
+            "rejects_by_judge": count_rejects(rejects, judges),
+            "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
+            "endpoint_rejected_rows": sum(r["reason"] == ENDPOINT_REJECTED for r in rejects),
+            "judges": sorted(judges)}
 
 
 def output_schema():

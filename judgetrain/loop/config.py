@@ -5,7 +5,7 @@
     model: tiny-judge                 # the base judge; round k judges with it plus round k-1's adapter
     recipe: recipes/quickstart.yaml   # each round's training recipe starts from this one
     train: {max_steps: 4, per_device_train_batch_size: 2}   # recipe keys for every round (over the recipe's)
-    num_processes: 1                  # accelerate launch of training and evaluation
+    num_processes: 1                  # accelerate launch of perturb, judge, training and evaluation
     items: {source: notes.jsonl, spec: clinic.yaml, sets: [drug_swap, spacing]}   # the factory, or {file: ...}
     heldout: {fraction: 0.25, types: [spacing], seed: 0}
     judge: {samples: 3, temperature: 1.0, force_score_prefix: true}

@@ -15,11 +15,19 @@ Round k (1-based), in ``<output_dir>/round-<k>/``:
     train   `judgetrain train` (accelerate launch of judgetrain.train) of round-<k>/recipe.yaml: the config's recipe
             with its ``train`` keys, the pairs, ``init_adapter`` = round k-1's adapter (the reference stays the
             base), ``resume: auto`` -> train/ (the adapter, metrics.jsonl, checkpoints)
-    eval    `judgetrain eval --baseline MODEL` of the adapter on the held-out pairs and the benchmark suites -> eval/
+    eval    `judgetrain eval` of the adapter on the held-out pairs and the benchmark suites -> eval/<name>/, then
+            `judgetrain compare` of it against the base's saved files -> eval/compare.json
 
-after which the round table (`judgetrain.loop.table`) is written again from every finished round's eval files.
+The base is scored once, as round 0 (``<output_dir>/round-0/eval/``, `judgetrain eval` of the model alone), right after
+round 1's split has written the held-out pairs; each round's differences against the base come from the two
+evaluations' per-row files. After each round the round table (`judgetrain.loop.table`) is written again from every
+finished round's eval files.
 
-A stage is done once its command exited 0; ``<output_dir>/loop_state.json`` records it (atomically) with its wall
+The stages that run on several processes (items, judge, eval: `judgetrain.run.launch.SEVERAL_PROCESSES`, and train
+through its recipe) are started with the config's ``num_processes`` and ``accelerate_config``; every stage's command
+is looked up in the one command table (`judgetrain.run.launch.command_argv`).
+
+A stage is done once its commands exited 0; ``<output_dir>/loop_state.json`` records it (atomically) with its wall
 time and the CPU-seconds of its processes, and ``stages.jsonl`` logs each start and end. Killed at any point, the
 same command skips the stages done and reruns the one it stopped in, which continues through the command's own
 resume where it has one (`judgetrain judge`'s done index, training's checkpoints). A config other than the one
@@ -34,7 +42,6 @@ import os
 import resource
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -45,16 +52,14 @@ from judgetrain.data.pairs import validation_samples
 from judgetrain.judge.items import read_items
 from judgetrain.loop.config import LoopConfig, LoopConfigError
 from judgetrain.loop.table import write_round_table
-from judgetrain.perturb.known import item_text, question_of
+from judgetrain.perturb.known import write_heldout_pairs
 from judgetrain.perturb.source import read_samples
-from judgetrain.perturb.spec import ORIGINAL_SET, load_spec
+from judgetrain.perturb.spec import load_spec
+from judgetrain.run.launch import Launch, command_argv
+from judgetrain.run.layout import HELDOUT_PAIRS, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_COMPARE_FILE, round_folder
 from judgetrain.utils.files import append_jsonl, read_json, write_json, write_lines
 
 logger = logging.getLogger(__name__)
-
-STATE = "loop_state.json"
-LOG = "stages.jsonl"
-HELDOUT = Path("heldout") / "pairwise.jsonl"
 
 
 class StageFailed(RuntimeError):
@@ -71,8 +76,8 @@ def run_loop(config: LoopConfig) -> dict[str, Any]:
     out = Path(config.output_dir)
     loop = Loop(config, out, open_state(config, out))
     for k in range(1, config.rounds + 1):
-        for stage in loop.stages():
-            loop.stage(k, stage)
+        for round_k, stage in loop.plan(k):
+            loop.stage(round_k, stage)
         table = write_round_table(out, config.rounds)
     return {"status": "finished", "rounds": config.rounds, "table": str(table)}
 
@@ -80,11 +85,11 @@ def run_loop(config: LoopConfig) -> dict[str, Any]:
 def open_state(config: LoopConfig, out: Path) -> dict:
     """The loop's state in ``out`` (new, or the one this config started: `LoopConfigError` for another's)."""
     out.mkdir(parents=True, exist_ok=True)
-    state = read_json(out / STATE) or {"config": config.digest(), "done": {}}
+    state = read_json(out / LOOP_STATE_FILE) or {"config": config.digest(), "done": {}}
     if state["config"] != config.digest():
-        raise LoopConfigError(f"{out} holds a loop started with another config ({STATE}); continue it with that "
-                              "config (rounds may grow), or give this one another output_dir")
-    write_json(out / STATE, state)
+        raise LoopConfigError(f"{out} holds a loop started with another config ({LOOP_STATE_FILE}); continue it with "
+                              "that config (rounds may grow), or give this one another output_dir")
+    write_json(out / LOOP_STATE_FILE, state)
     return state
 
 
@@ -93,12 +98,20 @@ class Loop:
 
     def __init__(self, config: LoopConfig, out: Path, state: dict):
         self.config, self.out, self.state = config, out, state
+        self.launch = Launch(config.num_processes, config.accelerate_config)
 
     def stages(self) -> list[str]:
         return ["items", "split", *(["judge"] if self.config.needs_judge else []), "pairs", "train", "eval"]
 
+    def plan(self, k: int) -> list[tuple[int, str]]:
+        """Round ``k``'s (round, stage) in order; round 1's split is followed by the base's evaluation (round 0)."""
+        plan = [(k, stage) for stage in self.stages()]
+        if k == 1:
+            plan.insert(plan.index((1, "split")) + 1, (0, "eval"))
+        return plan
+
     def round_dir(self, k: int) -> Path:
-        return self.out / f"round-{k}"
+        return self.out / round_folder(k)
 
     def adapter(self, k: int) -> Path | None:
         """Round k's trained adapter (None for round 0, the base)."""
@@ -116,11 +129,11 @@ class Loop:
         getattr(self, f"stage_{name}")(k, self.round_dir(k))
         record = {"wall_s": round(time.monotonic() - wall, 3), "cpu_s": round(_cpu_seconds() - cpu, 3)}
         self.state["done"][key] = record
-        write_json(self.out / STATE, self.state)
+        write_json(self.out / LOOP_STATE_FILE, self.state)
         self._log({"round": k, "stage": name, "event": "done", **record})
 
     def _log(self, record: dict) -> None:
-        append_jsonl(self.out / LOG, {"time": time.time(), **record})
+        append_jsonl(self.out / LOOP_LOG_FILE, {"time": time.time(), **record})
 
     # ---- the stages -------------------------------------------------------------------------------------------
 
@@ -130,7 +143,7 @@ class Loop:
             return  # given: every round reads the same file
         cmd = ["perturb", "--source", items.source, "--source_split", items.source_split, "--spec", items.spec,
                "--seed", str(items.seed + k - 1), "--output_dir", str(rd / "items")]
-        run_command(cmd + (["--sets", *items.sets] if items.sets else []))
+        run_command(cmd + (["--sets", *items.sets] if items.sets else []), self.launch)
 
     def items_path(self, k: int) -> str:
         return self.config.items.file or str(self.round_dir(k) / "items" / "items.jsonl")
@@ -155,7 +168,7 @@ class Loop:
                                                  "heldout_samples": sorted(map(str, held_ids)),
                                                  "heldout_types": list(held.types)})
         if k == 1 and self.config.items.source and self.config.items.spec:
-            write_heldout_pairs(heldout, self.samples(), self.out / HELDOUT)
+            write_heldout_pairs(heldout, self.samples(), self.out / HELDOUT_PAIRS)
 
     def samples(self):
         items = self.config.items
@@ -177,7 +190,7 @@ class Loop:
                 cmd.append("--force_score_prefix")
             if judge.max_new_tokens:
                 cmd += ["--max_new_tokens", str(judge.max_new_tokens)]
-            run_command(cmd, num_processes=self.config.num_processes, module="judgetrain.cli.judge")
+            run_command(cmd, self.launch)
         (rd / "judge").mkdir(parents=True, exist_ok=True)
         rows = [line for name, _, _ in runs
                 for line in (rd / "judge" / name / "evaluations.jsonl").read_text(encoding="utf-8").splitlines() if line]
@@ -216,20 +229,25 @@ class Loop:
         run_command(["train", str(path)])
 
     def stage_eval(self, k: int, rd: Path) -> None:
+        """`judgetrain eval` of round k's adapter (round 0: the base alone) on the held-out pairs and the suites; after
+        round 0, `judgetrain compare` of it against the base's saved evaluation."""
         ev = self.config.eval
         suites = list(ev.suites)
-        heldout = self.out / HELDOUT
+        heldout = self.out / HELDOUT_PAIRS
         options = dict(ev.options)
         if heldout.is_file() and heldout.stat().st_size:
             options.setdefault("eval_pairwise_source", str(heldout))
         elif "pairwise" in suites and "eval_pairwise_source" not in options:
             suites.remove("pairwise")  # no held-out pair to score
-        cmd = ["eval", "--model", self.config.model, "--adapter", str(self.adapter(k)), "--baseline", self.config.model,
+        cmd = ["eval", "--model", self.config.model, *(["--adapter", str(self.adapter(k))] if k else []),
                "--output_dir", str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.scoring]
         if ev.max_rows:
             cmd += ["--eval_max_rows", str(ev.max_rows)]
         cmd += [arg for key, value in options.items() for arg in (f"--{key}", str(value))]
-        run_command(cmd, num_processes=self.config.num_processes, module="judgetrain.cli.eval")
+        run_command(cmd, self.launch)
+        if k:
+            run_command(["compare", str(self.round_dir(0) / "eval"), str(rd / "eval"),
+                         "--output", str(rd / "eval" / ROUND_COMPARE_FILE)])
 
 
 def verdict_pairs(pairs) -> bool:
@@ -267,38 +285,12 @@ def warn_orders_apart(recipe: dict, pairs) -> bool:
     return True
 
 
-def write_heldout_pairs(heldout: list[dict], samples: list, path: Path) -> int:
-    """Each held-out error copy against its source as a pairwise-suite row (``id`` sample|set, ``prompt`` the
-    question, ``response_a`` the source, ``response_b`` the copy, ``label`` A>B, ``category`` the perturbation type);
-    the suite shows both orders. Returns the rows written."""
-    by_id = {str(s.sample_id): s for s in samples}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for item in heldout:
-        sample = by_id.get(str(item["sample_id"]))
-        if item.get("perturbation_category") != "error" or item.get("perturbation_set") == ORIGINAL_SET or sample is None:
-            continue
-        text = item_text(sample, item["prompt"])
-        if text is None or text == sample.text:
-            continue
-        rows.append({"id": f"{item['sample_id']}|{item['perturbation_set']}", "prompt": question_of(sample),
-                     "response_a": sample.text, "response_b": text, "label": "A>B",
-                     "category": item.get("perturbation_type")})
-    write_lines(path, (json.dumps(r, ensure_ascii=False) for r in rows))
-    logger.info("held-out pairs: %d error copies against their sources (%s)", len(rows), path)
-    return len(rows)
-
-
-def run_command(argv: list[str], *, num_processes: int = 1, module: str | None = None) -> None:
-    """``judgetrain ARGV`` in a child process (``accelerate launch -m MODULE`` for more than one process), as a user
-    runs it; `StageFailed` unless it exits 0."""
-    if num_processes > 1 and module is not None:
-        name_words = 2 if argv[0] in ("pairs", "data", "tiny", "memory") else 1
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes), "-m", module,
-               *argv[name_words:]]
-    else:
-        cmd = [sys.executable, "-m", "judgetrain.cli", *argv]
-    logger.info("running: judgetrain %s", " ".join(shlex.quote(a) for a in argv))
+def run_command(argv: list[str], launch: Launch = Launch()) -> None:
+    """``judgetrain ARGV`` in a child process, as a user runs it (`accelerate launch` of the command's module with
+    ``launch``'s processes and config where the command runs on several: `judgetrain.run.launch.command_argv`);
+    `StageFailed` unless it exits 0."""
+    cmd = command_argv(argv, launch)
+    logger.info("running: %s", " ".join(shlex.quote(a) for a in ["judgetrain", *argv]))
     code = subprocess.run(cmd, env=os.environ.copy()).returncode
     if code != 0:
         raise StageFailed(f"judgetrain {' '.join(argv[:2])} exited with {code}", code)

@@ -1,11 +1,12 @@
-"""The round table: each figure of each round against the base, from the files `judgetrain eval --baseline` wrote.
+"""The round table: each figure of each round against the base, from the files `judgetrain eval` and `judgetrain
+compare` wrote.
 
     table = round_table("loops/clinic", rounds=2)   # {"keys": {...}, "rows": [...]} ; write_round_table writes it
 
 Keys extend the eval keys (`judgetrain eval`'s results.json ``metrics``) with the round: ``round/<k>/eval/<suite>[/
 <mode>]/<metric>`` with its ``/ci_low`` and ``/ci_high``, ``round/<k>/eval/<suite>[/<mode>]/delta/<metric>`` with
-``/delta_ci_low``, ``/delta_ci_high`` and ``/p_value``; round 0 is the base (the baseline's figures of round 1's
-evaluation). Rows (one per figure and round): ``round``, ``figure`` (``<suite>[/<mode>]/<metric>``), ``value``,
+``/delta_ci_low``, ``/delta_ci_high`` and ``/p_value``; round 0 is the base (its one evaluation, in ``round-0/eval/``);
+each later round's differences are `judgetrain compare`'s of its evaluation against the base's (``eval/compare.json``). Rows (one per figure and round): ``round``, ``figure`` (``<suite>[/<mode>]/<metric>``), ``value``,
 ``ci_low``, ``ci_high``, ``delta``, ``delta_ci_low``, ``delta_ci_high``, ``p_value``, ``n``.
 
 Written to ``<output_dir>/rounds.json`` (keys and rows), ``rounds.csv`` and ``rounds.md``; `judgetrain report`
@@ -20,34 +21,30 @@ import json
 from pathlib import Path
 from typing import Any
 
-from judgetrain.utils.files import write_json
-
-TABLE = "rounds.json"
+from judgetrain.run.layout import ROUND_COMPARE_FILE, ROUND_TABLE, ROUND_TABLE_CSV, ROUND_TABLE_MD, round_folder
+from judgetrain.utils.files import read_json, write_json
 COLUMNS = ("round", "figure", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high", "p_value", "n")
 
 
-def eval_results(eval_dir: Path) -> tuple[dict | None, dict | None]:
-    """(the evaluated judge's results.json, the baseline's) of one round's eval folder; None where absent."""
-    base = eval_dir / "baseline" / "results.json"
-    trained = [p for p in sorted(eval_dir.glob("*/results.json")) if p.parent.name != "baseline"]
-    read = lambda p: json.loads(p.read_text(encoding="utf-8"))  # noqa: E731
-    return (read(trained[-1]) if trained else None), (read(base) if base.is_file() else None)
+def eval_results(eval_dir: Path) -> dict | None:
+    """The results.json of the one judge a round's eval folder holds; None where absent."""
+    found = sorted(eval_dir.glob("*/results.json"))
+    return json.loads(found[-1].read_text(encoding="utf-8")) if found else None
 
 
 def round_table(out: str | Path, rounds: int) -> dict[str, Any]:
-    """The keys and rows of every round whose evaluation is written (see the module doc)."""
+    """The keys and rows of the base and of every round whose evaluation is written (see the module doc)."""
     out = Path(out)
     keys: dict[str, Any] = {}
     rows: list[dict] = []
-    for k in range(1, rounds + 1):
-        trained, base = eval_results(out / f"round-{k}" / "eval")
-        if trained is None:
+    for k in range(0, rounds + 1):
+        results = eval_results(out / round_folder(k) / "eval")
+        if results is None:
             continue
-        if k == 1 and base is not None:
-            keys.update({f"round/0/{key}": value for key, value in base["metrics"].items()})
-            rows += figure_rows(0, base, None)
-        keys.update({f"round/{k}/{key}": value for key, value in trained["metrics"].items()})
-        rows += figure_rows(k, trained, trained.get("deltas") or {})
+        compared = (read_json(out / round_folder(k) / "eval" / ROUND_COMPARE_FILE) or {}) if k else {}
+        keys.update({f"round/{k}/{key}": value for key, value in results["metrics"].items()})
+        keys.update({f"round/{k}/{key}": value for key, value in (compared.get("metrics") or {}).items()})
+        rows += figure_rows(k, results, compared.get("suites") if k else None)
     return {"keys": keys, "rows": rows}
 
 
@@ -74,14 +71,14 @@ def write_round_table(out: str | Path, rounds: int) -> Path:
     """Write rounds.json, rounds.csv and rounds.md (see the module doc), log the markdown; returns rounds.json."""
     out = Path(out)
     table = round_table(out, rounds)
-    write_json(out / TABLE, table)
+    write_json(out / ROUND_TABLE, table)
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(table["rows"])
-    (out / "rounds.csv").write_text(buffer.getvalue(), encoding="utf-8")
-    (out / "rounds.md").write_text(markdown(table["rows"]), encoding="utf-8")
-    return out / TABLE
+    (out / ROUND_TABLE_CSV).write_text(buffer.getvalue(), encoding="utf-8")
+    (out / ROUND_TABLE_MD).write_text(markdown(table["rows"]), encoding="utf-8")
+    return out / ROUND_TABLE
 
 
 def markdown(rows: list[dict]) -> str:

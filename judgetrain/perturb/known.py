@@ -30,6 +30,9 @@ Both write what `judgetrain pairs build` writes: ``train.parquet``, ``validation
 ``rejects.jsonl`` (every item or evaluation that made no pair for a reason other than the tie policy, with its
 reason: ``no_source``, ``prompt_mismatch``, ``unchanged``, ``no_source_score`` and the score parser's reasons) and
 ``stats.json`` (`judgetrain.data.pairs.pair_statistics` plus the counts by reason).
+
+`write_heldout_pairs` writes the loop's held-out pairs: each held-out error copy against its source, as rows of the
+pairwise eval suite.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from judgetrain.data.pairwise import verdict_messages
 from judgetrain.judge.items import Item, read_items
 from judgetrain.perturb.source import Sample
 from judgetrain.perturb.spec import ORIGINAL_SET
+from judgetrain.utils.files import write_lines
 from judgetrain.utils.numbers import nan_to_none
 
 logger = logging.getLogger(__name__)
@@ -236,3 +240,25 @@ def _pointwise_row(chosen: Evaluation, rejected: Evaluation, anchor: float) -> d
 
 
 __all__ = ["FORMS", "TIES", "PanelDataError", "known_pairs", "item_text", "question_of"]
+
+
+def write_heldout_pairs(heldout: list[dict], samples: list[Sample], path: Path) -> int:
+    """Each held-out error copy against its source as a pairwise-suite row (``id`` sample|set, ``prompt`` the
+    question, ``response_a`` the source, ``response_b`` the copy, ``label`` A>B, ``category`` the perturbation type);
+    the suite shows both orders. Returns the rows written."""
+    by_id = {str(s.sample_id): s for s in samples}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for item in heldout:
+        sample = by_id.get(str(item["sample_id"]))
+        if item.get("perturbation_category") != "error" or item.get("perturbation_set") == ORIGINAL_SET or sample is None:
+            continue
+        text = item_text(sample, item["prompt"])
+        if text is None or text == sample.text:
+            continue
+        rows.append({"id": f"{item['sample_id']}|{item['perturbation_set']}", "prompt": question_of(sample),
+                     "response_a": sample.text, "response_b": text, "label": "A>B",
+                     "category": item.get("perturbation_type")})
+    write_lines(path, (json.dumps(r, ensure_ascii=False) for r in rows))
+    logger.info("held-out pairs: %d error copies against their sources (%s)", len(rows), path)
+    return len(rows)

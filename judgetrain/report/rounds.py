@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from judgetrain.eval.plots import figure_grid
+from judgetrain.run.layout import ROUND_TABLE
 
-TABLE = "rounds.json"  # judgetrain.loop.table.TABLE (the loop is a layer above the report)
 CAPTION = ("Rounds of the loop: each figure per round against the base (round 0), with its 95% interval; the "
            "table's differences, their intervals and p are in rounds.md")
 MAX_PANELS = 12
@@ -17,7 +17,7 @@ MAX_PANELS = 12
 
 def round_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of ``<run_dir>/rounds.json``; [] when the folder holds no loop's table."""
-    path = Path(run_dir) / TABLE
+    path = Path(run_dir) / ROUND_TABLE
     if not path.is_file():
         return []
     return list(json.loads(path.read_text(encoding="utf-8")).get("rows") or [])
