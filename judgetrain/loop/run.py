@@ -20,10 +20,11 @@ Round k (1-based), in ``<output_dir>/round-<k>/``:
 after which the round table (`judgetrain.loop.table`) is written again from every finished round's eval files.
 
 A stage is done once its command exited 0; ``<output_dir>/loop_state.json`` records it (atomically) with its wall
-time and the CPU-seconds of its processes, and ``stages.jsonl`` logs each start and end. Killed at any point, the
-same command skips the stages done and reruns the one it stopped in, which continues through the command's own
-resume where it has one (`judgetrain judge`'s done index, training's checkpoints). A config other than the one
-that started the loop is refused (exit 2).
+time and the CPU-seconds of its processes, beside the config's ``settings`` and each round's ``stages`` in order
+(`judgetrain report` tells from them whether the loop finished or where it stopped); ``stages.jsonl`` logs each
+start and end. Killed at any point, the same command skips the stages done and reruns the one it stopped in, which
+continues through the command's own resume where it has one (`judgetrain judge`'s done index, training's
+checkpoints). A config other than the one that started the loop is refused (exit 2).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,7 @@ def open_state(config: LoopConfig, out: Path) -> dict:
     if state["config"] != config.digest():
         raise LoopConfigError(f"{out} holds a loop started with another config ({STATE}); continue it with that "
                               "config (rounds may grow), or give this one another output_dir")
+    state.update(settings=asdict(config), stages=Loop(config, out, state).stages())  # `judgetrain report` reads them
     write_json(out / STATE, state)
     return state
 

@@ -37,6 +37,7 @@ from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<s
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
 from judgetrain.report import rounds
+from judgetrain.report.loop import build_loop_report, is_loop_dir
 from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
                                         against_base_text, against_base_verdict, headline, headline_note,
                                         headline_table)
@@ -731,6 +732,8 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     if not run_dirs:
         raise ValueError("no run directory given")
     paths = [Path(p) for p in run_dirs]
+    if len(paths) == 1 and is_loop_dir(paths[0]):  # a loop's folder: the loop's report, each round's drawn as a run's
+        return build_loop_report(paths[0], out_dir, run_report=make_report)
     runs = [load_run(p, name) for p, name in zip(paths, _unique_names(paths))]
     if not any(run.records or run.eval_rows or rounds.round_rows(run.path) for run in runs):
         raise NothingToReport(f"nothing to report in {', '.join(map(str, paths))}: no metrics.jsonl, no eval/ files "
