@@ -120,7 +120,7 @@ def test_a_finished_loops_report_opens_with_its_status_and_round_table_and_no_ru
     assert ("Configured: a fraction 0.25 of the samples (seed 0) and every item of the perturbation types: spacing."
             in md)
     assert "Round 1's split: 6 items held out (3 samples), 18 items to train on." in md
-    assert "Held-out pairs scored every round (`heldout/pairwise.jsonl`): 3." in md
+    assert "Held-out pairs scored every round (heldout/pairwise.jsonl): 3." in md
     assert "Goal: verdicts on held-out notes right in both orders, no figure worse than the base" in md
     assert "in the modes judge, verdict; a figure is worse than the base only beyond 0.05." in md
     assert "| 1 | items, split, pairs, train, eval | [round-1](round-1/report.html) |" in md
@@ -158,7 +158,7 @@ def test_a_stopped_loop_says_in_which_round_and_stage(tmp_path, stopped_at, runn
         (loop / "stages.jsonl").write_text('{"round": 2, "stage": "pairs", "event": "done"}\n')
     n_done = 5 + STAGES.index(stopped_at)
     expected = (f"stopped in round 2 of 2 at stage {stopped_at}" + (" (or still running it)" if running else "")
-                + f": {n_done} of 10 stages done; the same `judgetrain loop` command continues from there")
+                + f": {n_done} of 10 stages done; the same judgetrain loop command continues from there")
     last = json.loads((loop / "stages.jsonl").read_text().splitlines()[-1])
     assert loop_status(state, last) == (expected, False)
     md = make_report([loop], tmp_path / "out")["report.md"].read_text()

@@ -566,3 +566,46 @@ def test_every_headline_figure_shows_its_interval_in_the_report_the_card_and_the
                                "[95%", "interval]", "p"]
     assert text[2].split() == ["rmbench/judge/hard_acc", "0.2500", "[0.1875,", "0.3125]", "0.6000", "[0.5375,",
                                "0.6625]", "0.3500", "[0.3000,", "0.4000]", "0.0040"]
+
+
+def _judge_rows(run: Path, step: int, scores: dict[str, float], spread: float) -> None:
+    """eval/<step>/ judge-mode rows: 6 JudgeBias items per category at ``scores[category]`` (+- ``spread``), and
+    4 RM-Bench prompts whose 6 responses sit at the same scores."""
+    folder = run / "eval" / str(step)
+    folder.mkdir(parents=True)
+    rows = [{"perturbation_category": cat, "perturbation_type": "t", "anchor_score": 4.0, "score_chosen": 4.0,
+             "score_rejected": 2.5, "judge_score": scores[cat] + (spread if i % 2 else -spread)}
+            for cat in ("error", "represent") for i in range(6)]
+    (folder / "judgebias.judge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rm = [{"id": f"chat/{i}", "score_chosen": [scores["error"] + spread] * 3, "score_rejected": [scores["error"] - spread] * 3}
+          for i in range(4)]
+    (folder / "rmbench.judge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rm))
+
+
+@pytest.mark.parametrize("spread, flat", [(0.004, True), (0.8, False)])
+def test_a_judge_that_scores_every_item_alike_is_named_as_why_its_figures_moved_together(tmp_path, spread, flat):
+    """Judge-mode rows whose scores over the items spread by 0.004 points (a judge that reads every item alike, as
+    the tiny judge does): the report, its log text and the model card say why the error and representational figures
+    moved together, with the scores at the base and at the eval; spread by 0.8 points, nothing is said."""
+    from judgetrain.report.card import render_card
+    from judgetrain.report.headline import against_base, against_base_text
+
+    run = tmp_path / "flat"
+    run.mkdir()
+    (run / "recipe.yaml").write_text("model_name_or_path: tiny-judge\n")
+    delta = "eval/judgebias/judge/delta/error/detect_rate"
+    _write(run, [{"step": 0, "epoch": 0.0, "eval/judgebias/judge/error/detect_rate": 0.75},
+                 {"step": 10, "epoch": 1.0, "eval/judgebias/judge/error/detect_rate": 1.0, delta: 0.25,
+                  f"{delta}/delta_ci_low": 0.1, f"{delta}/delta_ci_high": 0.4, f"{delta}/p_value": 0.004}])
+    _judge_rows(run, 0, {"error": 3.2, "represent": 3.2}, spread)
+    _judge_rows(run, 10, {"error": 2.87, "represent": 2.88}, spread)
+    text = against_base_text(against_base(read_metrics(run / "metrics.jsonl"), None, run))
+    paths = make_report([run], tmp_path / "out")
+    md, html = paths["report.md"].read_text(), paths["report.html"].read_text()
+    said = ("JudgeBias in judge mode: the judge gives every item nearly one score (the base: 3.200, sd 0.004; step 10: "
+            "2.875, sd 0.006; errors 2.870, rewrites 2.880): it does not tell an error from a rewrite")
+    rm = "RM-Bench in judge mode: every response is scored within a sliver of the scale (the base: 3.200, sd 0.004;"
+    for page in (text, md, html, render_card(run)):
+        assert (said in page and rm in page) is flat and ("Why: " in page or "Why:</b>" in page) is flat
+    if flat:
+        assert md.index("| judgebias/judge/error/detect_rate |") < md.index("Why: JudgeBias") < md.index("## Runs")

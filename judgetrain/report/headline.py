@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.config.directions import greater_is_better
 from judgetrain.eval.compare import REGRESSION_ALPHA, changes, worse_rule
+from judgetrain.report.spread import flat_judge_lines
 
 HEADLINE = (
     ("eval/rmbench/hard_acc", "RM-Bench hard accuracy"),
@@ -152,8 +154,8 @@ def headline_note(head: Headline) -> str:
 
 
 # ------------------------------------------------------------------------------------------ against the base judge
-def against_base(records: Mapping[int, Mapping[str, Any]],
-                 recipe: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None,
+                 run_dir: str | Path | None = None) -> dict[str, Any] | None:
     """The last evaluation logged against a baseline (the eval before the first step, `judgetrain.eval.evidence`):
     ``{"step", "rows": [{figure, base, base_ci_low, base_ci_high, trained, ci_low, ci_high, delta, delta_ci_low,
     delta_ci_high, p_value}],
@@ -162,7 +164,8 @@ def against_base(records: Mapping[int, Mapping[str, Any]],
     `judgetrain.eval.compare.changes` calls worse with the recipe's ``eval_regression_margin`` and
     ``eval_regression_alpha``, as the run's guard judged them. The base's interval is the one logged with the figure
     at the first evaluation that holds it (the baseline, before the first step), where its value is the base's.
-    None without such an evaluation."""
+    ``run_dir``: the run folder, whose per-row files say why figures moved together (``"why"``:
+    `judgetrain.report.spread.flat_judge_lines`, [] without it). None without such an evaluation."""
     steps = [s for s, r in records.items() if any("/delta/" in k for k in r)]
     if not steps:
         return None
@@ -186,7 +189,9 @@ def against_base(records: Mapping[int, Mapping[str, Any]],
                      "ci_low": rec.get(f"{where}/{metric}/ci_low"), "ci_high": rec.get(f"{where}/{metric}/ci_high"),
                      "delta": delta, **figures, "p_value": rec.get(f"{key}/p_value")})
     said = changes(judged, margin, alpha)
-    return {"step": step, "rows": rows, "worse": [name for name, s in said.items() if s == "worse"],
+    base_step = min(s for s, r in records.items() if any(k.startswith("eval/") for k in r))
+    why = flat_judge_lines(run_dir, step, base_step) if run_dir is not None else []
+    return {"step": step, "rows": rows, "why": why, "worse": [name for name, s in said.items() if s == "worse"],
             "too_few": [name for name, s in said.items() if s.endswith("too few to tell")], "margin": margin,
             "alpha": alpha}
 
@@ -238,7 +243,8 @@ def against_base_lines(versus: Mapping[str, Any] | None) -> list[str]:
     worse = ", ".join(f"`{w}`" for w in versus["worse"])
     lines = [f"**{verdict}**: {worse}" if worse else verdict, "",
              "| " + " | ".join(AGAINST_BASE_HEADER) + " |", "|" + "|".join("---" for _ in AGAINST_BASE_HEADER) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in against_base_cells(versus)]
+    lines += ["| " + " | ".join(row) + " |" for row in against_base_cells(versus)]
+    return lines + [line for why in versus.get("why") or [] for line in ("", f"Why: {why}")]
 
 
 def against_base_text(versus: Mapping[str, Any] | None) -> str:
@@ -252,4 +258,4 @@ def against_base_text(versus: Mapping[str, Any] | None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(AGAINST_BASE_HEADER))]
     lines += ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
               for row in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"Why: {why}" for why in versus.get("why") or []])

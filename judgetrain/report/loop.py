@@ -93,7 +93,7 @@ def loop_status(state: Mapping[str, Any], last_event: Mapping[str, Any] | None =
                 (last_event.get("round"), last_event.get("stage")) == (k, stage)
             n_done = sum(f"{j}/{s}" in done for j in range(1, k + 1) for s in stages)
             return (f"stopped in round {k} of {total} at stage {stage}" + (" (or still running it)" if running else "")
-                    + f": {n_done} of {int(total) * len(stages)} stages done; the same `judgetrain loop` command "
+                    + f": {n_done} of {int(total) * len(stages)} stages done; the same judgetrain loop command "
                     "continues from there", False)
     if not total:
         return "not started: no stage is done", False
@@ -189,7 +189,7 @@ def heldout_lines(view: LoopView) -> list[str]:
         lines.append(f"Round 1's split: {split.get('heldout_items')} items held out ({len(split.get('heldout_samples') or [])} "
                      f"samples), {split.get('train_items')} items to train on.")
     if view.heldout_pairs is not None:
-        lines.append(f"Held-out pairs scored every round (`{HELDOUT.as_posix()}`): {view.heldout_pairs}.")
+        lines.append(f"Held-out pairs scored every round ({HELDOUT.as_posix()}): {view.heldout_pairs}.")
     return lines or ["No held-out set is recorded yet (round 1's split stage has not run)."]
 
 
@@ -200,7 +200,7 @@ def goal_lines(view: LoopView) -> list[str]:
         return ["The state file does not record the loop's config (a loop started by an earlier judgetrain): no "
                 "goal to show."]
     lines = [f"Goal: {settings['goal']}" if settings.get("goal") else
-             "The config states no goal (`goal:`, a sentence saying what the loop is for)."]
+             "The config states no goal (goal: a sentence saying what the loop is for)."]
     ev = settings.get("eval") or {}
     scored = (f"Each round is scored against the base ({settings.get('model')}) on the suites "
               f"{', '.join(ev.get('suites') or [])} in the modes {', '.join(ev.get('scoring') or [])}")
@@ -276,7 +276,8 @@ def _md(page: Mapping[str, Any]) -> str:
     if page["round_files"]:
         lines += ["", "Every figure, not only the headline ones: " + ", ".join(
             f"[{name}]({link})" for name, link in page["round_files"].items()) + "."]
-    lines += ["", "## Held out", "", *page["heldout"], "", "## Goal", "", *page["goal"], "", "## Rounds", "",
+    lines += ["", "## Held out", "", *(f"- {line}" for line in page["heldout"]), "", "## Goal", "",
+              *(f"- {line}" for line in page["goal"]), "", "## Rounds", "",
               row(["round", "stages done", "training report"]), "|---|---|---|"]
     lines += [row([str(e["round"]), e["stages"], f"[round-{e['round']}]({e['report']})" if e["report"] else e["why"]])
               for e in page["rounds"]]
