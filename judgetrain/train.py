@@ -268,7 +268,8 @@ def log_against_base(recipe: Recipe) -> None:
     if not any(k.startswith("eval/") for rec in records.values() for k in rec):
         return
     logger.info("Against the base judge, the last eval (`judgetrain report %s` draws every eval):\n%s",
-                recipe.training_args.output_dir, against_base_text(against_base(records, recipe.resolved)))
+                recipe.training_args.output_dir,
+                against_base_text(against_base(records, recipe.resolved, recipe.training_args.output_dir)))
 
 
 def finish(parts: TrainerParts) -> None:

@@ -24,6 +24,7 @@ per n (`leak_body`).
 
 from __future__ import annotations
 
+import html.entities
 import json
 import re
 import threading
@@ -31,15 +32,34 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LEAK_FORMS = 5
+LEAK_FORMS = 7
+NAMED_ENTITIES = {v: k for k, v in html.entities.html5.items() if k.endswith(";") and k.islower() and len(v) == 1}
+# each way a character is escaped, by kind: JSON (either case), URL (either case), HTML (decimal, hex, by name)
+ESCAPES = {"json": lambda c: "\\u%04x" % ord(c), "JSON": lambda c: "\\U%04X" % ord(c),
+           "url": lambda c: "%%%02x" % ord(c), "URL": lambda c: "%%%02X" % ord(c),
+           "html": lambda c: "&#%d;" % ord(c), "html_hex": lambda c: "&#x%x;" % ord(c),
+           "html_named": lambda c: f"&{NAMED_ENTITIES[c]}" if c in NAMED_ENTITIES else "&#%d;" % ord(c)}
+
+
+def escaped_key(key: str, kind: str, every: bool) -> str:
+    """``key`` with each character that is not a letter or digit (``every``: each character) escaped in ``kind``
+    (an `ESCAPES` key): no piece of it between two escapes is longer than the key's longest alphanumeric run."""
+    return "".join(ESCAPES[kind](c) if every or not c.isalnum() else c for c in key)
 
 
 def leak_body(n: int, auth: str) -> tuple[str, bytes]:
     """(content type, body) of the 400 that echoes the ``Authorization`` header ``auth`` in form ``n``: 0 as sent,
     JSON-escaped, \\u-escaped and URL-encoded in one message; 1 at the 500th character of the message (where an
     error is cut); 2 at the 300th; 3 a text body of 70,000 bytes with the key across its 65,536th; 4 a text body with
-    ``\\/`` escapes and lowercase %-encoding."""
+    ``\\/`` escapes and lowercase %-encoding; 5 a JSON message with the key's every non-alphanumeric character
+    escaped, once in each kind of `ESCAPES` (the message then holds the escapes as text); 6 a text body with every
+    character of the key escaped, once in each kind."""
     key = auth.removeprefix("Bearer ")
+    if n == 5:
+        message = "; ".join(f"{kind}: {escaped_key(key, kind, every=False)}" for kind in ESCAPES)
+        return "application/json", json.dumps({"error": {"message": f"invalid request; seen {message}"}}).encode()
+    if n == 6:
+        return "text/plain", "; ".join(f"{kind}: {escaped_key(key, kind, every=True)}" for kind in ESCAPES).encode()
     if n == 0:
         escaped = "".join("\\u%04x" % ord(c) for c in key)
         url = f"https://x.test/?k={urllib.parse.quote(key, safe='')}"

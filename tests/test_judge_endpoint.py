@@ -6,23 +6,27 @@ stdlib HTTP server (tests/openai_server.py) for what a served model cannot do on
 a stalled answer, a refused prompt, bodies cut short or not JSON, a redirect to another server, how many requests it
 holds at once). Waits are asserted as the figures the client records, never timed."""
 
+import html
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from helpers import free_port, read_jsonl
-from openai_server import ScriptedServer
+from openai_server import ESCAPES, ScriptedServer, escaped_key, leak_body
 
 from judgetrain.judge.endpoint import EndpointError, EndpointGenerator, Rejected, retry_after_seconds
+from judgetrain.judge.redaction import redact
 
 KEY_VAR = "JUDGETRAIN_TEST_ENDPOINT_KEY"
 SECRET = "sk-test-4f1d9c2b7a"
@@ -649,9 +653,22 @@ def test_transformers_serve_smollm2_writes_the_in_process_engines_texts(tmp_path
 LEAKY = 'sk-A1b2C3d4E5f6G7h8/I9j0K1l2+M3n4O5p6"Q7r8S9t0=U1v2W3x4Y5z6'  # JSON and URL encodings change it
 
 
-def _leaks(text: str) -> list[str]:
+# no 8 characters of it in a row are letters and digits: escape what is not, and no piece between escapes is 8 long
+CHOPPY = 'sk-PROBE47-aB3/cD4+eF5"gH6=iJ7-kL8_mN9.pQ0~rS1'
+
+
+def _leaks(text: str, key: str = LEAKY) -> list[str]:
     """Every 8-character run of the key found in ``text``."""
-    return sorted({LEAKY[i:i + 8] for i in range(len(LEAKY) - 7) if LEAKY[i:i + 8] in text})
+    return sorted({key[i:i + 8] for i in range(len(key) - 7) if key[i:i + 8] in text})
+
+
+def _unescaped(text: str) -> str:
+    """``text`` with JSON, URL and HTML escapes decoded, four times over (the standard library's decoders and one
+    regular expression: independent of the redaction's own decoder)."""
+    for _ in range(4):
+        text = re.sub(r"\\[uU]([0-9A-Fa-f]{4})", lambda m: chr(int(m.group(1), 16)), text)
+        text = html.unescape(urllib.parse.unquote(text.replace("\\/", "/").replace('\\"', '"')))
+    return text
 
 
 def test_the_key_never_leaves_in_any_form_or_length(monkeypatch, caplog):
@@ -750,3 +767,50 @@ def test_a_refused_prompt_stays_a_row_and_retry_rejected_generates_it_again_on_r
     for path in [p for p in out.rglob("*") if p.is_file()]:
         assert _leaks(path.read_text(errors="replace")) == [], path
     assert _leaks(logged) == [] and "endpoint_rejected" in logged
+
+
+@pytest.mark.parametrize("every", [False, True], ids=["non_alphanumeric", "every_character"])
+@pytest.mark.parametrize("kind", list(ESCAPES))
+def test_a_key_escaped_character_by_character_is_redacted_where_it_stands(kind, every):
+    """The key with its every non-alphanumeric character (then every character) escaped in one kind, as written, as
+    a JSON string, URL-encoded again or HTML-escaped again: exactly its span becomes ``***``, the words around it
+    stay; cut inside an escape after a start of the key, the start goes too."""
+    shown = escaped_key(CHOPPY, kind, every)
+    assert _leaks(shown, CHOPPY) == [] and _leaks(_unescaped(shown), CHOPPY)  # hidden from a plain search only
+    for form in (shown, json.dumps(shown)[1:-1], urllib.parse.quote(shown, safe=""), html.escape(shown)):
+        assert redact(f"key [{form}] refused", CHOPPY) == "key [***] refused", form
+    cut = f"key [{shown[:len(shown) * 2 // 3]}"
+    cut = cut[:-1] if cut[-1].isalnum() else cut  # the cut falls inside an escape or right after one
+    assert redact(cut, CHOPPY, cut=True) == "key [***"
+    assert redact("100% & \\u00 %zz &#xyz; &amp; plain", CHOPPY) == "100% & \\u00 %zz &#xyz; &amp; plain"
+
+
+def test_a_key_escaped_character_by_character_leaves_no_piece_in_any_file(tmp_path, monkeypatch, capsys, caplog):
+    """A server echoing the key in its refusals with every non-alphanumeric character escaped (a JSON message, each
+    kind of escape once) and with every character escaped (a text body): the rows say ``***`` where the key stood,
+    and no 8 characters of the key in a row are in any file of the run or in its log, the files decoded first."""
+    from test_judge import judge, write_items
+
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv(KEY_VAR, CHOPPY)
+    for n in (5, 6):  # the check can fail: each body hides the key from a plain search, not from a decoded one
+        body = leak_body(n, f"Bearer {CHOPPY}")[1].decode()
+        assert _leaks(body, CHOPPY) == [] and _leaks(_unescaped(body), CHOPPY), n
+    items, out = write_items(tmp_path / "items.jsonl", 3), tmp_path / "out"
+    rows = read_jsonl(items)
+    for row, n in zip(rows[1:], (5, 6)):
+        row["prompt"][-1]["content"] += f" LEAK{n}"
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with ScriptedServer(model="judge", key=CHOPPY, leak_key=True) as server:
+        spec = f"endpoint={server.base_url},model=judge,key_env={KEY_VAR},name=api"
+        assert judge("--items", items, "--output_dir", out, "--judge", spec, "--max_new_tokens", 8,
+                     "--concurrency", 1) == 0
+    written = read_jsonl(out / "evaluations.jsonl")
+    assert [r["reason"] == "endpoint_rejected" for r in written] == [False, True, True]
+    assert written[1]["error"].startswith("HTTP 400: invalid request; seen json: ***; JSON: ***; url: ***;")
+    assert written[2]["error"].startswith("HTTP 400: json: ***; JSON: ***; url: ***; URL: ***; html: ***;")
+    logged = caplog.text + capsys.readouterr().err
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) >= 3
+    for text, where in [(p.read_text(errors="replace"), p) for p in files] + [(logged, "the log")]:
+        assert _leaks(_unescaped(text), CHOPPY) == [], where

@@ -75,10 +75,15 @@ def test_a_rerun_continues_only_the_loop_its_config_started_and_may_add_rounds(t
 
     config = load_config(loop_config(tmp_path))
     state = open_state(config, tmp_path / "loop")
+    # the config's settings and each round's stages are recorded from the start (`judgetrain report` reads them)
+    assert state["settings"]["rounds"] == 2 and state["settings"]["heldout"]["fraction"] == 0.25
+    assert state["stages"] == ["items", "split", "pairs", "train", "eval"]
     state["done"]["1/items"] = {"wall_s": 1.0, "cpu_s": 0.5}
     (tmp_path / "loop" / "loop_state.json").write_text(json.dumps(state))
-    more = load_config(loop_config(tmp_path, rounds=5))
-    assert open_state(more, tmp_path / "loop")["done"] == {"1/items": {"wall_s": 1.0, "cpu_s": 0.5}}
+    more = load_config(loop_config(tmp_path, rounds=5, goal="held-out verdicts right in both orders"))
+    grown = open_state(more, tmp_path / "loop")  # more rounds, the goal reworded: the same loop
+    assert grown["done"] == {"1/items": {"wall_s": 1.0, "cpu_s": 0.5}}
+    assert grown["settings"]["rounds"] == 5 and grown["settings"]["goal"] == "held-out verdicts right in both orders"
     other = load_config(loop_config(tmp_path, model="smollm2-135m-instruct"))
     with pytest.raises(LoopConfigError, match="holds a loop started with another config"):
         open_state(other, tmp_path / "loop")
@@ -164,7 +169,13 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
     from judgetrain.report.build import make_report
 
     paths = make_report([out], tmp_path / "report")
-    assert "rounds.png" in paths and "rounds.png" in (tmp_path / "report" / "report.md").read_text()
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "rounds.png" in paths and "rounds.png" in md
+    # the loop's report: finished, the headline round table first, each round's training report beside it
+    assert md.splitlines()[2] == "**Status: finished: every stage of the 2 rounds done.**"
+    assert "| figure | base (round 0) | round 1 | round 2 |" in md and "\n| pairwise/verdict/accuracy | " in md
+    assert all((tmp_path / "report" / f"round-{k}" / "report.html").is_file() for k in (1, 2))
+    assert "no recipe.yaml" not in md and "no metrics.jsonl" not in md
     # a rerun of a finished loop runs nothing again
     again = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "train done earlier, skipped" in again.stderr

@@ -48,6 +48,12 @@ EVALS = {
 }
 
 
+for _figures in EVALS.values():  # RM-Bench hard accuracy logged with its interval, as training logs it
+    _hard = _figures["eval/rmbench/hard_acc"]
+    _figures.update({"eval/rmbench/hard_acc/ci_low": round(_hard - 0.1, 4),
+                     "eval/rmbench/hard_acc/ci_high": round(_hard + 0.1, 4)})
+
+
 def test_base_model_is_named_by_hub_id_or_alias_never_by_a_machine_path(tmp_path):
     assert base_model("Qwen/Qwen3-8B")[:2] == ("Qwen/Qwen3-8B", "[Qwen/Qwen3-8B](https://huggingface.co/Qwen/Qwen3-8B)")
     cached = tmp_path / "hub" / "models--meta-llama--Llama-3.1-8B-Instruct" / "snapshots" / "0e9e39f"
@@ -97,8 +103,10 @@ def test_model_index_holds_the_figures_of_the_evaluation_the_weights_are(tmp_pat
         ("iknow-lab/JudgeBias-DPO-RefFree", "JudgeBias error accuracy"): 0.8,
         ("iknow-lab/JudgeBias-DPO-RefFree", "JudgeBias represent accuracy"): 0.9,
         ("iknow-lab/JudgeBias-DPO-RefFree", "JudgeBias parse rate (written evaluations)"): 0.875}
-    assert "| figure | best eval (step 20, epoch 2) | last eval (step 40, epoch 4) |" in body
-    assert "| JudgeBias parse rate (written evaluations) | 0.8750 | 1.0000 |" in body
+    assert ("| figure | best eval (step 20, epoch 2) [95% interval] | last eval (step 40, epoch 4) [95% interval] |"
+            in body)
+    assert "| RM-Bench hard accuracy | 0.5200 [0.4200, 0.6200] | 0.5000 [0.4000, 0.6000] |" in body
+    assert "| JudgeBias parse rate (written evaluations) | 0.8750 [-, -] | 1.0000 [-, -] |" in body
     assert "where eval/judgebias/represent/anchor_mae is lowest (step 20)" in body
     assert "The weights in this folder are the best evaluation's (`load_best_model_at_end`)" in body
 
@@ -109,6 +117,7 @@ def test_a_run_without_the_usual_figures_still_gets_a_card(tmp_path, evals):
     meta, body = card_parts(render_card(run))
     if evals:
         assert [m["name"] for m in meta["model-index"][0]["results"][0]["metrics"]] == ["Ideation accuracy"]
-        assert "| Ideation accuracy | 0.5000 | 0.5000 |" in body and "last training step, 40, came after it" in body
+        assert "| Ideation accuracy | 0.5000 [-, -] | 0.5000 [-, -] |" in body
+        assert "last training step, 40, came after it" in body
     else:
         assert "model-index" not in meta and "No evaluation was logged" in body

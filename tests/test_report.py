@@ -223,7 +223,8 @@ def test_every_string_on_the_page_is_escaped_and_reads_back_as_it_was(tmp_path):
     assert any("cut off" in n for n in notes)
     last = last_values(events)
     rows = [a["data-metric"] for a, _ in page.found["tr"] if "data-metric" in a]
-    shown = dict(zip(rows, (float(t) for a, t in page.found["td"] if a.get("class") == "last")))
+    # a cell's figure, before its interval (the headline's cells: "0.5880 [-, -]")
+    shown = dict(zip(rows, (float(t.split()[0]) for a, t in page.found["td"] if a.get("class") == "last")))
     assert shown["eval/rmbench/hard_acc"] == pytest.approx(last["eval/rmbench/hard_acc"][1], abs=5e-5)
 
 
@@ -430,8 +431,9 @@ def test_report_opens_with_the_model_cards_headline_at_the_best_and_last_eval(si
         assert float(at_best) == evals[best][key] and float(at_last) == evals[last][key], key
     md = (out / "report.md").read_text()
     assert md.index("## Headline: quick") < md.index("## Runs") < md.index("## Summary: quick")
-    row = (f"| RM-Bench hard accuracy | {evals[best]['eval/rmbench/hard_acc']:.4f} | "
-           f"{evals[last]['eval/rmbench/hard_acc']:.4f} |")
+    # no interval was logged with these figures: the cell says so
+    row = (f"| RM-Bench hard accuracy | {evals[best]['eval/rmbench/hard_acc']:.4f} [-, -] | "
+           f"{evals[last]['eval/rmbench/hard_acc']:.4f} [-, -] |")
     assert row in md
     assert row in render_card(run)  # the model card shows the same figures, from the same function
     head = json.loads((out / "summary.json").read_text())["headline"]["quick"]
@@ -458,6 +460,8 @@ def test_report_opens_with_what_got_worse_than_the_base_judge_in_red_then_base_v
           "eval/evalbiasbench/verdict/delta/agreement/delta_ci_high": 0.15,
           "eval/evalbiasbench/verdict/delta/agreement/p_value": 0.5}
     _write(run, [{"step": 0, "epoch": 0.0, "eval/evalbiasbench/verdict/single_acc": 0.65,
+                  "eval/evalbiasbench/verdict/single_acc/ci_low": 0.55,
+                  "eval/evalbiasbench/verdict/single_acc/ci_high": 0.75,
                   "eval/evalbiasbench/verdict/agreement": 0.85}, at])
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -472,15 +476,16 @@ def test_report_opens_with_what_got_worse_than_the_base_judge_in_red_then_base_v
     assert ".worse{color:#b00020" in html
     table = re.search(r'<table class="versus" id="versus-guarded">(.*?)</table>', html, re.S).group(1)
     rows = {m: re.findall(r"<td[^>]*>(.*?)</td>", r) for m, r in re.findall(r'<tr data-metric="([^"]+)">(.*?)</tr>', table)}
-    assert rows["evalbiasbench/verdict/single_acc"] == [
-        "evalbiasbench/verdict/single_acc", "0.6500", "0.4000", "[0.3000, 0.5000]", "-0.2500", "[-0.3500, -0.1500]",
-        "0.0012"]
-    assert rows["evalbiasbench/verdict/agreement"][1:3] == ["0.8500", "0.9000"]
+    assert rows["evalbiasbench/verdict/single_acc"] == [  # the base's interval: the one logged with it at step 0
+        "evalbiasbench/verdict/single_acc", "0.6500 [0.5500, 0.7500]", "0.4000 [0.3000, 0.5000]",
+        "-0.2500 [-0.3500, -0.1500]", "0.0012"]
+    assert rows["evalbiasbench/verdict/agreement"][1:3] == ["0.8500 [-, -]", "0.9000 [-, -]"]
     assert re.search(r'<p class="no-worse" id="worse-plain">No evaluation against the base judge was logged', html)
     md = paths["report.md"].read_text()
     assert ("**Worse than the base judge at step 10 (paired test p < 0.05 after Holm across the figures, the interval "
             "of the difference excluding 0)**: `evalbiasbench/verdict/single_acc`") in md
-    assert "| evalbiasbench/verdict/single_acc | 0.6500 | 0.4000 | [0.3000, 0.5000] | -0.2500 |" in md
+    assert ("| evalbiasbench/verdict/single_acc | 0.6500 [0.5500, 0.7500] | 0.4000 [0.3000, 0.5000] | "
+            "-0.2500 [-0.3500, -0.1500] | 0.0012 |") in md
     # the recipe's margin, as the run's guard used it: a loss of at least 0.2 is not shown by [-0.35, -0.15]
     (run / "recipe.yaml").write_text("eval_regression_margin: 0.2\n")
     html = make_report([run], tmp_path / "out2")["report.html"].read_text()
@@ -514,3 +519,93 @@ def test_the_best_of_style_spread_is_its_lowest_and_interval_bounds_are_never_ra
     assert (row["best"], row["best_step"], row["better"]) == (0.5, 20, "lower")
     assert re.search(r'<p class="no-worse" id="worse-spread">No category got worse than the base judge at step 30; '
                      r"too few units to tell: judgebench/verdict/coding/accuracy\.", html)
+
+
+def test_every_headline_figure_shows_its_interval_in_the_report_the_card_and_the_console(tmp_path):
+    """A run that logged each figure with its interval (the base at step 0, two evals after it): the headline (page,
+    Markdown, terminal, model card) and the table against the base (page, Markdown, the training log's text) show
+    each figure as ``value [ci_low, ci_high]``, the base's interval being the one logged at step 0."""
+    from judgetrain.report.card import render_card
+    from judgetrain.report.headline import against_base, against_base_text
+
+    run = tmp_path / "ranged"
+    run.mkdir()
+    (run / "recipe.yaml").write_text("model_name_or_path: tiny-judge\n")
+    key, judge = "eval/rmbench/hard_acc", "eval/rmbench/judge/hard_acc"
+    events = []
+    for step, value, judged in ((0, 0.30, 0.25), (10, 0.55, 0.45), (20, 0.50, 0.60)):
+        event = {"step": step, "epoch": step / 10, key: value, f"{key}/ci_low": value - 0.125,
+                 f"{key}/ci_high": value + 0.125, judge: judged, f"{judge}/ci_low": judged - 0.0625,
+                 f"{judge}/ci_high": judged + 0.0625}
+        if step:
+            delta = "eval/rmbench/judge/delta/hard_acc"
+            event.update({delta: judged - 0.25, f"{delta}/delta_ci_low": judged - 0.3,
+                          f"{delta}/delta_ci_high": judged - 0.2, f"{delta}/p_value": 0.004})
+        events.append(event)
+    _write(run, events)
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+        mp.setenv("COLUMNS", "200")
+        assert cli.main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "report.html").read_text()
+    best_last = "| RM-Bench hard accuracy | 0.5500 [0.4250, 0.6750] | 0.5000 [0.3750, 0.6250] |"
+    assert best_last in md and best_last in render_card(run)
+    headline = re.search(r'<table class="headline" id="headline-ranged">(.*?)</table>', html, re.S).group(1)
+    assert re.findall(r'<td class="(?:best|last)"[^>]*>(.*?)</td>', headline) == ["0.5500 [0.4250, 0.6750]",
+                                                                             "0.5000 [0.3750, 0.6250]"]
+    assert re.search(r"RM-Bench hard accuracy\s*│\s*0\.5500 \[0\.4250, 0\.6750\]\s*│\s*0\.5000 \[0\.3750, 0\.6250\]",
+                     printed.getvalue())
+    versus = ("| rmbench/judge/hard_acc | 0.2500 [0.1875, 0.3125] | 0.6000 [0.5375, 0.6625] | "
+              "0.3500 [0.3000, 0.4000] | 0.0040 |")
+    assert versus in md and versus in render_card(run)
+    table = re.search(r'<table class="versus" id="versus-ranged">(.*?)</table>', html, re.S).group(1)
+    assert re.findall(r"<td[^>]*>(.*?)</td>", table) == versus.strip("| ").split(" | ")
+    text = against_base_text(against_base(read_metrics(run / "metrics.jsonl"))).splitlines()
+    assert text[1].split() == ["figure", "base", "[95%", "interval]", "trained", "[95%", "interval]", "difference",
+                               "[95%", "interval]", "p"]
+    assert text[2].split() == ["rmbench/judge/hard_acc", "0.2500", "[0.1875,", "0.3125]", "0.6000", "[0.5375,",
+                               "0.6625]", "0.3500", "[0.3000,", "0.4000]", "0.0040"]
+
+
+def _judge_rows(run: Path, step: int, scores: dict[str, float], spread: float) -> None:
+    """eval/<step>/ judge-mode rows: 6 JudgeBias items per category at ``scores[category]`` (+- ``spread``), and
+    4 RM-Bench prompts whose 6 responses sit at the same scores."""
+    folder = run / "eval" / str(step)
+    folder.mkdir(parents=True)
+    rows = [{"perturbation_category": cat, "perturbation_type": "t", "anchor_score": 4.0, "score_chosen": 4.0,
+             "score_rejected": 2.5, "judge_score": scores[cat] + (spread if i % 2 else -spread)}
+            for cat in ("error", "represent") for i in range(6)]
+    (folder / "judgebias.judge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rm = [{"id": f"chat/{i}", "score_chosen": [scores["error"] + spread] * 3, "score_rejected": [scores["error"] - spread] * 3}
+          for i in range(4)]
+    (folder / "rmbench.judge.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rm))
+
+
+@pytest.mark.parametrize("spread, flat", [(0.004, True), (0.8, False)])
+def test_a_judge_that_scores_every_item_alike_is_named_as_why_its_figures_moved_together(tmp_path, spread, flat):
+    """Judge-mode rows whose scores over the items spread by 0.004 points (a judge that reads every item alike, as
+    the tiny judge does): the report, its log text and the model card say why the error and representational figures
+    moved together, with the scores at the base and at the eval; spread by 0.8 points, nothing is said."""
+    from judgetrain.report.card import render_card
+    from judgetrain.report.headline import against_base, against_base_text
+
+    run = tmp_path / "flat"
+    run.mkdir()
+    (run / "recipe.yaml").write_text("model_name_or_path: tiny-judge\n")
+    delta = "eval/judgebias/judge/delta/error/detect_rate"
+    _write(run, [{"step": 0, "epoch": 0.0, "eval/judgebias/judge/error/detect_rate": 0.75},
+                 {"step": 10, "epoch": 1.0, "eval/judgebias/judge/error/detect_rate": 1.0, delta: 0.25,
+                  f"{delta}/delta_ci_low": 0.1, f"{delta}/delta_ci_high": 0.4, f"{delta}/p_value": 0.004}])
+    _judge_rows(run, 0, {"error": 3.2, "represent": 3.2}, spread)
+    _judge_rows(run, 10, {"error": 2.87, "represent": 2.88}, spread)
+    text = against_base_text(against_base(read_metrics(run / "metrics.jsonl"), None, run))
+    paths = make_report([run], tmp_path / "out")
+    md, html = paths["report.md"].read_text(), paths["report.html"].read_text()
+    said = ("JudgeBias in judge mode: the judge gives every item nearly one score (the base: 3.200, sd 0.004; step 10: "
+            "2.875, sd 0.006; errors 2.870, rewrites 2.880): it does not tell an error from a rewrite")
+    rm = "RM-Bench in judge mode: every response is scored within a sliver of the scale (the base: 3.200, sd 0.004;"
+    for page in (text, md, html, render_card(run)):
+        assert (said in page and rm in page) is flat and ("Why: " in page or "Why:</b>" in page) is flat
+    if flat:
+        assert md.index("| judgebias/judge/error/detect_rate |") < md.index("Why: JudgeBias") < md.index("## Runs")

@@ -128,12 +128,14 @@ VERSUS = ("rmbench/judge/hard_acc", "rmbench/judge/easy_acc", "rmbench/judge/sty
           "ideation/judge/accuracy")
 
 
-def _versus_cells(last: dict, figure: str) -> list[str]:
-    """What the against-base table shows for one figure of the last eval (4 decimals, as the report writes)."""
+def _versus_cells(base: dict, last: dict, figure: str) -> list[str]:
+    """What the against-base table shows for one figure of the last eval (4 decimals, as the report writes): the base
+    with the interval logged with it at step 0, the trained figure with its interval, the difference with its."""
     key, (where, metric) = f"eval/{figure}", figure.rsplit("/judge/", 1)
     delta = f"eval/{where}/judge/delta/{metric}"
-    return [f"{last[key] - last[delta]:.4f}", f"{last[key]:.4f}",
-            f"[{last[key + '/ci_low']:.4f}, {last[key + '/ci_high']:.4f}]", f"{last[delta]:.4f}", f"[{last[delta + '/delta_ci_low']:.4f}, {last[delta + '/delta_ci_high']:.4f}]",
+    return [f"{last[key] - last[delta]:.4f} [{base[key + '/ci_low']:.4f}, {base[key + '/ci_high']:.4f}]",
+            f"{last[key]:.4f} [{last[key + '/ci_low']:.4f}, {last[key + '/ci_high']:.4f}]",
+            f"{last[delta]:.4f} [{last[delta + '/delta_ci_low']:.4f}, {last[delta + '/delta_ci_high']:.4f}]",
             f"{last[delta + '/p_value']:.4f}"]
 
 
@@ -165,14 +167,15 @@ def test_quickstart_report_and_console_open_with_the_table_against_the_base(quic
     from judgetrain.report.build import make_report
     from judgetrain.report.build import read_metrics as merged_metrics
 
-    last = merged_metrics(quickstart_run / "metrics.jsonl")[62]
-    rows = {figure: _versus_cells(last, figure) for figure in VERSUS}
+    records = merged_metrics(quickstart_run / "metrics.jsonl")
+    rows = {figure: _versus_cells(records[0], records[62], figure) for figure in VERSUS}
     # the report: its first section, before the headline and every other table
     make_report([quickstart_run], tmp_path / "report")
     md = (tmp_path / "report" / "report.md").read_text()
     sections = md.split("\n## ")
     assert sections[1].startswith("Against the base judge: ") and "## Headline: " in md
-    assert "| figure | base | trained | 95% interval | difference | its interval | p |" in sections[1]
+    assert ("| figure | base [95% interval] | trained [95% interval] | difference [95% interval] | p |"
+            in sections[1])
     assert sections[1].count("\n| rmbench/judge/") == 5 and sections[1].count("\n| judgebias/judge/") == 4
     for figure, cells in rows.items():
         assert f"| {figure} | " + " | ".join(cells) + " |" in sections[1], figure
@@ -185,10 +188,33 @@ def test_quickstart_report_and_console_open_with_the_table_against_the_base(quic
     table = log[log.index("Against the base judge"):].splitlines()
     assert table[1].startswith(("No category got worse than the base judge at step 62",
                                 "Worse than the base judge at step 62"))
-    assert table[2].split() == ["figure", "base", "trained", "95%", "interval", "difference", "its", "interval", "p"]
+    assert table[2].split() == ["figure", "base", "[95%", "interval]", "trained", "[95%", "interval]", "difference",
+                                "[95%", "interval]", "p"]
     shown = {line.split()[0]: line.split(None, 1)[1].split() for line in table[3:] if line.split()}
     for figure, cells in rows.items():
         assert " ".join(shown[figure]) == " ".join(cells), figure
+
+
+def test_quickstart_says_why_the_tiny_judges_error_and_representational_figures_move_together(quickstart_run):
+    """The embedded tiny judge (a random 2-layer model) gives every JudgeBias item nearly one score, before training
+    and after it (a spread under 0.1 points, by construction of so small a judge): the quickstart's training lowers
+    that one score, so error detection rises and every rewrite moves further below its anchor, each by a wide margin
+    (0.24 and 0.33 as measured; asserted at 0.1), and the log's last lines say why, as the README says the user
+    will see."""
+    from judgetrain.report.build import read_metrics as merged_metrics
+
+    records = merged_metrics(quickstart_run / "metrics.jsonl")
+    base, last = records[0], records[62]
+    for step in (0, 62):
+        scores = [r["judge_score"] for r in read_jsonl(quickstart_run / "eval" / str(step) / "judgebias.judge.jsonl")]
+        mean = sum(scores) / len(scores)
+        assert (sum((v - mean) ** 2 for v in scores) / len(scores)) ** 0.5 < 0.1, step
+    detect, mae = "eval/judgebias/judge/error/detect_rate", "eval/judgebias/judge/represent/anchor_mae"
+    assert last[detect] - base[detect] >= 0.1 and last[mae] - base[mae] >= 0.1
+    log = LAUNCH_LOG[quickstart_run]
+    why = log[log.index("Against the base judge"):]
+    assert "Why: JudgeBias in judge mode: the judge gives every item nearly one score (the base: " in why
+    assert "it does not tell an error from a rewrite" in why
 
 
 def test_quickstart_writes_the_judges_model_card(quickstart_run):
@@ -214,7 +240,9 @@ def test_quickstart_writes_the_judges_model_card(quickstart_run):
                        ("eval/judgebias/represent/accuracy", "JudgeBias represent accuracy"),
                        ("eval/ideation/accuracy", "Ideation accuracy")):
         assert figures[label] == round(evals[last][key], 4), label  # the final weights are the last eval's
-        assert f"| {label} | {evals[best][key]:.4f} | {evals[last][key]:.4f} |" in body, label
+        shown = [f"{evals[s][key]:.4f} [{evals[s][key + '/ci_low']:.4f}, {evals[s][key + '/ci_high']:.4f}]"
+                 for s in (best, last)]
+        assert f"| {label} | {shown[0]} | {shown[1]} |" in body, label
     # TRL's and PEFT's generic card is gone, no machine path is shown, and the final marker vouches for the card
     assert "fine-tuned version of" not in text and "time machine" not in text
     assert str(quickstart_run.resolve()) not in text and not re.search(r"(?<![\w.:/])/(tmp|home|root|work)/", text)

@@ -15,8 +15,9 @@ The command line names such a judge as ``endpoint=BASE_URL,model=NAME,key_env=VA
 - The key: read from the environment variable ``api_key_env`` names, when the generator is made (a missing or empty
   variable is an error before any request), and sent only as the ``Authorization: Bearer`` header. It is never
   logged, written or put into an error message: a server's body or header that echoes it is redacted (`redact`)
-  before anything is cut to length, in any form (as sent, JSON-escaped, URL-encoded, any 8 characters of it in a
-  row, a start of it at the end of a body cut short). No variable: no header (a local server without a key).
+  before anything is cut to length, in any form (as sent; JSON-escaped, URL-encoded or as HTML entities, in part or
+  character by character, `judgetrain.judge.redaction`; any 8 characters of it in a row; a start of it at the end
+  of a body cut short). No variable: no header (a local server without a key).
 - Concurrency: at most ``concurrency`` requests in flight, from daemon threads (an interrupted run does not wait for
   them to finish). Results come back in input order.
 - Redirects: followed only to the same scheme, host and port; a redirect elsewhere is an `EndpointError` naming
@@ -75,6 +76,7 @@ from typing import Any
 from judgetrain.eval.generate import Generated
 from judgetrain.judge.options import check_settings
 from judgetrain.judge.output import REJECTED_REASON
+from judgetrain.judge.redaction import redact
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +90,6 @@ DEFAULT_MAX_RETRIES = 30
 DEFAULT_WAIT_BUDGET_S = 600.0  # per prompt: longer than a vLLM server takes to start again
 PREFLIGHT_TRIES = 3  # GET /models at start: a server that does not answer these is refused
 ERROR_BODY_BYTES = 1 << 16  # read of an error body or an unreadable answer, redacted whole before any cut
-REDACT_RUN = 8  # characters in a row of the key (in any form) that are redacted wherever they appear
 # the request's options a server may refuse, and the judgetrain option that sets each
 REQUEST_OPTIONS = {"max_tokens": "--max_new_tokens", "temperature": "--temperature / --do_sample",
                    "seed": "--seed", "continue_final_message": "--force_score_prefix",
@@ -130,53 +131,6 @@ class _Retry(Exception):
 
 class _Abandoned(Exception):
     """Another prompt failed: this one is given up."""
-
-
-def _secret_forms(secret: str) -> list[str]:
-    """The forms a server may echo a secret in: as sent, JSON-escaped (``\\/``, ``\\uXXXX``), URL-encoded (``%XX`` in
-    either case, ``+`` for a space)."""
-    escaped = json.dumps(secret)[1:-1]
-    quoted = [urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret, safe=""),
-              urllib.parse.quote(secret)]
-    forms = {secret, escaped, escaped.replace("/", "\\/"), "".join(f"\\u{ord(c):04x}" for c in secret)}
-    forms.update(quoted)
-    forms.update(re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), q) for q in quoted)
-    return sorted(forms, key=len, reverse=True)
-
-
-def redact(text: str, secret: str | None, *, cut: bool = False) -> str:
-    """``text`` with a secret (an API key) replaced by ``***`` wherever any `REDACT_RUN` characters in a row of one of
-    its forms (`_secret_forms`) appear: the whole key, a key a server shows in part, a key split by a cut. ``cut``:
-    ``text`` is the start of a longer body, so a start of the key of 4 characters or more at its very end goes too.
-    Applied before anything is cut to length, everywhere a response's body or header reaches a message, a log, a row
-    or a file."""
-    if not secret or not text:
-        return text
-    marks = bytearray(len(text))
-    for form in _secret_forms(secret):
-        n = min(REDACT_RUN, len(form))
-        for gram in {form[i:i + n] for i in range(len(form) - n + 1)}:
-            at = text.find(gram)
-            while at >= 0:
-                marks[at:at + n] = b"\1" * n
-                at = text.find(gram, at + 1)
-        if cut:
-            for j in range(min(len(form), len(text)), 3, -1):
-                if text.endswith(form[:j]):
-                    marks[len(text) - j:] = b"\1" * j
-                    break
-    if not any(marks):
-        return text
-    out, i = [], 0
-    while i < len(text):
-        if marks[i]:
-            while i < len(text) and marks[i]:
-                i += 1
-            out.append("***")
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

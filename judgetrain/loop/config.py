@@ -1,6 +1,7 @@
 """The loop's config: a YAML file (read with yaml.safe_load), every key checked before anything runs.
 
     output_dir: loops/clinic
+    goal: "error detection on held-out notes up, no figure worse than the base"   # said first by `judgetrain report`
     rounds: 2
     model: tiny-judge                 # the base judge; round k judges with it plus round k-1's adapter
     recipe: recipes/quickstart.yaml   # each round's training recipe starts from this one
@@ -106,11 +107,12 @@ class LoopConfig:
     judge: Judge = field(default_factory=Judge)
     pairs: Pairs = field(default_factory=Pairs)
     eval: Eval = field(default_factory=Eval)
+    goal: str | None = None  # what the loop is for, in words: the loop's report states it
 
     def digest(self) -> str:
-        """SHA-256 of the config's values but ``rounds``: a rerun continues only the loop this config started, and
-        a larger ``rounds`` adds rounds to a finished loop."""
-        values = {k: v for k, v in asdict(self).items() if k != "rounds"}
+        """SHA-256 of the config's values but ``rounds`` and ``goal``: a rerun continues only the loop this config
+        started, a larger ``rounds`` adds rounds to a finished loop, and the goal's words may be edited."""
+        values = {k: v for k, v in asdict(self).items() if k not in ("rounds", "goal")}
         return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -177,6 +179,8 @@ def _check_values(config: LoopConfig, where: str) -> None:
         raise LoopConfigError(f"{where}: pairs: the pairwise known form needs items.source and items.spec (the texts)")
     if config.needs_judge and config.judge.samples + len(config.judge.judges) < 1:
         raise LoopConfigError(f"{where}: judge: samples or judges: the pairs are built from evaluations")
+    if config.goal is not None and not isinstance(config.goal, str):
+        raise LoopConfigError(f"{where}: goal: a sentence saying what the loop is for, got {config.goal!r}")
     if not 0 <= config.heldout.fraction < 1:
         raise LoopConfigError(f"{where}: heldout.fraction: in [0, 1), got {config.heldout.fraction!r}")
     for key in ("output_dir", "model_name_or_path", "train_datasets", "init_adapter", "resume"):

@@ -28,7 +28,9 @@ through its recipe) are started with the config's ``num_processes`` and ``accele
 is looked up in the one command table (`judgetrain.run.launch.command_argv`).
 
 A stage is done once its commands exited 0; ``<output_dir>/loop_state.json`` records it (atomically) with its wall
-time and the CPU-seconds of its processes, and ``stages.jsonl`` logs each start and end. Killed at any point, the
+time and the CPU-seconds of its processes, beside the config's ``settings`` and each round's ``stages`` in order
+(`judgetrain report` tells from them whether the loop finished or where it stopped); ``stages.jsonl`` logs each start
+and end. Killed at any point, the
 same command skips the stages done and reruns the one it stopped in, which continues through the command's own
 resume where it has one (`judgetrain judge`'s done index, training's checkpoints). A config other than the one
 that started the loop is refused (exit 2).
@@ -43,6 +45,7 @@ import resource
 import shlex
 import subprocess
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +92,7 @@ def open_state(config: LoopConfig, out: Path) -> dict:
     if state["config"] != config.digest():
         raise LoopConfigError(f"{out} holds a loop started with another config ({LOOP_STATE_FILE}); continue it with "
                               "that config (rounds may grow), or give this one another output_dir")
+    state.update(settings=asdict(config), stages=Loop(config, out, state).stages())  # `judgetrain report` reads them
     write_json(out / LOOP_STATE_FILE, state)
     return state
 

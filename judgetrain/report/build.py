@@ -39,6 +39,7 @@ from judgetrain.eval.benchmarks import Suite, SuiteFacts
 from judgetrain.eval.metrics import rmbench_matrices
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
 from judgetrain.report import rounds
+from judgetrain.report.loop import build_loop_report, is_loop_dir
 from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
                                         against_base_text, against_base_verdict, headline, headline_note,
                                         headline_table)
@@ -630,9 +631,10 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
 def _against_base_html(run: Run) -> dict[str, Any]:
     """The run against its base judge as page cells: the figures that got worse (shown in red, first on the page)
     or the sentence saying none did, and the base vs trained table."""
-    versus = against_base(run.records, run.recipe)
+    versus = against_base(run.records, run.recipe, run.path)
     return {"worse": [] if versus is None else versus["worse"], "header": list(AGAINST_BASE_HEADER),
-            "text": against_base_verdict(versus), "rows": against_base_cells(versus)}
+            "text": against_base_verdict(versus), "rows": against_base_cells(versus),
+            "why": [] if versus is None else versus["why"]}
 
 
 def _headline_dict(run: Run) -> dict[str, Any] | None:
@@ -671,7 +673,7 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) -> None:
     out = [f"# judgetrain report: {', '.join(run.name for run in runs)}"]
     for run in runs:  # base vs trained and what got worse, before any table
-        versus = against_base(run.records, run.recipe)
+        versus = against_base(run.records, run.recipe, run.path)
         out += ["", f"## Against the base judge: {run.name}", "", *against_base_lines(versus)]
     for run in runs:
         head = _headline_cells(run)
@@ -733,6 +735,8 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     if not run_dirs:
         raise ValueError("no run directory given")
     paths = [Path(p) for p in run_dirs]
+    if len(paths) == 1 and is_loop_dir(paths[0]):  # a loop's folder: the loop's report, each round's drawn as a run's
+        return build_loop_report(paths[0], out_dir, run_report=make_report)
     runs = [load_run(p, name) for p, name in zip(paths, _unique_names(paths))]
     if not any(run.records or run.eval_rows or rounds.round_rows(run.path) for run in runs):
         raise NothingToReport(f"nothing to report in {', '.join(map(str, paths))}: no metrics.jsonl, no eval/ files "
@@ -746,7 +750,8 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
         for note in run.notes:
             logger.warning("%s: %s", run.name, note)
     for run in runs:  # said first, as the pages open with it: each run against its base judge
-        logger.info("%s, against the base judge:\n%s", run.name, against_base_text(against_base(run.records, run.recipe)))
+        logger.info("%s, against the base judge:\n%s", run.name,
+                    against_base_text(against_base(run.records, run.recipe, run.path)))
 
     written: dict[str, Path] = {}
     figures = []

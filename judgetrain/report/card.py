@@ -227,7 +227,7 @@ def render_card(run_dir: str | Path) -> str:
     lines += ["## Training data", "", *data_lines, "", "## Recipe", "", *_recipe_lines(recipe, current), "",
               "`recipe.yaml` beside this card is the recipe as run: `accelerate launch --config_file CONFIG -m "
               "judgetrain.train recipe.yaml` trains it again.", "", "## Evaluation", ""]
-    lines += ["### Against the base judge", "", *against_base_lines(against_base(records, recipe)), "",
+    lines += ["### Against the base judge", "", *against_base_lines(against_base(records, recipe, out)), "",
               "### Headline figures", ""]
     lines += _evaluation_lines(head, which, max(records) if records else None)
     lines += ["", "## Using the judge", "", *_usage(name, base_cli, recipe)]

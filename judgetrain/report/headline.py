@@ -5,10 +5,13 @@ Ideation accuracy, and the parse rate of the evaluations it wrote (generate mode
 
     from judgetrain.report.headline import headline
     head = headline(records, recipe)     # records: metrics.jsonl as {step: merged record}; None without any eval
-    head.best_step, head.last_step, head.rows[0]   # {"metric", "label", "best", "last"}
+    head.best_step, head.last_step, head.rows[0]   # {"metric", "label", "best", "last", "best_ci", "last_ci"}
 
 The best evaluation is the one where the recipe's ``metric_for_best_model`` (with ``greater_is_better``) is best, or
-else ``eval/rmbench/total_avg_acc``, else the first headline figure logged; the earliest such step on a tie.
+else ``eval/rmbench/total_avg_acc``, else the first headline figure logged; the earliest such step on a tie. Every
+figure is shown with its 95% interval (``value [ci_low, ci_high]``, `with_interval`), wherever it is shown: the
+headline table, the table against the base judge (the base's interval read from the evaluation it was scored in),
+the log's and the terminal's copies of them.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.config.directions import greater_is_better
 from judgetrain.eval.compare import REGRESSION_ALPHA, changes, worse_rule
+from judgetrain.report.spread import flat_judge_lines
 
 HEADLINE = (
     ("eval/rmbench/hard_acc", "RM-Bench hard accuracy"),
@@ -52,7 +57,8 @@ class Headline:
     best_epoch: float | None
     last_step: int
     last_epoch: float | None
-    rows: list[dict[str, Any]] = field(default_factory=list)  # {"metric", "label", "best", "last"}; None: not logged
+    # {"metric", "label", "best", "last", "best_ci", "last_ci"}: None where not logged; an interval is (low, high)
+    rows: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -102,13 +108,32 @@ def headline(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any]
     best_step = (max if greater else min)(scored, key=lambda p: p[1])[0]  # the first step reaching the best value
     last_step = max(evals)
     best, last = evals[best_step], evals[last_step]
-    rows = [{"metric": k, "label": label, "best": float(best[k]) if _num(best.get(k)) else None,
-             "last": float(last[k]) if _num(last.get(k)) else None} for k, label in HEADLINE if k in logged]
+    rows = [{"metric": k, "label": label, "best": _value(best, k), "last": _value(last, k),
+             "best_ci": _interval(best, k), "last_ci": _interval(last, k)} for k, label in HEADLINE if k in logged]
     return Headline(key, greater, best_step, _epoch(best), last_step, _epoch(last), rows)
+
+
+def _value(record: Mapping[str, Any], key: str) -> float | None:
+    return float(record[key]) if _num(record.get(key)) else None
+
+
+def _interval(record: Mapping[str, Any], key: str) -> tuple[float | None, float | None] | None:
+    """(ci_low, ci_high) logged with ``key`` in ``record`` (`` key/ci_low``, ``key/ci_high``); None without them."""
+    low, high = _value(record, f"{key}/ci_low"), _value(record, f"{key}/ci_high")
+    return None if low is None and high is None else (low, high)
 
 
 def fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def with_interval(value: float | None, interval: tuple[float | None, float | None] | None) -> str:
+    """A figure as shown wherever a headline figure is: ``0.5046 [0.4352, 0.5741]``; ``[-, -]`` where no interval
+    was logged with it, ``-`` where the figure itself was not."""
+    if value is None:
+        return "-"
+    low, high = interval or (None, None)
+    return f"{fmt(value)} [{fmt(low)}, {fmt(high)}]"
 
 
 def headline_table(head: Headline) -> tuple[list[str], list[list[str]]]:
@@ -116,9 +141,10 @@ def headline_table(head: Headline) -> tuple[list[str], list[list[str]]]:
     def when(step: int, epoch: float | None) -> str:
         return f"step {step}" + ("" if epoch is None else f", epoch {epoch:g}")
 
-    header = ["figure", f"best eval ({when(head.best_step, head.best_epoch)})",
-              f"last eval ({when(head.last_step, head.last_epoch)})"]
-    return header, [[r["label"], fmt(r["best"]), fmt(r["last"])] for r in head.rows]
+    header = ["figure", f"best eval ({when(head.best_step, head.best_epoch)}) [95% interval]",
+              f"last eval ({when(head.last_step, head.last_epoch)}) [95% interval]"]
+    return header, [[r["label"], with_interval(r["best"], r["best_ci"]), with_interval(r["last"], r["last_ci"])]
+                    for r in head.rows]
 
 
 def headline_note(head: Headline) -> str:
@@ -128,14 +154,18 @@ def headline_note(head: Headline) -> str:
 
 
 # ------------------------------------------------------------------------------------------ against the base judge
-def against_base(records: Mapping[int, Mapping[str, Any]],
-                 recipe: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None,
+                 run_dir: str | Path | None = None) -> dict[str, Any] | None:
     """The last evaluation logged against a baseline (the eval before the first step, `judgetrain.eval.evidence`):
-    ``{"step", "rows": [{figure, base, trained, ci_low, ci_high, delta, delta_ci_low, delta_ci_high, p_value}],
+    ``{"step", "rows": [{figure, base, base_ci_low, base_ci_high, trained, ci_low, ci_high, delta, delta_ci_low,
+    delta_ci_high, p_value}],
     "worse": [figures worse than the base], "too_few": [figures with too few units to tell], "margin", "alpha"}``;
     rows hold each suite's headline figures (`judgetrain.eval.compare.HEADLINE`), ``worse`` every figure that
     `judgetrain.eval.compare.changes` calls worse with the recipe's ``eval_regression_margin`` and
-    ``eval_regression_alpha``, as the run's guard judged them. None without such an evaluation."""
+    ``eval_regression_alpha``, as the run's guard judged them. The base's interval is the one logged with the figure
+    at the first evaluation that holds it (the baseline, before the first step), where its value is the base's.
+    ``run_dir``: the run folder, whose per-row files say why figures moved together (``"why"``:
+    `judgetrain.report.spread.flat_judge_lines`, [] without it). None without such an evaluation."""
     steps = [s for s, r in records.items() if any("/delta/" in k for k in r)]
     if not steps:
         return None
@@ -153,17 +183,30 @@ def against_base(records: Mapping[int, Mapping[str, Any]],
                                                             "n_units": rec.get(f"{key}/n_units")}
         if metric not in SUITE_HEADLINE.get(where.split("/")[1], ()):
             continue
-        rows.append({"figure": f"{where.removeprefix('eval/')}/{metric}", "trained": trained,
-                     "base": trained - delta if _num(trained) and _num(delta) else None,
+        base = trained - delta if _num(trained) and _num(delta) else None
+        rows.append({"figure": f"{where.removeprefix('eval/')}/{metric}", "trained": trained, "base": base,
+                     **_base_interval(records, f"{where}/{metric}", base),
                      "ci_low": rec.get(f"{where}/{metric}/ci_low"), "ci_high": rec.get(f"{where}/{metric}/ci_high"),
                      "delta": delta, **figures, "p_value": rec.get(f"{key}/p_value")})
     said = changes(judged, margin, alpha)
-    return {"step": step, "rows": rows, "worse": [name for name, s in said.items() if s == "worse"],
+    base_step = min(s for s, r in records.items() if any(k.startswith("eval/") for k in r))
+    why = flat_judge_lines(run_dir, step, base_step) if run_dir is not None else []
+    return {"step": step, "rows": rows, "why": why, "worse": [name for name, s in said.items() if s == "worse"],
             "too_few": [name for name, s in said.items() if s.endswith("too few to tell")], "margin": margin,
             "alpha": alpha}
 
 
-AGAINST_BASE_HEADER = ("figure", "base", "trained", "95% interval", "difference", "its interval", "p")
+def _base_interval(records: Mapping[int, Mapping[str, Any]], key: str, base: float | None) -> dict[str, Any]:
+    """``base_ci_low`` / ``base_ci_high``: the interval logged with ``key`` at the first evaluation holding it, when
+    that evaluation's value is ``base`` (the baseline's); None otherwise."""
+    first = next((rec for _, rec in sorted(records.items()) if _num(rec.get(key))), None)
+    if first is None or base is None or not math.isclose(float(first[key]), base, abs_tol=1e-9):
+        return {"base_ci_low": None, "base_ci_high": None}
+    low, high = _interval(first, key) or (None, None)
+    return {"base_ci_low": low, "base_ci_high": high}
+
+
+AGAINST_BASE_HEADER = ("figure", "base [95% interval]", "trained [95% interval]", "difference [95% interval]", "p")
 
 
 def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
@@ -180,12 +223,14 @@ def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
 
 
 def against_base_cells(versus: Mapping[str, Any] | None) -> list[list[str]]:
-    """Base vs trained as text cells under `AGAINST_BASE_HEADER`: each figure with its interval, the difference,
-    its interval and p-value (the exact sign test over units for accuracies, "-" where none applies)."""
+    """Base vs trained as text cells under `AGAINST_BASE_HEADER`: the base and the trained figure each with its
+    interval, the difference with its interval, and p-value (the exact sign test over units for accuracies, "-"
+    where none applies)."""
     if versus is None:
         return []
-    return [[r["figure"], fmt(r["base"]), fmt(r["trained"]), f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]",
-             fmt(r["delta"]), f"[{fmt(r['delta_ci_low'])}, {fmt(r['delta_ci_high'])}]", fmt(r["p_value"])]
+    return [[r["figure"], with_interval(r["base"], (r.get("base_ci_low"), r.get("base_ci_high"))),
+             with_interval(r["trained"], (r["ci_low"], r["ci_high"])),
+             with_interval(r["delta"], (r["delta_ci_low"], r["delta_ci_high"])), fmt(r["p_value"])]
             for r in versus["rows"]]
 
 
@@ -198,7 +243,8 @@ def against_base_lines(versus: Mapping[str, Any] | None) -> list[str]:
     worse = ", ".join(f"`{w}`" for w in versus["worse"])
     lines = [f"**{verdict}**: {worse}" if worse else verdict, "",
              "| " + " | ".join(AGAINST_BASE_HEADER) + " |", "|" + "|".join("---" for _ in AGAINST_BASE_HEADER) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in against_base_cells(versus)]
+    lines += ["| " + " | ".join(row) + " |" for row in against_base_cells(versus)]
+    return lines + [line for why in versus.get("why") or [] for line in ("", f"Why: {why}")]
 
 
 def against_base_text(versus: Mapping[str, Any] | None) -> str:
@@ -212,4 +258,4 @@ def against_base_text(versus: Mapping[str, Any] | None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(AGAINST_BASE_HEADER))]
     lines += ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
               for row in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"Why: {why}" for why in versus.get("why") or []])
