@@ -99,7 +99,7 @@ def run(pack: str, rows: list[dict], out: Path) -> dict:
 def audit(pack: str, out: Path) -> Counter:
     """Per set, the items the independent reading finds mislabelled (see the module doc)."""
     from judgetrain.perturb.build import no_real_error, represent_words, visible_table_edit
-    from judgetrain.perturb.operators import Change
+    from judgetrain.perturb.edits import Change
     from judgetrain.perturb.oracle import differ, read_quantities, token_differences
     from judgetrain.perturb.spec import load_spec
 

@@ -47,7 +47,8 @@ from typing import Any
 
 from judgetrain.judge.judges import JudgeSpec
 from judgetrain.judge.options import Options
-from judgetrain.perturb.operators import Change, Rules, Span, apply, misplaced, pick
+from judgetrain.perturb.edits import Change, Span, apply, misplaced, pick
+from judgetrain.perturb.operators import Rules
 from judgetrain.perturb.oracle import differ, read_quantities, token_differences
 from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
 from judgetrain.perturb.source import Sample
