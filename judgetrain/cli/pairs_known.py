@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                             ties=args.ties, min_delta=args.min_delta, tie_margin=args.tie_margin,
                             max_pairs=args.max_pairs, validation_fraction=args.validation_fraction, seed=args.seed,
                             score_key=args.score_key, scale=tuple(args.scale))
-    except (DataValidationError, ValueError, FileNotFoundError) as err:
+    except DataValidationError as err:  # one line, and no --on_bad_row advice: this command takes none
+        logger.error("%s (%d bad row(s)): fix the items", err.problems[0].describe(), err.n_bad_rows)
+        return EXIT_BAD_INPUT
+    except (ValueError, FileNotFoundError) as err:
         logger.error("%s", err)
         return EXIT_BAD_INPUT
     from judgetrain.cli.pairs import show_stats
