@@ -8,8 +8,10 @@ any item whose word-table edit cuts a word or shows in its casing.
     python scripts/perturb_figures.py --out /tmp/figures --audit_only DIR      # audit another run's output folder
 
 The generated recipes are scripts/synth.py's recipes with lines a chemist writes mixed in (signed temperatures with
-either minus, ranges, tolerances, scientific notation, percentages, ratios, rates, CAS numbers, abbreviations, code
-and arithmetic for the style pack), drawn from ``random.Random(seed)``. The audit needs judgetrain.perturb.oracle;
+either minus, ranges, tolerances, tolerances standing alone and differences, scientific notation, percentages,
+ratios, rates, CAS numbers, abbreviations, step labels; for the style pack code, indented and nested code, arithmetic,
+setext headings, rules, hard-wrapped sentences, emphasis before punctuation, years, standards and ports), drawn from
+``random.Random(seed)``. The audit needs judgetrain.perturb.oracle;
 the runs themselves use only `judgetrain.perturb.build.perturb`, so an older judgetrain can make the output that this
 script then audits (``--audit_only``).
 """
@@ -40,6 +42,10 @@ HARD_LINES = [
     "Sodium chloride (CAS 7647-14-5) can replace KCl, e.g. at {g} g per batch.",
     "Adjust to pH {a2}-{b2} with dilute acid; store at 4 °C.",
     "Dry at {t} \u00b0C for {m} min, weigh {mg} mg and record it.",
+    "Keep the bath within \u00b1{tol} °C of the set point.",
+    "Raise the temperature by {r} °C every hour; the difference between runs was {m} K.",
+    "Hold at {t}°C \u00b1{tol}°C for {h} h, then at {a} °C +/- {tol} °C.",
+    "Step {a2}: add {g} g of the salt.",
 ]
 STYLE_LINES = [
     "Check it: 2 * {a2} * 4 = {prod} before scaling up.",
@@ -48,6 +54,14 @@ STYLE_LINES = [
     "The yield is $m_{{out}} / m_{{in}}$ times 100.",
     "**Note:** keep the *dried* powder sealed.",
     "Steps:\nweigh the powder\ngrind it",
+    "Code:\n\n    mass = **{g}**\n",
+    "````\n```\nx = **{a2}**\n```\n````",
+    "Results\n=======",
+    "This sentence is wrapped\nover two lines.",
+    "---",
+    "Use **bold**, then *it*:",
+    "The 2023 report covers 2019\u20132023 under ISO 9001 on port 8080.",
+    "Run this:\n    x = {a2}",
 ]
 
 
