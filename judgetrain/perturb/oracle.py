@@ -191,8 +191,7 @@ class _Scanner:
         if unit is not None:
             stop, name, dim, (scale, offset) = unit
             text = self.text[i:stop]
-            if self.difference(i):  # a difference: its scale, no offset (2 °C is 2 K and 3.6 °F)
-                dim, offset = "±" + dim, 0.0
+            dim, offset = ("±" + dim, 0.0) if self.difference(i) else (dim, offset)  # a difference: no offset
             for _, _, v, s in parts:
                 out.append(Reading(dim, v * scale + offset, s * scale, text))
             if tolerance is not None:
@@ -296,6 +295,16 @@ def _list_marker(body: str) -> int:
     return len(body) - len(body[k:].lstrip(" \t"))
 
 
+def _indented_code(lines: list[str], n: int) -> _Block:
+    """The indented code block starting at line ``n``: its lines indented 4 columns and the blank lines between."""
+    m = n
+    while m < len(lines) and (_indent(lines[m]) >= 4 or not lines[m].strip()):
+        m += 1
+    while not lines[m - 1].strip():
+        m -= 1
+    return _Block("code", tuple((k, lines[k]) for k in range(n, m)))
+
+
 def blocks(text: str) -> list[_Block]:
     """The blocks of ``text`` in order: fenced code (a shorter fence inside a longer one is content) and indented
     code (4 columns, not continuing a paragraph) as written; headings (ATX, and setext: the underline is markup),
@@ -327,13 +336,8 @@ def blocks(text: str) -> list[_Block]:
         if not body:
             close()
         elif _indent(line) >= 4 and open_ is None:
-            m = n
-            while m < len(lines) and (_indent(lines[m]) >= 4 or not lines[m].strip()):
-                m += 1
-            while not lines[m - 1].strip():
-                m -= 1
-            out.append(_Block("code", tuple((k, lines[k]) for k in range(n, m))))
-            n = m
+            out.append(_indented_code(lines, n))
+            n = out[-1].lines[-1][0] + 1
             continue
         elif open_ is not None and kind == "paragraph" and _indent(line) < 4 and \
                 (set(body.rstrip()) == {"="} or set(body.rstrip()) == {"-"}):
