@@ -134,7 +134,7 @@ def audit(pack: str, out: Path) -> Counter:
             wrong = bool(lost or new) or ("format" in kinds and token_differences(
                 source, text, all(spec.operators[c.kind].options.get("rewrite") != "list_order" for c in changes)))
         else:
-            wrong = bool(no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"]))
+            wrong = bool(no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"], source))
         wrong = wrong or bool(visible_table_edit(spec, source, [c for c in changes if c.kind in spec.operators and
                                                                 spec.operators[c.kind].kind == "table"]))
         bad[item["perturbation_set"]] += bool(wrong)

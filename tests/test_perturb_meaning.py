@@ -189,3 +189,20 @@ def test_every_represent_operator_keeps_meaning_on_hostile_text(parts, name, see
         assert changes and readings_differ(text, new) == ([], []), (name, text, new)
         if OPERATORS[name]["kind"] == "format":
             assert token_differences(text, new, name != "order") is None, (name, text, new)
+
+
+def test_a_unit_swapped_on_a_difference_is_a_real_error_or_none():
+    """A unit swap is an error copy; on a difference, °C -> K changes nothing (2 °C of difference is 2 K), so the
+    swap draws only a unit of another scale, and the checker, reading the edit after the words before it, finds
+    ``by 2 °C`` -> ``by 2 K`` no real error."""
+    from judgetrain.perturb.build import no_real_error
+    from judgetrain.perturb.edits import Change
+    from test_perturb_labels import spec
+
+    for source in ("Keep within ±2 °C.", "Raise it by 10 °C."):
+        made, why = outputs("swap", source, 12)
+        assert made and not why and all("°F" in t for t in made), made
+    source = "Raise it by 10 °C."
+    assert no_real_error(spec(), [Change("swap", "10 °C", "10 K", 12)], source)[0] == "no_real_error"
+    assert no_real_error(spec(), [Change("swap", "10 °C", "10 °F", 12)], source) is None
+    assert no_real_error(spec(), [Change("swap", "10 °C", "10 K", 12)]) is None  # read alone: a temperature

@@ -296,8 +296,9 @@ class Rules:
 
         def draw(rng: random.Random) -> str | None:
             others = sorted(u for u in units if u != q.unit)
-            if op.options["mode"] == "unit_swap":
-                others = [u for u in others if difference or not self._unphysical(q, [n.value for n in q.numbers], u)]
+            if op.options["mode"] == "unit_swap":  # a difference's unit of the same scale is no error: 2 °C is 2 K
+                others = [u for u in others if not math.isclose(units[u][0], scale)] if difference else \
+                    [u for u in others if not self._unphysical(q, [n.value for n in q.numbers], u)]
                 if not others:
                     return None
                 return q.write([n.text for n in q.numbers], q.tolerance and q.tolerance.text, rng.choice(others))
