@@ -275,6 +275,7 @@ class Rules:
                     shift = rng.uniform(*op.options["shift"])
                     new = [n.value + shift for n in q.numbers]
                 written = [n.write_alike(v) if decimals is None else n.write(v, decimals) for n, v in zip(q.numbers, new)]
+                written = [t if Number.parse(t).value else n.write(v) for t, n, v in zip(written, q.numbers, new)]
                 values = [Number.parse(t).value for t in written]
                 if any(v == 0 or (v < 0) != (n.value < 0) for v, n in zip(values, q.numbers)) \
                         or all(v == n.value for v, n in zip(values, q.numbers)) \
