@@ -480,8 +480,9 @@ class EndpointGenerator:
                 out = self._post(body)
             except _Rejection as r:
                 self._count("rejected")
-                logger.warning("endpoint %s (model %s): prompt %d refused, HTTP %d: %s; written as a row with "
-                               "reason %s", self.url, self.model, index, r.status, r.message[:200], REJECTED_REASON)
+                logger.warning("endpoint %s (model %s): %s refused, HTTP %d: %s%s", self.url, self.model,
+                               f"prompt {index}" if index >= 0 else "the probe (a prompt of a few words)", r.status,
+                               r.message[:200], f"; written as a row with reason {REJECTED_REASON}" if index >= 0 else "")
                 return Rejected(text="", n_tokens=0, prompt_tokens=0, stopped=False, status=r.status,
                                 message=r.message)
             except _Retry as r:
