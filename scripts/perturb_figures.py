@@ -8,8 +8,10 @@ any item whose word-table edit cuts a word or shows in its casing.
     python scripts/perturb_figures.py --out /tmp/figures --audit_only DIR      # audit another run's output folder
 
 The generated recipes are scripts/synth.py's recipes with lines a chemist writes mixed in (signed temperatures with
-either minus, ranges, tolerances, scientific notation, percentages, ratios, rates, CAS numbers, abbreviations, code
-and arithmetic for the style pack), drawn from ``random.Random(seed)``. The audit needs judgetrain.perturb.oracle;
+either minus, ranges, tolerances, tolerances standing alone and differences, scientific notation, percentages,
+ratios, rates, CAS numbers, abbreviations, step labels; for the style pack code, indented and nested code, arithmetic,
+setext headings, rules, hard-wrapped sentences, emphasis before punctuation, years, standards and ports), drawn from
+``random.Random(seed)``. The audit needs judgetrain.perturb.oracle;
 the runs themselves use only `judgetrain.perturb.build.perturb`, so an older judgetrain can make the output that this
 script then audits (``--audit_only``).
 """
@@ -40,6 +42,10 @@ HARD_LINES = [
     "Sodium chloride (CAS 7647-14-5) can replace KCl, e.g. at {g} g per batch.",
     "Adjust to pH {a2}-{b2} with dilute acid; store at 4 °C.",
     "Dry at {t} \u00b0C for {m} min, weigh {mg} mg and record it.",
+    "Keep the bath within \u00b1{tol} °C of the set point.",
+    "Raise the temperature by {r} °C every hour; the difference between runs was {m} K.",
+    "Hold at {t}°C \u00b1{tol}°C for {h} h, then at {a} °C +/- {tol} °C.",
+    "Step {a2}: add {g} g of the salt.",
 ]
 STYLE_LINES = [
     "Check it: 2 * {a2} * 4 = {prod} before scaling up.",
@@ -48,6 +54,14 @@ STYLE_LINES = [
     "The yield is $m_{{out}} / m_{{in}}$ times 100.",
     "**Note:** keep the *dried* powder sealed.",
     "Steps:\nweigh the powder\ngrind it",
+    "Code:\n\n    mass = **{g}**\n",
+    "````\n```\nx = **{a2}**\n```\n````",
+    "Results\n=======",
+    "This sentence is wrapped\nover two lines.",
+    "---",
+    "Use **bold**, then *it*:",
+    "The 2023 report covers 2019\u20132023 under ISO 9001 on port 8080.",
+    "Run this:\n    x = {a2}",
 ]
 
 
@@ -99,7 +113,7 @@ def run(pack: str, rows: list[dict], out: Path) -> dict:
 def audit(pack: str, out: Path) -> Counter:
     """Per set, the items the independent reading finds mislabelled (see the module doc)."""
     from judgetrain.perturb.build import no_real_error, represent_words, visible_table_edit
-    from judgetrain.perturb.operators import Change
+    from judgetrain.perturb.edits import Change
     from judgetrain.perturb.oracle import differ, read_quantities, token_differences
     from judgetrain.perturb.spec import load_spec
 
@@ -120,7 +134,7 @@ def audit(pack: str, out: Path) -> Counter:
             wrong = bool(lost or new) or ("format" in kinds and token_differences(
                 source, text, all(spec.operators[c.kind].options.get("rewrite") != "list_order" for c in changes)))
         else:
-            wrong = bool(no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"]))
+            wrong = bool(no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"], source))
         wrong = wrong or bool(visible_table_edit(spec, source, [c for c in changes if c.kind in spec.operators and
                                                                 spec.operators[c.kind].kind == "table"]))
         bad[item["perturbation_set"]] += bool(wrong)

@@ -728,6 +728,36 @@ def test_an_endpoint_refusing_an_option_stops_with_exit_2_and_commits_nothing(tm
     assert len(rows) == 4 and all(r["reason"] != "endpoint_rejected" and r["error"] is None for r in rows)
 
 
+@pytest.mark.parametrize("n_items, extra", [(1, ()), (3, ("--chunk_size", 1))])
+def test_a_refused_request_is_told_from_a_refused_prompt_whatever_the_first_calls_size(tmp_path, monkeypatch, capsys,
+                                                                                       n_items, extra):
+    """One item, or --chunk_size 1: the first call holds one prompt, so its refusal alone cannot tell the request
+    from the prompt; a prompt of a few words refused alike can. The command stops with exit 2 quoting the server
+    (it ended with exit 0 and every row rejected); a lone prompt refused for itself (over the context) stays its row,
+    the others answered."""
+    from test_judge import judge, write_items
+
+    monkeypatch.setenv(KEY_VAR, LEAKY)
+    items, out = write_items(tmp_path / "items.jsonl", n_items), tmp_path / "out"
+    with ScriptedServer(model="judge", key=LEAKY, refuse=("temperature", 0.0)) as server:
+        spec = f"endpoint={server.base_url},model=judge,key_env={KEY_VAR},name=api"
+        assert judge("--items", items, "--output_dir", out, "--judge", spec, "--max_new_tokens", 8, *extra) == 2
+        err = capsys.readouterr().err
+        assert "refused the first prompt and a prompt of a few words alike, HTTP 400: \"Unsupported value: " \
+               "'temperature' does not support 0.0 with this model." in err
+        assert "the option it names: temperature=0.0 (judgetrain's --temperature / --do_sample)" in err
+        assert not (out / "evaluations.jsonl").exists() and len(server.requests) == 2  # the prompt and the probe
+    rows = read_jsonl(items)
+    rows[0]["prompt"][-1]["content"] += " TOOLONG"
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with ScriptedServer(model="judge", key=LEAKY, reject_word="TOOLONG") as server:
+        spec = f"endpoint={server.base_url},model=judge,key_env={KEY_VAR},name=api"
+        assert judge("--items", items, "--output_dir", tmp_path / "out2", "--judge", spec, "--max_new_tokens", 8,
+                     *extra) == 0
+    got = read_jsonl(tmp_path / "out2" / "evaluations.jsonl")
+    assert [r["reason"] == "endpoint_rejected" for r in got] == [True] + [False] * (n_items - 1)
+
+
 def test_a_refused_prompt_stays_a_row_and_retry_rejected_generates_it_again_on_resume(tmp_path, monkeypatch, capsys,
                                                                                      caplog):
     """One prompt refused among good answers is a row (reason endpoint_rejected, the server's words, the key

@@ -155,3 +155,28 @@ def test_a_bad_preference_row_is_named_by_file_row_and_field(tmp_path):
         load_preference(str(path))
     ds = load_preference(str(path), on_bad_row="skip", rejects_path=str(tmp_path / "rejects.jsonl"))
     assert len(ds) == 1 and ds[0]["sample_id"] == "4" and len(read_jsonl(tmp_path / "rejects.jsonl")) == 1
+
+
+@pytest.mark.parametrize("category", ["Error", None])
+def test_an_item_with_a_missing_or_misspelt_category_is_a_bad_row_never_a_tie(tmp_path, capsys, category):
+    """An error copy whose category is misspelt ("Error") or missing used to pair as a tie (A=B, --ties drop
+    dropping nothing): it is a bad row named by file, row and field, exit 2 in one line, no pair written, and the
+    message advises no option the command refuses."""
+    spec, source, items_path = factory(tmp_path)
+    items = read_jsonl(items_path)
+    k = next(k for k, i in enumerate(items) if i["perturbation_category"] == "error")
+    if category is None:
+        del items[k]["perturbation_category"]
+    else:
+        items[k]["perturbation_category"] = category
+    items_path.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
+    out = tmp_path / "pairs"
+    for ties in ("tie", "drop"):
+        capsys.readouterr()
+        assert cli("pairs", "known", "--items", items_path, "--source", source, "--spec", spec, "--output_dir", out,
+                   "--ties", ties) == 2
+        err = capsys.readouterr().err.strip().splitlines()  # the entry's one line: "judgetrain pairs known: ..."
+        assert len(err) == 1 and err[0].startswith("judgetrain pairs known: "), err
+        assert f"items.jsonl [split=train] row {k}, field 'perturbation_category': {category!r} is not one of the " \
+               "spec's categories (error, represent) (1 bad row(s)): fix the items" in err[0]
+        assert "on_bad_row" not in err[0] and not (out / "train.parquet").exists()

@@ -58,7 +58,8 @@ def parsed(data: dict):
 
 
 def edit(spec_data: dict, name: str, text: str, rate: float = 1.0, seed: int = 0):
-    from judgetrain.perturb.operators import Rules, apply, pick
+    from judgetrain.perturb.edits import apply, pick
+    from judgetrain.perturb.operators import Rules
 
     spec = parsed(spec_data)
     rng = random.Random(seed)
@@ -140,12 +141,15 @@ def test_numbers_scale_shift_swap_units_or_convert_them_correctly():
     units = {"temperature": {"°C": [1, 273.15], "K": [1, 0], "°F": [0.5555555556, 255.3722222]}}
     ops = {"scale": {"kind": "numeric", "category": "error", "mode": "scale", "factor": [2, 2], "require_unit": True},
            "shift": {"kind": "numeric", "category": "error", "mode": "shift", "shift": [5, 5]},
+           "shift_bare": {"kind": "numeric", "category": "error", "mode": "shift", "shift": [5, 5], "require_unit": False},
            "swap": {"kind": "numeric", "category": "error", "mode": "unit_swap"},
            "convert": {"kind": "numeric", "category": "represent", "mode": "convert"}}
     spec = {"operators": ops, "sets": [{"name": k} for k in ops], "units": units}
     text = "1. Heat LiCoO2 at 100 °C for 12 h, then 37.5 °C."
     assert edit(spec, "scale", text)[0] == "1. Heat LiCoO2 at 200 °C for 12 h, then 75.0 °C."  # 12 has no unit here
-    assert edit(spec, "shift", text)[0] == "1. Heat LiCoO2 at 105 °C for 17 h, then 42.5 °C."  # the list marker kept
+    assert edit(spec, "shift", text)[0] == "1. Heat LiCoO2 at 105 °C for 12 h, then 42.5 °C."  # no unit: no edit
+    assert edit(spec, "shift_bare", text)[0] == "1. Heat LiCoO2 at 105 °C for 17 h, then 42.5 °C."  # the marker kept
+    assert edit(spec, "shift_bare", "Step 2: add 5 g.")[0] == "Step 2: add 10 g."  # a step's number is a label
     swapped, changes = edit(spec, "swap", "at 100 °C")
     assert swapped in ("at 100 K", "at 100 °F") and changes[0].before == "100 °C"
     converted = {edit(spec, "convert", "at 100 °C", seed=s)[0] for s in range(20)}
@@ -170,7 +174,7 @@ def test_format_rewrites_without_a_model():
 
 
 def test_a_rate_is_a_share_of_the_eligible_spans_with_a_floor_of_one_edit():
-    from judgetrain.perturb.operators import Span, pick
+    from judgetrain.perturb.edits import Span, pick
 
     spans = [Span(i * 2, i * 2 + 1, "x", lambda r: "y") for i in range(40)]
     assert [len(pick(spans, rate, random.Random(0))) for rate in (0.001, 0.01, 0.05, 0.1, 0.15, 1.0)] == \
@@ -180,7 +184,7 @@ def test_a_rate_is_a_share_of_the_eligible_spans_with_a_floor_of_one_edit():
 
 
 def test_an_edit_not_where_its_operator_said_is_caught():
-    from judgetrain.perturb.operators import Change, misplaced
+    from judgetrain.perturb.edits import Change, misplaced
 
     source = "heat to 100 C"
     assert misplaced(source, "cool to 100 C", [Change("a", "heat", "cool", 0)]) is None

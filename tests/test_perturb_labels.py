@@ -186,7 +186,7 @@ def test_case_is_folded_for_all_of_unicode_and_the_edit_is_invisible_in_casing()
 
 def test_a_value_with_capitals_of_its_own_keeps_them_and_a_visible_edit_is_a_reject():
     from judgetrain.perturb.build import visible_table_edit
-    from judgetrain.perturb.operators import Change
+    from judgetrain.perturb.edits import Change
 
     assert run_op("formula", "Dissolve lithium hydroxide in acetone.")[0] == "Dissolve LiOH in C3H6O."
     assert run_op("formula", "ACETONE, then Ethanol.")[0] == "C3H6O, then C2H6O."
@@ -229,7 +229,8 @@ def test_a_good_pattern_table_runs(tmp_path):
     from judgetrain.perturb.spec import load_spec
 
     spec_ = load_spec(str(_spec_file(tmp_path, {r"(?P<n>\d+) mg": r"\g<n>0 mg \\ ok"})))
-    from judgetrain.perturb.operators import Rules, apply, pick
+    from judgetrain.perturb.edits import apply, pick
+    from judgetrain.perturb.operators import Rules
 
     rng = random.Random(0)
     assert apply("5 mg", pick(Rules(spec_).spans("dose", "5 mg"), 1.0, rng), rng)[0] == "50 mg \\ ok"

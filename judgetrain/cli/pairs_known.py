@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                             ties=args.ties, min_delta=args.min_delta, tie_margin=args.tie_margin,
                             max_pairs=args.max_pairs, validation_fraction=args.validation_fraction, seed=args.seed,
                             score_key=args.score_key, scale=tuple(args.scale))
-    except (DataValidationError, ValueError, FileNotFoundError) as err:
+    except DataValidationError as err:  # one line, and no --on_bad_row advice: this command takes none
+        raise BadInputError(f"{err.problems[0].describe()} ({err.n_bad_rows} bad row(s)): fix the items") from err
+    except (ValueError, FileNotFoundError) as err:
         raise BadInputError(str(err)) from err
     from judgetrain.cli.pairs import show_stats
 

@@ -34,7 +34,9 @@ The command line names such a judge as ``endpoint=BASE_URL,model=NAME,key_env=VA
   with reason ``endpoint_rejected``. But when the first answers of a generator (two or more, nothing answered yet)
   are all refusals with the same status and message, the request is what is refused (an option the server does not
   take: a reasoning model refusing ``max_tokens`` or ``temperature: 0``): `RequestRefused` names that option and
-  quotes the message, and no result of the call is kept.
+  quotes the message, and no result of the call is kept. A first call of one prompt (one item, ``--chunk_size 1``)
+  that is refused asks once more with a prompt of a few words (`PROBE`): refused alike, the request is refused;
+  answered, the prompt was, and stays its row.
 - Errors: 401 / 403 (the key refused), 404 (no such model, or a wrong base URL) and other 4xx stop the call with an
   `EndpointError` naming the URL, the model and the server's message; so does a prompt whose retries or wait budget
   run out. The other prompts in flight are abandoned; the error's ``partial`` holds every answer received (None for
@@ -94,6 +96,10 @@ ERROR_BODY_BYTES = 1 << 16  # read of an error body or an unreadable answer, red
 REQUEST_OPTIONS = {"max_tokens": "--max_new_tokens", "temperature": "--temperature / --do_sample",
                    "seed": "--seed", "continue_final_message": "--force_score_prefix",
                    "add_generation_prompt": "--force_score_prefix", "stream": None}
+
+
+# a prompt no server refuses for its content or its length: asked once where a first lone prompt was refused
+PROBE = [{"role": "user", "content": "Reply with the word OK."}]
 
 
 class EndpointError(RuntimeError):
@@ -242,6 +248,7 @@ class EndpointGenerator:
         self._random = random.Random()
         self._closed = False
         self._checked = False  # the model list is asked for once, at the first generate
+        self._probed = False  # a lone refused first prompt is checked against `PROBE` once
         loopback = _is_loopback(parsed.hostname)
         if self._key and parsed.scheme == "http" and not loopback:
             logger.warning("endpoint %s: the API key in $%s goes over plain http to a host that is not this machine "
@@ -427,8 +434,9 @@ class EndpointGenerator:
                 out = self._post(body)
             except _Rejection as r:
                 self._count("rejected")
-                logger.warning("endpoint %s (model %s): prompt %d refused, HTTP %d: %s; written as a row with "
-                               "reason %s", self.url, self.model, index, r.status, r.message[:200], REJECTED_REASON)
+                logger.warning("endpoint %s (model %s): %s refused, HTTP %d: %s%s", self.url, self.model,
+                               f"prompt {index}" if index >= 0 else "the probe (a prompt of a few words)", r.status,
+                               r.message[:200], f"; written as a row with reason {REJECTED_REASON}" if index >= 0 else "")
                 return Rejected(text="", n_tokens=0, prompt_tokens=0, stopped=False, status=r.status,
                                 message=r.message)
             except _Retry as r:
@@ -522,23 +530,31 @@ class EndpointGenerator:
         return results  # type: ignore[return-value]
 
     def _refused_request(self, results: list, messages: list[dict]) -> RequestRefused | None:
-        """A `RequestRefused` when nothing was ever answered and every result here (two at least) is a refusal with
-        the same status and message; it names the request's option the message names and the judgetrain option
-        that sets it. None otherwise (a prompt refused among answered ones stays its row)."""
-        if self.stats["ok"] or len(results) < 2 or not all(isinstance(r, Rejected) for r in results):
+        """A `RequestRefused` when nothing was ever answered and every result here is a refusal with the same status
+        and message (two at least, or one and `PROBE` refused alike); it names the request's option the message names
+        and the judgetrain option that sets it. None otherwise (a prompt refused among answered ones stays its row)."""
+        if self.stats["ok"] or not results or not all(isinstance(r, Rejected) for r in results):
             return None
         if len({(r.status, r.message) for r in results}) != 1:
             return None
         status, message = results[0].status, results[0].message
+        if len(results) == 1:  # one prompt cannot tell the request from the prompt: a prompt of a few words can
+            if self._probed:
+                return None
+            self._probed = True
+            probe = self._one(-1, PROBE, threading.Event())
+            if not isinstance(probe, Rejected) or (probe.status, probe.message) != (status, message):
+                return None
         sent = self._body(messages)
         named = [k for k in REQUEST_OPTIONS if k in sent and re.search(rf"\b{k}\b", message)]
         option = (f"; the option it names: {named[0]}={json.dumps(sent[named[0]])}"
                   + (f" (judgetrain's {REQUEST_OPTIONS[named[0]]})" if REQUEST_OPTIONS[named[0]] else "")
                   if named else "; an option of the request it does not take? (sent: "
                   + ", ".join(f"{k}={json.dumps(v)}" for k, v in sent.items() if k not in ("model", "messages")) + ")")
-        return RequestRefused(f"endpoint {self.url} (model {self.model!r}) refused all of the first {len(results)} "
-                              f"prompts alike, HTTP {status}: {message!r}: the request is refused, not a prompt"
-                              f"{option}; nothing was written for them: change that option and run the same command",
+        which = f"all of the first {len(results)} prompts" if len(results) > 1 else \
+            "the first prompt and a prompt of a few words"
+        return RequestRefused(f"endpoint {self.url} (model {self.model!r}) refused {which} alike, HTTP {status}: "
+                              f"{message!r}: the request is refused, not a prompt{option}; nothing was written for them: change that option and run the same command",
                               status)
 
     def close(self) -> None:

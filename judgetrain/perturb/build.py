@@ -47,7 +47,8 @@ from typing import Any
 
 from judgetrain.judge.judges import JudgeSpec
 from judgetrain.judge.options import Options
-from judgetrain.perturb.operators import Change, Rules, Span, apply, misplaced, pick
+from judgetrain.perturb.edits import Change, Span, apply, misplaced, pick
+from judgetrain.perturb.operators import Rules
 from judgetrain.perturb.oracle import differ, read_quantities, token_differences
 from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
 from judgetrain.perturb.source import Sample
@@ -251,7 +252,7 @@ def check(spec: Spec, p: Planned, text: str, changes: list[Change], rewrite: dic
         if why:
             return "edit_visible", why
     if category == "error" and "numeric" in kinds:
-        why = no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"])
+        why = no_real_error(spec, [c for c in changes if spec.operators[c.kind].kind == "numeric"], source)
         if why:
             return why
     if declared.get("entities"):
@@ -296,11 +297,14 @@ def visible_table_edit(spec: Spec, source: str, changes: list[Change]) -> str | 
     return None
 
 
-def no_real_error(spec: Spec, changes: list[Change]) -> tuple[str, str] | None:
+def no_real_error(spec: Spec, changes: list[Change], source: str = "") -> tuple[str, str] | None:
     """(reason, detail) where a numeric error edit is no real error: the quantity read back the same
-    (``no_real_error``), or it turned zero, changed its sign or went below absolute zero (``not_physical``)."""
+    (``no_real_error``; read after the words of ``source`` before it, so a difference reads as one: ``by 2 °C`` ->
+    ``by 2 K`` is none), or it turned zero, changed its sign or went below absolute zero (``not_physical``)."""
     for c in changes:
-        before, after = (read_quantities(t, spec.units) for t in (c.before, c.after))
+        prefix = source[max(0, c.position - 80): c.position]
+        before, after = (differ(read_quantities(prefix + t, spec.units), read_quantities(prefix, spec.units))[0]
+                         for t in (c.before, c.after))
         if not differ(before, after)[0]:
             return "no_real_error", f"{c.before!r} -> {c.after!r} reads back as the same quantity"
         for a, b in zip(before, after):

@@ -49,9 +49,10 @@ from judgetrain.data.pairs import (OUTPUT_COLUMNS, Evaluation, PanelDataError, c
                                    load_table, pair_statistics, score_evaluations, split_by_sample, write_pairs,
                                    write_rejects)
 from judgetrain.data.pairwise import verdict_messages
+from judgetrain.data.validate import DataValidationError, RowProblem
 from judgetrain.judge.items import Item, read_items
 from judgetrain.perturb.source import Sample
-from judgetrain.perturb.spec import ORIGINAL_SET
+from judgetrain.perturb.spec import CATEGORIES, ORIGINAL_SET
 from judgetrain.utils.files import write_lines
 from judgetrain.utils.numbers import nan_to_none
 
@@ -111,7 +112,15 @@ def known_pairs(out_dir: str | Path, *, form: str = "pairwise", items: str | Pat
 
 def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
                    dropped: Counter) -> tuple[list[dict], list[dict]]:
-    """Every item against its source in both orders (see the module doc): (rows, rejects)."""
+    """Every item against its source in both orders (see the module doc): (rows, rejects). An item whose category
+    is missing or not one of the spec's is a bad row (`DataValidationError`), never a tie."""
+    bad = [RowProblem(i.source, "train", i.row, "perturbation_category",
+                      f"{i.columns.get('perturbation_category')!r} is not one of the spec's categories "
+                      f"({', '.join(CATEGORIES)})") for i in items
+           if i.columns.get("perturbation_set") != ORIGINAL_SET
+           and i.columns.get("perturbation_category") not in CATEGORIES]
+    if bad:
+        raise DataValidationError(bad, n_rows=len(items))
     by_id = {str(s.sample_id): s for s in samples}
     rows, rejects = [], []
     for item in items:

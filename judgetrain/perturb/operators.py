@@ -7,7 +7,9 @@ text and one `Change` per edit (kind, before, after, position in the source text
 
     rules = Rules(spec)
     spans = rules.spans("element_substitution", text)
-    new_text, changes = apply(text, pick(spans, 0.05, rng), rng)
+    new_text, changes = apply(text, pick(spans, 0.05, rng), rng)     # judgetrain.perturb.edits
+
+The format rewrites live in `judgetrain.perturb.formats`.
 """
 
 from __future__ import annotations
@@ -18,85 +20,14 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from judgetrain.perturb.edits import Span
+from judgetrain.perturb.formats import FORMATS
 from judgetrain.perturb.spec import Operator, Spec
-
-
-
-@dataclass(frozen=True)
-class Span:
-    start: int
-    end: int
-    kind: str  # the operator's name
-    draw: Callable[[random.Random], str | None]  # the replacement (None: nothing different to write)
-    skip: str | None = None  # why this span is left alone (a percentage, below absolute zero): counted, never picked
-
-
-@dataclass(frozen=True)
-class Change:
-    kind: str
-    before: str
-    after: str
-    position: int  # character offset of ``before`` in the source text
-
-    def as_dict(self) -> dict:
-        return {"kind": self.kind, "before": self.before, "after": self.after, "position": self.position}
-
-
-def pick(spans: list[Span], rate: float, rng: random.Random) -> list[Span]:
-    """A share ``rate`` of the spans (rounded, at least one), drawn with ``rng``; overlapping spans are dropped
-    first (the earlier one kept), so every edit stands alone. Returned in text order."""
-    kept: list[Span] = []
-    spans = [s for s in spans if s.skip is None]
-    for span in sorted(spans, key=lambda s: (s.start, -s.end)):
-        if not kept or span.start >= kept[-1].end:
-            kept.append(span)
-    if not kept:
-        return []
-    n = min(len(kept), max(1, round(rate * len(kept))))
-    return [kept[i] for i in sorted(rng.sample(range(len(kept)), n))]
-
-
-def apply(text: str, spans: list[Span], rng: random.Random) -> tuple[str, list[Change]]:
-    """The text with every picked span replaced (replacements drawn in text order) and the changes made."""
-    changes = []
-    for span in spans:
-        after = span.draw(rng)
-        before = text[span.start: span.end]
-        if after is not None and after != before:
-            changes.append(Change(span.kind, before, after, span.start))
-    parts, pos = [], 0
-    for c in changes:
-        parts += [text[pos: c.position], c.after]
-        pos = c.position + len(c.before)
-    parts.append(text[pos:])
-    return "".join(parts), changes
-
-
-def misplaced(source: str, new: str, changes: list[Change]) -> str | None:
-    """Why ``new`` is not ``source`` with exactly ``changes`` made (None when it is): each edit's ``before`` at its
-    position in the source, its ``after`` at the shifted position in the new text, and the text outside the edits
-    unchanged."""
-    shift, pos = 0, 0
-    for c in changes:
-        if c.before == c.after:
-            return f"edit at {c.position} changes nothing"
-        if source[c.position: c.position + len(c.before)] != c.before or c.position < pos:
-            return f"edit at {c.position}: the source does not hold {c.before!r} there"
-        at = c.position + shift
-        if new[at: at + len(c.after)] != c.after or new[pos + shift: at] != source[pos: c.position]:
-            return f"edit at {c.position}: the new text does not hold {c.after!r} there"
-        shift += len(c.after) - len(c.before)
-        pos = c.position + len(c.before)
-    if new[pos + shift:] != source[pos:]:
-        return "the text after the last edit changed"
-    return None
-
 
 # ------------------------------------------------------------------------------------------------ numbers
 MINUS = "-\u2212"  # ASCII hyphen-minus and the Unicode minus sign
 _NUM = r"[-\u2212]?\d+(?:\.\d+)?(?:[eE][-\u2212+]?\d+|[ \t]?[×x][ \t]?10\^[-\u2212+]?\d+)?"
 _SP = "[ \t\u00a0\u202f]"
-LIST_LINE = re.compile(r"^([ \t]*)([-*+]|\d+[.)])[ \t]+(.*)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -138,8 +69,7 @@ class Number:
         if decimals is None and self.exponent and value and not 1e-3 <= value < 1e4:
             power = math.floor(math.log10(value))
             mantissa = value / 10.0 ** power
-            d = _exact_decimals(mantissa, self.figures - 1)
-            return f"{sign}{mantissa:.{d}f}{self.exponent}{self.minus if power < 0 else ''}{abs(power)}"
+            return sign + self._scientific(mantissa, power, _exact_decimals(mantissa, self.figures - 1))
         if decimals is None:
             decimals = self.figures - 1 - (math.floor(math.log10(value)) if value else 0)
             if resolution:
@@ -147,6 +77,23 @@ class Number:
             decimals = _exact_decimals(value, decimals)
         text = f"{value:.{max(0, decimals)}f}"
         return sign + text if float(text) else text
+
+    def write_alike(self, value: float) -> str:
+        """``value`` in this number's notation and style: scientific at this mantissa's decimals where this one is
+        (3.2×10^-3 x 3 is 9.6×10^-3, never 0.0096), else at this number's decimals (or its significant figures,
+        where those decimals round it to zero); an edited number shows no other style than its source's."""
+        if not self.exponent or not value:
+            text = self.write(value, self.decimals)
+            return text if Number.parse(text).value else self.write(value)
+        sign, value = (self.minus if value < 0 else ""), abs(value)
+        power = math.floor(math.log10(value))
+        mantissa = round(value / 10.0 ** power, self.decimals)
+        if mantissa >= 10:
+            mantissa, power = round(mantissa / 10, self.decimals), power + 1
+        return sign + self._scientific(mantissa, power, self.decimals)
+
+    def _scientific(self, mantissa: float, power: int, decimals: int) -> str:
+        return f"{mantissa:.{decimals}f}{self.exponent}{self.minus if power < 0 else ''}{abs(power)}"
 
 
 def _exact_decimals(value: float, decimals: int) -> int:
@@ -196,6 +143,31 @@ def read_quantity(m: re.Match) -> Quantity:
                     m.group("rsep") or m.group("tsep") or "", (m.groupdict().get("space") or ""),
                     m.groupdict().get("unit"), None if not other else "ratio" if other == ":" else "percentage")
 
+
+
+_LABEL = re.compile(r"(?i)\b(?:step|stage|figure|fig\.|table|section|part|example|entry|scheme|item|no\.|run)"
+                    r"[ \t\u00a0]*\Z")
+_DIFFERENCE = re.compile(r"by|within|differ\w*|chang\w*|ris(?:e|es|en|ing)|rose|rais\w*|increas\w*|decreas\w*|"
+                         r"drop\w*|fall|falls|fell|delta|gap|span|toleranc\w*|deviation|uncertainty|accuracy|precision|error|"
+                         r"variation")
+_ABSOLUTE = ("to", "from", "at", "between", "and", "than", "or")
+
+
+def marked_difference(text: str, start: int) -> str | None:
+    """Whether the quantity at ``start`` is a difference, not a value: ``"tolerance"`` (``±`` or ``+/-`` standing
+    before it: within ±2 °C), ``"difference"`` (one of the three words before it in its clause says so: by 10 °C, a
+    rise of 5 °C, the difference was 15 K; a word such as "to" or "from" nearer to it says it is a value: rise to
+    80 °C), else None."""
+    before = text[max(0, start - 80): start]
+    if re.search(r"(?:±|\+/-)[ \t\u00a0\u202f]?\Z", before):
+        return "tolerance"
+    clause = re.split(r"[.;:!?\n\d]", before)[-1]
+    for word in reversed(re.findall(r"[^\W\d_]+", clause)[-3:]):
+        if word.lower() in _ABSOLUTE:
+            return None
+        if _DIFFERENCE.fullmatch(word.lower()):
+            return "difference"
+    return None
 
 
 class Rules:
@@ -250,23 +222,30 @@ class Rules:
             if len(q.numbers) == 1 and q.tolerance is None and not text[line_start: m.start()].strip() \
                     and text[m.end(): m.end() + 1] in (".", ")"):
                 continue  # a list marker ("1.", "2)"), not a quantity
-            needs_unit = mode in ("unit_swap", "convert") or op.options.get("require_unit")
+            needs_unit = mode in ("unit_swap", "convert") or op.options.get("require_unit", True)
             if q.other or (needs_unit and q.unit is None):
                 if q.other:
                     spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, q.other))
                 continue
+            difference = marked_difference(text, m.start()) if q.unit and self._offset(q.unit) else None
             why = "compound_unit" if q.unit and text[m.end(): m.end() + 1] == "/" else \
-                self._unphysical(q, [n.value for n in q.numbers], q.unit)  # 5 °C/min: a rate, not a temperature
-            if why:
+                "label" if q.unit is None and _LABEL.search(text[max(0, m.start() - 20): m.start()]) else \
+                "difference" if difference == "difference" and mode == "convert" else \
+                None if difference else self._unphysical(q, [n.value for n in q.numbers], q.unit)
+            if why:  # 5 °C/min: a rate; Step 2: a label; by 10 °C: a difference, not a temperature
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, why))
             elif mode in ("unit_swap", "convert"):
                 if len(self.spec.units[self.unit_dim[q.unit]]) > 1:
-                    spans.append(Span(m.start(), m.end(), op.name, self._unit_draw(op, q)))
+                    spans.append(Span(m.start(), m.end(), op.name, self._unit_draw(op, q, difference is not None)))
             elif mode == "scale" and all(n.value == 0 for n in q.numbers):
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, "zero"))
             else:
-                spans.append(Span(m.start(), m.end(), op.name, self._value_draw(op, q)))
+                spans.append(Span(m.start(), m.end(), op.name, self._value_draw(op, q, difference is not None)))
         return spans
+
+    def _offset(self, unit: str) -> bool:
+        """Whether ``unit``'s dimension has units with an offset (a temperature): its differences convert apart."""
+        return any(offset for _, offset in self.spec.units[self.unit_dim[unit]].values())
 
     def _unphysical(self, q: Quantity, values: list[float], unit: str | None) -> str | None:
         """Why ``values`` in ``unit`` make no physical sense (below absolute zero: a temperature's base value, its
@@ -280,10 +259,11 @@ class Rules:
                 return "below_absolute_zero"
         return None
 
-    def _value_draw(self, op: Operator, q: Quantity) -> Callable[[random.Random], str | None]:
-        """A scaled (one factor for a range's ends) or shifted value, written at the source's decimals (or its
-        significant figures, where those decimals round it to zero): never the source's value after rounding, never
-        zero, never of the other sign, never below absolute zero; None when 20 draws find none."""
+    def _value_draw(self, op: Operator, q: Quantity, difference: bool = False) -> Callable[[random.Random], str | None]:
+        """A scaled (one factor for a range's ends) or shifted value, written in the source's notation at its
+        decimals (`Number.write_alike`; the spec's ``decimals`` where it sets them): never the source's value after
+        rounding, never zero, never of the other sign, never below absolute zero (a difference aside); None when 20
+        draws find none."""
         decimals = op.options.get("decimals")
 
         def draw(rng: random.Random) -> str | None:
@@ -294,38 +274,37 @@ class Rules:
                 else:
                     shift = rng.uniform(*op.options["shift"])
                     new = [n.value + shift for n in q.numbers]
-                written = []
-                for n, v in zip(q.numbers, new):
-                    text = n.write(v, n.decimals if decimals is None and not n.exponent else decimals)
-                    if float(Number.parse(text).value) == 0:
-                        text = n.write(v)  # 1 h x 0.25: 0.25 h, not 0 h
-                    written.append(text)
+                written = [n.write_alike(v) if decimals is None else n.write(v, decimals) for n, v in zip(q.numbers, new)]
+                written = [t if Number.parse(t).value else n.write(v) for t, n, v in zip(written, q.numbers, new)]
                 values = [Number.parse(t).value for t in written]
                 if any(v == 0 or (v < 0) != (n.value < 0) for v, n in zip(values, q.numbers)) \
                         or all(v == n.value for v, n in zip(values, q.numbers)) \
-                        or self._unphysical(q, values, q.unit):
+                        or (not difference and self._unphysical(q, values, q.unit)):
                     continue
                 return q.write(written, q.tolerance and q.tolerance.text, q.unit)
             return None
 
         return draw
 
-    def _unit_draw(self, op: Operator, q: Quantity) -> Callable[[random.Random], str | None]:
+    def _unit_draw(self, op: Operator, q: Quantity, difference: bool = False) -> Callable[[random.Random], str | None]:
         """Another unit of the dimension: without converting (unit_swap: an error; a unit where the value would be
         below absolute zero is not drawn), or converted, every number at the source's significant figures and a
-        tolerance as a difference (no offset)."""
+        tolerance, or a quantity that is one (``difference``: ``±2 °C`` standing alone), as a difference (no
+        offset: 2 °C is 2 K and 3.6 °F)."""
         units = self.spec.units[self.unit_dim[q.unit]]
         scale, offset = units[q.unit]
+        offset = 0.0 if difference else offset
 
         def draw(rng: random.Random) -> str | None:
             others = sorted(u for u in units if u != q.unit)
-            if op.options["mode"] == "unit_swap":
-                others = [u for u in others if not self._unphysical(q, [n.value for n in q.numbers], u)]
+            if op.options["mode"] == "unit_swap":  # a difference's unit of the same scale is no error: 2 °C is 2 K
+                others = [u for u in others if not math.isclose(units[u][0], scale)] if difference else \
+                    [u for u in others if not self._unphysical(q, [n.value for n in q.numbers], u)]
                 if not others:
                     return None
                 return q.write([n.text for n in q.numbers], q.tolerance and q.tolerance.text, rng.choice(others))
             target = rng.choice(others)
-            to_scale, to_offset = units[target]
+            to_scale, to_offset = units[target][0], 0.0 if difference else units[target][1]
             numbers = [n.write((n.value * scale + offset - to_offset) / to_scale, resolution=n.step() * scale / to_scale)
                        for n in q.numbers]
             tolerance = None if q.tolerance is None else q.tolerance.write(
@@ -353,108 +332,3 @@ def cased(word: str, key: str, value: str, at_sentence_start: bool) -> str:
     if value[:1].islower() and word[:1].isupper() and (at_sentence_start or not key[:1].isupper()):
         return value[:1].upper() + value[1:]
     return value
-
-
-# ------------------------------------------------------------------------------------------------ formats
-_PROTECTED = re.compile(
-    r"^[ \t]*(```|~~~)[^\n]*\n.*?(?:^[ \t]*\1[ \t]*$|\Z)"  # fenced code blocks (to their fence or the end)
-    r"|(`+)(?!`)[^\n]*?(?<!`)\2(?!`)"  # inline code
-    r"|\$\$.+?\$\$|\\\[.+?\\\]|\\\(.+?\\\)|(?<![\w$])\$(?=\S)[^$\n]+?(?<=\S)\$(?![\w$])"  # math
-    r"|(?<![\w.])(?=[\w.]*_)[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\(\))?"  # identifiers: snake_case, __init__
-    r"|(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\(\)", re.S | re.M)
-
-
-def protected(text: str) -> list[tuple[int, int]]:
-    """Where format rewrites never go: code blocks, inline code, math and identifiers (``__init__``,
-    ``snake_case``, ``f()``), as (start, end)."""
-    return [m.span() for m in _PROTECTED.finditer(text)]
-
-
-def _outside(spans: list[Span], text: str) -> list[Span]:
-    """``spans`` that touch no protected region of ``text``."""
-    regions = protected(text)
-    return [s for s in spans if not any(s.start < e and b < max(s.end, s.start + 1) for b, e in regions)]
-
-
-def _markdown_to_plain(name: str, text: str) -> list[Span]:
-    """Emphasis markers (CommonMark's rule: an opening marker before a non-space, a closing one after one, never
-    inside a word), headings' and bullets' markers removed; a link written as its text and its address."""
-    spans = []
-    for pattern in (r"(?<![*\w])\*\*(?=\S)([^*\n]+?)(?<=\S)\*\*(?![*\w])", r"(?<![_\w])__(?=\S)([^_\n]+?)(?<=\S)__(?![_\w])",
-                    r"(?<![*\w])\*(?=[^\s*])([^*\n]+?)(?<=[^\s*])\*(?![*\w])",
-                    r"(?<![_\w])_(?=[^\s_])([^_\n]+?)(?<=[^\s_])_(?![_\w])"):
-        spans += [Span(m.start(), m.end(), name, lambda _r, g=m.group(1): g) for m in re.finditer(pattern, text)]
-    spans += [Span(m.start(), m.end(), name, lambda _r, t=m.group(1), u=m.group(2): f"{t} ({u})")
-              for m in re.finditer(r"(?<!!)\[([^\]\n]+)\]\(([^)\s]+)\)", text)]
-    spans += [Span(m.start(), m.end(), name, lambda _r: "") for m in re.finditer(r"^#{1,6}[ \t]+", text, re.M)]
-    spans += [Span(m.end(1), m.end(), name, lambda _r: "") for m in re.finditer(r"^([ \t]*)[-*+][ \t]+(?=\S)", text, re.M)]
-    return _outside(spans, text)
-
-
-def _plain_to_markdown(name: str, text: str) -> list[Span]:
-    spans = []
-    lines = [(m.start(), m.group(0)) for m in re.finditer(r"^[^\n]*$", text, re.M)]
-    for i, (start, line) in enumerate(lines):
-        body = line.strip()
-        if not body or LIST_LINE.match(line) or body.startswith(("#", "|", ">", "*", "_", "`", "$")):
-            continue
-        lead = len(line) - len(line.lstrip())
-        if lead >= 4:
-            continue  # an indented code block
-        if body.endswith(":") and len(body) <= 80 and "*" not in body:
-            spans.append(Span(start + lead, start + len(line.rstrip()), name, lambda _r, b=body: f"**{b}**"))
-        elif (i > 0 and lines[i - 1][1].strip()) or (i + 1 < len(lines) and lines[i + 1][1].strip()):
-            spans.append(Span(start + lead, start + lead, name, lambda _r: "- "))
-    return _outside(spans, text)
-
-
-def _list_order(name: str, text: str) -> list[Span]:
-    """Each block of two or more consecutive list lines, its items drawn in another order (numbers stay put)."""
-    spans, block = [], []
-    matches = list(LIST_LINE.finditer(text))
-    for m in matches + [None]:
-        if m is not None and block and m.start() == block[-1].end() + 1 and m.group(1) == block[-1].group(1):
-            block.append(m)
-            continue
-        if len(block) >= 2 and len({b.group(3) for b in block}) > 1:
-            spans.append(Span(block[0].start(), block[-1].end(), name, _shuffled(block)))
-        block = [m] if m is not None else []
-    return _outside(spans, text)
-
-
-def _shuffled(block: list[re.Match]) -> Callable[[random.Random], str | None]:
-    def draw(rng: random.Random) -> str | None:
-        bodies = [b.group(3) for b in block]
-        order = bodies[:]
-        while order == bodies:
-            rng.shuffle(order)
-        return "\n".join(f"{b.group(1)}{b.group(2)} {body}" for b, body in zip(block, order))
-
-    return draw
-
-
-def _whitespace(name: str, text: str) -> list[Span]:
-    spans = [Span(m.start(), m.end(), name, lambda _r: " ") for m in re.finditer(r"(?<=\S)[ \t]{2,}(?=\S)", text)]
-    spans += [Span(m.start(), m.end(), name, lambda _r: "") for m in re.finditer(r"[ \t]+$", text, re.M)]
-    spans += [Span(m.start(), m.end(), name, lambda _r: "\n") for m in re.finditer(r"\n{3,}", text)]
-    spans += [Span(m.start(), m.end(), name, lambda _r: "\n\n")
-              for m in re.finditer(r"(?<=[.:;!?])\n(?=[^\n])", text)]
-    return _outside(spans, text)
-
-
-def _number_format(name: str, text: str) -> list[Span]:
-    spans = []
-    for m in re.finditer(r"(?<![\w.,:/#\u2212-])(\d{1,3}(?:,\d{3})+|\d{4,})(\.\d+)?(?![\w,:/\u2212-]|\.\d)", text):
-        whole = m.group(1)
-        if "," not in whole and len(whole) == 4 and 1000 <= int(whole) <= 2100 and \
-                re.search(r"(?:\b(?:in|since|by|until|from|to|year|of)|[©(])[ \t]*\Z", text[max(0, m.start() - 12): m.start()], re.I):
-            continue  # a year ("in 2023", "(2021)") is written without a separator
-        new = whole.replace(",", "") if "," in whole else f"{int(whole):,}"
-        spans.append(Span(m.start(1), m.end(1), name, lambda _r, n=new: n))
-    return _outside(spans, text)
-
-
-FORMATS: dict[str, Callable[[str, str], list[Span]]] = {
-    "markdown_to_plain": _markdown_to_plain, "plain_to_markdown": _plain_to_markdown, "list_order": _list_order,
-    "whitespace": _whitespace, "number_format": _number_format,
-}

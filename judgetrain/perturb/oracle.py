@@ -21,6 +21,13 @@ from dataclasses import dataclass
 _SPACES = " \t\u00a0\u202f"
 _MINUS = "-\u2212"
 _DASHES = "-\u2013\u2014"
+# the words that make the quantity after them a difference (by 10 °C, a rise of 5 °C) or a value again (rise to 80 °C)
+_DIFFERENCE_WORDS = frozenset(
+    "by within difference differences differ differs differed change changes changed changing rise rises rose risen "
+    "rising raise raises raised raising increase increases increased increasing decrease decreases decreased "
+    "decreasing drop drops dropped dropping fall falls fell fallen delta gap span tolerance tolerances deviation "
+    "deviations uncertainty accuracy precision error variation".split())
+_VALUE_WORDS = frozenset("to from at between and than or".split())
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,33 @@ class _Scanner:
                 power = int(t[s:d]) * (-1 if self.at(e) in _MINUS else 1)
                 k = d
         return k, sign * mantissa * 10.0 ** power, 10.0 ** (power - decimals)
+
+    def difference(self, i: int) -> bool:
+        """Whether the quantity starting at ``i`` is a difference: ``±`` or ``+/-`` just before it, or, among the
+        four words before it in its clause (back to a digit or a sentence's mark), a word of `_DIFFERENCE_WORDS`
+        nearer to it than any of `_VALUE_WORDS`."""
+        j = i - 1
+        j -= 1 if self.at(j) in _SPACES else 0
+        if self.at(j) == "±" or self.text[max(0, j - 2): j + 1] == "+/-":
+            return True
+        words, word = [], ""
+        while j >= 0 and len(words) < 4:
+            c = self.text[j]
+            if c.isdigit() or c in ".;:!?\n":
+                break
+            if c.isalpha():
+                word = c + word
+            elif word:
+                words.append(word.lower())
+                word = ""
+            j -= 1
+        words += [word.lower()] if word and len(words) < 4 else []
+        for w in words:
+            if w in _VALUE_WORDS:
+                return False
+            if w in _DIFFERENCE_WORDS:
+                return True
+        return False
 
     def unit(self, i: int) -> tuple[int, str, str, tuple[float, float]] | None:
         j = i + 1 if self.at(i) in _SPACES else i
@@ -157,6 +191,7 @@ class _Scanner:
         if unit is not None:
             stop, name, dim, (scale, offset) = unit
             text = self.text[i:stop]
+            dim, offset = ("±" + dim, 0.0) if self.difference(i) else (dim, offset)  # a difference: no offset
             for _, _, v, s in parts:
                 out.append(Reading(dim, v * scale + offset, s * scale, text))
             if tolerance is not None:
@@ -209,49 +244,264 @@ def differ(source: list[Reading], copy: list[Reading]) -> tuple[list[Reading], l
 
 
 # ------------------------------------------------------------------------------------------------ markup
-_FENCE = re.compile(r"^[ \t]*(```|~~~)[^\n]*\n.*?(?:^[ \t]*\1[ \t]*$|\Z)", re.S | re.M)
-_INLINE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)|\$\$.+?\$\$|(?<![\w$])\$(?=\S)[^$\n]+?(?<=\S)\$(?![\w$])", re.S)
-_IDENT = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?:\(\))?")
+# Read line by line as a CommonMark reader would (blocks first, then code spans and math within them), apart from
+# the format rewrites' patterns: a rewrite that misreads the markup is caught by a reader that does not share it.
+
+@dataclass(frozen=True)
+class _Block:
+    kind: str  # code, paragraph, item, heading, quote, rule
+    lines: tuple[tuple[int, str], ...]  # (line number, content): markers out; code: its lines as written
 
 
-def verbatim(text: str) -> list[str]:
-    """What a format rewrite must keep byte for byte, in order: code blocks, inline code, math, and identifiers
-    (a name holding ``_`` or written as a call)."""
-    out, rest = [], text
-    for pattern in (_FENCE, _INLINE):
-        out += [m.group(0) for m in pattern.finditer(rest)]
-        rest = pattern.sub("\x00", rest)
-    out += [m.group(0) for m in _IDENT.finditer(rest) if "_" in m.group(0) or m.group(0).endswith("()")]
+def _indent(line: str) -> int:
+    width = 0
+    for c in line:
+        if c not in " \t":
+            break
+        width = width + 1 if c == " " else (width // 4 + 1) * 4
+    return width
+
+
+def _fence(line: str) -> str | None:
+    """The fence a line opens (its run of backticks or tildes), or None."""
+    body = line[len(line) - len(line.lstrip(" ")):]
+    if len(line) - len(body) > 3 or body[:1] not in ("`", "~"):
+        return None
+    run = len(body) - len(body.lstrip(body[0]))
+    if run < 3 or (body[0] == "`" and "`" in body[run:]):
+        return None
+    return body[:run]
+
+
+def _closes(line: str, fence: str) -> bool:
+    body = line.lstrip(" ")
+    return len(line) - len(body) <= 3 and body.rstrip(" \t").startswith(fence) and \
+        set(body.rstrip(" \t")) == {fence[0]}
+
+
+def _is_rule(body: str) -> bool:
+    chars = body.replace(" ", "").replace("\t", "")
+    return len(chars) >= 3 and chars[0] in "-*_" and set(chars) == {chars[0]}
+
+
+def _list_marker(body: str) -> int:
+    """The length of a list item's marker and the space after it (``- ``, ``12. ``), 0 when there is none."""
+    k = 0
+    while k < len(body) and k < 9 and body[k].isdigit():
+        k += 1
+    k = k + 1 if (k and body[k: k + 1] in (".", ")")) or (not k and body[:1] in ("-", "*", "+")) else 0
+    if not k or (k < len(body) and body[k] not in " \t"):
+        return 0
+    return len(body) - len(body[k:].lstrip(" \t"))
+
+
+def _indented_code(lines: list[str], n: int) -> _Block:
+    """The indented code block starting at line ``n``: its lines indented 4 columns and the blank lines between."""
+    m = n
+    while m < len(lines) and (_indent(lines[m]) >= 4 or not lines[m].strip()):
+        m += 1
+    while not lines[m - 1].strip():
+        m -= 1
+    return _Block("code", tuple((k, lines[k]) for k in range(n, m)))
+
+
+def blocks(text: str) -> list[_Block]:
+    """The blocks of ``text`` in order: fenced code (a shorter fence inside a longer one is content) and indented
+    code (4 columns, not continuing a paragraph) as written; headings (ATX, and setext: the underline is markup),
+    list items, quotes and paragraphs with their markers out; rules (no content)."""
+    lines = text.split("\n")
+    out: list[_Block] = []
+    open_: list[tuple[int, str]] | None = None  # the lines of the paragraph, item or quote being read
+    kind = ""
+    n = 0
+
+    def close() -> None:
+        nonlocal open_
+        if open_:
+            out.append(_Block(kind, tuple(open_)))
+        open_ = None
+
+    while n < len(lines):
+        line = lines[n]
+        body = line.lstrip(" \t")
+        fence = _fence(line)
+        if fence:
+            close()
+            m = n + 1
+            while m < len(lines) and not _closes(lines[m], fence):
+                m += 1
+            out.append(_Block("code", tuple((k, lines[k]) for k in range(n, min(m + 1, len(lines))))))
+            n = m + 1
+            continue
+        if not body:
+            close()
+        elif _indent(line) >= 4 and open_ is None:
+            out.append(_indented_code(lines, n))
+            n = out[-1].lines[-1][0] + 1
+            continue
+        elif open_ is not None and kind == "paragraph" and _indent(line) < 4 and \
+                (set(body.rstrip()) == {"="} or set(body.rstrip()) == {"-"}):
+            kind = "heading"  # a setext underline: the paragraph above is a heading
+            close()
+        elif _indent(line) < 4 and _is_rule(body):
+            close()
+            out.append(_Block("rule", ()))
+        elif _indent(line) < 4 and body.startswith("#") and len(body) - len(body.lstrip("#")) <= 6 and \
+                body.lstrip("#")[:1] in ("", " ", "\t"):
+            close()
+            out.append(_Block("heading", ((n, body.lstrip("#").strip(" \t#")),)))
+        elif _indent(line) < 4 and (body.startswith(">") or _list_marker(body)):
+            close()
+            kind = "quote" if body.startswith(">") else "item"
+            open_ = [(n, body[1:] if kind == "quote" else body[_list_marker(body):])]
+        elif open_ is not None:
+            open_.append((n, body))  # a continuation line (lazy, in an item or a quote too)
+        else:
+            kind, open_ = "paragraph", [(n, body)]
+        n += 1
+    close()
     return out
+
+
+def _spans(text: str) -> list[tuple[int, int]]:
+    r"""Code spans (a run of backticks to the next run of as many) and math (``$$..$$``, ``\(..\)``, ``\[..\]``,
+    ``$..$`` hugging its content, not after a word or before one) of a block's text, as (start, end)."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "`":
+            run = len(text) - len(text[i:].lstrip("`")) - i
+            j = i + run
+            while j < len(text):
+                k = text.find("`" * run, j)
+                if k < 0:
+                    break
+                end = len(text) - len(text[k:].lstrip("`"))
+                if end - k == run:
+                    out.append((i, end))
+                    break
+                j = end
+            i = out[-1][1] if out and out[-1][0] == i else i + run
+            continue
+        for opener, closer in (("$$", "$$"), ("\\(", "\\)"), ("\\[", "\\]")):
+            if text.startswith(opener, i) and text.find(closer, i + 2) > i + 2:
+                out.append((i, text.find(closer, i + 2) + 2))
+                break
+        else:
+            k = text.find("$", i + 1) if c == "$" else -1
+            if k > i + 1 and "\n" not in text[i:k] and not text[i + 1].isspace() and not text[k - 1].isspace() \
+                    and not (i and (text[i - 1].isalnum() or text[i - 1] in "_$")) \
+                    and not (k + 1 < len(text) and (text[k + 1].isalnum() or text[k + 1] in "_$")):
+                out.append((i, k + 1))
+        i = out[-1][1] if out and out[-1][0] == i else i + 1
+    return out
+
+
+def _identifier(word: str) -> bool:
+    """A name written as code: holding ``_`` (snake_case, __init__) or written as a call (``f()``)."""
+    core = word.rstrip(",;:!?").rstrip(".") if not word.endswith("()") else word
+    name = core[:-2] if core.endswith("()") else core
+    parts = name.split(".")
+    return bool(name) and all(p and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts) \
+        and ("_" in name or core.endswith("()"))
+
+
+def _reading(text: str) -> tuple[list[str], list[tuple[str, int, int]]]:
+    """(what must stay verbatim: code blocks, code spans and math, identifiers; the tokens outside them, each with
+    its block and its line number in ``text``)."""
+    code, spans, tokens = [], [], []
+    for b, block in enumerate(blocks(text)):
+        if block.kind == "code":
+            code.append("\n".join(line for _, line in block.lines))
+            continue
+        for number, line in block.lines:
+            cut, pos = [], 0
+            for start, end in _spans(line):
+                spans.append(line[start:end])
+                cut += [line[pos:start], " \x00 "]
+                pos = end
+            line = "".join(cut) + line[pos:]
+            line = re.sub(r"(?<!!)\[([^\]\n]+)\]\(([^)\s]+)\)", r"\1 (\2)", line)
+            tokens += [(word, b, number) for word in line.split()]
+    names = [w for w, _, _ in tokens if _identifier(w.strip("*"))]
+    return code + spans + [n.strip("*").rstrip(",;:!?") for n in names], tokens
+
+
+def _plain_token(word: str) -> str:
+    """A token without emphasis: ``*``/``_`` runs cut at its start and at its end (before the punctuation that ends
+    it: ``**bold**,`` is ``bold,``); a lone ``*`` stays (2 * 3 is content), and so does an identifier."""
+    if _identifier(word) or not word.strip("*_"):
+        return word
+    head = word.lstrip("*_")
+    core = head.rstrip(".,;:!?)'\"")
+    return core.rstrip("*_") + head[len(core):]
 
 
 def markup_tokens(text: str) -> list[str]:
     """The text's tokens outside markup: code and math out; a link as its text and address; headings', bullets'
-    and quotes' markers out; emphasis markers (``*``, ``_`` runs) cut from the ends of words, a lone ``*`` kept
-    (2 * 3 is content); thousands separators out of numbers."""
-    for pattern in (_FENCE, _INLINE):
-        text = pattern.sub(" \x00 ", text)
-    text = re.sub(r"\[([^\]\n]+)\]\(([^)\s]+)\)", r"\1 (\2)", text)
-    text = re.sub(r"^[ \t]*(?:#{1,6}|[-*+>]|\d+[.)])[ \t]+", "", text, flags=re.M)
-    out = []
-    for token in text.split():
-        core = token.strip("*_") if token.strip("*_") and not _IDENT.fullmatch(token) else token
-        out.append(re.sub(r"(?<=\d),(?=\d{3}\b)", "", core))
-    return out
+    and quotes' markers out; emphasis cut from the ends of words (`_plain_token`); thousands separators out of
+    numbers."""
+    return [re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", _plain_token(w)) for w, _, _ in _reading(text)[1]]
+
+
+# the words after a number that make it a quantity with a unit (1,500 mL), and the words before one that make it a
+# name (ISO 9001, port 8080, step 1200)
+_PLAIN_WORDS = frozenset("a an and as at be by for from in is it its of on or the to was were we with".split())
+_NAME_WORDS = frozenset("port ports no no. number step stage figure fig fig. table section version model code id "
+                        "room page line item entry run batch sample".split())
+
+
+def _named_number(tokens: list[str], k: int) -> bool:
+    """Whether the number token ``k`` (separators out) names something, so its digits are its meaning: after a word
+    in capitals or a label (`_NAME_WORDS`), or a year (1000 to 2100, of four digits, alone or in a range) that no
+    short unit-like word follows."""
+    before = tokens[k - 1] if k else ""
+    if (len(before) > 1 and before.isalpha() and before.isupper()) or before.lower().rstrip(":") in _NAME_WORDS \
+            or before.endswith("#"):
+        return True
+    after = tokens[k + 1].rstrip(".,;:!?)") if k + 1 < len(tokens) else ""
+    unit_like = 0 < len(after) <= 4 and after.lower() not in _PLAIN_WORDS and not after.isdigit()
+    years = [int(p) for p in re.split(r"[-\u2013\u2014]", tokens[k].strip("(),.;:")) if p.isdigit() and len(p) == 4]
+    return any(1000 <= y <= 2100 for y in years) and not unit_like
+
+
+def _cut_sentence(source: list[tuple[str, int, int]], copy: list[tuple[str, int, int]], text: str) -> str | None:
+    """Where the copy starts a block (an item, a heading) inside a sentence of the source: a line break of one
+    source paragraph is a place a block may start only after a sentence's end (``.``, ``!``, ``?``, ``:``, ``;``)
+    or after a line of that paragraph ending in ``:`` (its lines are a list's items)."""
+    lines = text.split("\n")
+    for k in range(1, len(copy)):
+        if copy[k][1] == copy[k - 1][1] or source[k][1] != source[k - 1][1]:
+            continue
+        line = source[k][2]
+        first = line
+        while first > 0 and lines[first - 1].strip():
+            first -= 1
+        split_ok = line != source[k - 1][2] and (lines[line - 1].rstrip().endswith((".", "!", "?", ":", ";")) or
+                                                 any(lines[j].rstrip().endswith(":") for j in range(first, line)))
+        if not split_ok:
+            return f"a sentence cut in two blocks between token {k - 1} {source[k - 1][0]!r} and {source[k][0]!r}"
+    return None
 
 
 def token_differences(source: str, copy: str, ordered: bool = True) -> str | None:
-    """Why ``copy`` is not ``source`` with only its markup changed (None when it is): a verbatim part changed, or a
-    token outside markup differs (``ordered=False``: the same tokens in any order, for a reordered list)."""
-    a, b = verbatim(source), verbatim(copy)
-    if a != b:
-        gone = [x for x in a if x not in b][:1] or a[:1]
-        return f"code, math or identifier changed: {gone[0] if gone else b[0]!r}"
+    """Why ``copy`` is not ``source`` with only its markup changed (None when it is): a verbatim part changed (code,
+    math, an identifier), a token outside markup differs (``ordered=False``: the same tokens in any order, for a
+    reordered list), a number that names something (a year, ISO 9001) written otherwise, or a sentence of the
+    source cut into two blocks."""
+    (va, ra), (vb, rb) = _reading(source), _reading(copy)
+    if va != vb:
+        gone = [x for x in va if x not in vb][:1] or va[:1]
+        return f"code, math or identifier changed: {gone[0] if gone else vb[0]!r}"
     ta, tb = markup_tokens(source), markup_tokens(copy)
     if (ta != tb) if ordered else (Counter(ta) != Counter(tb)):
         for k, (x, y) in enumerate(zip(ta, tb)):
             if x != y:
                 return f"token {k}: {x!r} became {y!r}"
         return f"{len(ta)} token(s) became {len(tb)}"
-    return None
-
+    if not ordered:
+        return None
+    for k, ((a, _, _), (b, _, _)) in enumerate(zip(ra, rb)):
+        if _plain_token(a) != _plain_token(b) and any(c.isdigit() for c in a) and _named_number(ta, k):
+            return f"token {k}: {a!r} became {b!r}, a number that names something"
+    return _cut_sentence(ra, rb, source)

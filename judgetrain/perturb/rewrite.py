@@ -25,7 +25,7 @@ from judgetrain.judge.items import Item, ItemSet
 from judgetrain.judge.judges import JudgeSpec
 from judgetrain.judge.options import Options
 from judgetrain.judge.output import EVALUATIONS
-from judgetrain.perturb.operators import Change
+from judgetrain.perturb.edits import Change
 from judgetrain.perturb.spec import PLACEHOLDER, Operator, Spec
 
 REWRITES = "rewrites"
