@@ -5,6 +5,7 @@ local file) is registered and runs through `judgetrain eval` (the tiny judge, wi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,7 @@ def test_a_suite_defined_outside_runs_through_eval_compare_report_and_the_round_
     from judgetrain.report.rounds import round_table_figure
 
     base, adapter = judges
-    loop = tmp_path / "loop"
-    out = loop / "round-1" / "eval"  # where the loop's round 1 evaluates
+    out = tmp_path / "eval"
     assert eval_main(["--model", str(base), "--adapter", str(adapter), "--baseline", str(base),
                       "--eval_suites", "toysuite", "--eval_scoring", "judge", "--max-length", "384",
                       "--output-dir", str(out)]) == 0
@@ -96,8 +96,13 @@ def test_a_suite_defined_outside_runs_through_eval_compare_report_and_the_round_
     assert res["metrics"]["eval/toysuite/n_rows"] == 6
     assert "eval/toysuite/delta/accuracy" in res["metrics"]  # against the baseline, over the suite's units
 
-    doc_path = tmp_path / "compare.json"
-    assert compare_main([str(out / "baseline"), str(trained), "--out", str(doc_path)]) == 0
+    # A loop's folders: the base's evaluation as round 0, the adapter's as round 1, compared from their saved files
+    loop = tmp_path / "loop"
+    shutil.copytree(out / "baseline", loop / "round-0" / "eval" / "baseline")
+    shutil.copytree(trained, loop / "round-1" / "eval" / trained.name)
+    doc_path = loop / "round-1" / "eval" / "compare.json"
+    assert compare_main([str(loop / "round-0" / "eval"), str(loop / "round-1" / "eval"),
+                         "--output", str(doc_path)]) == 0
     doc = json.loads(doc_path.read_text())
     figure = doc["suites"]["toysuite"]["judge"]["accuracy"]
     assert figure["b"] == pytest.approx(right) and figure["n_units"] == 6
