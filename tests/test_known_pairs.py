@@ -133,6 +133,35 @@ def test_pointwise_pairs_rank_a_copys_evaluations_against_the_source_score(tmp_p
     assert len(ds) == 4  # the pairs build schema, read as preference rows
 
 
+def test_response_pairs_put_the_question_first_and_prefer_the_source_to_its_error_copy(tmp_path):
+    spec, source, items_path = factory(tmp_path)
+    out = tmp_path / "pairs"
+    assert cli("pairs", "known", "--form", "response", "--items", items_path, "--source", source, "--spec", spec,
+               "--output_dir", out, "--validation_fraction", "0") == 0
+    rows = pq.read_table(out / "train.parquet").to_pylist()
+    # one row per error copy (samples 1 and 2 hold a drug of the table); the rewrites make none: DPO has no tie
+    assert sorted(r["sample_id"] for r in rows) == [1, 2] and {r["perturbation_category"] for r in rows} == {"error"}
+    for r in rows:
+        sample = SOURCE[r["sample_id"] - 1]
+        assert json.loads(r["prompt"]) == [{"role": "user", "content": f"Patient: {sample['patient']}\n\nNote:"}]
+        assert json.loads(r["chosen"]) == [{"role": "assistant", "content": sample["text"]}]
+        rejected = json.loads(r["rejected"])[0]["content"]
+        assert rejected != sample["text"] and ("warfarin" in rejected or "codeine" in rejected)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["form"] == "response" and stats["ties"] == "drop" and stats["dropped"]["represent_no_pair"] >= 1
+    from judgetrain.data.preference import load_preference
+
+    assert len(load_preference(str(out), split="train")) == 2  # what training reads
+    with pytest.raises(ValueError, match="cannot train a representational copy as a tie"):
+        from judgetrain.perturb.known import known_pairs
+        from judgetrain.perturb.source import read_samples
+        from judgetrain.perturb.spec import load_spec
+
+        known_pairs(tmp_path / "tied", form="response", items=items_path, ties="tie",
+                    samples=read_samples(str(source), load_spec(str(spec)))[0])
+    assert not (tmp_path / "tied").exists()  # refused before anything is written
+
+
 def test_pairwise_form_without_its_source_is_refused(tmp_path, capsys):
     _, _, items_path = factory(tmp_path)
     with pytest.raises(SystemExit) as exit_:
