@@ -66,7 +66,7 @@ from judgetrain.utils.numbers import nan_to_none
 
 logger = logging.getLogger(__name__)
 
-FORMS = ("pairwise", "response", "pointwise")
+FORMS = ("pairwise", "pointwise", "response")
 TIES = ("tie", "drop")
 TIE, BETTER = "[[A=B]]", {"A": "[[A>B]]", "B": "[[B>A]]"}
 PAIRWISE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_set", "perturbation_type",
