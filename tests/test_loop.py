@@ -93,6 +93,18 @@ def test_the_response_form_is_accepted_and_its_pairs_stage_writes_the_question_a
         assert DRUGS[i % 3] not in json.loads(r["rejected"])[0]["content"]
 
 
+def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_design():
+    from judgetrain.loop.config import load_config
+
+    configs = {p.name: load_config(p) for p in sorted((REPO / "recipes" / "loops").glob("*.yaml"))}
+    assert {"smollm2_verdicts.yaml", "smollm2_pointwise.yaml"} <= set(configs)
+    proof = configs["smollm2_pointwise.yaml"]
+    assert (proof.pairs.form, proof.pairs.ties, proof.heldout.types) == ("response", "drop", ["element_substitution"])
+    assert proof.heldout.fraction >= 0.2  # and three error types trained
+    assert {"numerical_perturbation", "equipment_substitution", "action_antonym"} <= set(proof.items.sets)
+    assert proof.eval.options["eval_regression_margin"] == 0.05 and ">= 0.65" in proof.goal and "2 hours" in proof.goal
+
+
 def test_a_rerun_continues_only_the_loop_its_config_started_and_may_add_rounds(tmp_path):
     from judgetrain.loop.config import LoopConfigError, load_config
     from judgetrain.loop.run import open_state
