@@ -135,6 +135,11 @@ def test_pointwise_pairs_rank_a_copys_evaluations_against_the_source_score(tmp_p
 
 def test_response_pairs_put_the_question_first_and_prefer_the_source_to_its_error_copy(tmp_path):
     spec, source, items_path = factory(tmp_path)
+    items = read_jsonl(items_path)
+    error = next(i for i in items if i["perturbation_category"] == "error")
+    items.append(  # a copy labelled neither error nor represent
+        {**error, "perturbation_set": "drug_swap_x", "perturbation_category": "Error"})
+    items_path.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
     out = tmp_path / "pairs"
     assert cli("pairs", "known", "--form", "response", "--items", items_path, "--source", source, "--spec", spec,
                "--output_dir", out, "--validation_fraction", "0") == 0
@@ -147,6 +152,8 @@ def test_response_pairs_put_the_question_first_and_prefer_the_source_to_its_erro
         assert json.loads(r["chosen"]) == [{"role": "assistant", "content": sample["text"]}]
         rejected = json.loads(r["rejected"])[0]["content"]
         assert rejected != sample["text"] and ("warfarin" in rejected or "codeine" in rejected)
+    rejects = read_jsonl(out / "rejects.jsonl")
+    assert [(r["perturbation_set"], r["reason"]) for r in rejects] == [("drug_swap_x", "not_error")]
     stats = json.loads((out / "stats.json").read_text())
     assert stats["form"] == "response" and stats["ties"] == "drop" and stats["dropped"]["represent_no_pair"] >= 1
     from judgetrain.data.preference import load_preference

@@ -54,9 +54,9 @@ def _specs(shared_dir, tmp_path=None):
 
 def test_every_mode_on_the_real_rows_both_orders_reach_the_model_and_every_figure_has_its_interval(judge, shared_dir,
                                                                                                   tmp_path):
-    """implicit / judge: one score per response, the verdict from the two (higher wins, in both orders); verdict: the prompt as stored
-    and swapped, log p([[A>B]]) and log p([[B>A]]) of each, the same numbers as the engine gives the swapped prompt
-    scored on its own; generate: the verdict written in both orders, parsed (the tiny judge writes none: counted)."""
+    """implicit / judge: one score per response, the verdict from the two (higher wins, in both orders); verdict: the
+    prompt as stored and swapped, log p([[A>B]]) and log p([[B>A]]) of each, the same numbers as the engine gives the
+    swapped prompt scored on its own; generate: the verdict written in both orders, parsed (the tiny judge writes none: counted)."""
     model, tok = judge
     check_verdict_tokens(tok)
     specs = _specs(shared_dir, tmp_path)

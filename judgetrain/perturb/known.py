@@ -24,17 +24,18 @@ Three forms:
   pairs' ``prompt`` is the same question, so implicit scoring reads the trained judge as it was trained. DPO cannot
   express a tie: a representational copy makes no pair (``ties`` must be ``drop``; ``tie`` is refused). Rows: the
   pairwise form's columns but ``order`` and ``label``.
-- ``pointwise`` (score pairs, JudgeBias's form): a panel file of evaluations of the items (`judgetrain judge`'s evaluations.jsonl; several sampled
-  evaluations of one judge may stand in for a panel) holding the ``original`` set (the spec's ``original: true``):
+- ``pointwise`` (score pairs, JudgeBias's form): a panel file of evaluations of the items (`judgetrain judge`'s
+  evaluations.jsonl; several sampled evaluations of one judge may stand in for a panel) holding the ``original`` set (the spec's ``original: true``):
   the source's score is the median over its evaluations; an error copy's evaluation that scores below it is chosen
   against one that does not; on a representational copy (``ties: tie``) an evaluation within ``tie_margin`` of the
   source's score is chosen against one further than ``min_delta`` from it. Rows in `judgetrain pairs build`'s schema
   (``anchor_score`` = the source's score), read by the ``preference`` training dataset, and by the ``judgebias``
   dataset and eval suite where the spec names its sets in the JudgeBias vocabulary (the materials pack).
 
-Both write what `judgetrain pairs build` writes: ``train.parquet``, ``validation.parquet`` (split by sample_id),
+All three write what `judgetrain pairs build` writes: ``train.parquet``, ``validation.parquet`` (split by sample_id),
 ``rejects.jsonl`` (every item or evaluation that made no pair for a reason other than the tie policy, with its
-reason: ``no_source``, ``prompt_mismatch``, ``unchanged``, ``no_source_score`` and the score parser's reasons) and
+reason: ``no_source``, ``prompt_mismatch``, ``unchanged``, ``not_error`` (the response form: a copy labelled neither
+error nor represent), ``no_source_score`` and the score parser's reasons) and
 ``stats.json`` (`judgetrain.data.pairs.pair_statistics` plus the counts by reason; ``pairs_by_label``: the
 pairwise form's verdicts, else the form's name).
 
@@ -130,9 +131,8 @@ def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
     """Every item against its source in both orders (see the module doc): (rows, rejects)."""
     rows, rejects = [], []
     for copy in source_copies(items, samples, ties, dropped, rejects):
-        cols, sample, text, category = copy.item.columns, copy.sample, copy.text, copy.category
+        sample, text, category = copy.sample, copy.text, copy.category
         question = question_of(sample)
-        group = f"{cols.get('sample_id')}|{cols.get('perturbation_set')}|{copy.item.row}"  # every row of this copy
         for order, (a, b) in (("AB", (sample.text, text)), ("BA", (text, sample.text))):
             prompt = json.dumps(verdict_messages(question, a, b), ensure_ascii=False)
             source_letter = "A" if order == "AB" else "B"
@@ -142,7 +142,7 @@ def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
                 verdicts = [(TIE, BETTER["A"]), (TIE, BETTER["B"])]
             for chosen, rejected in verdicts:
                 rows.append({"prompt": prompt, "chosen": _assistant(chosen), "rejected": _assistant(rejected),
-                             **copy.columns(), "order": order, "label": chosen.strip("[]"), "group": group})
+                             **copy.columns(), "order": order, "label": chosen.strip("[]"), "group": copy.group})
     return rows, rejects
 
 
@@ -152,10 +152,15 @@ def response_pairs(items: list[Item], samples: list[Sample], ties: str,
     copy. A representational copy makes no pair: DPO cannot express a tie (``ties`` must be ``drop``)."""
     rows, rejects = [], []
     for copy in source_copies(items, samples, ties, dropped, rejects):
-        cols = copy.item.columns
+        if copy.category != "error":  # only an error copy's direction is known to be worse
+            rejects.append({"sample_id": copy.item.columns.get("sample_id"), "source": copy.item.source,
+                            "perturbation_set": copy.item.columns.get("perturbation_set"), "row": copy.item.row,
+                            "reason": "not_error", "detail": f"perturbation_category {copy.category!r}: the response "
+                                                             "form pairs error copies only"})
+            continue
         rows.append({"prompt": json.dumps([{"role": "user", "content": question_of(copy.sample)}], ensure_ascii=False),
                      "chosen": _assistant(copy.sample.text), "rejected": _assistant(copy.text), **copy.columns(),
-                     "group": f"{cols.get('sample_id')}|{cols.get('perturbation_set')}|{copy.item.row}"})
+                     "group": copy.group})
     return rows, rejects
 
 
@@ -167,6 +172,11 @@ class SourceCopy:
     sample: Sample
     text: str
     category: str | None
+
+    @property
+    def group(self) -> str:
+        """The same for every row made of this copy."""
+        return f"{self.item.columns.get('sample_id')}|{self.item.columns.get('perturbation_set')}|{self.item.row}"
 
     def columns(self) -> dict[str, Any]:
         cols = self.item.columns
@@ -290,7 +300,8 @@ def _pointwise_row(chosen: Evaluation, rejected: Evaluation, anchor: float) -> d
             "rejected_model": rejected.judge_model}
 
 
-__all__ = ["FORMS", "TIES", "RESPONSE_TIE", "SourceCopy", "source_copies", "PanelDataError", "known_pairs", "item_text", "question_of"]
+__all__ = ["FORMS", "TIES", "RESPONSE_TIE", "SourceCopy", "source_copies", "PanelDataError", "known_pairs",
+           "item_text", "question_of"]
 
 
 def write_heldout_pairs(heldout: list[dict], samples: list[Sample], path: Path) -> int:
