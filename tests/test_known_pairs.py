@@ -133,6 +133,35 @@ def test_pointwise_pairs_rank_a_copys_evaluations_against_the_source_score(tmp_p
     assert len(ds) == 4  # the pairs build schema, read as preference rows
 
 
+def test_response_pairs_put_the_question_first_and_prefer_the_source_to_its_error_copy(tmp_path):
+    spec, source, items_path = factory(tmp_path)
+    out = tmp_path / "pairs"
+    assert cli("pairs", "known", "--form", "response", "--items", items_path, "--source", source, "--spec", spec,
+               "--output_dir", out, "--validation_fraction", "0") == 0
+    rows = pq.read_table(out / "train.parquet").to_pylist()
+    # one row per error copy (samples 1 and 2 hold a drug of the table); the rewrites make none: DPO has no tie
+    assert sorted(r["sample_id"] for r in rows) == [1, 2] and {r["perturbation_category"] for r in rows} == {"error"}
+    for r in rows:
+        sample = SOURCE[r["sample_id"] - 1]
+        assert json.loads(r["prompt"]) == [{"role": "user", "content": f"Patient: {sample['patient']}\n\nNote:"}]
+        assert json.loads(r["chosen"]) == [{"role": "assistant", "content": sample["text"]}]
+        rejected = json.loads(r["rejected"])[0]["content"]
+        assert rejected != sample["text"] and ("warfarin" in rejected or "codeine" in rejected)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["form"] == "response" and stats["ties"] == "drop" and stats["dropped"]["represent_no_pair"] >= 1
+    from judgetrain.data.preference import load_preference
+
+    assert len(load_preference(str(out), split="train")) == 2  # what training reads
+    with pytest.raises(ValueError, match="cannot train a representational copy as a tie"):
+        from judgetrain.perturb.known import known_pairs
+        from judgetrain.perturb.source import read_samples
+        from judgetrain.perturb.spec import load_spec
+
+        known_pairs(tmp_path / "tied", form="response", items=items_path, ties="tie",
+                    samples=read_samples(str(source), load_spec(str(spec)))[0])
+    assert not (tmp_path / "tied").exists()  # refused before anything is written
+
+
 def test_pairwise_form_without_its_source_is_refused(tmp_path, capsys):
     _, _, items_path = factory(tmp_path)
     with pytest.raises(SystemExit) as exit_:
@@ -157,8 +186,9 @@ def test_a_bad_preference_row_is_named_by_file_row_and_field(tmp_path):
     assert len(ds) == 1 and ds[0]["sample_id"] == "4" and len(read_jsonl(tmp_path / "rejects.jsonl")) == 1
 
 
+@pytest.mark.parametrize("form", ["pairwise", "response"])
 @pytest.mark.parametrize("category", ["Error", None])
-def test_an_item_with_a_missing_or_misspelt_category_is_a_bad_row_never_a_tie(tmp_path, capsys, category):
+def test_an_item_with_a_missing_or_misspelt_category_is_a_bad_row_never_a_tie(tmp_path, capsys, category, form):
     """An error copy whose category is misspelt ("Error") or missing used to pair as a tie (A=B, --ties drop
     dropping nothing): it is a bad row named by file, row and field, exit 2 in one line, no pair written, and the
     message advises no option the command refuses."""
@@ -171,10 +201,10 @@ def test_an_item_with_a_missing_or_misspelt_category_is_a_bad_row_never_a_tie(tm
         items[k]["perturbation_category"] = category
     items_path.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
     out = tmp_path / "pairs"
-    for ties in ("tie", "drop"):
+    for ties in ("tie", "drop") if form == "pairwise" else ("drop",):  # the response form takes no tie
         capsys.readouterr()
-        assert cli("pairs", "known", "--items", items_path, "--source", source, "--spec", spec, "--output_dir", out,
-                   "--ties", ties) == 2
+        assert cli("pairs", "known", "--form", form, "--items", items_path, "--source", source, "--spec", spec,
+                   "--output_dir", out, "--ties", ties) == 2
         err = capsys.readouterr().err.strip().splitlines()  # the entry's one line: "judgetrain pairs known: ..."
         assert len(err) == 1 and err[0].startswith("judgetrain pairs known: "), err
         assert f"items.jsonl [split=train] row {k}, field 'perturbation_category': {category!r} is not one of the " \

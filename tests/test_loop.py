@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -58,6 +59,7 @@ def loop_command(config: Path) -> list[str]:
     ({"pairs": {"form": "listwise"}}, "pairs.form: 'listwise' is not one of pairwise, pointwise"),
     ({"train": {"init_adapter": "x"}}, "train.init_adapter: the loop sets it each round; remove it"),
     ({"items": {"file": "items.jsonl"}}, "the pairwise known form needs items.source and items.spec"),
+    ({"pairs": {"form": "response"}}, "pairs.ties: the response form cannot train a representational copy as a tie"),
 ])
 def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, edit, message, capsys):
     from judgetrain.cli import main
@@ -67,6 +69,40 @@ def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, e
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and said[0].startswith(f"judgetrain loop: {config}: ") and message in said[0]
     assert not (tmp_path / "loop").exists()
+
+
+def test_the_response_form_is_accepted_and_its_pairs_stage_writes_the_question_and_source_over_error(tmp_path):
+    """The loop's own items, split and pairs stages (each the command a user runs) on `pairs: {form: response}`."""
+    from judgetrain.loop.config import load_config
+    from judgetrain.loop.run import Loop, open_state
+
+    config = load_config(loop_config(tmp_path, pairs={"method": "known", "form": "response", "ties": "drop"}))
+    assert (config.pairs.form, config.needs_judge) == ("response", False)
+    out = Path(config.output_dir)
+    loop = Loop(config, out, open_state(config, out))
+    assert loop.stages() == ["items", "split", "pairs", "train", "eval"]
+    for stage in ("items", "split", "pairs"):
+        loop.stage(1, stage)
+    rows = pq.read_table(out / "round-1" / "pairs" / "train.parquet").to_pylist()
+    held = set(json.loads((out / "round-1" / "split" / "split.json").read_text())["heldout_samples"])
+    assert len(rows) == 12 - len(held) and not {str(r["sample_id"]) for r in rows} & held  # one per training note
+    for r in rows:
+        i = int(r["sample_id"])
+        assert json.loads(r["prompt"]) == [{"role": "user", "content": f"Patient: P{i}\n\nNote:"}]
+        assert json.loads(r["chosen"])[0]["content"] == f"Give {DRUGS[i % 3]} {1000 + 100 * i} mg daily."
+        assert DRUGS[i % 3] not in json.loads(r["rejected"])[0]["content"]
+
+
+def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_design():
+    from judgetrain.loop.config import load_config
+
+    configs = {p.name: load_config(p) for p in sorted((REPO / "recipes" / "loops").glob("*.yaml"))}
+    assert {"smollm2_verdicts.yaml", "smollm2_pointwise.yaml"} <= set(configs)
+    proof = configs["smollm2_pointwise.yaml"]
+    assert (proof.pairs.form, proof.pairs.ties, proof.heldout.types) == ("response", "drop", ["element_substitution"])
+    assert proof.heldout.fraction >= 0.2  # and three error types trained
+    assert {"numerical_perturbation", "equipment_substitution", "action_antonym"} <= set(proof.items.sets)
+    assert proof.eval.options["eval_regression_margin"] == 0.05 and ">= 0.65" in proof.goal and "2 hours" in proof.goal
 
 
 def test_a_rerun_continues_only_the_loop_its_config_started_and_may_add_rounds(tmp_path):

@@ -221,6 +221,32 @@ def test_first_position_rate_difference_against_an_always_a_base():
     assert d["p_value"] < 0.01
 
 
+def test_a_pointwise_judges_derived_verdict_names_the_higher_score_in_both_orders():
+    """Implicit / judge mode on a pairwise suite: the deployed pairwise judge made of two pointwise scores. Worked pairs
+    (label A>B): scores 2 / 1 right, 1 / 3 wrong, 5 / 5 a tie (wrong, as RM-Bench counts it)."""
+    from judgetrain.config.suites import registered
+    from judgetrain.eval.benchmarks import evalbiasbench, judgebench  # noqa: F401  (registers the suites)
+    from judgetrain.eval.metrics import derived_verdicts
+    from judgetrain.eval.requests import RowScore
+
+    assert derived_verdicts(2.0, 1.0) == ["A>B", "B>A"]  # about what was shown: A first, then swapped (B first)
+    assert derived_verdicts(1.0, 3.0) == ["B>A", "A>B"] and derived_verdicts(5.0, 5.0) == ["A=B", "A=B"]
+    suite = registered("judgebench")()
+    rows = [{"id": k, "prompt": "q", "response_a": "a", "response_b": "b", "label": "A>B", "source": "mmlu-pro-law"}
+            for k in range(3)]
+    scores = ([2.0, 1.0], [1.0, 3.0], [5.0, 5.0])
+    records = [suite.row_fields(row, RowScore(list(s)), "implicit") for row, s in zip(rows, scores)]
+    assert [r["verdicts"] for r in records] == [["A>B", "B>A"], ["B>A", "A>B"], ["A=B", "A=B"]]
+    out = judgebench_results(records)
+    assert out["accuracy"] == pytest.approx(1 / 3) and out["inconsistent_rate"] == 0.0 and out["n_both_orders"] == 3
+    assert out["first_position_rate"] == 0.5 and out["first_position_prob"] == pytest.approx(0.5)  # by construction
+    ebb_suite = registered("evalbiasbench")()
+    ebb = evalbiasbench_results([ebb_suite.row_fields({**row, "category": "length"}, RowScore(list(s)), "judge")
+                                 for row, s in zip(rows, scores)])
+    assert (ebb["single_acc"], ebb["agreement"], ebb["first_position_rate"]) == (pytest.approx(1 / 3), 1.0, 0.5)
+    assert ebb["first_position_prob"] == pytest.approx(0.5)
+
+
 def test_first_position_prob_reads_the_lean_before_a_verdict_flips():
     import math as m
 

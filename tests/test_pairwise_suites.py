@@ -54,9 +54,9 @@ def _specs(shared_dir, tmp_path=None):
 
 def test_every_mode_on_the_real_rows_both_orders_reach_the_model_and_every_figure_has_its_interval(judge, shared_dir,
                                                                                                   tmp_path):
-    """implicit / judge: one score per response, the verdict from the two (higher wins); verdict: the prompt as stored
-    and swapped, log p([[A>B]]) and log p([[B>A]]) of each, the same numbers as the engine gives the swapped prompt
-    scored on its own; generate: the verdict written in both orders, parsed (the tiny judge writes none: counted)."""
+    """implicit / judge: one score per response, the verdict from the two (higher wins, in both orders); verdict: the
+    prompt as stored and swapped, log p([[A>B]]) and log p([[B>A]]) of each, the same numbers as the engine gives the
+    swapped prompt scored on its own; generate: the verdict written in both orders, parsed (the tiny judge writes none: counted)."""
     model, tok = judge
     check_verdict_tokens(tok)
     specs = _specs(shared_dir, tmp_path)
@@ -67,11 +67,14 @@ def test_every_mode_on_the_real_rows_both_orders_reach_the_model_and_every_figur
     flat = summary["metrics"]
     ebb, jb, own = results["evalbiasbench"], results["judgebench"], results["pairwise"]
 
-    # implicit: one verdict from the two scores, a tie wrong; EvalBiasBench's picks mirrored over the two presentations
+    # implicit: the verdict from the two scores, a tie wrong, in both presentations (about what was shown: the same
+    # response by construction); EvalBiasBench's picks mirrored over the two presentations
     for rec in jb.records:
         a, b = rec["scores"]
-        assert rec["verdicts"] == ["A>B" if a > b else "B>A" if b > a else "A=B"]
+        verdict = "A>B" if a > b else "B>A" if b > a else "A=B"
+        assert rec["verdicts"] == [verdict, {"A>B": "B>A", "B>A": "A>B"}.get(verdict, verdict)]
     assert flat["eval/judgebench/accuracy"] == judgebench_results(jb.records)["accuracy"]
+    assert flat["eval/judgebench/inconsistent_rate"] == 0.0 and flat["eval/judgebench/first_position_rate"] == 0.5
     for rec in ebb.records:
         a, b = rec["scores"]
         assert rec["predictions"] == ([1, 2] if a > b else [2, 1]) and rec["label"] == 1

@@ -20,8 +20,8 @@ from judgetrain.eval.benchmarks.judgebias import (DETECT_THRESHOLD, JUDGEBIAS_CA
 from judgetrain.eval.benchmarks.rmbench import (MATRIX_SIZE, RMBENCH_DOMAINS, rmbench_accuracy, rmbench_domain,
                                                 rmbench_intervals, rmbench_items, rmbench_matrices, rmbench_results,
                                                 style_spread)
-from judgetrain.eval.benchmarks.verdicts import (POSITION_FIGURES, first_position_prob, first_position_share,
-                                                 swap_verdict, verdict_from_scores)
+from judgetrain.eval.benchmarks.verdicts import (POSITION_FIGURES, derived_verdicts, first_position_prob,
+                                                 first_position_share, swap_verdict, verdict_from_scores)
 from judgetrain.eval.logkeys import (INTERVAL_SUFFIXES, flatten_eval_metrics, flatten_mode_metrics, interval_keys,
                                      split_interval_keys, to_trainer_log_keys)
 from judgetrain.eval.stats import (CONFIDENCE, N_RESAMPLES, Items, bootstrap_ci, items_intervals, mcnemar_p,
@@ -45,6 +45,7 @@ __all__ = [
     "Items",
     "swap_verdict",
     "verdict_from_scores",
+    "derived_verdicts",
     "judgebench_category",
     "judgebench_items",
     "judgebench_results",

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from judgetrain.config.recipe import did_you_mean
+from judgetrain.perturb.known import RESPONSE_TIE
 from judgetrain.utils.errors import BadInputError
 
 
@@ -72,7 +73,7 @@ class Judge:
 
 @dataclass(frozen=True)
 class Pairs:
-    """How pairs are built: ``known`` (`judgetrain pairs known`, ``form`` pairwise or pointwise) or ``anchor``
+    """How pairs are built: ``known`` (`judgetrain pairs known`, ``form`` pairwise, pointwise or response) or ``anchor``
     (`judgetrain pairs build`, consensus over the evaluations); ``options``: the command's own flags."""
 
     method: str = "known"
@@ -122,7 +123,7 @@ class LoopConfig:
 
 
 SECTIONS = {"items": Items, "heldout": Heldout, "judge": Judge, "pairs": Pairs, "eval": Eval}
-CHOICES = {("pairs", "method"): ("known", "anchor"), ("pairs", "form"): ("pairwise", "pointwise"),
+CHOICES = {("pairs", "method"): ("known", "anchor"), ("pairs", "form"): ("pairwise", "pointwise", "response"),
            ("pairs", "ties"): ("tie", "drop")}
 
 
@@ -175,8 +176,12 @@ def _check_values(config: LoopConfig, where: str) -> None:
     items = config.items
     if items.file is None and (items.source is None or items.spec is None):
         raise LoopConfigError(f"{where}: items: name the factory's source and spec, or a file of items")
-    if config.pairs.method == "known" and config.pairs.form == "pairwise" and (items.source is None or items.spec is None):
-        raise LoopConfigError(f"{where}: pairs: the pairwise known form needs items.source and items.spec (the texts)")
+    if config.pairs.method == "known" and config.pairs.form in ("pairwise", "response") \
+            and (items.source is None or items.spec is None):
+        raise LoopConfigError(f"{where}: pairs: the {config.pairs.form} known form needs items.source and items.spec "
+                              "(the texts)")
+    if config.pairs.method == "known" and config.pairs.form == "response" and config.pairs.ties != "drop":
+        raise LoopConfigError(f"{where}: pairs.ties: {RESPONSE_TIE}")
     if config.needs_judge and config.judge.samples + len(config.judge.judges) < 1:
         raise LoopConfigError(f"{where}: judge: samples or judges: the pairs are built from evaluations")
     if config.goal is not None and not isinstance(config.goal, str):

@@ -210,7 +210,8 @@ class Loop:
             cmd = ["pairs", "known", "--form", "pointwise", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
                    "--ties", pairs.ties, "--validation_fraction", "0"]
         else:
-            cmd = ["pairs", "known", "--items", str(rd / "split" / "train.jsonl"), "--source", items.source,
+            cmd = ["pairs", "known", "--form", pairs.form, "--items", str(rd / "split" / "train.jsonl"),
+                   "--source", items.source,
                    "--source_split", items.source_split, "--spec", items.spec, "--ties", pairs.ties,
                    "--validation_fraction", "0"]
         run_command(cmd + ["--output_dir", str(rd / "pairs")] + options)

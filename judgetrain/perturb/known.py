@@ -4,7 +4,7 @@ an error copy is worse than its source, a representational copy is as good as it
     judgetrain pairs known --items perturbed/items.jsonl --source recipes.jsonl --spec materials --out pairs_known
     judgetrain pairs known --form pointwise --evaluations panel/evaluations.jsonl --out pairs_known
 
-Two forms:
+Three forms:
 
 - ``pairwise`` (no judge needed): the pairwise verdict prompt of the EvalBiasBench / JudgeBench / pairwise suites
   (`judgetrain.data.pairwise.verdict_messages`: the question, then the two texts as assistants A and B) with the
@@ -18,18 +18,26 @@ Two forms:
   ``perturbation_type``, ``perturbation_category``, ``perturbation_rate``, ``order``, ``label`` (A>B, B>A or A=B),
   ``group`` (the same for every row of one copy: a recipe's ``batch_groups`` trains them in one batch), read by the
   ``preference`` training dataset.
-- ``pointwise``: a panel file of evaluations of the items (`judgetrain judge`'s evaluations.jsonl; several sampled
-  evaluations of one judge may stand in for a panel) holding the ``original`` set (the spec's ``original: true``):
+- ``response`` (no judge needed; the implicit-reward judge, RM-Bench's reading: a response's score is
+  log pi(y|x) - log pi_ref(y|x)): prompt = the question the judge is given (the sample's user turn(s) with the text
+  left out, a user turn), chosen = the source's text, rejected = the error copy's, one row per copy; the held-out
+  pairs' ``prompt`` is the same question, so implicit scoring reads the trained judge as it was trained. DPO cannot
+  express a tie: a representational copy makes no pair (``ties`` must be ``drop``; ``tie`` is refused). Rows: the
+  pairwise form's columns but ``order`` and ``label``.
+- ``pointwise`` (score pairs, JudgeBias's form): a panel file of evaluations of the items (`judgetrain judge`'s
+  evaluations.jsonl; several sampled evaluations of one judge may stand in for a panel) holding the ``original`` set (the spec's ``original: true``):
   the source's score is the median over its evaluations; an error copy's evaluation that scores below it is chosen
   against one that does not; on a representational copy (``ties: tie``) an evaluation within ``tie_margin`` of the
   source's score is chosen against one further than ``min_delta`` from it. Rows in `judgetrain pairs build`'s schema
   (``anchor_score`` = the source's score), read by the ``preference`` training dataset, and by the ``judgebias``
   dataset and eval suite where the spec names its sets in the JudgeBias vocabulary (the materials pack).
 
-Both write what `judgetrain pairs build` writes: ``train.parquet``, ``validation.parquet`` (split by sample_id),
+All three write what `judgetrain pairs build` writes: ``train.parquet``, ``validation.parquet`` (split by sample_id),
 ``rejects.jsonl`` (every item or evaluation that made no pair for a reason other than the tie policy, with its
-reason: ``no_source``, ``prompt_mismatch``, ``unchanged``, ``no_source_score`` and the score parser's reasons) and
-``stats.json`` (`judgetrain.data.pairs.pair_statistics` plus the counts by reason).
+reason: ``no_source``, ``prompt_mismatch``, ``unchanged``, ``no_source_score`` and the score parser's reasons; an item
+whose category is missing or not one of the spec's is a bad row, exit 2) and
+``stats.json`` (`judgetrain.data.pairs.pair_statistics` plus the counts by reason; ``pairs_by_label``: the
+pairwise form's verdicts, else the form's name).
 
 `write_heldout_pairs` writes the loop's held-out pairs: each held-out error copy against its source, as rows of the
 pairwise eval suite.
@@ -42,6 +50,8 @@ import logging
 import random
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +68,15 @@ from judgetrain.utils.numbers import nan_to_none
 
 logger = logging.getLogger(__name__)
 
-FORMS = ("pairwise", "pointwise")
+FORMS = ("pairwise", "pointwise", "response")
 TIES = ("tie", "drop")
 TIE, BETTER = "[[A=B]]", {"A": "[[A>B]]", "B": "[[B>A]]"}
 PAIRWISE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_set", "perturbation_type",
                     "perturbation_category", "perturbation_rate", "order", "label", "group")
+RESPONSE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_set", "perturbation_type",
+                    "perturbation_category", "perturbation_rate", "group")
+RESPONSE_TIE = ("the response form cannot train a representational copy as a tie: DPO only ranks chosen above "
+                "rejected, and a source and its rewrite are equally good; use ties drop")
 _SENTINEL = "\x00judgetrain-text\x00"
 
 
@@ -75,15 +89,18 @@ def known_pairs(out_dir: str | Path, *, form: str = "pairwise", items: str | Pat
     ``out_dir``; returns the statistics. ValueError (PanelDataError) when the inputs cannot be used at all."""
     if form not in FORMS or ties not in TIES:
         raise ValueError(f"form must be one of {FORMS} and ties one of {TIES}, got {form!r}, {ties!r}")
+    if form == "response" and ties != "drop":
+        raise ValueError(RESPONSE_TIE)
     check_options(max_pairs, validation_fraction, scale)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dropped: Counter = Counter()
-    if form == "pairwise":
+    if form in ("pairwise", "response"):
         if items is None or samples is None:
-            raise ValueError("the pairwise form needs the items and the source samples they were made from")
-        pairs, rejects = pairwise_pairs(read_items(str(items)).items, samples, ties, dropped)
-        columns = PAIRWISE_COLUMNS
+            raise ValueError(f"the {form} form needs the items and the source samples they were made from")
+        make = pairwise_pairs if form == "pairwise" else response_pairs
+        pairs, rejects = make(read_items(str(items)).items, samples, ties, dropped)
+        columns = PAIRWISE_COLUMNS if form == "pairwise" else RESPONSE_COLUMNS
     else:
         if evaluations is None:
             raise ValueError("the pointwise form needs a panel file of evaluations of the items")
@@ -97,7 +114,7 @@ def known_pairs(out_dir: str | Path, *, form: str = "pairwise", items: str | Pat
     write_pairs(train_rows, out / "train.parquet", columns)
     write_pairs(val_rows, out / "validation.parquet", columns)
     stats = {**pair_statistics(train_rows, val_rows), "form": form, "ties": ties,
-             "pairs_by_label": dict(sorted(Counter(r.get("label", "pointwise") for r in unique).items())),
+             "pairs_by_label": dict(sorted(Counter(r.get("label", form) for r in unique).items())),
              "rejected_rows": len(rejects), "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
              "dropped": dict(sorted(dropped.items())),
              "options": {"min_delta": min_delta, "tie_margin": tie_margin, "max_pairs": max_pairs,
@@ -112,8 +129,59 @@ def known_pairs(out_dir: str | Path, *, form: str = "pairwise", items: str | Pat
 
 def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
                    dropped: Counter) -> tuple[list[dict], list[dict]]:
-    """Every item against its source in both orders (see the module doc): (rows, rejects). An item whose category
-    is missing or not one of the spec's is a bad row (`DataValidationError`), never a tie."""
+    """Every item against its source in both orders (see the module doc): (rows, rejects)."""
+    rows, rejects = [], []
+    for copy in source_copies(items, samples, ties, dropped, rejects):
+        sample, text, category = copy.sample, copy.text, copy.category
+        question = question_of(sample)
+        for order, (a, b) in (("AB", (sample.text, text)), ("BA", (text, sample.text))):
+            prompt = json.dumps(verdict_messages(question, a, b), ensure_ascii=False)
+            source_letter = "A" if order == "AB" else "B"
+            if category == "error":
+                verdicts = [(BETTER[source_letter], BETTER["B" if source_letter == "A" else "A"])]
+            else:
+                verdicts = [(TIE, BETTER["A"]), (TIE, BETTER["B"])]
+            for chosen, rejected in verdicts:
+                rows.append({"prompt": prompt, "chosen": _assistant(chosen), "rejected": _assistant(rejected),
+                             **copy.columns(), "order": order, "label": chosen.strip("[]"), "group": copy.group})
+    return rows, rejects
+
+
+def response_pairs(items: list[Item], samples: list[Sample], ties: str,
+                   dropped: Counter) -> tuple[list[dict], list[dict]]:
+    """The response form (see the module doc): the question as the prompt, the source chosen against its error
+    copy. A representational copy makes no pair: DPO cannot express a tie (``ties`` must be ``drop``)."""
+    rows, rejects = [], []
+    for copy in source_copies(items, samples, ties, dropped, rejects):
+        rows.append({"prompt": json.dumps([{"role": "user", "content": question_of(copy.sample)}], ensure_ascii=False),
+                     "chosen": _assistant(copy.sample.text), "rejected": _assistant(copy.text), **copy.columns(),
+                     "group": copy.group})
+    return rows, rejects
+
+
+@dataclass(frozen=True)
+class SourceCopy:
+    """An item read back against its source sample: the copy's ``text`` in the place of the sample's."""
+
+    item: Item
+    sample: Sample
+    text: str
+    category: str | None
+
+    @property
+    def group(self) -> str:
+        """The same for every row made of this copy."""
+        return f"{self.item.columns.get('sample_id')}|{self.item.columns.get('perturbation_set')}|{self.item.row}"
+
+    def columns(self) -> dict[str, Any]:
+        cols = self.item.columns
+        return {"sample_id": cols.get("sample_id"), "perturbation_set": cols.get("perturbation_set"),
+                "perturbation_type": cols.get("perturbation_type"), "perturbation_category": self.category,
+                "perturbation_rate": float(cols.get("perturbation_rate") or 0.0)}
+
+
+def check_categories(items: list[Item]) -> None:
+    """`DataValidationError` naming each item (file, row, field) whose category is missing or not the spec's."""
     bad = [RowProblem(i.source, "train", i.row, "perturbation_category",
                       f"{i.columns.get('perturbation_category')!r} is not one of the spec's categories "
                       f"({', '.join(CATEGORIES)})") for i in items
@@ -121,8 +189,15 @@ def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
            and i.columns.get("perturbation_category") not in CATEGORIES]
     if bad:
         raise DataValidationError(bad, n_rows=len(items))
+
+
+def source_copies(items: list[Item], samples: list[Sample], ties: str, dropped: Counter,
+                  rejects: list[dict]) -> Iterator[SourceCopy]:
+    """Every item but the sources themselves with its source and text; an item that makes no pair is appended to
+    ``rejects`` with its reason, a representational copy under ``ties: drop`` counted in ``dropped``. An item whose
+    category is missing or not one of the spec's is a bad row (`DataValidationError`), never a tie."""
+    check_categories(items)
     by_id = {str(s.sample_id): s for s in samples}
-    rows, rejects = [], []
     for item in items:
         cols = item.columns
         if cols.get("perturbation_set") == ORIGINAL_SET:
@@ -145,22 +220,7 @@ def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
         if category == "represent" and ties == "drop":
             dropped["represent_no_pair"] += 1
             continue
-        question = question_of(sample)
-        group = f"{cols.get('sample_id')}|{cols.get('perturbation_set')}|{item.row}"  # every row of this copy
-        for order, (a, b) in (("AB", (sample.text, text)), ("BA", (text, sample.text))):
-            prompt = json.dumps(verdict_messages(question, a, b), ensure_ascii=False)
-            source_letter = "A" if order == "AB" else "B"
-            if category == "error":
-                verdicts = [(BETTER[source_letter], BETTER["B" if source_letter == "A" else "A"])]
-            else:
-                verdicts = [(TIE, BETTER["A"]), (TIE, BETTER["B"])]
-            for chosen, rejected in verdicts:
-                rows.append({"prompt": prompt, "chosen": _assistant(chosen), "rejected": _assistant(rejected),
-                             "sample_id": cols.get("sample_id"), "perturbation_set": cols.get("perturbation_set"),
-                             "perturbation_type": cols.get("perturbation_type"), "perturbation_category": category,
-                             "perturbation_rate": float(cols.get("perturbation_rate") or 0.0), "order": order,
-                             "label": chosen.strip("[]"), "group": group})
-    return rows, rejects
+        yield SourceCopy(item, sample, text, category)
 
 
 def item_text(sample: Sample, messages: list[dict]) -> str | None:
@@ -248,7 +308,8 @@ def _pointwise_row(chosen: Evaluation, rejected: Evaluation, anchor: float) -> d
             "rejected_model": rejected.judge_model}
 
 
-__all__ = ["FORMS", "TIES", "PanelDataError", "known_pairs", "item_text", "question_of"]
+__all__ = ["FORMS", "TIES", "RESPONSE_TIE", "SourceCopy", "source_copies", "PanelDataError", "known_pairs",
+           "item_text", "question_of"]
 
 
 def write_heldout_pairs(heldout: list[dict], samples: list[Sample], path: Path) -> int:

@@ -13,7 +13,8 @@ from judgetrain.config.suites import register
 from judgetrain.data.pairwise import load_evalbiasbench
 from judgetrain.eval.benchmarks.judgebench import record_key
 from judgetrain.eval.benchmarks.verdicts import (POSITION_FIGURES, PairSuite, first_position_prob,
-                                                 first_position_share, slug, verdict_from_scores)
+                                                 first_position_share, presentation_scores, slug,
+                                                 verdict_from_scores)
 from judgetrain.eval.stats import Items, finite_mean, mean_of
 
 _EVALBIASBENCH_FIGURES = ("single_acc", "pair_acc", "agreement")
@@ -46,7 +47,7 @@ def evalbiasbench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         pair.append(float(all(right)))
         agree.append(float((first in (1, 2) and second in (1, 2) and first + second == 3) or first == second == 3))
         first_shown.append(first_position_share([{1: "A>B", 2: "B>A"}.get(p) for p in picks]))
-        lean.append(first_position_prob(row.get("scores")))
+        lean.append(first_position_prob(presentation_scores(row.get("scores"))))  # two scores: mirrored picks
         biases.append(str(row["bias"]))
         keys.append(row.get("id", i))
     values = {"single_acc": np.asarray(single), "pair_acc": np.asarray(pair), "agreement": np.asarray(agree)}

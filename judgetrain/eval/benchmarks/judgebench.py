@@ -14,7 +14,8 @@ import numpy as np
 from judgetrain.config.suites import register
 from judgetrain.data.pairwise import load_judgebench
 from judgetrain.eval.benchmarks.verdicts import (POSITION_FIGURES, _SWAP, PairSuite, first_position_prob,
-                                                 first_position_share, slug, swap_verdict, verdict_from_scores)
+                                                 first_position_share, presentation_scores, slug, swap_verdict,
+                                                 verdict_from_scores)
 from judgetrain.eval.stats import Items, finite_mean, mean_of
 
 _JUDGEBENCH_SOURCES = (("knowledge", "mmlu-pro"), ("reasoning", "livebench-reasoning"), ("math", "livebench-math"),
@@ -50,7 +51,8 @@ def judgebench_items(rows: Iterable[Mapping[str, Any]]) -> Items:
         # nothing read in an order is no agreement between the orders (as ideation's position_consistency counts it)
         inconsistent.append(float(None in as_row or as_row[0] != as_row[1]) if len(as_row) == 2 else math.nan)
         first.append(first_position_share(verdicts) if len(verdicts) == 2 else math.nan)
-        lean.append(first_position_prob(row.get("scores")))
+        scores = row.get("scores")  # a pointwise judge's two, when its verdicts were derived in both orders
+        lean.append(first_position_prob(presentation_scores(scores) if len(verdicts) == 2 else scores))
         # JudgeBench's category of the source; a team's own pairs (no source) keep their own category
         categories.append(judgebench_category(row["source"]) if row.get("source") else row.get("category"))
         keys.append(row.get("id", row.get("pair_id", i)))

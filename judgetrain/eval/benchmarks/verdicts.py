@@ -1,7 +1,10 @@
 """What the pairwise suites share (a prompt, two responses, the better one's label): the verdicts, read back to the
 row's order, the position lean figures, and `PairSuite`, the base of EvalBiasBench, JudgeBench and a team's own pairs.
 
-Each response is scored alone in implicit and judge mode (the higher score wins, a tie is wrong); in ``verdict`` mode
+Each response is scored alone in implicit and judge mode (the higher score wins, a tie is wrong): the deployed
+pairwise judge made of a pointwise one, whose verdict in each presentation names the same response by construction
+(`derived_verdicts`: the record holds the verdict as stored and swapped, so accuracy, inconsistency and the position
+figures are read as in the other modes); in ``verdict`` mode
 the judge is shown both responses in one prompt (`judgetrain.data.pairwise.both_orders`, the recipe's
 ``eval_pairwise_prompt``), as stored and swapped, and in each order the log-probability of ``[[A>B]]`` against
 ``[[B>A]]`` is read in one forward: the verdict about what it was shown is the likelier one. Generate mode parses the
@@ -43,12 +46,29 @@ def verdict_from_scores(score_a: Any, score_b: Any) -> str | None:
     return "A>B" if a > b else "B>A" if b > a else "A=B"
 
 
+def derived_verdicts(score_a: Any, score_b: Any) -> list[str | None]:
+    """A pointwise judge deployed as a pairwise one: its verdict from the two scores (`verdict_from_scores`) in both
+    presentations, each about what was shown: [as stored, swapped]. Each response is scored alone, so both name the
+    same response: the same verdict in both orders by construction."""
+    verdict = verdict_from_scores(score_a, score_b)
+    return [verdict, swap_verdict(verdict)]
+
+
+def presentation_scores(scores: Any) -> Any:
+    """A pointwise judge's two scores [a, b] laid out as verdict mode lays out a pair's four (each presentation's
+    first-shown then second-shown response: [a, b, b, a]), so that `first_position_prob` reads its lean (0.5 by
+    construction); anything else as given."""
+    if isinstance(scores, (list, tuple)) and len(scores) == 2:
+        return [scores[0], scores[1], scores[1], scores[0]]
+    return scores
+
+
 def first_position_prob(scores: Any) -> float:
     """Verdict mode's position lean as probabilities: a pair's four log-probabilities (``[[A>B]]``, ``[[B>A]]`` as
     shown, then swapped) give, per order, the probability of the verdict that picks the response shown first, the
     two verdicts' probabilities normalised to 1; the mean of the two orders (0.5: no lean, whatever the content).
     It moves where the verdict itself does not yet flip. NaN for any other record (two scores of a score-based
-    judge, none in generate mode)."""
+    judge, unless laid out by `presentation_scores`; none in generate mode)."""
     if not isinstance(scores, (list, tuple)) or len(scores) != 4 or not all(finite_number(x) for x in scores):
         return math.nan
     # sigmoid(d) = (1 + tanh(d / 2)) / 2: no overflow at any gap (a verdict may be hundreds of nats less likely)
@@ -106,7 +126,7 @@ class PairSuite(Suite):
         if scoring == "verdict":  # [A, B] of the stored order, then of the swapped one: a verdict about each
             verdicts = [None, None] if s is None else [verdict_from_scores(*s[:2]), verdict_from_scores(*s[2:])]
         else:
-            verdicts = [None] if s is None else [verdict_from_scores(*s)]
+            verdicts = [None] if s is None else derived_verdicts(*s)  # each response scored alone
         return {"id": row.get("id"), **self.pair_fields(row, verdicts), "scores": s}
 
     def generate_prompts(self, row: dict, prompt: str | None = None) -> list[Any]:
