@@ -21,6 +21,7 @@ COMMANDS = {
     "perturb": ("judgetrain.cli.perturb", "perturb source samples by a spec into judge items: rule and model rewrites, checked"),
     "pairs build": ("judgetrain.cli.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
     "pairs known": ("judgetrain.cli.pairs_known", "build DPO pairs of known direction from perturb's items: source beats error copy"),
+    "probe": ("judgetrain.cli.probe", "what a base judge sees before training: source vs error copy vs rewrite, every mode and a linear probe"),
     "loop": ("judgetrain.cli.loop", "rounds of perturb, judge, pairs, DPO from the last adapter and eval against the base, resumable"),
     "bench": ("judgetrain.cli.bench", "benchmark training and evaluation against baselines"),
     "memory check": ("judgetrain.cli.memory", "measure a DPO step's peak memory on this CPU beside the estimate"),
