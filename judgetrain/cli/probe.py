@@ -10,8 +10,7 @@ Writes ``<output_dir>/probe.json`` and logs the table. A missing items file, ite
 ``--types`` entry, a bad source row or a model that cannot load: one line, exit 2, before any weights load.
 """
 
-# Late imports: judgetrain.probe, judgetrain.data, judgetrain.perturb (inside main): `judgetrain --help` and a refused
-# option answer without torch.
+# Late imports: judgetrain.probe (inside main): `judgetrain --help` and a refused option answer without torch.
 
 from __future__ import annotations
 
