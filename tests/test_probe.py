@@ -200,6 +200,7 @@ def test_items_are_paired_per_source_and_what_makes_no_pair_is_counted(tmp_path)
     ("missing", "nope.jsonl"),
     ("no_errors", "no error copy to compare with its source"),
     ("unknown_type", "--types: drug_slip not among the perturbation types"),
+    ("bad_share", "--holdout_fraction 1.0: give a share between 0 and 1"),
 ])
 def test_bad_input_is_one_line_exit_2_before_any_model_loads(case, says, tmp_path, capsys, caplog, monkeypatch):
     spec, source, items_path = factory(tmp_path)
@@ -211,8 +212,10 @@ def test_bad_input_is_one_line_exit_2_before_any_model_loads(case, says, tmp_pat
         rewrites = [line for line in items_path.read_text().splitlines() if '"represent"' in line]
         (tmp_path / "rewrites.jsonl").write_text("\n".join(rewrites) + "\n")
         argv[2] = tmp_path / "rewrites.jsonl"
-    else:
+    elif case == "unknown_type":
         argv += ["--types", "drug_slip", "dose_error"]
+    else:
+        argv += ["--holdout_fraction", "1"]
     loaded = []
     monkeypatch.setattr("judgetrain.probe.run.load_local", lambda *a, **k: loaded.append(a))
     caplog.set_level(logging.ERROR)

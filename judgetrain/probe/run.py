@@ -28,7 +28,7 @@ from judgetrain.perturb.spec import load_spec
 from judgetrain.probe import linear
 from judgetrain.probe.figures import kind_figures, table
 from judgetrain.probe.hidden import check_layers, default_layers, response_means
-from judgetrain.probe.pairs import KINDS, ProbeSet, read_probe_set
+from judgetrain.probe.pairs import KINDS, ProbeInputError, ProbeSet, read_probe_set
 from judgetrain.probe.readings import MODES, pair_values, read_all, response_sequences
 from judgetrain.utils.files import write_json
 from judgetrain.utils.numbers import nan_to_none
@@ -61,11 +61,14 @@ class ProbeOptions:
 
 def prepare(options: ProbeOptions) -> ProbeSet:
     """The probe set, and the model checked loadable: everything that can refuse the input, before any weights."""
-    for name in ("holdout_fraction",):
-        if not 0 < getattr(options, name) < 1:
-            raise ValueError(f"--{name} {getattr(options, name)}: give a share between 0 and 1")
-    if options.l2 <= 0 or options.verdict_cross < 0 or (options.max_samples is not None and options.max_samples < 2):
-        raise ValueError("--l2 must be > 0, --verdict_cross >= 0 and --max_samples >= 2")
+    refused = {"--holdout_fraction": not 0 < options.holdout_fraction < 1, "--l2": options.l2 <= 0,
+               "--verdict_cross": options.verdict_cross < 0, "--n_resamples": options.n_resamples < 1,
+               "--max_samples": options.max_samples is not None and options.max_samples < 2}
+    wants = {"--holdout_fraction": "a share between 0 and 1", "--l2": "a penalty above 0", "--verdict_cross": ">= 0",
+             "--n_resamples": ">= 1", "--max_samples": ">= 2 (a probe is fitted on some samples, scored on others)"}
+    for flag, bad in refused.items():
+        if bad:
+            raise ProbeInputError(f"{flag} {getattr(options, flag[2:])}: give {wants[flag]}")
     samples, _ = read_samples(options.source, load_spec(options.spec), split=options.source_split)
     probe = read_probe_set(options.items, samples, types=options.types, max_samples=options.max_samples,
                            seed=options.seed)
