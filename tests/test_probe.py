@@ -18,7 +18,7 @@ import yaml
 from judgetrain.probe import linear
 from judgetrain.probe.figures import kind_figures, table
 from judgetrain.probe.hidden import default_layers, response_means
-from judgetrain.probe.pairs import Pair, ProbeInputError, ProbeSet, Text, read_probe_set
+from judgetrain.probe.pairs import Pair, ProbeSet, Text, read_probe_set
 from judgetrain.probe.readings import Readings, better_share, pair_values, verdict_pairs
 
 TEMPLATE = [{"role": "system", "content": "Judge the note. End with ```json {\"overall_score\": ...}```."},
@@ -69,7 +69,6 @@ def toy_set(n_samples: int = 6) -> ProbeSet:
 # --------------------------------------------------------------------------------------------- zero-shot figures
 def test_each_mode_reads_which_text_wins_and_a_tie_is_wrong():
     probe = toy_set()
-    n = len(probe.texts)
     # log-likelihood sums: the source is the likeliest, then the rewrite, then b, then a; but a is long (20 tokens
     # against 10), so per token a beats every other text
     loglik = np.tile([-10.0, -12.0, -11.0, -10.5], 6)

@@ -17,13 +17,12 @@ from __future__ import annotations
 import logging
 
 from judgetrain.cli.args import ConventionParser, refuse_file
+from judgetrain.probe import MODES
 from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
-
-MODES = ("implicit", "judge", "verdict")
 
 
 def build_parser() -> ConventionParser:

@@ -14,3 +14,5 @@ states (`hidden`, `linear`: fitted on some error types and scored on one it neve
 figure with a 95% interval over source samples (`figures`). `pairs` reads and pairs the texts before any model loads;
 `run` ties the stages together.
 """
+
+MODES = ("implicit", "judge", "verdict")  # the zero-shot scoring modes a probe reads (`readings`)

@@ -36,7 +36,6 @@ from judgetrain.probe.pairs import ProbeSet
 
 logger = logging.getLogger(__name__)
 
-MODES = ("implicit", "judge", "verdict")
 MODE_METHODS = {"implicit": ("implicit_per_token", "implicit_sum"), "judge": ("judge",),
                 "verdict": ("verdict", "verdict_both")}
 

@@ -25,11 +25,11 @@ from judgetrain.eval.suites import check_verdict_tokens
 from judgetrain.judge.judges import load_local, parse_judge, preflight_local
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec
-from judgetrain.probe import linear
+from judgetrain.probe import MODES, linear
 from judgetrain.probe.figures import kind_figures, table
 from judgetrain.probe.hidden import check_layers, default_layers, response_means
 from judgetrain.probe.pairs import KINDS, ProbeInputError, ProbeSet, read_probe_set
-from judgetrain.probe.readings import MODES, pair_values, read_all, response_sequences
+from judgetrain.probe.readings import pair_values, read_all, response_sequences
 from judgetrain.utils.files import write_json
 from judgetrain.utils.numbers import nan_to_none
 
