@@ -20,6 +20,7 @@ and the layers listed before it, lazy imports inside functions included (tests/t
     judge        `judgetrain judge`: judges over items into panel rows, resumable and sharded
     perturb      `judgetrain perturb`: the spec and its packs, rule operators, model rewrites on the judge engine,
                  checks, the items `judgetrain judge` reads
+    probe        `judgetrain probe`: what a base judge sees before training, zero-shot and by a linear probe
     metrics.py   the metric functions' public home
     train.py     the per-process recipe that `accelerate launch -m judgetrain.train` runs
     loop         `judgetrain loop`: rounds of the debiasing loop, each stage a command, resumable; the round table

@@ -159,6 +159,8 @@ TYPOS = [  # (argv, the misspelt option, the hint)
     (["cache", "list", "--al"], "--al", None),
     (["pairs", "known", "--items", "i", "--output_dir", "o", "--tie", "drop"], "--tie", "--ties"),
     (["loop", "loop.yaml", "--confg", "x"], "--confg", None),
+    (["probe", "--items", "i", "--source", "s", "--spec", "materials", "--model", "m", "--output_dir", "o",
+      "--holdout", "0.2"], "--holdout", "--holdout_fraction"),
 ]
 
 

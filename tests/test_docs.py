@@ -61,6 +61,7 @@ NOT_RUN = {
     ("scontrol",): "SLURM's own command, inside a batch script",
     ("git", "clone"): "fetches a repository from the network",
     ("nvidia-smi",): "needs a GPU",
+    ("cat",): "joins files into one (the commands after it that read the result are classified on their own)",
     ("bash", "scripts/gpu_check_zero3.sh"): "a ZeRO-3 kill-and-resume check: needs deepspeed and minutes of training",
     ("python", "scripts/gpu_check.py"): "the first-contact GPU check: needs a GPU and up to 10 minutes "
                                         "(tests/test_gpu_check.py runs its --device cpu mode)",
@@ -271,6 +272,9 @@ def plan_judgetrain(args: list[str]) -> Plan:
             return Plan("run", ("perturb", *rest), "rule operators over the bundled recipes: seconds")
         return Plan("help", ("perturb",), "a model's rewrites or the user's own samples (tests/test_perturb.py runs "
                     "both kinds on the bundled recipes)")
+    if words == "probe":
+        return Plan("help", ("probe",), "forward passes of a real model over every text and pair: minutes of CPU "
+                    "even on the tiny judge's few items (tests/test_probe.py runs it on the tiny judge)")
     if words == "loop":
         return Plan("help", ("loop",), "rounds of judge, DPO and eval: minutes of CPU even on the tiny judge "
                     "(tests/test_loop.py runs two rounds, and kills it during each stage)")

@@ -48,6 +48,8 @@ COMMANDS = {
     "pairs build": Command("judgetrain.cli.pairs", "build direction-aware DPO pairs from a judge panel's evaluations"),
     "pairs known": Command("judgetrain.cli.pairs_known",
                            "build DPO pairs of known direction from perturb's items: source beats error copy"),
+    "probe": Command("judgetrain.cli.probe", "what a base judge sees before training: source vs error copy vs rewrite, "
+                     "every mode and a linear probe"),
     "loop": Command("judgetrain.cli.loop",
                     "rounds of perturb, judge, pairs, DPO from the last adapter and eval against the base, resumable"),
     "bench": Command("judgetrain.cli.bench", "benchmark training and evaluation against baselines"),
