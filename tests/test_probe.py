@@ -201,7 +201,7 @@ def test_items_are_paired_per_source_and_what_makes_no_pair_is_counted(tmp_path)
     ("unknown_type", "--types: drug_slip not among the perturbation types"),
     ("bad_share", "--holdout_fraction 1.0: give a share between 0 and 1"),
 ])
-def test_bad_input_is_one_line_exit_2_before_any_model_loads(case, says, tmp_path, capsys, caplog, monkeypatch):
+def test_bad_input_is_one_line_exit_2_before_any_model_loads(case, says, tmp_path, capsys, monkeypatch):
     spec, source, items_path = factory(tmp_path)
     argv = ["probe", "--items", items_path, "--source", source, "--spec", spec, "--model", "no-such/model",
             "--output_dir", tmp_path / "out"]
@@ -217,10 +217,10 @@ def test_bad_input_is_one_line_exit_2_before_any_model_loads(case, says, tmp_pat
         argv += ["--holdout_fraction", "1"]
     loaded = []
     monkeypatch.setattr("judgetrain.probe.run.load_local", lambda *a, **k: loaded.append(a))
-    caplog.set_level(logging.ERROR)
+    capsys.readouterr()
     assert cli(*argv) == 2
-    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(lines) == 1 and says in lines[0], lines
+    lines = capsys.readouterr().err.strip().splitlines()  # the entry's one line: "judgetrain probe: ..."
+    assert len(lines) == 1 and lines[0].startswith("judgetrain probe: ") and says in lines[0], lines
     assert loaded == [] and not (tmp_path / "out").exists()
 
 

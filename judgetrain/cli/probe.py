@@ -18,7 +18,6 @@ import logging
 
 from judgetrain.cli.args import ConventionParser, refuse_file
 from judgetrain.probe import MODES
-from judgetrain.run.state import EXIT_BAD_INPUT
 from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
@@ -65,15 +64,10 @@ def main(argv: list[str] | None = None) -> int:
                            holdout_fraction=args.holdout_fraction, verdict_cross=args.verdict_cross,
                            max_samples=args.max_samples, seed=args.seed, n_resamples=args.n_resamples,
                            batch_tokens=args.batch_tokens, dtype=args.dtype)
+    refuse_file(args.output_dir)
     try:
-        refuse_file(args.output_dir)
         probe = prepare(options)
-    except (BadInputError, ValueError) as err:
-        logger.error("judgetrain probe: %s", err)
-        return EXIT_BAD_INPUT
-    try:
-        run_probe(options, probe)
-    except BadInputError as err:  # the verdict tokens or the layers, read from the loaded tokenizer and config
-        logger.error("judgetrain probe: %s", err)
-        return EXIT_BAD_INPUT
+    except ValueError as err:
+        raise BadInputError(str(err)) from err
+    run_probe(options, probe)  # its BadInputError (the verdict tokens, the layers) is the entry's one line too
     return 0
