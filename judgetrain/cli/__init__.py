@@ -26,6 +26,7 @@ COMMANDS = {
     "memory check": ("judgetrain.cli.memory", "measure a DPO step's peak memory on this CPU beside the estimate"),
     "status": ("judgetrain.cli.status", "how a run stands (running, finished, stopped, failed) by its folder; --verify"),
     "tiny build": ("judgetrain.cli.tiny", "build the embedded tiny judge into a model directory"),
+    "serve": ("judgetrain.cli.serve", "a trained judge as a reward over HTTP (OpenRLHF's remote reward format)"),
     "cache": ("judgetrain.cli.cache", "list or clear the models judgetrain built into its cache"),
 }
 

@@ -1,0 +1,105 @@
+"""The reward part (``--only reward``): a judge as a reward function (`judgetrain.rewards.JudgeReward`, implicit mode)
+against a per-completion loop of the same model, on a GRPO group: ``--reward_group`` completions of one prompt.
+
+The group is RM-Bench's first chat prompt with its own six responses, then responses of the next chat rows (the
+lengths of real answers; a policy's completions of one prompt differ as much). The loop is the reward function a user
+writes by hand: for each completion, the prompt + completion through the policy and through the reference (the
+adapter disabled), the full log-softmax, one completion at a time, as the public DPO scoring scripts do
+(`judgetrain.bench.eval.NaiveEvaluator` at batch size 1). A third side calls the reward once per completion (no
+batching, no group to share a prompt with), which says what the call over the whole group gains. Rewards per second
+of each side, their ratio (target >= 3x, SmolLM2-135M-Instruct), and whether the rewards are equal (the bench fails
+if not). The model carries the recipe's LoRA adapter, randomly initialised (`judgetrain.bench.eval.load_eval_model`).
+"""
+
+# Late imports: torch, judgetrain.rewards, judgetrain.models (inside the functions that use them): each benchmark part
+# loads only what it measures.
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Any
+
+from judgetrain.bench.common import BenchError, alternating, load_average, median, ratio
+from judgetrain.bench.eval import NaiveEvaluator, load_eval_model, rmbench_rows
+from judgetrain.bench.generation import generation_label
+
+logger = logging.getLogger(__name__)
+
+REWARD_MODELS = ("smollm2-135m-instruct",)
+
+
+def grpo_group(source: str, size: int) -> tuple[list[dict], list[list[dict]]]:
+    """(prompt messages, ``size`` completions as assistant messages): RM-Bench's first chat prompt, its responses, then
+    the next chat rows' responses."""
+    rows = [r for r in rmbench_rows(source, None) if str(r.get("domain", r.get("id", ""))).startswith("chat")] \
+        or rmbench_rows(source, None)
+    texts = [x for r in rows for x in list(r["chosen"]) + list(r["rejected"])][:size]
+    if len(texts) < size:
+        raise BenchError(f"reward bench: {len(texts)} responses in the RM-Bench source; --reward_group {size} asked")
+    return [{"role": "user", "content": rows[0]["prompt"]}], [[{"role": "assistant", "content": t}] for t in texts]
+
+
+def bench_reward_model(cfg: argparse.Namespace, model: Any, tokenizer: Any) -> dict:
+    import numpy as np
+
+    from judgetrain.rewards import JudgeReward
+
+    prompt, completions = grpo_group(cfg.rmbench_source, cfg.reward_group)
+    prompts = [prompt] * len(completions)
+    reward = JudgeReward(model, tokenizer, mode="implicit", max_length=cfg.eval_max_length,
+                         batch_tokens=cfg.eval_batch_tokens)
+    loop = NaiveEvaluator(model, tokenizer, batch_size=1, max_length=cfg.eval_max_length)
+    items = [(prompt, [c]) for c in completions]
+    run = {"reward": lambda: reward(prompts, completions),
+           "per_completion_loop": lambda: [s[0] for s in loop.score(items)],
+           "reward_one_at_a_time": lambda: [reward([prompt], [c])[0] for c in completions]}
+    run["reward"]()  # untimed: first-call allocations, lazy imports
+    times: dict[str, list[float]] = {side: [] for side in run}
+    outs: dict[str, list] = {}
+    for _, warm, order in alternating(0, cfg.repeats, list(run)):
+        for side in order:
+            t0 = time.perf_counter()
+            outs[side] = run[side]()
+            times[side].append(time.perf_counter() - t0)
+    a, b = np.asarray(outs["reward"], dtype=float), np.asarray(outs["per_completion_loop"], dtype=float)
+    worst = float(np.max(np.abs(a - b)))
+    if not np.allclose(a, b, rtol=1e-4, atol=1e-3):
+        raise BenchError(f"reward bench: the reward and the per-completion loop differ (max abs difference {worst:.3g})")
+
+    def side(key: str) -> dict:
+        sec = median(times[key])
+        return {"seconds": sec, "seconds_runs": times[key], "rewards_per_s": len(completions) / sec}
+
+    lengths = loop.sequences(items)
+    sides = {key: side(key) for key in run}
+    return {"group": len(completions), "prompt_tokens": min(start for _, start in lengths),
+            "completion_tokens_mean": sum(len(ids) - start for ids, start in lengths) / len(lengths),
+            **sides, "rewards_per_s_ratio": ratio(sides["reward"]["rewards_per_s"],
+                                                  sides["per_completion_loop"]["rewards_per_s"]),
+            "vs_one_at_a_time_ratio": ratio(sides["reward"]["rewards_per_s"],
+                                            sides["reward_one_at_a_time"]["rewards_per_s"]),
+            "scores_equal": True, "max_abs_difference": worst, "rewards": outs["reward"],
+            "engine_stats": reward.engine.stats.as_dict(), "load_average": load_average()}
+
+
+def bench_reward(cfg: argparse.Namespace) -> dict:
+    import torch
+
+    from judgetrain.config.recipe import RecipeError
+    from judgetrain.models.aliases import resolve_model
+
+    out: dict[str, Any] = {"group": cfg.reward_group, "torch_threads": torch.get_num_threads(), "models": {}}
+    for name in cfg.reward_models:
+        label = generation_label(name)
+        try:
+            path = resolve_model(name)
+        except RecipeError as e:  # SmolLM2 without its package: the other models still run
+            logger.warning("reward bench: %s skipped: %s", name, e)
+            out["models"][label] = {"skipped": str(e)}
+            continue
+        model, tokenizer = load_eval_model(path, cfg.recipe)
+        out["models"][label] = {"model": name, **bench_reward_model(cfg, model, tokenizer)}
+        del model
+    return out
