@@ -29,6 +29,7 @@ import hmac
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -114,7 +115,7 @@ def build_app(reward: Any, batcher: Any, *, api_key: str | None, max_request_byt
     """The FastAPI app: the reward routes and /health, the batcher started and stopped with the app."""
     import contextlib
 
-    from fastapi import FastAPI, Request
+    from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
     @contextlib.asynccontextmanager
@@ -131,7 +132,7 @@ def build_app(reward: Any, batcher: Any, *, api_key: str | None, max_request_byt
     def refuse(status: int, reason: str) -> JSONResponse:
         return JSONResponse({"error": reason}, status_code=status)
 
-    async def score(request: Request):
+    async def score(request):  # a plain Starlette route: the body is read and checked here, bounded
         if _key_refused(request, api_key):
             return refuse(401, "missing or wrong API key (Authorization: Bearer KEY)")
         raw = await _read_body(request, max_request_bytes)
@@ -148,10 +149,10 @@ def build_app(reward: Any, batcher: Any, *, api_key: str | None, max_request_byt
             rewards = await batcher.score(prompts, completions, references)
         except BadInputError as err:
             return refuse(400, str(err))
-        return {"rewards": rewards}
+        return JSONResponse({"rewards": rewards})
 
     for path in REWARD_PATHS:
-        app.add_api_route(path, score, methods=["POST"])
+        app.add_route(path, score, methods=["POST"])
 
     @app.get("/health")
     async def health():
@@ -187,8 +188,17 @@ def main(argv: list[str] | None = None) -> int:
                     max_texts=args.max_texts)
     logger.info("judgetrain serve: %s in %s mode on http://%s:%d (POST /reward, GET /health; API key %s)", args.judge,
                 args.mode, args.host, args.port, f"from ${args.api_key_env}" if api_key else "not asked")
+    # uvicorn stops gracefully on SIGTERM / SIGINT, then raises the signal again to the handler it found: ours, so
+    # a requested stop ends with exit code 0 instead of a death by the signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_requested)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info")).run()
     return 0
+
+
+def _stop_requested(signum: int, frame: Any) -> None:
+    """The handler uvicorn hands a stop signal back to once it has shut down: the stop was asked for, nothing left."""
+    logger.debug("judgetrain serve: signal %d after shutdown", signum)
 
 
 if __name__ == "__main__":
