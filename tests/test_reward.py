@@ -183,3 +183,16 @@ def test_bad_texts_name_the_field(implicit_reward):
         implicit_reward(["a", "b"], ["c"])
     with pytest.raises(BadInputError, match="completion 1: a string or a list"):
         implicit_reward(["a", "b"], ["c", 3])
+
+
+def test_the_bench_reward_part_times_the_group_against_a_per_completion_loop(tmp_path):
+    """`judgetrain bench --quick --only reward`: the reward over a group of 8 against the per-completion loop, the
+    rewards equal (the bench fails otherwise), the group's prompt run once."""
+    out = tmp_path / "bench.json"
+    assert cli_main(["bench", "--quick", "--only", "reward", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    part = report["reward"]["models"]["tiny_judge"]
+    assert part["group"] == 8 and part["scores_equal"] and part["max_abs_difference"] < 1e-3
+    assert part["engine_stats"]["shared_prompts"] >= 1
+    assert part["rewards_per_s_ratio"] > 1.0, part
+    assert report["summary"]["reward_tiny_judge_rewards_per_s_ratio"] == part["rewards_per_s_ratio"]
