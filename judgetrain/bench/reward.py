@@ -11,8 +11,8 @@ of each side, their ratio (target >= 3x, SmolLM2-135M-Instruct), and whether the
 if not). The model carries the recipe's LoRA adapter, randomly initialised (`judgetrain.bench.eval.load_eval_model`).
 """
 
-# Late imports: torch, judgetrain.rewards, judgetrain.models (inside the functions that use them): each benchmark part
-# loads only what it measures.
+# Late imports: torch, numpy, judgetrain.rewards, judgetrain.models, judgetrain.config (inside the functions that use
+# them): each benchmark part loads only what it measures.
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ never logged. SIGTERM (or Ctrl-C) stops it gracefully: requests in flight are an
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -113,8 +114,6 @@ async def _read_body(request: Any, limit: int) -> bytes | None:
 
 def build_app(reward: Any, batcher: Any, *, api_key: str | None, max_request_bytes: int, max_texts: int):
     """The FastAPI app: the reward routes and /health, the batcher started and stopped with the app."""
-    import contextlib
-
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
