@@ -161,7 +161,8 @@ def test_long_completions_follow_the_recipe_rule_and_are_counted(trained_judge):
 def test_the_reward_carries_the_judge_card(implicit_reward):
     card = implicit_reward.card
     assert card.base == "tiny-judge" and card.adapter
-    assert [d["dataset"] for d in card.training_data] == ["judgebias", "ideation"]
+    assert [(d["dataset"], d["source"], d.get("mode")) for d in card.training_data] == [
+        ("judgebias", "bundled", None), ("ideation", "bundled", "pairwise")]
     rows = {r["figure"]: r for r in card.against_base["rows"]}
     assert "judgebias/error/accuracy" in rows
     assert all(r["ci_low"] <= r["trained"] <= r["ci_high"] for r in rows.values())

@@ -11,24 +11,20 @@ of each side, their ratio (target >= 3x, SmolLM2-135M-Instruct), and whether the
 if not). The model carries the recipe's LoRA adapter, randomly initialised (`judgetrain.bench.eval.load_eval_model`).
 """
 
-# Late imports: torch, numpy, judgetrain.rewards, judgetrain.models, judgetrain.config (inside the functions that use
-# them): each benchmark part loads only what it measures.
+# Late imports: torch, numpy, judgetrain.rewards (inside the functions that use them): each benchmark part loads only
+# what it measures.
 
 from __future__ import annotations
 
 import argparse
 import logging
-import time
 from typing import Any
 
-from judgetrain.bench.common import BenchError, alternating, load_average, median, ratio
-from judgetrain.bench.eval import NaiveEvaluator, load_eval_model, rmbench_rows
-from judgetrain.bench.generation import generation_label
+from judgetrain.bench.common import BenchError, load_average, median, ratio, timed_sides
+from judgetrain.bench.eval import NaiveEvaluator, rmbench_rows
+from judgetrain.bench.generation import bench_models
 
 logger = logging.getLogger(__name__)
-
-REWARD_MODELS = ("smollm2-135m-instruct",)
-
 
 def grpo_group(source: str, size: int) -> tuple[list[dict], list[list[dict]]]:
     """(prompt messages, ``size`` completions as assistant messages): RM-Bench's first chat prompt, its responses, then
@@ -56,13 +52,7 @@ def bench_reward_model(cfg: argparse.Namespace, model: Any, tokenizer: Any) -> d
            "per_completion_loop": lambda: [s[0] for s in loop.score(items)],
            "reward_one_at_a_time": lambda: [reward([prompt], [c])[0] for c in completions]}
     run["reward"]()  # untimed: first-call allocations, lazy imports
-    times: dict[str, list[float]] = {side: [] for side in run}
-    outs: dict[str, list] = {}
-    for _, warm, order in alternating(0, cfg.repeats, list(run)):
-        for side in order:
-            t0 = time.perf_counter()
-            outs[side] = run[side]()
-            times[side].append(time.perf_counter() - t0)
+    times, outs = timed_sides(run, cfg.repeats)
     a, b = np.asarray(outs["reward"], dtype=float), np.asarray(outs["per_completion_loop"], dtype=float)
     worst = float(np.max(np.abs(a - b)))
     if not np.allclose(a, b, rtol=1e-4, atol=1e-3):
@@ -87,19 +77,6 @@ def bench_reward_model(cfg: argparse.Namespace, model: Any, tokenizer: Any) -> d
 def bench_reward(cfg: argparse.Namespace) -> dict:
     import torch
 
-    from judgetrain.config.recipe import RecipeError
-    from judgetrain.models.aliases import resolve_model
-
-    out: dict[str, Any] = {"group": cfg.reward_group, "torch_threads": torch.get_num_threads(), "models": {}}
-    for name in cfg.reward_models:
-        label = generation_label(name)
-        try:
-            path = resolve_model(name)
-        except RecipeError as e:  # SmolLM2 without its package: the other models still run
-            logger.warning("reward bench: %s skipped: %s", name, e)
-            out["models"][label] = {"skipped": str(e)}
-            continue
-        model, tokenizer = load_eval_model(path, cfg.recipe)
-        out["models"][label] = {"model": name, **bench_reward_model(cfg, model, tokenizer)}
-        del model
-    return out
+    return {"group": cfg.reward_group, "torch_threads": torch.get_num_threads(),
+            "models": bench_models(cfg.reward_models, cfg.recipe, "reward",
+                                   lambda model, tokenizer: bench_reward_model(cfg, model, tokenizer))}

@@ -6,7 +6,7 @@
 
 It reads the run folder as `judgetrain.report.card` does (``recipe.yaml``, ``metrics.jsonl``, ``README.md``): the base
 model as a command names it (a hub id or alias; a local folder by its name only), the training data (each component's
-dataset, its source as a hub id, ``bundled`` or a folder's name, and split: never a machine path), the figures of the
+dataset, its source as a hub id, ``bundled`` or a folder's name, its split and options: never a machine path), the figures of the
 last evaluation against the base judge with their intervals (`judgetrain.report.headline.against_base`: base,
 trained, 95% interval, the difference, its interval and p) and the figures that got worse, and the card's text. A
 folder that is not a run (a bare adapter or model folder) gives a card with what it has: ``recipe`` and
@@ -35,7 +35,7 @@ class JudgeCard:
     name: str
     base: str | None = None  # how a command names the base: a hub id, an alias, or path/to/<folder name>
     adapter: bool = False  # a LoRA adapter on ``base`` (else a full model)
-    training_data: list[dict[str, Any]] = field(default_factory=list)  # {dataset, source, split}
+    training_data: list[dict[str, Any]] = field(default_factory=list)  # {dataset, source, split, options}
     against_base: dict[str, Any] | None = None  # `judgetrain.report.headline.against_base`'s figures
     verdict: str = ""  # one sentence: what got worse against the base judge, or why there is no comparison
     recipe: dict[str, Any] | None = None  # recipe.yaml as run
@@ -77,7 +77,7 @@ def read_card(folder: str | Path) -> JudgeCard:
     card.recipe = recipe
     card.base = base_model(str(recipe.get("model_name_or_path", "")))[2]
     card.adapter = card.adapter or bool(recipe.get("use_peft"))
-    card.training_data = [{"dataset": str(c.get("dataset")), "source": _shown_source(c.get("source")),
+    card.training_data = [{**c, "dataset": str(c.get("dataset")), "source": _shown_source(c.get("source")),
                            "split": c.get("split")} for c in recipe.get("train_datasets") or []
                           if isinstance(c, dict)]
     records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else {}
