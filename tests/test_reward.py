@@ -192,8 +192,11 @@ def test_the_bench_reward_part_times_the_group_against_a_per_completion_loop(tmp
     out = tmp_path / "bench.json"
     assert cli_main(["bench", "--quick", "--only", "reward", "--output", str(out)]) == 0
     report = json.loads(out.read_text())
-    part = report["reward"]["models"]["tiny_judge"]
-    assert part["group"] == 8 and part["scores_equal"] and part["max_abs_difference"] < 1e-3
-    assert part["engine_stats"]["shared_prompts"] >= 1
-    assert part["rewards_per_s_ratio"] > 1.0, part
-    assert report["summary"]["reward_tiny_judge_rewards_per_s_ratio"] == part["rewards_per_s_ratio"]
+    for group in ("chat", "judge"):
+        part = report["reward"]["models"]["tiny_judge"][group]
+        assert part["group"] == 8 and part["scores_equal"] and part["max_abs_difference"] < 1e-3
+        assert part["engine_stats"]["shared_prompts"] >= 1
+        assert part["rewards_per_s_ratio"] > 1.0, part
+        assert report["summary"][f"reward_tiny_judge_{group}_rewards_per_s_ratio"] == part["rewards_per_s_ratio"]
+    judge = report["reward"]["models"]["tiny_judge"]["judge"]
+    assert judge["prompt_tokens"] > judge["completion_tokens_mean"]  # the judge group's long shared prompt

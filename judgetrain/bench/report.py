@@ -74,7 +74,9 @@ TARGETS = {
     "evidence_share_of_eval": ("<=", 0.02),  # intervals + paired deltas at 10,000 rows / that eval's time
     "judge_tiny_judge_evaluations_per_s_ratio": (">=", 4.0),  # judgetrain judge / a one-item generate loop
     "judge_smollm2_135m_instruct_evaluations_per_s_ratio": (">=", 4.0),
-    "reward_smollm2_rewards_per_s_ratio": (">=", 3.0),  # the reward over a GRPO group of 8 / a per-completion loop
+    # the reward over a GRPO group of 8 / a per-completion loop, SmolLM2; chat: a short request and long answers
+    "reward_smollm2_chat_rewards_per_s_ratio": (">=", 3.0),
+    "reward_smollm2_judge_rewards_per_s_ratio": (">=", 3.0),  # a generative judge's GRPO: a long judge prompt
 }
 
 
@@ -333,7 +335,8 @@ def summarize(report: dict) -> dict:
         if "evaluations_per_s_ratio" in sp:  # a model that could not load is reported as skipped
             s[f"judge_{name.replace('-', '_')}_evaluations_per_s_ratio"] = sp["evaluations_per_s_ratio"]
     for label, r in ((report.get("reward") or {}).get("models") or {}).items():
-        if "rewards_per_s_ratio" in r:  # a model that could not load is reported as skipped
-            s[f"reward_{label}_rewards_per_s_ratio"] = r["rewards_per_s_ratio"]
+        for group, g in r.items():  # a model that could not load is reported as skipped
+            if isinstance(g, dict) and "rewards_per_s_ratio" in g:
+                s[f"reward_{label}_{group}_rewards_per_s_ratio"] = g["rewards_per_s_ratio"]
     s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
     return s

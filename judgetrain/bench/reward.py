@@ -1,14 +1,20 @@
 """The reward part (``--only reward``): a judge as a reward function (`judgetrain.rewards.JudgeReward`, implicit mode)
-against a per-completion loop of the same model, on a GRPO group: ``--reward_group`` completions of one prompt.
+against a per-completion loop of the same model, on GRPO groups: ``--reward_group`` completions of one prompt.
 
-The group is RM-Bench's first chat prompt with its own six responses, then responses of the next chat rows (the
-lengths of real answers; a policy's completions of one prompt differ as much). The loop is the reward function a user
-writes by hand: for each completion, the prompt + completion through the policy and through the reference (the
-adapter disabled), the full log-softmax, one completion at a time, as the public DPO scoring scripts do
-(`judgetrain.bench.eval.NaiveEvaluator` at batch size 1). A third side calls the reward once per completion (no
-batching, no group to share a prompt with), which says what the call over the whole group gains. Rewards per second
-of each side, their ratio (target >= 3x, SmolLM2-135M-Instruct), and whether the rewards are equal (the bench fails
-if not). The model carries the recipe's LoRA adapter, randomly initialised (`judgetrain.bench.eval.load_eval_model`).
+Two groups, as the two uses of a judge as a reward shape them:
+
+- ``chat``: a policy answering a user (RM-Bench's first chat prompt, a short request, with its own six responses, then
+  the next chat rows' responses: the lengths of real answers, the completions' tokens nearly all of the work);
+- ``judge``: a generative judge trained by GRPO, as RM-R1 and J1 train theirs (a JudgeBias judge prompt, a rubric
+  and the item to grade, long, with evaluations as the completions: the shared prompt most of the work).
+
+The loop is the reward function a user writes by hand: for each completion, the prompt + completion through the policy
+and through the reference (the adapter disabled), the full log-softmax, one completion at a time, as the public DPO
+scoring scripts do (`judgetrain.bench.eval.NaiveEvaluator` at batch size 1). A third side calls the reward once per
+completion (no batching, no group to share a prompt with), which says what the call over the whole group gains.
+Rewards per second of each side, their ratio (target >= 3x, SmolLM2-135M-Instruct), the prompt and completion
+lengths, and whether the rewards are equal (the bench fails if not). The model carries the recipe's LoRA adapter,
+randomly initialised (`judgetrain.bench.eval.load_eval_model`).
 """
 
 # Late imports: torch, numpy, judgetrain.rewards (inside the functions that use them): each benchmark part loads only
@@ -21,28 +27,40 @@ import logging
 from typing import Any
 
 from judgetrain.bench.common import BenchError, load_average, median, ratio, timed_sides
-from judgetrain.bench.eval import NaiveEvaluator, rmbench_rows
+from judgetrain.bench.eval import NaiveEvaluator, _judgebias_rows, rmbench_rows
 from judgetrain.bench.generation import bench_models
 
 logger = logging.getLogger(__name__)
 
-def grpo_group(source: str, size: int) -> tuple[list[dict], list[list[dict]]]:
-    """(prompt messages, ``size`` completions as assistant messages): RM-Bench's first chat prompt, its responses, then
-    the next chat rows' responses."""
-    rows = [r for r in rmbench_rows(source, None) if str(r.get("domain", r.get("id", ""))).startswith("chat")] \
-        or rmbench_rows(source, None)
-    texts = [x for r in rows for x in list(r["chosen"]) + list(r["rejected"])][:size]
+REWARD_GROUPS = ("chat", "judge")
+
+
+def grpo_group(kind: str, source: str, size: int) -> tuple[list[dict], list[list[dict]]]:
+    """(prompt messages, ``size`` completions as assistant messages) of the group ``kind`` (see the module doc)."""
+    if kind == "judge":
+        rows = _judgebias_rows(None)
+        prompt = list(rows[0]["prompt"])
+        texts = [x[0]["content"] for r in rows for x in (r["chosen"], r["rejected"])][:size]
+    else:
+        rows = [r for r in rmbench_rows(source, None) if str(r.get("domain", r.get("id", ""))).startswith("chat")] \
+            or rmbench_rows(source, None)
+        prompt = [{"role": "user", "content": rows[0]["prompt"]}]
+        texts = [x for r in rows for x in list(r["chosen"]) + list(r["rejected"])][:size]
     if len(texts) < size:
-        raise BenchError(f"reward bench: {len(texts)} responses in the RM-Bench source; --reward_group {size} asked")
-    return [{"role": "user", "content": rows[0]["prompt"]}], [[{"role": "assistant", "content": t}] for t in texts]
+        raise BenchError(f"reward bench: {len(texts)} completions for the {kind} group; --reward_group {size} asked")
+    return prompt, [[{"role": "assistant", "content": t}] for t in texts]
 
 
 def bench_reward_model(cfg: argparse.Namespace, model: Any, tokenizer: Any) -> dict:
+    return {kind: bench_reward_group(cfg, model, tokenizer, kind) for kind in REWARD_GROUPS}
+
+
+def bench_reward_group(cfg: argparse.Namespace, model: Any, tokenizer: Any, kind: str) -> dict:
     import numpy as np
 
     from judgetrain.rewards import JudgeReward
 
-    prompt, completions = grpo_group(cfg.rmbench_source, cfg.reward_group)
+    prompt, completions = grpo_group(kind, cfg.rmbench_source, cfg.reward_group)
     prompts = [prompt] * len(completions)
     reward = JudgeReward(model, tokenizer, mode="implicit", max_length=cfg.eval_max_length,
                          batch_tokens=cfg.eval_batch_tokens)
