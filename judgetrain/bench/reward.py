@@ -74,7 +74,8 @@ def bench_reward_group(cfg: argparse.Namespace, model: Any, tokenizer: Any, kind
     a, b = np.asarray(outs["reward"], dtype=float), np.asarray(outs["per_completion_loop"], dtype=float)
     worst = float(np.max(np.abs(a - b)))
     if not np.allclose(a, b, rtol=1e-4, atol=1e-3):
-        raise BenchError(f"reward bench: the reward and the per-completion loop differ (max abs difference {worst:.3g})")
+        raise BenchError(f"reward bench, {kind} group: the reward and the per-completion loop differ (max abs "
+                         f"difference {worst:.3g})")
 
     def side(key: str) -> dict:
         sec = median(times[key])

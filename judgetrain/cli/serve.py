@@ -63,7 +63,8 @@ def build_parser() -> ConventionParser:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     p.add_argument("--device", default=None, help="where the judge runs (default: where it loads)")
     p.add_argument("--batch_tokens", type=int, default=8192, help="padded-token budget of one scoring forward")
-    p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off by default)")
+    p.add_argument("--trust_remote_code", action="store_true",
+                   help="allow the model's own Python code (off by default)")
     return p
 
 

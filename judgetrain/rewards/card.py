@@ -6,11 +6,11 @@
 
 It reads the run folder as `judgetrain.report.card` does (``recipe.yaml``, ``metrics.jsonl``, ``README.md``): the base
 model as a command names it (a hub id or alias; a local folder by its name only), the training data (each component's
-dataset, its source as a hub id, ``bundled`` or a folder's name, its split and options: never a machine path), the figures of the
-last evaluation against the base judge with their intervals (`judgetrain.report.headline.against_base`: base,
-trained, 95% interval, the difference, its interval and p) and the figures that got worse, and the card's text. A
-folder that is not a run (a bare adapter or model folder) gives a card with what it has: ``recipe`` and
-``against_base`` None, said in ``note``.
+dataset, its source as a hub id, ``bundled`` or a folder's name, its split and options: never a machine path), the
+figures of the last evaluation against the base judge with their intervals (`judgetrain.report.headline.against_base`:
+base, trained, 95% interval, the difference, its interval and p) and the figures that got worse, and the card's text. A
+folder that is not a run (a bare adapter or model folder) gives a card with what it has: ``recipe`` and ``against_base``
+None, said in ``note``.
 """
 
 # Late imports: yaml (inside `read_card`): a light read of the run folder.

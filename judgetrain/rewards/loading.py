@@ -100,8 +100,8 @@ def load_judge(source: JudgeSource, *, dtype: str = "auto", device: str | None =
     if dtype not in DTYPES:
         raise BadInputError(f"dtype {dtype!r}: one of {', '.join(DTYPES)}")
     at = {"revision": source.revision} if source.revision else {}
-    model = AutoModelForCausalLM.from_pretrained(source.model, dtype="auto" if dtype == "auto" else getattr(torch, dtype),
-                                                 trust_remote_code=trust_remote_code, **at)
+    weights = "auto" if dtype == "auto" else getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(source.model, dtype=weights, trust_remote_code=trust_remote_code, **at)
     own = source.adapter is not None and (Path(source.adapter) / "tokenizer_config.json").is_file()
     tokenizer = load_tokenizer(source.adapter if own else source.model, trust_remote_code=trust_remote_code,
                                revision=None if own else source.revision)
