@@ -48,7 +48,7 @@ import numpy as np
 from judgetrain.data.chat import chat_ids, text_ids
 from judgetrain.data.pairwise import PAIRWISE_USER, both_orders
 from judgetrain.eval.scoring import Request, ScoringEngine, judge_prompt_ids
-from judgetrain.eval.suites import VERDICTS, rubric_prompt
+from judgetrain.eval.suites import VERDICTS, check_verdict_tokens, rubric_prompt
 from judgetrain.rewards.card import JudgeCard, read_card
 from judgetrain.rewards.loading import judge_source, load_judge
 from judgetrain.utils.errors import BadInputError
@@ -129,6 +129,8 @@ class JudgeReward:
         if mode == "implicit" and ref_model is None and not self.engine.has_adapter_reference:
             logger.warning("implicit reward of a full model without ref_model: the reward is the completion's "
                            "log-likelihood (no reference to subtract)")
+        if mode == "verdict":
+            check_verdict_tokens(tokenizer)  # the verdicts must tokenise apart, naming A and B (RecipeError)
         self.totals = RewardTotals()
         self._lock = threading.Lock()  # one scoring at a time: the engine and the model are shared
 
