@@ -61,6 +61,7 @@ def grpo_args(tmp_path: Path, **kw):
                       learning_rate=1e-4, save_strategy="no", seed=0, use_cpu=True, **kw)
 
 
+@pytest.mark.slow  # a few training steps of a real trainer
 def test_a_grpo_run_rewards_equal_judgetrain_eval_scores(policy, trained_judge, implicit_reward, tmp_path):
     """GRPO with the judge as its only reward: the last generation batch's logged rewards are `judgetrain eval`'s
     implicit scores of the same prompt and completion texts; the call's figures reach the trainer's logs; each group's
@@ -87,6 +88,7 @@ def test_a_grpo_run_rewards_equal_judgetrain_eval_scores(policy, trained_judge, 
     assert close(history[-1]["rewards/judge_reward/mean"], sum(logged) / 8)
 
 
+@pytest.mark.slow  # a few training steps of a real trainer
 def test_an_online_dpo_run_rewards_equal_judgetrain_eval_scores(policy, trained_judge, tmp_path):
     """OnlineDPOTrainer (trl.experimental) with the judge-mode reward: the rewards of its last call are `judgetrain
     eval`'s judge-mode scores of the same texts, and their mean is the trainer's logged objective/scores."""
