@@ -21,6 +21,7 @@ and the layers listed before it, lazy imports inside functions included (tests/t
     perturb      `judgetrain perturb`: the spec and its packs, rule operators, model rewrites on the judge engine,
                  checks, the items `judgetrain judge` reads
     probe        `judgetrain probe`: what a base judge sees before training, zero-shot and by a linear probe
+    rewards      a trained judge as a reward: TRL's reward_funcs, the judge's card, the batcher `judgetrain serve` runs
     metrics.py   the metric functions' public home
     train.py     the per-process recipe that `accelerate launch -m judgetrain.train` runs
     loop         `judgetrain loop`: rounds of the debiasing loop, each stage a command, resumable; the round table

@@ -95,3 +95,22 @@ def _root_logging_restored():
         if handler not in root.handlers:
             root.addHandler(handler)
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def trained_judge(tmp_path_factory, _judgetrain_cache) -> Path:
+    """A judge trained through judgetrain's own train path (the quickstart recipe cut to 2 steps on 2 pairs each),
+    evaluated before the first step and after the last on 8 JudgeBias rows in judge mode: a run folder with an
+    adapter, recipe.yaml, metrics.jsonl with figures against the base, and its model card (tests/test_reward.py,
+    tests/test_serve.py)."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path_factory.mktemp("trained-judge") / "run"
+    proc = subprocess.run([sys.executable, "-m", "judgetrain.train", "recipes/quickstart.yaml", "--output_dir",
+                           str(run_dir), "--max_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps",
+                           "1", "--save_steps", "2", "--warmup_steps", "0", "--eval_suites", "judgebias",
+                           "--eval_max_rows", "8", "--eval_scoring", "judge", "--eval_strategy", "steps",
+                           "--eval_steps", "2"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir

@@ -161,6 +161,7 @@ TYPOS = [  # (argv, the misspelt option, the hint)
     (["loop", "loop.yaml", "--confg", "x"], "--confg", None),
     (["probe", "--items", "i", "--source", "s", "--spec", "materials", "--model", "m", "--output_dir", "o",
       "--holdout", "0.2"], "--holdout", "--holdout_fraction"),
+    (["serve", "tiny-judge", "--max_text", "4"], "--max_text", "--max_texts"),
 ]
 
 
@@ -243,6 +244,8 @@ BAD_INPUTS = [  # (argv with {t} for the folder, what the line says)
      "a file, not a folder"),
     (["perturb", "--source", "{t}/emptydir", "--spec", "materials", "--output_dir", "{t}/out"], "no files"),
     (["tiny", "build", "--output_dir", "{t}/afile"], "a file, not a folder"),
+    (["serve", "{t}/emptydir"], "a folder without a model"),
+    (["serve", "{t}/afile"], "a file, not a folder"),
     (["cache", "lst"], "invalid choice"),
     (["data", "chek"], "unknown command 'chek'"),
     (["trian"], "did you mean 'train'?"),

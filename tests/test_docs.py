@@ -278,6 +278,9 @@ def plan_judgetrain(args: list[str]) -> Plan:
     if words == "loop":
         return Plan("help", ("loop",), "rounds of judge, DPO and eval: minutes of CPU even on the tiny judge "
                     "(tests/test_loop.py runs two rounds, and kills it during each stage)")
+    if words == "serve":
+        return Plan("help", ("serve",), "a server that runs until stopped (tests/test_serve.py starts it, sends "
+                    "OpenRLHF's requests from real clients and stops it)")
     if words == "bench":
         return Plan("help", ("bench",), "minutes of CPU even at its smallest (tests/test_bench.py runs --quick)")
     raise Unclassified(f"judgetrain {words}: the test does not know how to run it; add it to plan_judgetrain")

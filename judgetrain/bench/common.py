@@ -93,6 +93,19 @@ def alternating(n_warmup: int, n_repeats: int, sides: list[str]):
         yield i, i < n_warmup, sides[shift:] + sides[:shift]
 
 
+def timed_sides(run: dict, repeats: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """(seconds of each round, last output) of each side of ``run`` (side -> a call), ``repeats`` rounds in
+    `alternating` order."""
+    times: dict[str, list[float]] = {side: [] for side in run}
+    outs: dict[str, Any] = {}
+    for _, _, order in alternating(0, repeats, list(run)):
+        for side in order:
+            t0 = time.perf_counter()
+            outs[side] = run[side]()
+            times[side].append(time.perf_counter() - t0)
+    return times, outs
+
+
 def default_recipe() -> str:
     for base in (Path(__file__).resolve().parents[2], Path.cwd()):
         path = base / "recipes" / "quickstart.yaml"

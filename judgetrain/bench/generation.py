@@ -20,7 +20,7 @@ import re
 import time
 from typing import Any
 
-from judgetrain.bench.common import BenchError, alternating, load_average, median, ratio
+from judgetrain.bench.common import BenchError, load_average, median, ratio, timed_sides
 from judgetrain.bench.eval import _judgebias_rows, load_eval_model
 
 logger = logging.getLogger(__name__)
@@ -73,13 +73,7 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
         except Exception as e:  # noqa: BLE001 - vLLM's own errors (head size, platform): the other sides still run
             logger.warning("generation bench: the vLLM side of %s did not run: %s", type(model).__name__, e)
             vllm["skipped"] = f"{type(e).__name__}: {e}"
-    times: dict[str, list[float]] = {side: [] for side in run}
-    outs: dict[str, list] = {}
-    for _, warm, order in alternating(0, cfg.generation_repeats, list(run)):
-        for side in order:
-            t0 = time.perf_counter()
-            outs[side] = run[side]()
-            times[side].append(time.perf_counter() - t0)
+    times, outs = timed_sides(run, cfg.generation_repeats)
     e, n = outs["engine"], outs["one_at_a_time"]
     if [g.prompt_tokens for g in e] != [g.prompt_tokens for g in n]:
         raise BenchError("generation: the engine and the loop fed different prompts")
@@ -134,22 +128,33 @@ def _vllm_side(vllm: dict, side, outs: dict, engine: dict, loop: dict) -> dict:
 def bench_generation(cfg: argparse.Namespace) -> dict:
     import torch
 
-    from judgetrain.config.recipe import RecipeError
-    from judgetrain.models.aliases import resolve_model
-
     prompts = [r["prompt"] for r in _judgebias_rows(cfg.generation_rows)]
     out: dict[str, Any] = {"prompts": "JudgeBias validation prompts (rubric + recipe)", "rows": len(prompts),
                            "dtype": cfg.generation_dtype, "torch_threads": torch.get_num_threads(),
                            "models": {}}
-    for name in cfg.generation_models:
+    out["models"] = bench_models(cfg.generation_models, cfg.recipe, "generation",
+                                 lambda model, tokenizer: bench_generation_model(cfg, model, tokenizer, prompts),
+                                 dtype=cfg.generation_dtype)
+    return out
+
+
+def bench_models(names: list[str], recipe: str, part: str, measure, dtype: str = "float32") -> dict:
+    """{label: {"model": name, **measure(model, tokenizer)}} for each model (an alias or a path, loaded with the
+    recipe's random LoRA adapter); one that cannot be had here (SmolLM2 without its package) is ``{"skipped": why}``
+    and the others still run."""
+    from judgetrain.config.recipe import RecipeError
+    from judgetrain.models.aliases import resolve_model
+
+    out: dict[str, Any] = {}
+    for name in names:
         label = generation_label(name)
         try:
             path = resolve_model(name)
-        except RecipeError as e:  # SmolLM2 without its package: the other models still run
-            logger.warning("generation bench: %s skipped: %s", name, e)
-            out["models"][label] = {"skipped": str(e)}
+        except RecipeError as e:
+            logger.warning("%s bench: %s skipped: %s", part, name, e)
+            out[label] = {"skipped": str(e)}
             continue
-        model, tokenizer = load_eval_model(path, cfg.recipe, dtype=cfg.generation_dtype)
-        out["models"][label] = {"model": name, **bench_generation_model(cfg, model, tokenizer, prompts)}
+        model, tokenizer = load_eval_model(path, recipe, dtype=dtype)
+        out[label] = {"model": name, **measure(model, tokenizer)}
         del model
     return out

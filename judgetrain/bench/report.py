@@ -74,6 +74,9 @@ TARGETS = {
     "evidence_share_of_eval": ("<=", 0.02),  # intervals + paired deltas at 10,000 rows / that eval's time
     "judge_tiny_judge_evaluations_per_s_ratio": (">=", 4.0),  # judgetrain judge / a one-item generate loop
     "judge_smollm2_135m_instruct_evaluations_per_s_ratio": (">=", 4.0),
+    # the reward over a GRPO group of 8 / a per-completion loop, SmolLM2; chat: a short request and long answers
+    "reward_smollm2_chat_rewards_per_s_ratio": (">=", 3.0),
+    "reward_smollm2_judge_rewards_per_s_ratio": (">=", 3.0),  # a generative judge's GRPO: a long judge prompt
 }
 
 
@@ -331,5 +334,9 @@ def summarize(report: dict) -> dict:
     for name, sp in ((report.get("judge") or {}).get("speed") or {}).items():
         if "evaluations_per_s_ratio" in sp:  # a model that could not load is reported as skipped
             s[f"judge_{name.replace('-', '_')}_evaluations_per_s_ratio"] = sp["evaluations_per_s_ratio"]
+    for label, r in ((report.get("reward") or {}).get("models") or {}).items():
+        for group, g in r.items():  # a model that could not load is reported as skipped
+            if isinstance(g, dict) and "rewards_per_s_ratio" in g:
+                s[f"reward_{label}_{group}_rewards_per_s_ratio"] = g["rewards_per_s_ratio"]
     s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
     return s

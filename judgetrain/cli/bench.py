@@ -38,6 +38,10 @@ alternate which side goes first; medians and the A/B ratio of the medians are re
   34,000 items (`judgetrain.bench.perturb`).
 - **parser**: the score parser on hostile text at its 200,000-character cap against a clean evaluation, and
   `build_pairs` with hostile evaluations against the clean panel (`judgetrain.bench.parser`).
+- **reward** (only with ``--only reward``): a judge as a reward function (`judgetrain.rewards`) against a
+  per-completion loop of the same model on a GRPO group of ``--reward_group`` completions of one prompt, with
+  SmolLM2-135M-Instruct (quick: the tiny judge): rewards/s of each side, their ratio, the rewards equal
+  (`judgetrain.bench.reward`).
 - **checkpoint** (only with ``--only checkpoint``: it writes ``--checkpoint_gb`` twice per round): the marker's
   cost at a save and the resume check's, old way against new way, on a synthetic checkpoint written by 2 processes
   (`judgetrain.bench.checkpoint`).
@@ -82,7 +86,7 @@ SIZES = {
                     parser_chars=CAP, parser_panel_copies=PANEL_COPIES, checkpoint_gb=1.0,
                     generation_rows=8, generation_max_new_tokens=64, generation_repeats=1,
                     generation_models=list(GENERATION_MODELS), train_shapes_bf16=None,
-                    quickstart_overrides={}),
+                    quickstart_overrides={}, reward_models=["smollm2-135m-instruct"]),
     # the test's size: one round, one-step runs, the speed options left out
     "quick": dict(repeats=1, warmup=0, train_steps=1, train_batch_size=2, option_repeats=1, skip_options=True,
                   scale_repeats=1, scale_train_steps=1, eval_rows=2, judgebias_rows=2, scale_eval_rows=1,
@@ -90,7 +94,7 @@ SIZES = {
                   parser_chars=20_000, parser_panel_copies=1, checkpoint_gb=0.05,
                   generation_rows=2, generation_max_new_tokens=8, generation_repeats=1, generation_models=["tiny-judge"],
                   train_shapes_bf16=["judgebias"],  # the bf16 summary keys are JudgeBias-shaped
-                  quickstart_overrides={"eval_max_rows": 2, "eval_suites": "rmbench"}),
+                  quickstart_overrides={"eval_max_rows": 2, "eval_suites": "rmbench"}, reward_models=["tiny-judge"]),
 }
 
 
@@ -105,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+",
                    choices=("train", "train_shapes", "eval", "scale", "quickstart", "device", "parser", "checkpoint",
                             "generation",
-                            "startup", "judge", "perturb", "evidence"),
-                   help="run only these parts (default: all that apply to --device, but checkpoint, startup, judge and "
-                        "evidence)")
+                            "startup", "judge", "perturb", "evidence", "reward"),
+                   help="run only these parts (default: all that apply to --device, but checkpoint, startup, judge, "
+                        "evidence and reward)")
     _add_train_options(p)
     _add_eval_options(p)
     _add_generation_options(p)
@@ -118,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--judge_max_new_tokens", type=int, default=32, help="tokens per evaluation (default 32)")
     g.add_argument("--judge_resume_rows", type=int, default=136_000,
                    help="done rows of the resume side (default 136,000: 34,000 items x 4 judges)")
+    p.add_argument("--reward_models", nargs="+", help="--only reward: models (default smollm2-135m-instruct; quick "
+                   "tiny-judge)")
+    p.add_argument("--reward_group", type=int, default=8, help="--only reward: completions of one prompt (default 8)")
     p.add_argument("--perturb_samples", type=int, default=2000, help="--only perturb: source recipes x the materials "
                    "pack's 17 sets, rule operators (default 2,000: 34,000 items)")
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
@@ -324,7 +331,8 @@ def _eval_parts(args, parts: set, report: dict, workdir: Path) -> None:
 
 
 def _other_parts(args, parts: set, report: dict, workdir: Path, tb: TrainBench | None) -> None:
-    """The quickstart, parser, checkpoint, generation, judge, perturb, startup and device parts, in that order."""
+    """The quickstart, parser, checkpoint, generation, judge, perturb, reward, startup and device parts, in that
+    order."""
     if "quickstart" in parts:
         report["quickstart"] = timed(report, "quickstart", bench_quickstart, args, workdir)
     if "parser" in parts:
@@ -341,6 +349,10 @@ def _other_parts(args, parts: set, report: dict, workdir: Path, tb: TrainBench |
         from judgetrain.bench.perturb import bench_perturb
 
         report["perturb"] = timed(report, "perturb", bench_perturb, args, workdir / "perturb")
+    if "reward" in parts:
+        from judgetrain.bench.reward import bench_reward
+
+        report["reward"] = timed(report, "reward", bench_reward, args)
     if "startup" in parts:
         report["startup"] = timed(report, "startup", bench_startup, args, workdir / "startup")
     if "device" in parts:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from judgetrain.eval.metrics import N_RESAMPLES, Items, items_intervals
+from judgetrain.eval.stats import N_RESAMPLES, Items, items_intervals
 from judgetrain.probe.pairs import KINDS, ProbeSet
 
 ALL = "all"

@@ -29,9 +29,9 @@ import numpy as np
 from judgetrain.compat.trl import dpo_token_ids
 from judgetrain.data.chat import text_ids
 from judgetrain.data.pairwise import verdict_messages
-from judgetrain.eval.metrics import swap_verdict, verdict_from_scores
-from judgetrain.eval.scoring import Request, ScoringEngine
-from judgetrain.eval.suites import VERDICTS
+from judgetrain.eval.benchmarks.verdicts import VERDICTS, swap_verdict, verdict_from_scores
+from judgetrain.eval.requests import Request
+from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.probe.pairs import ProbeSet
 
 logger = logging.getLogger(__name__)

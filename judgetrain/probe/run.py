@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from judgetrain.eval.metrics import N_RESAMPLES
+from judgetrain.eval.stats import N_RESAMPLES
 from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.eval.suites import check_verdict_tokens
 from judgetrain.judge.judges import load_local, parse_judge, preflight_local

@@ -57,6 +57,7 @@ COMMANDS = {
     "status": Command("judgetrain.cli.status",
                       "how a run stands (running, finished, stopped, failed) by its folder; --verify"),
     "tiny build": Command("judgetrain.cli.tiny", "build the embedded tiny judge into a model directory"),
+    "serve": Command("judgetrain.cli.serve", "a trained judge as a reward over HTTP (OpenRLHF's remote reward format)"),
     "cache": Command("judgetrain.cli.cache", "list or clear the models judgetrain built into its cache"),
 }
 # The commands whose module runs on several processes under `accelerate launch` (`judgetrain train` launches its own).
