@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -96,8 +97,12 @@ class Suite:
     example_figure: ClassVar[str] = "accuracy"  # a figure named in messages (metric_for_best_model)
     generate_table: ClassVar[tuple[str, ...]] = ()  # the report's table of figures beside what the judge writes
     bare_figures: ClassVar[tuple[str, ...]] = ()  # the top-level keys `log_figures` names itself
-    matrices: ClassVar[bool] = False  # the report draws its 3x3 style matrices
+    matrices: ClassVar[bool] = False  # the report draws its 3x3 style matrices (`style_matrices`)
     curves: ClassVar[bool] = False  # the report draws its figures' curves in panels of their own
+    # the figures the report and the model card open with: (key under ``eval/<suite>/``, label); those of generate
+    # mode (``generate/...``) follow every suite's others
+    report_headline: ClassVar[tuple[tuple[str, str], ...]] = ()
+    best_by: ClassVar[str | None] = None  # the figure a run's best evaluation is chosen by when the recipe names none
 
     # ------------------------------------------------------------------------------------------------ rows
     def source(self, spec: Any) -> Any:
@@ -199,6 +204,33 @@ class Suite:
     def row_key(self, row: Mapping[str, Any]) -> Any:
         """A per-row record's identity, to drop rows written twice: the row index (None: keep every row)."""
         return ("row_index", row["row_index"]) if row.get("row_index") is not None else None
+
+    # ----------------------------------------------------------------------------------- what reports show
+    def style_matrices(self, records: list[dict]) -> dict[str, Any]:
+        """{"overall" | <group>: 3x3 accuracy of chosen style (rows) against rejected style (columns)} of the
+        records, for the suites that declare ``matrices``; {} for the others."""
+        return {}
+
+    def table(self, results: Mapping[str, Any]) -> FigureTable | None:
+        """The terminal's table of the suite's own figures (`judgetrain eval`), None for a plain list of figures."""
+        return None
+
+    def trained_mode(self, components: Iterable[Mapping[str, Any]]) -> str | None:
+        """The data mode the suite is scored in when the judge is trained on rows of its schema (``takes_mode``): the
+        ``mode`` of such a component of ``train_datasets``; None for none."""
+        return None
+
+
+@dataclass
+class FigureTable:
+    """A suite's figures as a table: one row per group, then its total row (shown bold); ``notes``: lines after it.
+    Its bare figures (``eval/<suite>/<figure>``) are in it, so the list of other figures leaves them out."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: list[list[str]]
+    total: list[str]
+    notes: list[str] = field(default_factory=list)
 
 
 def nan_or(value: Any) -> float:

@@ -136,9 +136,15 @@ class Ideation(Suite):
     takes_mode = True
     unit = "a pair (both orders)"
     headline = FIGURES
+    report_headline = (("accuracy", "Ideation accuracy"),
+                       ("generate/parse_rate", "Ideation parse rate (written verdicts)"))
     curves = True
     generate_table = ("accuracy", "position_consistency", "first_position_rate")
     bare_figures = FIGURES
+
+    def trained_mode(self, components: Iterable[Mapping[str, Any]]) -> str | None:
+        modes = [c["mode"] for c in components if c.get("dataset") == self.name and c.get("mode")]
+        return modes[-1] if modes else None
 
     def load(self, spec: Any, source: Any, **common: Any) -> Any:
         return data.load_ideation(source, split=spec.split or self.default_split, mode=spec.mode, **common)

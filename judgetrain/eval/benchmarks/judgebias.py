@@ -183,6 +183,9 @@ class JudgeBias(Suite):
     unit = "a sample within a perturbation set (its rows at each perturbation rate)"
     headline = ("error/accuracy", "represent/accuracy", "represent/anchor_mae", "error/detect_rate",
                 "represent/within_half_rate")
+    report_headline = (("error/accuracy", "JudgeBias error accuracy"),
+                       ("represent/accuracy", "JudgeBias represent accuracy"),
+                       ("generate/parse_rate", "JudgeBias parse rate (written evaluations)"))
     example_figure = "error/accuracy"
     curves = True
     generate_table = ("represent/accuracy", "error/accuracy", "represent/anchor_mae", "represent/within_half_rate",

@@ -16,7 +16,7 @@ import numpy as np
 
 from judgetrain import data
 from judgetrain.config.suites import register
-from judgetrain.eval.benchmarks.base import Suite, nan_or, rubric_prompt
+from judgetrain.eval.benchmarks.base import FigureTable, Suite, nan_or, rubric_prompt
 from judgetrain.eval.requests import Request, RowScore
 from judgetrain.eval.stats import CONFIDENCE, N_RESAMPLES, Items, items_intervals
 
@@ -194,6 +194,10 @@ class RMBench(Suite):
     generate_table = FIGURES
     bare_figures = FIGURES
     matrices = True
+    report_headline = (("hard_acc", "RM-Bench hard accuracy"), ("normal_acc", "RM-Bench normal accuracy"),
+                       ("easy_acc", "RM-Bench easy accuracy"), ("total_avg_acc", "RM-Bench average accuracy"),
+                       ("generate/parse_rate", "RM-Bench parse rate (written evaluations)"))
+    best_by = "total_avg_acc"
 
     def load(self, spec: Any, source: Any, **common: Any) -> Any:
         return data.load_rmbench(source, **common)
@@ -238,6 +242,21 @@ class RMBench(Suite):
         if row.get("row_index") is None and row.get("id") is not None:
             return ("id", row["id"])
         return super().row_key(row)
+
+    def style_matrices(self, records: list[dict]) -> dict[str, Any]:
+        return rmbench_matrices(records)
+
+    def table(self, results: Mapping[str, Any]) -> FigureTable | None:
+        if not results:
+            return None
+        levels = ("hard_acc", "normal_acc", "easy_acc")
+        rows = [[d, str(results[d]["n_rows"]), *(f"{results[d][k]:.3f}" for k in (*levels, "avg_acc"))]
+                for d in results["domains"] + results.get("other_domains", [])]
+        rows += [[d, "0", "missing", "", "", ""] for d in results["missing_domains"]]
+        total = ["overall", str(results["n_rows"]), *(f"{results[k]:.3f}" for k in (*levels, "total_avg_acc"))]
+        notes = ([f"{self.name}: {results['n_skipped']} rows skipped, {results['n_truncated']} truncated (long inputs)"]
+                 if results.get("n_skipped") or results.get("n_truncated") else [])
+        return FigureTable(self.title, ("domain", "rows", "hard", "normal", "easy", "avg"), rows, total, notes)
 
 
 def _generated_rows(records: list[dict]) -> list[dict]:
