@@ -211,6 +211,12 @@ class Suite:
         records, for the suites that declare ``matrices``; {} for the others."""
         return {}
 
+    def curve_plots(self, keys: list[str], rows: list[dict]) -> list[CurvePlot]:
+        """The report's figures of the suite's curves over eval points (for the suites that declare ``curves``):
+        ``keys``: the logged figures of every run drawn (bare mode, in reading order); ``rows``: the suite's
+        per-row records of those runs."""
+        return []
+
     def table(self, results: Mapping[str, Any]) -> FigureTable | None:
         """The terminal's table of the suite's own figures (`judgetrain eval`), None for a plain list of figures."""
         return None
@@ -219,6 +225,20 @@ class Suite:
         """The data mode the suite is scored in when the judge is trained on rows of its schema (``takes_mode``): the
         ``mode`` of such a component of ``train_datasets``; None for none."""
         return None
+
+
+@dataclass
+class CurvePlot:
+    """One figure of a suite's curves in the report: its file, caption and title, and its panels: (panel title,
+    [(series label, logged key)]); a key ending in ``/style_gap`` is the easy - hard gap of the figures under its
+    prefix. The report draws it (matplotlib stays out of the suites)."""
+
+    file: str
+    caption: str
+    title: str
+    panels: list[tuple[str, list[tuple[str, str]]]]
+    unit: str | None = None
+    zero_line: bool = False
 
 
 @dataclass

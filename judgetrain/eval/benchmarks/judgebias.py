@@ -18,7 +18,7 @@ import numpy as np
 
 from judgetrain import data
 from judgetrain.config.suites import register
-from judgetrain.eval.benchmarks.base import Suite, nan_or
+from judgetrain.eval.benchmarks.base import CurvePlot, Suite, nan_or
 from judgetrain.eval.requests import Request, RowScore
 from judgetrain.eval.stats import Items, as_score, mean_of
 
@@ -190,6 +190,21 @@ class JudgeBias(Suite):
     curves = True
     generate_table = ("represent/accuracy", "error/accuracy", "represent/anchor_mae", "represent/within_half_rate",
                       "error/detect_rate", "error/mean_drop")
+
+    def curve_plots(self, keys: list[str], rows: list[dict]) -> list[CurvePlot]:
+        prefix = f"eval/{self.name}/"
+        cat_keys = [k for k in keys if k.startswith(prefix) and k.split("/")[2] != "type"]
+        cats = {str(r["perturbation_type"]): str(r.get("perturbation_category", ""))
+                for r in rows if r.get("perturbation_type") is not None}
+        type_keys = [k for k in keys if k.startswith(prefix + "type/") and k.endswith("/accuracy")]
+        type_keys.sort(key=lambda k: (cats.get(k.split("/")[3], "~"), k))
+        return [CurvePlot(f"{self.name}_categories.png", "JudgeBias validation per perturbation category: accuracy "
+                          "(chosen scored above rejected) and mean margin", "JudgeBias per category",
+                          [(k[len(prefix):], [(k, k)]) for k in cat_keys]),
+                CurvePlot(f"{self.name}_types.png", "JudgeBias accuracy per perturbation type (category in brackets)",
+                          "JudgeBias accuracy per perturbation type",
+                          [(k.split("/")[3] + (f" ({cats[k.split('/')[3]]})" if k.split("/")[3] in cats else ""),
+                            [(k, k)]) for k in type_keys], unit="accuracy")]
 
     def load(self, spec: Any, source: Any, **common: Any) -> Any:
         return data.load_judgebias(source, split=spec.split or self.default_split, **common)
