@@ -49,6 +49,15 @@ def rubric_prompt(prompt: Any, response: Any) -> list[dict]:
     return [{"role": "system", "content": RUBRIC_SYSTEM}, {"role": "user", "content": user}]
 
 
+def mean_sd(values: Iterable[Any]) -> tuple[float, float] | None:
+    """(mean, standard deviation) of the finite values; None without any."""
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
 def finite_number(value: Any) -> bool:
     """A number that may be logged (bool is not one)."""
     return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
@@ -216,6 +225,17 @@ class Suite:
         ``keys``: the logged figures of every run drawn (bare mode, in reading order); ``rows``: the suite's
         per-row records of those runs."""
         return []
+
+    def judge_scores(self, records: list[dict]) -> dict[str, list[float]]:
+        """The judge-mode scores of the suite's items in its records: ``{"all": [...], <group>: [...]}``; {} for a
+        suite whose scores are not read for their spread (`judgetrain.report.spread`)."""
+        return {}
+
+    def flat_judge_line(self, spreads: str, scores: dict[str, list[float]]) -> str:
+        """What moves the suite's figures when the judge scores every item nearly alike (``spreads``: the scores'
+        mean and standard deviation at the base and at the step, in words; ``scores``: `judge_scores` at the step)."""
+        return (f"{self.title} in judge mode: the judge gives every item nearly one score ({spreads}): its figures "
+                "move with that one score, not with what the judge reads.")
 
     def table(self, results: Mapping[str, Any]) -> FigureTable | None:
         """The terminal's table of the suite's own figures (`judgetrain eval`), None for a plain list of figures."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from judgetrain import data
 from judgetrain.config.suites import register
-from judgetrain.eval.benchmarks.base import CurvePlot, Suite, nan_or
+from judgetrain.eval.benchmarks.base import CurvePlot, Suite, mean_sd, nan_or
 from judgetrain.eval.requests import Request, RowScore
 from judgetrain.eval.stats import Items, as_score, mean_of
 
@@ -190,6 +190,24 @@ class JudgeBias(Suite):
     curves = True
     generate_table = ("represent/accuracy", "error/accuracy", "represent/anchor_mae", "represent/within_half_rate",
                       "error/detect_rate", "error/mean_drop")
+
+    def judge_scores(self, records: list[dict]) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {"all": []}
+        for row in records:
+            score = row.get("judge_score")
+            out["all"].append(score)
+            out.setdefault(str(row.get("perturbation_category")), []).append(score)
+        return out
+
+    def flat_judge_line(self, spreads: str, scores: dict[str, list[float]]) -> str:
+        by = {c: mean_sd(scores.get(c, [])) for c in ("error", "represent")}
+        split = (f"; errors {by['error'][0]:.3f}, rewrites {by['represent'][0]:.3f}"
+                 if by["error"] and by["represent"] else "")
+        return ("JudgeBias in judge mode: the judge gives every item nearly one score ("
+                f"{spreads}{split}): it does not tell an error from a rewrite, so its error figures and its "
+                "representational figures move with that one score, in opposite directions: lower, it flags more "
+                "errors and puts every rewrite further below its anchor (higher, the reverse). A judge that learns "
+                "the difference moves them apart.")
 
     def curve_plots(self, keys: list[str], rows: list[dict]) -> list[CurvePlot]:
         prefix = f"eval/{self.name}/"

@@ -247,6 +247,15 @@ class RMBench(Suite):
     def style_matrices(self, records: list[dict]) -> dict[str, Any]:
         return rmbench_matrices(records)
 
+    def judge_scores(self, records: list[dict]) -> dict[str, list[float]]:
+        return {"all": [s for row in records
+                        for s in list(row.get("score_chosen") or []) + list(row.get("score_rejected") or [])]}
+
+    def flat_judge_line(self, spreads: str, scores: dict[str, list[float]]) -> str:
+        return (f"{self.title} in judge mode: every response is scored within a sliver of the scale ({spreads}): "
+                "which response of a pair wins is decided by hundredths of a point, so its accuracies and its style "
+                "spread move with changes that small, not with what the judge reads.")
+
     def curve_plots(self, keys: list[str], rows: list[dict]) -> list[CurvePlot]:
         groups = self._curve_groups(keys)
         return [CurvePlot(f"{self.name}_curves.png", f"{self.title} hard / normal / easy accuracy per eval point, "
