@@ -28,14 +28,16 @@ from judgetrain.eval.compare import REGRESSION_ALPHA, changes, worse_rule
 from judgetrain.report.spread import flat_judge_lines
 
 REPORT_HEADLINE = SuiteFacts("report_headline")  # per suite: (figure, label) of its headline figures
+HEADLINE_PLACE = SuiteFacts("headline_place")  # per suite: its place in the headline table
 BEST_BY = SuiteFacts("best_by")  # per suite: the figure the best evaluation is chosen by, if any
 
 
 def headline_figures() -> list[tuple[str, str]]:
-    """(logged key, label) of every suite's headline figures (`Suite.report_headline`), in the registry's order,
-    those of generate mode after every suite's others."""
-    pairs = [(f"eval/{suite}/{fig}", label) for suite, figures in REPORT_HEADLINE.items() for fig, label in figures]
-    return sorted(pairs, key=lambda p: p[0].split("/")[2] == "generate")  # a stable sort: the order kept within
+    """(logged key, label) of every suite's headline figures (`Suite.report_headline`), the suites in their
+    `Suite.headline_place` order, those of generate mode after every suite's others."""
+    suites = sorted(REPORT_HEADLINE, key=lambda suite: HEADLINE_PLACE[suite])  # stable: the registry's order on a tie
+    pairs = [(f"eval/{suite}/{fig}", label) for suite in suites for fig, label in REPORT_HEADLINE[suite]]
+    return sorted(pairs, key=lambda p: p[0].split("/")[2] == "generate")  # stable: the order kept within
 
 
 def default_selections() -> list[str]:

@@ -112,6 +112,8 @@ class Suite:
     # mode (``generate/...``) follow every suite's others
     report_headline: ClassVar[tuple[tuple[str, str], ...]] = ()
     best_by: ClassVar[str | None] = None  # the figure a run's best evaluation is chosen by when the recipe names none
+    # its place in the headline table, which also orders the fallback figures the best evaluation is chosen by
+    headline_place: ClassVar[int] = 100
 
     # ------------------------------------------------------------------------------------------------ rows
     def source(self, spec: Any) -> Any:

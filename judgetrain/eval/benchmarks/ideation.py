@@ -136,6 +136,7 @@ class Ideation(Suite):
     takes_mode = True
     unit = "a pair (both orders)"
     headline = FIGURES
+    headline_place = 2
     report_headline = (("accuracy", "Ideation accuracy"),
                        ("generate/parse_rate", "Ideation parse rate (written verdicts)"))
     curves = True

@@ -106,6 +106,7 @@ class JudgeBench(PairSuite):
     hub = "ScalerLab/JudgeBench"
     headline = ("accuracy", "knowledge/accuracy", "reasoning/accuracy", "math/accuracy", "coding/accuracy",
                 "inconsistent_rate", *POSITION_FIGURES)
+    headline_place = 4
     report_headline = (("accuracy", "JudgeBench accuracy (each response scored alone)"),
                        ("verdict/accuracy", "JudgeBench accuracy (verdicts, both orders)"))
     bare_figures = ("accuracy", "inconsistent_rate")

@@ -183,6 +183,7 @@ class JudgeBias(Suite):
     unit = "a sample within a perturbation set (its rows at each perturbation rate)"
     headline = ("error/accuracy", "represent/accuracy", "represent/anchor_mae", "error/detect_rate",
                 "represent/within_half_rate")
+    headline_place = 1
     report_headline = (("error/accuracy", "JudgeBias error accuracy"),
                        ("represent/accuracy", "JudgeBias represent accuracy"),
                        ("generate/parse_rate", "JudgeBias parse rate (written evaluations)"))

@@ -195,6 +195,7 @@ class RMBench(Suite):
     generate_table = FIGURES
     bare_figures = FIGURES
     matrices = True
+    headline_place = 0
     report_headline = (("hard_acc", "RM-Bench hard accuracy"), ("normal_acc", "RM-Bench normal accuracy"),
                        ("easy_acc", "RM-Bench easy accuracy"), ("total_avg_acc", "RM-Bench average accuracy"),
                        ("generate/parse_rate", "RM-Bench parse rate (written evaluations)"))
