@@ -9,6 +9,7 @@ import pytest
 
 from judgetrain.config.directions import direction, greater_is_better, rank_score
 from judgetrain.eval.compare import changes
+from judgetrain.eval.stats import holm
 from judgetrain.metrics import Items, paired_difference
 
 
@@ -46,6 +47,14 @@ def test_worse_needs_the_p_value_after_holm_and_the_interval_beyond_the_margin()
     assert changes({"s/x/accuracy": _figure(-0.3, -0.1, 0.2, 50)}) == {"s/x/accuracy": ""}
     # a threshold of 0.001 asks more
     assert changes({"s/x/accuracy": _figure(-0.3, -0.1, 0.01, 50)}, alpha=0.001) == {"s/x/accuracy": ""}
+
+
+def test_holm_steps_down_from_the_smallest_p_value():
+    """Holm's correction alone (`judgetrain.eval.stats.holm`): 0.01 < 0.05 / 3, 0.02 < 0.05 / 2, 0.04 < 0.05 pass;
+    with 0.03 in the middle the step stops at it, and a p-value at the threshold itself does not pass."""
+    assert holm({"z": 0.04, "x": 0.01, "y": 0.02}, 0.05) == ["x", "y", "z"]
+    assert holm({"z": 0.04, "x": 0.01, "y": 0.03}, 0.05) == ["x"]
+    assert holm({"x": 0.05}, 0.05) == [] and holm({}, 0.05) == []
 
 
 def test_style_spread_up_is_worse_and_down_is_better():

@@ -244,6 +244,35 @@ def _per_response(stats: dict, n_resp: int) -> dict:
     return {"computed": stats["padded_tokens"] / n_resp, "real": stats["real_tokens"] / n_resp}
 
 
+def _naive_side(cfg: argparse.Namespace, model, tokenizer, items: list, warm: bool, times: dict[str, list[float]],
+                stats: dict[str, dict], scores: dict[str, list]) -> None:
+    """One round of the naive evaluator: its scores and padding, its seconds unless a warm-up round."""
+    naive = NaiveEvaluator(model, tokenizer, cfg.naive_batch_size, cfg.eval_max_length)
+    t0 = time.perf_counter()
+    scores["naive"] = naive.score(items)
+    t = time.perf_counter() - t0
+    stats["naive"] = {"real_tokens": naive.real_tokens, "padded_tokens": naive.padded_tokens}
+    if not warm:
+        times["naive"].append(t)
+
+
+def _engine_side(engine, rows: list[dict], name: str, side: str, warm: bool, times: dict[str, list[float]],
+                 stats: dict[str, dict], scores: dict[str, list], checks: dict[str, Any]) -> None:
+    """One round of an engine side (``engine`` or ``plain``): a first epoch and a later one (the reference cache
+    warm: BenchError if it ran reference forwards), the same scores in both."""
+    prefix = "" if side == "engine" else "plain_"
+    t1, s1, st1 = engine_epoch(engine, rows, name)
+    t2, s2, st2 = engine_epoch(engine, rows, name)  # a later epoch: reference cache warm
+    if st2["ref_batches"] != 0:
+        raise BenchError(f"{name}: later epoch ran reference forwards: the reference cache did not hold")
+    stats[prefix + "first"], stats[prefix + "later"] = st1, st2
+    scores[side] = s1
+    if not warm:
+        times[prefix + "first"].append(t1)
+        times[prefix + "later"].append(t2)
+    checks[f"{side}_later_vs_first_max_abs_diff"] = _check_same(s1, s2, f"{name}: {side} later vs first epoch")
+
+
 def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: list[dict]) -> dict:
     """Naive evaluator, engine (defaults: prefix sharing, merged LoRA) and the plain engine (every sequence whole,
     PEFT's unmerged forward), side by side on one set."""
@@ -259,27 +288,11 @@ def bench_eval_set(cfg: argparse.Namespace, model, tokenizer, name: str, rows: l
     for i, warm, order in alternating(cfg.warmup, cfg.repeats, ["naive", "engine", "plain"]):
         for side in order:
             if side == "naive":
-                naive = NaiveEvaluator(model, tokenizer, cfg.naive_batch_size, cfg.eval_max_length)
-                t0 = time.perf_counter()
-                scores["naive"] = naive.score(items)
-                t = time.perf_counter() - t0
-                stats["naive"] = {"real_tokens": naive.real_tokens, "padded_tokens": naive.padded_tokens}
-                if not warm:
-                    times["naive"].append(t)
+                _naive_side(cfg, model, tokenizer, items, warm, times, stats, scores)
                 continue
-            prefix = "" if side == "engine" else "plain_"
             engine = ScoringEngine(model, tokenizer, prefix_sharing=side == "engine", merge_lora=side == "engine",
                                    **engine_kwargs)
-            t1, s1, st1 = engine_epoch(engine, rows, name)
-            t2, s2, st2 = engine_epoch(engine, rows, name)  # a later epoch: reference cache warm
-            if st2["ref_batches"] != 0:
-                raise BenchError(f"{name}: later epoch ran reference forwards: the reference cache did not hold")
-            stats[prefix + "first"], stats[prefix + "later"] = st1, st2
-            scores[side] = s1
-            if not warm:
-                times[prefix + "first"].append(t1)
-                times[prefix + "later"].append(t2)
-            checks[f"{side}_later_vs_first_max_abs_diff"] = _check_same(s1, s2, f"{name}: {side} later vs first epoch")
+            _engine_side(engine, rows, name, side, warm, times, stats, scores, checks)
         if i == 0:  # every side has run once: same scores or no figure
             checks["engine_vs_naive_max_abs_diff"] = _check_same(scores["engine"], scores["naive"], f"{name}: engine vs naive")
             checks["engine_vs_plain_max_abs_diff"] = _check_same(scores["engine"], scores["plain"],

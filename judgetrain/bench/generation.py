@@ -18,6 +18,8 @@ import argparse
 import logging
 import re
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from judgetrain.bench.common import BenchError, load_average, median, ratio, timed_sides
@@ -62,32 +64,11 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
     whole = gen.replace(prefix_sharing=False)
     run = {"engine": lambda: gen.generate(prompts), "engine_whole_prompts": lambda: whole.generate(prompts),
            "one_at_a_time": lambda: one_at_a_time(gen, prompt_ids)}
-    vllm: dict[str, Any] = {}
-    if cfg.generation_vllm:
-        try:  # untimed: the engine's start and one prompt
-            t0 = time.perf_counter()
-            vgen = gen.replace(backend="vllm")
-            vgen.generate(prompts[:1])
-            vllm["start_seconds"] = time.perf_counter() - t0
-            run["vllm"] = lambda: vgen.generate(prompts)
-        except Exception as e:  # noqa: BLE001 - vLLM's own errors (head size, platform): the other sides still run
-            logger.warning("generation bench: the vLLM side of %s did not run: %s", type(model).__name__, e)
-            vllm["skipped"] = f"{type(e).__name__}: {e}"
+    vllm = _start_vllm(cfg, gen, model, prompts, run) if cfg.generation_vllm else {}
     times, outs = timed_sides(run, cfg.generation_repeats)
     e, n = outs["engine"], outs["one_at_a_time"]
-    if [g.prompt_tokens for g in e] != [g.prompt_tokens for g in n]:
-        raise BenchError("generation: the engine and the loop fed different prompts")
-    equal = [a.token_ids == b.token_ids for a, b in zip(e, n)]
-    if not all(equal):  # merged LoRA rounds differently from PEFT's forward; a near tie can flip a greedy token
-        logger.warning("generation: %d of %d completions differ between the engine and the one-at-a-time loop",
-                       equal.count(False), len(equal))
-
-    def side(key: str, outputs: list) -> dict:
-        tokens = sum(g.n_tokens for g in outputs)
-        sec = median(times[key])
-        return {"seconds": sec, "seconds_runs": times[key], "generated_tokens": tokens, "tokens_per_s": tokens / sec,
-                "stopped": sum(g.stopped for g in outputs)}
-
+    equal = _same_tokens(e, n)
+    side = partial(_side_figures, times)
     engine, loop = side("engine", e), side("one_at_a_time", n)
     unshared = side("engine_whole_prompts", outs["engine_whole_prompts"])
     prompt_tokens = [g.prompt_tokens for g in e]
@@ -109,6 +90,42 @@ def bench_generation_model(cfg: argparse.Namespace, model, tokenizer, prompts: l
         "engine_stats": gen.stats.as_dict(), "batch_tokens": gen.batch_tokens, "load_average": load_average(),
         **({"vllm": _vllm_side(vllm, side, outs, engine, loop)} if vllm else {}),
     }
+
+
+def _start_vllm(cfg: argparse.Namespace, gen, model, prompts: list, run: dict[str, Callable]) -> dict[str, Any]:
+    """Untimed, the vLLM engine's start and one prompt; its timed side added to ``run``. ``{"start_seconds"}``, or
+    ``{"skipped": why}`` where vLLM's own errors (head size, platform) stop it: the other sides still run."""
+    vllm: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        vgen = gen.replace(backend="vllm")
+        vgen.generate(prompts[:1])
+        vllm["start_seconds"] = time.perf_counter() - t0
+        run["vllm"] = lambda: vgen.generate(prompts)
+    except Exception as e:  # noqa: BLE001 - vLLM's own errors (head size, platform): the other sides still run
+        logger.warning("generation bench: the vLLM side of %s did not run: %s", type(model).__name__, e)
+        vllm["skipped"] = f"{type(e).__name__}: {e}"
+    return vllm
+
+
+def _same_tokens(engine: list, loop: list) -> list[bool]:
+    """Per prompt, whether the engine and the one-at-a-time loop wrote the same tokens (BenchError where they were
+    fed different prompts)."""
+    if [g.prompt_tokens for g in engine] != [g.prompt_tokens for g in loop]:
+        raise BenchError("generation: the engine and the loop fed different prompts")
+    equal = [a.token_ids == b.token_ids for a, b in zip(engine, loop)]
+    if not all(equal):  # merged LoRA rounds differently from PEFT's forward; a near tie can flip a greedy token
+        logger.warning("generation: %d of %d completions differ between the engine and the one-at-a-time loop",
+                       equal.count(False), len(equal))
+    return equal
+
+
+def _side_figures(times: dict[str, list[float]], key: str, outputs: list) -> dict:
+    """One side's median seconds (and each run's), tokens generated, tokens per second and prompts stopped."""
+    tokens = sum(g.n_tokens for g in outputs)
+    sec = median(times[key])
+    return {"seconds": sec, "seconds_runs": times[key], "generated_tokens": tokens, "tokens_per_s": tokens / sec,
+            "stopped": sum(g.stopped for g in outputs)}
 
 
 def _vllm_side(vllm: dict, side, outs: dict, engine: dict, loop: dict) -> dict:

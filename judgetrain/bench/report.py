@@ -259,6 +259,29 @@ def jsonable(value):
 
 
 def summarize(report: dict) -> dict:
+    s = _main_figures(report)
+    _checkpoint_figures(s, report.get("checkpoint"))
+    _eval_set_figures(s, report.get("eval") or {})
+    _generation_and_option_figures(s, report)
+    _device_figures(s, report.get("device_bench"))
+    _startup_figures(s, report.get("startup"))
+    if report.get("perturb"):
+        s["perturb_seconds_per_34000"] = report["perturb"]["seconds_per_34000"]
+    if report.get("evidence"):
+        s["evidence_share_of_eval"] = report["evidence"]["share_of_eval"]
+    for name, sp in ((report.get("judge") or {}).get("speed") or {}).items():
+        if "evaluations_per_s_ratio" in sp:  # a model that could not load is reported as skipped
+            s[f"judge_{name.replace('-', '_')}_evaluations_per_s_ratio"] = sp["evaluations_per_s_ratio"]
+    for label, r in ((report.get("reward") or {}).get("models") or {}).items():
+        for group, g in r.items():  # a model that could not load is reported as skipped
+            if isinstance(g, dict) and "rewards_per_s_ratio" in g:
+                s[f"reward_{label}_{group}_rewards_per_s_ratio"] = g["rewards_per_s_ratio"]
+    s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
+    return s
+
+
+def _main_figures(report: dict) -> dict:
+    """The training, eval, quickstart and parser ratios every report has (None where a part was not run)."""
     tr, ev, qs, ts = (report.get(k) or {} for k in ("train", "eval", "quickstart", "train_scale"))
     pr = report.get("parser") or {}
     shapes = report.get("train_shapes") or {}
@@ -285,12 +308,20 @@ def summarize(report: dict) -> dict:
         "parser_hostile_vs_clean_ratio": pr.get("hostile_vs_clean_ratio"),
         "parser_pairs_build_hostile_ratio": (pr.get("pairs_build") or {}).get("hostile_vs_clean_ratio"),
     }
-    ck = report.get("checkpoint")
+    return s
+
+
+def _checkpoint_figures(s: dict, ck: dict | None) -> None:
+    """The checkpoint markers' overhead and the resume check's cost, old and new."""
     if ck:
         s["checkpoint_marker_overhead"], s["checkpoint_resume_verify_ratio"] = ck["marker_overhead"], ck["resume_verify_ratio"]
         s["checkpoint_marker_overhead_old"] = ck["old"]["mark_blocking_ratio"]
         s["checkpoint_marker_latency_ratio"] = ck["new"]["mark_ratio"]  # until the marker is written (background)
         s["checkpoint_resume_verify_ratio_old"] = max(ck["old"]["verify_warm_ratio"], ck["old"]["verify_cold_ratio"])
+
+
+def _eval_set_figures(s: dict, ev: dict) -> None:
+    """Per eval set: the engine's speedups and the tokens computed per response."""
     for name in EVAL_SETS:
         part = ev.get(name) or {}
         for epoch in ("first", "later"):
@@ -299,6 +330,11 @@ def summarize(report: dict) -> dict:
         for side in ("naive", "engine_first_epoch", "engine_later_epoch"):
             tokens = (part.get(side) or {}).get("tokens_per_response") or {}
             s[f"eval_{name}_tokens_per_response_{side.replace('_epoch', '')}"] = tokens.get("computed")
+
+
+def _generation_and_option_figures(s: dict, report: dict) -> None:
+    """Generation's tokens per second against the plain loop (vLLM's too), and each training option's cost."""
+    tr = report.get("train") or {}
     for label, g in ((report.get("generation") or {}).get("models") or {}).items():
         s[f"generation_{label}_tokens_per_s_ratio"] = g.get("tokens_per_s_ratio")
         if "tokens_per_s_ratio" in (g.get("vllm") or {}):
@@ -306,7 +342,10 @@ def summarize(report: dict) -> dict:
     for opt, o in (tr.get("options") or {}).items():
         s[f"option_{opt}_samples_per_s_ratio"] = o["samples_per_s_ratio"]
         s[f"option_{opt}_peak_memory_ratio"] = o["peak_memory_ratio"]
-    dev = report.get("device_bench")
+
+
+def _device_figures(s: dict, dev: dict | None) -> None:
+    """The device bench: MFU per shape, eval sharing's speedups and prefix sharing on the GPU."""
     if dev:
         for name, r in dev["shapes"].items():
             s[f"gpu_{name}_train_mfu"] = r["train_mfu"]
@@ -319,7 +358,10 @@ def summarize(report: dict) -> dict:
                 gpu = (r["prefix_sharing"].get("peak_gpu_mb"), r["trl"].get("peak_gpu_mb"))
                 if all(gpu):
                     s[f"train_gpu_prefix_sharing_peak_memory_ratio_{shape}_{name}"] = ratio(*gpu)
-    st = report.get("startup")
+
+
+def _startup_figures(s: dict, st: dict | None) -> None:
+    """The cold start and resume against a bare script, with their memory."""
     if st:
         s["startup_cold_ratio"] = st["cold_ratio"]
         if "resume_s" in st:  # --startup-cold-only runs no resume
@@ -327,16 +369,3 @@ def summarize(report: dict) -> dict:
         for key in ("cold_peak_rss_ratio", "cold_peak_tree_pss_ratio"):
             if key in st:  # reports written before the memory was measured have none
                 s[f"startup_{key}"] = st[key]
-    if report.get("perturb"):
-        s["perturb_seconds_per_34000"] = report["perturb"]["seconds_per_34000"]
-    if report.get("evidence"):
-        s["evidence_share_of_eval"] = report["evidence"]["share_of_eval"]
-    for name, sp in ((report.get("judge") or {}).get("speed") or {}).items():
-        if "evaluations_per_s_ratio" in sp:  # a model that could not load is reported as skipped
-            s[f"judge_{name.replace('-', '_')}_evaluations_per_s_ratio"] = sp["evaluations_per_s_ratio"]
-    for label, r in ((report.get("reward") or {}).get("models") or {}).items():
-        for group, g in r.items():  # a model that could not load is reported as skipped
-            if isinstance(g, dict) and "rewards_per_s_ratio" in g:
-                s[f"reward_{label}_{group}_rewards_per_s_ratio"] = g["rewards_per_s_ratio"]
-    s["targets_missed"] = sorted(k for k, v in s.items() if _meets(k, v) is False)
-    return s

@@ -112,8 +112,20 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
     tb = TrainBench(cfg.recipe, workdir, cfg.train_steps, cfg.train_batch_size, cfg.device)
     out: dict[str, Any] = {"rows": tb.rows, "steps": cfg.train_steps, "batch": tb.batch,
                            "tokens_per_sample": tb.tokens_per_sample, "model": tb.model_path}
-    # judgetrain as a recipe runs it (prefix_sharing on, the default), judgetrain with prefix_sharing off (its own
-    # overhead over TRL: adapters, audit, callbacks), and the bare TRL script
+    runs = _side_runs(cfg, tb, workdir)
+    out.update(_side_figures(runs, tb))
+    out["options"] = {}
+    options = _speed_options(cfg, out)
+    if not cfg.skip_options:
+        out["options"] = _option_figures(cfg, tb, workdir, options)
+    out["_bench"] = tb
+    return out
+
+
+def _side_runs(cfg: argparse.Namespace, tb: TrainBench, workdir: Path) -> dict[str, list[dict]]:
+    """judgetrain as a recipe runs it (prefix_sharing on, the default), judgetrain with prefix_sharing off (its own
+    overhead over TRL: adapters, audit, callbacks), and the bare TRL script, in alternating order: the results of
+    each side's measured rounds (warm-up rounds left out)."""
     runs: dict[str, list[dict]] = {"judgetrain": [], "judgetrain_unshared": [], "bare_trl": []}
     sides = {"judgetrain": ("judgetrain", None), "judgetrain_unshared": ("judgetrain", {"prefix_sharing": False}),
              "bare_trl": ("bare", None)}
@@ -125,6 +137,12 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
                         res["train_samples_per_second"], res["peak_rss_mb"])
             if not warm:
                 runs[name].append(res)
+    return runs
+
+
+def _side_figures(runs: dict[str, list[dict]], tb: TrainBench) -> dict[str, Any]:
+    """Whether both sides trained with the same arguments, each side's figures and their ratios to bare TRL."""
+    out: dict[str, Any] = {}
     jt, bare = runs["judgetrain"][-1], runs["bare_trl"][-1]
     diff = _config_diff(jt["args"], bare["args"])
     out["config_match"] = not diff
@@ -143,41 +161,47 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
     if "peak_gpu_mb" in jt:
         out["peak_gpu_memory_ratio"] = ratio(un["peak_gpu_mb"], bare["peak_gpu_mb"])
         out["prefix_sharing_peak_gpu_memory_ratio"] = ratio(jt["peak_gpu_mb"], bare["peak_gpu_mb"])
+    return out
 
-    # ---- speed options (TRL DPOConfig switches), each against the same run without it. One epoch over exactly
-    # steps x batch rows, so a one-off cost (precompute_ref_log_probs scores the whole train set before step 1) is
-    # paid for the rows it serves; the bare-TRL worker takes that row subset directly.
+
+def _speed_options(cfg: argparse.Namespace, out: dict[str, Any]) -> dict[str, dict]:
+    """The speed options measured (TRL DPOConfig switches): liger's on a GPU where it is installed, else said in
+    ``out["options_skipped"]``."""
     options = {"precompute_ref_log_probs": {"precompute_ref_log_probs": True},
                "activation_checkpointing": {"activation_checkpointing": True}}
     import torch
 
-    out["options"] = {}
     if cfg.device == "cuda" and torch.cuda.is_available():
         if importlib.util.find_spec("liger_kernel") is not None:
             options["use_liger_kernel"] = {"use_liger_kernel": True}
         else:  # not a dependency: measured only where installed, and said so in bench.json
             out["options_skipped"] = {"use_liger_kernel": "liger-kernel is not installed (pip install liger-kernel)"}
             logger.warning("bench: use_liger_kernel not measured: liger-kernel is not installed")
-    if not cfg.skip_options:
-        subset = str(workdir / "option_rows.parquet")
-        tb.dataset.select(range(min(tb.rows, cfg.train_steps * tb.batch))).to_parquet(subset)
-        for opt, extra in options.items():
-            o_runs: dict[str, list[dict]] = {"plain": [], opt: []}
-            for i, warm, order in alternating(0, cfg.option_repeats, list(o_runs)):
-                for name in order:
-                    spec = tb.spec("bare", f"{opt}-{name}-{i}", options=extra if name == opt else None)
-                    spec["data"] = subset
-                    o_runs[name].append(run_worker(spec, workdir, f"opt-{opt}-{name}-{i}"))
-            plain, on = (_train_figures(o_runs[k], tb.tokens_per_sample, tb.batch) for k in ("plain", opt))
-            out["options"][opt] = {
-                "plain": plain, "on": on,
-                "samples_per_s_ratio": ratio(on["samples_per_s"], plain["samples_per_s"]),
-                "wall_ratio": ratio(on["wall_s"], plain["wall_s"]),
-                "peak_memory_ratio": ratio(on["peak_rss_mb"], plain["peak_rss_mb"]),
-            }
-    out["_bench"] = tb
-    return out
+    return options
 
+
+def _option_figures(cfg: argparse.Namespace, tb: TrainBench, workdir: Path, options: dict[str, dict]) -> dict:
+    """Each speed option against the same run without it. One epoch over exactly steps x batch rows, so a one-off
+    cost (precompute_ref_log_probs scores the whole train set before step 1) is paid for the rows it serves; the
+    bare-TRL worker takes that row subset directly."""
+    out = {}
+    subset = str(workdir / "option_rows.parquet")
+    tb.dataset.select(range(min(tb.rows, cfg.train_steps * tb.batch))).to_parquet(subset)
+    for opt, extra in options.items():
+        o_runs: dict[str, list[dict]] = {"plain": [], opt: []}
+        for i, warm, order in alternating(0, cfg.option_repeats, list(o_runs)):
+            for name in order:
+                spec = tb.spec("bare", f"{opt}-{name}-{i}", options=extra if name == opt else None)
+                spec["data"] = subset
+                o_runs[name].append(run_worker(spec, workdir, f"opt-{opt}-{name}-{i}"))
+        plain, on = (_train_figures(o_runs[k], tb.tokens_per_sample, tb.batch) for k in ("plain", opt))
+        out[opt] = {
+            "plain": plain, "on": on,
+            "samples_per_s_ratio": ratio(on["samples_per_s"], plain["samples_per_s"]),
+            "wall_ratio": ratio(on["wall_s"], plain["wall_s"]),
+            "peak_memory_ratio": ratio(on["peak_rss_mb"], plain["peak_rss_mb"]),
+        }
+    return out
 
 TRAIN_SHAPES = ("judgebias", "rmbench")
 

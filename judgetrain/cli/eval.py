@@ -172,24 +172,26 @@ def _name(target: str, root: str, n_targets: int) -> str:
 def print_table(name: str, results: dict[str, Any]) -> None:
     from rich.table import Table
 
+    from judgetrain.eval.benchmarks import get_suite
+
     out = console()
-    if "rmbench" in results and results["rmbench"].metrics:
-        m = results["rmbench"].metrics
-        table = Table(title=f"RM-Bench: {name}")
-        for col in ("domain", "rows", "hard", "normal", "easy", "avg"):
-            table.add_column(col, justify="right" if col != "domain" else "left")
-        for d in m["domains"] + m.get("other_domains", []):
-            v = m[d]
-            table.add_row(d, str(v["n_rows"]), *(f"{v[k]:.3f}" for k in ("hard_acc", "normal_acc", "easy_acc", "avg_acc")))
-        for d in m["missing_domains"]:
-            table.add_row(d, "0", "missing", "", "", "")
-        table.add_row("overall", str(m["n_rows"]),
-                      *(f"{m[k]:.3f}" for k in ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc")), style="bold")
+    tabled = set()
+    for suite_name, r in results.items():
+        figures = get_suite(suite_name).table(r.metrics)
+        if figures is None:
+            continue
+        tabled.add(suite_name)
+        table = Table(title=f"{figures.title}: {name}")
+        for i, col in enumerate(figures.columns):
+            table.add_column(col, justify="left" if i == 0 else "right")
+        for row in figures.rows:
+            table.add_row(*row)
+        table.add_row(*figures.total, style="bold")
         out.print(table)
-        if m.get("n_skipped") or m.get("n_truncated"):
-            out.print(f"rmbench: {m['n_skipped']} rows skipped, {m['n_truncated']} truncated (long inputs)")
+        for note in figures.notes:
+            out.print(note)
     other = {k: v for name_, r in results.items() for k, v in r.flat().items()
-             if name_ != "rmbench" or k.split("/")[2] in r.modes}  # rmbench's bare figures are the table above
+             if name_ not in tabled or k.split("/")[2] in r.modes}  # a tabled suite's bare figures are in its table
     if other:
         table = Table(title=f"Checks: {name}")
         table.add_column("metric")

@@ -62,19 +62,24 @@ EVALBIASBENCH_FILE = "biasbench.json"
 @dataclass(frozen=True)
 class PairwiseFormat:
     """How one kind of source names its fields: ``columns`` maps each of `FIELDS` to the source's column (a field
-    absent from it is not read); ``duplicates``: "reject" a pair that shows the same text twice, or "keep" it."""
+    absent from it is not read); ``duplicates``: "reject" a pair that shows the same text twice, or "keep" it;
+    ``also_required``: fields beyond `REQUIRED` every row holds; ``category_from_list``: a row without a category
+    takes the name of the list it is in (a file of {category: [rows]}), and one in no list must have its own."""
 
     name: str
     columns: Mapping[str, str]
     duplicates: str = "reject"
+    also_required: tuple[str, ...] = ()
+    category_from_list: bool = False
 
 
 PAIRWISE = PairwiseFormat("pairwise", {f: f for f in FIELDS if f != "source"})
 EVALBIASBENCH = PairwiseFormat("evalbiasbench", {"prompt": "instruction", "response_a": "response1",
-                                                 "response_b": "response2", "label": "label", "category": "bias"})
+                                                 "response_b": "response2", "label": "label", "category": "bias"},
+                               category_from_list=True)
 JUDGEBENCH = PairwiseFormat("judgebench", {"id": "pair_id", "prompt": "question", "response_a": "response_A",
                                            "response_b": "response_B", "label": "label", "source": "source",
-                                           "subset": "response_model"}, duplicates="keep")
+                                           "subset": "response_model"}, duplicates="keep", also_required=("source",))
 
 
 def features() -> datasets.Features:
@@ -211,9 +216,10 @@ def _check(fmt: PairwiseFormat, table: Table):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))
                                       or not str(value).strip()):
                 problems.append((cols[field], f"wrong type: expected a non-empty string, got {value!r}"))
-        if fmt is JUDGEBENCH and row.get(cols["source"]) is None:
-            problems.append((cols["source"], "missing value"))
-        if fmt is EVALBIASBENCH and row.get(cols["category"]) is None and table.domain_hint is None:
+        for field in fmt.also_required:
+            if row.get(cols[field]) is None:
+                problems.append((cols[field], "missing value"))
+        if fmt.category_from_list and row.get(cols["category"]) is None and table.domain_hint is None:
             problems.append((cols["category"], "missing value"))
         if fmt.duplicates == "reject" and not problems and row[cols["response_a"]] == row[cols["response_b"]]:
             problems.append((cols["response_b"], f"the same text as {cols['response_a']}: no response is better"))
@@ -239,14 +245,14 @@ def _normalise(fmt: PairwiseFormat, row: dict, table: Table) -> dict:
 
     out = {f: text(f) for f in FIELDS}  # the id is set by _load (a row without one is named by its place)
     out["label"] = parse_label(row[cols["label"]])
-    if fmt is EVALBIASBENCH and out["category"] is None:
+    if fmt.category_from_list and out["category"] is None:
         out["category"] = table.domain_hint
     return out
 
 
 def _missing_columns(fmt: PairwiseFormat, table: Table) -> list[tuple[str, str]]:
     """(field, column) of the required columns no row of the table has."""
-    wanted = [(f, fmt.columns[f]) for f in REQUIRED + (("source",) if fmt is JUDGEBENCH else ())]
+    wanted = [(f, fmt.columns[f]) for f in REQUIRED + fmt.also_required]
     if isinstance(table.rows, datasets.Dataset):
         return [(f, c) for f, c in wanted if c not in table.rows.column_names]
     present = set().union(*(r.keys() for r in table.rows if isinstance(r, dict))) if len(table.rows) else set()

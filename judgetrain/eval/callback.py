@@ -42,7 +42,8 @@ from judgetrain.config.recipe import Recipe
 from judgetrain.eval import reference
 from judgetrain.eval.compare import worse_rule
 from judgetrain.eval.evidence import NO_BASELINE_MODES, read_baseline
-from judgetrain.eval.metrics import Items, rmbench_matrices, split_interval_keys, to_trainer_log_keys
+from judgetrain.eval.benchmarks import get_suite
+from judgetrain.eval.metrics import Items, split_interval_keys, to_trainer_log_keys
 from judgetrain.eval.plots import log_matrix_images
 from judgetrain.eval.runner import current_items, evaluate_and_write
 from judgetrain.run.checkpoints import checkpoint_dir, finish_markers
@@ -72,7 +73,7 @@ class JudgeEvalCallback(TrainerCallback):
         output_dir: where ``eval/<step>/`` goes (default: the trainer's ``args.output_dir``).
         ref_model: explicit reference for implicit scoring of a model without adapter (default: trainer.ref_model).
         trainer: the trainer (or call `attach` once it is built); add the callback with ``trainer.add_callback``.
-        log_matrix_images: also log the RM-Bench 3x3 heatmaps as images to the active W&B / TensorBoard callbacks.
+        log_matrix_images: also log the 3x3 style heatmaps of the suites that have them as images to the active W&B / TensorBoard callbacks.
 
     The regression guard (``eval_regression_action``, ``_margin``, ``_alpha`` of the evaluation's arguments): after
     an eval with a baseline (the eval at step 0, for every mode but implicit: see `judgetrain.eval.evidence`), the
@@ -371,8 +372,14 @@ class JudgeEvalCallback(TrainerCallback):
         self._log(to_trainer_log_keys(flat))
         if summary.get("regressions"):
             self._regressed(state, summary["regressions"])
-        if self.log_matrix_images and "rmbench" in results and results["rmbench"].records \
-                and self.trainer.is_world_process_zero():
-
-            log_matrix_images(self.trainer, rmbench_matrices(results["rmbench"].records), step)
+        if self.log_matrix_images and self.trainer.is_world_process_zero():
+            self._log_matrices(results, step)
         return flat
+
+    def _log_matrices(self, results: dict[str, Any], step: int) -> None:
+        """The style matrices of each suite that has them (`Suite.matrices`) as images, tagged under its name."""
+        for name, result in results.items():
+            suite = get_suite(name)
+            if suite.matrices and result.records:
+                log_matrix_images(self.trainer, suite.style_matrices(result.records), step, prefix=f"eval/{name}",
+                                  title=suite.title)

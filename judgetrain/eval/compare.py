@@ -30,7 +30,7 @@ from judgetrain.config.directions import direction
 from judgetrain.config.recipe import PROXY_MODES, did_you_mean
 from judgetrain.config.suites import registered
 from judgetrain.eval.benchmarks import SuiteFacts, get_suite
-from judgetrain.eval.stats import N_RESAMPLES, Items, paired_difference, smallest_p
+from judgetrain.eval.stats import N_RESAMPLES, Items, holm, paired_difference, smallest_p
 from judgetrain.utils.errors import BadInputError
 
 logger = logging.getLogger(__name__)
@@ -140,15 +140,14 @@ def changes(figures: Mapping[str, Mapping[str, Any]], margin: float = 0.0,
 
     "worse" (and "better") asks three things at once:
     - the paired test's p-value is under ``alpha`` after Holm's step-down correction across the figures tested
-      together (Holm, 1979): sorted p_(1) <= ... <= p_(m), the i-th is significant while p_(j) < alpha / (m - j + 1)
-      for every j <= i;
+      together (`judgetrain.eval.stats.holm`);
     - the interval of the difference lies wholly beyond ``margin`` the wrong way ("worse": a loss that cannot be
       smaller than ``margin``, in the figure's units) or beyond 0 the right way ("better");
     - the figure has enough units for its test to reach ``alpha`` at all (`smallest_p` of its units under ``alpha``);
       one that has not is "n = <units>: too few to tell" and is left out of Holm's count.
     The one rule of the run's guard, `judgetrain eval --baseline`, `judgetrain compare`, the report and the card."""
     out: dict[str, str] = {}
-    tested: list[tuple[float, str]] = []
+    tested: dict[str, float] = {}
     for name, v in figures.items():
         if direction(name) is None:
             continue
@@ -159,11 +158,8 @@ def changes(figures: Mapping[str, Mapping[str, Any]], margin: float = 0.0,
         out[name] = ""
         p, low, high = (v.get(k) for k in ("p_value", "delta_ci_low", "delta_ci_high"))
         if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (p, low, high)):
-            tested.append((float(p), name))
-    tested.sort()
-    for i, (p, name) in enumerate(tested):
-        if p >= alpha / (len(tested) - i):
-            break  # Holm: this and every larger p-value stand
+            tested[name] = float(p)
+    for name in holm(tested, alpha):
         v, way = figures[name], direction(name)
         low, high = v["delta_ci_low"], v["delta_ci_high"]
         if way == "lower":

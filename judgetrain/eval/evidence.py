@@ -1,7 +1,7 @@
 """The evidence of one evaluation: an interval on every figure, the paired difference against a baseline judge, the
 categories that got worse, and the compact table the main process logs.
 
-    items = suite_evidence("judgebench", "verdict", records)        # (Items, {metric: {value, ci_low, ci_high, n}})
+    items = suite_evidence(suite, "verdict", records)               # (Items, {metric: {value, ci_low, ci_high, n}})
     keys, deltas, worse = paired_deltas(current, baseline, bare="implicit")
 
 The per-item figures are those `judgetrain compare` reads from the per-row files (`judgetrain.eval.compare.suite_items`),

@@ -102,13 +102,14 @@ def figure_to_array(fig) -> np.ndarray:
 
 
 def log_matrix_images(trainer_or_callbacks: Any, matrices: Mapping[str, Any], step: int,
-                      prefix: str = "eval/rmbench") -> list[str]:
-    """Log RM-Bench heatmaps as images to the active W&B / TensorBoard callbacks of a Trainer.
+                      prefix: str = "eval/rmbench", title: str = "RM-Bench") -> list[str]:
+    """Log style heatmaps (RM-Bench's) as images to the active W&B / TensorBoard callbacks of a Trainer.
 
     ``trainer_or_callbacks``: a Trainer, its ``callback_handler`` or a list of callbacks. ``matrices``:
     {"overall" | <domain>: 3x3} (see `rmbench_matrices`). Tags: ``eval/rmbench/matrix`` and
-    ``eval/rmbench/<domain>/matrix``. Only backends set up on this process are used (transformers sets them up on
-    the main process only); nothing is rendered when none is. Returns the backends logged to.
+    ``eval/rmbench/<domain>/matrix`` (``prefix``: the suite's keys; ``title``: its name on each image). Only backends
+    set up on this process are used (transformers sets them up on the main process only); nothing is rendered when
+    none is. Returns the backends logged to.
     """
     from judgetrain.compat.transformers import active_wandb
 
@@ -120,7 +121,7 @@ def log_matrix_images(trainer_or_callbacks: Any, matrices: Mapping[str, Any], st
     images = {}
     for name, matrix in matrices.items():
         tag = f"{prefix}/matrix" if name == "overall" else f"{prefix}/{name}/matrix"
-        images[tag] = figure_to_array(matrix_figure(matrix, f"RM-Bench {name}, step {step}"))
+        images[tag] = figure_to_array(matrix_figure(matrix, f"{title} {name}, step {step}"))
     logged = []
     for cb in wandb_cbs:
         wandb = active_wandb(cb)

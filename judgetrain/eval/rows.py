@@ -52,8 +52,8 @@ def suite_dataset(spec: SuiteSpec, *, on_bad_row: str = "error", rejects_path: s
 
 def recipe_specs(recipe: Recipe) -> list[SuiteSpec]:
     """The suites a recipe evaluates during training ([] when it does not evaluate): its evaluation's
-    (`Evaluation.from_recipe`: its ``eval_*`` keys, the run's seed for the row cap, Ideation in the format the judge is
-    trained on)."""
+    (`Evaluation.from_recipe`: its ``eval_*`` keys, the run's seed for the row cap, a suite of data modes in the format
+    the judge is trained on)."""
     script_args, training_args = recipe.script_args, recipe.training_args
     if not script_args.eval_suites or (training_args.eval_strategy == "no" and not training_args.eval_on_start):
         return []

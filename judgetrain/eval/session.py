@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judgetrain.config.recipe import REGRESSION_ACTIONS, EvalArguments, Recipe, scoring_modes
+from judgetrain.config.suites import known_suites, registered
 from judgetrain.eval.generate import Generator
 from judgetrain.eval.scoring import ScoringEngine
 from judgetrain.eval.suites import SuiteSpec, suite_specs
@@ -51,13 +52,14 @@ class Evaluation:
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Evaluation:
         """A training run's evaluation: the recipe's ``eval_*`` keys, its ``max_length`` and ``long_rows``, the run's
-        seed for the row cap, the pinned ``model_revision``, and Ideation in the format the judge is trained on (the
-        ``mode`` of an ideation component of ``train_datasets``)."""
+        seed for the row cap, the pinned ``model_revision``, and a suite whose rows come in data modes in the format
+        the judge is trained on (`Suite.trained_mode`: the ``mode`` of a component of ``train_datasets`` in its
+        schema)."""
         script_args, training_args = recipe.script_args, recipe.training_args
-        ideation_mode = "implicit"
-        for comp in script_args.train_datasets or []:
-            if comp.get("dataset") == "ideation" and comp.get("mode"):
-                ideation_mode = comp["mode"]
+        components = script_args.train_datasets or []
+        trained = [cls().trained_mode(components) for cls in map(registered, known_suites())
+                   if cls is not None and cls.takes_mode]
+        ideation_mode = next((m for m in trained if m), "implicit")
         return cls(script_args, max_length=training_args.max_length,
                    long_inputs="skip" if script_args.long_rows == "skip" else "truncate_prompt",
                    model_revision=recipe.model_args.model_revision, seed=training_args.seed or 0,

@@ -1,11 +1,11 @@
 """Statistics of the evaluations, benchmark-free: per-item figures (`Items`), their bootstrap intervals (units
 resampled within strata, clusters kept whole), paired differences with the exact sign test or sign-flip test,
-McNemar, and Spearman. Pure numpy; the benchmarks' figures (`judgetrain.eval.benchmarks`) build on it."""
+McNemar, Holm's correction across several tests, and Spearman. Pure numpy; the benchmarks' figures (`judgetrain.eval.benchmarks`) build on it."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,3 +317,16 @@ def sign_flip_p(trained: Any, base: Any, *, weights: Any = None, clusters: Any =
         signs = rng.integers(0, 2, size=(min(_CHUNK, n_flips - start), len(diff))) * 2.0 - 1.0
         hits += (np.abs(signs @ diff) >= reach).sum(axis=0)
     return (1 + hits) / (n_flips + 1)
+
+
+def holm(p_values: Mapping[str, float], alpha: float) -> list[str]:
+    """The names whose p-value stays under ``alpha`` after Holm's step-down correction across all of them (Holm,
+    1979): sorted p_(1) <= ... <= p_(m), the i-th is significant while p_(j) < alpha / (m - j + 1) for every j <= i.
+    In ascending order of p-value (ties by name)."""
+    tested = sorted((float(p), name) for name, p in p_values.items())
+    out: list[str] = []
+    for i, (p, name) in enumerate(tested):
+        if p >= alpha / (len(tested) - i):
+            break  # this and every larger p-value stand
+        out.append(name)
+    return out

@@ -1,18 +1,18 @@
-"""Draw one or more runs: RM-Bench matrices, training and eval curves, the style-bias gap, an offline HTML page.
+"""Draw one or more runs: training and eval curves, each suite's own figures and style matrices, an offline HTML page.
 
     judgetrain report outputs/quickstart                       # -> outputs/quickstart/report/
     judgetrain report outputs/run_a outputs/run_b --output_dir cmp/   # overlaid figures + a comparison table
 
 Reads what a run writes (docs/evaluation.md, "Where metrics go"): ``metrics.jsonl`` (a torn last line of a killed run
 is ignored, a step logged twice after a resume keeps its later values, a run still going is drawn as far as it
-got), ``eval/<step>/<suite>.jsonl`` (per-row scores: the RM-Bench matrices are recomputed from them with
-`judgetrain.eval.metrics`) and ``recipe.yaml``. Writes PNGs, ``report.html`` (images embedded, opens offline),
+got), ``eval/<step>/<suite>.jsonl`` (per-row scores: a suite's style matrices are recomputed from them by the suite,
+`Suite.style_matrices`) and ``recipe.yaml``. Writes PNGs, ``report.html`` (images embedded, opens offline),
 ``report.md`` (images linked) and ``summary.json``; the CLI also prints the summary table. A run evaluated in
 generate mode also gets, per suite, its last eval's figures in each mode side by side (`generated_tables`) and the
-parse rate and agreement over its evals (``generate.png``).
+parse rate and agreement over its evals (``generate.png``). What is drawn of a suite is the suite's to say
+(`Suite.curves`, `Suite.curve_plots`, `Suite.matrices`); the report draws it.
 
-The heatmaps are drawn by `judgetrain.eval.plots` (also used by training), the matrices computed by
-`judgetrain.eval.metrics.rmbench_matrices`.
+The heatmaps are drawn by `judgetrain.eval.plots` (also used by training).
 """
 
 # Late imports: yaml, matplotlib, jinja2 (inside the functions that use them): `judgetrain report` draws without
@@ -35,8 +35,7 @@ import numpy as np
 from judgetrain.config.directions import direction, rank_score
 from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 from judgetrain.config.suites import registered, known_suites
-from judgetrain.eval.benchmarks import Suite, SuiteFacts
-from judgetrain.eval.metrics import rmbench_matrices
+from judgetrain.eval.benchmarks import Suite, SuiteFacts, get_suite
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
 from judgetrain.report import rounds
 from judgetrain.report.loop import build_loop_report, is_loop_dir
@@ -48,7 +47,6 @@ from judgetrain.utils.errors import BadInputError, MissingFileError
 
 logger = logging.getLogger(__name__)
 
-LEVELS = ("hard", "normal", "easy")
 LINESTYLES = ("-", "--", ":", "-.")
 TRAIN_KEYS = (
     ("train/loss", "train loss"),
@@ -244,8 +242,9 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
 
 # ------------------------------------------------------------------------------------------------- metric access
 def metric_keys(run: Run) -> list[str]:
-    """Logged eval figures of a run, in reading order (RM-Bench, JudgeBias, Ideation, others): the keys with a
-    direction (`judgetrain.config.directions`); interval bounds, p-values and counts are no figure to rank."""
+    """Logged eval figures of a run, in reading order (the suites with curves, in the registry's order, then the
+    others): the keys with a direction (`judgetrain.config.directions`); interval bounds, p-values and counts are no
+    figure to rank."""
     keys = {k for rec in run.records.values() for k, v in rec.items()
             if k.startswith("eval/") and _is_num(v) and direction(k) is not None}
     return sorted(keys, key=_metric_order)
@@ -291,12 +290,14 @@ def _mode_of(key: str) -> str | None:
 def summary_rows(run: Run) -> list[dict[str, Any]]:
     """One row per eval metric: last value (with its step/epoch), best value and the step/epoch it was reached.
 
-    Derived rows ``eval/rmbench[/<domain>]/style_gap`` (easy - hard) are added and flagged ``derived``."""
+    Derived rows ``eval/<suite>[/<domain>]/style_gap`` (easy - hard) of the suites with style matrices
+    (`Suite.matrices`) are added and flagged ``derived``."""
     keys = metric_keys(run)
     out = []
-    rm_prefixes = [k[: -len("/easy_acc")] for k in keys
-                   if k.startswith("eval/rmbench") and k.endswith("/easy_acc") and k.replace("easy", "hard") in keys]
-    for key in sorted(keys + [p + "/style_gap" for p in rm_prefixes], key=_metric_order):
+    styled = matrix_suites()  # the suites of styled responses: their easy - hard gap
+    gap_prefixes = [k[: -len("/easy_acc")] for k in keys
+                    if k.split("/")[1] in styled and k.endswith("/easy_acc") and k.replace("easy", "hard") in keys]
+    for key in sorted(keys + [p + "/style_gap" for p in gap_prefixes], key=_metric_order):
         derived = key.endswith("/style_gap")
         xs, ys = gap_series(run, key[: -len("/style_gap")]) if derived else series(run, key)
         if not len(xs):
@@ -368,32 +369,10 @@ def _curves_figure(runs: Sequence[Run], panels: Sequence[tuple[str, Sequence[tup
 
 
 def _key_fn(key: str) -> SeriesFn:
+    """The series of a logged key; of a ``<prefix>/style_gap`` key, the easy - hard gap under its prefix."""
+    if key.endswith("/style_gap"):
+        return lambda run: gap_series(run, key[: -len("/style_gap")])
     return lambda run: series(run, key)
-
-
-def _rmbench_groups(runs: Sequence[Run]) -> list[tuple[str, str]]:
-    """(panel title, key prefix): overall, then each domain logged by any run."""
-    found = set()
-    for run in runs:
-        for key in metric_keys(run):
-            parts = key.split("/")
-            if len(parts) == 4 and parts[1] == "rmbench" and parts[3] in ("hard_acc", "easy_acc", "normal_acc") \
-                    and parts[2] not in SCORING_MODES:
-                found.add(parts[2])
-    order = {"chat": 0, "math": 1, "code": 2, "safety": 3}
-    groups = [("overall", "eval/rmbench")]
-    groups += [(d, f"eval/rmbench/{d}") for d in sorted(found, key=lambda d: (order.get(d, 9), d))]
-    return groups
-
-
-def _type_categories(runs: Sequence[Run]) -> dict[str, str]:
-    out = {}
-    for run in runs:
-        for suites in run.eval_rows.values():  # the rows of a suite of perturbation types (JudgeBias's)
-            for row in (r for rows in suites.values() for r in rows):
-                if row.get("perturbation_type") is not None:
-                    out[str(row["perturbation_type"])] = str(row.get("perturbation_category", ""))
-    return out
 
 
 def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
@@ -408,32 +387,15 @@ def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
     add("train_curves.png", "Training: DPO loss, reward margin and reward accuracy per logged step" + label,
         _curves_figure(runs, [(title, [(key, _key_fn(key))]) for key, title in TRAIN_KEYS], markers=False,
                        title="training"))
-    groups = _rmbench_groups(runs)
-    add("rmbench_curves.png", "RM-Bench hard / normal / easy accuracy per eval point, overall and per domain" + label,
-        _curves_figure(runs, [(f"RM-Bench {g}", [(lvl, _key_fn(f"{p}/{lvl}_acc")) for lvl in LEVELS])
-                              for g, p in groups], markers=True, unit="accuracy", title="RM-Bench accuracy"))
-    add("style_bias.png", "Style bias: RM-Bench easy minus hard accuracy per eval point (0 = the judge ignores "
-        "style; a debiased judge closes this gap)" + label,
-        _curves_figure(runs, [(f"{g}: easy - hard", [("easy - hard", (lambda p: lambda run: gap_series(run, p))(p))])
-                              for g, p in groups], markers=True, zero_line=True, title="style bias (easy - hard)"))
     keys = sorted({k for run in runs for k in metric_keys(run)}, key=_metric_order)
     keys = [k for k in keys if _mode_of(k) is None]  # the bare mode's; the others: generate.png and the tables
-    cat_keys = [k for k in keys if k.startswith("eval/judgebias/") and k.split("/")[2] != "type"]
-    add("judgebias_categories.png", "JudgeBias validation per perturbation category: accuracy (chosen scored above "
-        "rejected) and mean margin" + label,
-        _curves_figure(runs, [(k[len("eval/judgebias/"):], [(k, _key_fn(k))]) for k in cat_keys], markers=True,
-                       title="JudgeBias per category"))
-    cats = _type_categories(runs)
-    type_keys = [k for k in keys if k.startswith("eval/judgebias/type/") and k.endswith("/accuracy")]
-    type_keys.sort(key=lambda k: (cats.get(k.split("/")[3], "~"), k))
-    add("judgebias_types.png", "JudgeBias accuracy per perturbation type (category in brackets)" + label,
-        _curves_figure(runs, [(k.split("/")[3] + (f" ({cats[k.split('/')[3]]})" if k.split("/")[3] in cats else ""),
-                               [(k, _key_fn(k))]) for k in type_keys],
-                       markers=True, unit="accuracy", title="JudgeBias accuracy per perturbation type"))
-    idea_keys = [k for k in keys if k.startswith("eval/ideation/")]
-    add("ideation.png", "Research-ideation test accuracy (and position consistency in pairwise mode)" + label,
-        _curves_figure(runs, [(k[len("eval/"):], [(k, _key_fn(k))]) for k in idea_keys], markers=True,
-                       unit="accuracy", title="Ideation"))
+    for name in suite_rank():  # each suite's own figures (`Suite.curve_plots`)
+        rows = [r for run in runs for suites in run.eval_rows.values() for r in suites.get(name, [])]
+        for plot in get_suite(name).curve_plots(keys, rows):
+            add(plot.file, plot.caption + label,
+                _curves_figure(runs, [(title, [(series_label, _key_fn(key)) for series_label, key in panel])
+                                      for title, panel in plot.panels], markers=True, unit=plot.unit,
+                               zero_line=plot.zero_line, title=plot.title))
     other = [k for k in keys if k.split("/")[1] not in suite_rank()]
     add("eval_other.png", "Other logged eval metrics" + label,
         _curves_figure(runs, [(k, [(k, _key_fn(k))]) for k in other], markers=True, title="other eval metrics"))
@@ -487,30 +449,40 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "run"
 
 
+def matrix_suites() -> list[str]:
+    """The suites whose style matrices the report draws (`Suite.matrices`), in the registry's order."""
+    return [n for n in known_suites() if getattr(registered(n), "matrices", False)]
+
+
+def matrices_heading() -> str:
+    """The heading of the report's section of style matrices: ``<suite title> matrices``."""
+    return " / ".join(get_suite(n).title for n in matrix_suites()) + " matrices"
+
+
 def _matrix_figures(runs: Sequence[Run]) -> list[tuple[str, str, Any, str]]:
     """(file name, caption, Figure, run name) of each run's heatmaps per eval point, plus a last-eval comparison."""
     out = []
-    last = {}
-    for run in runs:
-        prefix = "rmbench_matrix_" + ("" if len(runs) == 1 else _slug(run.name) + "_")
-        for step, suites in sorted(run.eval_rows.items()):
-            rows = [r for name, rs in suites.items() if getattr(registered(name), "matrices", False) for r in rs]
-            if not rows:
-                continue
-            mats = rmbench_matrices(rows)
-            if not mats:
-                continue
-            epoch = run.epoch_at(step)
-            when = f"step {step}" + (f", epoch {epoch:g}" if epoch is not None else "")
-            fig = matrices_figure(mats, f"{run.name}: RM-Bench accuracy matrix, {when}")
-            out.append((f"{prefix}step{step}.png", f"RM-Bench matrix of {run.name} at {when}: share of prompts whose "
-                        "chosen response (row style) outscores the rejected one (column style); hard = above the "
-                        "diagonal, normal = diagonal, easy = below", fig, run.name))
-            last[run.name] = (mats.get("overall", next(iter(mats.values()))), when)
-    if len(runs) > 1 and last:
-        fig = matrices_figure({f"{name}\n{when}": m for name, (m, when) in last.items()},
-                              "RM-Bench overall matrix at each run's last eval")
-        out.append(("rmbench_matrix_last.png", "Overall RM-Bench matrix of each run at its last eval point", fig, ""))
+    for name in matrix_suites():
+        suite = get_suite(name)
+        last = {}
+        for run in runs:
+            prefix = f"{name}_matrix_" + ("" if len(runs) == 1 else _slug(run.name) + "_")
+            for step, suites in sorted(run.eval_rows.items()):
+                mats = suite.style_matrices(suites.get(name) or [])
+                if not mats:
+                    continue
+                epoch = run.epoch_at(step)
+                when = f"step {step}" + (f", epoch {epoch:g}" if epoch is not None else "")
+                fig = matrices_figure(mats, f"{run.name}: {suite.title} accuracy matrix, {when}")
+                out.append((f"{prefix}step{step}.png", f"{suite.title} matrix of {run.name} at {when}: share of "
+                            "prompts whose chosen response (row style) outscores the rejected one (column style); "
+                            "hard = above the diagonal, normal = diagonal, easy = below", fig, run.name))
+                last[run.name] = (mats.get("overall", next(iter(mats.values()))), when)
+        if len(runs) > 1 and last:
+            fig = matrices_figure({f"{run_name}\n{when}": m for run_name, (m, when) in last.items()},
+                                  f"{suite.title} overall matrix at each run's last eval")
+            out.append((f"{name}_matrix_last.png", f"Overall {suite.title} matrix of each run at its last eval point",
+                        fig, ""))
     return out
 
 
@@ -624,7 +596,8 @@ def _write_html(path: Path, runs, infos, tables, comparison, figures, matrices) 
                             "cells": summary_cells(row)} for row in tables[run.name]]} for run in runs],
         comparison=[{"metric": row["metric"], "label": cmp_label(row), "better": row["better"],
                      "cells": [cell(run, row) for run in runs]} for row in comparison] if len(runs) > 1 else [],
-        figures=[figure(*f) for f in figures], matrices=[figure(*m) for m in matrices])
+        figures=[figure(*f) for f in figures], matrices=[figure(*m) for m in matrices],
+        matrices_heading=matrices_heading())
     path.write_text(page, encoding="utf-8")
 
 
@@ -706,7 +679,7 @@ def _write_md(path: Path, runs, infos, tables, comparison, figures, matrices) ->
     for name, caption in figures:
         out += [f"![{caption}]({name})", "", f"*{name}*: {caption}", ""]
     if matrices:
-        out += ["## RM-Bench matrices", ""]
+        out += [f"## {matrices_heading()}", ""]
         for name, caption in matrices:
             out += [f"![{caption}]({name})", "", f"*{name}*: {caption}", ""]
     path.write_text("\n".join(out) + "\n", encoding="utf-8")

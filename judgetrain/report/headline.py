@@ -1,15 +1,14 @@
-"""The few figures a judge is read by first, at its best evaluation and at its last: RM-Bench hard / normal / easy
-accuracy, JudgeBias accuracy per category (error: detects real errors; represent: unmoved by representation),
-Ideation accuracy, and the parse rate of the evaluations it wrote (generate mode). The model card
-(`judgetrain.report.card`) and `judgetrain report` both open with them.
+"""The few figures a judge is read by first, at its best evaluation and at its last: each suite's headline figures
+with their labels (`Suite.report_headline`: an accuracy per level or category, and the parse rate of the evaluations
+it wrote in generate mode). The model card (`judgetrain.report.card`) and `judgetrain report` both open with them.
 
     from judgetrain.report.headline import headline
     head = headline(records, recipe)     # records: metrics.jsonl as {step: merged record}; None without any eval
     head.best_step, head.last_step, head.rows[0]   # {"metric", "label", "best", "last", "best_ci", "last_ci"}
 
 The best evaluation is the one where the recipe's ``metric_for_best_model`` (with ``greater_is_better``) is best, or
-else ``eval/rmbench/total_avg_acc``, else the first headline figure logged; the earliest such step on a tie. Every
-figure is shown with its 95% interval (``value [ci_low, ci_high]``, `with_interval`), wherever it is shown: the
+else the figure a suite names for it (`Suite.best_by`), else the first headline figure logged; the earliest such
+step on a tie. Every figure is shown with its 95% interval (``value [ci_low, ci_high]``, `with_interval`), wherever it is shown: the
 headline table, the table against the base judge (the base's interval read from the evaluation it was scored in),
 the log's and the terminal's copies of them.
 """
@@ -22,31 +21,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.config.directions import greater_is_better
+from judgetrain.eval.benchmarks import SuiteFacts
+from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.compare import REGRESSION_ALPHA, changes, worse_rule
 from judgetrain.report.spread import flat_judge_lines
 
-HEADLINE = (
-    ("eval/rmbench/hard_acc", "RM-Bench hard accuracy"),
-    ("eval/rmbench/normal_acc", "RM-Bench normal accuracy"),
-    ("eval/rmbench/easy_acc", "RM-Bench easy accuracy"),
-    ("eval/rmbench/total_avg_acc", "RM-Bench average accuracy"),
-    ("eval/judgebias/error/accuracy", "JudgeBias error accuracy"),
-    ("eval/judgebias/represent/accuracy", "JudgeBias represent accuracy"),
-    ("eval/ideation/accuracy", "Ideation accuracy"),
-    ("eval/evalbiasbench/pair_acc", "EvalBiasBench pair accuracy (each response scored alone)"),
-    ("eval/evalbiasbench/verdict/single_acc", "EvalBiasBench single accuracy (verdicts, both orders)"),
-    ("eval/evalbiasbench/verdict/pair_acc", "EvalBiasBench pair accuracy (verdicts, both orders)"),
-    ("eval/judgebench/accuracy", "JudgeBench accuracy (each response scored alone)"),
-    ("eval/judgebench/verdict/accuracy", "JudgeBench accuracy (verdicts, both orders)"),
-    ("eval/pairwise/accuracy", "Held-out pairs accuracy (each response scored alone)"),
-    ("eval/pairwise/verdict/accuracy", "Held-out pairs accuracy (verdicts, both orders)"),
-    ("eval/rmbench/generate/parse_rate", "RM-Bench parse rate (written evaluations)"),
-    ("eval/judgebias/generate/parse_rate", "JudgeBias parse rate (written evaluations)"),
-    ("eval/ideation/generate/parse_rate", "Ideation parse rate (written verdicts)"),
-)
-DEFAULT_SELECTION = "eval/rmbench/total_avg_acc"
+REPORT_HEADLINE = SuiteFacts("report_headline")  # per suite: (figure, label) of its headline figures
+HEADLINE_PLACE = SuiteFacts("headline_place")  # per suite: its place in the headline table
+BEST_BY = SuiteFacts("best_by")  # per suite: the figure the best evaluation is chosen by, if any
+
+
+def headline_figures() -> list[tuple[str, str]]:
+    """(logged key, label) of every suite's headline figures (`Suite.report_headline`), the suites in their
+    `Suite.headline_place` order, those of generate mode after every suite's others."""
+    suites = sorted(REPORT_HEADLINE, key=lambda suite: HEADLINE_PLACE[suite])  # stable: the registry's order on a tie
+    pairs = [(f"eval/{suite}/{fig}", label) for suite in suites for fig, label in REPORT_HEADLINE[suite]]
+    return sorted(pairs, key=lambda p: p[0].split("/")[2] == "generate")  # stable: the order kept within
+
+
+def default_selections() -> list[str]:
+    """The figures a run's best evaluation is chosen by when its recipe names none, in the order tried."""
+    return [f"eval/{suite}/{fig}" for suite, fig in BEST_BY.items() if fig]
 
 
 @dataclass
@@ -81,7 +77,7 @@ def selection(recipe: Mapping[str, Any] | None, logged: set[str]) -> tuple[str, 
         if key in logged:
             greater = recipe.get("greater_is_better")
             return key, bool(greater) if greater is not None else _greater(key)
-    for key in (DEFAULT_SELECTION, *(k for k, _ in HEADLINE)):
+    for key in (*default_selections(), *(k for k, _ in headline_figures())):
         if key in logged:
             return key, True
     return None
@@ -96,7 +92,8 @@ def _greater(key: str) -> bool:
 
 def headline(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None) -> Headline | None:
     """The headline figures at the best and the last evaluation of a run's merged metrics records."""
-    evals = {step: rec for step, rec in sorted(records.items()) if any(_num(rec.get(k)) for k, _ in HEADLINE)}
+    figures = headline_figures()
+    evals = {step: rec for step, rec in sorted(records.items()) if any(_num(rec.get(k)) for k, _ in figures)}
     if not evals:
         return None
     logged = {k for rec in evals.values() for k, v in rec.items() if k.startswith("eval/") and _num(v)}
@@ -109,7 +106,7 @@ def headline(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any]
     last_step = max(evals)
     best, last = evals[best_step], evals[last_step]
     rows = [{"metric": k, "label": label, "best": _value(best, k), "last": _value(last, k),
-             "best_ci": _interval(best, k), "last_ci": _interval(last, k)} for k, label in HEADLINE if k in logged]
+             "best_ci": _interval(best, k), "last_ci": _interval(last, k)} for k, label in figures if k in logged]
     return Headline(key, greater, best_step, _epoch(best), last_step, _epoch(last), rows)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -46,6 +47,15 @@ def rubric_prompt(prompt: Any, response: Any) -> list[dict]:
     """A judge prompt for a response that comes without its own rubric (RM-Bench, plain Ideation rows)."""
     user = f"[User request]\n{text_of(prompt)}\n\n[Assistant response]\n{text_of(response)}"
     return [{"role": "system", "content": RUBRIC_SYSTEM}, {"role": "user", "content": user}]
+
+
+def mean_sd(values: Iterable[Any]) -> tuple[float, float] | None:
+    """(mean, standard deviation) of the finite values; None without any."""
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
 def finite_number(value: Any) -> bool:
@@ -96,8 +106,14 @@ class Suite:
     example_figure: ClassVar[str] = "accuracy"  # a figure named in messages (metric_for_best_model)
     generate_table: ClassVar[tuple[str, ...]] = ()  # the report's table of figures beside what the judge writes
     bare_figures: ClassVar[tuple[str, ...]] = ()  # the top-level keys `log_figures` names itself
-    matrices: ClassVar[bool] = False  # the report draws its 3x3 style matrices
+    matrices: ClassVar[bool] = False  # the report draws its 3x3 style matrices (`style_matrices`)
     curves: ClassVar[bool] = False  # the report draws its figures' curves in panels of their own
+    # the figures the report and the model card open with: (key under ``eval/<suite>/``, label); those of generate
+    # mode (``generate/...``) follow every suite's others
+    report_headline: ClassVar[tuple[tuple[str, str], ...]] = ()
+    best_by: ClassVar[str | None] = None  # the figure a run's best evaluation is chosen by when the recipe names none
+    # its place in the headline table, which also orders the fallback figures the best evaluation is chosen by
+    headline_place: ClassVar[int] = 100
 
     # ------------------------------------------------------------------------------------------------ rows
     def source(self, spec: Any) -> Any:
@@ -199,6 +215,64 @@ class Suite:
     def row_key(self, row: Mapping[str, Any]) -> Any:
         """A per-row record's identity, to drop rows written twice: the row index (None: keep every row)."""
         return ("row_index", row["row_index"]) if row.get("row_index") is not None else None
+
+    # ----------------------------------------------------------------------------------- what reports show
+    def style_matrices(self, records: list[dict]) -> dict[str, Any]:
+        """{"overall" | <group>: 3x3 accuracy of chosen style (rows) against rejected style (columns)} of the
+        records, for the suites that declare ``matrices``; {} for the others."""
+        return {}
+
+    def curve_plots(self, keys: list[str], rows: list[dict]) -> list[CurvePlot]:
+        """The report's figures of the suite's curves over eval points (for the suites that declare ``curves``):
+        ``keys``: the logged figures of every run drawn (bare mode, in reading order); ``rows``: the suite's
+        per-row records of those runs."""
+        return []
+
+    def judge_scores(self, records: list[dict]) -> dict[str, list[float]]:
+        """The judge-mode scores of the suite's items in its records: ``{"all": [...], <group>: [...]}``; {} for a
+        suite whose scores are not read for their spread (`judgetrain.report.spread`)."""
+        return {}
+
+    def flat_judge_line(self, spreads: str, scores: dict[str, list[float]]) -> str:
+        """What moves the suite's figures when the judge scores every item nearly alike (``spreads``: the scores'
+        mean and standard deviation at the base and at the step, in words; ``scores``: `judge_scores` at the step)."""
+        return (f"{self.title} in judge mode: the judge gives every item nearly one score ({spreads}): its figures "
+                "move with that one score, not with what the judge reads.")
+
+    def table(self, results: Mapping[str, Any]) -> FigureTable | None:
+        """The terminal's table of the suite's own figures (`judgetrain eval`), None for a plain list of figures."""
+        return None
+
+    def trained_mode(self, components: Iterable[Mapping[str, Any]]) -> str | None:
+        """The data mode the suite is scored in when the judge is trained on rows of its schema (``takes_mode``): the
+        ``mode`` of such a component of ``train_datasets``; None for none."""
+        return None
+
+
+@dataclass
+class CurvePlot:
+    """One figure of a suite's curves in the report: its file, caption and title, and its panels: (panel title,
+    [(series label, logged key)]); a key ending in ``/style_gap`` is the easy - hard gap of the figures under its
+    prefix. The report draws it (matplotlib stays out of the suites)."""
+
+    file: str
+    caption: str
+    title: str
+    panels: list[tuple[str, list[tuple[str, str]]]]
+    unit: str | None = None
+    zero_line: bool = False
+
+
+@dataclass
+class FigureTable:
+    """A suite's figures as a table: one row per group, then its total row (shown bold); ``notes``: lines after it.
+    Its bare figures (``eval/<suite>/<figure>``) are in it, so the list of other figures leaves them out."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: list[list[str]]
+    total: list[str]
+    notes: list[str] = field(default_factory=list)
 
 
 def nan_or(value: Any) -> float:

@@ -95,6 +95,10 @@ class EvalBiasBench(PairSuite):
     title = "EvalBiasBench (OffsetBias)"
     hub = "evalbiasbench"
     headline = (*_EVALBIASBENCH_FIGURES, *POSITION_FIGURES)
+    headline_place = 3
+    report_headline = (("pair_acc", "EvalBiasBench pair accuracy (each response scored alone)"),
+                       ("verdict/single_acc", "EvalBiasBench single accuracy (verdicts, both orders)"),
+                       ("verdict/pair_acc", "EvalBiasBench pair accuracy (verdicts, both orders)"))
     example_figure = "pair_acc"
     bare_figures = _EVALBIASBENCH_FIGURES
 

@@ -19,7 +19,7 @@ from judgetrain.config.suites import register
 from judgetrain.data.ideation import pairwise_prompt
 from judgetrain.data.sampling import balanced_sample
 from judgetrain.data.scoreparse import parse_verdict
-from judgetrain.eval.benchmarks.base import Suite, nan_or, rubric_prompt, text_of
+from judgetrain.eval.benchmarks.base import CurvePlot, Suite, nan_or, rubric_prompt, text_of
 from judgetrain.eval.requests import Request, RowScore
 from judgetrain.eval.stats import Items, mean_of
 
@@ -136,9 +136,21 @@ class Ideation(Suite):
     takes_mode = True
     unit = "a pair (both orders)"
     headline = FIGURES
+    headline_place = 2
+    report_headline = (("accuracy", "Ideation accuracy"),
+                       ("generate/parse_rate", "Ideation parse rate (written verdicts)"))
     curves = True
     generate_table = ("accuracy", "position_consistency", "first_position_rate")
     bare_figures = FIGURES
+
+    def curve_plots(self, keys: list[str], rows: list[dict]) -> list[CurvePlot]:
+        idea_keys = [k for k in keys if k.startswith(f"eval/{self.name}/")]
+        return [CurvePlot(f"{self.name}.png", "Research-ideation test accuracy (and position consistency in pairwise "
+                          "mode)", "Ideation", [(k[len("eval/"):], [(k, k)]) for k in idea_keys], unit="accuracy")]
+
+    def trained_mode(self, components: Iterable[Mapping[str, Any]]) -> str | None:
+        modes = [c["mode"] for c in components if c.get("dataset") == self.name and c.get("mode")]
+        return modes[-1] if modes else None
 
     def load(self, spec: Any, source: Any, **common: Any) -> Any:
         return data.load_ideation(source, split=spec.split or self.default_split, mode=spec.mode, **common)

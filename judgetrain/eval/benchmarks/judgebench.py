@@ -108,6 +108,9 @@ class JudgeBench(PairSuite):
     hub = "ScalerLab/JudgeBench"
     headline = ("accuracy", "knowledge/accuracy", "reasoning/accuracy", "math/accuracy", "coding/accuracy",
                 "inconsistent_rate", *POSITION_FIGURES)
+    headline_place = 4
+    report_headline = (("accuracy", "JudgeBench accuracy (each response scored alone)"),
+                       ("verdict/accuracy", "JudgeBench accuracy (verdicts, both orders)"))
     bare_figures = ("accuracy", "inconsistent_rate")
 
     def load(self, spec: Any, source: Any, **common: Any) -> Any:

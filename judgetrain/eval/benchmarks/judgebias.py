@@ -18,7 +18,7 @@ import numpy as np
 
 from judgetrain import data
 from judgetrain.config.suites import register
-from judgetrain.eval.benchmarks.base import Suite, nan_or
+from judgetrain.eval.benchmarks.base import CurvePlot, Suite, mean_sd, nan_or
 from judgetrain.eval.requests import Request, RowScore
 from judgetrain.eval.stats import Items, as_score, mean_of
 
@@ -183,10 +183,47 @@ class JudgeBias(Suite):
     unit = "a sample within a perturbation set (its rows at each perturbation rate)"
     headline = ("error/accuracy", "represent/accuracy", "represent/anchor_mae", "error/detect_rate",
                 "represent/within_half_rate")
+    headline_place = 1
+    report_headline = (("error/accuracy", "JudgeBias error accuracy"),
+                       ("represent/accuracy", "JudgeBias represent accuracy"),
+                       ("generate/parse_rate", "JudgeBias parse rate (written evaluations)"))
     example_figure = "error/accuracy"
     curves = True
     generate_table = ("represent/accuracy", "error/accuracy", "represent/anchor_mae", "represent/within_half_rate",
                       "error/detect_rate", "error/mean_drop")
+
+    def judge_scores(self, records: list[dict]) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {"all": []}
+        for row in records:
+            score = row.get("judge_score")
+            out["all"].append(score)
+            out.setdefault(str(row.get("perturbation_category")), []).append(score)
+        return out
+
+    def flat_judge_line(self, spreads: str, scores: dict[str, list[float]]) -> str:
+        by = {c: mean_sd(scores.get(c, [])) for c in ("error", "represent")}
+        split = (f"; errors {by['error'][0]:.3f}, rewrites {by['represent'][0]:.3f}"
+                 if by["error"] and by["represent"] else "")
+        return ("JudgeBias in judge mode: the judge gives every item nearly one score ("
+                f"{spreads}{split}): it does not tell an error from a rewrite, so its error figures and its "
+                "representational figures move with that one score, in opposite directions: lower, it flags more "
+                "errors and puts every rewrite further below its anchor (higher, the reverse). A judge that learns "
+                "the difference moves them apart.")
+
+    def curve_plots(self, keys: list[str], rows: list[dict]) -> list[CurvePlot]:
+        prefix = f"eval/{self.name}/"
+        cat_keys = [k for k in keys if k.startswith(prefix) and k.split("/")[2] != "type"]
+        cats = {str(r["perturbation_type"]): str(r.get("perturbation_category", ""))
+                for r in rows if r.get("perturbation_type") is not None}
+        type_keys = [k for k in keys if k.startswith(prefix + "type/") and k.endswith("/accuracy")]
+        type_keys.sort(key=lambda k: (cats.get(k.split("/")[3], "~"), k))
+        return [CurvePlot(f"{self.name}_categories.png", "JudgeBias validation per perturbation category: accuracy "
+                          "(chosen scored above rejected) and mean margin", "JudgeBias per category",
+                          [(k[len(prefix):], [(k, k)]) for k in cat_keys]),
+                CurvePlot(f"{self.name}_types.png", "JudgeBias accuracy per perturbation type (category in brackets)",
+                          "JudgeBias accuracy per perturbation type",
+                          [(k.split("/")[3] + (f" ({cats[k.split('/')[3]]})" if k.split("/")[3] in cats else ""),
+                            [(k, k)]) for k in type_keys], unit="accuracy")]
 
     def load(self, spec: Any, source: Any, **common: Any) -> Any:
         return data.load_judgebias(source, split=spec.split or self.default_split, **common)

@@ -20,6 +20,9 @@ class TeamPairs(JudgeBench):
     title = "held-out pairs"
     hub = "held-out-pairs"
     headline = ("accuracy", "inconsistent_rate", *POSITION_FIGURES)
+    headline_place = 5
+    report_headline = (("accuracy", "Held-out pairs accuracy (each response scored alone)"),
+                       ("verdict/accuracy", "Held-out pairs accuracy (verdicts, both orders)"))
 
     def load(self, spec: Any, source: Any, **common: Any) -> Any:
         return load_pairwise(source, columns=spec.columns, split=spec.split, **common)

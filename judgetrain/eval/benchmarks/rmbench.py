@@ -16,7 +16,7 @@ import numpy as np
 
 from judgetrain import data
 from judgetrain.config.suites import register
-from judgetrain.eval.benchmarks.base import Suite, nan_or, rubric_prompt
+from judgetrain.eval.benchmarks.base import CurvePlot, FigureTable, Suite, nan_or, rubric_prompt
 from judgetrain.eval.requests import Request, RowScore
 from judgetrain.eval.stats import CONFIDENCE, N_RESAMPLES, Items, items_intervals
 
@@ -24,6 +24,7 @@ MATRIX_SIZE = 3  # RM-Bench style order: [concise, detailed plain, detailed mark
 RMBENCH_DOMAINS = ("chat", "math", "code", "safety")  # the official order
 FIGURES = ("hard_acc", "normal_acc", "easy_acc", "total_avg_acc")
 DOMAIN_FIGURES = ("hard_acc", "normal_acc", "easy_acc", "avg_acc")
+LEVELS = ("hard", "normal", "easy")  # the accuracy levels: above, on and below the matrix's diagonal
 
 
 def rmbench_accuracy(score_chosen: Any, score_rejected: Any) -> dict[str, Any]:
@@ -194,6 +195,11 @@ class RMBench(Suite):
     generate_table = FIGURES
     bare_figures = FIGURES
     matrices = True
+    headline_place = 0
+    report_headline = (("hard_acc", "RM-Bench hard accuracy"), ("normal_acc", "RM-Bench normal accuracy"),
+                       ("easy_acc", "RM-Bench easy accuracy"), ("total_avg_acc", "RM-Bench average accuracy"),
+                       ("generate/parse_rate", "RM-Bench parse rate (written evaluations)"))
+    best_by = "total_avg_acc"
 
     def load(self, spec: Any, source: Any, **common: Any) -> Any:
         return data.load_rmbench(source, **common)
@@ -238,6 +244,49 @@ class RMBench(Suite):
         if row.get("row_index") is None and row.get("id") is not None:
             return ("id", row["id"])
         return super().row_key(row)
+
+    def style_matrices(self, records: list[dict]) -> dict[str, Any]:
+        return rmbench_matrices(records)
+
+    def judge_scores(self, records: list[dict]) -> dict[str, list[float]]:
+        return {"all": [s for row in records
+                        for s in list(row.get("score_chosen") or []) + list(row.get("score_rejected") or [])]}
+
+    def flat_judge_line(self, spreads: str, scores: dict[str, list[float]]) -> str:
+        return (f"{self.title} in judge mode: every response is scored within a sliver of the scale ({spreads}): "
+                "which response of a pair wins is decided by hundredths of a point, so its accuracies and its style "
+                "spread move with changes that small, not with what the judge reads.")
+
+    def curve_plots(self, keys: list[str], rows: list[dict]) -> list[CurvePlot]:
+        groups = self._curve_groups(keys)
+        return [CurvePlot(f"{self.name}_curves.png", f"{self.title} hard / normal / easy accuracy per eval point, "
+                          "overall and per domain", f"{self.title} accuracy",
+                          [(f"{self.title} {g}", [(lvl, f"{p}/{lvl}_acc") for lvl in LEVELS]) for g, p in groups],
+                          unit="accuracy"),
+                CurvePlot("style_bias.png", f"Style bias: {self.title} easy minus hard accuracy per eval point (0 = "
+                          "the judge ignores style; a debiased judge closes this gap)", "style bias (easy - hard)",
+                          [(f"{g}: easy - hard", [("easy - hard", f"{p}/style_gap")]) for g, p in groups],
+                          zero_line=True)]
+
+    def _curve_groups(self, keys: list[str]) -> list[tuple[str, str]]:
+        """(panel title, key prefix): overall, then each domain logged."""
+        found = {k.split("/")[2] for k in keys if len(k.split("/")) == 4 and k.split("/")[1] == self.name
+                 and k.split("/")[3] in ("hard_acc", "easy_acc", "normal_acc")}
+        order = {d: i for i, d in enumerate(RMBENCH_DOMAINS)}
+        return [("overall", f"eval/{self.name}")] + [(d, f"eval/{self.name}/{d}")
+                                                    for d in sorted(found, key=lambda d: (order.get(d, 9), d))]
+
+    def table(self, results: Mapping[str, Any]) -> FigureTable | None:
+        if not results:
+            return None
+        levels = ("hard_acc", "normal_acc", "easy_acc")
+        rows = [[d, str(results[d]["n_rows"]), *(f"{results[d][k]:.3f}" for k in (*levels, "avg_acc"))]
+                for d in results["domains"] + results.get("other_domains", [])]
+        rows += [[d, "0", "missing", "", "", ""] for d in results["missing_domains"]]
+        total = ["overall", str(results["n_rows"]), *(f"{results[k]:.3f}" for k in (*levels, "total_avg_acc"))]
+        notes = ([f"{self.name}: {results['n_skipped']} rows skipped, {results['n_truncated']} truncated (long inputs)"]
+                 if results.get("n_skipped") or results.get("n_truncated") else [])
+        return FigureTable(self.title, ("domain", "rows", "hard", "normal", "easy", "avg"), rows, total, notes)
 
 
 def _generated_rows(records: list[dict]) -> list[dict]:
