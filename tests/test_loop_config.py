@@ -34,7 +34,6 @@ def refused(tmp_path, capsys, **edit) -> str:
     ({"judge": {"samples": "3"}}, "judge.samples: '3' is not a whole number"),
     ({"heldout": {"types": 5}}, "heldout.types: 5 is not a list"),
     ({"rounds": True}, "rounds: True is not a whole number"),
-    ({"items": {"sets": "drug_swap"}}, "items.sets: 'drug_swap' is not a list (one name is written [drug_swap])"),
     ({"eval": {"suites": "pairwise"}}, "eval.suites: 'pairwise' is not a list"),
     ({"train": None}, "train: None is not a mapping of keys"),
     ({"eval": {"suites": []}}, "eval.suites: an empty list"),
@@ -49,6 +48,9 @@ def test_what_the_config_names_is_checked_before_anything_runs(tmp_path, capsys)
     # a misspelt held-out type names the nearest of the spec's (it held nothing out: its items trained)
     assert "heldout.types: no perturbation type 'drug_swaps'; did you mean 'drug_swap'?" in refused(
         tmp_path, capsys, heldout={"fraction": 0.25, "types": ["drug_swaps"]})
+    # a string where a list belongs is not split into characters (perturb ran with --sets d r u g _ s w a p)
+    assert "items.sets: 'drug_swap' is not a list (one name is written [drug_swap])" in refused(
+        tmp_path, capsys, items={**base["items"], "sets": "drug_swap"})
     assert "no set 'spacin'; did you mean 'spacing'?" in refused(
         tmp_path, capsys, items={**base["items"], "sets": ["spacin"]})
     assert "recipe: recipe " in refused(tmp_path, capsys, recipe=str(tmp_path / "missing.yaml"))
