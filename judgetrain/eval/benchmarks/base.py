@@ -49,8 +49,9 @@ def rubric_prompt(prompt: Any, response: Any) -> list[dict]:
 
 
 def finite_number(value: Any) -> bool:
-    """A number that may be logged (bool is not one)."""
-    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+    """A number that may be logged: finite (NaN is a figure nothing measured, left out of the log), and not a bool."""
+    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def generation_summary(outputs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
