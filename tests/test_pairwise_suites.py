@@ -106,7 +106,10 @@ def test_every_mode_on_the_real_rows_both_orders_reach_the_model_and_every_figur
     # the keys DESIGN.md names, bias names slugged; a team's own pairs keep their category column
     assert {"eval/evalbiasbench/length_bias/single_acc", "eval/evalbiasbench/familiar_knowledge_preference_bias/pair_acc",
             "eval/evalbiasbench/empty_reference/agreement", "eval/judgebench/knowledge/accuracy",
-            "eval/judgebench/inconsistent_rate", "eval/pairwise/accuracy", "eval/pairwise/verdict/accuracy"} <= set(flat)
+            "eval/judgebench/verdict/inconsistent_rate", "eval/pairwise/accuracy", "eval/pairwise/verdict/accuracy"} <= set(flat)
+    # implicit mode judges each pair in one order: no inconsistency and no lean measured, so none logged (not NaN)
+    assert not {"eval/judgebench/inconsistent_rate", "eval/judgebench/first_position_rate",
+                "eval/judgebench/first_position_prob"} & set(flat)
     assert not [k for k in flat if " " in k]
     assert {k.split("/")[2] for k in flat if k.startswith("eval/pairwise/") and k.endswith("/accuracy")} & {
         "mmlu", "livebench", "livecodebench"}
