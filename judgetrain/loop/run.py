@@ -195,7 +195,10 @@ class Loop:
                                                  "heldout_samples": sorted(held_ids),
                                                  "heldout_types": list(held.types), "heldout_same_text": same_text})
         if k == 1 and self.has_texts():
-            write_heldout_pairs(heldout, list(samples.values()), self.out / HELDOUT_PAIRS)
+            written = write_heldout_pairs(heldout, list(samples.values()), self.out / HELDOUT_PAIRS)
+            if not eval_suites(self.config, written > 0)[0]:  # refused here, not by eval after training
+                raise LoopConfigError(f"eval.suites: {self.config.eval.suites}: the held-out items hold no error copy, "
+                                      "so there are no held-out pairs and no suite to score; name another suite")
 
     def has_texts(self) -> bool:
         return bool(self.config.items.source and self.config.items.spec)
