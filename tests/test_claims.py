@@ -31,20 +31,20 @@ def test_a_lean_rising_from_a_half_to_0_95_is_worse_and_one_shrinking_towards_it
     assert paired["p_value"] < 0.002
     assert [paired[k] for k in ("distance_delta", "distance_delta_ci_low", "distance_delta_ci_high")] == \
         pytest.approx([0.45, 0.45, 0.45])
-    assert changes({"pairwise/verdict/first_position_prob": paired}) == {"pairwise/verdict/first_position_prob": "worse"}
+    name = "pairwise/verdict/first_position_prob"
+    assert changes({name: paired}) == {name: "worse"}
     shrinking = paired_figures(_lean([0.55] * 40), _lean([0.9] * 40))["first_position_prob"]
-    assert changes({"pairwise/verdict/first_position_prob": shrinking})["pairwise/verdict/first_position_prob"] == "better"
+    assert changes({name: shrinking})[name] == "better"
     # a lean that crosses 0.5 to the same distance on the other side: no change of distance, no verdict
     crossing = paired_figures(_lean([0.3] * 40), _lean([0.7] * 40))["first_position_prob"]
-    assert changes({"pairwise/verdict/first_position_prob": crossing})["pairwise/verdict/first_position_prob"] == ""
+    assert changes({name: crossing})[name] == ""
     # the same figures as logged keys, read back by the report's guard
     from judgetrain.eval.compare import delta_keys
     from judgetrain.report.headline import against_base
 
     logged = delta_keys("pairwise", "verdict", None, {"first_position_prob": paired})
     record = {**logged, "eval/pairwise/verdict/first_position_prob": 0.95}
-    assert against_base({0: {"eval/pairwise/verdict/first_position_prob": 0.5}, 4: record})["worse"] == [
-        "pairwise/verdict/first_position_prob"]
+    assert against_base({0: {"eval/pairwise/verdict/first_position_prob": 0.5}, 4: record})["worse"] == [name]
 
 
 def test_an_accuracy_drop_at_p_0_03_stays_worse_beside_position_figures_without_a_verdict():

@@ -202,7 +202,8 @@ def _type_problem(value: Any, hint: Any) -> str | None:
     if origin is dict:
         return None if isinstance(value, dict) else "a mapping of keys"
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    wanted = {bool: ("true or false", isinstance(value, bool)), int: ("a whole number", number and isinstance(value, int)),
+    wanted = {bool: ("true or false", isinstance(value, bool)),
+              int: ("a whole number", number and isinstance(value, int)),
               float: ("a number", number), str: ("a string", isinstance(value, str))}
     what, fits = wanted.get(hint, (None, True))
     return None if fits else what

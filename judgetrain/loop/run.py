@@ -216,7 +216,8 @@ class Loop:
         texts = {s.text for s in samples if str(s.sample_id) in drawn}
         pairs = self.out / HELDOUT_PAIRS
         if pairs.is_file():  # the held-out evaluation copies, written once in round 1
-            texts |= {json.loads(line)["response_b"] for line in pairs.read_text(encoding="utf-8").splitlines() if line}
+            texts |= {json.loads(line)["response_b"]
+                      for line in pairs.read_text(encoding="utf-8").splitlines() if line}
         return drawn | {str(s.sample_id) for s in samples if s.text in texts}, texts
 
     def samples(self):
