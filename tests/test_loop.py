@@ -93,10 +93,18 @@ def test_the_response_form_is_accepted_and_its_pairs_stage_writes_the_question_a
         assert DRUGS[i % 3] not in json.loads(r["rejected"])[0]["content"]
 
 
-def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_design():
+def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_design(tmp_path):
     from judgetrain.loop.config import load_config
 
-    configs = {p.name: load_config(p) for p in sorted((REPO / "recipes" / "loops").glob("*.yaml"))}
+    # the pointwise proof reads generated recipes (its header's make_samples line): made here, small, and named
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_samples.py"), "--only", "recipes",
+                    "--judgebias-samples", "20", "0", "--out", str(tmp_path / "pointwise")], check=True, cwd=REPO)
+    configs = {}
+    for p in sorted((REPO / "recipes" / "loops").glob("*.yaml")):
+        text = p.read_text(encoding="utf-8").replace("source: data/pointwise/recipes",
+                                                      f"source: {tmp_path / 'pointwise' / 'recipes'}")
+        (tmp_path / p.name).write_text(text, encoding="utf-8")
+        configs[p.name] = load_config(tmp_path / p.name)
     assert {"smollm2_verdicts.yaml", "smollm2_pointwise.yaml"} <= set(configs)
     proof = configs["smollm2_pointwise.yaml"]
     assert (proof.pairs.form, proof.pairs.ties, proof.heldout.types) == ("response", "drop", ["element_substitution"])

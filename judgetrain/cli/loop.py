@@ -7,17 +7,20 @@ adapter and scores the result against the base; the round table is printed and w
 Exit codes: 0 done, 2 a bad config (or another loop's output_dir), else the failing stage's command's code.
 """
 
-# Late imports: judgetrain.loop (inside the functions that use them): `judgetrain --help` starts without the stages'
-# libraries.
+# Late imports: judgetrain.loop, judgetrain.cli, judgetrain.config (eval's parser; inside the functions that use them):
+# `judgetrain --help` starts without the stages' libraries.
 
 from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 
-from judgetrain.cli.args import ConventionParser
+from judgetrain.cli.args import ConventionParser, normalise, unknown_message
 from judgetrain.run.layout import ROUND_TABLE_CSV, ROUND_TABLE_MD
+from judgetrain.run.state import EXIT_BAD_INPUT
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.logging import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -36,11 +39,43 @@ def main(argv: list[str] | None = None) -> int:
     from judgetrain.loop.run import StageFailed, run_loop
 
     config = load_config(args.config)  # a bad config raises LoopConfigError: the entry's one line, exit code 2
+    check_eval(config, args.config)
     try:
         result = run_loop(config)
     except StageFailed as err:
-        logger.error("%s; rerun the same command to continue from this stage", err)
+        if err.code == EXIT_BAD_INPUT:  # the command refused its input: the same command would refuse it again
+            logger.error("%s: it refused its input (its one line above); a rerun of this config stops there again",
+                         err)
+        else:
+            logger.error("%s; rerun the same command to continue from this stage", err)
         return err.code
     print((Path(config.output_dir) / ROUND_TABLE_MD).read_text(encoding="utf-8"), file=sys.stdout)
     logger.info("round table: %s (and %s, %s)", result["table"], ROUND_TABLE_CSV, ROUND_TABLE_MD)
     return 0
+
+
+def check_eval(config, where: str) -> None:
+    """The eval stage's options through `judgetrain eval`'s own parser, as round 1 runs it (the held-out pairs
+    named): an unknown option, a value of the wrong type or a suite eval refuses is `LoopConfigError` naming it."""
+    from judgetrain.cli.eval import build_parser
+    from judgetrain.config.recipe import RENAMED_EVAL_FLAGS
+    from judgetrain.loop.config import eval_suites, option_args
+
+    suites, options = eval_suites(config, heldout_pairs=True)
+    argv = ["--model", config.model, "--output_dir", "eval", "--eval_suites", *suites,
+            "--eval_scoring", *config.eval.scoring, *(["--eval_max_rows", str(config.eval.max_rows)]
+                                                      if config.eval.max_rows else []), *option_args(options)]
+    parser = build_parser()
+    parser.error = partial(_eval_refused, where)
+    try:
+        _, _, unknown = parser.parse_args_into_dataclasses(args=normalise(parser, argv), return_remaining_strings=True)
+    except BadInputError as err:
+        _eval_refused(where, str(err))
+    if unknown:
+        _eval_refused(where, unknown_message(parser, unknown, RENAMED_EVAL_FLAGS))
+
+
+def _eval_refused(where: str, message: str) -> None:
+    from judgetrain.loop.config import LoopConfigError
+
+    raise LoopConfigError(f"{where}: eval (judgetrain eval's options): {message}")

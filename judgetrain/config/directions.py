@@ -17,7 +17,8 @@ LOWER_IS_BETTER = ("style_spread", "inconsistent_rate")
 # figures best at a value: the RM-Bench style gap (easy - hard) at 0, the share of first-shown picks at 0.5
 CLOSER_TO = {"style_gap": 0.0, "first_position_rate": 0.5, "first_position_prob": 0.5}
 # the parts a logged key ends with that are no figure: bounds, p-values, the units a test counted
-NOT_FIGURES = ("ci_low", "ci_high", "delta_ci_low", "delta_ci_high", "p_value", "n_units")
+NOT_FIGURES = ("ci_low", "ci_high", "delta_ci_low", "delta_ci_high", "distance_ci_low", "distance_ci_high", "p_value",
+               "n_units")
 COUNTS = ("n", "runtime", "tokens_generated", "mean_tokens", "epoch", "step")
 COUNT_PREFIXES = ("n_", "num_", "long_")
 COUNT_PARTS = ("parse_fail",)  # eval/<suite>/generate/parse_fail/<reason>: how many failed so
@@ -40,6 +41,12 @@ def direction(key: str) -> str | None:
     return "higher"
 
 
+def best_at(key: str) -> float | None:
+    """The value a figure best at a value is best at (`CLOSER_TO`: 0.5 for the position figures), else None."""
+    way = direction(key)
+    return float(way.removeprefix("closer to ")) if way is not None and way.startswith("closer to ") else None
+
+
 def greater_is_better(key: str) -> bool:
     """Whether a larger value of ``key`` is better, for a selection that can only take the highest or the lowest
     (``metric_for_best_model``); a figure best at a value or one not ranked is refused (ValueError)."""
@@ -56,5 +63,5 @@ def rank_score(key: str, value: float) -> float:
     if way is None:
         raise ValueError(f"{key}: not a figure to rank")
     if way.startswith("closer to "):
-        return -abs(value - float(way.removeprefix("closer to ")))
+        return -abs(value - best_at(key))
     return -value if way == "lower" else value

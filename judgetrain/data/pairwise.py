@@ -10,8 +10,9 @@ them to a judge in both orders.
 Every source becomes the same rows (`features`): ``id``, ``prompt``, ``response_a``, ``response_b``, ``label``
 ("A>B" or "B>A": the better response in the source's order), ``category`` (EvalBiasBench: the bias; a user's own
 pairs: the optional category column, else None), ``source`` (JudgeBench's source string, e.g. ``mmlu-pro-law``: its
-paper's four categories are part of its scoring rule, `judgetrain.metrics.judgebench_category`) and ``subset``
-(JudgeBench: the response model).
+paper's four categories are part of its scoring rule, `judgetrain.metrics.judgebench_category`), ``subset``
+(JudgeBench: the response model) and ``sample_id`` (a team's own pairs: the optional source sample a pair was made
+from, as `judgetrain perturb`'s items name it; the pairs of one sample are one unit of the suite's statistics).
 
 - ``evalbiasbench`` (OffsetBias): ``biasbench.json``, one JSON object {bias: [rows]}; each row ``bias``,
   ``instruction``, ``response1``, ``response2``, ``label`` (1 or 2). A row is named by its bias list and its index in
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 SPLIT = "test"  # label used in messages; the pairwise benchmarks have one split
 LABELS = ("A>B", "B>A")
-FIELDS = ("id", "prompt", "response_a", "response_b", "label", "category", "source", "subset")
+FIELDS = ("id", "prompt", "response_a", "response_b", "label", "category", "source", "subset", "sample_id")
 REQUIRED = ("prompt", "response_a", "response_b", "label")
 
 JUDGEBENCH_HUB_ID = "ScalerLab/JudgeBench"
@@ -211,7 +212,7 @@ def _check(fmt: PairwiseFormat, table: Table):
         elif parse_label(label) is None:
             problems.append((cols["label"], f"unknown label: {label!r}, expected which response is better: A>B or "
                                             "B>A (A, B, 1, 2)"))
-        for field in ("id", "category", "source", "subset"):
+        for field in ("id", "category", "source", "subset", "sample_id"):
             value = row.get(cols[field]) if field in cols else None
             if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))
                                       or not str(value).strip()):

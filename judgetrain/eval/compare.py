@@ -26,7 +26,7 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-from judgetrain.config.directions import direction
+from judgetrain.config.directions import best_at, direction
 from judgetrain.config.recipe import PROXY_MODES, did_you_mean
 from judgetrain.config.suites import registered
 from judgetrain.eval.benchmarks import SuiteFacts, get_suite
@@ -76,7 +76,7 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
         if items_a is None or items_b is None:
             doc["skipped"].append(f"{suite} ({mode}): {why_a or why_b}")
             continue
-        paired = paired_difference(items_b, items_a, n_resamples=n_resamples, seed=seed)
+        paired = paired_figures(items_b, items_a, n_resamples=n_resamples, seed=seed)
         if not paired:
             doc["skipped"].append(f"{suite} ({mode}): no item in both evaluations")
             continue
@@ -93,6 +93,13 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
         fig["change"] = said.get(name, "")
     doc["regressions"] = [name for name, s in said.items() if s == "worse"]
     return doc
+
+
+def paired_figures(trained: Items, base: Items, **options: Any) -> dict[str, dict[str, Any]]:
+    """`paired_difference` of two evaluations' items, a figure best at a value (the position figures: 0.5) given the
+    change of its distance from that value with its interval, which `changes` judges it by."""
+    centres = {name: best_at(name) for name in trained.values if best_at(name) is not None}
+    return paired_difference(trained, base, centres=centres, **options)
 
 
 def check_suites(suites: list[str] | None, files_a: dict[tuple[str, str], Path],
@@ -120,6 +127,9 @@ def delta_keys(suite: str, mode: str, bare: str | None, paired: dict[str, dict[s
         out[f"{base}delta/{metric}"] = v["delta"]
         for part in ("delta_ci_low", "delta_ci_high", "p_value", "n_units"):
             out[f"{base}delta/{metric}/{part}"] = v[part]
+        for part in ("ci_low", "ci_high"):  # a figure best at a value: its distance from it
+            if f"distance_delta_{part}" in v:
+                out[f"{base}delta/{metric}/distance_{part}"] = v[f"distance_delta_{part}"]
     return out
 
 
@@ -129,7 +139,8 @@ def _as_ab(v: dict[str, Any]) -> dict[str, Any]:
             "b_ci_low": v["trained_ci_low"], "b_ci_high": v["trained_ci_high"], "delta": v["delta"],
             "delta_ci_low": v["delta_ci_low"], "delta_ci_high": v["delta_ci_high"], "p_value": v["p_value"],
             "p_method": v["p_method"], "n": v["n"], "n_units": v["n_units"], "n_only_a": v["n_only_base"],
-            "n_only_b": v["n_only_trained"]}
+            "n_only_b": v["n_only_trained"],
+            **{k: v[k] for k in ("distance_delta", "distance_delta_ci_low", "distance_delta_ci_high") if k in v}}
 
 
 def changes(figures: Mapping[str, Mapping[str, Any]], margin: float = 0.0,
@@ -145,23 +156,31 @@ def changes(figures: Mapping[str, Mapping[str, Any]], margin: float = 0.0,
       smaller than ``margin``, in the figure's units) or beyond 0 the right way ("better");
     - the figure has enough units for its test to reach ``alpha`` at all (`smallest_p` of its units under ``alpha``);
       one that has not is "n = <units>: too few to tell" and is left out of Holm's count.
+    A figure best at a value (`judgetrain.config.directions.CLOSER_TO`: a position lean at 0.5) is judged by the change
+    of its distance from that value (``distance_delta_ci_low``, ``distance_delta_ci_high``, `paired_figures`): a
+    lean growing from 0.5 to 0.95 is worse, one shrinking towards 0.5 better; without that interval it gets no
+    verdict and is left out of Holm's count. A figure no unit measured (``n_units`` 0) is left out altogether.
     The one rule of the run's guard, `judgetrain eval --baseline`, `judgetrain compare`, the report and the card."""
     out: dict[str, str] = {}
     tested: dict[str, float] = {}
+    intervals: dict[str, tuple[str, float, float]] = {}  # name: (its way, the interval its verdict reads)
     for name, v in figures.items():
-        if direction(name) is None:
-            continue
+        way = direction(name)
         units = v.get("n_units")
+        if way is None or units == 0:
+            continue  # not ranked, or nothing measured it
         if units is not None and smallest_p(int(units)) >= alpha:
             out[name] = f"n = {int(units)}: too few to tell"
             continue
         out[name] = ""
         p, low, high = (v.get(k) for k in ("p_value", "delta_ci_low", "delta_ci_high"))
+        if way.startswith("closer to "):  # judged by its distance from its best value: a growing distance is worse
+            way, low, high = "lower", v.get("distance_delta_ci_low"), v.get("distance_delta_ci_high")
         if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (p, low, high)):
             tested[name] = float(p)
+            intervals[name] = (way, low, high)
     for name in holm(tested, alpha):
-        v, way = figures[name], direction(name)
-        low, high = v["delta_ci_low"], v["delta_ci_high"]
+        way, low, high = intervals[name]
         if way == "lower":
             out[name] = "worse" if low > margin else "better" if high < 0 else ""
         elif way == "higher":

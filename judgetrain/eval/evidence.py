@@ -21,8 +21,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from judgetrain.eval.compare import REGRESSION_ALPHA, HEADLINE, changes, delta_keys, read_records, row_files, suite_items
-from judgetrain.eval.metrics import Items, items_intervals, paired_difference
+from judgetrain.eval.compare import (REGRESSION_ALPHA, HEADLINE, changes, delta_keys, paired_figures, read_records,
+                                    row_files, suite_items)
+from judgetrain.eval.metrics import Items, items_intervals
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def paired_deltas(current: dict[tuple[str, str], Items], baseline: dict[tuple[st
         base = baseline.get((suite, mode))
         if base is None:
             continue
-        paired = paired_difference(items, base)
+        paired = paired_figures(items, base)
         if not paired:
             continue
         deltas.setdefault(suite, {})[mode] = paired

@@ -47,11 +47,12 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     (+ ``represent/anchor_mae``, ``error/detect_rate`` when present); ideation -> ``eval/ideation/accuracy``
     (+ ``position_consistency``). Extra numeric entries of ``results`` whose name starts with ``n_`` or that
     the engine adds (``long_*``, ``runtime``...) are kept under the same suite prefix, so counts of skipped or
-    truncated inputs reach the logs. Use ``prefix="eval_"`` (or `to_trainer_log_keys`) for ``trainer.log``.
+    truncated inputs reach the logs. A figure that is NaN (no item measured it: a position lean in a mode that reads
+    none) is not logged. Use ``prefix="eval_"`` (or `to_trainer_log_keys`) for ``trainer.log``.
     """
     base = f"{prefix}{suite}/"
     cls = registered(suite) or Suite  # a suite not registered: one level of numbers
-    out = cls().log_figures(results, base)
+    out = {k: v for k, v in cls().log_figures(results, base).items() if finite_number(v)}  # NaN: nothing measured
     own = set(cls.bare_figures)
     for key, vals in results.items():  # engine counters (rows, long inputs, runtime), the position lean figures
         if finite_number(vals) and base + key not in out and key not in own:
@@ -59,7 +60,8 @@ def flatten_eval_metrics(suite: str, results: Mapping[str, Any], prefix: str = "
     return out
 
 
-INTERVAL_SUFFIXES = ("/ci_low", "/ci_high", "/delta_ci_low", "/delta_ci_high", "/n_units")
+INTERVAL_SUFFIXES = ("/ci_low", "/ci_high", "/delta_ci_low", "/delta_ci_high", "/distance_ci_low", "/distance_ci_high",
+                     "/n_units")
 
 
 def split_interval_keys(logs: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
@@ -81,9 +83,12 @@ def to_trainer_log_keys(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 def interval_keys(intervals: Mapping[str, Mapping[str, float]], prefix: str = "") -> dict[str, float]:
-    """The logged keys of intervals: ``<prefix><metric>``, ``.../ci_low``, ``.../ci_high``."""
+    """The logged keys of intervals: ``<prefix><metric>``, ``.../ci_low``, ``.../ci_high``; a metric no item
+    measured (its value NaN) has none."""
     out: dict[str, float] = {}
     for metric, iv in intervals.items():
+        if not finite_number(iv["value"]):
+            continue
         out[prefix + metric] = iv["value"]
         out[f"{prefix}{metric}/ci_low"], out[f"{prefix}{metric}/ci_high"] = iv["ci_low"], iv["ci_high"]
     return out

@@ -256,7 +256,8 @@ def items_intervals(items: Items, *, n_resamples: int = N_RESAMPLES, seed: int =
 
 
 def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                      confidence: float = CONFIDENCE) -> dict[str, dict[str, float]]:
+                      confidence: float = CONFIDENCE,
+                      centres: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
     """Trained against base on the items both hold (paired by key), for each metric both have.
 
     Per metric: ``trained``, ``base`` and ``delta`` (trained - base) with their percentile intervals
@@ -265,7 +266,10 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
     (`sign_test_p`, exact, one count per unit: McNemar's test when each unit is one item) for right / wrong items,
     else ``sign_flip`` (`sign_flip_p`: the paired randomization test over units, as many flips as resamples), ``n``
     (the items counted) and ``n_units`` (the units they lie in: what the test counts). An item is counted in a metric only where both values are finite. Also ``n_only_trained`` /
-    ``n_only_base``: items of one side alone, left out."""
+    ``n_only_base``: items of one side alone, left out. A metric no item holds on both sides (nothing measured it)
+    is left out. ``centres``: {metric: the value it is best at}; such a metric also gets ``distance_delta`` (how much
+    further from its centre the trained figure is than the base's) with its interval (``distance_delta_ci_low``,
+    ``distance_delta_ci_high``) from the same resamples."""
     where = {k: i for i, k in enumerate(base.keys)}
     if len(where) != len(base.keys) or len(set(trained.keys)) != len(trained.keys):
         raise ValueError("paired_difference needs unique item keys on both sides")
@@ -289,9 +293,12 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
         flipped = sign_flip_p(tv, bv, weights=weights, clusters=t.clusters, n_flips=n_resamples, seed=seed)
         signs = sign_test_p(tv, bv, weights=weights, clusters=t.clusters)
         _, held = _unit_differences(tv, bv, weights, t.clusters)
+        distance = _distance_deltas(names, point, stats, centres or {}, confidence)
         for j, k in enumerate(names):
+            if not both[:, j].any():
+                continue  # no item measured on both sides: no figure
             binary = k in t.binary and k in b.binary
-            out[k] = {"trained": float(point[j]), "trained_ci_low": float(t_low[j]),
+            out[k] = {**distance.get(k, {}), "trained": float(point[j]), "trained_ci_low": float(t_low[j]),
                       "trained_ci_high": float(t_high[j]), "base": float(point[m + j]),
                       "base_ci_low": float(b_low[j]), "base_ci_high": float(b_high[j]),
                       "delta": float(delta_point[j]), "delta_ci_low": float(d_low[j]),
@@ -301,6 +308,21 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
                       "n": int(both[:, j].sum()), "n_units": int(held[:, j].sum())}
     extra = {"n_only_trained": len(trained.keys) - len(t_idx), "n_only_base": len(base.keys) - len(b_idx)}
     return {k: {**v, **extra} for k, v in out.items()} if out else {}
+
+
+def _distance_deltas(names: list[str], point: np.ndarray, stats: np.ndarray, centres: Mapping[str, float],
+                     confidence: float) -> dict[str, dict[str, float]]:
+    """For each metric with a centre: |trained - c| - |base - c| at the point and its percentile interval over the
+    resamples (``point`` and ``stats`` hold the trained columns, then the base's)."""
+    m, out = len(names), {}
+    for j, k in enumerate(names):
+        if k in centres:
+            c = centres[k]
+            resampled = (np.abs(stats[:, j] - c) - np.abs(stats[:, m + j] - c))[:, None]
+            low, high = _interval(resampled, confidence)
+            out[k] = {"distance_delta": float(abs(point[j] - c) - abs(point[m + j] - c)),
+                      "distance_delta_ci_low": float(low[0]), "distance_delta_ci_high": float(high[0])}
+    return out
 
 
 def sign_flip_p(trained: Any, base: Any, *, weights: Any = None, clusters: Any = None, n_flips: int = N_RESAMPLES,

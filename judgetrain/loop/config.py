@@ -13,20 +13,34 @@
     pairs: {method: known, form: pairwise, ties: tie}
     eval: {suites: [pairwise, evalbiasbench], scoring: [verdict], options: {eval_evalbiasbench_source: ...}}
 
-An unknown key is refused with the nearest valid one (`LoopConfigError`, exit 2), as a recipe's is.
+An unknown key is refused with the nearest valid one (`LoopConfigError`, exit 2), as a recipe's is; so is a value
+of the wrong type (a string where a number, a list or a mapping belongs), before any stage runs. `load_config` then
+checks what the config names (`check_inputs`): the recipe, the spec, the source and the items file exist and read,
+``items.sets`` and ``heldout.types`` are the spec's (the nearest named), the ``train`` keys pass the recipe's parser
+over the recipe, ``output_dir`` is no file, and the eval stage has a suite to score. The contents of the files the
+loop reads (`input_fingerprints`) are recorded with the config's values: a rerun continues only a loop whose recipe,
+spec, source and items are as they were.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
+import types
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from judgetrain.config.recipe import did_you_mean
+from judgetrain.config.packaged import resolve_packaged
+from judgetrain.config.recipe import did_you_mean, load_recipe_file, parse_recipe, valid_keys
+from judgetrain.judge.items import read_items
+from judgetrain.perturb.source import read_samples
+from judgetrain.perturb.spec import load_spec, select_sets, spec_path
 from judgetrain.perturb.known import RESPONSE_TIE
 from judgetrain.utils.errors import BadInputError
 
@@ -138,7 +152,9 @@ def load_config(path: str | Path) -> LoopConfig:
         raise LoopConfigError(f"{path}: not YAML: {err}") from None
     if not isinstance(data, dict):
         raise LoopConfigError(f"{path}: a mapping of keys is expected")
-    return parse_config(data, where=str(path))
+    config = parse_config(data, where=str(path))
+    check_inputs(config, where=str(path))
+    return config
 
 
 def parse_config(data: dict, where: str = "<loop config>") -> LoopConfig:
@@ -155,6 +171,7 @@ def parse_config(data: dict, where: str = "<loop config>") -> LoopConfig:
 
 
 def _checked(data: dict, kind, where: str, prefix: str) -> dict:
+    """``data``'s keys, each one of ``kind``'s fields and of its type (`_type_problem`)."""
     valid = [f.name for f in fields(kind)]
     for key in data:
         if key not in valid:
@@ -163,7 +180,34 @@ def _checked(data: dict, kind, where: str, prefix: str) -> dict:
     missing = [name for name in ("output_dir", "model", "recipe") if kind is LoopConfig and name not in data]
     if missing:
         raise LoopConfigError(f"{where}: missing key(s) {', '.join(missing)}")
+    hints = typing.get_type_hints(kind)
+    for key, value in data.items():
+        problem = None if key in SECTIONS and kind is LoopConfig else _type_problem(value, hints[key])
+        if problem:
+            raise LoopConfigError(f"{where}: {prefix}{key}: {value!r} is not {problem}")
     return dict(data)
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """What ``value`` is not, for a field annotated ``hint`` (None: it fits). YAML gives each value its own type: a
+    quoted number is a string, and a string where a list belongs is not read as one."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    origin = typing.get_origin(hint) or hint
+    if origin is list:
+        if not isinstance(value, list):
+            return "a list" + (f" (one name is written [{value}])" if isinstance(value, str) else "")
+        return None if all(isinstance(v, str) for v in value) else "a list of names (strings)"
+    if origin is dict:
+        return None if isinstance(value, dict) else "a mapping of keys"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    wanted = {bool: ("true or false", isinstance(value, bool)),
+              int: ("a whole number", number and isinstance(value, int)),
+              float: ("a number", number), str: ("a string", isinstance(value, str))}
+    what, fits = wanted.get(hint, (None, True))
+    return None if fits else what
 
 
 def _check_values(config: LoopConfig, where: str) -> None:
@@ -191,3 +235,120 @@ def _check_values(config: LoopConfig, where: str) -> None:
     for key in ("output_dir", "model_name_or_path", "train_datasets", "init_adapter", "resume"):
         if key in config.train:
             raise LoopConfigError(f"{where}: train.{key}: the loop sets it each round; remove it")
+    for section in ("pairs", "eval"):  # a command's flags: --key value, or --key v1 v2 for a list
+        for key, value in getattr(config, section).options.items():
+            if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)):
+                raise LoopConfigError(f"{where}: {section}.options.{key}: {value!r} is not a value or a list of values")
+    if not config.eval.suites:
+        raise LoopConfigError(f"{where}: eval.suites: an empty list: name the suites each round is scored on")
+
+
+def option_args(options: dict[str, Any]) -> list[str]:
+    """A section's ``options`` as a command's flags: ``--key value``, ``--key v1 v2`` for a list."""
+    return [arg for key, value in options.items()
+            for arg in (f"--{key}", *(map(str, value) if isinstance(value, list) else [str(value)]))]
+
+
+def eval_suites(config: LoopConfig, heldout_pairs: bool) -> tuple[list[str], dict[str, Any]]:
+    """(the suites the eval stage scores, its options): the held-out pairs (``heldout_pairs``: the file holds any)
+    are the pairwise suite's source unless the options name one; without either the pairwise suite is left out."""
+    suites, options = list(config.eval.suites), dict(config.eval.options)
+    if heldout_pairs:
+        options.setdefault("eval_pairwise_source", "<held-out pairs>")
+    elif "pairwise" in suites and "eval_pairwise_source" not in options:
+        suites.remove("pairwise")  # no held-out pair to score
+    return suites, options
+
+
+def round_recipe(config: LoopConfig, recipe: dict[str, Any], rd: Path, init_adapter: str | None) -> dict[str, Any]:
+    """The recipe round ``rd`` trains with: ``recipe`` (the config's recipe file) with the config's ``train`` keys,
+    the round's pairs, output folder and adapter to start from."""
+    recipe = {**recipe, **config.train}
+    recipe.update({"model_name_or_path": config.model, "output_dir": str(rd / "train"), "resume": "auto",
+                   "train_datasets": [{"dataset": "preference", "source": str(rd / "pairs"), "split": "train"}],
+                   "num_processes": config.num_processes})
+    recipe["eval_suites"] = config.train.get("eval_suites", "none")  # the eval stage scores the round
+    if config.accelerate_config:
+        recipe["accelerate_config"] = config.accelerate_config
+    if init_adapter:
+        recipe["init_adapter"] = init_adapter
+    return recipe
+
+
+# ---- what the config names ---------------------------------------------------------------------------------------
+
+def check_inputs(config: LoopConfig, where: str = "<loop config>") -> None:
+    """What the config names, checked before any stage runs (`LoopConfigError` naming the key): the output folder is
+    no file; the recipe, spec, source and items file read; the sets and held-out types are the spec's; the
+    ``train`` keys pass the recipe's parser; the eval stage has a suite to score."""
+    out = Path(config.output_dir)
+    if out.exists() and not out.is_dir():
+        raise LoopConfigError(f"{where}: output_dir: {out} is a file, not a folder")
+    items, types_known = config.items, None
+    try:
+        if items.spec is not None:
+            spec = select_sets(load_spec(items.spec), items.sets)
+            types_known = [s.name for s in spec.sets] + (["original"] if spec.original else [])
+            if items.source is not None:
+                read_samples(items.source, spec, split=items.source_split)
+        if items.file is not None:
+            types_known = sorted({str(i.columns.get("perturbation_type")) for i in read_items(items.file).items})
+    except (BadInputError, OSError) as err:
+        raise LoopConfigError(f"{where}: items: {err}") from None
+    for name in config.heldout.types:
+        if types_known is not None and name not in types_known:
+            raise LoopConfigError(f"{where}: heldout.types: no perturbation type {name!r}"
+                                  f"{did_you_mean(name, types_known)}; types: {', '.join(types_known)}")
+    check_train(config, where)
+    heldout_pairs = bool(items.source and items.spec and (config.heldout.fraction > 0 or config.heldout.types))
+    if not eval_suites(config, heldout_pairs)[0]:
+        raise LoopConfigError(f"{where}: eval.suites: {config.eval.suites} leaves no suite to score: without "
+                              "items.source and items.spec (or anything held out) there are no held-out pairs for the "
+                              "pairwise suite; name another suite or eval.options.eval_pairwise_source")
+
+
+def check_train(config: LoopConfig, where: str) -> None:
+    """The round's recipe (the recipe file with the ``train`` keys, as round 1 trains it) through the recipe's
+    parser: an unknown key is named with the nearest, a value of the wrong type with what it should be."""
+    try:
+        recipe = load_recipe_file(config.recipe)
+    except BadInputError as err:
+        raise LoopConfigError(f"{where}: recipe: {err}") from None
+    keys = valid_keys()
+    for key in config.train:
+        if key not in keys:
+            raise LoopConfigError(f"{where}: unknown key 'train.{key}'{did_you_mean(key, keys)} (a recipe key)")
+    environ = dict(os.environ)  # parse_recipe applies the recipe's env: the training stage does that, not the loop
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "recipe.yaml"
+        path.write_text(yaml.safe_dump(round_recipe(config, recipe, Path(tmp), None), sort_keys=False),
+                        encoding="utf-8")
+        try:
+            parse_recipe([str(path)])
+        except BadInputError as err:
+            said = str(err).replace(f"recipe {path}: ", "").replace(str(path), "the round's recipe")
+            raise LoopConfigError(f"{where}: train (over the recipe {config.recipe}): {said}") from None
+        finally:
+            os.environ.clear()
+            os.environ.update(environ)
+
+
+def input_fingerprints(config: LoopConfig) -> dict[str, str]:
+    """SHA-256 of the contents of each file the loop reads, by its key (``recipe``, ``items.spec``,
+    ``items.source``, ``items.file``; a folder: every file in it, by relative path; a hub id: its name)."""
+    paths = {"recipe": resolve_packaged(config.recipe, "recipes"), "items.file": config.items.file,
+             "items.source": config.items.source,
+             "items.spec": str(spec_path(config.items.spec)) if config.items.spec else None}
+    return {key: _contents_digest(Path(value)) for key, value in paths.items() if value is not None}
+
+
+def _contents_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(str(f.relative_to(path)).encode("utf-8") + b"\0" + f.read_bytes() + b"\0")
+    elif path.is_file():
+        h.update(path.read_bytes())
+    else:
+        h.update(f"not a local file: {path}".encode("utf-8"))
+    return h.hexdigest()

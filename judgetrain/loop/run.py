@@ -53,12 +53,14 @@ import yaml
 
 from judgetrain.data.pairs import validation_samples
 from judgetrain.judge.items import read_items
-from judgetrain.loop.config import LoopConfig, LoopConfigError
+from judgetrain.config.recipe import load_recipe_file
+from judgetrain.loop.config import (LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
+                                   round_recipe)
 from judgetrain.loop.table import write_round_table
-from judgetrain.perturb.known import write_heldout_pairs
+from judgetrain.perturb.known import item_text, write_heldout_pairs
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec
-from judgetrain.run.launch import Launch, command_argv
+from judgetrain.run.launch import Launch, command_argv, find_command
 from judgetrain.run.layout import HELDOUT_PAIRS, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_COMPARE_FILE, round_folder
 from judgetrain.utils.files import append_jsonl, read_json, write_json, write_lines
 
@@ -87,14 +89,28 @@ def run_loop(config: LoopConfig) -> dict[str, Any]:
 
 def open_state(config: LoopConfig, out: Path) -> dict:
     """The loop's state in ``out`` (new, or the one this config started: `LoopConfigError` for another's)."""
-    out.mkdir(parents=True, exist_ok=True)
-    state = read_json(out / LOOP_STATE_FILE) or {"config": config.digest(), "done": {}}
+    inputs = input_fingerprints(config)
+    state = read_json(out / LOOP_STATE_FILE) or {"config": config.digest(), "inputs": inputs, "done": {}}
     if state["config"] != config.digest():
         raise LoopConfigError(f"{out} holds a loop started with another config ({LOOP_STATE_FILE}); continue it with "
                               "that config (rounds may grow), or give this one another output_dir")
+    for key, digest in state.setdefault("inputs", inputs).items():
+        if inputs.get(key) != digest:
+            raise LoopConfigError(f"{out} holds a loop started with other contents of {key} "
+                                  f"({getattr_path(config, key)}): the file changed since; restore it, or give this "
+                                  "config another output_dir")
+    out.mkdir(parents=True, exist_ok=True)
     state.update(settings=asdict(config), stages=Loop(config, out, state).stages())  # `judgetrain report` reads them
     write_json(out / LOOP_STATE_FILE, state)
     return state
+
+
+def getattr_path(config: LoopConfig, key: str) -> Any:
+    """The config's value at a dotted key (``items.spec``)."""
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 class Loop:
@@ -153,14 +169,21 @@ class Loop:
         return self.config.items.file or str(self.round_dir(k) / "items" / "items.jsonl")
 
     def stage_split(self, k: int, rd: Path) -> None:
-        """Training items apart from the held-out ones; round 1 also writes the held-out pairs."""
+        """Training items apart from the held-out ones (`heldout_samples`, the same every round; ``heldout.types``;
+        and any copy whose text is a held-out text); round 1 also writes the held-out pairs."""
         held = self.config.heldout
         items = read_items(self.items_path(k)).items
-        held_ids = validation_samples([i.columns["sample_id"] for i in items], held.fraction, held.seed)
-        train, heldout = [], []
+        held_ids, held_texts = self.heldout_samples()
+        samples = {str(s.sample_id): s for s in self.samples()} if self.has_texts() else {}
+        train, heldout, same_text = [], [], 0
         for item in items:
             row = {**item.columns, "prompt": item.messages}
-            out_of_training = item.columns["sample_id"] in held_ids or item.columns.get("perturbation_type") in held.types
+            sample = samples.get(str(item.columns["sample_id"]))
+            text = item_text(sample, item.messages) if sample is not None else None
+            out_of_training = str(item.columns["sample_id"]) in held_ids \
+                or item.columns.get("perturbation_type") in held.types
+            if not out_of_training and text is not None and text in held_texts:
+                out_of_training, same_text = True, same_text + 1  # another sample's copy reads as a held-out text
             (heldout if out_of_training else train).append(row)
         if not train:
             raise LoopConfigError(f"round {k}: every item is held out (heldout.fraction {held.fraction}, types "
@@ -169,10 +192,33 @@ class Loop:
         write_lines(rd / "split" / "train.jsonl", (json.dumps(r, ensure_ascii=False) for r in train))
         write_lines(rd / "split" / "heldout.jsonl", (json.dumps(r, ensure_ascii=False) for r in heldout))
         write_json(rd / "split" / "split.json", {"train_items": len(train), "heldout_items": len(heldout),
-                                                 "heldout_samples": sorted(map(str, held_ids)),
-                                                 "heldout_types": list(held.types)})
-        if k == 1 and self.config.items.source and self.config.items.spec:
-            write_heldout_pairs(heldout, self.samples(), self.out / HELDOUT_PAIRS)
+                                                 "heldout_samples": sorted(held_ids),
+                                                 "heldout_types": list(held.types), "heldout_same_text": same_text})
+        if k == 1 and self.has_texts():
+            written = write_heldout_pairs(heldout, list(samples.values()), self.out / HELDOUT_PAIRS)
+            if not eval_suites(self.config, written > 0)[0]:  # refused here, not by eval after training
+                raise LoopConfigError(f"eval.suites: {self.config.eval.suites}: the held-out items hold no error copy, "
+                                      "so there are no held-out pairs and no suite to score; name another suite")
+
+    def has_texts(self) -> bool:
+        return bool(self.config.items.source and self.config.items.spec)
+
+    def heldout_samples(self) -> tuple[set[str], set[str]]:
+        """(the held-out sample ids as text, their texts), drawn once for the loop: a seeded ``heldout.fraction`` of
+        the source's samples (of the items file's without a source, every round the same file), with every sample
+        whose text is a held-out one's. A round whose items lack a sample (none of its copies accepted) holds out
+        the same samples."""
+        held = self.config.heldout
+        samples = self.samples() if self.has_texts() else []
+        ids = [s.sample_id for s in samples] if samples else \
+            [i.columns["sample_id"] for i in read_items(self.items_path(1)).items]
+        drawn = {str(x) for x in validation_samples(ids, held.fraction, held.seed)}
+        texts = {s.text for s in samples if str(s.sample_id) in drawn}
+        pairs = self.out / HELDOUT_PAIRS
+        if pairs.is_file():  # the held-out evaluation copies, written once in round 1
+            texts |= {json.loads(line)["response_b"]
+                      for line in pairs.read_text(encoding="utf-8").splitlines() if line}
+        return drawn | {str(s.sample_id) for s in samples if s.text in texts}, texts
 
     def samples(self):
         items = self.config.items
@@ -202,7 +248,7 @@ class Loop:
 
     def stage_pairs(self, k: int, rd: Path) -> None:
         pairs, items = self.config.pairs, self.config.items
-        options = [arg for key, value in pairs.options.items() for arg in (f"--{key}", str(value))]
+        options = option_args(pairs.options)
         if pairs.method == "anchor":
             cmd = ["pairs", "build", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
                    "--validation_fraction", "0"]
@@ -217,16 +263,8 @@ class Loop:
         run_command(cmd + ["--output_dir", str(rd / "pairs")] + options)
 
     def stage_train(self, k: int, rd: Path) -> None:
-        recipe = yaml.safe_load(Path(self.config.recipe).read_text(encoding="utf-8")) or {}
-        recipe.update(self.config.train)
-        recipe.update({"model_name_or_path": self.config.model, "output_dir": str(rd / "train"), "resume": "auto",
-                       "train_datasets": [{"dataset": "preference", "source": str(rd / "pairs"), "split": "train"}],
-                       "num_processes": self.config.num_processes})
-        recipe["eval_suites"] = self.config.train.get("eval_suites", "none")  # the eval stage scores the round
-        if self.config.accelerate_config:
-            recipe["accelerate_config"] = self.config.accelerate_config
-        if k > 1:
-            recipe["init_adapter"] = str(self.adapter(k - 1))
+        recipe = round_recipe(self.config, load_recipe_file(self.config.recipe), rd,
+                              str(self.adapter(k - 1)) if k > 1 else None)
         warn_reference_relative(recipe, self.config.pairs)
         warn_orders_apart(recipe, self.config.pairs)
         path = rd / "recipe.yaml"
@@ -237,18 +275,15 @@ class Loop:
         """`judgetrain eval` of round k's adapter (round 0: the base alone) on the held-out pairs and the suites; after
         round 0, `judgetrain compare` of it against the base's saved evaluation."""
         ev = self.config.eval
-        suites = list(ev.suites)
         heldout = self.out / HELDOUT_PAIRS
-        options = dict(ev.options)
-        if heldout.is_file() and heldout.stat().st_size:
-            options.setdefault("eval_pairwise_source", str(heldout))
-        elif "pairwise" in suites and "eval_pairwise_source" not in options:
-            suites.remove("pairwise")  # no held-out pair to score
+        suites, options = eval_suites(self.config, heldout.is_file() and heldout.stat().st_size > 0)
+        if options.get("eval_pairwise_source") == "<held-out pairs>":
+            options["eval_pairwise_source"] = str(heldout)
         cmd = ["eval", "--model", self.config.model, *(["--adapter", str(self.adapter(k))] if k else []),
                "--output_dir", str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.scoring]
         if ev.max_rows:
             cmd += ["--eval_max_rows", str(ev.max_rows)]
-        cmd += [arg for key, value in options.items() for arg in (f"--{key}", str(value))]
+        cmd += option_args(options)
         run_command(cmd, self.launch)
         if k:
             run_command(["compare", str(self.round_dir(0) / "eval"), str(rd / "eval"),
@@ -298,7 +333,7 @@ def run_command(argv: list[str], launch: Launch = Launch()) -> None:
     logger.info("running: %s", " ".join(shlex.quote(a) for a in ["judgetrain", *argv]))
     code = subprocess.run(cmd, env=os.environ.copy()).returncode
     if code != 0:
-        raise StageFailed(f"judgetrain {' '.join(argv[:2])} exited with {code}", code)
+        raise StageFailed(f"judgetrain {find_command(argv)[0]} exited with {code}", code)
 
 
 def _cpu_seconds() -> float:

@@ -313,8 +313,8 @@ __all__ = ["FORMS", "TIES", "RESPONSE_TIE", "SourceCopy", "source_copies", "Pane
 
 
 def write_heldout_pairs(heldout: list[dict], samples: list[Sample], path: Path) -> int:
-    """Each held-out error copy against its source as a pairwise-suite row (``id`` sample|set, ``prompt`` the
-    question, ``response_a`` the source, ``response_b`` the copy, ``label`` A>B, ``category`` the perturbation type);
+    """Each held-out error copy against its source as a pairwise-suite row (``id`` sample|set, ``sample_id`` (the
+    suite's unit: one sample's pairs share its text), ``prompt`` the question, ``response_a`` the source, ``response_b`` the copy, ``label`` A>B, ``category`` the perturbation type);
     the suite shows both orders. Returns the rows written."""
     by_id = {str(s.sample_id): s for s in samples}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -326,7 +326,8 @@ def write_heldout_pairs(heldout: list[dict], samples: list[Sample], path: Path) 
         text = item_text(sample, item["prompt"])
         if text is None or text == sample.text:
             continue
-        rows.append({"id": f"{item['sample_id']}|{item['perturbation_set']}", "prompt": question_of(sample),
+        rows.append({"id": f"{item['sample_id']}|{item['perturbation_set']}", "sample_id": str(item["sample_id"]),
+                     "prompt": question_of(sample),
                      "response_a": sample.text, "response_b": text, "label": "A>B",
                      "category": item.get("perturbation_type")})
     write_lines(path, (json.dumps(r, ensure_ascii=False) for r in rows))

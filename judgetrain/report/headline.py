@@ -176,8 +176,10 @@ def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, 
         where, metric = key.split("/delta/", 1)
         trained, delta = rec.get(f"{where}/{metric}"), rec[key]
         figures = {"delta_ci_low": rec.get(f"{key}/delta_ci_low"), "delta_ci_high": rec.get(f"{key}/delta_ci_high")}
-        judged[f"{where.removeprefix('eval/')}/{metric}"] = {**figures, "p_value": rec.get(f"{key}/p_value"),
-                                                            "n_units": rec.get(f"{key}/n_units")}
+        judged[f"{where.removeprefix('eval/')}/{metric}"] = {
+            **figures, "p_value": rec.get(f"{key}/p_value"), "n_units": rec.get(f"{key}/n_units"),
+            "distance_delta_ci_low": rec.get(f"{key}/distance_ci_low"),
+            "distance_delta_ci_high": rec.get(f"{key}/distance_ci_high")}
         if metric not in SUITE_HEADLINE.get(where.split("/")[1], ()):
             continue
         base = trained - delta if _num(trained) and _num(delta) else None

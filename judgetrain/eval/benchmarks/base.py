@@ -59,8 +59,9 @@ def mean_sd(values: Iterable[Any]) -> tuple[float, float] | None:
 
 
 def finite_number(value: Any) -> bool:
-    """A number that may be logged (bool is not one)."""
-    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+    """A number that may be logged: finite (NaN is a figure nothing measured, left out of the log), and not a bool."""
+    return isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def generation_summary(outputs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
