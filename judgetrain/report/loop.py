@@ -33,15 +33,13 @@ from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.plots import DPI
 from judgetrain.report import rounds
 from judgetrain.report.headline import fmt, with_interval
+from judgetrain.run.layout import (HELDOUT_PAIRS, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_TABLE, ROUND_TABLE_CSV,
+                                   ROUND_TABLE_MD, round_folder)
 from judgetrain.utils.errors import BadInputError
 
 logger = logging.getLogger(__name__)
 
-# the loop's file names (judgetrain.loop.run's STATE, LOG and HELDOUT: the loop is a layer above the report)
-STATE = "loop_state.json"
-LOG = "stages.jsonl"
-HELDOUT = Path("heldout") / "pairwise.jsonl"
-ROUND_TABLE_FILES = ("rounds.md", "rounds.csv", "rounds.json")
+ROUND_TABLE_FILES = (ROUND_TABLE_MD, ROUND_TABLE_CSV, ROUND_TABLE)
 RUN_REPORT_LOGGER = "judgetrain.report.build"  # the run report's logger: quiet while a round's report is drawn
 STAGES = ("items", "split", "judge", "pairs", "train", "eval")  # a loop's stages in order (judge: where pairs need it)
 CELL_NOTE = ("each cell: the figure with its 95% interval; from round 1 on, the difference against the base (round 0) "
@@ -66,7 +64,7 @@ class LoopView:
 
 def is_loop_dir(path: str | Path) -> bool:
     """Whether ``path`` is a `judgetrain loop` output_dir (it holds the loop's state file)."""
-    return (Path(path) / STATE).is_file()
+    return (Path(path) / LOOP_STATE_FILE).is_file()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -113,18 +111,18 @@ def _last_event(path: Path) -> dict[str, Any] | None:
 def read_loop(path: str | Path, name: str | None = None) -> LoopView:
     """The loop folder at ``path`` read (see `LoopView`); `BadInputError` when its state file does not parse."""
     path = Path(path)
-    state = _read_json(path / STATE)
+    state = _read_json(path / LOOP_STATE_FILE)
     if not state:
-        raise BadInputError(f"{path / STATE}: not a loop's state (JSON object expected)")
-    status, finished = loop_status(state, _last_event(path / LOG))
+        raise BadInputError(f"{path / LOOP_STATE_FILE}: not a loop's state (JSON object expected)")
+    status, finished = loop_status(state, _last_event(path / LOOP_LOG_FILE))
     done_rounds = {int(key.split("/")[0]) for key in state.get("done") or {} if key.split("/")[0].isdigit()}
     folders = {int(p.name.split("-", 1)[1]) for p in path.glob("round-*") if p.name.split("-", 1)[1].isdigit()}
-    heldout = path / HELDOUT
+    heldout = path / HELDOUT_PAIRS
     pairs = sum(1 for line in heldout.read_text(encoding="utf-8").splitlines() if line.strip()) \
         if heldout.is_file() else None
     return LoopView(path=path, name=name or path.resolve().name, state=state, settings=state.get("settings") or {},
                     status=status, finished=finished, rows=rounds.round_rows(path),
-                    split=_read_json(path / "round-1" / "split" / "split.json"), heldout_pairs=pairs,
+                    split=_read_json(path / round_folder(1) / "split" / "split.json"), heldout_pairs=pairs,
                     rounds=sorted(done_rounds | folders))
 
 
@@ -189,7 +187,7 @@ def heldout_lines(view: LoopView) -> list[str]:
         lines.append(f"Round 1's split: {split.get('heldout_items')} items held out ({len(split.get('heldout_samples') or [])} "
                      f"samples), {split.get('train_items')} items to train on.")
     if view.heldout_pairs is not None:
-        lines.append(f"Held-out pairs scored every round ({HELDOUT.as_posix()}): {view.heldout_pairs}.")
+        lines.append(f"Held-out pairs scored every round ({HELDOUT_PAIRS}): {view.heldout_pairs}.")
     return lines or ["No held-out set is recorded yet (round 1's split stage has not run)."]
 
 
@@ -218,7 +216,7 @@ def round_entries(view: LoopView, out: Path, run_report: Callable | None) -> lis
     for k in view.rounds:
         entry = {"round": k, "stages": ", ".join(s for s in stages if f"{k}/{s}" in done) or "none",
                  "report": None, "why": ""}
-        train = view.path / f"round-{k}" / "train"
+        train = view.path / round_folder(k) / "train"
         if run_report is None:
             entry["why"] = "not drawn"
         elif not (train / "metrics.jsonl").is_file():
