@@ -144,11 +144,12 @@ class _Scanner:
             i = self._quantity(i, out)
         return out
 
-    def _quantity(self, i: int, out: list[Reading]) -> int:
-        first = self.number(i)
-        end, value, step = first
+    def _range(self, i: int) -> tuple[list[tuple], int]:
+        """The numbers read from ``i``: one, a range's two ends, or a chain's (7647-14-5, 2023-01-05), each
+        (start, end, value, step); and where the last ends."""
+        end, value, step = self.number(i)
         parts, seps = [(i, end, value, step)], []
-        while True:  # a range's second end, or a chain (7647-14-5, 2023-01-05)
+        while True:
             j = end
             sep_end = None
             if self.at(j) in _DASHES and self.at(j + 1).isdigit():
@@ -167,6 +168,10 @@ class _Scanner:
             parts.append((sep_end, nxt[0], nxt[1], nxt[2]))
             seps.append(self.text[j:sep_end])
             end = nxt[0]
+        return parts, end
+
+    def _quantity(self, i: int, out: list[Reading]) -> int:
+        parts, end = self._range(i)
         ratio = self.at(end) in ":/" and self.at(end + 1).isdigit()
         if len(parts) > 2 or ratio or _is_word(self.at(end)) and self.unit(end) is None:
             while _is_word(self.at(end)) or self.at(end) in _DASHES + ":/" and self.at(end + 1).isalnum():
