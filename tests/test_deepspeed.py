@@ -86,27 +86,28 @@ def test_zero3_on_cpu_lora_killed_and_resumed_matches_ddp(ddp_lora, tmp_path):
     _assert_same_adapter(ddp, out)
 
 
-ADAPTER_ATOL = 2e-4  # ZeRO vs DDP after STEPS steps; see _assert_same_adapter for why it can tell training apart
+ADAPTER_RTOL = 0.05  # ZeRO vs DDP after STEPS steps, per tensor, as a share of its training movement; see below
 
 
 def _assert_same_adapter(ddp: Path, out: Path) -> None:
     """The saved adapter is whole (a known failure: adapters saved from ZeRO-3 partitions come out empty or with
-    lora_B still zero) and is DDP's, within ADAPTER_ATOL. That bound must fail an adapter that did not train: the
-    test computes, from DDP's own checkpoint at step EVERY, how far each lora_A moved in the last STEPS - EVERY
-    steps (an adapter whose lora_A stopped training halfway would differ by that much; one that never trained, by
-    the whole run's movement, more again as Adam moves each weight ~lr a step in a steady direction), and lora_B
-    from zero, and asserts the bound is at most a tenth of the smallest of them."""
-    import torch
+    lora_B still zero) and is DDP's. Compared per tensor against how far training moved it: lora_A against DDP's own
+    checkpoint at step EVERY (an adapter whose lora_A stopped training halfway differs from DDP's by exactly that
+    movement, a ratio of 1), lora_B against zero (one that never trained: a ratio of 1 or more). The bound is a
+    twentieth of that. It is not an element-wise tolerance: Adam moves a weight whose gradient is near zero by about
+    the learning rate either way, so one element of a ZeRO run summed in another order can differ by a whole step
+    (0.0024 on one of 3,072 elements, on one x86 CPU) while the tensor agrees to 1%."""
     from safetensors.torch import load_file
 
     a, b = load_file(ddp / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
     half = load_file(ddp / f"checkpoint-{EVERY}" / "adapter_model.safetensors")
     assert {k: v.shape for k, v in b.items()} == {k: v.shape for k, v in a.items()}
     assert all(v.abs().sum() > 0 for k, v in b.items() if "lora_B" in k)
-    moved = {k: ((v - half[k]).abs().max() if "lora_A" in k else v.abs().max()).item() for k, v in a.items()}
-    assert moved and min(moved.values()) >= 10 * ADAPTER_ATOL, sorted(moved.items(), key=lambda kv: kv[1])[:3]
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=ADAPTER_ATOL, msg=name)
+    for name, v in a.items():
+        moved = (v - half[name]) if "lora_A" in name else v
+        assert moved.norm() > 0, name  # the bound means something only where training moved the tensor
+        ratio = ((b[name] - v).norm() / moved.norm()).item()
+        assert ratio <= ADAPTER_RTOL, (name, ratio)
 
 
 def test_zero2_on_cpu_lora_matches_ddp(ddp_lora, tmp_path):
