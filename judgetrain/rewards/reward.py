@@ -45,13 +45,11 @@ from typing import Any
 
 import numpy as np
 
-from judgetrain.data.chat import chat_ids, text_ids
 from judgetrain.data.pairwise import PAIRWISE_USER, both_orders
 from judgetrain.eval.benchmarks.base import rubric_prompt
 from judgetrain.eval.benchmarks.verdicts import VERDICTS
 from judgetrain.eval.requests import Request
 from judgetrain.eval.scoring import ScoringEngine
-from judgetrain.eval.sequences import judge_prompt_ids
 from judgetrain.eval.suites import check_verdict_tokens
 from judgetrain.rewards.card import JudgeCard, read_card
 from judgetrain.rewards.loading import judge_source, load_judge
@@ -221,17 +219,13 @@ class JudgeReward:
         return call
 
     def _over_length(self, req: Request, slot: int) -> bool:
-        """Whether one completion of a row the engine truncated is itself over ``max_length`` (as the engine counts a
-        sequence: the conversation under the chat template, or TRL's plain prompt + completion + EOS)."""
-        tok, limit = self.engine.tokenizer, self.engine.max_length
+        """Whether one completion of a row the engine truncated is itself over ``max_length``, built by the engine's
+        own sequence builder (the judge prompt with its score prefix, or TRL's prompt + completion)."""
+        seqs = self.engine.sequences
         if req.kind == "judge":
-            return len(judge_prompt_ids(tok, req.judge_prompts[slot], self.engine.judge_prefix)) > limit
-        prompt, response = req.prompt, req.responses[slot]
-        if getattr(tok, "chat_template", None):
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            reply = [{"role": "assistant", "content": response}] if isinstance(response, str) else list(response)
-            return len(chat_ids(tok, messages + reply)) > limit
-        return len(text_ids(tok, message_text(prompt) + message_text(response), add_special_tokens=True)) + 1 > limit
+            return len(seqs.judge_ids(req.judge_prompts[slot])) > seqs.max_length
+        prompt_ids, [completion_ids] = seqs.pair_ids(req.prompt, [req.responses[slot]])
+        return len(prompt_ids) + len(completion_ids) > seqs.max_length
 
     def _verdict(self, prompts: Sequence[Any], completions: Sequence[Any], references: Sequence[Any]) -> RewardCall:
         """Both orders of (completion, reference) in the verdict prompt; the mean of the completion's log-odds."""
