@@ -219,7 +219,7 @@ def projection_inputs_bytes(shape: ModelShape, plan: "Plan") -> int:
       so does a live dropout (its output, in the base dtype's bytes), plus its mask;
     * an adapter of the base's dtype without dropout (fp32 runs; TRL keeps the adapter in the base dtype under
       ZeRO-3): the projection's input itself, shared as the full fine-tune's is."""
-    w, h, dq, i = plan.weight_bytes, shape.hidden, shape.q_dim, shape.intermediate
+    w, h, i = plan.weight_bytes, shape.hidden, shape.intermediate
     if plan.lora_r is None:
         return w * (2 * h + i)
     adapter = w if plan.parallelism == "zero3" else 4
