@@ -182,11 +182,6 @@ def build_record(name: str, index: int, row: dict, score: RowScore, scoring: str
     return rec
 
 
-def pair_record(name: str, row: dict, verdicts: list[str | None]) -> dict[str, Any]:
-    """What the pairwise benchmark's rule reads of one row judged (`PairSuite.pair_fields`), with the row's id."""
-    return {"id": row.get("id"), **get_suite(name).pair_fields(row, verdicts)}
-
-
 def suite_metrics(name: str, records: list[dict], scoring: str) -> dict[str, Any]:
     """Metrics of one suite from its records (skipped rows left out and counted)."""
     scored = [r for r in records if not r.get("skipped")]
