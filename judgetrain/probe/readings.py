@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from judgetrain.compat.trl import dpo_token_ids
-from judgetrain.data.chat import text_ids
 from judgetrain.data.pairwise import verdict_messages
 from judgetrain.eval.benchmarks.verdicts import VERDICTS, swap_verdict, verdict_from_scores
 from judgetrain.eval.requests import Request
 from judgetrain.eval.scoring import ScoringEngine
+from judgetrain.eval.sequences import SequenceBuilder
 from judgetrain.probe.pairs import ProbeSet
 
 logger = logging.getLogger(__name__)
@@ -56,24 +56,14 @@ def user_turn(question: str) -> list[dict]:
 
 
 def response_sequences(tokenizer, probe: ProbeSet) -> list[tuple[list[int], int]]:
-    """(token ids, where the text's tokens start) of each text after its question, as the engine tokenises an
-    implicit row (TRL's DPOTrainer ids: `judgetrain.compat.trl.dpo_token_ids`; without a chat template, TRL's plain
-    text path: question + text + EOS)."""
-    questions = [probe.questions[t.sample_id] for t in probe.texts]
-    if getattr(tokenizer, "chat_template", None):
-        out = []
-        for start in range(0, len(questions), 256):
-            prompts = [user_turn(q) for q in questions[start:start + 256]]
-            answers = [[{"role": "assistant", "content": t.text}] for t in probe.texts[start:start + 256]]
-            ids = dpo_token_ids(tokenizer, prompts, answers, answers)
-            out += [(p + c, len(p)) for p, c in zip(ids["prompt_ids"], ids["chosen_ids"])]
-        return out
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    out = []
-    for q, t in zip(questions, probe.texts):
-        prompt = text_ids(tokenizer, q, add_special_tokens=True)
-        out.append((text_ids(tokenizer, q + t.text, add_special_tokens=True) + eos, len(prompt)))
-    return out
+    """(token ids, where the text's tokens start) of each text after its question, built as the engine builds an
+    implicit row (`judgetrain.eval.sequences.SequenceBuilder`: TRL's DPOTrainer ids under a chat template, TRL's plain
+    text path without one), whole: no length cut."""
+    builder = SequenceBuilder(tokenizer, max_length=sys.maxsize)
+    requests = [Request("implicit", prompt=user_turn(probe.questions[t.sample_id]), responses=[t.text])
+                for t in probe.texts]
+    seqs, _ = builder.build(requests)
+    return [(s.ids, s.start) for s in seqs]
 
 
 def _by_sample(probe: ProbeSet) -> dict:
