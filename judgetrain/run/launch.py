@@ -18,12 +18,16 @@ import os
 import signal
 import subprocess
 import sys
+import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from judgetrain.utils.device import has_accelerator
 from judgetrain.run.state import LAUNCH_ID_ENV, launch_exit_code, wait_for_launch
+
+logger = logging.getLogger(__name__)
 
 
 class Command(NamedTuple):
@@ -88,13 +92,34 @@ class Launch:
 
 
 def accelerate_argv(module: str, args: list[str], launch: Launch) -> list[str]:
-    """``accelerate launch [--config_file C] [--num_processes N] -m MODULE ARGS`` with this interpreter."""
+    """``accelerate launch [--config_file C] [--num_processes N] [--num_cpu_threads_per_process T] -m MODULE ARGS``
+    with this interpreter (T: `cpu_threads`)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     if launch.accelerate_config:
         cmd += ["--config_file", launch.accelerate_config]
     if launch.num_processes:
         cmd += ["--num_processes", str(launch.num_processes)]
+    threads = cpu_threads(launch)
+    if threads is not None:
+        cmd += ["--num_cpu_threads_per_process", str(threads)]
     return cmd + ["-m", module, *args]
+
+
+def cpu_threads(launch: Launch) -> int | None:
+    """Threads per process for a launch on a machine without an accelerator, or None to leave it to accelerate.
+
+    `accelerate launch` without ``--cpu`` or a config sets ``OMP_NUM_THREADS=1`` in each process: on a machine of CPUs
+    alone one training process would use one core of all it has (measured: a SmolLM2-135M LoRA DPO step of 8 pairs
+    2.1x slower on 2 cores). judgetrain gives each process its share of the cores it may run on instead, and says
+    so. None where ``OMP_NUM_THREADS`` is set (the user chose), a config file names the launch (its own settings
+    hold), or an accelerator is visible (one thread per process is right beside a GPU)."""
+    if launch.accelerate_config or os.environ.get("OMP_NUM_THREADS") or has_accelerator():
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // max(1, launch.num_processes or 1))
+    logger.info("accelerate launch on CPUs alone: %d thread(s) per process for %d core(s) (accelerate's default "
+                "without --cpu is 1; set OMP_NUM_THREADS to choose)", threads, cores)
+    return threads
 
 
 def command_argv(argv: list[str], launch: Launch = Launch()) -> list[str]:
