@@ -146,7 +146,7 @@ def test_an_unknown_suite_is_named_with_the_nearest_one_and_what_each_side_holds
     out = tmp_path / "c.json"
     assert cli_main(["compare", str(a), str(b), "--suites", "judgebnech", "--out", str(out)]) == 2
     assert ("--suites: unknown suite 'judgebnech'; did you mean 'judgebench'? (known: rmbench, judgebias, ideation, "
-            "judgebench, pairwise, evalbiasbench; A holds ideation, judgebias, rmbench; B holds ideation, judgebias, "
+            "judgebench, pairwise, rewrites, evalbiasbench; A holds ideation, judgebias, rmbench; B holds ideation, judgebias, "
             "rmbench)") in capsys.readouterr().err
     assert cli_main(["compare", str(a), str(b), "--suites", "judgebench", "--out", str(out)]) == 2
     assert "--suites: judgebench is not in A: A holds ideation, judgebias, rmbench; B holds" in capsys.readouterr().err

@@ -56,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_eval(config, where: str) -> None:
     """The eval stage's options through `judgetrain eval`'s own parser, as round 1 runs it (the held-out pairs
-    named): an unknown option, a value of the wrong type or a suite eval refuses is `LoopConfigError` naming it."""
+    and rewrites named): an unknown option, a value of the wrong type or a suite eval refuses is `LoopConfigError` naming it."""
     from judgetrain.cli.eval import build_parser
     from judgetrain.config.recipe import RENAMED_EVAL_FLAGS
     from judgetrain.loop.config import eval_suites, option_args
+    from judgetrain.run.layout import HELDOUT_FILES
 
-    suites, options = eval_suites(config, heldout_pairs=True)
+    suites, options = eval_suites(config, HELDOUT_FILES)
     argv = ["--model", config.model, "--output_dir", "eval", "--eval_suites", *suites,
             "--eval_scoring", *config.eval.scoring, *(["--eval_max_rows", str(config.eval.max_rows)]
                                                       if config.eval.max_rows else []), *option_args(options)]

@@ -13,9 +13,10 @@ None.
 from __future__ import annotations
 
 # figures whose smaller value is better, by their last part (anything holding "loss" or "mae" too)
-LOWER_IS_BETTER = ("style_spread", "inconsistent_rate")
-# figures best at a value: the RM-Bench style gap (easy - hard) at 0, the share of first-shown picks at 0.5
-CLOSER_TO = {"style_gap": 0.0, "first_position_rate": 0.5, "first_position_prob": 0.5}
+LOWER_IS_BETTER = ("style_spread", "inconsistent_rate", "rewrite_below_source_rate")
+# figures best at a value: the RM-Bench style gap (easy - hard) and a rewrite's score gap to its source at 0, the
+# share of first-shown picks at 0.5
+CLOSER_TO = {"style_gap": 0.0, "rewrite_gap": 0.0, "first_position_rate": 0.5, "first_position_prob": 0.5}
 # the parts a logged key ends with that are no figure: bounds, p-values, the units a test counted
 NOT_FIGURES = ("ci_low", "ci_high", "delta_ci_low", "delta_ci_high", "distance_ci_low", "distance_ci_high", "p_value",
                "n_units")

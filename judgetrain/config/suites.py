@@ -27,7 +27,7 @@ from judgetrain.utils.errors import RecipeError
 logger = logging.getLogger(__name__)
 
 # judgetrain's own suites, in the order reports list them (their classes: judgetrain.eval.benchmarks)
-BUILTIN = ("rmbench", "judgebias", "ideation", "judgebench", "pairwise", "evalbiasbench")
+BUILTIN = ("rmbench", "judgebias", "ideation", "judgebench", "pairwise", "rewrites", "evalbiasbench")
 DEFAULT = ("rmbench", "judgebias", "ideation")  # eval_suites' default: the suites with a bundled sample
 _CLASSES: dict[str, Any] = {}
 

@@ -30,6 +30,7 @@ import os
 import tempfile
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from judgetrain.judge.items import read_items
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec, select_sets, spec_path
 from judgetrain.perturb.known import RESPONSE_TIE
+from judgetrain.run.layout import HELDOUT_FILES
 from judgetrain.utils.errors import BadInputError
 
 
@@ -249,14 +251,21 @@ def option_args(options: dict[str, Any]) -> list[str]:
             for arg in (f"--{key}", *(map(str, value) if isinstance(value, list) else [str(value)]))]
 
 
-def eval_suites(config: LoopConfig, heldout_pairs: bool) -> tuple[list[str], dict[str, Any]]:
-    """(the suites the eval stage scores, its options): the held-out pairs (``heldout_pairs``: the file holds any)
-    are the pairwise suite's source unless the options name one; without either the pairwise suite is left out."""
+HELDOUT_SOURCE = "<held-out>"  # an option's value the eval stage replaces with the loop's held-out file of the suite
+
+
+def eval_suites(config: LoopConfig, held: Collection[str]) -> tuple[list[str], dict[str, Any]]:
+    """(the suites the eval stage scores, its options): each held-out file that holds rows (``held``: their suites'
+    names, `judgetrain.run.layout.HELDOUT_FILES`: the held-out pairs for ``pairwise``, the held-out rewrites for
+    ``rewrites``) is its suite's source (`HELDOUT_SOURCE`) unless the options name one; a suite named without either
+    is left out."""
     suites, options = list(config.eval.suites), dict(config.eval.options)
-    if heldout_pairs:
-        options.setdefault("eval_pairwise_source", "<held-out pairs>")
-    elif "pairwise" in suites and "eval_pairwise_source" not in options:
-        suites.remove("pairwise")  # no held-out pair to score
+    for name in HELDOUT_FILES:
+        key = f"eval_{name}_source"
+        if name in held:
+            options.setdefault(key, HELDOUT_SOURCE)
+        elif name in suites and key not in options:
+            suites.remove(name)  # nothing held out to score
     return suites, options
 
 
@@ -300,8 +309,8 @@ def check_inputs(config: LoopConfig, where: str = "<loop config>") -> None:
             raise LoopConfigError(f"{where}: heldout.types: no perturbation type {name!r}"
                                   f"{did_you_mean(name, types_known)}; types: {', '.join(types_known)}")
     check_train(config, where)
-    heldout_pairs = bool(items.source and items.spec and (config.heldout.fraction > 0 or config.heldout.types))
-    if not eval_suites(config, heldout_pairs)[0]:
+    anything_held = bool(items.source and items.spec and (config.heldout.fraction > 0 or config.heldout.types))
+    if not eval_suites(config, HELDOUT_FILES if anything_held else ())[0]:
         raise LoopConfigError(f"{where}: eval.suites: {config.eval.suites} leaves no suite to score: without "
                               "items.source and items.spec (or anything held out) there are no held-out pairs for the "
                               "pairwise suite; name another suite or eval.options.eval_pairwise_source")

@@ -7,7 +7,9 @@ Round k (1-based), in ``<output_dir>/round-<k>/``:
     items   `judgetrain perturb` (the factory, seeded ``items.seed + k - 1``) -> items/items.jsonl, or the given file
     split   the items of held-out samples (by sample_id) and held-out types apart -> split/train.jsonl, heldout.jsonl;
             round 1 also writes the held-out pairs every round is scored on (``<output_dir>/heldout/pairwise.jsonl``:
-            each held-out error copy against its source, the pairwise suite's rows)
+            each held-out error copy against its source, the pairwise suite's rows) and the held-out rewrites
+            (``heldout/rewrites.jsonl``: each against its source and against an error copy of the same source, the
+            rewrites suite's rows, scored where ``eval.suites`` names it)
     judge   (pairs from evaluations) `judgetrain judge`: the current judge (the base plus round k-1's adapter),
             ``judge.samples`` sampled evaluations per item (one command per sample, seeded) beside ``judge.judges``
             -> judge/<name>/evaluations.jsonl, all of them in judge/evaluations.jsonl
@@ -54,14 +56,14 @@ import yaml
 from judgetrain.data.pairs import validation_samples
 from judgetrain.judge.items import read_items
 from judgetrain.config.recipe import load_recipe_file
-from judgetrain.loop.config import (LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
+from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
                                    round_recipe)
 from judgetrain.loop.table import write_round_table
-from judgetrain.perturb.known import item_text, write_heldout_pairs
+from judgetrain.perturb.known import item_text, write_heldout_pairs, write_heldout_rewrites
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec
 from judgetrain.run.launch import Launch, command_argv, find_command
-from judgetrain.run.layout import HELDOUT_PAIRS, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_COMPARE_FILE, round_folder
+from judgetrain.run.layout import HELDOUT_FILES, HELDOUT_PAIRS, HELDOUT_REWRITES, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_COMPARE_FILE, round_folder
 from judgetrain.utils.files import append_jsonl, read_json, write_json, write_lines
 
 logger = logging.getLogger(__name__)
@@ -195,10 +197,16 @@ class Loop:
                                                  "heldout_samples": sorted(held_ids),
                                                  "heldout_types": list(held.types), "heldout_same_text": same_text})
         if k == 1 and self.has_texts():
-            written = write_heldout_pairs(heldout, list(samples.values()), self.out / HELDOUT_PAIRS)
-            if not eval_suites(self.config, written > 0)[0]:  # refused here, not by eval after training
+            write_heldout_pairs(heldout, list(samples.values()), self.out / HELDOUT_PAIRS)
+            write_heldout_rewrites(heldout, list(samples.values()), self.out / HELDOUT_REWRITES)
+            if not eval_suites(self.config, self.held_files())[0]:  # refused here, not by eval after training
                 raise LoopConfigError(f"eval.suites: {self.config.eval.suites}: the held-out items hold no error copy, "
                                       "so there are no held-out pairs and no suite to score; name another suite")
+
+    def held_files(self) -> list[str]:
+        """The suites whose held-out file (`HELDOUT_FILES`) is written and holds rows."""
+        return [name for name, file in HELDOUT_FILES.items()
+                if (self.out / file).is_file() and (self.out / file).stat().st_size > 0]
 
     def has_texts(self) -> bool:
         return bool(self.config.items.source and self.config.items.spec)
@@ -214,10 +222,10 @@ class Loop:
             [i.columns["sample_id"] for i in read_items(self.items_path(1)).items]
         drawn = {str(x) for x in validation_samples(ids, held.fraction, held.seed)}
         texts = {s.text for s in samples if str(s.sample_id) in drawn}
-        pairs = self.out / HELDOUT_PAIRS
-        if pairs.is_file():  # the held-out evaluation copies, written once in round 1
-            texts |= {json.loads(line)["response_b"]
-                      for line in pairs.read_text(encoding="utf-8").splitlines() if line}
+        for file in (HELDOUT_PAIRS, HELDOUT_REWRITES):  # the held-out evaluation copies, written once in round 1
+            if (self.out / file).is_file():
+                texts |= {text for line in (self.out / file).read_text(encoding="utf-8").splitlines() if line
+                          for text in (json.loads(line)["response_a"], json.loads(line)["response_b"])}
         return drawn | {str(s.sample_id) for s in samples if s.text in texts}, texts
 
     def samples(self):
@@ -275,10 +283,10 @@ class Loop:
         """`judgetrain eval` of round k's adapter (round 0: the base alone) on the held-out pairs and the suites; after
         round 0, `judgetrain compare` of it against the base's saved evaluation."""
         ev = self.config.eval
-        heldout = self.out / HELDOUT_PAIRS
-        suites, options = eval_suites(self.config, heldout.is_file() and heldout.stat().st_size > 0)
-        if options.get("eval_pairwise_source") == "<held-out pairs>":
-            options["eval_pairwise_source"] = str(heldout)
+        suites, options = eval_suites(self.config, self.held_files())
+        for name, file in HELDOUT_FILES.items():
+            if options.get(f"eval_{name}_source") == HELDOUT_SOURCE:
+                options[f"eval_{name}_source"] = str(self.out / file)
         cmd = ["eval", "--model", self.config.model, *(["--adapter", str(self.adapter(k))] if k else []),
                "--output_dir", str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.scoring]
         if ev.max_rows:

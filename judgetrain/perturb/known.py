@@ -40,7 +40,8 @@ whose category is missing or not one of the spec's is a bad row, exit 2) and
 pairwise form's verdicts, else the form's name).
 
 `write_heldout_pairs` writes the loop's held-out pairs: each held-out error copy against its source, as rows of the
-pairwise eval suite.
+pairwise eval suite; `write_heldout_rewrites` each held-out rewrite against its source and against an error copy of the
+same source, as rows of the rewrites suite.
 """
 
 from __future__ import annotations
@@ -312,24 +313,66 @@ __all__ = ["FORMS", "TIES", "RESPONSE_TIE", "SourceCopy", "source_copies", "Pane
            "item_text", "question_of"]
 
 
-def write_heldout_pairs(heldout: list[dict], samples: list[Sample], path: Path) -> int:
-    """Each held-out error copy against its source as a pairwise-suite row (``id`` sample|set, ``sample_id`` (the
-    suite's unit: one sample's pairs share its text), ``prompt`` the question, ``response_a`` the source, ``response_b`` the copy, ``label`` A>B, ``category`` the perturbation type);
-    the suite shows both orders. Returns the rows written."""
+def heldout_copies(heldout: list[dict], samples: list[Sample]) -> Iterator[tuple[dict, Sample, str]]:
+    """(item, its sample, its text) of each held-out copy whose text differs from its source's, in the items' order
+    (the original's copy, a copy of an unknown sample and one whose text cannot be read are left out)."""
     by_id = {str(s.sample_id): s for s in samples}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
     for item in heldout:
         sample = by_id.get(str(item["sample_id"]))
-        if item.get("perturbation_category") != "error" or item.get("perturbation_set") == ORIGINAL_SET or sample is None:
+        if item.get("perturbation_set") == ORIGINAL_SET or sample is None:
             continue
         text = item_text(sample, item["prompt"])
-        if text is None or text == sample.text:
-            continue
-        rows.append({"id": f"{item['sample_id']}|{item['perturbation_set']}", "sample_id": str(item["sample_id"]),
-                     "prompt": question_of(sample),
-                     "response_a": sample.text, "response_b": text, "label": "A>B",
-                     "category": item.get("perturbation_type")})
+        if text is not None and text != sample.text:
+            yield item, sample, text
+
+
+def write_heldout_pairs(heldout: list[dict], samples: list[Sample], path: Path) -> int:
+    """Each held-out error copy against its source as a pairwise-suite row (``id`` sample|set, ``sample_id`` (the
+    suite's unit: one sample's pairs share its text), ``prompt`` the question, ``response_a`` the source,
+    ``response_b`` the copy, ``label`` A>B, ``category`` the perturbation type); the suite shows both orders. Returns
+    the rows written."""
+    rows = [{"id": f"{item['sample_id']}|{item['perturbation_set']}", "sample_id": str(item["sample_id"]),
+             "prompt": question_of(sample), "response_a": sample.text, "response_b": text, "label": "A>B",
+             "category": item.get("perturbation_type")}
+            for item, sample, text in heldout_copies(heldout, samples)
+            if item.get("perturbation_category") == "error"]
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_lines(path, (json.dumps(r, ensure_ascii=False) for r in rows))
     logger.info("held-out pairs: %d error copies against their sources (%s)", len(rows), path)
+    return len(rows)
+
+
+def write_heldout_rewrites(heldout: list[dict], samples: list[Sample], path: Path) -> int:
+    """The held-out representational rewrites as rows of the ``rewrites`` suite (the pairwise schema): each rewrite
+    against its source (``category`` ``source_vs_rewrite``: ``response_a`` the source, ``response_b`` the rewrite,
+    label A>B, so the share the judge "gets right" is the share of rewrites it scores below their source) and against
+    one error copy of the same source (``rewrite_vs_error``: ``response_a`` the rewrite, ``response_b`` the error copy,
+    label A>B: the judge tells an error from a change of form). A sample's rewrites take its error copies in turn
+    (sorted by set), so each rewrite is scored against one. ``id`` sample|rewrite set[|error set]. Returns the rows
+    written (a sample with rewrites and no error copy gives only its source rows)."""
+    copies = list(heldout_copies(heldout, samples))
+    errors: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for item, _, text in copies:
+        if item.get("perturbation_category") == "error":
+            errors[str(item["sample_id"])].append((str(item["perturbation_set"]), text))
+    rows, turn = [], Counter()
+    for item, sample, text in copies:
+        if item.get("perturbation_category") != "represent":
+            continue
+        sid, rewrite_set = str(item["sample_id"]), str(item["perturbation_set"])
+        common = {"sample_id": sid, "prompt": question_of(sample), "label": "A>B"}
+        rows.append({"id": f"{sid}|{rewrite_set}", **common, "response_a": sample.text, "response_b": text,
+                     "category": "source_vs_rewrite"})
+        own = sorted(errors.get(sid, []))
+        if own:
+            error_set, error_text = own[turn[sid] % len(own)]
+            turn[sid] += 1
+            if error_text != text:
+                rows.append({"id": f"{sid}|{rewrite_set}|{error_set}", **common, "response_a": text,
+                             "response_b": error_text, "category": "rewrite_vs_error"})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_lines(path, (json.dumps(r, ensure_ascii=False) for r in rows))
+    logger.info("held-out rewrites: %d rows, %d rewrites against their sources and %d against an error copy (%s)",
+                len(rows), sum(r["category"] == "source_vs_rewrite" for r in rows),
+                sum(r["category"] == "rewrite_vs_error" for r in rows), path)
     return len(rows)

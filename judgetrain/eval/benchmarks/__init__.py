@@ -14,7 +14,7 @@ from typing import Any
 
 from judgetrain.config.suites import registered, known_suites
 from judgetrain.eval.benchmarks import (evalbiasbench, ideation, judgebench, judgebias,  # noqa: F401 (each registers its suite)
-                                   pairwise, rmbench)
+                                   pairwise, rewrites, rmbench)
 from judgetrain.eval.benchmarks.base import Suite
 from judgetrain.utils.errors import RecipeError
 

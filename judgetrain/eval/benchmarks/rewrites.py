@@ -1,0 +1,83 @@
+"""Held-out representational rewrites (``eval_rewrites_source``; the loop writes ``<output_dir>/heldout/rewrites.jsonl``
+with `judgetrain.perturb.known.write_heldout_rewrites`): rows of the pairwise schema in two categories, each scored
+as the other pairwise suites score a pair (each response alone in implicit and judge mode, the higher score wins; both
+orders in verdict mode, JudgeBench's rule):
+
+- ``source_vs_rewrite``: ``response_a`` the source, ``response_b`` its rewrite (same meaning, other form), label A>B.
+  ``rewrite_below_source_rate`` is the share the source wins: the rewrites the judge scores below their source (lower
+  is better: a rewrite is no worse); ``rewrite_gap`` the mean score of the rewrite minus its source's (implicit and
+  judge modes; best at 0).
+- ``rewrite_vs_error``: ``response_a`` a rewrite, ``response_b`` an error copy of the same source, label A>B.
+  ``rewrite_over_error`` is the share the rewrite wins: whether the judge tells an error from a change of form.
+
+The unit is the source sample (``sample_id``): its rows are resampled together.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from judgetrain.config.suites import register
+from judgetrain.eval.benchmarks.base import Suite
+from judgetrain.eval.benchmarks.judgebench import judgebench_items, record_key
+from judgetrain.eval.benchmarks.pairwise import TeamPairs
+from judgetrain.eval.stats import Items, finite_mean
+
+SOURCE_VS_REWRITE, REWRITE_VS_ERROR = "source_vs_rewrite", "rewrite_vs_error"
+FIGURES = {"rewrite_over_error": REWRITE_VS_ERROR, "rewrite_below_source_rate": SOURCE_VS_REWRITE}
+
+
+def rewrite_gap(record: dict) -> float:
+    """A source_vs_rewrite record's score of the rewrite minus its source's (two scores, implicit or judge mode);
+    NaN for any other record."""
+    scores = record.get("scores")
+    if record.get("category") != SOURCE_VS_REWRITE or not isinstance(scores, (list, tuple)) or len(scores) != 2 \
+            or any(s is None for s in scores):
+        return math.nan
+    return float(scores[1]) - float(scores[0])
+
+
+@register
+class Rewrites(TeamPairs):
+    """Held-out rewrites against their source and against an error copy of the same source (see the module doc)."""
+
+    name = "rewrites"
+    title = "held-out rewrites"
+    hub = "held-out-rewrites"
+    headline = ("rewrite_over_error", "rewrite_below_source_rate", "rewrite_gap")
+    headline_place = 6
+    report_headline = (("rewrite_over_error", "Rewrite ranked above an error copy of its source"),
+                       ("rewrite_below_source_rate", "Rewrites scored below their source"))
+    example_figure = "rewrite_over_error"
+
+    def items(self, records: list[dict], mode: str) -> tuple[Items | None, str | None]:
+        """Per row: ``rewrite_over_error`` (1 / 0 on rewrite_vs_error rows, NaN on the others),
+        ``rewrite_below_source_rate`` (1 / 0 on source_vs_rewrite rows) and ``rewrite_gap``; clustered by sample."""
+        kept = [r for r in records if not r.get("skipped")]
+        if not all("verdicts" in r or "scores" in r for r in kept):
+            return None, "its records carry no verdicts"
+        if not kept:
+            return None, "no row was scored"
+        right = judgebench_items([{**r, "id": record_key(r)} for r in kept]).values["accuracy"]
+        categories = np.asarray([r.get("category") for r in kept], dtype=object)
+        values = {name: np.where(categories == category, right, np.nan) for name, category in FIGURES.items()}
+        values["rewrite_gap"] = np.asarray([rewrite_gap(r) for r in kept], dtype=np.float64)
+        clusters = np.asarray([f"sample {r['sample_id']}" if r.get("sample_id") is not None else f"row {record_key(r)!r}"
+                               for r in kept], dtype=object)
+        return Items([record_key(r) for r in kept], values, clusters=clusters, binary=tuple(FIGURES)), None
+
+    def figures(self, records: list[dict], scoring: str) -> dict[str, Any]:
+        items, _ = self.items(records, scoring)
+        if items is None:
+            return {"n": 0}
+        out: dict[str, Any] = {name: finite_mean(items.values[name]) for name in (*FIGURES, "rewrite_gap")}
+        out.update({f"n_{category}": int(np.isfinite(items.values[name]).sum()) for name, category in FIGURES.items()})
+        out["n"] = len(items.keys)
+        return out
+
+    def log_figures(self, results: Any, base: str) -> dict[str, float]:
+        """Its own figures, one level of numbers (not JudgeBench's accuracy and categories)."""
+        return Suite.log_figures(self, results, base)
