@@ -181,7 +181,7 @@ def assert_table_matches_per_row_files(out: Path, rounds: int, n_heldout: int) -
 @pytest.mark.slow
 def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
     config = loop_config(tmp_path, heldout={"fraction": 0.25, "types": ["spacing"]},
-                         eval={"suites": ["pairwise"], "scoring": ["judge", "verdict"]})
+                         eval={"suites": ["pairwise", "rewrites"], "scoring": ["judge", "verdict"]})
     proc = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path / "loop"
@@ -200,6 +200,16 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
         assert (rd / "train" / "adapter_model.safetensors").is_file()
         assert len([m for m in read_jsonl(rd / "train" / "metrics.jsonl") if "train/loss" in m]) == 2
     rows = assert_table_matches_per_row_files(out, rounds=2, n_heldout=len(heldout))
+    # the held-out rewrites (spacing held out whole: every note's against its source; against an error copy, the
+    # held-out notes' alone) scored by the rewrites suite, each round against the base
+    rewrites = read_jsonl(out / "heldout" / "rewrites.jsonl")
+    assert sorted(Counter(r["category"] for r in rewrites).items()) == [("rewrite_vs_error", 3),
+                                                                         ("source_vs_rewrite", 12)]
+    keys = json.loads((out / "rounds.json").read_text())["keys"]
+    for k in (0, 1, 2):
+        assert 0 <= keys[f"round/{k}/eval/rewrites/rewrite_over_error"] <= 1
+        assert f"round/{k}/eval/rewrites/rewrite_gap" in keys
+    assert all(f"round/{k}/eval/rewrites/delta/rewrite_below_source_rate" in keys for k in (1, 2))
     csv_lines = (out / "rounds.csv").read_text().splitlines()
     assert csv_lines[0].startswith("round,figure,value,ci_low,ci_high,delta") and len(csv_lines) == len(rows) + 1
     state = json.loads((out / "loop_state.json").read_text())
