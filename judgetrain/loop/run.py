@@ -222,10 +222,10 @@ class Loop:
             [i.columns["sample_id"] for i in read_items(self.items_path(1)).items]
         drawn = {str(x) for x in validation_samples(ids, held.fraction, held.seed)}
         texts = {s.text for s in samples if str(s.sample_id) in drawn}
-        for file in (HELDOUT_PAIRS, HELDOUT_REWRITES):  # the held-out evaluation copies, written once in round 1
-            if (self.out / file).is_file():
-                texts |= {text for line in (self.out / file).read_text(encoding="utf-8").splitlines() if line
-                          for text in (json.loads(line)["response_a"], json.loads(line)["response_b"])}
+        for file in (HELDOUT_PAIRS, HELDOUT_REWRITES):  # the held-out copies (each row's response_b; response_a is
+            if (self.out / file).is_file():             # a source, or a rewrite that is another row's response_b)
+                texts |= {json.loads(line)["response_b"]
+                          for line in (self.out / file).read_text(encoding="utf-8").splitlines() if line}
         return drawn | {str(s.sample_id) for s in samples if s.text in texts}, texts
 
     def samples(self):
