@@ -118,7 +118,7 @@ def cpu_threads(launch: Launch) -> int | None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // max(1, launch.num_processes or 1))
     logger.info("accelerate launch on CPUs alone: %d thread(s) per process for %d core(s) (accelerate's default "
-                "without --cpu is 1; set OMP_NUM_THREADS to choose)", threads, cores)
+                "is one thread a process here; set OMP_NUM_THREADS to choose)", threads, cores)
     return threads
 
 
