@@ -7,7 +7,7 @@ adapter and scores the result against the base; the round table is printed and w
 Exit codes: 0 done, 2 a bad config (or another loop's output_dir), else the failing stage's command's code.
 """
 
-# Late imports: judgetrain.loop, judgetrain.cli, judgetrain.config (eval's parser; inside the functions that use them):
+# Late imports: judgetrain.loop, judgetrain.cli, judgetrain.config, judgetrain.run (eval's parser; inside the functions that use them):
 # `judgetrain --help` starts without the stages' libraries.
 
 from __future__ import annotations
