@@ -14,11 +14,11 @@ names each command's module as a string: nothing below the CLI imports it.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
-import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path

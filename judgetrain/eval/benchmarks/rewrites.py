@@ -22,7 +22,6 @@ import numpy as np
 
 from judgetrain.config.suites import register
 from judgetrain.eval.benchmarks.base import Suite
-from judgetrain.eval.benchmarks.judgebench import judgebench_items, record_key
 from judgetrain.eval.benchmarks.pairwise import TeamPairs
 from judgetrain.eval.stats import Items, finite_mean
 
@@ -57,17 +56,15 @@ class Rewrites(TeamPairs):
         """Per row: ``rewrite_over_error`` (1 / 0 on rewrite_vs_error rows, NaN on the others),
         ``rewrite_below_source_rate`` (1 / 0 on source_vs_rewrite rows) and ``rewrite_gap``; clustered by sample."""
         kept = [r for r in records if not r.get("skipped")]
-        if not all("verdicts" in r or "scores" in r for r in kept):
-            return None, "its records carry no verdicts"
         if not kept:
             return None, "no row was scored"
-        right = judgebench_items([{**r, "id": record_key(r)} for r in kept]).values["accuracy"]
-        categories = np.asarray([r.get("category") for r in kept], dtype=object)
+        items, why = super().items(records, mode)  # a pair's right / wrong by JudgeBench's rule, units by sample
+        if items is None:
+            return None, why
+        right, categories = items.values["accuracy"], np.asarray([r.get("category") for r in kept], dtype=object)
         values = {name: np.where(categories == category, right, np.nan) for name, category in FIGURES.items()}
         values["rewrite_gap"] = np.asarray([rewrite_gap(r) for r in kept], dtype=np.float64)
-        clusters = np.asarray([f"sample {r['sample_id']}" if r.get("sample_id") is not None else f"row {record_key(r)!r}"
-                               for r in kept], dtype=object)
-        return Items([record_key(r) for r in kept], values, clusters=clusters, binary=tuple(FIGURES)), None
+        return Items(items.keys, values, clusters=items.clusters, binary=tuple(FIGURES)), None
 
     def figures(self, records: list[dict], scoring: str) -> dict[str, Any]:
         items, _ = self.items(records, scoring)
