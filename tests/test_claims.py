@@ -38,6 +38,7 @@ def test_a_lean_rising_from_a_half_to_0_95_is_worse_and_one_shrinking_towards_it
     # a lean that crosses 0.5 to the same distance on the other side: no change of distance, no verdict
     crossing = paired_figures(_lean([0.3] * 40), _lean([0.7] * 40))["first_position_prob"]
     assert changes({name: crossing})[name] == ""
+    assert paired["distance_p_value"] < 0.002 and crossing["distance_p_value"] == 1.0
     # the same figures as logged keys, read back by the report's guard
     from judgetrain.eval.compare import delta_keys
     from judgetrain.report.headline import against_base
@@ -50,13 +51,15 @@ def test_a_lean_rising_from_a_half_to_0_95_is_worse_and_one_shrinking_towards_it
 def test_an_accuracy_drop_at_p_0_03_stays_worse_beside_position_figures_without_a_verdict():
     """Alone, an accuracy drop at p 0.03 is worse (0.03 < 0.05). Two position figures that cannot be given a verdict
     (no interval of their distance from 0.5) are left out of Holm's count, so it stays worse; before, they counted
-    (0.03 >= 0.05 / 3) though they could never be worse or better. Position figures that can be judged count."""
+    (0.03 >= 0.05 / 3) though they could never be worse or better. Position figures that can be judged (their
+    distance's own test and interval) count."""
     drop = _figure(-0.3, -0.1, 0.03, 50)
     assert changes({"s/accuracy": drop}) == {"s/accuracy": "worse"}
     leans = {"s/first_position_rate": _figure(-0.1, 0.2, 0.4, 50), "s/first_position_prob": _figure(-0.1, 0.2, 0.6, 50)}
     assert changes({"s/accuracy": drop, **leans}) == {"s/accuracy": "worse", "s/first_position_rate": "",
                                                       "s/first_position_prob": ""}
-    judged = {k: {**v, "distance_delta_ci_low": -0.1, "distance_delta_ci_high": 0.1} for k, v in leans.items()}
+    judged = {k: {**v, "distance_delta_ci_low": -0.1, "distance_delta_ci_high": 0.1, "distance_p_value": 0.5}
+              for k, v in leans.items()}
     assert changes({"s/accuracy": drop, **judged})["s/accuracy"] == ""  # 3 tests: 0.03 >= 0.05 / 3
 
 
@@ -115,3 +118,21 @@ def test_the_heldout_pairs_are_resampled_and_counted_by_source_sample(tmp_path):
     assert len(trained.keys) == 67 and len(set(trained.clusters)) == 40
     paired = paired_difference(trained, base)["accuracy"]
     assert paired["n"] == 67 and paired["n_units"] == 40 and paired["p_value"] == 2 / 2**40
+
+
+def test_a_verdict_never_rests_on_a_floats_last_bits():
+    """The crossing case as one CPU's float path left it (AMD EPYC, AVX-512): distance_delta 3.3e-16 with interval
+    [5.6e-17, 1.7e-16] and the raw difference's p of 0.001. Before, `changes` called that "worse" (the interval
+    "excludes 0", the p it read was the raw difference's). Its distance's own test gives p = 1 and the interval lies
+    inside the figure's resolution: no verdict. The same interval 1e-3 wide is a change."""
+    name = "pairwise/verdict/first_position_prob"
+    rounding = {"trained": 0.3, "base": 0.7, "delta_ci_low": -0.4, "delta_ci_high": -0.4, "p_value": 0.001,
+                "n_units": 40, "distance_delta_ci_low": 5.6e-17, "distance_delta_ci_high": 1.7e-16}
+    assert changes({name: rounding})[name] == ""  # no distance test: no verdict
+    assert changes({name: {**rounding, "distance_p_value": 0.001}})[name] == ""  # inside the resolution
+    real = {**rounding, "distance_p_value": 0.001, "distance_delta_ci_low": 1e-3, "distance_delta_ci_high": 2e-3}
+    assert changes({name: real})[name] == "worse"
+    # a raw difference inside its resolution is no change either (figures in nats: the scale is the figure's)
+    drift = {"trained": -524.0, "base": -524.0, "delta_ci_low": 1e-13, "delta_ci_high": 3e-13, "p_value": 0.001,
+             "n_units": 40}
+    assert changes({"rmbench/total_avg_acc": drift})["rmbench/total_avg_acc"] == ""

@@ -19,7 +19,7 @@ LOWER_IS_BETTER = ("style_spread", "inconsistent_rate", "rewrite_below_source_ra
 CLOSER_TO = {"style_gap": 0.0, "rewrite_gap": 0.0, "first_position_rate": 0.5, "first_position_prob": 0.5}
 # the parts a logged key ends with that are no figure: bounds, p-values, the units a test counted
 NOT_FIGURES = ("ci_low", "ci_high", "delta_ci_low", "delta_ci_high", "distance_ci_low", "distance_ci_high", "p_value",
-               "n_units")
+               "distance_p_value", "n_units")
 COUNTS = ("n", "runtime", "tokens_generated", "mean_tokens", "epoch", "step")
 COUNT_PREFIXES = ("n_", "num_", "long_")
 COUNT_PARTS = ("parse_fail",)  # eval/<suite>/generate/parse_fail/<reason>: how many failed so

@@ -30,7 +30,7 @@ from judgetrain.config.directions import best_at, direction
 from judgetrain.config.recipe import PROXY_MODES, did_you_mean
 from judgetrain.config.suites import registered
 from judgetrain.eval.benchmarks import SuiteFacts, get_suite
-from judgetrain.eval.stats import N_RESAMPLES, Items, holm, paired_difference, smallest_p
+from judgetrain.eval.stats import N_RESAMPLES, Items, holm, paired_difference, resolution, smallest_p
 from judgetrain.utils.errors import BadInputError
 
 logger = logging.getLogger(__name__)
@@ -130,6 +130,8 @@ def delta_keys(suite: str, mode: str, bare: str | None, paired: dict[str, dict[s
         for part in ("ci_low", "ci_high"):  # a figure best at a value: its distance from it
             if f"distance_delta_{part}" in v:
                 out[f"{base}delta/{metric}/distance_{part}"] = v[f"distance_delta_{part}"]
+        if "distance_p_value" in v:
+            out[f"{base}delta/{metric}/distance_p_value"] = v["distance_p_value"]
     return out
 
 
@@ -140,7 +142,11 @@ def _as_ab(v: dict[str, Any]) -> dict[str, Any]:
             "delta_ci_low": v["delta_ci_low"], "delta_ci_high": v["delta_ci_high"], "p_value": v["p_value"],
             "p_method": v["p_method"], "n": v["n"], "n_units": v["n_units"], "n_only_a": v["n_only_base"],
             "n_only_b": v["n_only_trained"],
-            **{k: v[k] for k in ("distance_delta", "distance_delta_ci_low", "distance_delta_ci_high") if k in v}}
+            **{k: v[k] for k in DISTANCE_FIELDS if k in v}}
+
+
+_SIDES = ("trained", "base", "a", "b")  # the two figures compared, under paired_difference's or compare's names
+DISTANCE_FIELDS = ("distance_delta", "distance_delta_ci_low", "distance_delta_ci_high", "distance_p_value")
 
 
 def changes(figures: Mapping[str, Mapping[str, Any]], margin: float = 0.0,
@@ -157,9 +163,13 @@ def changes(figures: Mapping[str, Mapping[str, Any]], margin: float = 0.0,
     - the figure has enough units for its test to reach ``alpha`` at all (`smallest_p` of its units under ``alpha``);
       one that has not is "n = <units>: too few to tell" and is left out of Holm's count.
     A figure best at a value (`judgetrain.config.directions.CLOSER_TO`: a position lean at 0.5) is judged by the change
-    of its distance from that value (``distance_delta_ci_low``, ``distance_delta_ci_high``, `paired_figures`): a
-    lean growing from 0.5 to 0.95 is worse, one shrinking towards 0.5 better; without that interval it gets no
-    verdict and is left out of Holm's count. A figure no unit measured (``n_units`` 0) is left out altogether.
+    of its distance from that value, read from its own paired test (``distance_p_value``) and interval
+    (``distance_delta_ci_low``, ``distance_delta_ci_high``, `paired_figures`), never from the raw difference's: a
+    lean growing from 0.5 to 0.95 is worse, one shrinking towards 0.5 better, one crossing 0.5 to the same distance
+    no change; without that test it gets no verdict and is left out of Holm's count. A figure no unit measured
+    (``n_units`` 0) is left out altogether. A verdict never rests on a float's last bits: the interval must clear its
+    bound by more than the figure's own resolution (`judgetrain.eval.stats.resolution`), so a difference of float
+    rounding (3e-16 between two equal distances) is no change on any CPU.
     The one rule of the run's guard, `judgetrain eval --baseline`, `judgetrain compare`, the report and the card."""
     out: dict[str, str] = {}
     tested: dict[str, float] = {}
@@ -175,16 +185,17 @@ def changes(figures: Mapping[str, Mapping[str, Any]], margin: float = 0.0,
         out[name] = ""
         p, low, high = (v.get(k) for k in ("p_value", "delta_ci_low", "delta_ci_high"))
         if way.startswith("closer to "):  # judged by its distance from its best value: a growing distance is worse
-            way, low, high = "lower", v.get("distance_delta_ci_low"), v.get("distance_delta_ci_high")
+            way, p, low, high = ("lower", *(v.get(k) for k in ("distance_p_value", "distance_delta_ci_low",
+                                                                "distance_delta_ci_high")))
         if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (p, low, high)):
             tested[name] = float(p)
-            intervals[name] = (way, low, high)
+            intervals[name] = (way, low, high, resolution(*(v.get(k) for k in _SIDES), low, high))
     for name in holm(tested, alpha):
-        way, low, high = intervals[name]
+        way, low, high, tol = intervals[name]
         if way == "lower":
-            out[name] = "worse" if low > margin else "better" if high < 0 else ""
+            out[name] = "worse" if low > margin + tol else "better" if high < -tol else ""
         elif way == "higher":
-            out[name] = "worse" if high < -margin else "better" if low > 0 else ""
+            out[name] = "worse" if high < -margin - tol else "better" if low > tol else ""
     return out
 
 

@@ -55,6 +55,7 @@ def spearman(x: Sequence[Any], y: Sequence[Any]) -> float:
 # --------------------------------------------------------------------------------- intervals and paired deltas
 N_RESAMPLES = 1000
 CONFIDENCE = 0.95
+RESOLUTION = 1e-9  # relative: a difference this small against its figures is float rounding, never a change
 _CHUNK = 250  # resamples drawn and reduced together (memory: _CHUNK x units counts)
 
 
@@ -269,7 +270,8 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
     ``n_only_base``: items of one side alone, left out. A metric no item holds on both sides (nothing measured it)
     is left out. ``centres``: {metric: the value it is best at}; such a metric also gets ``distance_delta`` (how much
     further from its centre the trained figure is than the base's) with its interval (``distance_delta_ci_low``,
-    ``distance_delta_ci_high``) from the same resamples."""
+    ``distance_delta_ci_high``) from the same resamples and its own paired test's ``distance_p_value``
+    (`distance_flip_p`: the raw difference's p-value says nothing of the distance)."""
     where = {k: i for i, k in enumerate(base.keys)}
     if len(where) != len(base.keys) or len(set(trained.keys)) != len(trained.keys):
         raise ValueError("paired_difference needs unique item keys on both sides")
@@ -294,6 +296,10 @@ def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAM
         signs = sign_test_p(tv, bv, weights=weights, clusters=t.clusters)
         _, held = _unit_differences(tv, bv, weights, t.clusters)
         distance = _distance_deltas(names, point, stats, centres or {}, confidence)
+        for j, k in enumerate(names):  # a figure best at a value: its distance's own paired test
+            if k in distance:
+                distance[k]["distance_p_value"] = distance_flip_p(tv[:, j], bv[:, j], centres[k], weights=weights[:, j],
+                                                                  clusters=t.clusters, n_flips=n_resamples, seed=seed)
         for j, k in enumerate(names):
             if not both[:, j].any():
                 continue  # no item measured on both sides: no figure
@@ -323,6 +329,47 @@ def _distance_deltas(names: list[str], point: np.ndarray, stats: np.ndarray, cen
             out[k] = {"distance_delta": float(abs(point[j] - c) - abs(point[m + j] - c)),
                       "distance_delta_ci_low": float(low[0]), "distance_delta_ci_high": float(high[0])}
     return out
+
+
+def distance_flip_p(trained: Any, base: Any, centre: float, *, weights: Any = None, clusters: Any = None,
+                    n_flips: int = N_RESAMPLES, seed: int = 0) -> float:
+    """Two-sided p-value of the paired randomization test of a change of distance from ``centre``: the statistic is
+    |trained figure - centre| - |base figure - centre| (each figure the weighted mean of its items); under no
+    difference each unit's (cluster's, else item's) trained and base sides are exchangeable, so each flip swaps them
+    unit by unit. p = (1 + flips whose |statistic| reaches the observed one) / (n_flips + 1). A lean of 0.3 against 0.7
+    around 0.5 (the same distance on the other side) gives a statistic of 0 under every flip: p = 1, whatever the
+    float path makes of 0.2 - 0.2. NaN without an item finite on both sides."""
+    t = np.asarray(trained, dtype=np.float64).reshape(-1)
+    b = np.asarray(base, dtype=np.float64).reshape(-1)
+    both = np.isfinite(t) & np.isfinite(b)
+    w = np.where(both, 1.0 if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1), 0.0)
+    sides = np.column_stack([np.where(both, t, 0.0) * w, np.where(both, b, 0.0) * w])
+    total = float(w.sum())
+    if total <= 0:
+        return math.nan
+    if clusters is not None:
+        unit = _codes(clusters, len(sides))
+        summed = np.zeros((unit.max() + 1, 2))
+        np.add.at(summed, unit, sides)
+        sides = summed
+    sides = sides[np.lexsort(sides.T[::-1])]  # canonical unit order: the same items in any order, the same flips
+    middle = float(sides.sum()) / (2 * total) - centre  # the mean of both sides' figures, from the centre
+    half = (sides[:, 0] - sides[:, 1]) / (2 * total)  # each unit's pull of the trained figure away from the middle
+    statistic = (lambda x: np.abs(np.abs(middle + x) - np.abs(middle - x)))
+    observed = float(statistic(half.sum()))
+    reach = observed * (1 - 1e-9) - RESOLUTION * max(1.0, abs(middle) + abs(centre))  # equal sums count (floats)
+    rng, hits = np.random.default_rng(seed), 0
+    for start in range(0, n_flips, _CHUNK):
+        signs = rng.integers(0, 2, size=(min(_CHUNK, n_flips - start), len(half))) * 2.0 - 1.0
+        hits += int((statistic(signs @ half) >= reach).sum())
+    return (1 + hits) / (n_flips + 1)
+
+
+def resolution(*values: Any) -> float:
+    """A figure's own resolution: the smallest difference that is a change and not float rounding, `RESOLUTION`
+    relative to the largest of the finite ``values`` (at least 1: figures between 0 and 1 get 1e-9)."""
+    finite = [abs(float(v)) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return RESOLUTION * max([1.0, *finite])
 
 
 def sign_flip_p(trained: Any, base: Any, *, weights: Any = None, clusters: Any = None, n_flips: int = N_RESAMPLES,

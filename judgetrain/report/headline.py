@@ -171,7 +171,7 @@ def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, 
     margin = float((recipe or {}).get("eval_regression_margin") or 0.0)
     alpha = float((recipe or {}).get("eval_regression_alpha") or REGRESSION_ALPHA)
     rows, judged = [], {}
-    for key in sorted(k for k in rec if "/delta/" in k and not k.endswith(("_ci_low", "_ci_high", "/p_value",
+    for key in sorted(k for k in rec if "/delta/" in k and not k.endswith(("_ci_low", "_ci_high", "p_value",
                                                                             "/n_units"))):
         where, metric = key.split("/delta/", 1)
         trained, delta = rec.get(f"{where}/{metric}"), rec[key]
@@ -179,7 +179,8 @@ def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, 
         judged[f"{where.removeprefix('eval/')}/{metric}"] = {
             **figures, "p_value": rec.get(f"{key}/p_value"), "n_units": rec.get(f"{key}/n_units"),
             "distance_delta_ci_low": rec.get(f"{key}/distance_ci_low"),
-            "distance_delta_ci_high": rec.get(f"{key}/distance_ci_high")}
+            "distance_delta_ci_high": rec.get(f"{key}/distance_ci_high"),
+            "distance_p_value": rec.get(f"{key}/distance_p_value")}
         if metric not in SUITE_HEADLINE.get(where.split("/")[1], ()):
             continue
         base = trained - delta if _num(trained) and _num(delta) else None
