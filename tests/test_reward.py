@@ -198,6 +198,8 @@ def test_bad_texts_name_the_field(implicit_reward):
         implicit_reward(["a", "b"], ["c"])
     with pytest.raises(BadInputError, match="completion 1: a string or a list"):
         implicit_reward(["a", "b"], ["c", 3])
+    with pytest.raises(BadInputError, match="prompt 1: not valid Unicode text .a lone surrogate '.udfff' at char"):
+        implicit_reward(["a", [{"role": "user", "content": "ok\udfff"}]], ["c", "d"])
 
 
 def test_the_bench_reward_part_times_the_group_against_a_per_completion_loop(tmp_path):
