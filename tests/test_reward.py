@@ -16,7 +16,7 @@ from families import build_family_model
 from helpers import read_jsonl
 
 from judgetrain.cli import main as cli_main
-from judgetrain.rewards import JudgeReward
+from judgetrain.rewards import JudgeReward, RewardCall
 from judgetrain.rewards.reward import group_by_prompt
 from judgetrain.utils.errors import BadInputError
 
@@ -86,6 +86,7 @@ def test_a_grpo_run_rewards_equal_judgetrain_eval_scores(policy, trained_judge, 
     assert len(history) == 2 and all(h["judge_reward/truncated"] == 0 for h in history)
     assert close(history[-1]["judge_reward/reward_mean"], sum(logged) / 8)
     assert close(history[-1]["rewards/judge_reward/mean"], sum(logged) / 8)
+    assert close(history[-1]["judge_reward/reward_std"], history[-1]["rewards/judge_reward/std"])
 
 
 @pytest.mark.slow  # a few training steps of a real trainer
@@ -138,6 +139,17 @@ def test_the_verdict_reward_reads_both_orders_against_the_reference(trained_judg
         reward(prompts, completions, answer=references)
 
 
+def test_the_logged_std_is_the_sample_std_trl_logs():
+    """``reward_std`` is TRL's ``rewards/<name>/std`` (its nanstd: n - 1, a skipped completion left out; NaN for one
+    reward), not the population std (1.633 for these three)."""
+    import torch
+    from trl.trainer.utils import nanstd
+
+    metrics = RewardCall([0.0, 2.0, None, 4.0], skipped=1).metrics()
+    assert metrics["reward_std"] == pytest.approx(2.0) == nanstd(torch.tensor([0.0, 2.0, math.nan, 4.0])).item()
+    assert math.isnan(RewardCall([1.0]).metrics()["reward_std"]) and math.isnan(nanstd(torch.tensor([1.0])).item())
+
+
 def test_async_equals_sync_and_plain_prompts_score(implicit_reward):
     prompts, completions = ["Q: 2+2?\nA:"] * 2, [" 4", " five"]
     sync = implicit_reward(prompts, completions)
@@ -186,6 +198,8 @@ def test_bad_texts_name_the_field(implicit_reward):
         implicit_reward(["a", "b"], ["c"])
     with pytest.raises(BadInputError, match="completion 1: a string or a list"):
         implicit_reward(["a", "b"], ["c", 3])
+    with pytest.raises(BadInputError, match="prompt 1: not valid Unicode text .a lone surrogate '.udfff' at char"):
+        implicit_reward(["a", [{"role": "user", "content": "ok\udfff"}]], ["c", "d"])
 
 
 def test_the_bench_reward_part_times_the_group_against_a_per_completion_loop(tmp_path):

@@ -3,7 +3,7 @@
     judgetrain serve runs/quickstart --mode implicit --port 8000
     curl -s localhost:8000/reward -d '{"query": ["Q: 2+2?\\nA: 4"], "prompts": ["Q: 2+2?\\nA: "]}'
     # -> {"rewards": [1.73]}
-    curl -s localhost:8000/health             # the judge's card: base, training data, figures against its base
+    curl -s localhost:8000/health             # alive; with the API key: the judge's card, the limits, the counts
 
 ``POST /reward`` (also ``/`` and ``/get_reward``, the paths OpenRLHF's ``--remote_rm_url`` examples use) takes
 ``{"query": [...], "prompts": [...], "labels": [...]}``: ``query`` the texts (OpenRLHF sends prompt + response),
@@ -11,17 +11,20 @@
 is scored whole as the completion of an empty prompt), ``labels`` the reference answers, needed in ``--mode verdict``.
 It answers ``{"rewards": [...]}``, one number per query (null: left unscored, over the length limit with the recipe's
 ``long_rows: skip``). The reward is `judgetrain.rewards.JudgeReward` (its modes, lengths and counts), and requests
-of concurrent clients are scored together (`judgetrain.rewards.batcher`).
+of concurrent clients are scored together, at most ``--max_batch_texts`` texts a call (`judgetrain.rewards.batcher`).
 
-Bad input is answered, never a crash: 400 with the reason (not JSON, a field of the wrong shape, a query that does not
-start with its prompt, verdict mode without labels), 401 without the API key when one is set, 413 over
-``--max_request_bytes`` or ``--max_texts``. The API key is read from the environment variable ``--api_key_env`` names
-(default ``JUDGETRAIN_SERVE_API_KEY``; unset or empty: no key asked) and sent as ``Authorization: Bearer KEY``; it is
-never logged. SIGTERM (or Ctrl-C) stops it gracefully: requests in flight are answered, then it exits 0.
+Bad input is answered, never a crash, and harms no other request: 400 with the reason (not JSON or nested too deep, a
+field of the wrong shape, text that is not valid Unicode, a query that does not start with its prompt, verdict mode
+without labels), 401 without the API key when one is set, 413 over ``--max_request_bytes`` or ``--max_texts``; 500
+only when the judge fails on texts that passed the checks (that request alone: a failed batch is scored again request
+by request). The API key is read from the environment variable ``--api_key_env`` names (default
+``JUDGETRAIN_SERVE_API_KEY``; unset or empty: no key asked) and sent as ``Authorization: Bearer KEY``; it is never
+logged. ``GET /health`` without a key answers that the server is up; with it, the card, the limits and the counts.
+SIGTERM (or Ctrl-C) stops it gracefully: requests in flight are answered, then it exits 0.
 """
 
-# Late imports: fastapi, uvicorn, judgetrain.rewards (inside `build_app` and `main`): `judgetrain --help` and a
-# refused option answer without the server stack or torch.
+# Late imports: fastapi, starlette, uvicorn, judgetrain.rewards (inside `openrlhf_texts`, `build_app`, `RewardRoutes`,
+# `_refuse` and `main`): `judgetrain --help` and a refused option answer without the server stack or torch.
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import logging
 import os
 import signal
 import sys
+from collections import Counter
 from typing import Any
 
 from judgetrain.cli.args import ConventionParser
@@ -42,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "JUDGETRAIN_SERVE_API_KEY"
 REWARD_PATHS = ("/reward", "/get_reward", "/")
+CLIENT_GONE = 499  # counted, never sent: the client closed its connection before its body arrived
 
 
 def build_parser() -> ConventionParser:
@@ -69,18 +74,24 @@ def build_parser() -> ConventionParser:
 
 def openrlhf_texts(body: Any, mode: str) -> tuple[list[str], list[str], list[str] | None]:
     """(prompts, completions, references) of an OpenRLHF request body; BadInputError naming the field otherwise."""
+    from judgetrain.rewards.reward import unencodable
+
     if not isinstance(body, dict):
         raise BadInputError('the body: a JSON object {"query": [...]} (optional "prompts", "labels")')
     query = body.get("query")
     if not isinstance(query, list) or not all(isinstance(q, str) for q in query):
         raise BadInputError('"query": a list of strings')
-    lists = {}
+    lists = {"query": query}
     for name in ("prompts", "labels"):
         value = body.get(name)
         if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)
                                   or len(value) != len(query)):
             raise BadInputError(f'"{name}": a list of {len(query)} strings, one per query')
         lists[name] = value
+    for name, values in lists.items():
+        for i, why in enumerate(map(unencodable, values or [])):
+            if why:
+                raise BadInputError(f'"{name}" {i}: {why}')
     prompts = lists["prompts"] or [""] * len(query)
     for i, (q, p) in enumerate(zip(query, prompts)):
         if not q.startswith(p):
@@ -113,52 +124,96 @@ async def _read_body(request: Any, limit: int) -> bytes | None:
 
 
 def build_app(reward: Any, batcher: Any, *, api_key: str | None, max_request_bytes: int, max_texts: int):
-    """The FastAPI app: the reward routes and /health, the batcher started and stopped with the app."""
+    """The FastAPI app: the reward routes and /health (`RewardRoutes`), the batcher started and stopped with the app."""
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
+
+    routes = RewardRoutes(reward, batcher, api_key=api_key, max_request_bytes=max_request_bytes, max_texts=max_texts)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await batcher.start()
         yield
         await batcher.stop()
-        logger.info("judgetrain serve: stopped after %d requests", batcher.stats.requests)
+        logger.info("judgetrain serve: stopped after %d requests (%s)", sum(routes.answers.values()),
+                    routes.answers_line())
 
     app = FastAPI(title="judgetrain serve", lifespan=lifespan)
-    limits = {"max_request_bytes": max_request_bytes, "max_texts": max_texts,
-              "max_batch_texts": batcher.max_batch_texts}
+    for path in REWARD_PATHS:
+        app.add_route(path, routes.score, methods=["POST"])
+    app.add_route("/health", routes.health, methods=["GET"])
+    return app
 
-    def refuse(status: int, reason: str) -> JSONResponse:
-        return JSONResponse({"error": reason}, status_code=status)
 
-    async def score(request):  # a plain Starlette route: the body is read and checked here, bounded
-        if _key_refused(request, api_key):
-            return refuse(401, "missing or wrong API key (Authorization: Bearer KEY)")
-        raw = await _read_body(request, max_request_bytes)
+class RewardRoutes:
+    """``POST /reward`` and ``GET /health`` as plain Starlette routes: each body read, bounded and checked here, and
+    every answer counted by its status (``answers``; ``CLIENT_GONE`` for a client that left before its body came)."""
+
+    def __init__(self, reward: Any, batcher: Any, *, api_key: str | None, max_request_bytes: int,
+                 max_texts: int) -> None:
+        self.reward, self.batcher, self.api_key = reward, batcher, api_key
+        self.limits = {"max_request_bytes": max_request_bytes, "max_texts": max_texts,
+                       "max_batch_texts": batcher.max_batch_texts}
+        self.answers: Counter[int] = Counter()
+
+    def answers_line(self) -> str:
+        return ", ".join(f"{status}: {n}" for status, n in sorted(self.answers.items())) or "none"
+
+    async def score(self, request: Any) -> Any:
+        response = await self._score(request)
+        self.answers[response.status_code] += 1
+        return response
+
+    async def health(self, request: Any) -> Any:
+        """Liveness to anyone; the card, the limits and the counts only with the key (when one is set)."""
+        from fastapi.responses import JSONResponse
+
+        if self.api_key and "authorization" not in request.headers:
+            return JSONResponse({"status": "ok", "detail": "the judge's card, the limits and the counts need the API "
+                                                           "key (Authorization: Bearer KEY)"})
+        if _key_refused(request, self.api_key):
+            return _refuse(401, "wrong API key (Authorization: Bearer KEY)")
+        return JSONResponse({"status": "ok", "mode": self.reward.mode, "card": self.reward.card.as_dict(),
+                             "limits": self.limits, "answers": {str(k): v for k, v in sorted(self.answers.items())},
+                             "batcher": self.batcher.stats.as_dict(), "reward": self.reward.totals.as_dict()})
+
+    async def _score(self, request: Any) -> Any:
+        from fastapi.responses import JSONResponse
+        from starlette.requests import ClientDisconnect
+
+        if _key_refused(request, self.api_key):
+            return _refuse(401, "missing or wrong API key (Authorization: Bearer KEY)")
+        limit = self.limits["max_request_bytes"]
+        try:
+            raw = await _read_body(request, limit)
+        except ClientDisconnect:
+            logger.info("judgetrain serve: a client left before its request body arrived")
+            return _refuse(CLIENT_GONE, "the client closed the connection before its body arrived")
         if raw is None:
-            return refuse(413, f"request body over {max_request_bytes} bytes (--max_request_bytes)")
+            return _refuse(413, f"request body over {limit} bytes (--max_request_bytes)")
         try:
             body = json.loads(raw)
+        except RecursionError:
+            return _refuse(400, "the body is JSON nested too deep to read (arrays or objects within each other)")
         except ValueError as err:
-            return refuse(400, f"the body is not JSON: {err}")
+            return _refuse(400, f"the body is not JSON: {err}")
         try:
-            prompts, completions, references = openrlhf_texts(body, reward.mode)
-            if len(completions) > max_texts:
-                return refuse(413, f"{len(completions)} queries in one request; at most {max_texts} (--max_texts)")
-            rewards = await batcher.score(prompts, completions, references)
+            prompts, completions, references = openrlhf_texts(body, self.reward.mode)
+            if len(completions) > self.limits["max_texts"]:
+                return _refuse(413, f"{len(completions)} queries in one request; at most {self.limits['max_texts']} "
+                                    "(--max_texts)")
+            rewards = await self.batcher.score(prompts, completions, references)
         except BadInputError as err:
-            return refuse(400, str(err))
+            return _refuse(400, str(err))
+        except Exception as err:  # noqa: BLE001 - the judge failed on texts that passed the checks: this request only
+            logger.error("judgetrain serve: a request failed in the judge: %s: %s", type(err).__name__, err)
+            return _refuse(500, f"the judge failed on these texts: {type(err).__name__}: {err}")
         return JSONResponse({"rewards": rewards})
 
-    for path in REWARD_PATHS:
-        app.add_route(path, score, methods=["POST"])
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "mode": reward.mode, "card": reward.card.as_dict(), "limits": limits,
-                "batcher": batcher.stats.as_dict(), "reward": reward.totals.as_dict()}
+def _refuse(status: int, reason: str) -> Any:
+    from fastapi.responses import JSONResponse
 
-    return app
+    return JSONResponse({"error": reason}, status_code=status)
 
 
 def main(argv: list[str] | None = None) -> int:

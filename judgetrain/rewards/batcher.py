@@ -6,10 +6,12 @@
     await batcher.stop()                        # the requests queued still get their answer
 
 A request is checked before it is queued (`judgetrain.rewards.reward.check_inputs`: BadInputError to its client
-alone). One worker takes the oldest request and every request queued behind it while their texts fit
-``max_batch_texts`` (after a short ``gather_s`` wait that lets concurrent clients arrive), scores them in one call of
-the reward (one engine call: a prompt shared by several requests runs once) in a worker thread, and hands each
-request its slice. Requests asking for verdict references and requests without are never mixed in one call.
+alone) and cut into parts of at most ``max_batch_texts`` texts. One worker takes the oldest part and every part queued
+behind it while their texts fit ``max_batch_texts`` (after a short ``gather_s`` wait that lets concurrent clients
+arrive), scores them in one call of the reward (one engine call: a prompt shared by several requests runs once) in a
+worker thread, and hands each part its slice; a request is answered when all its parts are. Parts asking for verdict
+references and parts without are never mixed in one call. When a call fails, its parts are scored again one by one,
+so only the part that cannot be scored gets the error.
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ class _Job:
 
 @dataclass
 class BatcherStats:
-    requests: int = 0
+    requests: int = 0  # client requests answered: with their rewards or with an error
+    failed_requests: int = 0  # answered with an error (or given up by their client)
+    pending: int = 0  # requests taken and not answered yet (queued or being scored)
     texts: int = 0
-    batches: int = 0
-    largest_batch_requests: int = 0  # most client requests scored in one call
+    batches: int = 0  # calls of the reward that scored
+    largest_batch_requests: int = 0  # most request parts scored in one call
+    largest_batch_texts: int = 0  # most texts scored in one call (at most max_batch_texts)
     failed_batches: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -55,17 +60,17 @@ class RewardBatcher:
         self.stats = BatcherStats()
         self._queue: asyncio.Queue[_Job] | None = None
         self._worker: asyncio.Task | None = None
-        self._held: _Job | None = None  # a job taken from the queue that did not fit the last batch
+        self._held: _Job | None = None  # a part taken from the queue that did not fit the last batch
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
         self._worker = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        """Finish what is queued, then stop the worker."""
+        """Answer every request taken, then stop the worker."""
         if self._worker is None:
             return
-        while self._queue is not None and (not self._queue.empty() or self._held is not None):
+        while self.stats.pending:
             await asyncio.sleep(0.01)
         self._worker.cancel()
         try:
@@ -80,10 +85,25 @@ class RewardBatcher:
         check_inputs(prompts, completions, references, self.reward.mode)
         if self._queue is None:
             raise RuntimeError("the batcher is not started")
-        job = _Job(list(prompts), list(completions), None if references is None else list(references),
-                   asyncio.get_running_loop().create_future())
-        await self._queue.put(job)
-        return await job.done
+        loop, step = asyncio.get_running_loop(), self.max_batch_texts
+        parts = [_Job(list(prompts[a: a + step]), list(completions[a: a + step]),
+                      None if references is None else list(references[a: a + step]), loop.create_future())
+                 for a in range(0, max(len(completions), 1), step)]
+        self.stats.pending += 1
+        failed = True
+        try:
+            for part in parts:
+                self._queue.put_nowait(part)
+            answers = await asyncio.gather(*(part.done for part in parts), return_exceptions=True)
+            error = next((a for a in answers if isinstance(a, BaseException)), None)
+            if error is not None:
+                raise error
+            failed = False
+        finally:
+            self.stats.pending -= 1
+            self.stats.requests += 1
+            self.stats.failed_requests += int(failed)
+        return [r for answer in answers for r in answer]
 
     async def _next_batch(self) -> list[_Job]:
         first = self._held or await self._queue.get()
@@ -103,26 +123,33 @@ class RewardBatcher:
 
     async def _run(self) -> None:
         while True:
-            jobs = await self._next_batch()
-            prompts = [p for j in jobs for p in j.prompts]
-            completions = [c for j in jobs for c in j.completions]
-            references = None if jobs[0].references is None else [r for j in jobs for r in j.references]
-            try:
-                call = await asyncio.to_thread(self.reward.score, prompts, completions, references)
-            except Exception as err:  # noqa: BLE001 - the clients of this batch get the error; the server goes on
-                self.stats.failed_batches += 1
-                logger.error("reward batch of %d requests failed: %s: %s", len(jobs), type(err).__name__, err)
-                for j in jobs:
-                    if not j.done.done():
-                        j.done.set_exception(err)
-                continue
-            self.stats.batches += 1
-            self.stats.requests += len(jobs)
-            self.stats.texts += len(completions)
-            self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(jobs))
-            at = 0
-            for j in jobs:
-                n = len(j.completions)
-                if not j.done.done():  # a client that went away has its future cancelled
-                    j.done.set_result(call.rewards[at: at + n])
-                at += n
+            await self._answer(await self._next_batch())
+
+    async def _answer(self, jobs: list[_Job]) -> None:
+        """Score ``jobs`` in one call and hand each its slice; a failed call of several parts is scored again part by
+        part, so the error reaches only the part that fails alone."""
+        prompts = [p for j in jobs for p in j.prompts]
+        completions = [c for j in jobs for c in j.completions]
+        references = None if jobs[0].references is None else [r for j in jobs for r in j.references]
+        try:
+            call = await asyncio.to_thread(self.reward.score, prompts, completions, references)
+        except Exception as err:  # noqa: BLE001 - the server goes on; only the part that fails alone gets the error
+            self.stats.failed_batches += 1
+            logger.error("reward batch of %d request parts failed: %s: %s%s", len(jobs), type(err).__name__, err,
+                         "; scoring them one by one" if len(jobs) > 1 else "")
+            if len(jobs) > 1:
+                for job in jobs:
+                    await self._answer([job])
+            elif not jobs[0].done.done():
+                jobs[0].done.set_exception(err)
+            return
+        self.stats.batches += 1
+        self.stats.texts += len(completions)
+        self.stats.largest_batch_requests = max(self.stats.largest_batch_requests, len(jobs))
+        self.stats.largest_batch_texts = max(self.stats.largest_batch_texts, len(completions))
+        at = 0
+        for j in jobs:
+            n = len(j.completions)
+            if not j.done.done():  # a client that went away has its future cancelled
+                j.done.set_result(call.rewards[at: at + n])
+            at += n

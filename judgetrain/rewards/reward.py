@@ -27,7 +27,8 @@ Modes (``mode``), each a reading of the scoring engine (`judgetrain.eval.scoring
 Lengths: the recipe's ``max_length`` (the judge's context without one) and its ``long_rows``: ``skip`` leaves a longer
 completion unscored (None), every other rule cuts the prompt from the left, the completion's end kept (the engine's
 ``truncate_prompt``); both counted. Logged through ``log_metric`` on each call (``<name>/`` + ``reward_mean``,
-``reward_std``, ``truncated``, ``skipped``, and in verdict mode ``order_changed``), and kept in ``reward.totals``.
+``reward_std``, ``truncated``, ``skipped``, and in verdict mode ``order_changed``), and kept in ``reward.totals``;
+``reward_std`` is the sample std (n - 1), as TRL's ``rewards/<name>/std`` (NaN for a single reward, as there).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class RewardCall:
     def metrics(self) -> dict[str, float]:
         values = [r for r in self.rewards if r is not None]
         out = {"reward_mean": float(np.mean(values)) if values else math.nan,
-               "reward_std": float(np.std(values)) if values else math.nan,
+               "reward_std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
                "truncated": float(self.truncated), "skipped": float(self.skipped)}
         if self.order_changed is not None:
             scored = len(values)
@@ -279,10 +280,20 @@ def _is_text(value: Any) -> bool:
                                            and isinstance(m.get("role"), str) for m in value)
 
 
+def unencodable(text: str) -> str | None:
+    """Why ``text`` cannot be encoded (a lone surrogate, which JSON's ``\\ud800`` escapes can carry and no tokenizer
+    takes), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"not valid Unicode text (a lone surrogate {text[err.start]!r} at character {err.start})"
+    return None
+
+
 def check_inputs(prompts: Sequence[Any], completions: Sequence[Any], references: Sequence[Any] | None,
                  mode: str) -> None:
     """BadInputError naming the first field that cannot be scored: lengths that differ, a value that is neither a
-    string nor a messages list, a missing reference in verdict mode."""
+    string nor a messages list, text that cannot be encoded, a missing reference in verdict mode."""
     if len(prompts) != len(completions):
         raise BadInputError(f"{len(prompts)} prompts but {len(completions)} completions: one prompt per completion")
     if mode == "verdict" and (references is None or len(references) != len(completions)):
@@ -294,3 +305,7 @@ def check_inputs(prompts: Sequence[Any], completions: Sequence[Any], references:
             if not _is_text(value):
                 raise BadInputError(f"{what} {i}: a string or a list of {{role, content}} messages, got "
                                     f"{type(value).__name__}")
+            texts = [value] if isinstance(value, str) else [m[k] for m in value for k in ("role", "content")]
+            why = next((w for w in map(unencodable, texts) if w), None)
+            if why:
+                raise BadInputError(f"{what} {i}: {why}")
