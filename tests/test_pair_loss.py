@@ -221,3 +221,43 @@ def test_a_tie_row_under_trls_own_loss_is_refused(tiny_judge, tmp_path):
     inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     with pytest.raises(ValueError, match="a tie row trains only under a tie model"):
         trainer.compute_loss(trainer.model, inputs)
+
+
+# ----------------------------------------------------------------------------------------------- a run
+
+
+def test_a_run_trains_pairs_knowns_tie_pairs_under_a_tie_model_and_refuses_them_without_one(tmp_path):
+    """`judgetrain pairs known --form response` (a rewrite against its source: a tie) into `judgetrain.train`: the
+    tie column passes the preference adapter, the mixture, the length audit (counted in data_audit.json) and the
+    collator; the run logs the tie share. Without a tie model the run stops before any model loads, naming the fix."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import REPO, read_jsonl
+    from test_known_pairs import cli, factory
+
+    spec, source, items = factory(tmp_path)
+    pairs = tmp_path / "pairs"
+    assert cli("pairs", "known", "--form", "response", "--items", items, "--source", source, "--spec", spec,
+               "--output_dir", pairs, "--validation_fraction", "0") == 0
+    ties = json.loads((pairs / "stats.json").read_text())["pairs_by_label"]["tie"]
+
+    def train(run, *extra):
+        return subprocess.run([sys.executable, "-m", "judgetrain.train", "recipes/quickstart.yaml", "--train_datasets",
+                               f"{{dataset: preference, source: {pairs}, split: train}}", "--eval_suites", "none",
+                               "--output_dir", str(run), "--max_steps", "2", "--per_device_train_batch_size", "5",
+                               "--logging_steps", "1", "--save_steps", "2", "--warmup_steps", "0", *extra],
+                              cwd=REPO, capture_output=True, text=True, timeout=900)
+
+    proc = train(tmp_path / "run", "--training_form", "mean_logprob", "--tie_model", "davidson",
+                 "--loss_type", "sigmoid", "sft", "--loss_weights", "1.0", "0.2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads((tmp_path / "run" / "data_audit.json").read_text())["tie_rows"] == ties
+    shares = [m["train/ties/share"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/ties/share" in m]
+    assert len(shares) == 2 and sum(shares) > 0
+    refused = train(tmp_path / "refused")
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    assert f"{ties} training row(s) are ties (their `tie` column is true) and the recipe names no tie_model" \
+           in refused.stderr
+    assert "Loading weights" not in refused.stderr  # refused before any model loads
