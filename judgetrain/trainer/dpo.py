@@ -1,7 +1,8 @@
-"""judgetrain's DPOTrainer: TRL's, with prefix sharing (``prefix_sharing=True``) and the per-step records that the
-non-finite guard reads, all as method overrides.
+"""judgetrain's DPOTrainer: TRL's, with prefix sharing (``prefix_sharing=True``), the pair loss (``pair_loss``: ties,
+the mean_logprob form) and the per-step records that the non-finite guard reads, all as method overrides.
 
-    trainer = JudgeDPOTrainer(model=..., args=DPOConfig(...), train_dataset=..., prefix_sharing=True)
+    trainer = JudgeDPOTrainer(model=..., args=DPOConfig(...), train_dataset=..., prefix_sharing=True,
+                              pair_loss=PairLoss(tie_model="rao_kupper"))
     guard = NonFiniteGuard("stop").attach(trainer)
 
 - prefix sharing (`judgetrain.trainer.prefix_sharing`): ``compute_loss`` and ``compute_ref_log_probs`` run inside
@@ -55,7 +56,8 @@ class StepRecord:
 
 class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, AuditedTokenIds, DPOTrainer):
     """TRL's DPOTrainer; ``prefix_sharing``: compute each pair's prompt once per model where the model allows it
-    (decided and probed at start-up, see `judgetrain.trainer.prefix_sharing`)."""
+    (decided and probed at start-up, see `judgetrain.trainer.prefix_sharing`); ``pair_loss``: the loss in place of
+    TRL's sigmoid term (`judgetrain.trainer.pair_loss`; None: TRL's loss, and a tie row is refused)."""
 
     def __init__(self, *args, prefix_sharing: bool = True, pair_loss: PairLoss | None = None, **kwargs):
         self.step_record = StepRecord()
