@@ -40,6 +40,7 @@ from judgetrain.run.state import EXIT_BAD_INPUT, EXIT_DISK_FULL, EXIT_FAILED, ou
 from judgetrain.trainer.callbacks import (CheckpointMarkerCallback, ForcedResume, GracefulStop, MetricsJsonlCallback,
                                           NonFiniteGuard, NoStepsLeft, RecipeSteps, RunStopped)
 from judgetrain.trainer.dpo import JudgeDPOTrainer
+from judgetrain.trainer.pair_loss import PairLoss
 from judgetrain.trainer.parallelism import (ParallelismReport, allow_deepspeed_on_cpu, allow_fsdp_on_cpu,
                                             requested_parallelism)
 from judgetrain.trainer.process import close_process_group, destroy_process_groups, init_process_state
@@ -183,7 +184,8 @@ def build_trainer(recipe: Recipe, model_path: str, tokenizer, train_dataset, eva
     with JudgeEvalCallback.building(training_args):  # the suites, not an eval_dataset, are what eval_strategy runs
         trainer = JudgeDPOTrainer(model=snapshot, args=training_args, train_dataset=train_dataset,
                                   processing_class=tokenizer, peft_config=peft_config,
-                                  callbacks=callbacks, prefix_sharing=script_args.prefix_sharing)
+                                  callbacks=callbacks, prefix_sharing=script_args.prefix_sharing,
+                                  pair_loss=PairLoss.of_recipe(script_args))
     if start:
         logger.info("starting from the adapter %s (%d tensors); the reference is the base model", start,
                     load_init_adapter(trainer.model, start))

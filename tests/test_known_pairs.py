@@ -133,33 +133,37 @@ def test_pointwise_pairs_rank_a_copys_evaluations_against_the_source_score(tmp_p
     assert len(ds) == 4  # the pairs build schema, read as preference rows
 
 
-def test_response_pairs_put_the_question_first_and_prefer_the_source_to_its_error_copy(tmp_path):
+def test_response_pairs_put_the_question_first_prefer_the_source_to_its_error_copy_and_tie_its_rewrite(tmp_path):
     spec, source, items_path = factory(tmp_path)
     out = tmp_path / "pairs"
     assert cli("pairs", "known", "--form", "response", "--items", items_path, "--source", source, "--spec", spec,
                "--output_dir", out, "--validation_fraction", "0") == 0
     rows = pq.read_table(out / "train.parquet").to_pylist()
-    # one row per error copy (samples 1 and 2 hold a drug of the table); the rewrites make none: DPO has no tie
-    assert sorted(r["sample_id"] for r in rows) == [1, 2] and {r["perturbation_category"] for r in rows} == {"error"}
+    # one row per error copy (samples 1 and 2 hold a drug of the table), a win; one per rewrite, a tie
+    wins = [r for r in rows if not r["tie"]]
+    ties = [r for r in rows if r["tie"]]
+    assert sorted(r["sample_id"] for r in wins) == [1, 2] and {r["perturbation_category"] for r in wins} == {"error"}
+    assert ties and {r["perturbation_category"] for r in ties} == {"represent"}
     for r in rows:
         sample = SOURCE[r["sample_id"] - 1]
         assert json.loads(r["prompt"]) == [{"role": "user", "content": f"Patient: {sample['patient']}\n\nNote:"}]
-        assert json.loads(r["chosen"]) == [{"role": "assistant", "content": sample["text"]}]
+        assert json.loads(r["chosen"]) == [{"role": "assistant", "content": sample["text"]}]  # the source, always
         rejected = json.loads(r["rejected"])[0]["content"]
-        assert rejected != sample["text"] and ("warfarin" in rejected or "codeine" in rejected)
+        assert rejected != sample["text"]
+        assert ("warfarin" in rejected or "codeine" in rejected) == (not r["tie"])
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["form"] == "response" and stats["ties"] == "drop" and stats["dropped"]["represent_no_pair"] >= 1
+    assert stats["form"] == "response" and stats["ties"] == "tie"
+    assert stats["pairs_by_label"] == {"response": 2, "tie": len(ties)} and "represent_no_pair" not in stats["dropped"]
     from judgetrain.data.preference import load_preference
 
-    assert len(load_preference(str(out), split="train")) == 2  # what training reads
-    with pytest.raises(ValueError, match="cannot train a representational copy as a tie"):
-        from judgetrain.perturb.known import known_pairs
-        from judgetrain.perturb.source import read_samples
-        from judgetrain.perturb.spec import load_spec
-
-        known_pairs(tmp_path / "tied", form="response", items=items_path, ties="tie",
-                    samples=read_samples(str(source), load_spec(str(spec)))[0])
-    assert not (tmp_path / "tied").exists()  # refused before anything is written
+    ds = load_preference(str(out), split="train")  # what training reads: the tie column as bools
+    assert len(ds) == len(rows) and sorted(ds["tie"]) == [False] * 2 + [True] * len(ties)
+    # ties drop: the rewrites make no pair, counted
+    assert cli("pairs", "known", "--form", "response", "--items", items_path, "--source", source, "--spec", spec,
+               "--output_dir", tmp_path / "dropped", "--validation_fraction", "0", "--ties", "drop") == 0
+    dropped = pq.read_table(tmp_path / "dropped" / "train.parquet").to_pylist()
+    assert len(dropped) == 2 and not any(r["tie"] for r in dropped)
+    assert json.loads((tmp_path / "dropped" / "stats.json").read_text())["dropped"]["represent_no_pair"] == len(ties)
 
 
 def test_pairwise_form_without_its_source_is_refused(tmp_path, capsys):
@@ -201,7 +205,7 @@ def test_an_item_with_a_missing_or_misspelt_category_is_a_bad_row_never_a_tie(tm
         items[k]["perturbation_category"] = category
     items_path.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
     out = tmp_path / "pairs"
-    for ties in ("tie", "drop") if form == "pairwise" else ("drop",):  # the response form takes no tie
+    for ties in ("tie", "drop"):
         capsys.readouterr()
         assert cli("pairs", "known", "--form", form, "--items", items_path, "--source", source, "--spec", spec,
                    "--output_dir", out, "--ties", ties) == 2

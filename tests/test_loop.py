@@ -59,7 +59,7 @@ def loop_command(config: Path) -> list[str]:
     ({"pairs": {"form": "listwise"}}, "pairs.form: 'listwise' is not one of pairwise, pointwise"),
     ({"train": {"init_adapter": "x"}}, "train.init_adapter: the loop sets it each round; remove it"),
     ({"items": {"file": "items.jsonl"}}, "the pairwise known form needs items.source and items.spec"),
-    ({"pairs": {"form": "response"}}, "pairs.ties: the response form cannot train a representational copy as a tie"),
+    ({"pairs": {"form": "response"}}, "pairs.ties: the response form's tie pairs (a rewrite against its source) train only under a recipe's tie_model"),
 ])
 def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, edit, message, capsys):
     from judgetrain.cli import main

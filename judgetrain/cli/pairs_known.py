@@ -1,6 +1,7 @@
 """`judgetrain pairs known`: DPO pairs whose direction is known by construction, from `judgetrain perturb`'s items
 (judgetrain.perturb.known): the pairwise form (the source against each copy in both orders, no judge needed), the
-response form (the question, the source chosen against its error copy: the implicit-reward judge) or the pointwise
+response form (the question, the source chosen against its error copy, and against its rewrite as a tie: the
+implicit-reward judge) or the pointwise
 form (a panel's evaluations of the items ranked against the source's score)."""
 
 # Late imports: judgetrain.perturb, judgetrain.data, judgetrain.cli (inside the functions that use them): each
@@ -32,9 +33,9 @@ def build_parser() -> ConventionParser:
     p.add_argument("--evaluations", help="pointwise: the evaluations of the items, the original set included")
     p.add_argument("--output_dir", "--out", required=True,
                    help="output directory (train/validation parquet, stats, rejects)")
-    p.add_argument("--ties", choices=TIES, default=None,
-                   help="a representational copy: a tie verdict / a score at the source's (tie, the default), or no "
-                        "pair (drop, the response form's default and only choice: DPO cannot express a tie)")
+    p.add_argument("--ties", choices=TIES, default="tie",
+                   help="a representational copy: a tie verdict / a tie pair (column tie, trained by a recipe's "
+                        "tie_model) / a score at the source's (tie, the default), or no pair (drop)")
     p.add_argument("--min_delta", type=float, default=0.5, help="pointwise: minimum score gap of a pair (0.5)")
     p.add_argument("--tie_margin", type=float, default=0.5,
                    help="pointwise: a representational copy's score this near the source's is a tie (0.5)")
@@ -53,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         refuse_file(args.output_dir)
         samples = None
-        ties = args.ties or ("drop" if args.form == "response" else "tie")
         if args.form in ("pairwise", "response"):
             if not (args.items and args.source and args.spec):
                 parser.error(f"the {args.form} form needs --items, --source and --spec")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.evaluations:
             parser.error("the pointwise form needs --evaluations")
         stats = known_pairs(args.output_dir, form=args.form, items=args.items, samples=samples, evaluations=args.evaluations,
-                            ties=ties, min_delta=args.min_delta, tie_margin=args.tie_margin,
+                            ties=args.ties, min_delta=args.min_delta, tie_margin=args.tie_margin,
                             max_pairs=args.max_pairs, validation_fraction=args.validation_fraction, seed=args.seed,
                             score_key=args.score_key, scale=tuple(args.scale))
     except DataValidationError as err:  # one line, and no --on_bad_row advice: this command takes none

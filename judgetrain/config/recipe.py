@@ -439,10 +439,97 @@ class JudgeTrainArguments(EvalArguments):
         },
     )
 
+    training_form: Literal["log_ratio", "mean_logprob"] = field(
+        default="log_ratio",
+        metadata={"help": "The margin the pair loss trains (judgetrain.trainer.pair_loss): log_ratio, DPO's beta x "
+                  "(log-ratio to the reference of the chosen - of the rejected), what eval_scoring implicit reads; "
+                  "mean_logprob, SimPO's beta x (mean log-probability per token of the chosen - of the rejected), "
+                  "reference-free, what the mean per-token likelihood reading reads."},
+    )
+    tie_model: str | None = field(
+        default=None,
+        metadata={"help": "The preference model with ties (Chen et al. 2024) the pair loss is the negative "
+                  "log-likelihood of: rao_kupper or davidson; a training row whose `tie` column is true is a tie. "
+                  "null: Bradley-Terry (TRL's sigmoid), and a tie row is refused."},
+    )
+    tie_nu: float | None = field(
+        default=None,
+        metadata={"help": "The tie model's parameter nu: rao_kupper >= 1 (default 3), davidson >= 0 (default 1); "
+                  "both defaults give a tie probability of 1/2 at equal rewards. rao_kupper 1 and davidson 0 are "
+                  "Bradley-Terry (no tie row may train)."},
+    )
+
     def __post_init__(self):
         super().__post_init__()
         for i, comp in enumerate(self.train_datasets):
             _check_component(i, comp)
+        self.tie_nu = tie_nu(self.tie_model, self.tie_nu)
+
+
+TRAINING_FORMS = ("log_ratio", "mean_logprob")
+TIE_MODELS = ("rao_kupper", "davidson")
+# nu where each tie model gives a tie probability of 1/2 at equal rewards (the paper's settings), and the least nu it
+# takes (there it is Bradley-Terry: no tie has any probability)
+TIE_NU_DEFAULT = {"rao_kupper": 3.0, "davidson": 1.0}
+TIE_NU_LEAST = {"rao_kupper": 1.0, "davidson": 0.0}
+PAIR_LOSS_TYPES = ("sigmoid", "sft")  # the loss_type terms the pair loss takes: the pair term and RPO's likelihood
+
+
+def tie_nu(model: str | None, nu: float | None) -> float | None:
+    """The tie model's nu: the given one, checked against the model's range, or its default (None without a model).
+    RecipeError for a nu out of range or given without a model."""
+    if model is None:
+        if nu is not None:
+            raise RecipeError(f"tie_nu: {nu!r} is a tie model's parameter; set tie_model ({', '.join(TIE_MODELS)})")
+        return None
+    if model not in TIE_MODELS:
+        raise RecipeError(f"tie_model: {model!r} is not one of {', '.join(TIE_MODELS)}")
+    if nu is None:
+        return TIE_NU_DEFAULT[model]
+    if isinstance(nu, bool) or not isinstance(nu, (int, float)) or not TIE_NU_LEAST[model] <= nu < math.inf:
+        raise RecipeError(f"tie_nu: {model} takes a number >= {TIE_NU_LEAST[model]:g}, got {nu!r}")
+    return float(nu)
+
+
+def ties_trainable(model: str | None, nu: float | None) -> bool:
+    """Whether a tie has any probability under the tie model (nu above its Bradley-Terry value)."""
+    return model in TIE_MODELS and nu is not None and nu > TIE_NU_LEAST[model]
+
+
+def check_tie_rows(script_args, tie_rows: int, recipe_path=None) -> None:
+    """Training rows marked ``tie`` train only under a tie model that gives a tie probability: RecipeError naming
+    the count and the fix otherwise (checked on the audited rows, before any model loads)."""
+    if tie_rows and not ties_trainable(script_args.tie_model, script_args.tie_nu):
+        where = f"recipe {recipe_path}: " if recipe_path else ""
+        now = (f"tie_model: {script_args.tie_model} with tie_nu {script_args.tie_nu:g} gives a tie no probability"
+               if script_args.tie_model else "the recipe names no tie_model (Bradley-Terry has no tie)")
+        raise RecipeError(f"{where}{tie_rows} training row(s) are ties (their `tie` column is true) and {now}: set "
+                          f"tie_model: rao_kupper (tie_nu > 1) or davidson (tie_nu > 0), or build the pairs with "
+                          f"ties drop")
+
+
+def pair_loss_active(script_args) -> bool:
+    """Whether the recipe trains judgetrain's pair loss (a tie model or the mean_logprob form) instead of TRL's."""
+    return script_args.tie_model is not None or script_args.training_form != "log_ratio"
+
+
+def check_pair_loss(script_args, training_args, recipe_path=None) -> None:
+    """The pair loss replaces TRL's sigmoid term and takes its sft term (RPO); TRL's other loss types, f-divergences,
+    ld_alpha and WPO weights compute their own margin, and are refused beside it."""
+    if not pair_loss_active(script_args):
+        return
+    where = f"recipe {recipe_path}: " if recipe_path else ""
+    what = (f"tie_model: {script_args.tie_model}" if script_args.tie_model else
+            f"training_form: {script_args.training_form}")
+    losses = list(training_args.loss_type)
+    if "sigmoid" not in losses or not set(losses) <= set(PAIR_LOSS_TYPES):
+        raise RecipeError(f"{where}{what} trains the pair loss as loss_type's sigmoid term, beside an optional sft "
+                          f"term (RPO); loss_type {losses} names other terms: use [sigmoid] or [sigmoid, sft]")
+    for key, plain in (("f_divergence_type", "reverse_kl"), ("ld_alpha", None), ("use_weighting", False)):
+        value = getattr(training_args, key, plain)
+        if getattr(value, "value", value) != plain:
+            raise RecipeError(f"{where}{what}: {key}: {value!r} changes TRL's own margin, which the pair loss does "
+                              f"not read; leave {key} unset")
 
 
 # What a `train_datasets` entry takes: the mixture's keys, then the keyword parameters of the dataset's adapter
@@ -730,6 +817,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
                         greater_given="greater_is_better" in data or "greater_is_better" in given)
     check_init_adapter(script_args.init_adapter, model_args, recipe_path)
     check_batch_groups(script_args, training_args, recipe_path)
+    check_pair_loss(script_args, training_args, recipe_path)
     resolved = dict(data)
     for name in given:
         value = next(getattr(obj, name) for obj in (script_args, training_args, model_args) if hasattr(obj, name))

@@ -8,7 +8,8 @@
 ``weight`` is the fraction of that component's (filtered) rows to use, as alignment-handbook's dataset_mixer
 reads it (above 1 repeats whole passes, then a seeded remainder); ``rows`` is an exact row count. Every other key
 goes to the adapter (categories, types, mode, on_bad_row, ...). The result keeps prompt / chosen / rejected and
-adds ``dataset`` (the component's name, or its ``name`` key when given), shuffled with the seed.
+adds ``dataset`` (the component's name, or its ``name`` key when given), ``group`` and ``tie`` (the ``preference``
+adapter's column, false for the other adapters), shuffled with the seed.
 """
 
 # Late imports: judgetrain.data (inside the functions that use them): `judgetrain data check` and `pairs build` read
@@ -58,7 +59,7 @@ def component_keys(dataset: str) -> list[str]:
 def mixture_features() -> datasets.Features:
     msgs = message_feature()
     return datasets.Features({"prompt": msgs, "chosen": msgs, "rejected": msgs, "dataset": datasets.Value("string"),
-                              "group": datasets.Value("string")})
+                              "group": datasets.Value("string"), "tie": datasets.Value("bool")})
 
 
 def load_component(component: dict, seed: int = 0) -> datasets.Dataset:
@@ -92,8 +93,9 @@ def load_component(component: dict, seed: int = 0) -> datasets.Dataset:
     ds = ds.select(idx)
     groups = ([None if g is None else f"{label}|{g}" for g in ds["group"]] if "group" in ds.column_names
               else [None] * len(ds))
+    ties = [bool(t) for t in ds["tie"]] if "tie" in ds.column_names else [False] * len(ds)
     ds = ds.select_columns(["prompt", "chosen", "rejected"])
-    ds = ds.add_column("dataset", [label] * len(ds)).add_column("group", groups)
+    ds = ds.add_column("dataset", [label] * len(ds)).add_column("group", groups).add_column("tie", ties)
     return ds.cast(mixture_features())
 
 

@@ -560,13 +560,13 @@ def output_schema():
 
 
 def write_pairs(rows: list[dict], path: str | Path, columns: tuple[str, ...] = OUTPUT_COLUMNS) -> None:
-    """``rows`` as a parquet file of ``columns`` (the published schema's types; any other column a string, or an
-    integer sample_id / a float rate where the rows hold them)."""
+    """``rows`` as a parquet file of ``columns`` (the published schema's types; ``tie`` a bool; any other column a
+    string, or an integer sample_id / a float rate where the rows hold them)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([output_schema().field(name) if name in OUTPUT_COLUMNS else (name, pa.string())
-                        for name in columns])
+    schema = pa.schema([output_schema().field(name) if name in OUTPUT_COLUMNS
+                        else (name, pa.bool_() if name == "tie" else pa.string()) for name in columns])
     if rows and not isinstance(rows[0].get("sample_id"), int):
         schema = schema.set(schema.get_field_index("sample_id"), pa.field("sample_id", pa.string()))
     table = pa.Table.from_pydict({name: [row[name] for row in rows] for name in columns}, schema=schema)

@@ -5,7 +5,8 @@
 
 A recipe names it as ``{dataset: preference, source: pairs_known, split: train}``. The prompt ends with a user
 turn (a system turn may come first), chosen and rejected are one assistant turn each and differ; ``sample_id`` and ``group``
-(rows a recipe's ``batch_groups`` keeps in one batch) are kept when present (as strings). Bad rows are named by file, row and field (``on_bad_row="skip"``: counted and
+(rows a recipe's ``batch_groups`` keeps in one batch) are kept when present (as strings), and ``tie`` (true: the two
+responses are equally good, a pair only a recipe's ``tie_model`` trains; absent or null: false) as a bool. Bad rows are named by file, row and field (``on_bad_row="skip"``: counted and
 written to the rejects file).
 """
 
@@ -24,7 +25,11 @@ PROMPT_ROLES = [["user"], ["system", "user"]]
 
 def check_row(row: dict) -> list[tuple[str, str]]:
     """Problems of one row as (field, problem)."""
-    return check_pair_messages(row, PROMPT_ROLES)
+    problems = check_pair_messages(row, PROMPT_ROLES)
+    tie = row.get("tie")
+    if tie is not None and not isinstance(tie, bool) and type(tie).__name__ != "bool_":
+        problems.append(("tie", f"{tie!r} is not true, false or null"))
+    return problems
 
 
 def normalise_row(row: dict, table: Table | None = None) -> dict:
@@ -34,13 +39,14 @@ def normalise_row(row: dict, table: Table | None = None) -> dict:
         out[col] = [{"role": m["role"], "content": m["content"]} for m in msgs]
     out["sample_id"] = None if row.get("sample_id") is None else str(row["sample_id"])
     out["group"] = None if row.get("group") is None else str(row["group"])
+    out["tie"] = bool(row.get("tie"))
     return out
 
 
 def features() -> datasets.Features:
     msgs = message_feature()
     return datasets.Features({"prompt": msgs, "chosen": msgs, "rejected": msgs, "sample_id": datasets.Value("string"),
-                              "group": datasets.Value("string")})
+                              "group": datasets.Value("string"), "tie": datasets.Value("bool")})
 
 
 def load_preference(source: str | os.PathLike, split: str = "train", *, max_rows: int | None = None, seed: int = 0,

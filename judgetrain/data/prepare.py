@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from judgetrain.config.recipe import Recipe, RecipeError
+from judgetrain.config.recipe import Recipe, RecipeError, check_tie_rows
 from judgetrain.utils.machines import machine_key, placement_of  # noqa: F401 - their home before utils.machines
 
 logger = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ def load_audited_dataset(recipe: Recipe, tokenizer):
     dataset, fingerprint, reused = reload_memory_mapped(rows, out / "train_rows", state, record=record, extra=extra)
     audit = _machine_audit(audit, state)
     audit["rows_fingerprint"], audit["rows_reused"] = fingerprint, reused
+    check_tie_rows(recipe.script_args, int(audit.get("tie_rows", 0)), recipe.path)
     return dataset, audit
 
 
@@ -172,12 +173,13 @@ def _audited_rows(recipe: Recipe, tokenizer, out: Path, main: bool):
     )
     if script_args.batch_groups:
         audit["batch_groups"] = batch_groups_report(dataset["group"], training_args.per_device_train_batch_size)
+    audit["tie_rows"] = sum(dataset["tie"]) if "tie" in dataset.column_names else 0
     if main:
         (out / "data_audit.json").write_text(json.dumps(audit, indent=1))
     if len(dataset) == 0:
         raise RecipeError(f"no training rows left after validation and the length audit (see {out / 'rejects'} and "
                           f"{out / 'data_audit.json'}): raise max_length or change long_rows / on_bad_row")
-    kept = ["prompt", "chosen", "rejected", *TOKEN_COLUMNS]  # the ids: none when max_length is None (no audit)
+    kept = ["prompt", "chosen", "rejected", "tie", *TOKEN_COLUMNS]  # the ids: none when max_length is None (no audit)
     return dataset.select_columns([c for c in kept if c in dataset.column_names]), audit
 
 

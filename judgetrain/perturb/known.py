@@ -20,10 +20,12 @@ Three forms:
   ``preference`` training dataset.
 - ``response`` (no judge needed; the implicit-reward judge, RM-Bench's reading: a response's score is
   log pi(y|x) - log pi_ref(y|x)): prompt = the question the judge is given (the sample's user turn(s) with the text
-  left out, a user turn), chosen = the source's text, rejected = the error copy's, one row per copy; the held-out
-  pairs' ``prompt`` is the same question, so implicit scoring reads the trained judge as it was trained. DPO cannot
-  express a tie: a representational copy makes no pair (``ties`` must be ``drop``; ``tie`` is refused). Rows: the
-  pairwise form's columns but ``order`` and ``label``.
+  left out, a user turn), chosen = the source's text, rejected = the error copy's, one row per copy, ``tie`` false;
+  the held-out pairs' ``prompt`` is the same question, so implicit scoring reads the trained judge as it was trained.
+  A representational copy, as ``ties`` says: ``tie`` writes one row, chosen = the source, rejected = the copy,
+  ``tie`` true (a pair only a recipe's ``tie_model`` trains: the tie-aware DPO loss of
+  `judgetrain.trainer.pair_loss`), ``drop`` no pair (counted). Rows: the pairwise form's columns but ``order`` and
+  ``label``, and ``tie``.
 - ``pointwise`` (score pairs, JudgeBias's form): a panel file of evaluations of the items (`judgetrain judge`'s
   evaluations.jsonl; several sampled evaluations of one judge may stand in for a panel) holding the ``original`` set (the spec's ``original: true``):
   the source's score is the median over its evaluations; an error copy's evaluation that scores below it is chosen
@@ -37,7 +39,7 @@ All three write what `judgetrain pairs build` writes: ``train.parquet``, ``valid
 reason: ``no_source``, ``prompt_mismatch``, ``unchanged``, ``no_source_score`` and the score parser's reasons; an item
 whose category is missing or not one of the spec's is a bad row, exit 2) and
 ``stats.json`` (`judgetrain.data.pairs.pair_statistics` plus the counts by reason; ``pairs_by_label``: the
-pairwise form's verdicts, else the form's name).
+pairwise form's verdicts, else the form's name, and ``tie`` for the response form's tie pairs).
 
 `write_heldout_pairs` writes the loop's held-out pairs: each held-out error copy against its source, as rows of the
 pairwise eval suite; `write_heldout_rewrites` each held-out rewrite against its source and against an error copy of the
@@ -75,9 +77,9 @@ TIE, BETTER = "[[A=B]]", {"A": "[[A>B]]", "B": "[[B>A]]"}
 PAIRWISE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_set", "perturbation_type",
                     "perturbation_category", "perturbation_rate", "order", "label", "group")
 RESPONSE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_set", "perturbation_type",
-                    "perturbation_category", "perturbation_rate", "group")
-RESPONSE_TIE = ("the response form cannot train a representational copy as a tie: DPO only ranks chosen above "
-                "rejected, and a source and its rewrite are equally good; use ties drop")
+                    "perturbation_category", "perturbation_rate", "group", "tie")
+RESPONSE_TIE = ("the response form's tie pairs (a rewrite against its source) train only under a recipe's tie_model "
+                "(the tie-aware DPO loss), which the loop's training recipe does not set; use ties drop")
 _SENTINEL = "\x00judgetrain-text\x00"
 
 
@@ -90,8 +92,6 @@ def known_pairs(out_dir: str | Path, *, form: str = "pairwise", items: str | Pat
     ``out_dir``; returns the statistics. ValueError (PanelDataError) when the inputs cannot be used at all."""
     if form not in FORMS or ties not in TIES:
         raise ValueError(f"form must be one of {FORMS} and ties one of {TIES}, got {form!r}, {ties!r}")
-    if form == "response" and ties != "drop":
-        raise ValueError(RESPONSE_TIE)
     check_options(max_pairs, validation_fraction, scale)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +115,8 @@ def known_pairs(out_dir: str | Path, *, form: str = "pairwise", items: str | Pat
     write_pairs(train_rows, out / "train.parquet", columns)
     write_pairs(val_rows, out / "validation.parquet", columns)
     stats = {**pair_statistics(train_rows, val_rows), "form": form, "ties": ties,
-             "pairs_by_label": dict(sorted(Counter(r.get("label", form) for r in unique).items())),
+             "pairs_by_label": dict(sorted(Counter("tie" if r.get("tie") else r.get("label", form)
+                                                   for r in unique).items())),
              "rejected_rows": len(rejects), "rejects_by_reason": dict(sorted(Counter(r["reason"] for r in rejects).items())),
              "dropped": dict(sorted(dropped.items())),
              "options": {"min_delta": min_delta, "tie_margin": tie_margin, "max_pairs": max_pairs,
@@ -150,13 +151,13 @@ def pairwise_pairs(items: list[Item], samples: list[Sample], ties: str,
 
 def response_pairs(items: list[Item], samples: list[Sample], ties: str,
                    dropped: Counter) -> tuple[list[dict], list[dict]]:
-    """The response form (see the module doc): the question as the prompt, the source chosen against its error
-    copy. A representational copy makes no pair: DPO cannot express a tie (``ties`` must be ``drop``)."""
+    """The response form (see the module doc): the question as the prompt, the source chosen against its copy; an
+    error copy's pair is a win, a representational copy's (``ties: tie``) a tie."""
     rows, rejects = [], []
     for copy in source_copies(items, samples, ties, dropped, rejects):
         rows.append({"prompt": json.dumps([{"role": "user", "content": question_of(copy.sample)}], ensure_ascii=False),
                      "chosen": _assistant(copy.sample.text), "rejected": _assistant(copy.text), **copy.columns(),
-                     "group": copy.group})
+                     "group": copy.group, "tie": copy.category == "represent"})
     return rows, rejects
 
 
