@@ -48,7 +48,7 @@ def test_the_tie_losses_equal_the_worked_rows(tie_model, d, tie, expected):
 
 
 def test_the_default_nu_gives_a_tie_half_the_probability_at_equal_rewards_and_pushes_its_margin_to_zero():
-    assert PairLoss(tie_model="rao_kupper").nu == 3.0 and PairLoss(tie_model="davidson").nu == 1.0
+    assert PairLoss(tie_model="rao_kupper").nu == 3.0 and PairLoss(tie_model="davidson").nu == 2.0
     d = torch.arange(-40, 41, dtype=torch.float64) / 10
     for model in ("rao_kupper", "davidson"):
         tie_loss = PairLoss(tie_model=model).nll(d, torch.ones_like(d, dtype=torch.bool))
@@ -209,8 +209,8 @@ def test_with_ties_the_trainer_gives_the_papers_loss_of_the_log_ratio_margin(tin
         win = F.logsigmoid(d - math.log(nu))
         rows = torch.where(tie, math.log(nu**2 - 1) + win + F.logsigmoid(-d - math.log(nu)), win)
     else:
-        p_win = 1 / (1 + torch.exp(-d) + 2 * nu * torch.exp(-d / 2))
-        rows = torch.log(torch.where(tie, 2 * nu * torch.exp(-d / 2) * p_win, p_win))
+        p_win = 1 / (1 + torch.exp(-d) + nu * torch.exp(-d / 2))
+        rows = torch.log(torch.where(tie, nu * torch.exp(-d / 2) * p_win, p_win))
     assert d.abs().max().item() > 0.05  # margins far enough from 0 that the tie and win terms differ
     # the trainer's log-probs come from the packed forward (and, precomputed, from another batch's padding): each sum
     # within 1e-4 of its size, so d within 2 x beta x that, and the loss (its slope in d is below 1) as well

@@ -454,7 +454,7 @@ class JudgeTrainArguments(EvalArguments):
     )
     tie_nu: float | None = field(
         default=None,
-        metadata={"help": "The tie model's parameter nu: rao_kupper >= 1 (default 3), davidson >= 0 (default 1); "
+        metadata={"help": "The tie model's parameter nu: rao_kupper >= 1 (default 3), davidson >= 0 (default 2, Davidson's 1970 form); "
                   "both defaults give a tie probability of 1/2 at equal rewards. rao_kupper 1 and davidson 0 are "
                   "Bradley-Terry (no tie row may train)."},
     )
@@ -470,7 +470,7 @@ TRAINING_FORMS = ("log_ratio", "mean_logprob")
 TIE_MODELS = ("rao_kupper", "davidson")
 # nu where each tie model gives a tie probability of 1/2 at equal rewards (the paper's settings), and the least nu it
 # takes (there it is Bradley-Terry: no tie has any probability)
-TIE_NU_DEFAULT = {"rao_kupper": 3.0, "davidson": 1.0}
+TIE_NU_DEFAULT = {"rao_kupper": 3.0, "davidson": 2.0}
 TIE_NU_LEAST = {"rao_kupper": 1.0, "davidson": 0.0}
 PAIR_LOSS_TYPES = ("sigmoid", "sft")  # the loss_type terms the pair loss takes: the pair term and RPO's likelihood
 

@@ -17,10 +17,10 @@ The loss of a row is -log P(outcome), its outcome a win of y_w (``tie`` false) o
 
 - none (Bradley-Terry): P(win) = sigmoid(d); TRL's ``sigmoid`` loss. A tie has no probability.
 - ``rao_kupper``, nu >= 1: P(win) = sigmoid(d - log nu), P(tie) = (nu^2 - 1) sigmoid(d - log nu) sigmoid(-d - log nu)
-- ``davidson``, nu >= 0: P(win) = 1 / (1 + e^-d + 2 nu e^(-d/2)), P(tie) = 2 nu e^(-d/2) / (1 + e^-d + 2 nu e^(-d/2))
+- ``davidson``, nu >= 0: P(win) = 1 / (1 + e^-d + nu e^(-d/2)), P(tie) = nu e^(-d/2) / (1 + e^-d + nu e^(-d/2))
 
 (on strengths lambda = e^reward: Rao-Kupper lambda_w / (lambda_w + nu lambda_l), Davidson lambda_w / (lambda_w +
-lambda_l + 2 nu sqrt(lambda_w lambda_l))). Both give a tie the most probability at d = 0, and push a tie's margin to 0
+lambda_l + nu sqrt(lambda_w lambda_l)), Davidson's 1970 form). Both give a tie the most probability at d = 0, and push a tie's margin to 0
 from either side. rao_kupper at nu = 1 and davidson at nu = 0 are Bradley-Terry. On a win, rao_kupper is the sigmoid
 loss with a margin of log nu (SimPO's gamma in the mean_logprob form).
 
@@ -114,12 +114,12 @@ def rao_kupper_nll(d: torch.Tensor, tie: torch.Tensor, nu: float) -> torch.Tenso
 
 
 def davidson_nll(d: torch.Tensor, tie: torch.Tensor, nu: float) -> torch.Tensor:
-    """-log P under Davidson (nu >= 0): a win log(1 + e^-d + 2 nu e^(-d/2)); a tie that minus log(2 nu) - d/2
+    """-log P under Davidson (nu >= 0): a win log(1 + e^-d + nu e^(-d/2)); a tie that minus log(nu) - d/2
     (+inf at nu = 0)."""
-    log_2nu = math.log(2 * nu) if nu > 0 else -math.inf
-    terms = torch.stack([torch.zeros_like(d), -d, log_2nu - d / 2])
+    log_nu = math.log(nu) if nu > 0 else -math.inf
+    terms = torch.stack([torch.zeros_like(d), -d, log_nu - d / 2])
     win = -torch.logsumexp(terms, dim=0)
-    return -torch.where(tie, win + log_2nu - d / 2, win)
+    return -torch.where(tie, win + log_nu - d / 2, win)
 
 
 def chosen_nll(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
