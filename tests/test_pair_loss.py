@@ -292,3 +292,5 @@ def test_a_run_trains_pairs_knowns_tie_pairs_under_a_tie_model_and_refuses_them_
     assert f"{ties} training row(s) are ties (their `tie` column is true) and the recipe names no tie_model" \
            in refused.stderr
     assert "Loading weights" not in refused.stderr  # refused before any model loads
+    dry = train(tmp_path / "dry", "--dry_run")  # the dry run refuses what the launch refuses
+    assert dry.returncode == 2 and "the recipe names no tie_model" in dry.stderr, dry.stderr[-4000:]

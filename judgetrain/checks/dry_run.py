@@ -13,10 +13,10 @@ from judgetrain.checks.memory import dry_run_memory
 from judgetrain.checks.preflight import preflight
 from judgetrain.checks.setup import LaunchSetup, setup
 from judgetrain.config.packaged import packaged_names
-from judgetrain.config.recipe import Recipe, RecipeError
+from judgetrain.config.recipe import Recipe, RecipeError, check_tie_rows
 from judgetrain.data.io import resolve_local
 from judgetrain.data.lengths import audit_lengths
-from judgetrain.data.prepare import build_train_dataset
+from judgetrain.data.prepare import build_train_dataset, tie_rows
 from judgetrain.eval.rows import audit_eval_lengths, recipe_specs, suite_dataset
 from judgetrain.models.aliases import is_alias, resolve_model
 from judgetrain.models.loading import load_recipe_tokenizer
@@ -128,7 +128,9 @@ class DryRunSetup(LaunchSetup):
         self.report["rows_audited"] = len(dataset)
         _, audit = audit_lengths(dataset, tokenizer, recipe.training_args.max_length, self.long_rows, None,
                                  neutralise=True)
+        audit["tie_rows"] = tie_rows(dataset)
         self.report["audit"] = audit
+        check_tie_rows(script_args, audit["tie_rows"], recipe.path)  # as the launch refuses them: before any model
         return dataset, audit
 
     def record(self, recipe: Recipe, start, train_dataset, audit: dict, command: str | None):

@@ -173,7 +173,7 @@ def _audited_rows(recipe: Recipe, tokenizer, out: Path, main: bool):
     )
     if script_args.batch_groups:
         audit["batch_groups"] = batch_groups_report(dataset["group"], training_args.per_device_train_batch_size)
-    audit["tie_rows"] = sum(dataset["tie"]) if "tie" in dataset.column_names else 0
+    audit["tie_rows"] = tie_rows(dataset)
     if main:
         (out / "data_audit.json").write_text(json.dumps(audit, indent=1))
     if len(dataset) == 0:
@@ -353,3 +353,7 @@ def release_freed_memory() -> None:
         except (OSError, AttributeError):
             pass
 
+
+def tie_rows(dataset) -> int:
+    """The training rows marked a tie (the ``tie`` column; 0 without one)."""
+    return int(sum(dataset["tie"])) if "tie" in dataset.column_names else 0
