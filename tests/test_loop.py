@@ -299,3 +299,55 @@ def test_verdict_pairs_on_a_reference_relative_loss_are_warned_about(caplog):
     assert "set train: {batch_groups: true}" in caplog.text
     assert not warn_orders_apart({"batch_groups": True}, Pairs(method="known", form="pairwise"))
     assert not warn_orders_apart({}, Pairs(method="known", form="pointwise"))
+
+
+def _judgebench_rows(path: Path, n: int) -> Path:
+    """``n`` JudgeBench-schema pairs (the better response second in odd rows)."""
+    rows = [{"pair_id": f"jb{i}", "original_id": str(i), "source": "mmlu-pro-math", "question": f"What is {i} + {i}?",
+             "response_model": "m", "response_A": f"{2 * i}" if i % 2 == 0 else "none",
+             "response_B": "none" if i % 2 == 0 else f"{2 * i}", "label": "A>B" if i % 2 == 0 else "B>A"}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_a_replay_share_mixes_general_pairs_into_the_rounds_training_rows_and_counts_them(tmp_path, capsys):
+    """9 training notes make 9 response pairs; a replay share of 0.25 asks 0.25 / 0.75 x 9 = 3 JudgeBench pairs beside
+    them (drawn from 6), written beside the pairs, counted in stats.json and trained on by the round's recipe.
+    Replaying a benchmark the run scores, or a source with a bad row, is refused before anything runs, naming the key
+    (and the row); the response form's rewrites train as ties once the training recipe names a tie model."""
+    from judgetrain.cli import main
+    from judgetrain.data.preference import load_preference
+    from judgetrain.loop.config import load_config, round_recipe
+    from judgetrain.loop.run import Loop, open_state
+
+    source = _judgebench_rows(tmp_path / "judgebench.jsonl", 6)
+    replay = {"suite": "judgebench", "source": str(source), "share": 0.25, "seed": 0}
+    scored = loop_config(tmp_path, replay=replay, eval={"suites": ["pairwise", "judgebench"], "scoring": ["verdict"]})
+    assert main(["loop", str(scored)]) == 2
+    assert "replay.suite: judgebench is scored by eval.suites" in capsys.readouterr().err
+    with open(source, "a", encoding="utf-8") as f:
+        f.write(json.dumps({**read_jsonl(source)[0], "pair_id": "tie", "label": "A=B"}) + "\n")
+    assert main(["loop", str(loop_config(tmp_path, replay=replay))]) == 2
+    assert "replay.source: " in (said := capsys.readouterr().err) and "row 6, field 'label'" in said
+    _judgebench_rows(source, 6)
+    config = load_config(loop_config(tmp_path, replay=replay, train={"max_steps": 2, "tie_model": "rao_kupper"},
+                                     pairs={"method": "known", "form": "response", "ties": "tie"}))
+    out = Path(config.output_dir)
+    loop = Loop(config, out, open_state(config, out))
+    for stage in ("items", "split", "pairs"):
+        loop.stage(1, stage)
+    pairs = out / "round-1" / "pairs"
+    counts = json.loads((pairs / "stats.json").read_text())["replay"]
+    n_pairs = counts["training_pairs"]
+    assert n_pairs == pq.read_metadata(pairs / "train.parquet").num_rows and n_pairs > 0
+    assert counts["rows_wanted"] == round(0.25 * n_pairs / 0.75) and counts["available"] == 6
+    assert counts["rows"] == min(6, counts["rows_wanted"])
+    replayed = load_preference(str(pairs / "replay.jsonl"))
+    assert len(replayed) == counts["rows"]
+    for row in replayed:  # the better response chosen, whichever side the file showed it on
+        i = int(row["sample_id"].removeprefix("replay:jb"))
+        assert row["chosen"][0]["content"] == str(2 * i) and row["rejected"][0]["content"] == "none"
+    trained_on = round_recipe(config, {}, out / "round-1", None)["train_datasets"]
+    assert [c["source"] for c in trained_on] == [str(pairs), str(pairs / "replay.jsonl")]
+    assert any(pq.read_table(pairs / "train.parquet").column("tie").to_pylist())  # rewrites against their source

@@ -40,6 +40,7 @@ import yaml
 from judgetrain.config.packaged import resolve_packaged
 from judgetrain.config.recipe import did_you_mean, load_recipe_file, parse_recipe, valid_keys
 from judgetrain.judge.items import read_items
+from judgetrain.loop.replay import REPLAY_FILE, REPLAY_SUITES, Replay, replay_rows
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec, select_sets, spec_path
 from judgetrain.perturb.known import RESPONSE_TIE
@@ -124,6 +125,7 @@ class LoopConfig:
     judge: Judge = field(default_factory=Judge)
     pairs: Pairs = field(default_factory=Pairs)
     eval: Eval = field(default_factory=Eval)
+    replay: Replay = field(default_factory=Replay)
     goal: str | None = None  # what the loop is for, in words: the loop's report states it
 
     def digest(self) -> str:
@@ -138,7 +140,7 @@ class LoopConfig:
         return self.pairs.method == "anchor" or self.pairs.form == "pointwise"
 
 
-SECTIONS = {"items": Items, "heldout": Heldout, "judge": Judge, "pairs": Pairs, "eval": Eval}
+SECTIONS = {"items": Items, "heldout": Heldout, "judge": Judge, "pairs": Pairs, "eval": Eval, "replay": Replay}
 CHOICES = {("pairs", "method"): ("known", "anchor"), ("pairs", "form"): ("pairwise", "pointwise", "response"),
            ("pairs", "ties"): ("tie", "drop")}
 
@@ -226,8 +228,6 @@ def _check_values(config: LoopConfig, where: str) -> None:
             and (items.source is None or items.spec is None):
         raise LoopConfigError(f"{where}: pairs: the {config.pairs.form} known form needs items.source and items.spec "
                               "(the texts)")
-    if config.pairs.method == "known" and config.pairs.form == "response" and config.pairs.ties != "drop":
-        raise LoopConfigError(f"{where}: pairs.ties: {RESPONSE_TIE}")
     if config.needs_judge and config.judge.samples + len(config.judge.judges) < 1:
         raise LoopConfigError(f"{where}: judge: samples or judges: the pairs are built from evaluations")
     if config.goal is not None and not isinstance(config.goal, str):
@@ -243,6 +243,23 @@ def _check_values(config: LoopConfig, where: str) -> None:
                 raise LoopConfigError(f"{where}: {section}.options.{key}: {value!r} is not a value or a list of values")
     if not config.eval.suites:
         raise LoopConfigError(f"{where}: eval.suites: an empty list: name the suites each round is scored on")
+    _check_replay(config.replay, config.eval.suites, where)
+
+
+def _check_replay(replay: Replay, suites: list[str], where: str) -> None:
+    """The replay section names a pairwise benchmark the run does not score, its source, and a share in [0, 1)."""
+    if not 0 <= replay.share < 1:
+        raise LoopConfigError(f"{where}: replay.share: the share of each round's training rows, in [0, 1), got "
+                              f"{replay.share!r}")
+    if not replay.share:
+        return
+    if replay.suite not in REPLAY_SUITES:
+        raise LoopConfigError(f"{where}: replay.suite: {replay.suite!r} is not one of {', '.join(REPLAY_SUITES)}")
+    if replay.suite in suites:
+        raise LoopConfigError(f"{where}: replay.suite: {replay.suite} is scored by eval.suites: pairs the judge trains "
+                              "on cannot measure it; replay a benchmark the run does not score")
+    if not replay.source:
+        raise LoopConfigError(f"{where}: replay.source: the {replay.suite} rows to replay (a file, folder or hub id)")
 
 
 def option_args(options: dict[str, Any]) -> list[str]:
@@ -274,7 +291,9 @@ def round_recipe(config: LoopConfig, recipe: dict[str, Any], rd: Path, init_adap
     the round's pairs, output folder and adapter to start from."""
     recipe = {**recipe, **config.train}
     recipe.update({"model_name_or_path": config.model, "output_dir": str(rd / "train"), "resume": "auto",
-                   "train_datasets": [{"dataset": "preference", "source": str(rd / "pairs"), "split": "train"}],
+                   "train_datasets": [{"dataset": "preference", "source": str(rd / "pairs"), "split": "train"},
+                                      *([{"dataset": "preference", "source": str(rd / "pairs" / REPLAY_FILE),
+                                          "split": "train"}] if config.replay.share else [])],
                    "num_processes": config.num_processes})
     recipe["eval_suites"] = config.train.get("eval_suites", "none")  # the eval stage scores the round
     if config.accelerate_config:
@@ -309,6 +328,11 @@ def check_inputs(config: LoopConfig, where: str = "<loop config>") -> None:
             raise LoopConfigError(f"{where}: heldout.types: no perturbation type {name!r}"
                                   f"{did_you_mean(name, types_known)}; types: {', '.join(types_known)}")
     check_train(config, where)
+    if config.replay.share:
+        try:
+            replay_rows(config.replay)
+        except (BadInputError, OSError) as err:
+            raise LoopConfigError(f"{where}: replay.source: {err}") from None
     anything_held = bool(items.source and items.spec and (config.heldout.fraction > 0 or config.heldout.types))
     if not eval_suites(config, HELDOUT_FILES if anything_held else ())[0]:
         raise LoopConfigError(f"{where}: eval.suites: {config.eval.suites} leaves no suite to score: without "
@@ -323,6 +347,9 @@ def check_train(config: LoopConfig, where: str) -> None:
         recipe = load_recipe_file(config.recipe)
     except BadInputError as err:
         raise LoopConfigError(f"{where}: recipe: {err}") from None
+    if config.pairs.method == "known" and config.pairs.form == "response" and config.pairs.ties != "drop" \
+            and not {**recipe, **config.train}.get("tie_model"):
+        raise LoopConfigError(f"{where}: pairs.ties: {RESPONSE_TIE}")
     keys = valid_keys()
     for key in config.train:
         if key not in keys:

@@ -58,6 +58,7 @@ from judgetrain.judge.items import read_items
 from judgetrain.config.recipe import load_recipe_file
 from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
                                    round_recipe)
+from judgetrain.loop.replay import write_replay
 from judgetrain.loop.table import write_round_table
 from judgetrain.perturb.known import item_text, write_heldout_pairs, write_heldout_rewrites
 from judgetrain.perturb.source import read_samples
@@ -269,6 +270,8 @@ class Loop:
                    "--source_split", items.source_split, "--spec", items.spec, "--ties", pairs.ties,
                    "--validation_fraction", "0"]
         run_command(cmd + ["--output_dir", str(rd / "pairs")] + options)
+        if self.config.replay.share:
+            write_replay(self.config.replay, rd / "pairs")
 
     def stage_train(self, k: int, rd: Path) -> None:
         recipe = round_recipe(self.config, load_recipe_file(self.config.recipe), rd,

@@ -79,7 +79,8 @@ PAIRWISE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_s
 RESPONSE_COLUMNS = ("prompt", "chosen", "rejected", "sample_id", "perturbation_set", "perturbation_type",
                     "perturbation_category", "perturbation_rate", "group", "tie")
 RESPONSE_TIE = ("the response form's tie pairs (a rewrite against its source) train only under a recipe's tie_model "
-                "(the tie-aware DPO loss), which the loop's training recipe does not set; use ties drop")
+                "(the tie-aware DPO loss), which the loop's training recipe does not set; set train.tie_model "
+                "(rao_kupper or davidson), or use ties drop")
 _SENTINEL = "\x00judgetrain-text\x00"
 
 
