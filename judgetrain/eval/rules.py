@@ -17,13 +17,20 @@ is the suite's own rule applied to it: a tie counts as the suite counts a judge'
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from judgetrain.config.directions import direction
+from judgetrain.data.preference import load_preference
+from judgetrain.data.validate import DataValidationError, RowProblem
 from judgetrain.eval.benchmarks.base import Suite, text_of
 from judgetrain.eval.requests import RowScore
+from judgetrain.eval.stats import Items, items_intervals, paired_difference
 
 RULES = ("shorter", "longer", "first_shown", "novel_token")
 PAIRWISE_ONLY = ("first_shown",)  # rules defined on a pair shown in an order
@@ -102,3 +109,125 @@ def rule_records(suite: Suite, rows: Sequence[dict], rule: str,
             scores = [response_score(rule, r, novel) for r in suite.request(row, "implicit").responses]
         out.append({"row_index": index, **suite.row_fields(row, RowScore(scores), mode)})
     return out
+
+
+# ------------------------------------------------------------------------------------- the rules' figures
+@dataclass
+class RuleFigures:
+    """One rule's figures on a suite's rows: ``metrics`` (the suite's own figures of the rule's records), ``items``
+    (its per-item figures, the base of a judge's paired difference) and ``intervals`` (``items_intervals``)."""
+
+    metrics: dict[str, Any]
+    items: Items | None
+    intervals: dict[str, dict[str, float]]
+
+
+_CACHE: dict[tuple[str, str, str], dict[str, RuleFigures]] = {}  # (suite, rows' fingerprint, marks'): figures
+
+
+def rule_figures(suite: Suite, rows: Sequence[dict], novel: NovelTokens | None = None) -> dict[str, RuleFigures]:
+    """{rule: its figures} of each rule of `rules_for` on ``rows`` (as loaded and selected for the judge). Rules read
+    no model, so each eval set's figures are computed once: a later call with the same rows (the next epoch) gets
+    them from the cache."""
+    key = (suite.name, fingerprint(rows), fingerprint(sorted(novel.marks)) if novel else "")
+    if key not in _CACHE:
+        out = {}
+        for rule in rules_for(suite, novel):
+            mode, records = rule_mode(rule), rule_records(suite, rows, rule, novel)
+            items, _ = suite.items(records, mode)
+            intervals = items_intervals(items) if items is not None and len(items.keys) else {}
+            out[rule] = RuleFigures({**suite.figures(records, mode), "n_rows": len(records)}, items, intervals)
+        _CACHE[key] = out
+    return _CACHE[key]
+
+
+def fingerprint(rows: Any) -> str:
+    """SHA-256 of rows as JSON (keys sorted): equal rows, equal fingerprint."""
+    text = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def learned(judge: Items, rules: Mapping[str, RuleFigures]) -> dict[str, dict[str, Any]]:
+    """Each ranked figure of the judge's items (higher or lower is better; the position figures, best at a value, are
+    left out) set beside the best rule on it (the best value over the rules' figures, the first of `RULES` on a tie):
+    ``{metric: {rule, rule_value, judge, delta, delta_ci_low, delta_ci_high, n_units, learned}}``, the difference
+    judge minus that rule paired on the same items and units (`paired_difference`, the rule's items as the base).
+    ``learned``: the judge beats the best rule, the interval of the difference excluding 0 on the better side. A
+    figure no item of both holds is left out."""
+    out: dict[str, dict[str, Any]] = {}
+    paired: dict[str, dict[str, dict[str, float]]] = {}
+    for metric in judge.values:
+        way = direction(metric)
+        values = {r: f.intervals[metric]["value"] for r, f in rules.items()
+                  if metric in f.intervals and math.isfinite(f.intervals[metric]["value"]) and f.items is not None}
+        if way not in ("higher", "lower") or not values:
+            continue
+        best = (max if way == "higher" else min)(values, key=values.get)
+        if best not in paired:
+            paired[best] = paired_difference(judge, rules[best].items)
+        p = paired[best].get(metric)
+        if p is None or not all(math.isfinite(p[k]) for k in ("delta_ci_low", "delta_ci_high")):
+            continue
+        beats = p["delta_ci_low"] > 0 if way == "higher" else p["delta_ci_high"] < 0
+        out[metric] = {"rule": best, "rule_value": values[best], "judge": p["trained"], "delta": p["delta"],
+                       "delta_ci_low": p["delta_ci_low"], "delta_ci_high": p["delta_ci_high"],
+                       "n_units": p["n_units"], "learned": bool(beats)}
+    return out
+
+
+def verdict_words(verdict: Mapping[str, Any]) -> str:
+    """A figure's verdict in words: "beats the best rule (shorter) by +0.120 [0.050, 0.190]" where the judge learned
+    more than the rule reads, else "not above the best rule (shorter): +0.020 [-0.050, 0.090]"."""
+    diff = f"{verdict['delta']:+.3f} [{verdict['delta_ci_low']:.3f}, {verdict['delta_ci_high']:.3f}]"
+    if verdict["learned"]:
+        return f"beats the best rule ({verdict['rule']}) by {diff}"
+    return f"not above the best rule ({verdict['rule']}): {diff}"
+
+
+LEARNED_RULE = ("a judge's figure is learned only where it beats the best rule that needs no judge: the 95% interval "
+                "of the paired difference (judge minus the best rule, on the same items and units) excludes 0")
+
+
+def read_training_pairs(path: str) -> NovelTokens:
+    """The novel-token rule fitted on a file of training pairs (`judgetrain pairs known --form response`'s
+    train.parquet, or any preference rows: chosen = the source, rejected = its error copy). Bad rows, and pairs whose
+    chosen and rejected are verdicts (the pairwise form: no source text in them), are a bad-input error naming the
+    file before any model loads."""
+    rows = load_preference(path)
+    verdicts = [i for i, row in enumerate(rows) if _VERDICT.fullmatch(text_of(row["chosen"]).strip())]
+    if verdicts:
+        raise DataValidationError([RowProblem(str(path), "train", i, "chosen", "a verdict, not a response: the "
+                                              "novel-token rule is fitted on response pairs (chosen = the source, "
+                                              "rejected = its error copy: `judgetrain pairs known --form response`)")
+                                   for i in verdicts[:5]], len(verdicts), len(rows))
+    return NovelTokens.fit([row["chosen"] for row in rows], [row["rejected"] for row in rows])
+
+
+_VERDICT = re.compile(r"\[\[[AB][<>=][AB]\]\]")
+
+
+def rule_table(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """(columns, rows) of an evaluation's judge figures beside the rules (results.json: its ``intervals`` and
+    ``rules``): a row per figure with a verdict, ``<suite>[/<mode>]/<metric>`` (the mode named unless it is the
+    evaluation's first), the judge's value and interval, each rule's, and the verdict in words."""
+    rules = summary.get("rules") or {}
+    names = [r for r in RULES if any(r in (s.get("figures") or {}) for s in rules.values())]
+    rows = []
+    for suite, held in rules.items():
+        for mode, verdicts in (held.get("learned") or {}).items():
+            judge = ((summary.get("intervals") or {}).get(suite) or {}).get(mode) or {}
+            for metric, verdict in verdicts.items():
+                figure = f"{suite}/{metric}" if mode == summary.get("scoring") else f"{suite}/{mode}/{metric}"
+                cells = [_cell((held["figures"].get(r) or {}).get("intervals", {}).get(metric)) for r in names]
+                rows.append([figure, _cell(judge.get(metric)), *cells, verdict_words(verdict)])
+    return ["figure", "judge", *names, "verdict"], rows
+
+
+def _cell(interval: Mapping[str, Any] | None) -> str:
+    """A figure and its interval ("0.738 [0.638, 0.838]"; no interval: the value alone); "-" where absent."""
+    if not interval or interval.get("value") is None or not math.isfinite(interval["value"]):
+        return "-"
+    low, high = interval.get("ci_low"), interval.get("ci_high")
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return f"{interval['value']:.3f}"
+    return f"{interval['value']:.3f} [{low:.3f}, {high:.3f}]"
