@@ -8,7 +8,9 @@ import json
 import pytest
 
 from judgetrain.eval.benchmarks import get_suite
-from judgetrain.eval.rules import NovelTokens, response_score, rule_records, rule_verdict, rules_for, words
+from judgetrain.eval.requests import RowScore
+from judgetrain.eval.rules import (NovelTokens, response_score, rule_records, rule_verdict, rules_for, verdict_words,
+                                   words)
 
 
 def _pair(a: str, b: str, label: str = "A>B", **more) -> dict:
@@ -164,3 +166,51 @@ def test_the_novel_token_rule_fitted_on_a_training_pairs_file_and_a_bad_file_ref
         err = capsys.readouterr().err
         assert "--rules_train_pairs" in err and str(bad) in err and says in err
         assert not list(out.glob("*/results.json"))
+
+
+def test_a_judge_figure_is_learned_only_where_it_beats_the_best_rule_and_every_table_says_so():
+    """24 pairs, the better response the shorter one in 12 (shorter: 0.5, longer: 0.5, first-shown: pair_acc 0). A
+    judge right on all 24 beats the best rule by +0.5, its interval above 0: learned; a judge whose scores are the
+    shorter rule's is not above it (+0 [0, 0]). The verdict reaches the logged keys (read back by `flat_verdict`, the
+    report's headline and the card), results.json's `rules`, and the loop's round table and its markdown."""
+    from judgetrain.eval.evidence import suite_evidence
+    from judgetrain.eval.rules import flat_verdict, learned, rule_figures
+    from judgetrain.eval.runner import SuiteResult, rules_summary, set_rules
+    from judgetrain.eval.suites import SuiteSpec, suite_metrics
+    from judgetrain.loop.table import figure_rows, markdown
+
+    suite = get_suite("evalbiasbench")
+    rows = [_pair("ok" if i % 2 else "a long right answer", "a much longer wrong answer" if i % 2 else "no",
+                  id=str(i)) for i in range(24)]
+    figures = rule_figures(suite, rows)
+    assert [figures[r].metrics["pair_acc"] for r in ("shorter", "longer", "first_shown")] == [0.5, 0.5, 0.0]
+    assert rule_figures(suite, [dict(r) for r in rows]) is figures  # the same rows: computed once
+
+    def judge(scores_of):
+        records = [{"row_index": i, **suite.row_fields(r, RowScore(scores_of(r)), "implicit")}
+                   for i, r in enumerate(rows)]
+        items, intervals = suite_evidence("evalbiasbench", "implicit", records)
+        return SuiteResult("evalbiasbench", suite_metrics("evalbiasbench", records, "implicit"), records, items=items,
+                           intervals=intervals)
+
+    right = judge(lambda r: [1.0, 0.0])  # the label is A>B in every pair
+    set_rules(right, SuiteSpec("evalbiasbench", rows=rows), rows, None)
+    v = right.learned["pair_acc"]
+    assert v["rule"] == "shorter" and v["rule_value"] == 0.5 and v["delta"] == 0.5 and v["learned"]
+    assert 0 < v["delta_ci_low"] <= 0.5 <= v["delta_ci_high"]
+    assert verdict_words(v).startswith("beats the best rule (shorter) by +0.500 [")
+    same = learned(judge(lambda r: [-len(r["response_a"]), -len(r["response_b"])]).items, figures)["pair_acc"]
+    assert (same["delta"], same["delta_ci_low"], same["delta_ci_high"], same["learned"]) == (0.0, 0.0, 0.0, False)
+    assert verdict_words(same) == "not above the best rule (shorter): +0.000 [0.000, 0.000]"
+
+    flat = right.flat()
+    assert flat["eval/evalbiasbench/rule/longer/pair_acc"] == 0.5
+    assert flat["eval/evalbiasbench/over_rule/pair_acc"] == 0.5
+    assert flat_verdict(flat, "eval/evalbiasbench/pair_acc") == {k: v[k] for k in (
+        "rule", "rule_value", "delta", "delta_ci_low", "delta_ci_high", "learned")}
+    doc = {"scoring": "implicit", "intervals": {"evalbiasbench": {"implicit": right.intervals}},
+           "rules": rules_summary({"evalbiasbench": right}, "implicit")}
+    row = next(r for r in figure_rows(1, doc, None) if r["figure"] == "evalbiasbench/pair_acc")
+    assert (row["best_rule"], row["over_rule"], row["learned"]) == ("shorter", 0.5, True)
+    assert "| evalbiasbench/pair_acc | 1.000 [1.000, 1.000]; beats the best rule (shorter) by +0.500 [" \
+        in markdown(figure_rows(1, doc, None))

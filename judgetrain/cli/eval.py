@@ -182,6 +182,7 @@ def print_table(name: str, results: dict[str, Any]) -> None:
     from rich.table import Table
 
     from judgetrain.eval.benchmarks import get_suite
+    from judgetrain.eval.rules import is_rule_key
 
     out = console()
     tabled = set()
@@ -209,11 +210,6 @@ def print_table(name: str, results: dict[str, Any]) -> None:
         for k, v in other.items():
             table.add_row(k, figure_cell(k, v))
         out.print(table)
-
-
-def is_rule_key(key: str) -> bool:
-    """A logged key of the rules that need no judge or of a figure's difference from the best of them."""
-    return "/rule/" in key or "/over_rule/" in key
 
 
 def print_rules(name: str, doc: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from judgetrain.config.directions import direction
+from judgetrain.config.recipe import SCORING_MODES
 from judgetrain.data.preference import load_preference
 from judgetrain.data.validate import DataValidationError, RowProblem
 from judgetrain.eval.benchmarks.base import Suite, text_of
@@ -231,3 +232,30 @@ def _cell(interval: Mapping[str, Any] | None) -> str:
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return f"{interval['value']:.3f}"
     return f"{interval['value']:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def is_rule_key(key: str) -> bool:
+    """A logged key of a rule's figure (``eval/<suite>/rule/...``) or of a judge figure's difference from the best
+    rule (``.../over_rule/...``): shown beside the judge's figures, not as figures of their own."""
+    return "/rule/" in key or "/over_rule/" in key
+
+
+def flat_verdict(flat: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """A logged judge figure's verdict against the best rule, read back from the logged keys of one evaluation (a
+    metrics.jsonl record): ``key`` ``eval/<suite>[/<mode>]/<metric>``, the rules' figures
+    ``eval/<suite>/rule/<rule>/<metric>`` (the best as `learned` picks it) and the difference
+    ``eval/<suite>[/<mode>]/over_rule/<metric>`` with its interval; None where they were not logged."""
+    parts = key.split("/")
+    if len(parts) < 3 or parts[0] != "eval":
+        return None
+    named = len(parts) > 3 and parts[2] in SCORING_MODES
+    base, metric = "/".join(parts[:3 if named else 2]) + "/", "/".join(parts[3 if named else 2:])
+    values = {r: flat[f"eval/{parts[1]}/rule/{r}/{metric}"] for r in RULES
+              if isinstance(flat.get(f"eval/{parts[1]}/rule/{r}/{metric}"), (int, float))}
+    way = direction(metric)
+    over = [flat.get(f"{base}over_rule/{metric}{end}") for end in ("", "/delta_ci_low", "/delta_ci_high")]
+    if not values or way not in ("higher", "lower") or not all(isinstance(x, (int, float)) for x in over):
+        return None
+    best = (max if way == "higher" else min)(values, key=values.get)
+    return {"rule": best, "rule_value": values[best], "delta": over[0], "delta_ci_low": over[1],
+            "delta_ci_high": over[2], "learned": bool(over[1] > 0 if way == "higher" else over[2] < 0)}
