@@ -185,6 +185,15 @@ def verdict_words(verdict: Mapping[str, Any]) -> str:
     return f"not above the best rule ({verdict['rule']}): {diff}"
 
 
+def round_verdict(row: Mapping[str, Any]) -> str:
+    """A round table row's figure against the best rule (`judgetrain.loop.table`: ``best_rule``, ``over_rule`` with
+    its interval, ``learned``) in words (`verdict_words`); "" where it has none."""
+    if row.get("best_rule") is None:
+        return ""
+    return verdict_words({"rule": row["best_rule"], "delta": row["over_rule"], "learned": row["learned"],
+                          "delta_ci_low": row["over_rule_ci_low"], "delta_ci_high": row["over_rule_ci_high"]})
+
+
 LEARNED_RULE = ("a judge's figure is learned only where it beats the best rule that needs no judge: the 95% interval "
                 "of the paired difference (judge minus the best rule, on the same items and units) excludes 0")
 

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from judgetrain.eval.rules import verdict_words
+from judgetrain.eval.rules import round_verdict
 from judgetrain.run.layout import ROUND_COMPARE_FILE, ROUND_TABLE, ROUND_TABLE_CSV, ROUND_TABLE_MD, round_folder
 from judgetrain.utils.files import read_json, write_json
 COLUMNS = ("round", "figure", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high", "p_value", "n",
@@ -123,15 +123,6 @@ def format_cell(row: dict | None) -> str:
                  f"p {_num(row['p_value'])}")
     beside = round_verdict(row)
     return text + (f"; {beside}" if beside else "")
-
-
-def round_verdict(row: dict) -> str:
-    """A round table row's figure against the best rule that needs no judge, in words ("beats the best rule
-    (shorter) by ..." / "not above the best rule (shorter): ..."); "" where it has none."""
-    if row.get("best_rule") is None:
-        return ""
-    return verdict_words({"rule": row["best_rule"], "delta": row["over_rule"], "learned": row["learned"],
-                          "delta_ci_low": row["over_rule_ci_low"], "delta_ci_high": row["over_rule_ci_high"]})
 
 
 def _num(value) -> str:

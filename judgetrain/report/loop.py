@@ -31,7 +31,7 @@ from typing import Any
 from judgetrain.config.recipe import SCORING_MODES
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.plots import DPI
-from judgetrain.loop.table import round_verdict
+from judgetrain.eval.rules import round_verdict
 from judgetrain.report import rounds
 from judgetrain.report.headline import fmt, with_interval
 from judgetrain.run.layout import (HELDOUT_PAIRS, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_TABLE, ROUND_TABLE_CSV,
@@ -144,7 +144,7 @@ def headline_figures(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def round_cell(row: Mapping[str, Any] | None) -> tuple[str, str]:
     """(the figure with its interval, the difference against the base with its interval and p, and the figure against
-    the best rule that needs no judge (`judgetrain.loop.table.round_verdict`); "" where neither is) of one round table
+    the best rule that needs no judge (`judgetrain.eval.rules.round_verdict`); "" where neither is) of one round table
     row; ("-", "") when the round has no such figure."""
     if row is None:
         return "-", ""
