@@ -83,9 +83,9 @@ def build_parser():
                    help="bad suite rows: stop naming them (default), or skip them to <output_dir>/rejects-<suite>.jsonl, "
                         "counted")
     p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off by default)")
-    p.add_argument("--rules_train_pairs", help="training pairs (chosen = the source, rejected = its error copy: `judgetrain "
-                   "pairs known --form response`'s train.parquet) the novel-token rule is fitted on; without it that "
-                   "rule is absent (the shorter, longer and first-shown rules need no training items)")
+    p.add_argument("--rules_train_pairs", help="training pairs (chosen = the source, rejected = its error copy: "
+                   "`judgetrain pairs known --form response`'s train.parquet) the novel-token rule is fitted on; "
+                   "without it that rule is absent (the shorter, longer and first-shown rules need no training items)")
     return follow_conventions(p)
 
 

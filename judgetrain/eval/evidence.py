@@ -116,7 +116,8 @@ def headline_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-ONE_UNIT = "a figure without an interval lies in one unit (one pair, one source sample): resampling it gives back the same figure"
+ONE_UNIT = ("a figure without an interval lies in one unit (one pair, one source sample): resampling it gives back "
+            "the same figure")
 
 
 def _units(summary: dict[str, Any], base: str, metric: str) -> int | None:

@@ -99,15 +99,16 @@ def rule_mode(rule: str) -> str:
 def rule_records(suite: Suite, rows: Sequence[dict], rule: str,
                  novel: NovelTokens | None = None) -> list[dict[str, Any]]:
     """The records the suite writes for ``rows`` (as loaded and selected for the judge) when the rule's scores stand in
-    for a judge's: each response of the row's implicit request scored by `response_score`, or, for first_shown, each
-    presentation's first-shown verdict at probability ~1 in verdict mode. ``row_index`` as the engine writes it."""
+    for a judge's: each response the rules read (`Suite.rule_texts`) scored by `response_score`, or, for first_shown,
+    each presentation's first-shown verdict at probability ~1 in verdict mode. ``row_index`` as the engine writes
+    it."""
     mode = rule_mode(rule)
     out = []
     for index, row in enumerate(rows):
         if mode == "verdict":
             scores = [0.0, -_FAR, 0.0, -_FAR]  # as stored, swapped: the first shown likelier
         else:
-            scores = [response_score(rule, r, novel) for r in suite.request(row, "implicit").responses]
+            scores = [response_score(rule, r, novel) for r in suite.rule_texts(row) or []]
         out.append({"row_index": index, **suite.row_fields(row, RowScore(scores), mode)})
     return out
 
@@ -129,7 +130,10 @@ _CACHE: dict[tuple[str, str, str], dict[str, RuleFigures]] = {}  # (suite, rows'
 def rule_figures(suite: Suite, rows: Sequence[dict], novel: NovelTokens | None = None) -> dict[str, RuleFigures]:
     """{rule: its figures} of each rule of `rules_for` on ``rows`` (as loaded and selected for the judge). Rules read
     no model, so each eval set's figures are computed once: a later call with the same rows (the next epoch) gets
-    them from the cache."""
+    them from the cache. {} for rows that hold no response to read alone (`Suite.rule_texts`: Ideation's pairwise
+    rows, whose responses are verdicts about proposals inside the prompt)."""
+    if any(suite.rule_texts(row) is None for row in rows):
+        return {}  # rows without responses to read alone (Ideation's pairwise rows): no rule applies
     key = (suite.name, fingerprint(rows), fingerprint(sorted(novel.marks)) if novel else "")
     if key not in _CACHE:
         out = {}

@@ -248,11 +248,15 @@ def set_rules(res: SuiteResult, spec: SuiteSpec, rows: list[dict], novel: NovelT
                     "--rules_train_pairs FILE`, or the loop's training pairs); the shorter, longer and (pairwise "
                     "suites) first-shown rules stand beside the judge")
     res.rules = rule_figures(spec.suite, rows, novel)
+    if not res.rules and rows and spec.key not in _SAID_NO_NOVEL:
+        _SAID_NO_NOVEL.append(spec.key)
+        logger.info("eval %s: no rule that needs no judge applies: its rows hold no response to read alone",
+                    spec.name)
     for sub in [res, *res.modes.values()]:
         sub.learned = learned(sub.items, res.rules) if sub.items is not None else {}
 
 
-_SAID_NO_NOVEL: list[str] = []  # not empty once the missing novel-token rule was said (once a process)
+_SAID_NO_NOVEL: list[str] = []  # said once a process: the missing novel-token rule, an eval set no rule reads
 
 
 def flat_metrics(results: dict[str, SuiteResult], prefix: str = "eval/") -> dict[str, float]:
