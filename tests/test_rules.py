@@ -171,8 +171,9 @@ def test_the_novel_token_rule_fitted_on_a_training_pairs_file_and_a_bad_file_ref
 def test_a_judge_figure_is_learned_only_where_it_beats_the_best_rule_and_every_table_says_so():
     """24 pairs, the better response the shorter one in 12 (shorter: 0.5, longer: 0.5, first-shown: pair_acc 0). A
     judge right on all 24 beats the best rule by +0.5, its interval above 0: learned; a judge whose scores are the
-    shorter rule's is not above it (+0 [0, 0]). The verdict reaches the logged keys (read back by `flat_verdict`, the
-    report's headline and the card), results.json's `rules`, and the loop's round table and its markdown."""
+    shorter rule's is not above it (+0 [0, 0]). The verdict reaches the logged keys, read back by `flat_verdict` into
+    the headline table of the report and the card, results.json's `rules`, and the loop's round table and its
+    markdown."""
     from judgetrain.eval.evidence import suite_evidence
     from judgetrain.eval.rules import flat_verdict, learned, rule_figures
     from judgetrain.eval.runner import SuiteResult, rules_summary, set_rules
@@ -208,6 +209,11 @@ def test_a_judge_figure_is_learned_only_where_it_beats_the_best_rule_and_every_t
     assert flat["eval/evalbiasbench/over_rule/pair_acc"] == 0.5
     assert flat_verdict(flat, "eval/evalbiasbench/pair_acc") == {k: v[k] for k in (
         "rule", "rule_value", "delta", "delta_ci_low", "delta_ci_high", "learned")}
+    from judgetrain.report.headline import headline, headline_table
+
+    header, cells = headline_table(headline({10: {**flat, "step": 10}}))  # the report's and the card's headline
+    assert header[-1] == "last eval beside the rules that need no judge"
+    assert cells[0][0].startswith("EvalBiasBench pair accuracy") and cells[0][-1] == verdict_words(v)
     doc = {"scoring": "implicit", "intervals": {"evalbiasbench": {"implicit": right.intervals}},
            "rules": rules_summary({"evalbiasbench": right}, "implicit")}
     row = next(r for r in figure_rows(1, doc, None) if r["figure"] == "evalbiasbench/pair_acc")
