@@ -252,8 +252,12 @@ def set_rules(res: SuiteResult, spec: SuiteSpec, rows: list[dict], novel: NovelT
         _SAID_NO_NOVEL.append(spec.key)
         logger.info("eval %s: no rule that needs no judge applies: its rows hold no response to read alone",
                     spec.name)
-    for sub in [res, *res.modes.values()]:
-        sub.learned = learned(sub.items, res.rules) if sub.items is not None else {}
+    for mode, sub in [("", res), *res.modes.items()]:
+        try:
+            sub.learned = learned(sub.items, res.rules) if sub.items is not None else {}
+        except ValueError as err:  # items that cannot be paired (two rows of one id): said, the figures stand
+            logger.warning("eval %s%s: no verdict against the rules that need no judge: %s", spec.name,
+                           f" ({mode})" if mode else "", err)
 
 
 _SAID_NO_NOVEL: list[str] = []  # said once a process: the missing novel-token rule, an eval set no rule reads
