@@ -67,6 +67,15 @@ def test_compare_prints_and_writes_each_headline_figure_from_the_row_files(evalu
         assert doc["metrics"][f"eval/{suite}/delta/{metric}"] == pytest.approx(fig["delta"])
         assert f"eval/{suite}/delta/{metric}/p_value" in doc["metrics"]
     assert doc["suites"]["rmbench"]["judge"]["style_spread"]["n"] == 8
+    # each judge beside the best rule that needs no judge on the same rows, from each side's results.json
+    for side, folder in (("a", a), ("b", b)):
+        saved = json.loads((folder / "results.json").read_text())["rules"]["rmbench"]["learned"]["judge"]
+        assert doc["rules"][side]["rmbench"]["judge"] == saved
+        hard = saved["hard_acc"]
+        assert hard["rule"] in ("shorter", "longer")
+        assert hard["rule_value"] == max(_results(folder)[f"eval/rmbench/rule/{r}/hard_acc"] for r in ("shorter",
+                                                                                                         "longer"))
+    assert "best rule (" in printed and "B beside the rules" in printed
     # the exact sign test over the ideation pairs (both orders one unit) whose count of right orders changed
     gained = lost = 0
     recs = [read_jsonl(f / "ideation.jsonl") for f in (a, b)]

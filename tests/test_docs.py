@@ -15,7 +15,7 @@ is classified by `plan` below, and a command it cannot classify fails `test_ever
   bundled data and the tiny judge (an eval with ``--eval_max_rows 2`` appended); ``runs/quickstart`` is a real run of the
   quickstart recipe cut to 2 steps (`trained_run`, trained in a subprocess while the quicker commands run), and
   ``RM-Bench/data`` (a clone a user makes) is the real RM-Bench rows of tests/conftest.py when present, else the
-  bundled RM-Bench sample.
+  bundled RM-Bench sample; ``biasbench.json`` EvalBiasBench's own file when present, else two pairs in its format.
 - ``--help`` where a real run needs a GPU, the hub or minutes of CPU (`judgetrain bench`, `judgetrain memory check`,
   an eval of a hub model, the SmolLM2 demo script):
   every ``--flag`` the docs line uses must appear in that command's ``--help`` (for ``accelerate launch``, its own
@@ -416,6 +416,14 @@ def workspace(tmp_path_factory, request):
     rmbench = shared / "data" / "rm-bench" if shared else REPO / "judgetrain" / "data" / "samples" / "rmbench"
     (ws / "RM-Bench").mkdir()
     (ws / "RM-Bench" / "data").symlink_to(rmbench, target_is_directory=True)
+    biasbench = shared / "data" / "evalbiasbench" / "biasbench.json" if shared else None
+    if biasbench is not None and biasbench.is_file():  # EvalBiasBench's own file, as docs/evaluation.md names it
+        (ws / "biasbench.json").symlink_to(biasbench)
+    else:  # two pairs in the authors' format
+        (ws / "biasbench.json").write_text(json.dumps({"length bias": [
+            {"bias": "length bias", "instruction": "Name a colour.", "response1": "Red.", "response2": "A fish.",
+             "label": 1},
+            {"bias": "length bias", "instruction": "Add 2 and 2.", "response1": "5", "response2": "4", "label": 2}]}))
     (ws / "runs").mkdir()
     wanted = any(getattr(item, "callspec", None) and getattr(item.callspec.params.get("p"), "needs_run", False)
                  for item in request.session.items)

@@ -324,3 +324,23 @@ def test_items_intervals_give_every_metric_from_one_set_of_resamples():
     out = items_intervals(items)
     assert out["twice_a"]["ci_low"] == pytest.approx(2 * out["a"]["ci_low"])
     assert out["twice_a"]["ci_high"] == pytest.approx(2 * out["a"]["ci_high"])
+
+
+def test_a_figure_of_one_unit_has_no_interval_and_the_table_says_why():
+    """Two pairs of one source sample, one right and one wrong: 0.5 over 2 items in 1 unit. Every resample draws that
+    sample and gives back 0.5, a zero-width [0.5, 0.5] it does not have: its bounds are NaN (`n_units` 1), not logged,
+    and the logged table prints the value alone with the line saying why. Two samples get their interval."""
+    from judgetrain.eval.evidence import ONE_UNIT, headline_table
+
+    one = items_intervals(Items(["a", "b"], {"accuracy": np.asarray([1.0, 0.0])}, clusters=np.asarray(["s1", "s1"])))
+    assert one["accuracy"]["value"] == 0.5 and (one["accuracy"]["n"], one["accuracy"]["n_units"]) == (2, 1)
+    assert math.isnan(one["accuracy"]["ci_low"]) and math.isnan(one["accuracy"]["ci_high"])
+    assert interval_keys(one, "eval/pairwise/") == {"eval/pairwise/accuracy": 0.5}
+    two = items_intervals(Items(["a", "b"], {"accuracy": np.asarray([1.0, 0.0])}, clusters=np.asarray(["s1", "s2"])))
+    assert (two["accuracy"]["ci_low"], two["accuracy"]["ci_high"], two["accuracy"]["n_units"]) == (0.0, 1.0, 2)
+    assert math.isnan(bootstrap_ci([1.0, 0.0], clusters=["s1", "s1"])["ci_low"])
+    summary = {"scoring": "judge", "scoring_modes": ["judge"], "metrics": interval_keys(one, "eval/pairwise/"),
+               "intervals": {"pairwise": {"judge": one}}}
+    text = headline_table(summary)
+    row = next(line for line in text.splitlines() if line.startswith("pairwise/accuracy"))
+    assert row.split() == ["pairwise/accuracy", "0.500"] and text.splitlines()[-1] == ONE_UNIT

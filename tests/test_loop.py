@@ -93,6 +93,35 @@ def test_the_response_form_is_accepted_and_its_pairs_stage_writes_the_question_a
         assert DRUGS[i % 3] not in json.loads(r["rejected"])[0]["content"]
 
 
+def test_round_k_eval_fits_the_novel_token_rule_on_its_response_pairs(tmp_path, monkeypatch):
+    """The eval stage names round k's training pairs to `judgetrain eval --rules_train_pairs` (round 0, the base,
+    scored before any pairs exist: none); the rule fitted on that file marks the words of the error copies that no
+    source holds: the drugs the swap brought in, which no note names."""
+    from judgetrain.eval.rules import read_training_pairs
+    from judgetrain.loop import run as loop_run
+    from judgetrain.loop.config import load_config
+    from judgetrain.loop.run import Loop, open_state
+
+    config = load_config(loop_config(tmp_path, pairs={"method": "known", "form": "response", "ties": "drop"}))
+    out = Path(config.output_dir)
+    loop = Loop(config, out, open_state(config, out))
+    for stage in ("items", "split", "pairs"):
+        loop.stage(1, stage)
+    commands = []
+    monkeypatch.setattr(loop_run, "run_command", lambda argv, *launch: commands.append(argv))
+    loop.stage_eval(0, loop.round_dir(0))
+    loop.stage_eval(1, loop.round_dir(1))
+    evals = [c for c in commands if c[0] == "eval"]
+    assert "--rules_train_pairs" not in evals[0]
+    pairs = evals[1][evals[1].index("--rules_train_pairs") + 1]
+    assert pairs == str(out / "round-1" / "pairs" / "train.parquet")
+    rows = pq.read_table(pairs).to_pylist()
+    said = [{w for r in rows for w in json.loads(r[side])[0]["content"].replace(".", " ").split()}
+            for side in ("chosen", "rejected")]
+    marks = read_training_pairs(pairs).marks
+    assert marks == said[1] - said[0] and marks and not marks & set(DRUGS)  # the drugs the swap brought in
+
+
 def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_design(tmp_path):
     from judgetrain.loop.config import load_config
 

@@ -98,7 +98,7 @@ def test_figures_pool_types_and_draw_a_samples_pairs_together():
     # error pairs: type a always ranked right, type b right on the first 4 samples only
     values = np.asarray([1.0 if p.perturbation_type == "a" or p.sample_id < 4 else 0.0 for p in probe.pairs])
     figures = kind_figures(probe, "error", {"implicit_sum": values}, n_resamples=400, seed=0)["implicit_sum"]
-    assert figures["a"] == {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 8, "n_samples": 8}
+    assert figures["a"] == {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 8, "n_units": 8, "n_samples": 8}
     assert figures["b"]["value"] == 0.5 and figures["b"]["n"] == 8
     assert figures["all"]["value"] == 0.75 and figures["all"]["n"] == 16 and figures["all"]["n_samples"] == 8
     # clustered by sample: a sample's two pairs (1+1 or 1+0) move together, so the pooled interval is the per-sample
@@ -107,6 +107,21 @@ def test_figures_pool_types_and_draw_a_samples_pairs_together():
     text = table({"error": {"implicit_sum": figures}})
     assert "error: share of pairs, source ranked above its error copy" in text
     assert "1.00 [1.00,1.00]" in text.splitlines()[2] and text.splitlines()[-1].split()[:2] == ["all", "16"]
+
+
+def test_a_figure_of_one_source_sample_prints_no_interval_and_says_why():
+    """One source sample, its two error pairs ranked right once and wrong once: "all" is 0.50 over 2 pairs of 1
+    sample. Every resample draws that sample, so the old table printed "all 2 0.50 [0.50,0.50]", a zero-width interval
+    it does not have; it prints the value alone, and the line saying why."""
+    probe = toy_set(1)
+    values = np.asarray([1.0 if p.perturbation_type == "a" else 0.0 for p in probe.pairs])
+    figures = kind_figures(probe, "error", {"implicit_sum": values}, n_resamples=200, seed=0)["implicit_sum"]
+    assert figures["all"]["value"] == 0.5 and figures["all"]["n"] == 2 and figures["all"]["n_units"] == 1
+    assert np.isnan(figures["all"]["ci_low"]) and np.isnan(figures["all"]["ci_high"])
+    text = table({"error": {"implicit_sum": figures}})
+    row = next(line for line in text.splitlines() if line.startswith("all"))
+    assert row.split() == ["all", "2", "0.50"] and "[" not in row
+    assert "holds one source sample: every resample draws that one sample" in text
 
 
 def test_verdict_mode_reads_every_direct_pair_and_a_drawn_rewrite_per_error_copy():

@@ -78,6 +78,32 @@ def test_the_figures_worked_by_hand_and_their_directions():
     assert direction("eval/rewrites/rewrite_over_error") == "higher"
 
 
+def test_verdict_mode_reads_both_orders_so_a_position_lean_scores_no_best_value():
+    """Verdict mode: a judge that always answers [[A>B]] (log-probabilities [0, -5] in both orders) picks the response
+    shown first, so each rewrite wins one order of two against its source and against the error copy: 0.5 on both
+    figures, never the 0 (rewrite_below_source_rate's best value) that JudgeBench's sum of the orders gave it. A judge
+    that ranks by content (source over rewrite in both orders, rewrite over error in both) gets 1.0 and 1.0; one
+    whose swapped verdict was not read counts that order against it."""
+    from judgetrain.eval.benchmarks import get_suite
+    from judgetrain.eval.requests import RowScore
+
+    suite = get_suite("rewrites")
+    rows = [{"id": f"{i}|{kind}", "sample_id": str(i), "prompt": "q", "response_a": "a", "response_b": "b",
+             "label": "A>B", "category": kind} for i in range(1, 5) for kind in ("source_vs_rewrite", "rewrite_vs_error")]
+
+    def figures(scores, mode="verdict"):
+        records = [{"row_index": i, **suite.row_fields(r, RowScore(scores), mode)} for i, r in enumerate(rows)]
+        return suite.figures(records, mode)
+
+    lean = figures([0.0, -5.0, 0.0, -5.0])  # [[A>B]] likelier as shown and swapped
+    assert (lean["rewrite_below_source_rate"], lean["rewrite_over_error"]) == (0.5, 0.5)
+    content = figures([0.0, -5.0, -5.0, 0.0])  # A (the row's first) wins as shown and, swapped, as B
+    assert (content["rewrite_below_source_rate"], content["rewrite_over_error"]) == (1.0, 1.0)
+    unread = figures([0.0, -5.0, float("nan"), 0.0])  # the swapped order's verdict not read
+    assert (unread["rewrite_below_source_rate"], unread["rewrite_over_error"]) == (1.0, 0.5)
+    assert figures([2.0, 1.0], "judge")["rewrite_below_source_rate"] == 1.0  # two scores: the row right / wrong
+
+
 def test_the_suite_through_judgetrain_eval_matches_its_per_row_file(tmp_path, tiny_judge):
     from judgetrain.cli import main
 

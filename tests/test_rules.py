@@ -8,7 +8,9 @@ import json
 import pytest
 
 from judgetrain.eval.benchmarks import get_suite
-from judgetrain.eval.rules import NovelTokens, response_score, rule_records, rule_verdict, rules_for, words
+from judgetrain.eval.requests import RowScore
+from judgetrain.eval.rules import (NovelTokens, response_score, rule_records, rule_verdict, rules_for, verdict_words,
+                                   words)
 
 
 def _pair(a: str, b: str, label: str = "A>B", **more) -> dict:
@@ -72,3 +74,149 @@ def test_shorter_rule_on_evalbiasbench_equals_the_rule_by_hand_on_the_authors_fi
     assert figures["pair_acc"] == pytest.approx(sum(sum(v) for v in by_hand.values()) / 80)
     assert round(figures["pair_acc"] * 80) == 59
     assert figures["length_bias"]["pair_acc"] == 1.0 and figures["length_bias"]["n"] == 17
+
+
+def _by_hand(shared_dir) -> dict[str, list[bool]]:
+    """The authors' 80 pairs, each rule's pick counted by hand on biasbench.json (characters; equal lengths: no
+    pick, wrong by OffsetBias's rule): {rule: right per pair}."""
+    raw = json.loads((shared_dir / "data" / "evalbiasbench" / "biasbench.json").read_text())
+    raw = [r for rows in raw.values() for r in rows] if isinstance(raw, dict) else raw
+    out: dict[str, list[bool]] = {"shorter": [], "longer": []}
+    for r in raw:
+        a, b, better_a = len(str(r["response1"])), len(str(r["response2"])), int(r["label"]) == 1
+        out["shorter"].append(a != b and (a < b) == better_a)
+        out["longer"].append(a != b and (a > b) == better_a)
+    return out
+
+
+def test_judgetrain_eval_prints_the_rules_beside_the_judge_equal_to_the_rule_by_hand(shared_dir, tiny_judge, tmp_path,
+                                                                                   capsys):
+    """`judgetrain eval` on EvalBiasBench's own file (the tiny judge, implicit mode): results.json holds each rule's
+    figures under eval/evalbiasbench/rule/<rule>/..., equal to the rules counted by hand on the authors' file (shorter
+    59 of 80, longer the pairs of unequal lengths the other way; first-shown: one presentation of two right, so
+    single_acc 0.5 and pair_acc 0), each with its interval; the printed table sets them beside the judge with a
+    verdict per figure, and the judge's difference from the best rule is logged."""
+    from judgetrain.cli import main
+
+    path = shared_dir / "data" / "evalbiasbench" / "biasbench.json"
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", "tiny-judge", "--eval_suites", "evalbiasbench", "--eval_evalbiasbench_source",
+                 str(path), "--eval_scoring", "implicit", "--output_dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    (results_path,) = out.glob("*/results.json")
+    results = json.loads(results_path.read_text())
+    metrics = results["metrics"]
+    hand = _by_hand(shared_dir)
+    assert sum(hand["shorter"]) == 59 and sum(hand["longer"]) == 21
+    assert metrics["eval/evalbiasbench/rule/shorter/pair_acc"] == pytest.approx(59 / 80)
+    assert metrics["eval/evalbiasbench/rule/longer/pair_acc"] == pytest.approx(sum(hand["longer"]) / 80)
+    assert metrics["eval/evalbiasbench/rule/first_shown/single_acc"] == 0.5
+    assert metrics["eval/evalbiasbench/rule/first_shown/pair_acc"] == 0.0
+    assert metrics["eval/evalbiasbench/rule/shorter/length_bias/pair_acc"] == 1.0
+    low, high = (metrics[f"eval/evalbiasbench/rule/shorter/pair_acc/{b}"] for b in ("ci_low", "ci_high"))
+    assert low < 59 / 80 < high
+    assert "eval/evalbiasbench/rule/novel_token/pair_acc" not in metrics  # no training pairs given
+    verdict = results["rules"]["evalbiasbench"]["learned"]["implicit"]["pair_acc"]
+    assert verdict["rule"] == "shorter" and verdict["rule_value"] == pytest.approx(59 / 80)
+    judge = metrics["eval/evalbiasbench/pair_acc"]
+    assert verdict["delta"] == pytest.approx(judge - 59 / 80)
+    assert metrics["eval/evalbiasbench/over_rule/pair_acc"] == pytest.approx(judge - 59 / 80)
+    assert verdict["learned"] == (verdict["delta_ci_low"] > 0)
+    assert "The judge beside the rules that need no judge" in printed
+    row = next(line for line in printed.splitlines() if "│ evalbiasbench/pair_acc " in line)
+    assert "0.738 [" in row and f"{sum(hand['longer']) / 80:.3f} [" in row and "0.000" in row
+    assert "best rule (shorter)" in row
+
+
+def test_the_novel_token_rule_fitted_on_a_training_pairs_file_and_a_bad_file_refused(tiny_judge, tmp_path, capsys):
+    """`--rules_train_pairs`: response pairs (chosen the source, rejected its error copy) fit the novel-token rule,
+    whose figures on a team's pairs equal the rule applied by hand; a file of verdict pairs, or a row without its
+    rejected response, is refused naming the file and row, exit 2, before any evaluation is written."""
+    from judgetrain.cli import main
+
+    def pair(chosen: str, rejected: str) -> dict:
+        return {"prompt": [{"role": "user", "content": "Recipe?"}], "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}]}
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("\n".join(json.dumps(pair(a, b)) for a, b in [
+        ("Heat in a crucible at 850 C.", "Heat in a beaker at 850 C."),
+        ("Grind in a mortar for 12 h.", "Grind in a mortar for 2257 h.")]) + "\n")
+    held = tmp_path / "held.jsonl"
+    held.write_text("\n".join(json.dumps(r) for r in [
+        _pair("Dry in a crucible.", "Dry in a beaker.", id="1"),  # caught
+        _pair("Mix for 2257 h.", "Mix for 12 h.", "B>A", id="2"),  # caught: the copy is B
+        _pair("Dry at 850 C.", "Dry at 12 C.", id="3")]) + "\n")  # no marked word: a tie, wrong
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", "tiny-judge", "--eval_suites", "pairwise", "--eval_pairwise_source", str(held),
+                 "--eval_scoring", "implicit", "--rules_train_pairs", str(train), "--output_dir", str(out)]) == 0
+    (results_path,) = out.glob("*/results.json")
+    metrics = json.loads(results_path.read_text())["metrics"]
+    assert metrics["eval/pairwise/rule/novel_token/accuracy"] == pytest.approx(2 / 3)
+    assert "novel_token" in capsys.readouterr().out
+
+    verdicts = tmp_path / "verdicts.jsonl"
+    verdicts.write_text(json.dumps(pair("[[A>B]]", "[[B>A]]")) + "\n")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(pair("a", "b")) + "\n" + json.dumps({"prompt": "x", "chosen": "y"}) + "\n")
+    for bad, says in ((verdicts, "row 0, field 'chosen': a verdict, not a response"), (broken, "row 1")):
+        out = tmp_path / f"eval-{bad.stem}"
+        assert main(["eval", "--model", "tiny-judge", "--eval_suites", "pairwise", "--eval_pairwise_source",
+                     str(held), "--rules_train_pairs", str(bad), "--output_dir", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--rules_train_pairs" in err and str(bad) in err and says in err
+        assert not list(out.glob("*/results.json"))
+
+
+def test_a_judge_figure_is_learned_only_where_it_beats_the_best_rule_and_every_table_says_so():
+    """24 pairs, the better response the shorter one in 12 (shorter: 0.5, longer: 0.5, first-shown: pair_acc 0). A
+    judge right on all 24 beats the best rule by +0.5, its interval above 0: learned; a judge whose scores are the
+    shorter rule's is not above it (+0 [0, 0]). The verdict reaches the logged keys, read back by `flat_verdict` into
+    the headline table of the report and the card, results.json's `rules`, and the loop's round table and its
+    markdown."""
+    from judgetrain.eval.evidence import suite_evidence
+    from judgetrain.eval.rules import flat_verdict, learned, rule_figures
+    from judgetrain.eval.runner import SuiteResult, rules_summary, set_rules
+    from judgetrain.eval.suites import SuiteSpec, suite_metrics
+    from judgetrain.loop.table import figure_rows, markdown
+
+    suite = get_suite("evalbiasbench")
+    rows = [_pair("ok" if i % 2 else "a long right answer", "a much longer wrong answer" if i % 2 else "no",
+                  id=str(i)) for i in range(24)]
+    figures = rule_figures(suite, rows)
+    assert [figures[r].metrics["pair_acc"] for r in ("shorter", "longer", "first_shown")] == [0.5, 0.5, 0.0]
+    assert rule_figures(suite, [dict(r) for r in rows]) is figures  # the same rows: computed once
+
+    def judge(scores_of):
+        records = [{"row_index": i, **suite.row_fields(r, RowScore(scores_of(r)), "implicit")}
+                   for i, r in enumerate(rows)]
+        items, intervals = suite_evidence("evalbiasbench", "implicit", records)
+        return SuiteResult("evalbiasbench", suite_metrics("evalbiasbench", records, "implicit"), records, items=items,
+                           intervals=intervals)
+
+    right = judge(lambda r: [1.0, 0.0])  # the label is A>B in every pair
+    set_rules(right, SuiteSpec("evalbiasbench", rows=rows), rows, None)
+    v = right.learned["pair_acc"]
+    assert v["rule"] == "shorter" and v["rule_value"] == 0.5 and v["delta"] == 0.5 and v["learned"]
+    assert 0 < v["delta_ci_low"] <= 0.5 <= v["delta_ci_high"]
+    assert verdict_words(v).startswith("beats the best rule (shorter) by +0.500 [")
+    same = learned(judge(lambda r: [-len(r["response_a"]), -len(r["response_b"])]).items, figures)["pair_acc"]
+    assert (same["delta"], same["delta_ci_low"], same["delta_ci_high"], same["learned"]) == (0.0, 0.0, 0.0, False)
+    assert verdict_words(same) == "not above the best rule (shorter): +0.000 [0.000, 0.000]"
+
+    flat = right.flat()
+    assert flat["eval/evalbiasbench/rule/longer/pair_acc"] == 0.5
+    assert flat["eval/evalbiasbench/over_rule/pair_acc"] == 0.5
+    assert flat_verdict(flat, "eval/evalbiasbench/pair_acc") == {k: v[k] for k in (
+        "rule", "rule_value", "delta", "delta_ci_low", "delta_ci_high", "learned")}
+    from judgetrain.report.headline import headline, headline_table
+
+    header, cells = headline_table(headline({10: {**flat, "step": 10}}))  # the report's and the card's headline
+    assert header[-1] == "last eval beside the rules that need no judge"
+    assert cells[0][0].startswith("EvalBiasBench pair accuracy") and cells[0][-1] == verdict_words(v)
+    doc = {"scoring": "implicit", "intervals": {"evalbiasbench": {"implicit": right.intervals}},
+           "rules": rules_summary({"evalbiasbench": right}, "implicit")}
+    row = next(r for r in figure_rows(1, doc, None) if r["figure"] == "evalbiasbench/pair_acc")
+    assert (row["best_rule"], row["over_rule"], row["learned"]) == ("shorter", 0.5, True)
+    assert "| evalbiasbench/pair_acc | 1.000 [1.000, 1.000]; beats the best rule (shorter) by +0.500 [" \
+        in markdown(figure_rows(1, doc, None))

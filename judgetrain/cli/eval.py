@@ -24,6 +24,12 @@ with the texts written), the files the training callback writes per eval step
 and in the same modes, into ``<output_dir>/baseline/``; every model evaluated after it gets, beside each figure,
 ``eval/<suite>[/<mode>]/delta/<metric>`` (trained - baseline) with its ``delta_ci_low``, ``delta_ci_high`` and
 ``p_value``, and the categories that got worse are named in a warning and in results.json's ``regressions``.
+
+Every pairwise figure is also computed by the rules that need no judge (`judgetrain.eval.rules`: the shorter response
+wins, the longer wins, the first shown wins, and with ``--rules_train_pairs`` the novel-token rule fitted on those
+training pairs) on the same rows, logged as ``eval/<suite>/rule/<rule>/<metric>``, and printed beside the judge with
+each figure's verdict: learned only where the judge beats the best rule, the interval of the paired difference
+excluding 0.
 """
 
 # Late imports: transformers, judgetrain.config, judgetrain.models, torch, peft, rich, judgetrain.utils, accelerate,
@@ -77,6 +83,9 @@ def build_parser():
                    help="bad suite rows: stop naming them (default), or skip them to <output_dir>/rejects-<suite>.jsonl, "
                         "counted")
     p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off by default)")
+    p.add_argument("--rules_train_pairs", help="training pairs (chosen = the source, rejected = its error copy: "
+                   "`judgetrain pairs known --form response`'s train.parquet) the novel-token rule is fitted on; "
+                   "without it that rule is absent (the shorter, longer and first-shown rules need no training items)")
     return follow_conventions(p)
 
 
@@ -173,6 +182,7 @@ def print_table(name: str, results: dict[str, Any]) -> None:
     from rich.table import Table
 
     from judgetrain.eval.benchmarks import get_suite
+    from judgetrain.eval.rules import is_rule_key
 
     out = console()
     tabled = set()
@@ -191,7 +201,8 @@ def print_table(name: str, results: dict[str, Any]) -> None:
         for note in figures.notes:
             out.print(note)
     other = {k: v for name_, r in results.items() for k, v in r.flat().items()
-             if name_ not in tabled or k.split("/")[2] in r.modes}  # a tabled suite's bare figures are in its table
+             if (name_ not in tabled or k.split("/")[2] in r.modes)  # a tabled suite's bare figures are in its table
+             and not is_rule_key(k)}  # the rules' figures: their own table
     if other:
         table = Table(title=f"Checks: {name}")
         table.add_column("metric")
@@ -199,6 +210,26 @@ def print_table(name: str, results: dict[str, Any]) -> None:
         for k, v in other.items():
             table.add_row(k, figure_cell(k, v))
         out.print(table)
+
+
+def print_rules(name: str, doc: dict[str, Any]) -> None:
+    """The table of the judge's figures beside the rules that need no judge (`judgetrain.eval.rules.rule_table` of
+    the evaluation's results.json document)."""
+    from rich.table import Table
+
+    from judgetrain.eval.rules import LEARNED_RULE, rule_table
+
+    columns, rows = rule_table(doc)
+    if not rows:
+        return
+    table = Table(title=f"The judge beside the rules that need no judge: {name}")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i in (0, len(columns) - 1) else "right")
+    for row in rows:
+        table.add_row(*row)
+    out = console()
+    out.print(table)
+    out.print(f"Learned: {LEARNED_RULE}.")
 
 
 def _cpu_only() -> bool:
@@ -242,6 +273,21 @@ def load_rows(specs: list, args: argparse.Namespace) -> None:
             spec.max_rows = None
     except (ValueError, FileNotFoundError) as err:  # DataValidationError is a ValueError
         raise BadInputError(f"cannot load eval data: {err}") from err
+
+
+def training_tokens(args: argparse.Namespace):
+    """The novel-token rule fitted on ``--rules_train_pairs`` (None without it); a file that cannot be read, or rows
+    that are not response pairs, are a `BadInputError` naming the file and row."""
+    if not args.rules_train_pairs:
+        return None
+    from judgetrain.eval.rules import read_training_pairs
+
+    try:
+        return read_training_pairs(args.rules_train_pairs)
+    except BadInputError as err:
+        raise BadInputError(f"--rules_train_pairs: {err}") from None
+    except (ValueError, FileNotFoundError) as err:
+        raise BadInputError(f"--rules_train_pairs {args.rules_train_pairs}: {err}") from None
 
 
 def evaluation_of(eval_args, args: argparse.Namespace):
@@ -307,7 +353,7 @@ def evaluate_target(evaluation, specs: list, run: tuple, args: argparse.Namespac
     try:
         return evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, modes=evaluation.modes,
                                   generator=generator, model=target, adapter=adapter, baseline=shared["baseline"],
-                                  **evaluation.regression)
+                                  novel=shared["novel"], **evaluation.regression)
     finally:
         if generator is not None:  # a vLLM engine per model evaluated: each goes before the next starts
             generator.close()
@@ -321,6 +367,7 @@ def report(name: str, results: dict, doc: dict, args: argparse.Namespace, state)
         logger.warning("%s: %d categories worse than the baseline %s (%s): %s", name, len(doc["regressions"]),
                        args.baseline, doc["worse_rule"], ", ".join(doc["regressions"]))
     print_table(name, results)
+    print_rules(name, doc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,8 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     evaluation = evaluation_of(eval_args, args)
     specs = evaluation.suite_specs()
     load_rows(specs, args)
+    novel = training_tokens(args)  # read and checked before any model loads
     # shared by the models: the reference and its cache (keys name the reference weights and the tokens), the baseline
-    shared = {"ref_model": load_reference(args, state.device), "ref_cache": {}, "baseline": None}
+    shared = {"ref_model": load_reference(args, state.device), "ref_cache": {}, "baseline": None,
+              "novel": novel}
     summary = {}
     for run in runs(args):
         results, doc = evaluate_target(evaluation, specs, run, args, state, shared)

@@ -54,7 +54,8 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
                         alpha: float = REGRESSION_ALPHA) -> dict[str, Any]:
     """A (the baseline) against B, per suite and scoring mode both hold: ``{"a", "b" (the folders read), "suites":
     {suite: {mode: {metric: paired figures, "change" among them}}}, "metrics": {logged key: value}, "regressions":
-    [<suite>[/<mode>]/<metric> worse], "skipped": [why a suite or mode was left out], "n_resamples", "seed"}``.
+    [<suite>[/<mode>]/<metric> worse], "skipped": [why a suite or mode was left out], "rules": {"a", "b": each
+    figure against the best rule that needs no judge (`rule_verdicts`)}, "n_resamples", "seed"}``.
     Logged keys: ``eval/<suite>[/<mode>]/delta/<metric>`` and its ``delta_ci_low``, ``delta_ci_high``, ``p_value``,
     ``n_units`` (the mode named unless it is both evaluations' first mode). ``change``: what `changes` says of the
     figure with ``margin`` and ``alpha``, every figure judged together, as the run's guard judges them."""
@@ -92,7 +93,16 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
     for name, fig in named.items():
         fig["change"] = said.get(name, "")
     doc["regressions"] = [name for name, s in said.items() if s == "worse"]
+    doc["rules"] = {"a": rule_verdicts(folder_a), "b": rule_verdicts(folder_b)}
     return doc
+
+
+def rule_verdicts(folder: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """{suite: {mode: {metric: verdict}}}: each judge figure of a saved evaluation against the best rule that needs no
+    judge on its rows (results.json ``rules``, `judgetrain.eval.rules.learned`); {} for an evaluation without them."""
+    doc = json.loads((folder / RESULTS_FILE).read_text())
+    rules = doc.get("rules") if isinstance(doc, dict) else None
+    return {suite: held.get("learned") or {} for suite, held in (rules or {}).items()}
 
 
 def paired_figures(trained: Items, base: Items, **options: Any) -> dict[str, dict[str, Any]]:

@@ -91,6 +91,7 @@ def headline_table(summary: dict[str, Any]) -> str:
     flat = summary.get("metrics", {})
     bare = summary.get("scoring")
     lines = [f"{'figure':<42} {'value':>7} {'95% interval':>17} {'delta':>8} {'delta interval':>19} {'p':>7}"]
+    one_unit = False
     for suite, figures in HEADLINE.items():
         for mode in summary.get("scoring_modes", [bare]):
             base = f"eval/{suite}/" if mode == bare else f"eval/{suite}/{mode}/"
@@ -99,6 +100,7 @@ def headline_table(summary: dict[str, Any]) -> str:
                 if value is None:
                     continue
                 low, high = flat.get(f"{base}{metric}/ci_low"), flat.get(f"{base}{metric}/ci_high")
+                one_unit |= low is None and _units(summary, base, metric) == 1
                 row = f"{base[5:] + metric:<42} {_num(value):>7} {_pair(low, high):>17}"
                 d = flat.get(f"{base}delta/{metric}")
                 if d is not None:
@@ -106,10 +108,24 @@ def headline_table(summary: dict[str, Any]) -> str:
                             f"{_pair(flat.get(f'{base}delta/{metric}/delta_ci_low'), flat.get(f'{base}delta/{metric}/delta_ci_high')):>19}"
                             f" {_num(flat.get(f'{base}delta/{metric}/p_value')):>7}")
                 lines.append(row)
+    if one_unit:
+        lines.append(ONE_UNIT)
     if "regressions" in summary:
         worse = summary["regressions"]
         lines.append(f"worse than the baseline: {', '.join(worse)}" if worse else "no category got worse")
     return "\n".join(lines)
+
+
+ONE_UNIT = ("a figure without an interval lies in one unit (one pair, one source sample): resampling it gives back "
+            "the same figure")
+
+
+def _units(summary: dict[str, Any], base: str, metric: str) -> int | None:
+    """The units of independence a figure's interval was drawn from (results.json ``intervals``; ``base``:
+    ``eval/<suite>/[<mode>/]``), None where not recorded."""
+    parts = base.split("/")[1:-1]
+    mode = parts[1] if len(parts) > 1 else summary.get("scoring")
+    return ((((summary.get("intervals") or {}).get(parts[0]) or {}).get(mode) or {}).get(metric) or {}).get("n_units")
 
 
 def _num(value: Any, signed: bool = False) -> str:

@@ -84,11 +84,35 @@ def to_trainer_log_keys(metrics: Mapping[str, float]) -> dict[str, float]:
 
 def interval_keys(intervals: Mapping[str, Mapping[str, float]], prefix: str = "") -> dict[str, float]:
     """The logged keys of intervals: ``<prefix><metric>``, ``.../ci_low``, ``.../ci_high``; a metric no item
-    measured (its value NaN) has none."""
+    measured (its value NaN) has none, and one of a single unit (a source sample) has no bounds."""
     out: dict[str, float] = {}
     for metric, iv in intervals.items():
         if not finite_number(iv["value"]):
             continue
         out[prefix + metric] = iv["value"]
-        out[f"{prefix}{metric}/ci_low"], out[f"{prefix}{metric}/ci_high"] = iv["ci_low"], iv["ci_high"]
+        if finite_number(iv["ci_low"]) and finite_number(iv["ci_high"]):  # one unit: no interval
+            out[f"{prefix}{metric}/ci_low"], out[f"{prefix}{metric}/ci_high"] = iv["ci_low"], iv["ci_high"]
+    return out
+
+
+def rule_keys(suite: str, rules: Mapping[str, Any], prefix: str = "eval/") -> dict[str, float]:
+    """The logged keys of the rules that need no judge on a suite's rows (`judgetrain.eval.rules.RuleFigures` by
+    rule): ``<prefix><suite>/rule/<rule>/<metric>`` named as the judge's (``eval/evalbiasbench/rule/shorter/pair_acc``)
+    with its ``/ci_low`` and ``/ci_high``."""
+    out: dict[str, float] = {}
+    for rule, fig in rules.items():
+        out.update(flatten_mode_metrics(suite, f"rule/{rule}", fig.metrics, prefix))
+        out.update(interval_keys(fig.intervals, f"{prefix}{suite}/rule/{rule}/"))
+    return out
+
+
+def over_rule_keys(learned: Mapping[str, Mapping[str, Any]], base: str) -> dict[str, float]:
+    """The logged keys of a judge's figures against the best rule (`judgetrain.eval.rules.learned`; ``base``:
+    ``eval/<suite>/[<mode>/]``): ``<base>over_rule/<metric>`` (judge minus the best rule) with its
+    ``/delta_ci_low`` and ``/delta_ci_high``."""
+    out: dict[str, float] = {}
+    for metric, v in learned.items():
+        out[f"{base}over_rule/{metric}"] = v["delta"]
+        out[f"{base}over_rule/{metric}/delta_ci_low"] = v["delta_ci_low"]
+        out[f"{base}over_rule/{metric}/delta_ci_high"] = v["delta_ci_high"]
     return out

@@ -17,13 +17,21 @@ is the suite's own rule applied to it: a tie counts as the suite counts a judge'
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from judgetrain.config.directions import direction
+from judgetrain.config.recipe import SCORING_MODES
+from judgetrain.data.preference import load_preference
+from judgetrain.data.validate import DataValidationError, RowProblem
 from judgetrain.eval.benchmarks.base import Suite, text_of
 from judgetrain.eval.requests import RowScore
+from judgetrain.eval.stats import Items, items_intervals, paired_difference
 
 RULES = ("shorter", "longer", "first_shown", "novel_token")
 PAIRWISE_ONLY = ("first_shown",)  # rules defined on a pair shown in an order
@@ -91,14 +99,176 @@ def rule_mode(rule: str) -> str:
 def rule_records(suite: Suite, rows: Sequence[dict], rule: str,
                  novel: NovelTokens | None = None) -> list[dict[str, Any]]:
     """The records the suite writes for ``rows`` (as loaded and selected for the judge) when the rule's scores stand in
-    for a judge's: each response of the row's implicit request scored by `response_score`, or, for first_shown, each
-    presentation's first-shown verdict at probability ~1 in verdict mode. ``row_index`` as the engine writes it."""
+    for a judge's: each response the rules read (`Suite.rule_texts`) scored by `response_score`, or, for first_shown,
+    each presentation's first-shown verdict at probability ~1 in verdict mode. ``row_index`` as the engine writes
+    it."""
     mode = rule_mode(rule)
     out = []
     for index, row in enumerate(rows):
         if mode == "verdict":
             scores = [0.0, -_FAR, 0.0, -_FAR]  # as stored, swapped: the first shown likelier
         else:
-            scores = [response_score(rule, r, novel) for r in suite.request(row, "implicit").responses]
+            scores = [response_score(rule, r, novel) for r in suite.rule_texts(row) or []]
         out.append({"row_index": index, **suite.row_fields(row, RowScore(scores), mode)})
     return out
+
+
+# ------------------------------------------------------------------------------------- the rules' figures
+@dataclass
+class RuleFigures:
+    """One rule's figures on a suite's rows: ``metrics`` (the suite's own figures of the rule's records), ``items``
+    (its per-item figures, the base of a judge's paired difference) and ``intervals`` (``items_intervals``)."""
+
+    metrics: dict[str, Any]
+    items: Items | None
+    intervals: dict[str, dict[str, float]]
+
+
+_CACHE: dict[tuple[str, str, str], dict[str, RuleFigures]] = {}  # (suite, rows' fingerprint, marks'): figures
+
+
+def rule_figures(suite: Suite, rows: Sequence[dict], novel: NovelTokens | None = None) -> dict[str, RuleFigures]:
+    """{rule: its figures} of each rule of `rules_for` on ``rows`` (as loaded and selected for the judge). Rules read
+    no model, so each eval set's figures are computed once: a later call with the same rows (the next epoch) gets
+    them from the cache. {} for rows that hold no response to read alone (`Suite.rule_texts`: Ideation's pairwise
+    rows, whose responses are verdicts about proposals inside the prompt)."""
+    if any(suite.rule_texts(row) is None for row in rows):
+        return {}  # rows without responses to read alone (Ideation's pairwise rows): no rule applies
+    key = (suite.name, fingerprint(rows), fingerprint(sorted(novel.marks)) if novel else "")
+    if key not in _CACHE:
+        out = {}
+        for rule in rules_for(suite, novel):
+            mode, records = rule_mode(rule), rule_records(suite, rows, rule, novel)
+            items, _ = suite.items(records, mode)
+            intervals = items_intervals(items) if items is not None and len(items.keys) else {}
+            out[rule] = RuleFigures({**suite.figures(records, mode), "n_rows": len(records)}, items, intervals)
+        _CACHE[key] = out
+    return _CACHE[key]
+
+
+def fingerprint(rows: Any) -> str:
+    """SHA-256 of rows as JSON (keys sorted): equal rows, equal fingerprint."""
+    text = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def learned(judge: Items, rules: Mapping[str, RuleFigures]) -> dict[str, dict[str, Any]]:
+    """Each ranked figure of the judge's items (higher or lower is better; the position figures, best at a value, are
+    left out) set beside the best rule on it (the best value over the rules' figures, the first of `RULES` on a tie):
+    ``{metric: {rule, rule_value, judge, delta, delta_ci_low, delta_ci_high, n_units, learned}}``, the difference
+    judge minus that rule paired on the same items and units (`paired_difference`, the rule's items as the base).
+    ``learned``: the judge beats the best rule, the interval of the difference excluding 0 on the better side. A
+    figure no item of both holds is left out."""
+    out: dict[str, dict[str, Any]] = {}
+    paired: dict[str, dict[str, dict[str, float]]] = {}
+    for metric in judge.values:
+        way = direction(metric)
+        values = {r: f.intervals[metric]["value"] for r, f in rules.items()
+                  if metric in f.intervals and math.isfinite(f.intervals[metric]["value"]) and f.items is not None}
+        if way not in ("higher", "lower") or not values:
+            continue
+        best = (max if way == "higher" else min)(values, key=values.get)
+        if best not in paired:
+            paired[best] = paired_difference(judge, rules[best].items)
+        p = paired[best].get(metric)
+        if p is None or not all(math.isfinite(p[k]) for k in ("delta_ci_low", "delta_ci_high")):
+            continue
+        beats = p["delta_ci_low"] > 0 if way == "higher" else p["delta_ci_high"] < 0
+        out[metric] = {"rule": best, "rule_value": values[best], "judge": p["trained"], "delta": p["delta"],
+                       "delta_ci_low": p["delta_ci_low"], "delta_ci_high": p["delta_ci_high"],
+                       "n_units": p["n_units"], "learned": bool(beats)}
+    return out
+
+
+def verdict_words(verdict: Mapping[str, Any]) -> str:
+    """A figure's verdict in words: "beats the best rule (shorter) by +0.120 [0.050, 0.190]" where the judge learned
+    more than the rule reads, else "not above the best rule (shorter): +0.020 [-0.050, 0.090]"."""
+    diff = f"{verdict['delta']:+.3f} [{verdict['delta_ci_low']:.3f}, {verdict['delta_ci_high']:.3f}]"
+    if verdict["learned"]:
+        return f"beats the best rule ({verdict['rule']}) by {diff}"
+    return f"not above the best rule ({verdict['rule']}): {diff}"
+
+
+def round_verdict(row: Mapping[str, Any]) -> str:
+    """A round table row's figure against the best rule (`judgetrain.loop.table`: ``best_rule``, ``over_rule`` with
+    its interval, ``learned``) in words (`verdict_words`); "" where it has none."""
+    if row.get("best_rule") is None:
+        return ""
+    return verdict_words({"rule": row["best_rule"], "delta": row["over_rule"], "learned": row["learned"],
+                          "delta_ci_low": row["over_rule_ci_low"], "delta_ci_high": row["over_rule_ci_high"]})
+
+
+LEARNED_RULE = ("a judge's figure is learned only where it beats the best rule that needs no judge: the 95% interval "
+                "of the paired difference (judge minus the best rule, on the same items and units) excludes 0")
+
+
+def read_training_pairs(path: str) -> NovelTokens:
+    """The novel-token rule fitted on a file of training pairs (`judgetrain pairs known --form response`'s
+    train.parquet, or any preference rows: chosen = the source, rejected = its error copy). Bad rows, and pairs whose
+    chosen and rejected are verdicts (the pairwise form: no source text in them), are a bad-input error naming the
+    file before any model loads."""
+    rows = load_preference(path)
+    verdicts = [i for i, row in enumerate(rows) if _VERDICT.fullmatch(text_of(row["chosen"]).strip())]
+    if verdicts:
+        raise DataValidationError([RowProblem(str(path), "train", i, "chosen", "a verdict, not a response: the "
+                                              "novel-token rule is fitted on response pairs (chosen = the source, "
+                                              "rejected = its error copy: `judgetrain pairs known --form response`)")
+                                   for i in verdicts[:5]], len(verdicts), len(rows))
+    return NovelTokens.fit([row["chosen"] for row in rows], [row["rejected"] for row in rows])
+
+
+_VERDICT = re.compile(r"\[\[[AB][<>=][AB]\]\]")
+
+
+def rule_table(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """(columns, rows) of an evaluation's judge figures beside the rules (results.json: its ``intervals`` and
+    ``rules``): a row per figure with a verdict, ``<suite>[/<mode>]/<metric>`` (the mode named unless it is the
+    evaluation's first), the judge's value and interval, each rule's, and the verdict in words."""
+    rules = summary.get("rules") or {}
+    names = [r for r in RULES if any(r in (s.get("figures") or {}) for s in rules.values())]
+    rows = []
+    for suite, held in rules.items():
+        for mode, verdicts in (held.get("learned") or {}).items():
+            judge = ((summary.get("intervals") or {}).get(suite) or {}).get(mode) or {}
+            for metric, verdict in verdicts.items():
+                figure = f"{suite}/{metric}" if mode == summary.get("scoring") else f"{suite}/{mode}/{metric}"
+                cells = [_cell((held["figures"].get(r) or {}).get("intervals", {}).get(metric)) for r in names]
+                rows.append([figure, _cell(judge.get(metric)), *cells, verdict_words(verdict)])
+    return ["figure", "judge", *names, "verdict"], rows
+
+
+def _cell(interval: Mapping[str, Any] | None) -> str:
+    """A figure and its interval ("0.738 [0.638, 0.838]"; no interval: the value alone); "-" where absent."""
+    if not interval or interval.get("value") is None or not math.isfinite(interval["value"]):
+        return "-"
+    low, high = interval.get("ci_low"), interval.get("ci_high")
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return f"{interval['value']:.3f}"
+    return f"{interval['value']:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def is_rule_key(key: str) -> bool:
+    """A logged key of a rule's figure (``eval/<suite>/rule/...``) or of a judge figure's difference from the best
+    rule (``.../over_rule/...``): shown beside the judge's figures, not as figures of their own."""
+    return "/rule/" in key or "/over_rule/" in key
+
+
+def flat_verdict(flat: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """A logged judge figure's verdict against the best rule, read back from the logged keys of one evaluation (a
+    metrics.jsonl record): ``key`` ``eval/<suite>[/<mode>]/<metric>``, the rules' figures
+    ``eval/<suite>/rule/<rule>/<metric>`` (the best as `learned` picks it) and the difference
+    ``eval/<suite>[/<mode>]/over_rule/<metric>`` with its interval; None where they were not logged."""
+    parts = key.split("/")
+    if len(parts) < 3 or parts[0] != "eval":
+        return None
+    named = len(parts) > 3 and parts[2] in SCORING_MODES
+    base, metric = "/".join(parts[:3 if named else 2]) + "/", "/".join(parts[3 if named else 2:])
+    values = {r: flat[f"eval/{parts[1]}/rule/{r}/{metric}"] for r in RULES
+              if isinstance(flat.get(f"eval/{parts[1]}/rule/{r}/{metric}"), (int, float))}
+    way = direction(metric)
+    over = [flat.get(f"{base}over_rule/{metric}{end}") for end in ("", "/delta_ci_low", "/delta_ci_high")]
+    if not values or way not in ("higher", "lower") or not all(isinstance(x, (int, float)) for x in over):
+        return None
+    best = (max if way == "higher" else min)(values, key=values.get)
+    return {"rule": best, "rule_value": values[best], "delta": over[0], "delta_ci_low": over[1],
+            "delta_ci_high": over[2], "learned": bool(over[1] > 0 if way == "higher" else over[2] < 0)}

@@ -21,7 +21,9 @@ from judgetrain.config.recipe import PROXY_MODES, recorded_mode
 from judgetrain.eval.compare import REGRESSION_ALPHA, worse_rule
 from judgetrain.eval.evidence import headline_table, paired_deltas, suite_evidence
 from judgetrain.eval.generate import generate_sharded
+from judgetrain.eval.logkeys import over_rule_keys, rule_keys
 from judgetrain.eval.metrics import Items, flatten_eval_metrics, flatten_mode_metrics, interval_keys
+from judgetrain.eval.rules import LEARNED_RULE, NovelTokens, RuleFigures, learned, rule_figures
 from judgetrain.eval.scoring import RowScore, ScoringEngine, score_sharded
 from judgetrain.eval.suites import (
     SuiteSpec,
@@ -54,16 +56,22 @@ class SuiteResult:
     modes: dict[str, SuiteResult] = field(default_factory=dict)
     items: Items | None = None  # the per-item figures (what intervals and paired deltas resample)
     intervals: dict[str, dict[str, float]] = field(default_factory=dict)  # {metric: {value, ci_low, ci_high, n}}
+    rules: dict[str, RuleFigures] = field(default_factory=dict)  # the rules' figures on the same rows (bare only)
+    learned: dict[str, dict[str, Any]] = field(default_factory=dict)  # {metric: its verdict against the best rule}
 
     def flat(self, prefix: str = "eval/") -> dict[str, float]:
         """Logged keys of this suite (docs/evaluation.md, "Where metrics go"), e.g. ``eval/rmbench/hard_acc``, and
         those of its other modes, ``eval/rmbench/generate/hard_acc``; each figure with an interval also as
-        ``.../ci_low``, ``.../ci_high``."""
+        ``.../ci_low``, ``.../ci_high``; the rules' figures (``eval/rmbench/rule/shorter/hard_acc``) and each judge
+        figure's difference from the best rule (``eval/rmbench[/<mode>]/over_rule/hard_acc``)."""
         out = flatten_eval_metrics(self.name, self.metrics, prefix=prefix) if self.metrics else {}
         out.update(interval_keys(self.intervals, f"{prefix}{self.name}/"))
+        out.update(over_rule_keys(self.learned, f"{prefix}{self.name}/"))
         for mode, sub in self.modes.items():
             out.update(flatten_mode_metrics(self.name, mode, sub.metrics, prefix=prefix))
             out.update(interval_keys(sub.intervals, f"{prefix}{self.name}/{mode}/"))
+            out.update(over_rule_keys(sub.learned, f"{prefix}{self.name}/{mode}/"))
+        out.update(rule_keys(self.name, self.rules, prefix))
         return out
 
     def items_by_mode(self, bare: str) -> dict[str, Items]:
@@ -201,10 +209,13 @@ def evaluate(
     state: Any | None = None,
     modes: list[str] | tuple[str, ...] | None = None,
     generator: Any = None,
+    novel: NovelTokens | None = None,
 ) -> dict[str, SuiteResult]:
     """Score every suite in each of ``modes`` (default: the engine's ``scoring``); all processes must call this together
     when ``state`` has several processes. The first of implicit / judge listed is the SuiteResult itself, the other
-    modes its ``modes``; ``generate`` needs ``generator`` (a `judgetrain.eval.generate.Generator`).
+    modes its ``modes``; ``generate`` needs ``generator`` (a `judgetrain.eval.generate.Generator`). Each suite's rules
+    that need no judge (`judgetrain.eval.rules`; ``novel``: the novel-token rule fitted on training items, absent
+    without it) are computed on the same rows, and each judge figure set beside the best of them (`set_rules`).
 
     Rows are loaded once per spec and kept on it (``spec.rows``) so later calls score the same rows. Returns
     {suite name: SuiteResult}; every process gets the full results.
@@ -223,8 +234,33 @@ def evaluate(
             res.modes["verdict"] = _score(engine, spec, rows, "verdict", state, bare=False)
         if "generate" in modes:
             res.modes["generate"] = _generate(engine, generator, spec, rows, state)
+        set_rules(res, spec, rows, novel)
         results[spec.name] = res
     return results
+
+
+def set_rules(res: SuiteResult, spec: SuiteSpec, rows: list[dict], novel: NovelTokens | None) -> None:
+    """The rules' figures on the suite's rows (computed once per eval set), and each mode's verdicts against the best
+    rule (`judgetrain.eval.rules.learned`)."""
+    if novel is None and not _SAID_NO_NOVEL:
+        _SAID_NO_NOVEL.append(spec.name)
+        logger.info("rules that need no judge: no novel-token rule (it is fitted on training items: `judgetrain eval "
+                    "--rules_train_pairs FILE`, or the loop's training pairs); the shorter, longer and (pairwise "
+                    "suites) first-shown rules stand beside the judge")
+    res.rules = rule_figures(spec.suite, rows, novel)
+    if not res.rules and rows and spec.key not in _SAID_NO_NOVEL:
+        _SAID_NO_NOVEL.append(spec.key)
+        logger.info("eval %s: no rule that needs no judge applies: its rows hold no response to read alone",
+                    spec.name)
+    for mode, sub in [("", res), *res.modes.items()]:
+        try:
+            sub.learned = learned(sub.items, res.rules) if sub.items is not None else {}
+        except ValueError as err:  # items that cannot be paired (two rows of one id): said, the figures stand
+            logger.warning("eval %s%s: no verdict against the rules that need no judge: %s", spec.name,
+                           f" ({mode})" if mode else "", err)
+
+
+_SAID_NO_NOVEL: list[str] = []  # said once a process: the missing novel-token rule, an eval set no rule reads
 
 
 def flat_metrics(results: dict[str, SuiteResult], prefix: str = "eval/") -> dict[str, float]:
@@ -298,6 +334,8 @@ def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_
         "intervals": {name: {m: sub.intervals for m, sub in [(recorded_mode(modes), r), *r.modes.items()]
                              if sub.intervals} for name, r in results.items()},
         "stats": {name: r.stats for name, r in results.items()},
+        "rules": rules_summary(results, recorded_mode(modes)),
+        "learned_rule": LEARNED_RULE,
         "mode_results": {name: {m: sub.metrics for m, sub in r.modes.items()} for name, r in results.items() if r.modes},
         "mode_stats": {name: {m: sub.stats for m, sub in r.modes.items()} for name, r in results.items() if r.modes},
         "engine": engine.stats.as_dict(),
@@ -305,6 +343,14 @@ def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_
         "num_processes": num_processes,
         **_model_sharding(engine.model),
     }
+
+
+def rules_summary(results: dict[str, SuiteResult], bare: str | None) -> dict[str, Any]:
+    """results.json's ``rules``: per suite, each rule's ``figures`` (its nested figures and intervals) and ``learned``
+    ({mode: {metric: the judge's verdict against the best rule}}, the bare mode under its name)."""
+    return {name: {"figures": {rule: {"metrics": f.metrics, "intervals": f.intervals} for rule, f in r.rules.items()},
+                   "learned": {m: sub.learned for m, sub in [(bare, r), *r.modes.items()] if sub.learned}}
+            for name, r in results.items() if r.rules}
 
 
 def _model_sharding(model) -> dict[str, Any]:
@@ -325,6 +371,7 @@ def evaluate_and_write(
     baseline: dict[tuple[str, str], Items] | None = None,
     regression_margin: float = 0.0,
     regression_alpha: float = REGRESSION_ALPHA,
+    novel: NovelTokens | None = None,
     **about: Any,
 ) -> tuple[dict[str, SuiteResult], dict[str, Any]]:
     """`evaluate` on every process, then, on the main process, ``<directory>/<suite>[.<mode>].jsonl`` and
@@ -335,7 +382,7 @@ def evaluate_and_write(
     `judgetrain.eval.compare.changes`). Returns (results, summary);
     every process gets both."""
     modes = list(modes or [engine.scoring])
-    results = evaluate(engine, specs, state=state, modes=modes, generator=generator)
+    results = evaluate(engine, specs, state=state, modes=modes, generator=generator, novel=novel)
     summary = eval_summary(results, engine, num_processes=getattr(state, "num_processes", 1), modes=modes,
                            generator=generator, **about)
     if baseline is not None:

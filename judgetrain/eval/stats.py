@@ -173,8 +173,20 @@ def bootstrap_ci(values: Any, *, groups: Any = None, strata: Any = None, cluster
     v = np.asarray(values, dtype=np.float64).reshape(-1, 1)
     point, stats = _bootstrap(v, _weights(v[:, 0], groups)[:, None], strata, clusters, n_resamples, seed)
     low, high = _interval(stats, confidence)
+    units = n_units(v[:, 0], clusters)
+    if units < 2:  # one unit resampled gives back the same figure: no interval, not a zero-width one
+        low[0] = high[0] = math.nan
     return {"value": float(point[0]), "ci_low": float(low[0]), "ci_high": float(high[0]),
-            "n": int(np.isfinite(v).sum())}
+            "n": int(np.isfinite(v).sum()), "n_units": units}
+
+
+def n_units(values: np.ndarray, clusters: Any = None) -> int:
+    """How many units of independence hold a finite value: clusters (a source sample's items), else items. A figure
+    of fewer than 2 has no interval: every resample draws its one unit, and gives back the same figure."""
+    finite = np.isfinite(np.asarray(values, dtype=np.float64))
+    if clusters is None:
+        return int(finite.sum())
+    return len({str(c) for c, held in zip(clusters, finite) if held})
 
 
 def _two_sided_binomial(k: int, n: int) -> float:
@@ -246,14 +258,19 @@ def smallest_p(n_units: int) -> float:
 
 def items_intervals(items: Items, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
                     confidence: float = CONFIDENCE) -> dict[str, dict[str, float]]:
-    """{metric: {value, ci_low, ci_high, n}} of every metric of ``items``, all from the same resamples."""
+    """{metric: {value, ci_low, ci_high, n, n_units}} of every metric of ``items``, all from the same resamples; a
+    metric whose items lie in fewer than 2 units (`n_units`) has no interval (its bounds NaN)."""
     names = list(items.values)
     values = np.column_stack([items.values[k] for k in names]) if names else np.zeros((len(items.keys), 0))
     weights = np.column_stack([_weights(items.values[k], items.groups.get(k)) for k in names]) if names else values
     point, stats = _bootstrap(values, weights, items.strata, items.clusters, n_resamples, seed)
     low, high = _interval(stats, confidence)
+    units = [n_units(values[:, j], items.clusters) for j in range(len(names))]
+    for j, held in enumerate(units):
+        if held < 2:  # one unit (a single source sample): no interval, not a zero-width one (`n_units`)
+            low[j] = high[j] = math.nan
     return {k: {"value": float(point[j]), "ci_low": float(low[j]), "ci_high": float(high[j]),
-                "n": int(np.isfinite(values[:, j]).sum())} for j, k in enumerate(names)}
+                "n": int(np.isfinite(values[:, j]).sum()), "n_units": units[j]} for j, k in enumerate(names)}
 
 
 def paired_difference(trained: Items, base: Items, *, n_resamples: int = N_RESAMPLES, seed: int = 0,

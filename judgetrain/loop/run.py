@@ -294,6 +294,9 @@ class Loop:
                "--output_dir", str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.scoring]
         if ev.max_rows:
             cmd += ["--eval_max_rows", str(ev.max_rows)]
+        train_pairs = rd / "pairs" / "train.parquet"  # the novel-token rule is fitted on this round's training pairs
+        if k and self.config.pairs.method == "known" and self.config.pairs.form == "response" and train_pairs.is_file():
+            cmd += ["--rules_train_pairs", str(train_pairs)]
         cmd += option_args(options)
         run_command(cmd, self.launch)
         if k:

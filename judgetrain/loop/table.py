@@ -7,7 +7,11 @@ Keys extend the eval keys (`judgetrain eval`'s results.json ``metrics``) with th
 <mode>]/<metric>`` with its ``/ci_low`` and ``/ci_high``, ``round/<k>/eval/<suite>[/<mode>]/delta/<metric>`` with
 ``/delta_ci_low``, ``/delta_ci_high`` and ``/p_value``; round 0 is the base (its one evaluation, in ``round-0/eval/``);
 each later round's differences are `judgetrain compare`'s of its evaluation against the base's (``eval/compare.json``). Rows (one per figure and round): ``round``, ``figure`` (``<suite>[/<mode>]/<metric>``), ``value``,
-``ci_low``, ``ci_high``, ``delta``, ``delta_ci_low``, ``delta_ci_high``, ``p_value``, ``n``.
+``ci_low``, ``ci_high``, ``delta``, ``delta_ci_low``, ``delta_ci_high``, ``p_value``, ``n``, and the figure against the
+best rule that needs no judge on the same rows (`judgetrain.eval.rules`): ``best_rule``, ``over_rule`` (the judge minus
+it) with ``over_rule_ci_low`` / ``over_rule_ci_high``, and ``learned`` (that interval excludes 0 on the better side);
+the markdown says it per figure ("beats the best rule (shorter) by +0.120 [0.050, 0.190]" / "not above the best rule
+(shorter): ...").
 
 Written to ``<output_dir>/rounds.json`` (keys and rows), ``rounds.csv`` and ``rounds.md``; `judgetrain report`
 draws it (`judgetrain.report.build`).
@@ -21,9 +25,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from judgetrain.eval.rules import round_verdict
 from judgetrain.run.layout import ROUND_COMPARE_FILE, ROUND_TABLE, ROUND_TABLE_CSV, ROUND_TABLE_MD, round_folder
 from judgetrain.utils.files import read_json, write_json
-COLUMNS = ("round", "figure", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high", "p_value", "n")
+COLUMNS = ("round", "figure", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high", "p_value", "n",
+           "best_rule", "over_rule", "over_rule_ci_low", "over_rule_ci_high", "learned")
 
 
 def eval_results(eval_dir: Path) -> dict | None:
@@ -63,8 +69,21 @@ def figure_rows(k: int, results: dict, deltas: dict | None) -> list[dict]:
                 rows.append({"round": k, "figure": figure, "value": iv["value"], "ci_low": iv.get("ci_low"),
                              "ci_high": iv.get("ci_high"), "delta": d.get("delta"),
                              "delta_ci_low": d.get("delta_ci_low"), "delta_ci_high": d.get("delta_ci_high"),
-                             "p_value": d.get("p_value"), "n": iv.get("n")})
+                             "p_value": d.get("p_value"), "n": iv.get("n"),
+                             **rule_columns(results, suite, mode, metric)})
     return rows
+
+
+def rule_columns(results: dict, suite: str, mode: str, metric: str) -> dict[str, Any]:
+    """A figure against the best rule that needs no judge (results.json ``rules``: `judgetrain.eval.rules.learned`):
+    ``best_rule``, ``over_rule`` (judge minus it) with its interval, and ``learned`` (the interval above 0 on the
+    better side); None where the figure has no verdict."""
+    v = ((((results.get("rules") or {}).get(suite) or {}).get("learned") or {}).get(mode) or {}).get(metric)
+    if not v:
+        return {"best_rule": None, "over_rule": None, "over_rule_ci_low": None, "over_rule_ci_high": None,
+                "learned": None}
+    return {"best_rule": v["rule"], "over_rule": v["delta"], "over_rule_ci_low": v["delta_ci_low"],
+            "over_rule_ci_high": v["delta_ci_high"], "learned": v["learned"]}
 
 
 def write_round_table(out: str | Path, rounds: int) -> Path:
@@ -102,7 +121,8 @@ def format_cell(row: dict | None) -> str:
     if row["delta"] is not None:
         text += (f"; Δ {row['delta']:+.3f} [{_num(row['delta_ci_low'])}, {_num(row['delta_ci_high'])}], "
                  f"p {_num(row['p_value'])}")
-    return text
+    beside = round_verdict(row)
+    return text + (f"; {beside}" if beside else "")
 
 
 def _num(value) -> str:

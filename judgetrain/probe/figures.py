@@ -48,6 +48,10 @@ def kind_figures(probe: ProbeSet, kind: str, values: dict[str, np.ndarray], *, n
     return out
 
 
+ONE_UNIT_NOTE = ("a figure without an interval holds one source sample: every resample draws that one sample and "
+                 "gives back the same figure, so it has no interval")
+
+
 def _cell(figure: dict | None) -> str:
     if not figure or figure["n"] == 0 or not math.isfinite(figure["value"]):
         return "-"
@@ -70,5 +74,7 @@ def table(figures: dict[str, dict[str, dict[str, dict[str, Any]]]]) -> str:
                  f"{'type':<{width}}{'pairs':>6}  " + "".join(f"{SHORT.get(m, m):>19}" for m in names)]
         for t in types:
             lines.append(f"{t:<{width}}{n_of[t]:>6}  " + "".join(f"{_cell(methods[m].get(t)):>19}" for m in names))
+        if any(f.get("n_units") == 1 for m in names for f in methods[m].values()):
+            lines.append(ONE_UNIT_NOTE)
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)

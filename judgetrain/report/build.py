@@ -37,6 +37,7 @@ from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<s
 from judgetrain.config.suites import registered, known_suites
 from judgetrain.eval.benchmarks import Suite, SuiteFacts, get_suite
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
+from judgetrain.eval.rules import is_rule_key
 from judgetrain.report import rounds
 from judgetrain.report.loop import build_loop_report, is_loop_dir
 from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
@@ -244,9 +245,9 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
 def metric_keys(run: Run) -> list[str]:
     """Logged eval figures of a run, in reading order (the suites with curves, in the registry's order, then the
     others): the keys with a direction (`judgetrain.config.directions`); interval bounds, p-values and counts are no
-    figure to rank."""
+    figure to rank, and the rules that need no judge stand beside the judge's figures (the headline), not apart."""
     keys = {k for rec in run.records.values() for k, v in rec.items()
-            if k.startswith("eval/") and _is_num(v) and direction(k) is not None}
+            if k.startswith("eval/") and _is_num(v) and direction(k) is not None and not is_rule_key(k)}
     return sorted(keys, key=_metric_order)
 
 

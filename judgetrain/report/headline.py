@@ -4,7 +4,7 @@ it wrote in generate mode). The model card (`judgetrain.report.card`) and `judge
 
     from judgetrain.report.headline import headline
     head = headline(records, recipe)     # records: metrics.jsonl as {step: merged record}; None without any eval
-    head.best_step, head.last_step, head.rows[0]   # {"metric", "label", "best", "last", "best_ci", "last_ci"}
+    head.best_step, head.last_step, head.rows[0]   # {"metric", "label", "best", "last", "best_ci", "last_ci", "rule"}
 
 The best evaluation is the one where the recipe's ``metric_for_best_model`` (with ``greater_is_better``) is best, or
 else the figure a suite names for it (`Suite.best_by`), else the first headline figure logged; the earliest such
@@ -25,6 +25,7 @@ from judgetrain.config.directions import greater_is_better
 from judgetrain.eval.benchmarks import SuiteFacts
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.compare import REGRESSION_ALPHA, changes, worse_rule
+from judgetrain.eval.rules import flat_verdict, verdict_words
 from judgetrain.report.spread import flat_judge_lines
 
 REPORT_HEADLINE = SuiteFacts("report_headline")  # per suite: (figure, label) of its headline figures
@@ -53,7 +54,8 @@ class Headline:
     best_epoch: float | None
     last_step: int
     last_epoch: float | None
-    # {"metric", "label", "best", "last", "best_ci", "last_ci"}: None where not logged; an interval is (low, high)
+    # {"metric", "label", "best", "last", "best_ci", "last_ci", "rule"}: None where not logged; an interval is (low,
+    # high); "rule": the last evaluation's verdict against the best rule that needs no judge (`flat_verdict`)
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -106,7 +108,8 @@ def headline(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any]
     last_step = max(evals)
     best, last = evals[best_step], evals[last_step]
     rows = [{"metric": k, "label": label, "best": _value(best, k), "last": _value(last, k),
-             "best_ci": _interval(best, k), "last_ci": _interval(last, k)} for k, label in figures if k in logged]
+             "best_ci": _interval(best, k), "last_ci": _interval(last, k), "rule": flat_verdict(last, k)}
+            for k, label in figures if k in logged]
     return Headline(key, greater, best_step, _epoch(best), last_step, _epoch(last), rows)
 
 
@@ -140,8 +143,13 @@ def headline_table(head: Headline) -> tuple[list[str], list[list[str]]]:
 
     header = ["figure", f"best eval ({when(head.best_step, head.best_epoch)}) [95% interval]",
               f"last eval ({when(head.last_step, head.last_epoch)}) [95% interval]"]
-    return header, [[r["label"], with_interval(r["best"], r["best_ci"]), with_interval(r["last"], r["last_ci"])]
-                    for r in head.rows]
+    rows = [[r["label"], with_interval(r["best"], r["best_ci"]), with_interval(r["last"], r["last_ci"])]
+            for r in head.rows]
+    if any(r.get("rule") for r in head.rows):  # the last evaluation beside the rules that need no judge
+        header.append("last eval beside the rules that need no judge")
+        for row, r in zip(rows, head.rows):
+            row.append(verdict_words(r["rule"]) if r.get("rule") else "-")
+    return header, rows
 
 
 def headline_note(head: Headline) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 from judgetrain.config.recipe import SCORING_MODES
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.plots import DPI
+from judgetrain.eval.rules import round_verdict
 from judgetrain.report import rounds
 from judgetrain.report.headline import fmt, with_interval
 from judgetrain.run.layout import (HELDOUT_PAIRS, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_TABLE, ROUND_TABLE_CSV,
@@ -142,15 +143,17 @@ def headline_figures(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def round_cell(row: Mapping[str, Any] | None) -> tuple[str, str]:
-    """(the figure with its interval, the difference against the base with its interval and p; "" for the base or a
-    round without it) of one round table row; ("-", "") when the round has no such figure."""
+    """(the figure with its interval, the difference against the base with its interval and p, and the figure against
+    the best rule that needs no judge (`judgetrain.eval.rules.round_verdict`); "" where neither is) of one round table
+    row; ("-", "") when the round has no such figure."""
     if row is None:
         return "-", ""
     value = with_interval(row.get("value"), (row.get("ci_low"), row.get("ci_high")))
-    if row.get("delta") is None:
-        return value, ""
-    delta = with_interval(row["delta"], (row.get("delta_ci_low"), row.get("delta_ci_high")))
-    return value, f"difference {delta}, p {fmt(row.get('p_value'))}"
+    said = [] if row.get("delta") is None else [
+        f"difference {with_interval(row['delta'], (row.get('delta_ci_low'), row.get('delta_ci_high')))}, "
+        f"p {fmt(row.get('p_value'))}"]
+    beside = round_verdict(row)
+    return value, "; ".join(said + ([beside] if beside else []))
 
 
 def round_table(view: LoopView) -> tuple[list[str], list[dict[str, Any]]]:

@@ -156,6 +156,11 @@ class Suite:
         """The row's identity and scores in its record (``row_index`` and the engine's flags are added)."""
         raise NotImplementedError
 
+    def rule_texts(self, row: dict) -> list[Any] | None:
+        """The responses the rules that need no judge read for one row (`judgetrain.eval.rules`), in the order of its
+        implicit request's scores; None where the row holds no response to read alone."""
+        return list(self.request(row, "implicit").responses)
+
     def figures(self, records: list[dict], scoring: str) -> dict[str, Any]:
         """The suite's figures from its scored records (skipped ones already left out)."""
         raise NotImplementedError

@@ -182,6 +182,10 @@ class Ideation(Suite):
             rec.update(order=row["order"], preferred=row.get("preferred"))
         return rec
 
+    def rule_texts(self, row: dict) -> list[Any] | None:
+        """None for a pairwise row: its chosen and rejected are verdicts, the proposals inside its prompt."""
+        return None if is_pairwise(row) else super().rule_texts(row)
+
     def figures(self, records: list[dict], scoring: str) -> dict[str, Any]:
         return ideation_accuracy(records)
 

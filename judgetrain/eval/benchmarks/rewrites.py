@@ -1,7 +1,8 @@
 """Held-out representational rewrites (``eval_rewrites_source``; the loop writes ``<output_dir>/heldout/rewrites.jsonl``
 with `judgetrain.perturb.known.write_heldout_rewrites`): rows of the pairwise schema in two categories, each scored
 as the other pairwise suites score a pair (each response alone in implicit and judge mode, the higher score wins; both
-orders in verdict mode, JudgeBench's rule):
+orders in verdict and generate modes, each order's verdict counted: a judge that always picks the first-shown response
+scores 0.5 on both figures, `Rewrites.wins`):
 
 - ``source_vs_rewrite``: ``response_a`` the source, ``response_b`` its rewrite (same meaning, other form), label A>B.
   ``rewrite_below_source_rate`` is the share the source wins: the rewrites the judge scores below their source (lower
@@ -23,6 +24,7 @@ import numpy as np
 from judgetrain.config.suites import register
 from judgetrain.eval.benchmarks.base import Suite
 from judgetrain.eval.benchmarks.pairwise import TeamPairs
+from judgetrain.eval.benchmarks.verdicts import swap_verdict
 from judgetrain.eval.stats import Items, finite_mean
 
 SOURCE_VS_REWRITE, REWRITE_VS_ERROR = "source_vs_rewrite", "rewrite_vs_error"
@@ -53,18 +55,40 @@ class Rewrites(TeamPairs):
     example_figure = "rewrite_over_error"
 
     def items(self, records: list[dict], mode: str) -> tuple[Items | None, str | None]:
-        """Per row: ``rewrite_over_error`` (1 / 0 on rewrite_vs_error rows, NaN on the others),
-        ``rewrite_below_source_rate`` (1 / 0 on source_vs_rewrite rows) and ``rewrite_gap``; clustered by sample."""
+        """Per row: ``rewrite_over_error`` (on rewrite_vs_error rows, NaN on the others), ``rewrite_below_source_rate``
+        (on source_vs_rewrite rows), each the share of the row's verdicts its response wins (`wins`: 1 / 0 from two
+        scores; each order counted in verdict and generate modes), and ``rewrite_gap``; clustered by sample."""
         kept = [r for r in records if not r.get("skipped")]
         if not kept:
             return None, "no row was scored"
         items, why = super().items(records, mode)  # a pair's right / wrong by JudgeBench's rule, units by sample
         if items is None:
             return None, why
-        right, categories = items.values["accuracy"], np.asarray([r.get("category") for r in kept], dtype=object)
-        values = {name: np.where(categories == category, right, np.nan) for name, category in FIGURES.items()}
+        categories = np.asarray([r.get("category") for r in kept], dtype=object)
+        values = {name: np.where(categories == category, self.wins(kept, items, mode, name), np.nan)
+                  for name, category in FIGURES.items()}
         values["rewrite_gap"] = np.asarray([rewrite_gap(r) for r in kept], dtype=np.float64)
-        return Items(items.keys, values, clusters=items.clusters, binary=tuple(FIGURES)), None
+        binary = tuple(name for name in FIGURES if np.isin(values[name][np.isfinite(values[name])], (0.0, 1.0)).all())
+        return Items(items.keys, values, clusters=items.clusters, binary=binary), None
+
+    @staticmethod
+    def wins(records: list[dict], items: Items, mode: str, figure: str) -> np.ndarray:
+        """Per row, the share of its verdicts in which the response ``label`` names wins (the source over its rewrite,
+        the rewrite over an error copy). In verdict and generate modes each order's verdict counts (read back to the
+        row's order), so a judge that always picks the response shown first wins half its verdicts: 0.5, never the
+        0 JudgeBench's sum of the two orders gives it, which for ``rewrite_below_source_rate`` (lower is better) read
+        as a judge that never puts a rewrite below its source. A verdict not read counts against the judge (below its
+        source; not over the error copy); a tie names neither. In implicit and judge modes the two verdicts are one,
+        derived from two scores: the row right / wrong."""
+        if mode not in ("verdict", "generate"):
+            return items.values["accuracy"]
+        unread = 1.0 if figure == "rewrite_below_source_rate" else 0.0
+        out = []
+        for r in records:
+            verdicts = list(r.get("verdicts") or [None])
+            as_row = verdicts[:1] + [swap_verdict(v) for v in verdicts[1:]]  # the second was shown swapped
+            out.append(float(np.mean([unread if v is None else float(v == r["label"]) for v in as_row])))
+        return np.asarray(out, dtype=np.float64)
 
     def figures(self, records: list[dict], scoring: str) -> dict[str, Any]:
         items, _ = self.items(records, scoring)
