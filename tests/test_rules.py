@@ -37,22 +37,36 @@ def test_novel_token_rule_fitted_on_training_items_marks_a_word_no_source_holds(
 
 
 def test_length_and_first_shown_rules_read_through_the_suites_own_rule():
-    """Four pairs, the better response shorter in pairs 1-3 (pair 4: equal lengths, a tie, wrong by OffsetBias's rule).
-    shorter: 3 of 4 right in both presentations -> pair_acc 0.75; longer: 0 of 4; first_shown: the first-shown
-    response picked in both presentations, so each pair is right once of twice: single_acc 0.5, pair_acc 0,
-    agreement 0."""
+    """Four pairs, the better response shorter in pairs 1, 3 and 4, longer in pair 2. shorter: 3 of 4 right in both
+    presentations -> pair_acc 0.75; longer: 1 of 4; first_shown: the first-shown response picked in both
+    presentations, so each pair is right once of twice: single_acc 0.5, pair_acc 0, agreement 0."""
     suite = get_suite("evalbiasbench")
-    rows = [_pair("ok", "a long wrong answer"), _pair("a much longer answer", "short", "B>A"),
-            _pair("yes", "no, wrong"), _pair("abcd", "wxyz")]
+    rows = [_pair("ok", "a long wrong answer"), _pair("short", "a much longer answer", "B>A"),
+            _pair("yes", "no, wrong"), _pair("abcd", "wxyz!")]
     assert rules_for(suite) == ("shorter", "longer", "first_shown")
     shorter = suite.figures(rule_records(suite, rows, "shorter"), "implicit")
     longer = suite.figures(rule_records(suite, rows, "longer"), "implicit")
     first = suite.figures(rule_records(suite, rows, "first_shown"), "verdict")
-    assert (shorter["pair_acc"], longer["pair_acc"]) == (0.75, 0.0)
+    assert (shorter["pair_acc"], longer["pair_acc"]) == (0.75, 0.25)
     assert (first["single_acc"], first["pair_acc"], first["agreement"]) == (0.5, 0.0, 0.0)
     assert first["first_position_rate"] == 1.0
     items, _ = suite.items(rule_records(suite, rows, "shorter"), "implicit")
-    assert list(items.values["pair_acc"]) == [1.0, 1.0, 1.0, 0.0]
+    assert list(items.values["pair_acc"]) == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_a_rule_that_cannot_tell_two_responses_apart_scores_chance_not_zero():
+    """400 pairs of equal length, each labelled A>B: the shorter and longer rules abstain on every pair, and a seeded
+    coin breaks each tie as a guessing judge would: pair_acc near 0.5 (the coin's 400 draws: within 0.43-0.57), the
+    same figure twice and for both length rules (one coin per row). Counted as the suite counts a judge's tie, the
+    rule would score 0 and any judge would "beat" it by breaking ties alone. The novel-token rule with no marked word
+    either side does the same."""
+    suite = get_suite("evalbiasbench")
+    rows = [_pair(f"answer {i:03d}", f"answer {i + 500:03d}", id=f"p{i}") for i in range(400)]
+    figures = [suite.figures(rule_records(suite, rows, rule), "implicit")["pair_acc"] for rule in ("shorter", "longer")]
+    assert 0.43 < figures[0] < 0.57 and figures[0] == figures[1]
+    assert suite.figures(rule_records(suite, rows, "shorter"), "implicit")["pair_acc"] == figures[0]
+    novel = suite.figures(rule_records(suite, rows, "novel_token", NovelTokens(frozenset({"beaker"}))), "implicit")
+    assert novel["pair_acc"] == figures[0]
 
 
 def test_shorter_rule_on_evalbiasbench_equals_the_rule_by_hand_on_the_authors_file(shared_dir):
@@ -146,7 +160,7 @@ def test_the_novel_token_rule_fitted_on_a_training_pairs_file_and_a_bad_file_ref
     held.write_text("\n".join(json.dumps(r) for r in [
         _pair("Dry in a crucible.", "Dry in a beaker.", id="1"),  # caught
         _pair("Mix for 2257 h.", "Mix for 12 h.", "B>A", id="2"),  # caught: the copy is B
-        _pair("Dry at 850 C.", "Dry at 12 C.", id="3")]) + "\n")  # no marked word: a tie, wrong
+        _pair("Dry in a beaker at 850 C.", "Dry at 12 C.", id="3")]) + "\n")  # the source marked: wrong
     out = tmp_path / "eval"
     assert main(["eval", "--model", "tiny-judge", "--eval_suites", "pairwise", "--eval_pairwise_source", str(held),
                  "--eval_scoring", "implicit", "--rules_train_pairs", str(train), "--output_dir", str(out)]) == 0

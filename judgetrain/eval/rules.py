@@ -12,7 +12,12 @@ rows, through the suite's own records, figures and units, by four rules:
   training source marks a response as the error copy (score -1, else 0); no mark either way is a tie.
 
 A rule's record is the record the suite writes for a judge whose scores are the rule's (`rule_records`), so its figure
-is the suite's own rule applied to it: a tie counts as the suite counts a judge's tie.
+is the suite's own rule applied to it. A pointwise rule that cannot tell two responses apart (equal lengths, no marked
+word on either side) abstains, and its abstention is broken by a seeded coin, as a judge that guesses would break it:
+each response's score gets a jitter under `_COIN` (smaller than any difference a rule reads: lengths and marks are
+whole numbers), drawn from the suite's name and the row's index, so the same rows give the same figures on any
+machine. A rule that ties every pair scores chance (0.5 on a pair accuracy), not 0: a judge beats it only by
+telling the responses apart.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +44,7 @@ PAIRWISE_ONLY = ("first_shown",)  # rules defined on a pair shown in an order
 FITTED = ("novel_token",)  # rules fitted on training items: absent where none were given
 _WORD = re.compile(r"[^\W_]+(?:[.,][0-9]+)*|[^\w\s]")  # a run of letters / digits (12.5 one word), or a symbol
 _FAR = 50.0  # first_shown's log-probability gap in verdict mode: the first-shown verdict, probability ~1
+_COIN = 1e-3  # a pointwise rule's tie-breaking jitter: under any difference of its whole-number scores
 
 
 def words(text: Any) -> list[str]:
@@ -108,7 +115,8 @@ def rule_records(suite: Suite, rows: Sequence[dict], rule: str,
         if mode == "verdict":
             scores = [0.0, -_FAR, 0.0, -_FAR]  # as stored, swapped: the first shown likelier
         else:
-            scores = [response_score(rule, r, novel) for r in suite.rule_texts(row) or []]
+            coin = random.Random(f"{suite.name}:{index}")  # seeded by text: the same draw on every machine
+            scores = [response_score(rule, r, novel) + _COIN * coin.random() for r in suite.rule_texts(row) or []]
         out.append({"row_index": index, **suite.row_fields(row, RowScore(scores), mode)})
     return out
 
