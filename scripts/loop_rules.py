@@ -67,6 +67,7 @@ def suite_figures(name: str, path: Path, novel: NovelTokens, figure: str | None)
             continue
         categories = np.asarray([r.get("category") for r in rows], dtype=object)
         split = {str(c): np.where(categories == c, items.values[figure], np.nan) for c in sorted(set(categories))}
+        split["all"] = np.asarray(items.values[figure], dtype=np.float64)
         out[rule] = items_intervals(Items(items.keys, split, clusters=items.clusters))
     return out
 

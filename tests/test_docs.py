@@ -74,7 +74,8 @@ SHELL_BUILTINS = {"trap", "wait", "kill", "exit", "[", "test", "cd", "export", "
 HELP_SCRIPTS = {"scripts/smollm2_rmbench_demo.py": "trains and scores SmolLM2-135M-Instruct: 40 minutes of CPU",
                 "scripts/verdict_probe_data.py": "writes the verdict-loss probe's pairs, which the next command "
                                                  "trains SmolLM2 on for half an hour",
-                "scripts/make_samples.py": "writes the generated recipes the pointwise proof's 2-hour loop trains on"}
+                "scripts/make_samples.py": "writes the generated recipes the pointwise proof's 2-hour loop trains on",
+                "scripts/loop_rules.py": "reads a loop's held-out files, which the loop's stages write first"}
 # Recipe models a dry run would first convert into the cache.
 CONVERTED_MODELS = {"smollm2-135m-instruct"}
 
