@@ -31,9 +31,10 @@ class Change:
         return {"kind": self.kind, "before": self.before, "after": self.after, "position": self.position}
 
 
-def pick(spans: list[Span], rate: float, rng: random.Random) -> list[Span]:
-    """A share ``rate`` of the spans (rounded, at least one), drawn with ``rng``; overlapping spans are dropped
-    first (the earlier one kept), so every edit stands alone. Returned in text order."""
+def pick(spans: list[Span], rate: float, rng: random.Random, count: int | None = None) -> list[Span]:
+    """A share ``rate`` of the spans (rounded, at least one), or ``count`` of them where given (as many as there are
+    at most), drawn with ``rng``; overlapping spans are dropped first (the earlier one kept), so every edit stands
+    alone. Returned in text order."""
     kept: list[Span] = []
     spans = [s for s in spans if s.skip is None]
     for span in sorted(spans, key=lambda s: (s.start, -s.end)):
@@ -41,7 +42,7 @@ def pick(spans: list[Span], rate: float, rng: random.Random) -> list[Span]:
             kept.append(span)
     if not kept:
         return []
-    n = min(len(kept), max(1, round(rate * len(kept))))
+    n = min(len(kept), max(1, count if count is not None else round(rate * len(kept))))
     return [kept[i] for i in sorted(rng.sample(range(len(kept)), n))]
 
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 from judgetrain.perturb.edits import Span
 from judgetrain.perturb.formats import FORMATS
+from judgetrain.perturb.pool import Pool, order_spans
 from judgetrain.perturb.spec import Operator, Spec
 
 # ------------------------------------------------------------------------------------------------ numbers
@@ -173,7 +174,11 @@ def marked_difference(text: str, start: int) -> str | None:
 class Rules:
     """The compiled rule operators of a spec (patterns built once, for every text)."""
 
-    def __init__(self, spec: Spec):
+    read = staticmethod(read_quantity)
+
+    def __init__(self, spec: Spec, texts: list[str] = ()):
+        """``texts``: every source text of the run, what the swap, borrow and pooled unit_swap operators draw from
+        (`judgetrain.perturb.pool`)."""
         self.spec = spec
         self.unit_dim = {u: d for d, units in spec.units.items() for u in units}
         self.quantity = quantity_pattern(list(self.unit_dim))
@@ -181,6 +186,7 @@ class Rules:
         for op in spec.operators.values():
             if op.kind == "table":
                 self.compiled[op.name] = self._table(op)
+        self.pool = Pool(self, list(texts))
 
     def spans(self, name: str, text: str) -> list[Span]:
         """The spans operator ``name`` could edit in ``text``, and those it leaves alone (``skip``: why)."""
@@ -190,7 +196,26 @@ class Rules:
                     for pattern, f in self.compiled[name] for m in pattern.finditer(text)]
         if op.kind == "numeric":
             return self._numeric(op, text)
+        if op.kind == "swap":
+            return self._swap(op, text)
+        if op.kind == "order":
+            return order_spans(name, text)
         return FORMATS[op.options["rewrite"]](name, text)
+
+    def _swap(self, op: Operator, text: str) -> list[Span]:
+        """A word of a class replaced by another of its class, as the text would write it, drawn from what the other
+        sources hold (`Pool`)."""
+        preserve, spans = op.options["case"] == "preserve", []
+        for terms in op.options["classes"]:
+            pattern = re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, sorted(terms, key=len, reverse=True)))
+                                 + r")(?!\w)", re.IGNORECASE if preserve else 0)
+            for m in pattern.finditer(text):
+                word = m.group(0)
+                key = next((t for t in terms if t.casefold() == word.casefold()), word) if preserve else word
+                start = sentence_start(text, m.start())
+                written = [cased(word, key, t, start) if preserve else t for t in terms if t != key]
+                spans.append(Span(m.start(), m.end(), op.name, self.pool.draw(written, self.pool.forms, text)))
+        return spans
 
     # ------------------------------------------------------------------------------------------ tables
     @staticmethod
@@ -236,7 +261,9 @@ class Rules:
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, why))
             elif mode in ("unit_swap", "convert"):
                 if len(self.spec.units[self.unit_dim[q.unit]]) > 1:
-                    spans.append(Span(m.start(), m.end(), op.name, self._unit_draw(op, q, difference is not None)))
+                    spans.append(Span(m.start(), m.end(), op.name, self._unit_draw(op, q, difference is not None, text)))
+            elif mode == "borrow":
+                spans.append(Span(m.start(), m.end(), op.name, self.pool.borrow_draw(q, text)))
             elif mode == "scale" and all(n.value == 0 for n in q.numbers):
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, "zero"))
             else:
@@ -286,7 +313,8 @@ class Rules:
 
         return draw
 
-    def _unit_draw(self, op: Operator, q: Quantity, difference: bool = False) -> Callable[[random.Random], str | None]:
+    def _unit_draw(self, op: Operator, q: Quantity, difference: bool = False,
+                   text: str = "") -> Callable[[random.Random], str | None]:
         """Another unit of the dimension: without converting (unit_swap: an error; a unit where the value would be
         below absolute zero is not drawn), or converted, every number at the source's significant figures and a
         tolerance, or a quantity that is one (``difference``: ``±2 °C`` standing alone), as a difference (no
@@ -300,6 +328,8 @@ class Rules:
             if op.options["mode"] == "unit_swap":  # a difference's unit of the same scale is no error: 2 °C is 2 K
                 others = [u for u in others if not math.isclose(units[u][0], scale)] if difference else \
                     [u for u in others if not self._unphysical(q, [n.value for n in q.numbers], u)]
+                if op.options.get("pool"):  # only a unit the other sources write
+                    others = [u for u in others if self.pool.unit_weight(u, text) > 0]
                 if not others:
                     return None
                 return q.write([n.text for n in q.numbers], q.tolerance and q.tolerance.text, rng.choice(others))
