@@ -50,7 +50,7 @@ from typing import Any
 
 from judgetrain.judge.judges import JudgeSpec
 from judgetrain.judge.options import Options
-from judgetrain.perturb.edits import Change, Span, apply, misplaced, pick
+from judgetrain.perturb.edits import Change, Span, aim, apply, misplaced, pick
 from judgetrain.perturb.operators import Rules
 from judgetrain.perturb.oracle import differ, read_quantities, token_differences
 from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
@@ -209,12 +209,14 @@ def make(spec: Spec, p: Planned, rewrites: dict, spans_of: SampleSpans) -> tuple
     rng = random.Random(f"{spec.seed}|{p.set_name}|{p.sample.sample_id!r}")
     spans = [s for name in p.operators for s in spans_of(name)]
     left_alone = Counter(s.skip for s in spans if s.skip)
-    picked = pick(spans, p.rate, rng, rng.randint(*p.pset.edits) if p.pset.edits else None)
+    direction = rng.choice((-1, 1)) if p.pset.edits else None  # the way this copy's length may move
+    picked = pick(aim(spans, direction) if direction else spans, p.rate, rng,
+                  rng.randint(*p.pset.edits) if p.pset.edits else None)
     if not picked:
         alone = f" (left alone: {', '.join(f'{n} {k}' for k, n in sorted(left_alone.items()))})" if left_alone else ""
         return source, [], ("no_eligible_span", f"{', '.join(p.operators)} found nothing to edit in the text{alone}"), \
             left_alone
-    text, changes = apply(source, picked, rng)
+    text, changes = apply(source, picked, rng, direction)
     if not changes:
         return source, [], ("no_valid_edit", "no drawn edit differs from the source after rounding and keeps its "
                                               "physical sense"), left_alone

@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from judgetrain.perturb.edits import Span
+from judgetrain.perturb.edits import Aimed, Span
 from judgetrain.perturb.formats import FORMATS
-from judgetrain.perturb.pool import Pool, order_spans
+from judgetrain.perturb.pool import Pool, balanced, order_spans
 from judgetrain.perturb.spec import Operator, Spec
 
 # ------------------------------------------------------------------------------------------------ numbers
@@ -214,7 +214,7 @@ class Rules:
                 key = next((t for t in terms if t.casefold() == word.casefold()), word) if preserve else word
                 start = sentence_start(text, m.start())
                 written = [cased(word, key, t, start) if preserve else t for t in terms if t != key]
-                spans.append(Span(m.start(), m.end(), op.name, self.pool.draw(written, self.pool.forms, text)))
+                spans.append(_drawn(m, op.name, self.pool.draw(written, self.pool.forms, text, word)))
         return spans
 
     # ------------------------------------------------------------------------------------------ tables
@@ -259,16 +259,26 @@ class Rules:
                 None if difference else self._unphysical(q, [n.value for n in q.numbers], q.unit)
             if why:  # 5 °C/min: a rate; Step 2: a label; by 10 °C: a difference, not a temperature
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, why))
+            elif mode == "unit_swap" and op.options.get("pool"):
+                spans.append(_drawn(m, op.name, self._pooled_unit(q, m.group(0), text)))
             elif mode in ("unit_swap", "convert"):
                 if len(self.spec.units[self.unit_dim[q.unit]]) > 1:
                     spans.append(Span(m.start(), m.end(), op.name, self._unit_draw(op, q, difference is not None, text)))
             elif mode == "borrow":
-                spans.append(Span(m.start(), m.end(), op.name, self.pool.borrow_draw(q, text)))
+                spans.append(_drawn(m, op.name, self.pool.borrow_draw(q, m.group(0), text)))
             elif mode == "scale" and all(n.value == 0 for n in q.numbers):
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, "zero"))
             else:
                 spans.append(Span(m.start(), m.end(), op.name, self._value_draw(op, q, difference is not None)))
         return spans
+
+    def _pooled_unit(self, q: Quantity, written: str, text: str) -> Aimed | None:
+        """Another unit of the dimension that other sources write, the number unconverted (an error), drawn by
+        `judgetrain.perturb.pool.balanced`; a unit where the value would be below absolute zero is not drawn."""
+        others = [u for u in sorted(self.spec.units[self.unit_dim[q.unit]]) if u != q.unit
+                  and not self._unphysical(q, [n.value for n in q.numbers], u)]
+        return balanced([q.write([n.text for n in q.numbers], q.tolerance and q.tolerance.text, u) for u in others],
+                        [self.pool.unit_weight(u, text) for u in others], written)
 
     def _offset(self, unit: str) -> bool:
         """Whether ``unit``'s dimension has units with an offset (a temperature): its differences convert apart."""
@@ -328,8 +338,6 @@ class Rules:
             if op.options["mode"] == "unit_swap":  # a difference's unit of the same scale is no error: 2 °C is 2 K
                 others = [u for u in others if not math.isclose(units[u][0], scale)] if difference else \
                     [u for u in others if not self._unphysical(q, [n.value for n in q.numbers], u)]
-                if op.options.get("pool"):  # only a unit the other sources write
-                    others = [u for u in others if self.pool.unit_weight(u, text) > 0]
                 if not others:
                     return None
                 return q.write([n.text for n in q.numbers], q.tolerance and q.tolerance.text, rng.choice(others))
@@ -342,6 +350,14 @@ class Rules:
             return q.write(numbers, tolerance, target)
 
         return draw
+
+
+def _drawn(m: re.Match, name: str, draw: Aimed | None) -> Span:
+    """The span of ``m`` drawn by ``draw``; left alone (``unused_elsewhere``) where no other source holds any
+    replacement."""
+    if draw is None:
+        return Span(m.start(), m.end(), name, lambda _r: None, "unused_elsewhere")
+    return Span(m.start(), m.end(), name, draw)
 
 
 def sentence_start(text: str, at: int) -> bool:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
-from judgetrain.perturb.edits import Span
+from judgetrain.perturb.edits import Aimed, Span
 
 _ITEM = re.compile(r"^([ \t]*\d+[.)][ \t]+)(.+)$", re.M)
 _SENTENCE_END = re.compile(r"(?<=[.!?])[ \t]+(?=[A-Z])")
@@ -58,28 +58,33 @@ class Pool:
                 out.add(((q.unit, len(q.numbers)), m.group(0)))
         return out
 
-    def draw(self, candidates: list[str], counts: Counter, text: str) -> Callable[[random.Random], str | None]:
-        """A candidate drawn in proportion to the other sources holding it; None where no other source does."""
-        weights = [counts.get(c, 0) - _holds(text, c) for c in candidates]
-
-        def draw(rng: random.Random) -> str | None:
-            if not any(w > 0 for w in weights):
-                return None
-            return rng.choices(candidates, weights=[max(w, 0) for w in weights])[0]
-
-        return draw
+    def draw(self, candidates: list[str], counts: Counter, text: str,
+             before: str) -> Aimed | None:
+        """A candidate for ``before`` drawn in proportion to the other sources holding it (`balanced`); None where no
+        other source holds any."""
+        return balanced(candidates, [counts.get(c, 0) - _holds(text, c) for c in candidates], before)
 
     # ------------------------------------------------------------------------------------------ numbers
-    def borrow_draw(self, q: Any, text: str) -> Callable[[random.Random], str | None]:
+    def borrow_draw(self, q: Any, written: str, text: str) -> Aimed | None:
         """Another source's quantity of the same unit and shape (a value, or a range) as ``q`` (a
         `judgetrain.perturb.operators.Quantity`), of another value."""
         counts = self.quantities.get((q.unit, len(q.numbers)), Counter())
         values = tuple(n.value for n in q.numbers)
-        return self.draw([w for w in counts if _values(self.rules, w) != values], counts, text)
+        return self.draw([w for w in counts if _values(self.rules, w) != values], counts, text, written)
 
     def unit_weight(self, unit: str, text: str) -> int:
         """How many other sources write a quantity in ``unit``."""
         return self.units.get(unit, 0) - any(k[0] == unit for k, _ in self.text_quantities(text))
+
+
+def balanced(candidates: list[str], weights: list[int], before: str) -> Aimed | None:
+    """An `Aimed` draw among the candidates of positive weight, in proportion to it within a direction of length
+    against ``before``; None where no weight is positive."""
+    kept = [(c, w) for c, w in zip(candidates, weights) if w > 0]
+    if not kept:
+        return None
+    return Aimed({d: [(c, w) for c, w in kept if (len(c) > len(before)) - (len(c) < len(before)) == d]
+                  for d in (-1, 0, 1)})
 
 
 def order_spans(name: str, text: str) -> list[Span]:
