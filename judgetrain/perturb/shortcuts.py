@@ -35,13 +35,16 @@ class CopyPair:
     edits: int
 
 
-def rule_figures(pairs: list[CopyPair], folds: int = FOLDS) -> dict[str, dict[str, Any]]:
+def rule_figures(pairs: list[CopyPair], folds: int = FOLDS,
+                 fitted: NovelTokens | None = None) -> dict[str, dict[str, Any]]:
     """Per key (in first-seen order): ``copies``, ``edits_per_copy`` (mean, min, max), ``token_change`` (mean words
-    of a copy less its source's), ``rules`` (rule -> accuracy, ties half)."""
+    of a copy less its source's), ``rules`` (rule -> accuracy, ties half). The novel-token rule is ``fitted`` where
+    given (on a training set the pairs are not in), else fitted fold by fold on the other samples."""
     ids = sorted({str(p.sample_id) for p in pairs})
     fold = {sid: k % folds for k, sid in enumerate(ids)}
-    novel = {f: NovelTokens.fit({p.source for p in pairs if fold[str(p.sample_id)] != f},
-                                [p.copy for p in pairs if fold[str(p.sample_id)] != f]) for f in range(folds)}
+    novel = {f: fitted or NovelTokens.fit({p.source for p in pairs if fold[str(p.sample_id)] != f},
+                                          [p.copy for p in pairs if fold[str(p.sample_id)] != f])
+             for f in range(folds)}
     out: dict[str, dict[str, Any]] = {}
     for key in dict.fromkeys(p.key for p in pairs):
         mine = [p for p in pairs if p.key == key]
