@@ -14,8 +14,8 @@ model set without one is left out (said in the log and the summary). Writes ``<o
 ``rejects.jsonl`` (items that failed their checks, with the reason) and ``summary.json`` (per set: items, edits per
 item, rejects by reason; per error set the mean change in words of a copy and the accuracy of the shorter, longer
 and novel-token rules on its copies against their sources, the novel-token rule fitted on other samples: a figure
-near 1 is a tell a judge will learn instead of the error). Bad source rows stop the command before any model loads, naming file, row and field.
-An endpoint's key variable, URL and model list are checked before any work, as `judgetrain judge` checks them.
+near 1 is a tell a judge will learn instead of the error). Bad source rows stop the command before any model loads,
+naming file, row and field. An endpoint's key variable, URL and model list are checked before any work, as `judgetrain judge` checks them.
 Exit codes: 0 done, 1 an endpoint's retries ran out mid-run, 2 refused (bad spec, bad source rows, an endpoint's
 key, URL or model), 143 stopped by a signal.
 """

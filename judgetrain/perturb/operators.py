@@ -263,7 +263,7 @@ class Rules:
                 spans.append(_drawn(m, op.name, self._pooled_unit(q, m.group(0), text)))
             elif mode in ("unit_swap", "convert"):
                 if len(self.spec.units[self.unit_dim[q.unit]]) > 1:
-                    spans.append(Span(m.start(), m.end(), op.name, self._unit_draw(op, q, difference is not None, text)))
+                    spans.append(Span(m.start(), m.end(), op.name, self._unit_draw(op, q, difference is not None)))
             elif mode == "borrow":
                 spans.append(_drawn(m, op.name, self.pool.borrow_draw(q, m.group(0), text)))
             elif mode == "scale" and all(n.value == 0 for n in q.numbers):
@@ -323,8 +323,7 @@ class Rules:
 
         return draw
 
-    def _unit_draw(self, op: Operator, q: Quantity, difference: bool = False,
-                   text: str = "") -> Callable[[random.Random], str | None]:
+    def _unit_draw(self, op: Operator, q: Quantity, difference: bool = False) -> Callable[[random.Random], str | None]:
         """Another unit of the dimension: without converting (unit_swap: an error; a unit where the value would be
         below absolute zero is not drawn), or converted, every number at the source's significant figures and a
         tolerance, or a quantity that is one (``difference``: ``±2 °C`` standing alone), as a difference (no
