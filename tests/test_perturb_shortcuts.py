@@ -94,6 +94,24 @@ def test_error_copies_hold_no_word_other_sources_lack_with_1_to_3_edits_counted_
     assert sets["all_100pct"]["edits_per_item"] == {"mean": 2.0, "min": 2, "max": 2}
 
 
+def test_perturb_warns_of_a_set_a_rule_reads(tmp_path, caplog):
+    """The same sources, a tool swapped for a glovebox no source names: the novel-token rule, fitted on other
+    samples, reads every copy (1.0 > 0.9), and perturb says so."""
+    from judgetrain.perturb.build import perturb
+    from judgetrain.perturb.source import Sample
+
+    spec = parsed({"operators": {"tool": {"kind": "table", "category": "error",
+                                          "pairs": {"tube furnace": "glovebox", "drying oven": "glovebox",
+                                                    "hot plate": "glovebox"}}},
+                   "sets": [{"name": "tool"}]})
+    samples = [Sample(i, text, spec.template, {}, "inline", i) for i, text in enumerate(SOURCES)]
+    with caplog.at_level("WARNING"):
+        summary = perturb(spec, samples, tmp_path)["summary"]
+    assert summary["sets"]["tool_100pct"]["rules"]["novel_token"] == 1.0
+    assert "set tool_100pct: the novel_token rule, with no judge, scores 1.000 on its copies against their sources " \
+           "(above 0.9" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """150 generated sources of each of the synthesis and cooking packs, and each pack's perturb run (the table it
