@@ -57,13 +57,13 @@ from typing import Any
 import yaml
 
 from judgetrain.data.pairs import validation_samples
+from judgetrain.eval.rules import NovelTokens
 from judgetrain.judge.items import read_items
 from judgetrain.config.recipe import load_recipe_file
 from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
                                    round_recipe)
 from judgetrain.loop.table import write_round_table
 from judgetrain.perturb.known import item_text, write_heldout_pairs, write_heldout_rewrites
-from judgetrain.eval.rules import NovelTokens
 from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, rule_figures
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec
