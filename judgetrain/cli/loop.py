@@ -72,7 +72,7 @@ def shortcut_table(shortcuts: dict | None) -> str:
     longer / novel-token rules' accuracy against their sources (a markdown table)."""
     if not shortcuts:
         return "no error copy to read (the items have no source texts, or no error type)"
-    lines = ["| set | type | copies | edits/copy | words +/- | shorter | longer | novel_token |",
+    lines = ["| split | type | copies | edits/copy | words +/- | shorter | longer | novel_token |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for part in ("types", "heldout"):
         for key, f in shortcuts.get(part, {}).items():
