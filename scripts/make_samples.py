@@ -4,12 +4,16 @@
     python scripts/make_samples.py --only judgebias ideation
     python scripts/make_samples.py --only recipes
     python scripts/make_samples.py --rmbench-dir ../shared/data/rm-bench --rmbench-rows 12
+    python scripts/make_samples.py --only synthesis cooking --samples 500 0 --out data/pointwise
 
 judgebias/: synthetic rows in the exact JudgeBias-DPO-RefFree schema from scripts/synth.py (all 17
 perturbation sets, validation on other sample_ids). ideation/: synthetic rows in the research-ideation-arena-si-rm
 schema. rmbench/: the first N rows of each real per-domain RM-Bench file, re-serialised exactly as upstream
 (json.dumps indent=4, ensure_ascii=False), with the ODC-By attribution. recipes/: the unperturbed synthesis recipes
 of the judgebias samples (same sample_ids per split) as source samples of `judgetrain perturb`'s materials pack.
+synthesis/ and cooking/ (not bundled; ``--samples`` per split): the source samples of the synthesis and cooking
+packs, texts that are not one template filled in (scripts/varied.py: each sample draws its sections, their form and
+order, its voice and the phrasing of every step).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from judgetrain.data.judgebias import PERTURBATION_SETS
 from judgetrain.data.rmbench import DOMAINS, domain_file
 
 import synth  # scripts/synth.py, beside this script
+import varied  # scripts/varied.py, beside this script
 
 logger = logging.getLogger("make_samples")
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +133,26 @@ def make_recipes(out: Path, n_train_samples: int, n_val_samples: int, seed: int)
              "the materials pack of judgetrain perturb reads."), encoding="utf-8")
 
 
+VARIED = {"synthesis": (varied.synthesis_recipe, "target", "materials-synthesis recipes (the synthesis pack)"),
+          "cooking": (varied.cooking_recipe, "dish", "cooking recipes (the cooking pack)")}
+
+
+def make_varied(kind: str, out: Path, n_train: int, n_val: int, seed: int) -> None:
+    """Source samples of the synthesis or cooking pack: ``sample_id``, the target or dish, ``text``."""
+    make, field, title = VARIED[kind]
+    out.mkdir(parents=True, exist_ok=True)
+    for split, ids in (("train", range(n_train)), ("validation", range(1000, 1000 + n_val))):
+        rows = [dict(zip(("sample_id", field, "text"), (sid, *make(sid, seed)))) for sid in ids]
+        path = out / f"{split}.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        logger.info("wrote %s (%d rows, %d bytes)", _rel(path), len(rows), path.stat().st_size)
+    (out / "README.md").write_text(SYNTH_README.format(
+        title=f"{title}: source samples of judgetrain perturb",
+        body=f"One JSON object a line: sample_id (train 0+, validation 1000+), {field} and text. Each text draws its\n"
+             "sections, their form and order, its voice and the phrasing of each step (scripts/varied.py)."),
+        encoding="utf-8")
+
+
 def make_ideation(out: Path, n_train: int, n_test: int, seed: int) -> None:
     write_parquet(synth.ideation_rows(n_train, "train", seed=seed, shares_test_every=4), IDEATION_SCHEMA, out / "train.parquet")
     write_parquet(synth.ideation_rows(n_test, "test", seed=seed, start=10_000), IDEATION_SCHEMA, out / "test.parquet")
@@ -166,12 +191,14 @@ def default_rmbench_dir() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", nargs="+", choices=("judgebias", "ideation", "rmbench", "recipes"),
+    p.add_argument("--only", nargs="+", choices=("judgebias", "ideation", "rmbench", "recipes", *VARIED),
                    default=("judgebias", "ideation", "rmbench", "recipes"))
     p.add_argument("--out", type=Path, default=SAMPLES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--judgebias-samples", type=int, nargs=2, default=(40, 12), metavar=("TRAIN", "VALIDATION"),
                    help="base recipes per split; each gives %d rows" % SETS_PER_SAMPLE)
+    p.add_argument("--samples", type=int, nargs=2, default=(500, 0), metavar=("TRAIN", "VALIDATION"),
+                   help="synthesis and cooking samples per split (default 500 0)")
     p.add_argument("--ideation-pairs", type=int, nargs=2, default=(120, 40), metavar=("TRAIN", "TEST"))
     p.add_argument("--rmbench-dir", type=Path, default=None, help="folder of real *_filtered.json files (default ../shared/data/rm-bench)")
     p.add_argument("--rmbench-rows", type=int, default=12, help="first N rows of each domain file")
@@ -181,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         make_judgebias(args.out / "judgebias", *args.judgebias_samples, args.seed)
     if "recipes" in args.only:
         make_recipes(args.out / "recipes", *args.judgebias_samples, args.seed)
+    for kind in VARIED:
+        if kind in args.only:
+            make_varied(kind, args.out / kind, *args.samples, args.seed)
     if "ideation" in args.only:
         make_ideation(args.out / "ideation", *args.ideation_pairs, args.seed)
     if "rmbench" in args.only:

@@ -23,11 +23,15 @@ from helpers import REPO, read_jsonl
 SPEC = {"name": "clinic", "original": True,
         "template": [{"role": "system", "content": "Judge the note. End with ```json {\"overall_score\": ...}```."},
                      {"role": "user", "content": "Patient: {{patient}}\n\nNote:\n{{text}}"}],
-        "operators": {"drug_swap": {"kind": "table", "category": "error",
-                                    "pairs": {"aspirin": "warfarin", "ibuprofen": "codeine", "paracetamol": "morphine"}},
+        "operators": {"drug_swap": {"kind": "table", "category": "error",  # each drug for another the notes use
+                                    "pairs": {"aspirin": "ibuprofen", "ibuprofen": "paracetamol",
+                                              "paracetamol": "aspirin"}},
                       "spacing": {"kind": "format", "category": "represent", "rewrite": "number_format"}},
         "sets": [{"name": "drug_swap"}, {"name": "spacing"}]}
 DRUGS = ("aspirin", "ibuprofen", "paracetamol")
+NOVEL_SPEC = {**SPEC, "operators": {**SPEC["operators"], "drug_swap": {  # each drug for one no note names: a tell
+    "kind": "table", "category": "error", "pairs": {"aspirin": "warfarin", "ibuprofen": "codeine",
+                                                    "paracetamol": "morphine"}}}}
 
 
 def loop_config(tmp_path: Path, **over) -> Path:
@@ -96,15 +100,17 @@ def test_the_response_form_is_accepted_and_its_pairs_stage_writes_the_question_a
 def test_round_k_eval_fits_the_novel_token_rule_on_its_response_pairs(tmp_path, monkeypatch):
     """The eval stage names round k's training pairs to `judgetrain eval --rules_train_pairs` (round 0, the base,
     scored before any pairs exist: none); the rule fitted on that file marks the words of the error copies that no
-    source holds: the drugs the swap brought in, which no note names."""
+    source holds: the drugs the swap brought in, which no note names (a shortcut the loop lets through only when told,
+    as here)."""
     from judgetrain.eval.rules import read_training_pairs
     from judgetrain.loop import run as loop_run
     from judgetrain.loop.config import load_config
     from judgetrain.loop.run import Loop, open_state
 
     config = load_config(loop_config(tmp_path, pairs={"method": "known", "form": "response", "ties": "drop"}))
+    (tmp_path / "clinic.yaml").write_text(yaml.safe_dump(NOVEL_SPEC, sort_keys=False), encoding="utf-8")
     out = Path(config.output_dir)
-    loop = Loop(config, out, open_state(config, out))
+    loop = Loop(config, out, open_state(config, out), allow_shortcuts=True)
     for stage in ("items", "split", "pairs"):
         loop.stage(1, stage)
     commands = []
@@ -122,23 +128,74 @@ def test_round_k_eval_fits_the_novel_token_rule_on_its_response_pairs(tmp_path, 
     assert marks == said[1] - said[0] and marks and not marks & set(DRUGS)  # the drugs the swap brought in
 
 
+def test_a_training_set_a_rule_separates_is_refused_before_any_training_unless_allowed(tmp_path, capsys):
+    """The clinic spec swapping each drug for one no note names (warfarin, codeine, morphine): the novel-token rule,
+    fitted on other training samples, tells every training copy from its source (1.0 > 0.9), so the loop stops at
+    the split, exit 2, one line naming the type, the rule and the flag; nothing is paired or trained. With
+    --allow_shortcuts the split passes, the figure let through is recorded and the report shows it."""
+    from judgetrain.cli import main
+    from judgetrain.report.loop import heldout_lines, read_loop
+
+    novel = NOVEL_SPEC
+    config = loop_config(tmp_path, pairs={"method": "known", "form": "response", "ties": "drop"})
+    (tmp_path / "clinic.yaml").write_text(yaml.safe_dump(novel, sort_keys=False), encoding="utf-8")
+    assert main(["loop", str(config)]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert "round 1: a rule with no judge separates the training error copies from their sources above 0.9: " \
+           "novel_token 1.000 on drug_swap" in said[-1] and "--allow_shortcuts" in said[-1]
+    out = tmp_path / "loop"
+    state = json.loads((out / "loop_state.json").read_text())
+    assert sorted(state["done"]) == ["1/items"] and not (out / "round-1" / "pairs").exists()
+    # the same config with the flag: the split passes, its record counts the figure let through
+    assert main(["loop", str(config), "--allow_shortcuts", "--data_only"]) == 0
+    printed = capsys.readouterr().out
+    split = json.loads((out / "round-1" / "split" / "split.json").read_text())
+    trained = [i for i in range(12) if str(i) not in split["heldout_samples"]]
+    longer = sum(i % 3 == 0 for i in trained) / len(trained)  # only warfarin is longer than its source's drug
+    assert f"| training | drug_swap | 9 | 1.00 | +0.00 | {longer:.3f} | {1 - longer:.3f} | 1.000 |" in printed
+    shortcuts = split["shortcuts"]
+    assert shortcuts["allowed"] == [{"type": "drug_swap", "rule": "novel_token", "accuracy": 1.0}]
+    assert shortcuts["heldout"]["drug_swap"]["rules"]["novel_token"] == 1.0  # fitted on training, read on held-out
+    assert sorted(json.loads((out / "loop_state.json").read_text())["done"]) == ["1/items", "1/pairs", "1/split"]
+    line = next(x for x in heldout_lines(read_loop(out)) if "rule with no judge" in x)
+    assert "1 figure(s) above the limit trained anyway (--allow_shortcuts): novel_token 1.000 on drug_swap." in line
+
+
+def test_drugs_swapped_among_the_notes_pass_the_rules(tmp_path):
+    """The loop's clinic spec swaps each drug for another the notes name: no rule is above 0.9 on its copies, so the
+    split passes without the flag (the figures recorded: novel-token all ties, 0.5)."""
+    from judgetrain.loop.config import load_config
+    from judgetrain.loop.run import Loop, open_state
+
+    config = load_config(loop_config(tmp_path, pairs={"method": "known", "form": "response", "ties": "drop"}))
+    loop = Loop(config, Path(config.output_dir), open_state(config, Path(config.output_dir)))
+    for stage in ("items", "split"):
+        loop.stage(1, stage)
+    shortcuts = json.loads((Path(config.output_dir) / "round-1" / "split" / "split.json").read_text())["shortcuts"]
+    assert shortcuts["allowed"] == [] and shortcuts["types"]["drug_swap"]["rules"]["novel_token"] == 0.5
+    assert max(shortcuts["types"]["drug_swap"]["rules"].values()) <= 0.9
+
+
 def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_design(tmp_path):
     from judgetrain.loop.config import load_config
 
     # the pointwise proof reads generated recipes (its header's make_samples line): made here, small, and named
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_samples.py"), "--only", "recipes",
-                    "--judgebias-samples", "20", "0", "--out", str(tmp_path / "pointwise")], check=True, cwd=REPO)
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_samples.py"), "--only", "recipes", "synthesis",
+                    "--judgebias-samples", "20", "0", "--samples", "20", "0", "--out", str(tmp_path / "pointwise")],
+                   check=True, cwd=REPO)
     configs = {}
     for p in sorted((REPO / "recipes" / "loops").glob("*.yaml")):
-        text = p.read_text(encoding="utf-8").replace("source: data/pointwise/recipes",
-                                                      f"source: {tmp_path / 'pointwise' / 'recipes'}")
+        text = p.read_text(encoding="utf-8")
+        for kind in ("recipes", "synthesis"):
+            text = text.replace(f"source: data/pointwise/{kind}", f"source: {tmp_path / 'pointwise' / kind}")
         (tmp_path / p.name).write_text(text, encoding="utf-8")
         configs[p.name] = load_config(tmp_path / p.name)
     assert {"smollm2_verdicts.yaml", "smollm2_pointwise.yaml"} <= set(configs)
     proof = configs["smollm2_pointwise.yaml"]
     assert (proof.pairs.form, proof.pairs.ties, proof.heldout.types) == ("response", "drop", ["element_substitution"])
     assert proof.heldout.fraction >= 0.2  # and three error types trained
-    assert {"numerical_perturbation", "equipment_substitution", "action_antonym"} <= set(proof.items.sets)
+    assert {"numerical_perturbation", "equipment_substitution", "action_antonym", "step_order", "unit_swap",
+            "precursor_substitution"} <= set(proof.items.sets) and proof.items.spec == "synthesis"
     assert proof.eval.options["eval_regression_margin"] == 0.05 and ">= 0.65" in proof.goal and "2 hours" in proof.goal
 
 

@@ -68,7 +68,7 @@ def run_op(name: str, text: str, seed: int = 0, rate: float = 1.0):
     from judgetrain.perturb.source import Sample
 
     s = dataclasses.replace(spec(), seed=seed)
-    pset = next(p for p in s.sets if p.name == name)
+    pset = dataclasses.replace(next(p for p in s.sets if p.name == name), edits=None)  # the rate's share of spans
     sample = Sample(1, text, TEMPLATE, {}, "t", 0)
     p = Planned(sample, pset, rate, pset.set_name(rate), pset.operators, "rule")
     new, changes, why, _ = make(s, p, {}, SampleSpans(Rules(s), text))

@@ -147,7 +147,8 @@ def test_a_bare_number_is_edited_only_where_the_spec_asks():
         from judgetrain.perturb.operators import Rules
         from judgetrain.perturb.source import Sample
 
-        s = parse_spec({"template": TEMPLATE, "units": UNITS, "operators": {"op": op}, "sets": [{"name": "op"}]})
+        s = parse_spec({"template": TEMPLATE, "units": UNITS, "operators": {"op": op},
+                        "sets": [{"name": "op", "rates": [1.0]}]})  # every eligible span, not 1 to 3 edits
         s = dataclasses.replace(s, seed=0)
         pset = s.sets[0]
         p = Planned(Sample(1, text, TEMPLATE, {}, "t", 0), pset, 1.0, pset.set_name(1.0), pset.operators, "rule")

@@ -4,7 +4,9 @@ adapter and scores the result against the base; the round table is printed and w
 
     judgetrain loop loop.yaml       # killed at any stage, the same command continues where it stopped
 
-Exit codes: 0 done, 2 a bad config (or another loop's output_dir), else the failing stage's command's code.
+Exit codes: 0 done, 2 a bad config (or another loop's output_dir, or a training set whose error copies a rule
+with no judge separates from their sources: `--allow_shortcuts` trains anyway), else the failing stage's command's
+code.
 """
 
 # Late imports: judgetrain.loop, judgetrain.cli, judgetrain.config, judgetrain.run (eval's parser; inside the functions that use them):
@@ -29,6 +31,14 @@ logger = logging.getLogger(__name__)
 def build_parser() -> ConventionParser:
     parser = ConventionParser(prog="judgetrain loop", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="the loop's YAML config (docs/loop.md)")
+    parser.add_argument("--allow_shortcuts", action="store_true",
+                        help="train even where a rule with no judge (shorter, longer, novel-token) separates a "
+                             "round's training error copies from their sources above 0.9 (refused by default; "
+                             "each figure let through is recorded in the split and the report)")
+    parser.add_argument("--data_only", action="store_true",
+                        help="round 1's data alone (items, split, pairs; judge where the pairs need it), no training "
+                             "and no scoring: prints what the rules with no judge get per type on the training and "
+                             "held-out error copies; the same command without it continues from there")
     return parser
 
 
@@ -41,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(args.config)  # a bad config raises LoopConfigError: the entry's one line, exit code 2
     check_eval(config, args.config)
     try:
-        result = run_loop(config)
+        result = run_loop(config, allow_shortcuts=args.allow_shortcuts, data_only=args.data_only)
     except StageFailed as err:
         if err.code == EXIT_BAD_INPUT:  # the command refused its input: the same command would refuse it again
             logger.error("%s: it refused its input (its one line above); a rerun of this config stops there again",
@@ -49,9 +59,28 @@ def main(argv: list[str] | None = None) -> int:
         else:
             logger.error("%s; rerun the same command to continue from this stage", err)
         return err.code
+    if args.data_only:
+        print(shortcut_table(result["split"].get("shortcuts")), file=sys.stdout)
+        return 0
     print((Path(config.output_dir) / ROUND_TABLE_MD).read_text(encoding="utf-8"), file=sys.stdout)
     logger.info("round table: %s (and %s, %s)", result["table"], ROUND_TABLE_CSV, ROUND_TABLE_MD)
     return 0
+
+
+def shortcut_table(shortcuts: dict | None) -> str:
+    """Per error type, training and held-out copies: copies, edits per copy, mean word change, and the shorter /
+    longer / novel-token rules' accuracy against their sources (a markdown table)."""
+    if not shortcuts:
+        return "no error copy to read (the items have no source texts, or no error type)"
+    lines = ["| split | type | copies | edits/copy | words +/- | shorter | longer | novel_token |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for part in ("types", "heldout"):
+        for key, f in shortcuts.get(part, {}).items():
+            rules = f["rules"]
+            lines.append(f"| {'training' if part == 'types' else 'held out'} | {key} | {f['copies']} | "
+                         f"{f['edits_per_copy']['mean']:.2f} | {f['token_change']:+.2f} | {rules['shorter']:.3f} | "
+                         f"{rules['longer']:.3f} | {rules['novel_token']:.3f} |")
+    return "\n".join(lines)
 
 
 def check_eval(config, where: str) -> None:

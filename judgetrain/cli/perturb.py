@@ -12,8 +12,10 @@ rewrites run with ``--model`` (a local model or ``endpoint=URL,model=NAME,key_en
 command again after a kill); without ``--model`` a model operator's ``stand_in`` rule operators make its set, and a
 model set without one is left out (said in the log and the summary). Writes ``<output_dir>/items.jsonl`` (the items),
 ``rejects.jsonl`` (items that failed their checks, with the reason) and ``summary.json`` (per set: items, edits per
-item, rejects by reason). Bad source rows stop the command before any model loads, naming file, row and field.
-An endpoint's key variable, URL and model list are checked before any work, as `judgetrain judge` checks them.
+item, rejects by reason; per error set the mean change in words of a copy and the accuracy of the shorter, longer
+and novel-token rules on its copies against their sources, the novel-token rule fitted on other samples: a figure
+near 1 is a tell a judge will learn instead of the error). Bad source rows stop the command before any model loads,
+naming file, row and field. An endpoint's key variable, URL and model list are checked before any work, as `judgetrain judge` checks them.
 Exit codes: 0 done, 1 an endpoint's retries ran out mid-run, 2 refused (bad spec, bad source rows, an endpoint's
 key, URL or model), 143 stopped by a signal.
 """
@@ -74,16 +76,22 @@ def build_parser() -> ConventionParser:
     return p
 
 
+RULE_COLUMNS = ("shorter", "longer", "novel_token")  # judgetrain.perturb.shortcuts.CHECKED (imported late there)
+
+
 def summary_table(summary: dict):
     from rich.table import Table
 
     table = Table(title=f"judgetrain perturb: {summary['spec']} (seed {summary['seed']}), per set")
-    for col in ("set", "category", "method", "items", "rejected", "edits/item", "rejects"):
+    for col in ("set", "category", "method", "items", "rejected", "edits/item", "words +/-", *RULE_COLUMNS,
+                "rejects"):
         table.add_column(col, justify="left" if col in ("set", "category", "method", "rejects") else "right")
     for name, s in summary["sets"].items():
-        edits = s["edits_per_item"]
+        edits, rules = s["edits_per_item"], s.get("rules") or {}
         table.add_row(name, s["category"], s["method"], f"{s['items']:,}", f"{s['rejected']:,}",
                       "-" if edits is None else f"{edits['mean']:.2f} ({edits['min']}-{edits['max']})",
+                      f"{s['token_change']:+.2f}" if "token_change" in s else "-",
+                      *(f"{rules[r]:.3f}" if r in rules else "-" for r in RULE_COLUMNS),
                       ", ".join(f"{k} {v}" for k, v in s["rejects"].items()))
     return table
 

@@ -6,6 +6,9 @@ Round k (1-based), in ``<output_dir>/round-<k>/``:
 
     items   `judgetrain perturb` (the factory, seeded ``items.seed + k - 1``) -> items/items.jsonl, or the given file
     split   the items of held-out samples (by sample_id) and held-out types apart -> split/train.jsonl, heldout.jsonl;
+            the training error copies against their sources read by the shorter, longer and novel-token rules per
+            type (split.json's ``shortcuts``): a figure above 0.9 stops the loop before any training, unless it runs
+            with ``allow_shortcuts`` (`judgetrain loop --allow_shortcuts`; each figure let through is recorded);
             round 1 also writes the held-out pairs every round is scored on (``<output_dir>/heldout/pairwise.jsonl``:
             each held-out error copy against its source, the pairwise suite's rows) and the held-out rewrites
             (``heldout/rewrites.jsonl``: each against its source and against an error copy of the same source, the
@@ -54,6 +57,7 @@ from typing import Any
 import yaml
 
 from judgetrain.data.pairs import validation_samples
+from judgetrain.eval.rules import NovelTokens
 from judgetrain.judge.items import read_items
 from judgetrain.config.recipe import load_recipe_file
 from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
@@ -61,6 +65,7 @@ from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError,
 from judgetrain.loop.replay import write_replay
 from judgetrain.loop.table import write_round_table
 from judgetrain.perturb.known import item_text, write_heldout_pairs, write_heldout_rewrites
+from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, rule_figures
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec
 from judgetrain.run.launch import Launch, command_argv, find_command
@@ -68,6 +73,10 @@ from judgetrain.run.layout import HELDOUT_FILES, HELDOUT_PAIRS, HELDOUT_REWRITES
 from judgetrain.utils.files import append_jsonl, read_json, write_json, write_lines
 
 logger = logging.getLogger(__name__)
+
+
+class ShortcutsRefused(LoopConfigError):
+    """A round's training set whose error copies a rule with no judge tells from their sources (exit 2)."""
 
 
 class StageFailed(RuntimeError):
@@ -78,11 +87,20 @@ class StageFailed(RuntimeError):
         self.code = code
 
 
-def run_loop(config: LoopConfig) -> dict[str, Any]:
+def run_loop(config: LoopConfig, allow_shortcuts: bool = False, data_only: bool = False) -> dict[str, Any]:
     """Every round's stages in order, those done skipped (see the module doc). Returns ``{"status", "rounds",
-    "table"}``; raises `StageFailed` when a command fails, `LoopConfigError` when the output_dir holds another loop."""
+    "table"}``; raises `StageFailed` when a command fails, `LoopConfigError` when the output_dir holds another loop,
+    `ShortcutsRefused` when a rule with no judge separates a round's training copies from their sources (unless
+    ``allow_shortcuts``). ``data_only``: round 1's stages before training and scoring alone (items, split, judge
+    where the pairs need it, pairs), returning ``{"status": "data", "split"}`` (the split's record, its
+    ``shortcuts`` included); the same command without it continues from there."""
     out = Path(config.output_dir)
-    loop = Loop(config, out, open_state(config, out))
+    loop = Loop(config, out, open_state(config, out), allow_shortcuts)
+    if data_only:
+        for round_k, stage in loop.plan(1):
+            if stage not in ("train", "eval"):
+                loop.stage(round_k, stage)
+        return {"status": "data", "split": read_json(loop.round_dir(1) / "split" / "split.json")}
     for k in range(1, config.rounds + 1):
         for round_k, stage in loop.plan(k):
             loop.stage(round_k, stage)
@@ -119,8 +137,8 @@ def getattr_path(config: LoopConfig, key: str) -> Any:
 class Loop:
     """One loop's stages: each a method named after the stage, given the round."""
 
-    def __init__(self, config: LoopConfig, out: Path, state: dict):
-        self.config, self.out, self.state = config, out, state
+    def __init__(self, config: LoopConfig, out: Path, state: dict, allow_shortcuts: bool = False):
+        self.config, self.out, self.state, self.allow_shortcuts = config, out, state, allow_shortcuts
         self.launch = Launch(config.num_processes, config.accelerate_config)
 
     def stages(self) -> list[str]:
@@ -194,15 +212,40 @@ class Loop:
         (rd / "split").mkdir(parents=True, exist_ok=True)
         write_lines(rd / "split" / "train.jsonl", (json.dumps(r, ensure_ascii=False) for r in train))
         write_lines(rd / "split" / "heldout.jsonl", (json.dumps(r, ensure_ascii=False) for r in heldout))
+        shortcuts = self.shortcuts(k, train, heldout, samples) if samples else None
         write_json(rd / "split" / "split.json", {"train_items": len(train), "heldout_items": len(heldout),
                                                  "heldout_samples": sorted(held_ids),
-                                                 "heldout_types": list(held.types), "heldout_same_text": same_text})
+                                                 "heldout_types": list(held.types), "heldout_same_text": same_text,
+                                                 **({"shortcuts": shortcuts} if shortcuts else {})})
         if k == 1 and self.has_texts():
             write_heldout_pairs(heldout, list(samples.values()), self.out / HELDOUT_PAIRS)
             write_heldout_rewrites(heldout, list(samples.values()), self.out / HELDOUT_REWRITES)
             if not eval_suites(self.config, self.held_files())[0]:  # refused here, not by eval after training
                 raise LoopConfigError(f"eval.suites: {self.config.eval.suites}: the held-out items hold no error copy, "
                                       "so there are no held-out pairs and no suite to score; name another suite")
+
+    def shortcuts(self, k: int, train: list[dict], heldout: list[dict], samples: dict) -> dict[str, Any]:
+        """What the shorter, longer and novel-token rules get on the training error copies against their sources,
+        per type (`judgetrain.perturb.shortcuts`, the novel-token rule fitted on other training samples), and on the
+        held-out copies (``heldout``: the rule fitted on the training items); `ShortcutsRefused` where a training
+        figure is above its limit, unless the loop runs with ``allow_shortcuts`` (then each figure let through is
+        counted in the split's record)."""
+        pairs, held = (copy_pairs(rows, samples) for rows in (train, heldout))
+        figures = rule_figures(pairs) if pairs else {}
+        novel = NovelTokens.fit({p.source for p in pairs}, [p.copy for p in pairs])
+        over = over_limit(figures)
+        said = ", ".join(f"{rule} {acc:.3f} on {key}" for key, rule, acc in over)
+        if over and not self.allow_shortcuts:
+            raise ShortcutsRefused(f"round {k}: a rule with no judge separates the training error copies from their "
+                                   f"sources above {LIMIT}: {said} (per type in round-{k}/split/split.json's "
+                                   "shortcuts): a judge trained on them can learn the tell, not the error; make "
+                                   "copies no rule catches (docs/perturb.md), or run again with --allow_shortcuts")
+        if over:
+            logger.warning("round %d: training anyway (--allow_shortcuts) on copies a rule separates from their "
+                           "sources: %s", k, said)
+        return {"limit": LIMIT, "types": figures, "allowed": [{"type": key, "rule": rule, "accuracy": acc}
+                                                              for key, rule, acc in over],
+                "heldout": rule_figures(held, fitted=novel) if held else {}}
 
     def held_files(self) -> list[str]:
         """The suites whose held-out file (`HELDOUT_FILES`) is written and holds rows."""
@@ -302,6 +345,14 @@ class Loop:
         if k:
             run_command(["compare", str(self.round_dir(0) / "eval"), str(rd / "eval"),
                          "--output", str(rd / "eval" / ROUND_COMPARE_FILE)])
+
+
+def copy_pairs(rows: list[dict], samples: dict) -> list[CopyPair]:
+    """Each error copy of ``rows`` (items as the split writes them) against its source, keyed by its type."""
+    return [CopyPair(row["sample_id"], str(row.get("perturbation_type")), sample.text,
+                     item_text(sample, row["prompt"]), len(row.get("perturbation_changes") or []))
+            for row in rows if row.get("perturbation_category") == "error"
+            and (sample := samples.get(str(row["sample_id"]))) is not None]
 
 
 def verdict_pairs(pairs) -> bool:

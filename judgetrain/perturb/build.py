@@ -12,7 +12,10 @@ Writes into the output folder:
                     ``perturbation_method`` (rule | stand_in | model:<name>)
     rejects.jsonl   every item that failed a check, with its reason, detail, the text it would have had and its
                     changes (nothing is dropped silently)
-    summary.json    per set: items, rejected, rejects by reason, edits per item (mean, min, max), method
+    summary.json    per set: items, rejected, rejects by reason, edits per item (mean, min, max), method; per
+                    error set, the mean change in words of a copy (``token_change``) and what the shorter, longer
+                    and novel-token rules get on its copies against their sources (``rules``;
+                    `judgetrain.perturb.shortcuts`: the novel-token rule fitted on other samples)
 
 Seeded: every item draws from its own generator, seeded by the spec's seed, the set and the sample, so the same
 seed, source and spec give byte-identical files, whichever sets are asked for.
@@ -47,10 +50,11 @@ from typing import Any
 
 from judgetrain.judge.judges import JudgeSpec
 from judgetrain.judge.options import Options
-from judgetrain.perturb.edits import Change, Span, apply, misplaced, pick
+from judgetrain.perturb.edits import Change, Span, aim, apply, misplaced, pick
 from judgetrain.perturb.operators import Rules
 from judgetrain.perturb.oracle import differ, read_quantities, token_differences
 from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
+from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, rule_figures
 from judgetrain.perturb.source import Sample
 from judgetrain.perturb.spec import ORIGINAL_SET, PerturbSet, Spec, table_entities
 from judgetrain.utils.files import write_json, write_lines
@@ -117,7 +121,7 @@ def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter: Jud
     if state is not None and not state.is_main_process:
         return {"status": "finished"}
     made = make_all(spec, planned, rewrites)
-    items, rejects = [], []
+    items, rejects, copies = [], [], []
     per_set: dict[str, dict[str, Any]] = {}
     for p, (text, changes, why, left_alone) in zip(planned, made):
         stats = per_set.setdefault(p.set_name, {"category": p.pset.category if p.pset else "represent",
@@ -137,8 +141,18 @@ def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter: Jud
         stats["items"] += 1
         stats["edits"].append(len(changes))
         items.append(item(p, text, changes, rewriter))
+        if p.pset is not None and p.pset.category == "error":
+            copies.append(CopyPair(p.sample.sample_id, p.set_name, p.sample.text, text, len(changes)))
     summary = {"spec": spec.name, "seed": spec.seed, "samples": len(samples), "items": len(items),
                "rejected": len(rejects), "skipped_sets": skipped, "sets": {k: _set_summary(v) for k, v in per_set.items()}}
+    figures = rule_figures(copies)  # the tells a rule with no judge reads (shortcuts.py)
+    for name, f in figures.items():
+        summary["sets"][name]["token_change"] = f["token_change"]
+        summary["sets"][name]["rules"] = f["rules"]
+    for name, rule, accuracy in over_limit(figures):
+        logger.warning("set %s: the %s rule, with no judge, scores %.3f on its copies against their sources (above "
+                       "%s: a judge trained on them can learn that instead of the error; docs/perturb.md)", name, rule,
+                       accuracy, LIMIT)
     write_lines(out / ITEMS, (json.dumps(i, ensure_ascii=False) for i in items))
     write_lines(out / REJECTS, (json.dumps(r, ensure_ascii=False) for r in rejects))
     write_json(out / SUMMARY, summary)
@@ -154,7 +168,7 @@ def make_all(spec: Spec, planned: list[Planned], rewrites: dict, every: float = 
     """`make` for every planned item, in its order; a sample's spans are found once per operator, however many
     sets and rates use that operator (the items of one sample are made together). Logs items made, items/s and
     the time left at most every ``every`` seconds."""
-    rules = Rules(spec)
+    rules = Rules(spec, list({id(p.sample): p.sample.text for p in planned}.values()))
     by_sample: dict[int, list[int]] = {}
     for k, p in enumerate(planned):
         by_sample.setdefault(id(p.sample), []).append(k)
@@ -200,12 +214,14 @@ def make(spec: Spec, p: Planned, rewrites: dict, spans_of: SampleSpans) -> tuple
     rng = random.Random(f"{spec.seed}|{p.set_name}|{p.sample.sample_id!r}")
     spans = [s for name in p.operators for s in spans_of(name)]
     left_alone = Counter(s.skip for s in spans if s.skip)
-    picked = pick(spans, p.rate, rng)
+    direction = rng.choice((-1, 1)) if p.pset.edits else None  # the way this copy's length may move
+    picked = pick(aim(spans, direction) if direction else spans, p.rate, rng,
+                  rng.randint(*p.pset.edits) if p.pset.edits else None)
     if not picked:
         alone = f" (left alone: {', '.join(f'{n} {k}' for k, n in sorted(left_alone.items()))})" if left_alone else ""
         return source, [], ("no_eligible_span", f"{', '.join(p.operators)} found nothing to edit in the text{alone}"), \
             left_alone
-    text, changes = apply(source, picked, rng)
+    text, changes = apply(source, picked, rng, direction)
     if not changes:
         return source, [], ("no_valid_edit", "no drawn edit differs from the source after rounding and keeps its "
                                               "physical sense"), left_alone

@@ -20,6 +20,40 @@ class Span:
     skip: str | None = None  # why this span is left alone (a percentage, below absolute zero): counted, never picked
 
 
+class Aimed:
+    """A span's draw that can be aimed at a direction of length (-1: a shorter replacement, 1: a longer one), so a
+    copy's edits move its length the way its item's coin said (`aim`): ``groups`` maps each direction (0: the same
+    length) to its (candidate, weight) pairs."""
+
+    def __init__(self, groups: dict[int, list[tuple[str, int]]]):
+        self.groups = {d: g for d, g in groups.items() if g}
+        total = sum(w for g in self.groups.values() for _, w in g)
+        self.same = sum(w for _, w in self.groups.get(0, ())) / total
+
+    def __call__(self, rng: random.Random, direction: int | None = None) -> str:
+        """Without a direction: the same length as often as its weight says, else longer or shorter as often as
+        each other where both are there. Aimed: the same length as often as its weight says, else ``direction``
+        (the same length, then the other way, where it has none)."""
+        sides = [d for d in (-1, 1) if d in self.groups]
+        if rng.random() < self.same or not sides:
+            group = self.groups[0]
+        elif direction in self.groups:
+            group = self.groups[direction]
+        else:
+            group = self.groups.get(0) or self.groups[rng.choice(sides) if direction is None else -direction]
+        return rng.choices([c for c, _ in group], weights=[w for _, w in group])[0]
+
+    def goes(self, direction: int) -> bool:
+        return direction in self.groups or 0 in self.groups
+
+
+def aim(spans: list[Span], direction: int) -> list[Span]:
+    """The spans whose draw can move the length ``direction`` or keep it (a draw that is not `Aimed` keeps it, or
+    moves it no way the item chose); all of them where none can."""
+    kept = [s for s in spans if not isinstance(s.draw, Aimed) or s.draw.goes(direction)]
+    return kept if any(s.skip is None for s in kept) else spans
+
+
 @dataclass(frozen=True)
 class Change:
     kind: str
@@ -31,9 +65,10 @@ class Change:
         return {"kind": self.kind, "before": self.before, "after": self.after, "position": self.position}
 
 
-def pick(spans: list[Span], rate: float, rng: random.Random) -> list[Span]:
-    """A share ``rate`` of the spans (rounded, at least one), drawn with ``rng``; overlapping spans are dropped
-    first (the earlier one kept), so every edit stands alone. Returned in text order."""
+def pick(spans: list[Span], rate: float, rng: random.Random, count: int | None = None) -> list[Span]:
+    """A share ``rate`` of the spans (rounded, at least one), or ``count`` of them where given (as many as there are
+    at most), drawn with ``rng``; overlapping spans are dropped first (the earlier one kept), so every edit stands
+    alone. Returned in text order."""
     kept: list[Span] = []
     spans = [s for s in spans if s.skip is None]
     for span in sorted(spans, key=lambda s: (s.start, -s.end)):
@@ -41,15 +76,16 @@ def pick(spans: list[Span], rate: float, rng: random.Random) -> list[Span]:
             kept.append(span)
     if not kept:
         return []
-    n = min(len(kept), max(1, round(rate * len(kept))))
+    n = min(len(kept), max(1, count if count is not None else round(rate * len(kept))))
     return [kept[i] for i in sorted(rng.sample(range(len(kept)), n))]
 
 
-def apply(text: str, spans: list[Span], rng: random.Random) -> tuple[str, list[Change]]:
-    """The text with every picked span replaced (replacements drawn in text order) and the changes made."""
+def apply(text: str, spans: list[Span], rng: random.Random, direction: int | None = None) -> tuple[str, list[Change]]:
+    """The text with every picked span replaced (replacements drawn in text order, an `Aimed` draw aimed at
+    ``direction`` where given) and the changes made."""
     changes = []
     for span in spans:
-        after = span.draw(rng)
+        after = span.draw(rng, direction) if isinstance(span.draw, Aimed) else span.draw(rng)
         before = text[span.start: span.end]
         if after is not None and after != before:
             changes.append(Change(span.kind, before, after, span.start))

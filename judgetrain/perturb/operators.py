@@ -20,8 +20,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from judgetrain.perturb.edits import Span
+from judgetrain.perturb.edits import Aimed, Span
 from judgetrain.perturb.formats import FORMATS
+from judgetrain.perturb.pool import Pool, balanced, order_spans
 from judgetrain.perturb.spec import Operator, Spec
 
 # ------------------------------------------------------------------------------------------------ numbers
@@ -173,7 +174,11 @@ def marked_difference(text: str, start: int) -> str | None:
 class Rules:
     """The compiled rule operators of a spec (patterns built once, for every text)."""
 
-    def __init__(self, spec: Spec):
+    read = staticmethod(read_quantity)
+
+    def __init__(self, spec: Spec, texts: list[str] = ()):
+        """``texts``: every source text of the run, what the swap, borrow and pooled unit_swap operators draw from
+        (`judgetrain.perturb.pool`)."""
         self.spec = spec
         self.unit_dim = {u: d for d, units in spec.units.items() for u in units}
         self.quantity = quantity_pattern(list(self.unit_dim))
@@ -181,6 +186,7 @@ class Rules:
         for op in spec.operators.values():
             if op.kind == "table":
                 self.compiled[op.name] = self._table(op)
+        self.pool = Pool(self, list(texts))
 
     def spans(self, name: str, text: str) -> list[Span]:
         """The spans operator ``name`` could edit in ``text``, and those it leaves alone (``skip``: why)."""
@@ -190,7 +196,26 @@ class Rules:
                     for pattern, f in self.compiled[name] for m in pattern.finditer(text)]
         if op.kind == "numeric":
             return self._numeric(op, text)
+        if op.kind == "swap":
+            return self._swap(op, text)
+        if op.kind == "order":
+            return order_spans(name, text)
         return FORMATS[op.options["rewrite"]](name, text)
+
+    def _swap(self, op: Operator, text: str) -> list[Span]:
+        """A word of a class replaced by another of its class, as the text would write it, drawn from what the other
+        sources hold (`Pool`)."""
+        preserve, spans = op.options["case"] == "preserve", []
+        for terms in op.options["classes"]:
+            pattern = re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, sorted(terms, key=len, reverse=True)))
+                                 + r")(?!\w)", re.IGNORECASE if preserve else 0)
+            for m in pattern.finditer(text):
+                word = m.group(0)
+                key = next((t for t in terms if t.casefold() == word.casefold()), word) if preserve else word
+                start = sentence_start(text, m.start())
+                written = [cased(word, key, t, start) if preserve else t for t in terms if t != key]
+                spans.append(_drawn(m, op.name, self.pool.draw(written, self.pool.forms, text, word)))
+        return spans
 
     # ------------------------------------------------------------------------------------------ tables
     @staticmethod
@@ -234,14 +259,26 @@ class Rules:
                 None if difference else self._unphysical(q, [n.value for n in q.numbers], q.unit)
             if why:  # 5 °C/min: a rate; Step 2: a label; by 10 °C: a difference, not a temperature
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, why))
+            elif mode == "unit_swap" and op.options.get("pool"):
+                spans.append(_drawn(m, op.name, self._pooled_unit(q, m.group(0), text)))
             elif mode in ("unit_swap", "convert"):
                 if len(self.spec.units[self.unit_dim[q.unit]]) > 1:
                     spans.append(Span(m.start(), m.end(), op.name, self._unit_draw(op, q, difference is not None)))
+            elif mode == "borrow":
+                spans.append(_drawn(m, op.name, self.pool.borrow_draw(q, m.group(0), text)))
             elif mode == "scale" and all(n.value == 0 for n in q.numbers):
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, "zero"))
             else:
                 spans.append(Span(m.start(), m.end(), op.name, self._value_draw(op, q, difference is not None)))
         return spans
+
+    def _pooled_unit(self, q: Quantity, written: str, text: str) -> Aimed | None:
+        """Another unit of the dimension that other sources write, the number unconverted (an error), drawn by
+        `judgetrain.perturb.pool.balanced`; a unit where the value would be below absolute zero is not drawn."""
+        others = [u for u in sorted(self.spec.units[self.unit_dim[q.unit]]) if u != q.unit
+                  and not self._unphysical(q, [n.value for n in q.numbers], u)]
+        return balanced([q.write([n.text for n in q.numbers], q.tolerance and q.tolerance.text, u) for u in others],
+                        [self.pool.unit_weight(u, text) for u in others], written)
 
     def _offset(self, unit: str) -> bool:
         """Whether ``unit``'s dimension has units with an offset (a temperature): its differences convert apart."""
@@ -312,6 +349,14 @@ class Rules:
             return q.write(numbers, tolerance, target)
 
         return draw
+
+
+def _drawn(m: re.Match, name: str, draw: Aimed | None) -> Span:
+    """The span of ``m`` drawn by ``draw``; left alone (``unused_elsewhere``) where no other source holds any
+    replacement."""
+    if draw is None:
+        return Span(m.start(), m.end(), name, lambda _r: None, "unused_elsewhere")
+    return Span(m.start(), m.end(), name, draw)
 
 
 def sentence_start(text: str, at: int) -> bool:

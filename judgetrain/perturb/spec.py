@@ -15,8 +15,11 @@ A spec (every key of ``SPEC_KEYS``; docs/perturb.md shows one in full):
   TSV / CSV of two columns; a relative path is read next to the spec).
 - ``operators``: name -> operator (``OPERATOR_KEYS``): ``kind`` table | numeric | format | model, ``category``
   error | represent, and the keys of its kind.
-- ``sets``: list of ``{name, operators, rates}``; every set x rate is one ``perturbation_set``
-  (``<name>_<percent>pct``). A set's operators share one category.
+- ``sets``: list of ``{name, operators, rates, edits}``; every set x rate is one ``perturbation_set``
+  (``<name>_<percent>pct``). A set's operators share one category. An error set that gives no ``rates`` makes
+  ``edits`` edits per copy (``[low, high]``, drawn per item; default the spec's ``edits``, else 1 to 3), named at
+  rate 1.0; a set with ``rates`` edits that share of its spans.
+- ``edits``: the default edits per error copy of a set without rates (default ``[1, 3]``).
 - ``original``: also write every sample unperturbed, as the represent set ``original_0pct``.
 - ``seed``: the draw of edits (same seed, same source, same spec: byte-identical output).
 """
@@ -36,18 +39,21 @@ from judgetrain.utils.errors import BadInputError
 
 PACKS_DIR = Path(__file__).resolve().parent / "packs"
 CATEGORIES = ("error", "represent")
-KINDS = ("table", "numeric", "format", "model")
+KINDS = ("table", "numeric", "format", "model", "swap", "order")
 SPEC_KEYS = ("name", "description", "text_field", "template", "tables", "operators", "sets", "original", "seed",
-             "units", "rewriter_system")
-SET_KEYS = ("name", "operators", "rates", "description")
+             "units", "rewriter_system", "edits")
+SET_KEYS = ("name", "operators", "rates", "description", "edits")
+DEFAULT_EDITS = (1, 3)
 COMMON_KEYS = ("kind", "category", "description", "checks")
 OPERATOR_KEYS = {
     "table": COMMON_KEYS + ("table", "pairs", "file", "match", "case", "symmetric"),
-    "numeric": COMMON_KEYS + ("mode", "factor", "shift", "decimals", "require_unit"),
+    "numeric": COMMON_KEYS + ("mode", "factor", "shift", "decimals", "require_unit", "pool"),
     "format": COMMON_KEYS + ("rewrite",),
     "model": COMMON_KEYS + ("instruction", "stand_in"),
+    "swap": COMMON_KEYS + ("classes", "case"),
+    "order": COMMON_KEYS,
 }
-NUMERIC_MODES = ("scale", "shift", "unit_swap", "convert")
+NUMERIC_MODES = ("scale", "shift", "unit_swap", "convert", "borrow")
 FORMAT_REWRITES = ("markdown_to_plain", "plain_to_markdown", "list_order", "whitespace", "number_format")
 CHECK_KEYS = ("numbers", "entities", "length_ratio", "changed")
 ORIGINAL_SET = "original_0pct"
@@ -73,6 +79,7 @@ class PerturbSet:
     operators: tuple[str, ...]
     rates: tuple[float, ...]
     category: str
+    edits: tuple[int, int] | None = None  # edits per copy (low, high) where the set gives no rates
 
     def set_name(self, rate: float) -> str:
         """``element_substitution`` at 1.0 -> ``element_substitution_100pct`` (the name `judgetrain pairs build`
@@ -244,10 +251,23 @@ def _operator(name: str, op: Any, tables: dict, units: dict, base: Path) -> Oper
         if "decimals" in op and (isinstance(op["decimals"], bool) or not isinstance(op["decimals"], int)
                                  or not 0 <= op["decimals"] <= 12):
             raise SpecError(f"{where}.decimals: expected an integer from 0 to 12, got {op['decimals']!r}")
-        if not isinstance(op.get("require_unit", False), bool):
-            raise SpecError(f"{where}.require_unit: expected true or false, got {op['require_unit']!r}")
+        for key in ("require_unit", "pool"):
+            if not isinstance(op.get(key, False), bool):
+                raise SpecError(f"{where}.{key}: expected true or false, got {op[key]!r}")
+        if op.get("pool") and mode != "unit_swap":
+            raise SpecError(f"{where}.pool: only a unit_swap draws its unit from the sources (mode borrow draws "
+                            "the whole quantity)")
+        if mode == "borrow" and op["category"] != "error":
+            raise SpecError(f"{where}: a value borrowed from another source is an error, not a representation")
         if mode in ("unit_swap", "convert") and (mode == "convert") != (op["category"] == "represent"):
             raise SpecError(f"{where}: a correct unit conversion is represent, a swap without converting is error")
+    elif kind == "swap":
+        options = {"classes": _classes(op.get("classes"), where), "case": op.get("case", "preserve")}
+        if options["case"] not in ("exact", "preserve"):
+            raise SpecError(f"{where}: case is exact | preserve")
+    elif kind == "order":
+        if op["category"] != "error":
+            raise SpecError(f"{where}: two steps in another order is an error, not a representation")
     elif kind == "format":
         if op.get("rewrite") not in FORMAT_REWRITES:
             raise SpecError(f"{where}: rewrite {op.get('rewrite')!r} is not one of {', '.join(FORMAT_REWRITES)}")
@@ -257,6 +277,28 @@ def _operator(name: str, op: Any, tables: dict, units: dict, base: Path) -> Oper
         stand_in = op.get("stand_in")
         options["stand_in"] = tuple([stand_in] if isinstance(stand_in, str) else stand_in or ())
     return Operator(name, kind, op["category"], options, _checks(op.get("checks"), where))
+
+
+def _classes(value: Any, where: str) -> tuple[tuple[str, ...], ...]:
+    """A swap operator's classes: lists of two or more interchangeable words, no word in two classes."""
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"{where}.classes: expected a list of classes, each a list of two or more words")
+    seen: set[str] = set()
+    for i, terms in enumerate(value):
+        if not (isinstance(terms, list) and len(terms) >= 2 and all(isinstance(t, str) and t.strip() for t in terms)):
+            raise SpecError(f"{where}.classes[{i}]: expected a list of two or more words, got {terms!r}")
+        twice = seen & {t.casefold() for t in terms} or len({t.casefold() for t in terms}) < len(terms)
+        if twice:
+            raise SpecError(f"{where}.classes[{i}]: a word stands in two classes (or twice in one): {terms!r}")
+        seen |= {t.casefold() for t in terms}
+    return tuple(tuple(t.strip() for t in terms) for terms in value)
+
+
+def _edits(value: Any, where: str) -> tuple[int, int]:
+    low, high = _range(value, where)
+    if low != int(low) or high != int(high) or low < 1:
+        raise SpecError(f"{where}: expected a whole number of edits >= 1, or [low, high], got {value!r}")
+    return int(low), int(high)
 
 
 def _units(value: Any) -> dict[str, dict[str, tuple[float, float]]]:
@@ -292,7 +334,7 @@ def _template(value: Any) -> list[dict] | None:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def _sets(value: Any, operators: dict[str, Operator]) -> list[PerturbSet]:
+def _sets(value: Any, operators: dict[str, Operator], edits: tuple[int, int] = DEFAULT_EDITS) -> list[PerturbSet]:
     if not isinstance(value, list) or not value:
         raise SpecError("sets: expected a non-empty list of {name, operators, rates}")
     out, seen = [], set()
@@ -320,7 +362,12 @@ def _sets(value: Any, operators: dict[str, Operator]) -> list[PerturbSet]:
         if not isinstance(rates, list) or not rates or not all(
                 isinstance(r, (int, float)) and not isinstance(r, bool) and 0 < r <= 1 for r in rates):
             raise SpecError(f"{where} ({name}): rates must be numbers in (0, 1], got {rates!r}")
-        pset = PerturbSet(name, tuple(ops), tuple(float(r) for r in rates), categories.pop())
+        category = categories.pop()
+        if "edits" in entry and ("rates" in entry or category != "error"):
+            raise SpecError(f"{where} ({name}): edits is for an error set without rates")
+        per_copy = _edits(entry["edits"], f"{where} ({name}).edits") if "edits" in entry else \
+            edits if "rates" not in entry and category == "error" else None
+        pset = PerturbSet(name, tuple(ops), tuple(float(r) for r in rates), category, per_copy)
         for rate in pset.rates:
             if pset.set_name(rate) in seen or pset.set_name(rate) == ORIGINAL_SET:
                 raise SpecError(f"{where}: set {pset.set_name(rate)} is named twice")
@@ -355,7 +402,8 @@ def parse_spec(data: Any, *, path: str = "<spec>", base: Path | None = None) -> 
             raise SpecError(f"seed: expected an integer, got {seed!r}")
         return Spec(name=str(data.get("name") or Path(path).stem), path=str(path),
                     text_field=str(data.get("text_field", "text")), template=_template(data.get("template")),
-                    operators=operators, sets=_sets(data.get("sets"), operators), units=units, tables=tables,
+                    operators=operators, units=units, tables=tables,
+                    sets=_sets(data.get("sets"), operators, _edits(data.get("edits", list(DEFAULT_EDITS)), "edits")),
                     original=bool(data.get("original", False)), seed=seed,
                     **({"rewriter_system": str(data["rewriter_system"])} if data.get("rewriter_system") else {}))
     except SpecError as e:

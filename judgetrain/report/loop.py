@@ -189,9 +189,26 @@ def heldout_lines(view: LoopView) -> list[str]:
     if split:
         lines.append(f"Round 1's split: {split.get('heldout_items')} items held out ({len(split.get('heldout_samples') or [])} "
                      f"samples), {split.get('train_items')} items to train on.")
+    if split and split.get("shortcuts"):
+        lines.append(shortcut_line(split["shortcuts"]))
     if view.heldout_pairs is not None:
         lines.append(f"Held-out pairs scored every round ({HELDOUT_PAIRS}): {view.heldout_pairs}.")
     return lines or ["No held-out set is recorded yet (round 1's split stage has not run)."]
+
+
+def shortcut_line(shortcuts: dict[str, Any]) -> str:
+    """Round 1's training error copies against the rules with no judge: the highest figure, and those let through
+    past the limit (`judgetrain loop --allow_shortcuts`)."""
+    figures = [(acc, rule, key) for key, f in shortcuts["types"].items() for rule, acc in f["rules"].items()]
+    if not figures:
+        return "Round 1's training set holds no error copy for the rules with no judge to read."
+    acc, rule, key = max(figures)
+    allowed = shortcuts.get("allowed") or []
+    return (f"Round 1's training error copies against their sources, by a rule with no judge: at most {acc:.3f} "
+            f"({rule} on {key}; limit {shortcuts['limit']}); "
+            + (f"{len(allowed)} figure(s) above the limit trained anyway (--allow_shortcuts): "
+               + ", ".join(f"{a['rule']} {a['accuracy']:.3f} on {a['type']}" for a in allowed) + "."
+               if allowed else "none above the limit."))
 
 
 def goal_lines(view: LoopView) -> list[str]:
