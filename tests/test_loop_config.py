@@ -1,7 +1,8 @@
 """`judgetrain loop`'s config checked whole before any stage runs (every field typed, the train keys through the
 recipe's parser, the eval options through eval's, the files it names, a suite to score; one line, exit 2, no
 loop_state.json), the contents of the files it reads in its fingerprint, a failed stage named by its command, and the
-held-out samples drawn once for the loop over the source (a round whose items lack a sample holds out the same)."""
+held-out samples drawn once for the loop over the source (a round whose items lack a sample holds out the same), and
+round 1 training on no copy that reads as a held-out one, nor on an edit of a type held out whole (combined sets)."""
 
 from __future__ import annotations
 
@@ -199,9 +200,9 @@ def test_a_type_held_out_whole_trains_in_no_combined_set(tmp_path):
     path = loop_config(tmp_path, heldout={"fraction": 0.25, "types": ["element_substitution"]},
                        items={"source": str(recipes), "spec": "materials"})
     train, heldout, split, _ = split_round_1(tmp_path, path)
-    assert split["heldout_operators"] == ["element_substitution"]
     holding = [r for r in train if any(c["kind"] == "element_substitution" for c in r["perturbation_changes"])]
     assert holding == []
+    assert split["heldout_operators"] == ["element_substitution"]
     combined = [r for r in train if r["perturbation_type"] == "all_error_perturbation"]
     assert combined and all({c["kind"] for c in r["perturbation_changes"]} <= {
         "numerical_perturbation", "equipment_substitution", "action_antonym"} for r in combined)

@@ -1,9 +1,10 @@
 """A represent item keeps the meaning of its source and an error item shows no tell: differences and tolerances
-convert as differences (or are left alone and counted), format rewrites leave code, setext headings, rules,
-wrapped sentences, years, standards and ports as they are, an edited number keeps its notation, a bare number is
-edited only where the spec asks. Each worked case is a reproduction the operators once got wrong, with what they
-wrote then caught by the checker (`judgetrain.perturb.oracle`, which reads quantities and markup on its own); then a
-seeded property test over hostile texts for every represent operator, its items checked by that checker."""
+(a quantity the text calls a difference, change, rise, drop, gap or tolerance) convert as differences, format
+rewrites leave code, setext headings, rules, wrapped sentences, years, standards and ports as they are, an edited
+number keeps its notation, a bare number is edited only where the spec asks. Each worked case is a reproduction the
+operators once got wrong, with what they wrote then caught by the checker (`judgetrain.perturb.oracle`, which reads
+quantities and markup on its own); then a seeded property test over hostile texts for every represent operator, its
+items checked by that checker."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """`judgetrain probe`: the figures on toy sets whose answer is known by construction (which text wins in each mode,
-a hidden direction shared by some error types and reversed in another), the items paired and refused before any
-model loads, and one real run of the command on the tiny judge, its log-likelihoods and hidden states checked against
-plain forward passes of the same model."""
+a hidden direction shared by some error types and reversed in another, an unseen type on noise read at chance by a
+probe that never saw its samples), the items paired and refused before any model loads, and one real run of the
+command on the tiny judge, its log-likelihoods and hidden states checked against plain forward passes of the same
+model."""
 
 from __future__ import annotations
 

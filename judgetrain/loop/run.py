@@ -5,7 +5,8 @@
 Round k (1-based), in ``<output_dir>/round-<k>/``:
 
     items   `judgetrain perturb` (the factory, seeded ``items.seed + k - 1``) -> items/items.jsonl, or the given file
-    split   the items of held-out samples (by sample_id) and held-out types apart -> split/train.jsonl, heldout.jsonl;
+    split   the items of held-out samples (by sample_id) and held-out types (with every item holding an edit of
+            their operators), and the copies reading as a held-out copy, apart -> split/train.jsonl, heldout.jsonl;
             round 1 also writes the held-out pairs every round is scored on (``<output_dir>/heldout/pairwise.jsonl``:
             each held-out error copy against its source, the pairwise suite's rows) and the held-out rewrites
             (``heldout/rewrites.jsonl``: each against its source and against an error copy of the same source, the
