@@ -1,7 +1,8 @@
 """`judgetrain loop`'s config checked whole before any stage runs (every field typed, the train keys through the
 recipe's parser, the eval options through eval's, the files it names, a suite to score; one line, exit 2, no
 loop_state.json), the contents of the files it reads in its fingerprint, a failed stage named by its command, and the
-held-out samples drawn once for the loop over the source (a round whose items lack a sample holds out the same)."""
+held-out samples drawn once for the loop over the source (a round whose items lack a sample holds out the same), and
+round 1 training on no copy that reads as a held-out one, nor on an edit of a type held out whole (combined sets)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from helpers import read_jsonl
+from helpers import REPO, read_jsonl
 from test_loop import loop_config
 
 SPEC_FILE = "clinic.yaml"
@@ -154,3 +155,56 @@ def test_the_heldout_samples_are_drawn_once_over_the_source_whatever_a_round_dro
         train = read_jsonl(out / f"round-{k}" / "split" / "train.jsonl")
         assert not {str(r["sample_id"]) for r in train} & set(split[0]["heldout_samples"])
         assert not [r for r in train if item_text(samples[r["sample_id"]], r["prompt"]) in copies]
+
+
+def split_round_1(tmp_path, config_path) -> tuple[list[dict], list[dict], dict, object]:
+    """(round 1's training items, its held-out items, its split.json, the loop) after its items and split stages."""
+    from judgetrain.loop.config import load_config
+    from judgetrain.loop.run import Loop, open_state
+
+    config = load_config(config_path)
+    out = tmp_path / "loop"
+    loop = Loop(config, out, open_state(config, out))
+    loop.stage_items(1, out / "round-1")
+    loop.stage_split(1, out / "round-1")
+    split = out / "round-1" / "split"
+    return (read_jsonl(split / "train.jsonl"), read_jsonl(split / "heldout.jsonl"),
+            json.loads((split / "split.json").read_text()), loop)
+
+
+def test_round_1_trains_on_no_copy_whose_text_a_held_out_pair_shows(tmp_path):
+    """Two error types whose edits coincide (the same table), one held out whole: each sample's copy of the other
+    type reads as the held-out copy. Round 1 kept them in training (round 2 did not); now neither does."""
+    from judgetrain.perturb.known import item_text
+
+    path = loop_config(tmp_path, heldout={"fraction": 0.25, "types": ["drug_copy"]})
+    spec = yaml.safe_load((tmp_path / SPEC_FILE).read_text())
+    spec["operators"]["drug_copy"] = dict(spec["operators"]["drug_swap"])
+    spec["sets"].append({"name": "drug_copy"})
+    (tmp_path / SPEC_FILE).write_text(yaml.safe_dump(spec))
+    train, heldout, split, loop = split_round_1(tmp_path, path)
+    samples = {s.sample_id: s for s in loop.samples()}
+    copies = {r["response_b"] for r in read_jsonl(tmp_path / "loop" / "heldout" / "pairwise.jsonl")}
+    assert len(copies) == 12  # every sample's drug_copy copy
+    assert not [r for r in train if item_text(samples[r["sample_id"]], r["prompt"]) in copies]
+    assert split["heldout_same_text"] == 9  # the drug_swap copies of the 9 samples not held out
+    assert {r["perturbation_type"] for r in train} == {"original", "spacing"}
+
+
+def test_a_type_held_out_whole_trains_in_no_combined_set(tmp_path):
+    """The materials pack's default sets, element_substitution held out: an all_error_perturbation copy holding an
+    element_substitution edit is held out too (before, 22 of 467 training items held one); one without trains."""
+    recipes = tmp_path / "recipes.jsonl"
+    recipes.write_text("".join((REPO / "judgetrain" / "data" / "samples" / "recipes" / f"{split}.jsonl").read_text()
+                               for split in ("train", "validation")))
+    path = loop_config(tmp_path, heldout={"fraction": 0.25, "types": ["element_substitution"]},
+                       items={"source": str(recipes), "spec": "materials"})
+    train, heldout, split, _ = split_round_1(tmp_path, path)
+    holding = [r for r in train if any(c["kind"] == "element_substitution" for c in r["perturbation_changes"])]
+    assert holding == []
+    assert split["heldout_operators"] == ["element_substitution"]
+    combined = [r for r in train if r["perturbation_type"] == "all_error_perturbation"]
+    assert combined and all({c["kind"] for c in r["perturbation_changes"]} <= {
+        "numerical_perturbation", "equipment_substitution", "action_antonym"} for r in combined)
+    assert [r for r in heldout if r["perturbation_type"] == "all_error_perturbation"
+            and any(c["kind"] == "element_substitution" for c in r["perturbation_changes"])]

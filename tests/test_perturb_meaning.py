@@ -1,9 +1,10 @@
 """A represent item keeps the meaning of its source and an error item shows no tell: differences and tolerances
-convert as differences (or are left alone and counted), format rewrites leave code, setext headings, rules,
-wrapped sentences, years, standards and ports as they are, an edited number keeps its notation, a bare number is
-edited only where the spec asks. Each worked case is a reproduction the operators once got wrong, with what they
-wrote then caught by the checker (`judgetrain.perturb.oracle`, which reads quantities and markup on its own); then a
-seeded property test over hostile texts for every represent operator, its items checked by that checker."""
+(a quantity the text calls a difference, change, rise, drop, gap or tolerance) convert as differences, format
+rewrites leave code, setext headings, rules, wrapped sentences, years, standards and ports as they are, an edited
+number keeps its notation, a bare number is edited only where the spec asks. Each worked case is a reproduction the
+operators once got wrong, with what they wrote then caught by the checker (`judgetrain.perturb.oracle`, which reads
+quantities and markup on its own); then a seeded property test over hostile texts for every represent operator, its
+items checked by that checker."""
 
 from __future__ import annotations
 
@@ -40,16 +41,39 @@ def test_a_tolerance_standing_alone_converts_as_a_difference(source, expected):
         assert readings_differ(source, text) == ([], [])
 
 
-@pytest.mark.parametrize("source", ["Raise the temperature by 10 °C.", "The difference was 15 K.",
-                                    "Allow a rise of 5 °C at most.", "Keep it within 2 °C of the set point."])
-def test_a_difference_a_word_marks_is_left_alone_and_counted(source):
-    from judgetrain.perturb.operators import Rules
-    from test_perturb_labels import spec
+@pytest.mark.parametrize("source, expected", [
+    ("The difference between the two baths was 15 K.",
+     {"The difference between the two baths was 15 °C.", "The difference between the two baths was 27 °F."}),
+    ("Allow a rise of 10 °C at most.", {"Allow a rise of 10 K at most.", "Allow a rise of 18 °F at most."}),
+    ("Raise the temperature by 10 °C.", {"Raise the temperature by 10 K.", "Raise the temperature by 18 °F."}),
+    ("The difference was 15 K.", {"The difference was 15 °C.", "The difference was 27 °F."}),
+    ("The change in the bath's temperature over the run was 4 °C.",
+     {"The change in the bath's temperature over the run was 4 K.",
+      "The change in the bath's temperature over the run was 7.2 °F."}),
+    ("The gap between the two zones of the furnace was 20 °C.",
+     {"The gap between the two zones of the furnace was 20 K.", "The gap between the two zones of the furnace was 36 °F."}),
+    ("The drop between the two zones was 50 °F.", {"The drop between the two zones was 27.8 °C.",
+                                                   "The drop between the two zones was 27.8 K."}),
+    ("Keep it within 2 °C of the set point.", {"Keep it within 2 K of the set point.",
+                                                "Keep it within 3.6 °F of the set point."}),
+    # a temperature: converted as one, with its offset (between two baths, then "and" just before a value)
+    ("Heat the difference of the two baths to 80 °C.", {"Heat the difference of the two baths to 353.15 K.",
+                                                         "Heat the difference of the two baths to 176 °F."}),
+    ("Keep the bath at 15 K.", {"Keep the bath at -258.15 °C.", "Keep the bath at -432.67 °F."}),
+    ("Hold between 20 and 30 °C.", {"Hold between 20 and 303.15 K.", "Hold between 20 and 86 °F."}),
+])
+def test_a_quantity_called_a_difference_converts_as_a_difference(source, expected):
+    """The text calls it a difference, change, rise, drop, gap or tolerance: converted without the offset (15 K of
+    difference is 15 °C, not -258.15 °C), and the checker reads both alike."""
+    made, why = outputs("convert", source, 24)
+    assert made == expected and not why
+    for text in made:
+        assert readings_differ(source, text) == ([], [])
 
-    assert outputs("convert", source, 4) == (set(), {"no_eligible_span"})
-    assert [s.skip for s in Rules(spec()).spans("convert", source)] == ["difference"]
-    made, _ = outputs("convert", "Heat by 10 °C to 80 °C.", 12)  # to 80 °C is a value, by 10 °C a difference
-    assert made == {"Heat by 10 °C to 353.15 K.", "Heat by 10 °C to 176 °F."}
+
+def test_a_difference_and_a_value_of_one_sentence_convert_apart():
+    made, _ = outputs("convert", "Heat by 10 °C to 80 °C.", 24)  # to 80 °C is a value, by 10 °C a difference
+    assert made == {f"Heat by {a} to {b}." for a in ("10 K", "18 °F") for b in ("353.15 K", "176 °F")}
 
 
 @pytest.mark.parametrize("source, wrong", [
@@ -58,6 +82,8 @@ def test_a_difference_a_word_marks_is_left_alone_and_counted(source):
     ("Raise the temperature by 10 °C", "Raise the temperature by 283.15 K"),
     ("Raise the temperature by 10 °C", "Raise the temperature by 50 °F"),
     ("The difference was 15 K.", "The difference was -258.15 °C."),
+    ("The difference between the two baths was 15 K.", "The difference between the two baths was -258.15 °C."),
+    ("The difference between the two baths was 15 K.", "The difference between the two baths was -432.67 °F."),
 ])
 def test_the_checker_catches_a_difference_converted_as_a_temperature(source, wrong):
     lost, new = readings_differ(source, wrong)

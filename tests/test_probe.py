@@ -1,7 +1,8 @@
 """`judgetrain probe`: the figures on toy sets whose answer is known by construction (which text wins in each mode,
-a hidden direction shared by some error types and reversed in another), the items paired and refused before any
-model loads, and one real run of the command on the tiny judge, its log-likelihoods and hidden states checked against
-plain forward passes of the same model."""
+a hidden direction shared by some error types and reversed in another, an unseen type on noise read at chance by a
+probe that never saw its samples), the items paired and refused before any model loads, and one real run of the
+command on the tiny judge, its log-likelihoods and hidden states checked against plain forward passes of the same
+model."""
 
 from __future__ import annotations
 
@@ -165,6 +166,27 @@ def test_the_probe_finds_a_shared_direction_on_an_unseen_type_and_misses_a_rever
     assert np.all(np.isnan(by_sample[~tested])) and np.all(np.isfinite(by_sample[tested]))
     # on held-out samples every type was seen in the fit, the reversed one too (its own axis): all ranked right
     assert by_sample[tested].mean() == 1.0
+
+
+def test_an_unseen_type_is_scored_by_a_probe_that_never_saw_its_samples():
+    # 60 samples of 4 types in 2000 dimensions, every text a random point: the error copies are noise, so no probe
+    # can tell an unseen type's copy from its source beyond chance. Every pair of a sample shares its better text
+    # (the source); a probe fitted on the same samples' other types recognises the source and reads ~1.0
+    rng = np.random.default_rng(2)
+    n_samples, dims, types = 60, 2000, ("a", "b", "c", "d")
+    pairs, feats = [], []
+    for s in range(n_samples):
+        source = rng.normal(size=dims)
+        for ptype in types:
+            pairs.append(Pair("error", s, ptype, 0, 1, frozenset({ptype})))
+            feats.append(source - rng.normal(size=dims))
+    feats = np.asarray(feats)
+    values = linear.held_out_type(pairs, feats, l2=1.0)  # 4 folds of 15 samples
+    assert np.all(np.isfinite(values))  # every pair scored, each by a probe fitted on the other folds
+    assert 0.3 < values.mean() < 0.7  # chance (the same samples in the fit: 1.0)
+    folds = linear.sample_folds([p.sample_id for p in pairs], 4, seed=0)
+    assert sorted(Counter(folds.values()).values()) == [15, 15, 15, 15]
+    assert linear.sample_folds([1, 2], 4, seed=0) in ({1: 0, 2: 1}, {1: 1, 2: 0})  # no more folds than samples
 
 
 def test_a_held_out_type_is_never_fitted_on_a_copy_holding_its_edits():

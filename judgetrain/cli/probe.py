@@ -41,7 +41,8 @@ def build_parser() -> ConventionParser:
                    help="hidden layers the probe reads, 1 = the first (default: a third, two thirds and the last)")
     p.add_argument("--l2", type=float, default=1.0, help="the probe's L2 penalty on scaled features (1.0)")
     p.add_argument("--holdout_fraction", type=float, default=0.25,
-                   help="share of source samples held out of the probe's fit (0.25)")
+                   help="share of source samples held out of the probe's fit (0.25); the type-out probe "
+                        "deals the samples into 1/share folds")
     p.add_argument("--verdict_cross", type=int, default=1,
                    help="verdict mode: rewrites read against each error copy, drawn with the seed (1; 0: none)")
     p.add_argument("--max_samples", type=int, help="at most this many source samples, drawn with the seed")

@@ -69,7 +69,7 @@ class Items:
 @dataclass(frozen=True)
 class Heldout:
     """Held out of training and scored each round: a seeded ``fraction`` of the samples (by sample_id) and every
-    item of the perturbation ``types`` named."""
+    item of the perturbation ``types`` named, with every item of another set holding an edit of their operators."""
 
     fraction: float = 0.2
     types: list[str] = field(default_factory=list)

@@ -5,7 +5,8 @@
 Round k (1-based), in ``<output_dir>/round-<k>/``:
 
     items   `judgetrain perturb` (the factory, seeded ``items.seed + k - 1``) -> items/items.jsonl, or the given file
-    split   the items of held-out samples (by sample_id) and held-out types apart -> split/train.jsonl, heldout.jsonl;
+    split   the items of held-out samples (by sample_id) and held-out types (with every item holding an edit of
+            their operators), and the copies reading as a held-out copy, apart -> split/train.jsonl, heldout.jsonl;
             the training error copies against their sources read by the shorter, longer and novel-token rules per
             type (split.json's ``shortcuts``): a figure above 0.9 stops the loop before any training, unless it runs
             with ``allow_shortcuts`` (`judgetrain loop --allow_shortcuts`; each figure let through is recorded);
@@ -64,10 +65,10 @@ from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError,
                                    round_recipe)
 from judgetrain.loop.replay import write_replay
 from judgetrain.loop.table import write_round_table
-from judgetrain.perturb.known import item_text, write_heldout_pairs, write_heldout_rewrites
+from judgetrain.perturb.known import item_operators, item_text, write_heldout_pairs, write_heldout_rewrites
 from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, rule_figures
 from judgetrain.perturb.source import read_samples
-from judgetrain.perturb.spec import load_spec
+from judgetrain.perturb.spec import load_spec, type_operators
 from judgetrain.run.launch import Launch, command_argv, find_command
 from judgetrain.run.layout import HELDOUT_FILES, HELDOUT_PAIRS, HELDOUT_REWRITES, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_COMPARE_FILE, round_folder
 from judgetrain.utils.files import append_jsonl, read_json, write_json, write_lines
@@ -190,22 +191,29 @@ class Loop:
         return self.config.items.file or str(self.round_dir(k) / "items" / "items.jsonl")
 
     def stage_split(self, k: int, rd: Path) -> None:
-        """Training items apart from the held-out ones (`heldout_samples`, the same every round; ``heldout.types``;
-        and any copy whose text is a held-out text); round 1 also writes the held-out pairs."""
+        """Training items apart from the held-out ones (`heldout_samples`, the same every round; ``heldout.types``
+        and the items holding an edit of their operators, `held_operators`; and any copy whose text is a held-out
+        text: a held-out sample's, or a held-out item's copy of this round); round 1 also writes the held-out
+        pairs."""
         held = self.config.heldout
         items = read_items(self.items_path(k)).items
         held_ids, held_texts = self.heldout_samples()
         samples = {str(s.sample_id): s for s in self.samples()} if self.has_texts() else {}
-        train, heldout, same_text = [], [], 0
+        operators = self.held_operators(items)
+        rows = []
         for item in items:
-            row = {**item.columns, "prompt": item.messages}
             sample = samples.get(str(item.columns["sample_id"]))
             text = item_text(sample, item.messages) if sample is not None else None
-            out_of_training = str(item.columns["sample_id"]) in held_ids \
-                or item.columns.get("perturbation_type") in held.types
-            if not out_of_training and text is not None and text in held_texts:
-                out_of_training, same_text = True, same_text + 1  # another sample's copy reads as a held-out text
-            (heldout if out_of_training else train).append(row)
+            out = str(item.columns["sample_id"]) in held_ids or item.columns.get("perturbation_type") in held.types \
+                or bool(item_operators(item.columns) & operators)
+            rows.append(({**item.columns, "prompt": item.messages}, text, out))
+            if out and text is not None and text != sample.text:
+                held_texts.add(text)  # a held-out copy: no other item of the same text trains
+        train, heldout, same_text = [], [], 0
+        for row, text, out in rows:
+            if not out and text is not None and text in held_texts:
+                out, same_text = True, same_text + 1  # another sample's copy reads as a held-out text
+            (heldout if out else train).append(row)
         if not train:
             raise LoopConfigError(f"round {k}: every item is held out (heldout.fraction {held.fraction}, types "
                                   f"{held.types}): nothing to train on")
@@ -215,7 +223,8 @@ class Loop:
         shortcuts = self.shortcuts(k, train, heldout, samples) if samples else None
         write_json(rd / "split" / "split.json", {"train_items": len(train), "heldout_items": len(heldout),
                                                  "heldout_samples": sorted(held_ids),
-                                                 "heldout_types": list(held.types), "heldout_same_text": same_text,
+                                                 "heldout_types": list(held.types),
+                                                 "heldout_operators": sorted(operators), "heldout_same_text": same_text,
                                                  **({"shortcuts": shortcuts} if shortcuts else {})})
         if k == 1 and self.has_texts():
             write_heldout_pairs(heldout, list(samples.values()), self.out / HELDOUT_PAIRS)
@@ -246,6 +255,20 @@ class Loop:
         return {"limit": LIMIT, "types": figures, "allowed": [{"type": key, "rule": rule, "accuracy": acc}
                                                               for key, rule, acc in over],
                 "heldout": rule_figures(held, fitted=novel) if held else {}}
+
+    def held_operators(self, items) -> set[str]:
+        """The operators of the held-out types (`judgetrain.perturb.spec.type_operators`; without a spec, the one
+        operator every item of a held-out type names): an item of any set holding one of their edits is held out."""
+        types = self.config.heldout.types
+        if not types:
+            return set()
+        if self.config.items.spec:
+            return type_operators(load_spec(self.config.items.spec), types)
+        named: dict[str, set] = {}
+        for item in items:
+            if item.columns.get("perturbation_type") in types:
+                named.setdefault(item.columns["perturbation_type"], set()).update(item_operators(item.columns))
+        return {op for ops in named.values() if len(ops) == 1 for op in ops}
 
     def held_files(self) -> list[str]:
         """The suites whose held-out file (`HELDOUT_FILES`) is written and holds rows."""

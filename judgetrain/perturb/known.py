@@ -249,6 +249,12 @@ def item_text(sample: Sample, messages: list[dict]) -> str | None:
     return text
 
 
+def item_operators(columns: dict) -> frozenset:
+    """The operators whose edits made an item: the ``kind`` of each of its ``perturbation_changes``."""
+    return frozenset(str(c.get("kind")) for c in columns.get("perturbation_changes") or []
+                     if isinstance(c, dict) and c.get("kind"))
+
+
 def question_of(sample: Sample) -> str:
     """What the two texts answer: the sample's user turn(s) with the text left out."""
     parts = [m["content"].replace(_SENTINEL, "").strip() for m in sample.prompt(_SENTINEL) if m["role"] == "user"]

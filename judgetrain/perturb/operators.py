@@ -151,24 +151,30 @@ _LABEL = re.compile(r"(?i)\b(?:step|stage|figure|fig\.|table|section|part|exampl
 _DIFFERENCE = re.compile(r"by|within|differ\w*|chang\w*|ris(?:e|es|en|ing)|rose|rais\w*|increas\w*|decreas\w*|"
                          r"drop\w*|fall|falls|fell|delta|gap|span|toleranc\w*|deviation|uncertainty|accuracy|precision|error|"
                          r"variation")
-_ABSOLUTE = ("to", "from", "at", "between", "and", "than", "or")
+_ABSOLUTE = ("to", "from", "at", "than")  # among the three words before a quantity: a value (rise to 80 °C)
+_JOINS = ("between", "and", "or")  # just before it: a value (between 20 and 30 °C)
+# what the quantity is called, further back in its clause: the difference between the two baths was 15 K
+_DIFFERENCE_NOUN = re.compile(r"differences?|changes?|rises?|drops?|gaps?|tolerances?|delta|increases?|decreases?|"
+                              r"deviations?|variations?")
 
 
 def marked_difference(text: str, start: int) -> str | None:
     """Whether the quantity at ``start`` is a difference, not a value: ``"tolerance"`` (``±`` or ``+/-`` standing
     before it: within ±2 °C), ``"difference"`` (one of the three words before it in its clause says so: by 10 °C, a
-    rise of 5 °C, the difference was 15 K; a word such as "to" or "from" nearer to it says it is a value: rise to
-    80 °C), else None."""
-    before = text[max(0, start - 80): start]
+    rise of 5 °C; a word such as "to" or "from" nearer to it, or "between", "and" or "or" just before it, says it is a
+    value: rise to 80 °C; or, with none of those among the three, one of the twelve words before it names it a
+    difference, change, rise, drop, gap or tolerance: the difference between the two baths was 15 K), else None."""
+    before = text[max(0, start - 160): start]
     if re.search(r"(?:±|\+/-)[ \t\u00a0\u202f]?\Z", before):
         return "tolerance"
     clause = re.split(r"[.;:!?\n\d]", before)[-1]
-    for word in reversed(re.findall(r"[^\W\d_]+", clause)[-3:]):
-        if word.lower() in _ABSOLUTE:
+    words = [w.lower() for w in reversed(re.findall(r"[^\W\d_]+", clause)[-12:])]
+    for k, word in enumerate(words[:3]):
+        if word in _ABSOLUTE or (k == 0 and word in _JOINS):
             return None
-        if _DIFFERENCE.fullmatch(word.lower()):
+        if _DIFFERENCE.fullmatch(word):
             return "difference"
-    return None
+    return "difference" if any(_DIFFERENCE_NOUN.fullmatch(w) for w in words[3:]) else None
 
 
 class Rules:
@@ -255,9 +261,8 @@ class Rules:
             difference = marked_difference(text, m.start()) if q.unit and self._offset(q.unit) else None
             why = "compound_unit" if q.unit and text[m.end(): m.end() + 1] == "/" else \
                 "label" if q.unit is None and _LABEL.search(text[max(0, m.start() - 20): m.start()]) else \
-                "difference" if difference == "difference" and mode == "convert" else \
                 None if difference else self._unphysical(q, [n.value for n in q.numbers], q.unit)
-            if why:  # 5 °C/min: a rate; Step 2: a label; by 10 °C: a difference, not a temperature
+            if why:  # 5 °C/min: a rate; Step 2: a label (by 10 °C: a difference, converted as one)
                 spans.append(Span(m.start(), m.end(), op.name, lambda _r: None, why))
             elif mode == "unit_swap" and op.options.get("pool"):
                 spans.append(_drawn(m, op.name, self._pooled_unit(q, m.group(0), text)))
@@ -326,8 +331,8 @@ class Rules:
     def _unit_draw(self, op: Operator, q: Quantity, difference: bool = False) -> Callable[[random.Random], str | None]:
         """Another unit of the dimension: without converting (unit_swap: an error; a unit where the value would be
         below absolute zero is not drawn), or converted, every number at the source's significant figures and a
-        tolerance, or a quantity that is one (``difference``: ``±2 °C`` standing alone), as a difference (no
-        offset: 2 °C is 2 K and 3.6 °F)."""
+        tolerance, or a quantity that is one (``difference``: ``±2 °C`` standing alone, ``a rise of 10 °C``), as a
+        difference (no offset: 2 °C is 2 K and 3.6 °F)."""
         units = self.spec.units[self.unit_dim[q.unit]]
         scale, offset = units[q.unit]
         offset = 0.0 if difference else offset

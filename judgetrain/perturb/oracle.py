@@ -27,7 +27,12 @@ _DIFFERENCE_WORDS = frozenset(
     "rising raise raises raised raising increase increases increased increasing decrease decreases decreased "
     "decreasing drop drops dropped dropping fall falls fell fallen delta gap span tolerance tolerances deviation "
     "deviations uncertainty accuracy precision error variation".split())
-_VALUE_WORDS = frozenset("to from at between and than or".split())
+_VALUE_WORDS = frozenset("to from at than".split())
+_JOIN_WORDS = frozenset("between and or".split())  # a value only just before it: between 20 and 30 °C
+# what a quantity is called further back (the difference between the two baths was 15 K)
+_DIFFERENCE_NOUNS = frozenset(
+    "difference differences change changes rise rises drop drops gap gaps tolerance tolerances delta increase "
+    "increases decrease decreases deviation deviations variation variations".split())
 
 
 @dataclass(frozen=True)
@@ -94,15 +99,16 @@ class _Scanner:
         return k, sign * mantissa * 10.0 ** power, 10.0 ** (power - decimals)
 
     def difference(self, i: int) -> bool:
-        """Whether the quantity starting at ``i`` is a difference: ``±`` or ``+/-`` just before it, or, among the
-        four words before it in its clause (back to a digit or a sentence's mark), a word of `_DIFFERENCE_WORDS`
-        nearer to it than any of `_VALUE_WORDS`."""
+        """Whether the quantity starting at ``i`` is a difference: ``±`` or ``+/-`` just before it; among the four
+        words before it in its clause (back to a digit or a sentence's mark), a word of `_DIFFERENCE_WORDS` nearer to
+        it than any of `_VALUE_WORDS` (and not after one of `_JOIN_WORDS` just before it); or, with neither among
+        the four, one of `_DIFFERENCE_NOUNS` among the twelve."""
         j = i - 1
         j -= 1 if self.at(j) in _SPACES else 0
         if self.at(j) == "±" or self.text[max(0, j - 2): j + 1] == "+/-":
             return True
         words, word = [], ""
-        while j >= 0 and len(words) < 4:
+        while j >= 0 and len(words) < 12:
             c = self.text[j]
             if c.isdigit() or c in ".;:!?\n":
                 break
@@ -112,13 +118,13 @@ class _Scanner:
                 words.append(word.lower())
                 word = ""
             j -= 1
-        words += [word.lower()] if word and len(words) < 4 else []
-        for w in words:
-            if w in _VALUE_WORDS:
+        words += [word.lower()] if word and len(words) < 12 else []
+        for k, w in enumerate(words[:4]):
+            if w in _VALUE_WORDS or (k == 0 and w in _JOIN_WORDS):
                 return False
             if w in _DIFFERENCE_WORDS:
                 return True
-        return False
+        return any(w in _DIFFERENCE_NOUNS for w in words[4:])
 
     def unit(self, i: int) -> tuple[int, str, str, tuple[float, float]] | None:
         j = i + 1 if self.at(i) in _SPACES else i

@@ -443,6 +443,18 @@ def table_entities(spec: Spec, names: list[str]) -> dict[str, set[str]]:
     return out
 
 
+def type_operators(spec: Spec, types: list[str]) -> set[str]:
+    """The operators whose edits make each of ``types`` that is a set of one operator: that operator and, for a model
+    operator, its stand-ins. An item of another set (a combined one) holding an edit of one of them holds that type's
+    kind of edit. A combined set named in ``types`` adds none: its operators are the single types'."""
+    out: set[str] = set()
+    for pset in spec.sets:
+        if pset.name in types and len(pset.operators) == 1:
+            op = spec.operators[pset.operators[0]]
+            out |= {op.name, *op.options.get("stand_in", ())}
+    return out
+
+
 def select_sets(spec: Spec, names: list[str] | None) -> Spec:
     """The spec with only the sets ``names`` lists (a set's name, all its rates); SpecError naming the nearest set
     for a name the spec does not have."""

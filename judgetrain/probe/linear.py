@@ -9,9 +9,13 @@ the same probe. A test pair counts as ranked right when its ``w . f`` is positiv
 
 Two held-out readings per kind of pair (`judgetrain.probe.pairs.KINDS`):
 
-- ``probe_held_out_type``: for each type, a probe fitted on the pairs of the other types, scored on that type's pairs.
-  A pair whose copy holds an edit of an operator of the held-out type (a combined set that mixes operators) is left
-  out of the fit: the probe never sees the held-out kind of edit. A type with nothing left to fit on is NaN;
+- ``probe_held_out_type``: for each type, a probe fitted on the pairs of the other types of the other samples, scored
+  on that type's pairs: the samples are dealt into seeded folds (`sample_folds`) and each fold's pairs of the type are
+  scored by the probe fitted on the other folds' pairs of the other types. A pair's better text (the source, or the
+  rewrite of a cross pair) is in every pair of its sample, so a probe fitted on the same samples would recognise the
+  text rather than the edit. A pair whose copy holds an edit of an operator of the held-out type (a combined set that
+  mixes operators) is left out of the fit: the probe never sees the held-out kind of edit. A type with nothing left
+  to fit on is NaN;
 - ``probe_held_out_samples``: a probe fitted on the pairs of the samples outside a seeded held-out share, scored on the
   held-out samples' pairs.
 
@@ -63,17 +67,32 @@ def held_out_samples(sample_ids: Sequence[Any], fraction: float, seed: int) -> s
     return set(random.Random(seed).sample(ids, n)) if n > 0 else set()
 
 
-def held_out_type(pairs: list[Pair], features: np.ndarray, l2: float) -> np.ndarray:
-    """Per pair: ranked right by the probe fitted without its type (NaN where nothing was left to fit on)."""
+def held_out_type(pairs: list[Pair], features: np.ndarray, l2: float, *, folds: int = 4,
+                  seed: int = 0) -> np.ndarray:
+    """Per pair: ranked right by a probe fitted on the other types' pairs of the other samples (NaN where nothing
+    was left to fit on). The samples are dealt into ``folds`` seeded folds; a type's pairs of one fold are scored by
+    the probe fitted on the other folds' pairs of the other types: no text of a scored pair's sample is in its fit."""
     out = np.full(len(pairs), np.nan)
+    fold_of = sample_folds([p.sample_id for p in pairs], folds, seed)
     for ptype in dict.fromkeys(p.perturbation_type for p in pairs):
-        test = [i for i, p in enumerate(pairs) if p.perturbation_type == ptype]
-        seen = set().union(*(pairs[i].operators for i in test))
-        fit = [i for i, p in enumerate(pairs) if p.perturbation_type != ptype and not (p.operators & seen)]
-        if fit:
-            w, s = fit_probe(features[fit], l2)
-            out[test] = ranked_right(w, s, features[test])
+        of_type = [i for i, p in enumerate(pairs) if p.perturbation_type == ptype]
+        seen = set().union(*(pairs[i].operators for i in of_type))
+        for fold in sorted({fold_of[pairs[i].sample_id] for i in of_type}):
+            test = [i for i in of_type if fold_of[pairs[i].sample_id] == fold]
+            fit = [i for i, p in enumerate(pairs) if p.perturbation_type != ptype and not (p.operators & seen)
+                   and fold_of[p.sample_id] != fold]
+            if fit:
+                w, s = fit_probe(features[fit], l2)
+                out[test] = ranked_right(w, s, features[test])
     return out
+
+
+def sample_folds(sample_ids: Sequence[Any], folds: int, seed: int) -> dict:
+    """{sample id: its fold, 0 to ``folds`` - 1}: the distinct ids shuffled with ``seed`` and dealt in turn (as many
+    folds as samples where there are fewer)."""
+    ids = sorted(set(sample_ids), key=str)
+    random.Random(seed).shuffle(ids)
+    return {sid: k % max(1, min(folds, len(ids))) for k, sid in enumerate(ids)}
 
 
 def split_fit(pairs: list[Pair], features: np.ndarray, held: set, l2: float):

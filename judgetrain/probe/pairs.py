@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from judgetrain.judge.items import read_items
-from judgetrain.perturb.known import item_text, question_of
+from judgetrain.perturb.known import item_operators, item_text, question_of
 from judgetrain.perturb.source import Sample
 from judgetrain.perturb.spec import ORIGINAL_SET
 from judgetrain.utils.errors import BadInputError
@@ -111,7 +111,7 @@ def read_probe_set(items_path: str, samples: list[Sample], *, types: list[str] |
         if reason:
             skipped[reason] += 1
             continue
-        operators = frozenset(c.get("kind") for c in cols.get("perturbation_changes") or [] if isinstance(c, dict))
+        operators = item_operators(cols)
         copies.setdefault(str(sample.sample_id), []).append(
             (sample, Text(sample.sample_id, text, category, str(ptype), cols.get("perturbation_set"),
                           operators or frozenset({str(ptype)})), item.messages))

@@ -90,6 +90,7 @@ def probe_values(probe: ProbeSet, features: np.ndarray, options: ProbeOptions) -
     """{kind: {method: per pair of the whole set}} of the linear probes (`judgetrain.probe.linear`), and the held-out
     samples."""
     held = linear.held_out_samples([p.sample_id for p in probe.pairs], options.holdout_fraction, options.seed)
+    folds = max(2, round(1 / options.holdout_fraction))  # each fold a ``holdout_fraction`` of the samples
     out: dict[str, dict[str, np.ndarray]] = {}
     error_probe = None
     for kind in KINDS:
@@ -97,7 +98,8 @@ def probe_values(probe: ProbeSet, features: np.ndarray, options: ProbeOptions) -
         if not index:
             continue
         pairs, feats = [probe.pairs[i] for i in index], features[index]
-        values = {"probe_held_out_type": linear.held_out_type(pairs, feats, options.l2),
+        values = {"probe_held_out_type": linear.held_out_type(pairs, feats, options.l2, folds=folds,
+                                                              seed=options.seed),
                   "probe_held_out_samples": linear.held_out_sample_values(pairs, feats, held, options.l2)}
         if kind == "error":
             error_probe, _ = linear.split_fit(pairs, feats, held, options.l2)
