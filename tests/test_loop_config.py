@@ -157,14 +157,14 @@ def test_the_heldout_samples_are_drawn_once_over_the_source_whatever_a_round_dro
         assert not [r for r in train if item_text(samples[r["sample_id"]], r["prompt"]) in copies]
 
 
-def split_round_1(tmp_path, config_path) -> tuple[list[dict], list[dict], dict, object]:
+def split_round_1(tmp_path, config_path, allow_shortcuts: bool = False) -> tuple[list[dict], list[dict], dict, object]:
     """(round 1's training items, its held-out items, its split.json, the loop) after its items and split stages."""
     from judgetrain.loop.config import load_config
     from judgetrain.loop.run import Loop, open_state
 
     config = load_config(config_path)
     out = tmp_path / "loop"
-    loop = Loop(config, out, open_state(config, out))
+    loop = Loop(config, out, open_state(config, out), allow_shortcuts)
     loop.stage_items(1, out / "round-1")
     loop.stage_split(1, out / "round-1")
     split = out / "round-1" / "split"
@@ -199,7 +199,7 @@ def test_a_type_held_out_whole_trains_in_no_combined_set(tmp_path):
                                for split in ("train", "validation")))
     path = loop_config(tmp_path, heldout={"fraction": 0.25, "types": ["element_substitution"]},
                        items={"source": str(recipes), "spec": "materials"})
-    train, heldout, split, _ = split_round_1(tmp_path, path)
+    train, heldout, split, _ = split_round_1(tmp_path, path, allow_shortcuts=True)  # the pack's copies carry tells
     holding = [r for r in train if any(c["kind"] == "element_substitution" for c in r["perturbation_changes"])]
     assert holding == []
     assert split["heldout_operators"] == ["element_substitution"]
