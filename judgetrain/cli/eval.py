@@ -12,8 +12,10 @@ say what to evaluate and where to write. ``--model`` is a hub id, a model direct
 (adapter_config.json: its base model is loaded and the adapter applied), or a run directory: then every
 ``checkpoint-*/`` inside (by step) and the run's final model/adapter are evaluated in turn. Rows are split over the processes of ``accelerate launch`` and gathered;
 every row is scored once. Implicit scoring of an adapter uses the base model (adapter disabled) as the reference;
-of a full model it needs ``--ref_model`` (without one the score is the plain log-likelihood). The reference
-log-probs are cached across the checkpoints of one run when they share the reference.
+of a full model it needs ``--ref_model`` (without one the score is the plain log-likelihood, recorded as the reading
+``loglik_sum`` and never set against a log-ratio). ``--eval_scoring loglik_sum`` / ``loglik_mean`` read the judge's
+own likelihood of each response (summed, per token; an adapter on): one reading for a base and a trained judge. The
+reference log-probs are cached across the checkpoints of one run when they share the reference.
 
 Writes, per evaluated model, ``<output_dir>/<name>/results.json`` (flat logged keys, nested metrics, engine stats)
 and ``<suite>.jsonl`` (per-row scores; ``<suite>.<mode>.jsonl`` for each other mode, ``<suite>.generate.jsonl``
@@ -23,7 +25,9 @@ with the texts written), the files the training callback writes per eval step
 ``--baseline MODEL`` (a hub id, model or adapter directory, as ``--model``) scores that judge first, on the same rows
 and in the same modes, into ``<output_dir>/baseline/``; every model evaluated after it gets, beside each figure,
 ``eval/<suite>[/<mode>]/delta/<metric>`` (trained - baseline) with its ``delta_ci_low``, ``delta_ci_high`` and
-``p_value``, and the categories that got worse are named in a warning and in results.json's ``regressions``.
+``p_value``, and the categories that got worse are named in a warning and in results.json's ``regressions``. A mode
+the two judges read otherwise (a base's implicit mode has no reference: its reading is the log-likelihood, the trained
+judge's the log-ratio) gets no difference: results.json's ``not_compared`` and the printed table say so.
 """
 
 # Late imports: transformers, judgetrain.config, judgetrain.models, torch, peft, rich, judgetrain.utils, accelerate,
@@ -307,7 +311,7 @@ def evaluate_target(evaluation, specs: list, run: tuple, args: argparse.Namespac
     try:
         return evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, modes=evaluation.modes,
                                   generator=generator, model=target, adapter=adapter, baseline=shared["baseline"],
-                                  **evaluation.regression)
+                                  baseline_readings=shared["baseline_readings"], **evaluation.regression)
     finally:
         if generator is not None:  # a vLLM engine per model evaluated: each goes before the next starts
             generator.close()
@@ -344,12 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     specs = evaluation.suite_specs()
     load_rows(specs, args)
     # shared by the models: the reference and its cache (keys name the reference weights and the tokens), the baseline
-    shared = {"ref_model": load_reference(args, state.device), "ref_cache": {}, "baseline": None}
+    shared = {"ref_model": load_reference(args, state.device), "ref_cache": {}, "baseline": None,
+              "baseline_readings": None}
     summary = {}
     for run in runs(args):
         results, doc = evaluate_target(evaluation, specs, run, args, state, shared)
         if run[3]:
             shared["baseline"] = current_items(results, evaluation.modes)
+            shared["baseline_readings"] = doc["readings"]  # a mode the baseline reads otherwise is not differenced
         summary[run[0]] = doc["metrics"]
         report(run[0], results, doc, args, state)
     if state.is_main_process:
