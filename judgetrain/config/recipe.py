@@ -85,7 +85,8 @@ def different_readings(mode: str, a: str | None, b: str | None, sides: tuple[str
     a, b = a or (None if mode == "implicit" else own), b or (None if mode == "implicit" else own)
     if a is not None and a == b:
         return None
-    said = [f"{side} reads {r or 'a reading it did not record'}" for side, r in zip(sides, (a, b))]
+    said = [f"{side} reads {r}" if r else f"{side} recorded no reading (written before readings were)"
+            for side, r in zip(sides, (a, b))]
     return f"two readings, not differenced: {', '.join(said)}"
 
 
