@@ -159,3 +159,40 @@ def test_an_implicit_figure_whose_reading_was_not_recorded_is_left_out():
     assert different_readings("loglik_mean", "loglik_mean", "loglik_sum") is not None
     assert mode_label("implicit") == "implicit: log_ratio" and mode_label("loglik_mean") == "loglik_mean"
     assert mode_label("implicit", "loglik_sum") == "implicit: loglik_sum"
+
+
+def test_the_loop_scores_round_0_in_every_reading_its_rounds_use_and_the_round_table_keeps_readings_apart(
+        tiny_dir, tokenizer, tmp_path):
+    """A loop whose eval lists implicit scores every round, the base (round 0) included, also in loglik_sum and
+    loglik_mean (`Eval.modes`). Its round table, from a real base evaluation and a real round 1 (an adapter) compared
+    by `judgetrain compare`: each row names its mode and reading; the base's implicit figure (its log-likelihood) and
+    round 1's (a log-ratio) are on lines of their own, with no difference; loglik_mean's base and round 1 share a line
+    and round 1 carries the difference."""
+    from judgetrain.cli.compare import main as compare_main
+    from judgetrain.loop.config import Eval
+    from judgetrain.loop.table import write_round_table
+
+    assert Eval(scoring=["implicit"]).modes == ["implicit", "loglik_sum", "loglik_mean"]
+    assert Eval(scoring=["loglik_mean", "implicit"]).modes == ["loglik_mean", "implicit", "loglik_sum"]
+    assert Eval(scoring=["verdict"]).modes == ["verdict"]
+    modes = Eval(scoring=["implicit"]).modes
+    loop = tmp_path / "loop"
+    for k, model in ((0, _model(tiny_dir)), (1, _model(tiny_dir, "moved"))):
+        engine = ScoringEngine(model, tokenizer, batch_tokens=512)
+        evaluate_and_write(engine, [SuiteSpec("rmbench", rows=[dict(r) for r in ROWS])],
+                           loop / f"round-{k}" / "eval" / ("tiny-judge" if k == 0 else "adapter"), modes=modes)
+    assert compare_main([str(loop / "round-0" / "eval"), str(loop / "round-1" / "eval"), "--resamples", "200",
+                         "--output", str(loop / "round-1" / "eval" / "compare.json")]) == 0
+    write_round_table(loop, rounds=1)
+    rows = json.loads((loop / "rounds.json").read_text())["rows"]
+    hard = {(r["round"], r["mode"], r["reading"]): r for r in rows if r["figure"].endswith("hard_acc")}
+    assert set(hard) == {(k, m, r) for k in (0, 1) for m, r in (("loglik_sum", "loglik_sum"),
+                                                                 ("loglik_mean", "loglik_mean"))} | {
+        (0, "implicit", "loglik_sum"), (1, "implicit", "log_ratio")}
+    assert hard[(1, "implicit", "log_ratio")]["delta"] is None
+    assert hard[(1, "loglik_mean", "loglik_mean")]["delta"] is not None
+    md = (loop / "rounds.md").read_text()
+    lines = {line.split(" | ")[0].strip("| "): line for line in md.splitlines()}
+    assert lines["rmbench/hard_acc (implicit: loglik_sum)"].rstrip(" |").endswith("]")  # the base alone: no round 1
+    assert lines["rmbench/hard_acc (implicit: log_ratio)"].split(" | ")[1] == ""  # round 1 alone: no base
+    assert "Δ" in lines["rmbench/loglik_mean/hard_acc (loglik_mean)"]

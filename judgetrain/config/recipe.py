@@ -77,6 +77,12 @@ def mode_label(mode: str, reading: str | None = None) -> str:
     return mode if reading == mode else f"{mode}: {reading}"
 
 
+def named_figure(figure: str, mode: str | None, reading: str | None = None) -> str:
+    """A figure as a person reads it, its mode and reading beside it: ``judgebias/represent/accuracy (implicit:
+    log_ratio)``; the figure alone where its mode is not known."""
+    return f"{figure} ({mode_label(mode, reading)})" if mode else figure
+
+
 def different_readings(mode: str, a: str | None, b: str | None, sides: tuple[str, str] = ("A", "B")) -> str | None:
     """Why two evaluations' figures of one mode are not differenced (``a``, ``b``: the readings each recorded, None:
     not recorded), or None when they share a reading. An implicit reading not recorded (an evaluation written before

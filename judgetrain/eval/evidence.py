@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.recipe import different_readings, mode_label
+from judgetrain.config.recipe import different_readings, named_figure
 from judgetrain.eval.compare import (REGRESSION_ALPHA, HEADLINE, changes, delta_keys, paired_figures, read_records,
                                     row_files, suite_items)
 from judgetrain.eval.metrics import Items, items_intervals
@@ -113,7 +113,7 @@ def headline_table(summary: dict[str, Any]) -> str:
                 if value is None:
                     continue
                 low, high = flat.get(f"{base}{metric}/ci_low"), flat.get(f"{base}{metric}/ci_high")
-                named = f"{base[5:] + metric} ({mode_label(mode, readings.get(mode))})"
+                named = named_figure(base[5:] + metric, mode, readings.get(mode))
                 row = f"{named:<60} {_num(value):>7} {_pair(low, high):>17}"
                 d = flat.get(f"{base}delta/{metric}")
                 if d is not None:
