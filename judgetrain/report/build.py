@@ -33,14 +33,14 @@ from typing import Any
 import numpy as np
 
 from judgetrain.config.directions import direction, rank_score
-from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
+from judgetrain.config.recipe import PROXY_MODES, SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 from judgetrain.config.suites import registered, known_suites
 from judgetrain.eval.benchmarks import Suite, SuiteFacts, get_suite
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
 from judgetrain.report import rounds
 from judgetrain.report.loop import build_loop_report, is_loop_dir
 from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
-                                        against_base_text, against_base_verdict, headline, headline_note,
+                                        against_base_text, against_base_verdict, bare_mode, headline, headline_note,
                                         headline_table)
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.utils.errors import BadInputError, MissingFileError
@@ -409,14 +409,6 @@ def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
     return figs
 
 
-def _bare_mode(run: Run) -> str | None:
-    """The scoring mode of a run's bare ``eval/<suite>/...`` keys: the first of implicit / judge its recipe's
-    eval_scoring lists (implicit when the recipe does not say; None when it lists neither)."""
-    listed = (run.recipe or {}).get("eval_scoring", "implicit")
-    modes = [m.strip() for item in (listed if isinstance(listed, list) else [listed]) for m in str(item).split(",")]
-    return next((m for m in modes if m in ("implicit", "judge")), None)
-
-
 def generated_tables(run: Run) -> list[dict[str, Any]]:
     """Per suite evaluated in generate mode, at the last eval that has generate keys: each figure (`GENERATED_FIGURES`,
     then the parse rate, agreement, stops, length and the parse failures by reason) in each mode logged, the bare
@@ -426,12 +418,12 @@ def generated_tables(run: Run) -> list[dict[str, Any]]:
         return []
     step = max(steps)
     rec = run.records[step]
-    bare = _bare_mode(run)
+    bare = bare_mode(run.recipe)
     out = []
     for suite in suite_rank():
         if not any(k.startswith(f"eval/{suite}/generate/") for k in rec):
             continue
-        modes = [m for m in ("implicit", "judge") if m == bare or any(k.startswith(f"eval/{suite}/{m}/") for k in rec)]
+        modes = [m for m in PROXY_MODES if m == bare or any(k.startswith(f"eval/{suite}/{m}/") for k in rec)]
         modes.sort(key=lambda m: m != bare)
         modes.append("generate")
         fails = sorted(k[len(f"eval/{suite}/generate/"):] for k in rec if k.startswith(f"eval/{suite}/generate/parse_fail/"))
