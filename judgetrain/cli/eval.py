@@ -31,7 +31,7 @@ judge's the log-ratio) gets no difference: results.json's ``not_compared`` and t
 """
 
 # Late imports: transformers, judgetrain.config, judgetrain.models, torch, peft, rich, judgetrain.utils, accelerate,
-# judgetrain.eval, judgetrain.checks (inside the functions that use them): each command loads only what it runs, so `judgetrain --help`
+# judgetrain.eval, judgetrain.checks, judgetrain.report (inside the functions that use them): each command loads only what it runs, so `judgetrain --help`
 # and the light commands (status, cache, report) start without them.
 
 from __future__ import annotations
@@ -173,10 +173,16 @@ def _name(target: str, root: str, n_targets: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- output
-def print_table(name: str, results: dict[str, Any]) -> None:
+def print_table(name: str, results: dict[str, Any], doc: dict[str, Any]) -> None:
+    """The suites' own tables and the other figures, each named with the mode and reading it is (``doc``: the
+    evaluation's results.json)."""
     from rich.table import Table
 
+    from judgetrain.config.recipe import mode_label
     from judgetrain.eval.benchmarks import get_suite
+    from judgetrain.report.headline import key_mode
+
+    readings, bare = doc.get("readings") or {}, doc.get("scoring")
 
     out = console()
     tabled = set()
@@ -185,7 +191,7 @@ def print_table(name: str, results: dict[str, Any]) -> None:
         if figures is None:
             continue
         tabled.add(suite_name)
-        table = Table(title=f"{figures.title}: {name}")
+        table = Table(title=f"{figures.title}: {name}" + (f" ({mode_label(bare, readings.get(bare))})" if bare else ""))
         for i, col in enumerate(figures.columns):
             table.add_column(col, justify="left" if i == 0 else "right")
         for row in figures.rows:
@@ -199,9 +205,11 @@ def print_table(name: str, results: dict[str, Any]) -> None:
     if other:
         table = Table(title=f"Checks: {name}")
         table.add_column("metric")
+        table.add_column("mode: reading")
         table.add_column("value", justify="right")
         for k, v in other.items():
-            table.add_row(k, figure_cell(k, v))
+            mode = key_mode(k, bare)
+            table.add_row(k, mode_label(mode, readings.get(mode)) if mode else "-", figure_cell(k, v))
         out.print(table)
 
 
@@ -324,7 +332,9 @@ def report(name: str, results: dict, doc: dict, args: argparse.Namespace, state)
     if doc.get("regressions"):
         logger.warning("%s: %d categories worse than the baseline %s (%s): %s", name, len(doc["regressions"]),
                        args.baseline, doc["worse_rule"], ", ".join(doc["regressions"]))
-    print_table(name, results)
+    print_table(name, results, doc)
+    for why in doc.get("not_compared") or []:
+        console().print(f"not compared with the baseline: {why}")
 
 
 def main(argv: list[str] | None = None) -> int:
