@@ -41,7 +41,7 @@ from judgetrain.report import rounds
 from judgetrain.report.loop import build_loop_report, is_loop_dir
 from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
                                         against_base_text, against_base_verdict, bare_mode, headline, headline_note,
-                                        headline_table)
+                                        headline_table, shown)
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.utils.errors import BadInputError, MissingFileError
 
@@ -597,7 +597,7 @@ def _against_base_html(run: Run) -> dict[str, Any]:
     """The run against its base judge as page cells: the figures that got worse (shown in red, first on the page)
     or the sentence saying none did, and the base vs trained table."""
     versus = against_base(run.records, run.recipe, run.path)
-    return {"worse": [] if versus is None else versus["worse"], "header": list(AGAINST_BASE_HEADER),
+    return {"worse": [] if versus is None else shown(versus, versus["worse"]), "header": list(AGAINST_BASE_HEADER),
             "text": against_base_verdict(versus), "rows": against_base_cells(versus),
             "why": [] if versus is None else versus["why"]}
 

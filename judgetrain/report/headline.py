@@ -178,9 +178,10 @@ def headline_note(head: Headline) -> str:
 def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None,
                  run_dir: str | Path | None = None) -> dict[str, Any] | None:
     """The last evaluation logged against a baseline (the eval before the first step, `judgetrain.eval.evidence`):
-    ``{"step", "rows": [{figure, base, base_ci_low, base_ci_high, trained, ci_low, ci_high, delta, delta_ci_low,
+    ``{"step", "rows": [{figure, mode, base, base_ci_low, base_ci_high, trained, ci_low, ci_high, delta, delta_ci_low,
     delta_ci_high, p_value}],
-    "worse": [figures worse than the base], "too_few": [figures with too few units to tell], "margin", "alpha"}``;
+    "worse": [figures worse than the base], "too_few": [figures with too few units to tell], "margin", "alpha",
+    "bare": the mode of the bare keys}`` (`shown` names a figure with its mode and reading);
     rows hold each suite's headline figures (`judgetrain.eval.compare.HEADLINE`), ``worse`` every figure that
     `judgetrain.eval.compare.changes` calls worse with the recipe's ``eval_regression_margin`` and
     ``eval_regression_alpha``, as the run's guard judged them. The base's interval is the one logged with the figure
@@ -216,10 +217,14 @@ def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, 
     said = changes(judged, margin, alpha)
     base_step = min(s for s, r in records.items() if any(k.startswith("eval/") for k in r))
     why = flat_judge_lines(run_dir, step, base_step) if run_dir is not None else []
-    named = {name: named_figure(name, key_mode(f"eval/{name}", bare)) for name in said}  # as a person reads them
-    return {"step": step, "rows": rows, "why": why, "worse": [named[n] for n, s in said.items() if s == "worse"],
-            "too_few": [named[n] for n, s in said.items() if s.endswith("too few to tell")], "margin": margin,
-            "alpha": alpha}
+    return {"step": step, "rows": rows, "why": why, "worse": [name for name, s in said.items() if s == "worse"],
+            "too_few": [name for name, s in said.items() if s.endswith("too few to tell")], "margin": margin,
+            "alpha": alpha, "bare": bare}
+
+
+def shown(versus: Mapping[str, Any], names: list[str]) -> list[str]:
+    """Figures of `against_base` (``worse``, ``too_few``) as a person reads them: each with its mode and reading."""
+    return [named_figure(name, key_mode(f"eval/{name}", versus.get("bare"))) for name in names]
 
 
 def _base_interval(records: Mapping[int, Mapping[str, Any]], key: str, base: float | None) -> dict[str, Any]:
@@ -243,7 +248,7 @@ def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
                 "verdict and generate modes; implicit mode has none: its base is 0 for every response).")
     if versus["worse"]:
         return f"Worse than the base judge at step {versus['step']} ({worse_rule(versus['margin'], versus['alpha'])})"
-    few = versus.get("too_few") or []
+    few = shown(versus, versus.get("too_few") or [])
     return (f"No category got worse than the base judge at step {versus['step']}"
             + (f"; too few units to tell: {', '.join(few)}." if few else "."))
 
@@ -267,7 +272,7 @@ def against_base_lines(versus: Mapping[str, Any] | None) -> list[str]:
     verdict = against_base_verdict(versus)
     if versus is None:
         return [verdict]
-    worse = ", ".join(f"`{w}`" for w in versus["worse"])
+    worse = ", ".join(f"`{w}`" for w in shown(versus, versus["worse"]))
     lines = [f"**{verdict}**: {worse}" if worse else verdict, "",
              "| " + " | ".join(AGAINST_BASE_HEADER) + " |", "|" + "|".join("---" for _ in AGAINST_BASE_HEADER) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in against_base_cells(versus)]
@@ -280,7 +285,7 @@ def against_base_text(versus: Mapping[str, Any] | None) -> str:
     verdict = against_base_verdict(versus)
     if versus is None:
         return verdict
-    lines = [f"{verdict}: {', '.join(versus['worse'])}" if versus["worse"] else verdict]
+    lines = [f"{verdict}: {', '.join(shown(versus, versus['worse']))}" if versus["worse"] else verdict]
     rows = [list(AGAINST_BASE_HEADER), *against_base_cells(versus)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(AGAINST_BASE_HEADER))]
     lines += ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
