@@ -519,7 +519,7 @@ def test_the_best_of_style_spread_is_its_lowest_and_interval_bounds_are_never_ra
     row = next(r for r in summary["tables"]["spread"] if r["metric"] == "eval/rmbench/style_spread")
     assert (row["best"], row["best_step"], row["better"]) == (0.5, 20, "lower")
     assert re.search(r'<p class="no-worse" id="worse-spread">No category got worse than the base judge at step 30; '
-                     r"too few units to tell: judgebench/verdict/coding/accuracy\.", html)
+                     r"too few units to tell: judgebench/verdict/coding/accuracy \(verdict: verdict_logprob\)\.", html)
 
 
 def test_every_headline_figure_shows_its_interval_in_the_report_the_card_and_the_console(tmp_path):

@@ -89,7 +89,8 @@ def _rows(doc: dict[str, Any], every: bool) -> list[list[str]]:
                 p = "-" if v["p_value"] is None else f"{v['p_value']:.3g}{'~' if v['p_method'] == 'sign_flip' else ''}"
                 delta = "-" if not math.isfinite(v["delta"]) else (
                     f"{v['delta']:+.3f} [{v['delta_ci_low']:+.3f}, {v['delta_ci_high']:+.3f}]")
-                rows.append([f"{suite} ({mode_label(mode, doc['readings']['b'].get(mode))})", metric, _cell(v["a"], v["a_ci_low"], v["a_ci_high"]),
+                named = f"{suite} ({mode_label(mode, doc['readings']['b'].get(mode))})"  # both sides read it alike
+                rows.append([named, metric, _cell(v["a"], v["a_ci_low"], v["a_ci_high"]),
                              _cell(v["b"], v["b_ci_low"], v["b_ci_high"]), delta, p, str(v["n"]), v["change"]])
     return rows
 

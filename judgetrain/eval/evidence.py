@@ -98,8 +98,8 @@ def read_baseline(folder: str | Path, modes: list[str] | None = None) -> dict[tu
 
 def headline_table(summary: dict[str, Any]) -> str:
     """One compact table of the headline figures of an evaluation's summary (results.json): per suite and mode (each
-    figure named with its mode and reading), each figure with its interval and, against a baseline, the difference, its interval and p-value; the categories that
-    got worse after it."""
+    figure named with its mode and reading), each figure with its interval and, against a baseline, the difference,
+    its interval and p-value; what was not compared (two readings) and the categories that got worse after it."""
     flat = summary.get("metrics", {})
     bare = summary.get("scoring")
     readings = summary.get("readings") or {}

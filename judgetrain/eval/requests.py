@@ -16,8 +16,8 @@ LIKELIHOOD_KINDS = ("implicit", "loglik_sum", "loglik_mean")
 class Request:
     """What one row asks the engine to score.
 
-    kind ``implicit`` / ``loglik_sum`` / ``loglik_mean`` (`LIKELIHOOD_KINDS`): ``prompt`` (messages list or plain string) and ``responses`` (each an assistant
-    message list, or a string). kind ``judge``: ``judge_prompts``, each a messages list that a judge answers.
+    kind ``implicit`` / ``loglik_sum`` / ``loglik_mean`` (`LIKELIHOOD_KINDS`): ``prompt`` (messages list or plain
+    string) and ``responses`` (each an assistant message list, or a string). kind ``judge``: ``judge_prompts``, each a messages list that a judge answers.
     """
 
     kind: str

@@ -9,8 +9,8 @@ requests into token sequences (`judgetrain.eval.sequences`), batches them by len
   completion = the rest of prompt+completion after their common prefix). With a peft model the reference is the
   same model under ``model.disable_adapter()``; otherwise a separate ``ref_model``; with neither, the score is the
   plain log-likelihood, warned and recorded as such (`ScoringEngine.reading`: ``loglik_sum``, never ``log_ratio``,
-  so that no comparison sets it against a trained judge's log-ratio). Reference log-probs depend only on the token ids and the reference
-  weights, which never change, so they are cached by sequence and computed once per eval set.
+  so that no comparison sets it against a trained judge's log-ratio). Reference log-probs depend only on the token
+  ids and the reference weights, which never change, so they are cached by sequence and computed once per eval set.
 - ``loglik_sum``: sum of log pi(y|x) over the response tokens, no reference (a response's likelihood reading, and
   forced verdicts); ``loglik_mean``: the same sum divided by the response tokens scored. With a peft model both read
   the judge as it is (the adapter on): a base and a trained judge under one reading.

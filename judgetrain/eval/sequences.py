@@ -41,7 +41,7 @@ class TokenSequence:
     row: int
     slot: int
     ids: list[int]
-    start: int  # first scored token (implicit / log-likelihood kinds); judge: len(ids) (the score is read after the last token)
+    start: int  # first scored token (the likelihood kinds); judge: len(ids) (the score is read after the last token)
     key: str = ""
 
 
