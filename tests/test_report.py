@@ -609,7 +609,7 @@ def test_a_judge_that_scores_every_item_alike_is_named_as_why_its_figures_moved_
     for page in (text, md, html, render_card(run)):
         assert (said in page and rm in page) is flat and ("Why: " in page or "Why:</b>" in page) is flat
     if flat:
-        assert md.index("| judgebias/judge/error/detect_rate |") < md.index("Why: JudgeBias") < md.index("## Runs")
+        assert md.index("| judgebias/judge/error/detect_rate (judge: expected_score) |") < md.index("Why: JudgeBias") < md.index("## Runs")
 
 
 def test_every_figure_of_the_headline_and_of_the_table_against_the_base_names_its_mode_and_reading(tmp_path):
