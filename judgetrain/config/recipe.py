@@ -364,7 +364,7 @@ class EvalArguments:
                 self.eval_scoring.append("generate")
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """The `ScoringEngine` options these arguments set (its recorded mode: the first of implicit / judge listed,
+        """The `ScoringEngine` options these arguments set (its recorded mode: the first of `PROXY_MODES` listed,
         else judge, which gives the generate rows their expected score)."""
         return dict(scoring=recorded_mode(self.eval_scoring), batch_tokens=self.eval_batch_tokens,
                     prefix_sharing=self.eval_prefix_sharing, merge_lora=self.eval_merge_lora)

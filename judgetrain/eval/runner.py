@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 class SuiteResult:
     """One suite's outcome: ``metrics`` (nested, from judgetrain.eval.metrics plus counts), per-row ``records`` in row
     order, and ``stats`` (engine work for this suite: sequences, real/padded tokens, forwards, seconds), all of the
-    first of implicit / judge scored (empty when only generate ran); ``modes``: the other modes' SuiteResults."""
+    first of the `PROXY_MODES` scored (empty when only generate ran); ``modes``: the other modes' SuiteResults."""
 
     name: str
     metrics: dict[str, Any]
@@ -205,7 +205,7 @@ def evaluate(
     generator: Any = None,
 ) -> dict[str, SuiteResult]:
     """Score every suite in each of ``modes`` (default: the engine's ``scoring``); all processes must call this together
-    when ``state`` has several processes. The first of implicit / judge listed is the SuiteResult itself, the other
+    when ``state`` has several processes. The first of the `PROXY_MODES` listed is the SuiteResult itself, the other
     modes its ``modes``; ``generate`` needs ``generator`` (a `judgetrain.eval.generate.Generator`).
 
     Rows are loaded once per spec and kept on it (``spec.rows``) so later calls score the same rows. Returns
