@@ -2,16 +2,19 @@
 categories that got worse, and the compact table the main process logs.
 
     items = suite_evidence(suite, "verdict", records)               # (Items, {metric: {value, ci_low, ci_high, n}})
-    keys, deltas, worse, not_compared = paired_deltas(current, baseline, bare="implicit", readings=(mine, theirs))
+    keys, deltas, worse, not_compared = paired_deltas(current, baseline, bare="implicit",
+                                                      readings=(summary["readings"], baseline_summary["readings"]))
 
 The per-item figures are those `judgetrain compare` reads from the per-row files (`judgetrain.eval.compare.suite_items`),
 so an interval, a delta logged during training and a delta `judgetrain compare` computes later from the saved files
 are the same numbers (same items, same seeded resamples).
 
-The baseline: in training, the evaluation before the first step (``eval_on_start``) for the judge, verdict and
-generate modes; the implicit reward of the untouched policy is 0 for every response (the policy is its own
-reference), so implicit mode has no baseline to compare with. ``judgetrain eval --baseline MODEL`` scores the
-baseline model on the same rows in every mode.
+The baseline: in training, the evaluation before the first step (``eval_on_start``) for the likelihood readings
+(loglik_sum, loglik_mean), judge, verdict and generate modes; the implicit reward of the untouched policy is 0 for
+every response (the policy is its own reference), so implicit mode has no baseline to compare with. ``judgetrain eval
+--baseline MODEL`` scores the baseline model on the same rows in every mode; a mode the two judges read otherwise
+(`judgetrain.config.recipe.different_readings`: a base has no reference, so its implicit figures are its
+log-likelihood) is not differenced, said in ``not_compared``.
 """
 
 from __future__ import annotations
