@@ -224,7 +224,7 @@ def score(engine, rows: list[dict], scoring: str) -> np.ndarray:
     if scoring == "judge":
         requests = [build_request("rmbench", r, "judge") for r in rows]
     else:
-        requests = [Request("loglik", prompt=r["prompt"], responses=list(r["chosen"]) + list(r["rejected"]))
+        requests = [Request("loglik_sum", prompt=r["prompt"], responses=list(r["chosen"]) + list(r["rejected"]))
                     for r in rows]
     results = engine.score_requests(requests)
     truncated = sum(bool(s.truncated) for s in results)

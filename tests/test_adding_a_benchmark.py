@@ -115,7 +115,7 @@ def test_a_suite_defined_outside_runs_through_eval_compare_report_and_the_round_
     assert report_main([str(loop), "--output-dir", str(tmp_path / "report")]) == 0
     assert "rounds.png" in (tmp_path / "report" / "report.md").read_text()
     drawn = round_table_figure([loop])  # the report's panels of the round table: one per figure
-    assert "toysuite/accuracy" in [ax.get_title() for ax in drawn.axes]
+    assert "toysuite/accuracy (judge: expected_score)" in [ax.get_title() for ax in drawn.axes]  # its mode named
 
 
 def test_a_name_that_is_no_suite_is_refused_with_the_registered_ones(toy_suite):

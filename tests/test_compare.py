@@ -52,7 +52,7 @@ def test_compare_prints_and_writes_each_headline_figure_from_the_row_files(evalu
     out = tmp_path / "compare.json"
     assert compare_main([str(a.parent), str(b.parent), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "rmbench (judge)" in printed and "total_avg_acc" in printed and "B - A" in printed
+    assert "rmbench (judge: expected_score)" in printed and "total_avg_acc" in printed and "B - A" in printed
     doc = json.loads(out.read_text())
     assert doc["a"] == str(a) and doc["b"] == str(b) and doc["skipped"] == []
     ra, rb = _results(a), _results(b)

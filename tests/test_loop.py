@@ -271,7 +271,7 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
     proc = subprocess.run(loop_command(config), cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path / "loop"
-    assert "| figure | base | round 1 | round 2 |" in proc.stdout
+    assert "| figure (mode: reading) | base | round 1 | round 2 |" in proc.stdout
     heldout = read_jsonl(out / "heldout" / "pairwise.jsonl")
     split = json.loads((out / "round-1" / "split" / "split.json").read_text())
     assert len(heldout) == 3 and {r["id"].split("|")[0] for r in heldout} == set(split["heldout_samples"])
@@ -313,7 +313,8 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
     assert "rounds.png" in paths and "rounds.png" in md
     # the loop's report: finished, the headline round table first, each round's training report beside it
     assert md.splitlines()[2] == "**Status: finished: every stage of the 2 rounds done.**"
-    assert "| figure | base (round 0) | round 1 | round 2 |" in md and "\n| pairwise/verdict/accuracy | " in md
+    assert ("| figure (mode: reading) | base (round 0) | round 1 | round 2 |" in md
+            and "\n| pairwise/verdict/accuracy (verdict: verdict_logprob) | " in md)
     assert all((tmp_path / "report" / f"round-{k}" / "report.html").is_file() for k in (1, 2))
     assert "no recipe.yaml" not in md and "no metrics.jsonl" not in md
     # a rerun of a finished loop runs nothing again

@@ -108,8 +108,8 @@ def test_a_finished_loops_report_opens_with_its_status_and_round_table_and_no_ru
     assert lines[0] == "# judgetrain report: loop loop"
     assert lines[2] == "**Status: finished: every stage of the 2 rounds done.**"
     assert lines[4] == "## Rounds against the base"
-    table = md[md.index("| figure |"):].split("\n\n")[0].splitlines()
-    assert table[0] == "| figure | base (round 0) | round 1 | round 2 |"
+    table = md[md.index("| figure (mode: reading) |"):].split("\n\n")[0].splitlines()
+    assert table[0] == "| figure (mode: reading) | base (round 0) | round 1 | round 2 |"  # rows with no mode: as named
     assert table[2] == ("| pairwise/verdict/accuracy | 0.5000 [0.3000, 0.7000] | 0.6000 [0.4000, 0.8000]; difference "
                         "0.1000 [-0.0500, 0.2500], p 0.0200 | 0.7000 [0.5000, 0.9000]; difference 0.2000 "
                         "[0.0500, 0.3500], p 0.0200 |")

@@ -97,16 +97,19 @@ def test_model_index_holds_the_figures_of_the_evaluation_the_weights_are(tmp_pat
     [entry] = meta["model-index"]
     assert entry["name"] == "judge-run"
     figures = {(r["dataset"]["type"], m["name"]): m["value"] for r in entry["results"] for m in r["metrics"]}
+    bare = " (implicit: log_ratio)"  # the quickstart's bare keys: its first pointwise mode, named with its reading
     assert figures == {
-        ("THU-KEG/RM-Bench", "RM-Bench hard accuracy"): 0.52, ("THU-KEG/RM-Bench", "RM-Bench normal accuracy"): 0.62,
-        ("THU-KEG/RM-Bench", "RM-Bench easy accuracy"): 0.7, ("THU-KEG/RM-Bench", "RM-Bench average accuracy"): 0.6133,
-        ("iknow-lab/JudgeBias-DPO-RefFree", "JudgeBias error accuracy"): 0.8,
-        ("iknow-lab/JudgeBias-DPO-RefFree", "JudgeBias represent accuracy"): 0.9,
-        ("iknow-lab/JudgeBias-DPO-RefFree", "JudgeBias parse rate (written evaluations)"): 0.875}
+        ("THU-KEG/RM-Bench", f"RM-Bench hard accuracy{bare}"): 0.52,
+        ("THU-KEG/RM-Bench", f"RM-Bench normal accuracy{bare}"): 0.62,
+        ("THU-KEG/RM-Bench", f"RM-Bench easy accuracy{bare}"): 0.7,
+        ("THU-KEG/RM-Bench", f"RM-Bench average accuracy{bare}"): 0.6133,
+        ("iknow-lab/JudgeBias-DPO-RefFree", f"JudgeBias error accuracy{bare}"): 0.8,
+        ("iknow-lab/JudgeBias-DPO-RefFree", f"JudgeBias represent accuracy{bare}"): 0.9,
+        ("iknow-lab/JudgeBias-DPO-RefFree", "JudgeBias parse rate (written evaluations) (generate: parsed_score)"): 0.875}
     assert ("| figure | best eval (step 20, epoch 2) [95% interval] | last eval (step 40, epoch 4) [95% interval] |"
             in body)
-    assert "| RM-Bench hard accuracy | 0.5200 [0.4200, 0.6200] | 0.5000 [0.4000, 0.6000] |" in body
-    assert "| JudgeBias parse rate (written evaluations) | 0.8750 [-, -] | 1.0000 [-, -] |" in body
+    assert f"| RM-Bench hard accuracy{bare} | 0.5200 [0.4200, 0.6200] | 0.5000 [0.4000, 0.6000] |" in body
+    assert "| JudgeBias parse rate (written evaluations) (generate: parsed_score) | 0.8750 [-, -] | 1.0000 [-, -] |" in body
     assert "where eval/judgebias/represent/anchor_mae is lowest (step 20)" in body
     assert "The weights in this folder are the best evaluation's (`load_best_model_at_end`)" in body
 
@@ -116,8 +119,8 @@ def test_a_run_without_the_usual_figures_still_gets_a_card(tmp_path, evals):
     run = make_run(tmp_path, {"load_best_model_at_end": False}, evals)
     meta, body = card_parts(render_card(run))
     if evals:
-        assert [m["name"] for m in meta["model-index"][0]["results"][0]["metrics"]] == ["Ideation accuracy"]
-        assert "| Ideation accuracy | 0.5000 [-, -] | 0.5000 [-, -] |" in body
+        assert [m["name"] for m in meta["model-index"][0]["results"][0]["metrics"]] == ["Ideation accuracy (implicit: log_ratio)"]
+        assert "| Ideation accuracy (implicit: log_ratio) | 0.5000 [-, -] | 0.5000 [-, -] |" in body
         assert "last training step, 40, came after it" in body
     else:
         assert "model-index" not in meta and "No evaluation was logged" in body

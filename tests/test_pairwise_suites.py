@@ -93,7 +93,7 @@ def test_every_mode_on_the_real_rows_both_orders_reach_the_model_and_every_figur
 
     assert (shown_first(ab), shown_first(ba)) == (row["response_a"], row["response_b"]) != (row["response_b"],) * 2
     rec = jb.modes["verdict"].records[0]
-    alone = score_sharded(engine, [Request("loglik", prompt=ba, responses=list(VERDICTS))], None)[0][0].scores
+    alone = score_sharded(engine, [Request("loglik_sum", prompt=ba, responses=list(VERDICTS))], None)[0][0].scores
     assert rec["scores"][2:] == pytest.approx(alone, abs=1e-4) and rec["scores"][:2] != pytest.approx(alone, abs=1e-6)
     assert rec["verdicts"] == [("A>B" if s[0] > s[1] else "B>A") for s in (rec["scores"][:2], rec["scores"][2:])]
     assert flat["eval/judgebench/verdict/inconsistent_rate"] == judgebench_results(jb.modes["verdict"].records)[

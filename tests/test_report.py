@@ -432,7 +432,7 @@ def test_report_opens_with_the_model_cards_headline_at_the_best_and_last_eval(si
     md = (out / "report.md").read_text()
     assert md.index("## Headline: quick") < md.index("## Runs") < md.index("## Summary: quick")
     # no interval was logged with these figures: the cell says so
-    row = (f"| RM-Bench hard accuracy | {evals[best]['eval/rmbench/hard_acc']:.4f} [-, -] | "
+    row = (f"| RM-Bench hard accuracy (implicit: log_ratio) | {evals[best]['eval/rmbench/hard_acc']:.4f} [-, -] | "
            f"{evals[last]['eval/rmbench/hard_acc']:.4f} [-, -] |")
     assert row in md
     assert row in render_card(run)  # the model card shows the same figures, from the same function
@@ -471,20 +471,21 @@ def test_report_opens_with_what_got_worse_than_the_base_judge_in_red_then_base_v
     worse = re.search(r'<p class="worse" id="worse-guarded">(.*?)</p><ul class="worse">(.*?)</ul>', html, re.S)
     assert worse.group(1) == ("Worse than the base judge at step 10 (paired test p &lt; 0.05 after Holm across the "
                               "figures, the interval of the difference excluding 0):")
-    assert re.findall(r"<li>(.*?)</li>", worse.group(2)) == ["evalbiasbench/verdict/single_acc"]
+    assert re.findall(r"<li>(.*?)</li>", worse.group(2)) == ["evalbiasbench/verdict/single_acc (verdict: verdict_logprob)"]
     assert html.index('id="worse-guarded"') < html.index("<table")  # before any table
     assert ".worse{color:#b00020" in html
     table = re.search(r'<table class="versus" id="versus-guarded">(.*?)</table>', html, re.S).group(1)
     rows = {m: re.findall(r"<td[^>]*>(.*?)</td>", r) for m, r in re.findall(r'<tr data-metric="([^"]+)">(.*?)</tr>', table)}
-    assert rows["evalbiasbench/verdict/single_acc"] == [  # the base's interval: the one logged with it at step 0
-        "evalbiasbench/verdict/single_acc", "0.6500 [0.5500, 0.7500]", "0.4000 [0.3000, 0.5000]",
+    verdict = " (verdict: verdict_logprob)"
+    assert rows["evalbiasbench/verdict/single_acc" + verdict] == [  # the base's interval: the one logged at step 0
+        "evalbiasbench/verdict/single_acc" + verdict, "0.6500 [0.5500, 0.7500]", "0.4000 [0.3000, 0.5000]",
         "-0.2500 [-0.3500, -0.1500]", "0.0012"]
-    assert rows["evalbiasbench/verdict/agreement"][1:3] == ["0.8500 [-, -]", "0.9000 [-, -]"]
+    assert rows["evalbiasbench/verdict/agreement" + verdict][1:3] == ["0.8500 [-, -]", "0.9000 [-, -]"]
     assert re.search(r'<p class="no-worse" id="worse-plain">No evaluation against the base judge was logged', html)
     md = paths["report.md"].read_text()
     assert ("**Worse than the base judge at step 10 (paired test p < 0.05 after Holm across the figures, the interval "
-            "of the difference excluding 0)**: `evalbiasbench/verdict/single_acc`") in md
-    assert ("| evalbiasbench/verdict/single_acc | 0.6500 [0.5500, 0.7500] | 0.4000 [0.3000, 0.5000] | "
+            "of the difference excluding 0)**: `evalbiasbench/verdict/single_acc (verdict: verdict_logprob)`") in md
+    assert ("| evalbiasbench/verdict/single_acc (verdict: verdict_logprob) | 0.6500 [0.5500, 0.7500] | 0.4000 [0.3000, 0.5000] | "
             "-0.2500 [-0.3500, -0.1500] | 0.0012 |") in md
     # the recipe's margin, as the run's guard used it: a loss of at least 0.2 is not shown by [-0.35, -0.15]
     (run / "recipe.yaml").write_text("eval_regression_margin: 0.2\n")
@@ -518,7 +519,7 @@ def test_the_best_of_style_spread_is_its_lowest_and_interval_bounds_are_never_ra
     row = next(r for r in summary["tables"]["spread"] if r["metric"] == "eval/rmbench/style_spread")
     assert (row["best"], row["best_step"], row["better"]) == (0.5, 20, "lower")
     assert re.search(r'<p class="no-worse" id="worse-spread">No category got worse than the base judge at step 30; '
-                     r"too few units to tell: judgebench/verdict/coding/accuracy\.", html)
+                     r"too few units to tell: judgebench/verdict/coding/accuracy \(verdict: verdict_logprob\)\.", html)
 
 
 def test_every_headline_figure_shows_its_interval_in_the_report_the_card_and_the_console(tmp_path):
@@ -549,22 +550,22 @@ def test_every_headline_figure_shows_its_interval_in_the_report_the_card_and_the
         assert cli.main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     html = (tmp_path / "out" / "report.html").read_text()
-    best_last = "| RM-Bench hard accuracy | 0.5500 [0.4250, 0.6750] | 0.5000 [0.3750, 0.6250] |"
+    best_last = "| RM-Bench hard accuracy (implicit: log_ratio) | 0.5500 [0.4250, 0.6750] | 0.5000 [0.3750, 0.6250] |"
     assert best_last in md and best_last in render_card(run)
     headline = re.search(r'<table class="headline" id="headline-ranged">(.*?)</table>', html, re.S).group(1)
     assert re.findall(r'<td class="(?:best|last)"[^>]*>(.*?)</td>', headline) == ["0.5500 [0.4250, 0.6750]",
                                                                              "0.5000 [0.3750, 0.6250]"]
-    assert re.search(r"RM-Bench hard accuracy\s*│\s*0\.5500 \[0\.4250, 0\.6750\]\s*│\s*0\.5000 \[0\.3750, 0\.6250\]",
+    assert re.search(r"RM-Bench hard accuracy \(implicit: log_ratio\)\s*│\s*0\.5500 \[0\.4250, 0\.6750\]\s*│\s*0\.5000 \[0\.3750, 0\.6250\]",
                      printed.getvalue())
-    versus = ("| rmbench/judge/hard_acc | 0.2500 [0.1875, 0.3125] | 0.6000 [0.5375, 0.6625] | "
+    versus = ("| rmbench/judge/hard_acc (judge: expected_score) | 0.2500 [0.1875, 0.3125] | 0.6000 [0.5375, 0.6625] | "
               "0.3500 [0.3000, 0.4000] | 0.0040 |")
     assert versus in md and versus in render_card(run)
     table = re.search(r'<table class="versus" id="versus-ranged">(.*?)</table>', html, re.S).group(1)
     assert re.findall(r"<td[^>]*>(.*?)</td>", table) == versus.strip("| ").split(" | ")
     text = against_base_text(against_base(read_metrics(run / "metrics.jsonl"))).splitlines()
-    assert text[1].split() == ["figure", "base", "[95%", "interval]", "trained", "[95%", "interval]", "difference",
-                               "[95%", "interval]", "p"]
-    assert text[2].split() == ["rmbench/judge/hard_acc", "0.2500", "[0.1875,", "0.3125]", "0.6000", "[0.5375,",
+    assert text[1].split() == ["figure", "(mode:", "reading)", "base", "[95%", "interval]", "trained", "[95%",
+                               "interval]", "difference", "[95%", "interval]", "p"]
+    assert text[2].split() == ["rmbench/judge/hard_acc", "(judge:", "expected_score)", "0.2500", "[0.1875,", "0.3125]", "0.6000", "[0.5375,",
                                "0.6625]", "0.3500", "[0.3000,", "0.4000]", "0.0040"]
 
 
@@ -608,4 +609,36 @@ def test_a_judge_that_scores_every_item_alike_is_named_as_why_its_figures_moved_
     for page in (text, md, html, render_card(run)):
         assert (said in page and rm in page) is flat and ("Why: " in page or "Why:</b>" in page) is flat
     if flat:
-        assert md.index("| judgebias/judge/error/detect_rate |") < md.index("Why: JudgeBias") < md.index("## Runs")
+        assert md.index("| judgebias/judge/error/detect_rate (judge: expected_score) |") < md.index("Why: JudgeBias") < md.index("## Runs")
+
+
+def test_every_figure_of_the_headline_and_of_the_table_against_the_base_names_its_mode_and_reading(tmp_path):
+    """The quickstart's case: bare keys in implicit mode (JudgeBias represent accuracy 1.0000 [1.0000, 1.0000]) right
+    under a table against the base read in judge mode (represent/accuracy 0.1429, worse). Each figure a person reads
+    names the mode and reading it is: the headline's "(implicit: log_ratio)", the table's "(judge: expected_score)",
+    on the page, in the Markdown and in the model card; no headline or comparison row goes without one."""
+    from judgetrain.report.card import render_card
+
+    run = tmp_path / "quick"
+    run.mkdir()
+    (run / "recipe.yaml").write_text(yaml.safe_dump({"model_name_or_path": "tiny-judge",
+                                                     "eval_scoring": ["implicit", "judge"]}))
+    bare, judged = "eval/judgebias/represent/accuracy", "eval/judgebias/judge/represent/accuracy"
+    delta = "eval/judgebias/judge/delta/represent/accuracy"
+    _write(run, [{"step": 0, "epoch": 0.0, bare: 0.5, judged: 0.5714, f"{judged}/ci_low": 0.2857,
+                  f"{judged}/ci_high": 0.8571},
+                 {"step": 62, "epoch": 2.0, bare: 1.0, f"{bare}/ci_low": 1.0, f"{bare}/ci_high": 1.0, judged: 0.1429,
+                  f"{judged}/ci_low": 0.0, f"{judged}/ci_high": 0.4286, delta: -0.4285,
+                  f"{delta}/delta_ci_low": -0.7143, f"{delta}/delta_ci_high": -0.1429, f"{delta}/p_value": 0.0156,
+                  f"{delta}/n_units": 7}])
+    md = make_report([run], tmp_path / "out")["report.md"].read_text()
+    assert "| JudgeBias represent accuracy (implicit: log_ratio) | 1.0000 [1.0000, 1.0000] | 1.0000 [1.0000, 1.0000] |" \
+        in md
+    assert ("| judgebias/judge/represent/accuracy (judge: expected_score) | 0.5714 [0.2857, 0.8571] | "
+            "0.1429 [0.0000, 0.4286] | -0.4285 [-0.7143, -0.1429] | 0.0156 |") in md
+    assert "`judgebias/judge/represent/accuracy (judge: expected_score)`" in md  # named among the worse
+    rows = [line for line in md.splitlines() if re.match(r"\| (JudgeBias|judgebias)", line)]
+    assert len(rows) == 2 and all(re.match(r"\| [^|]+ \((implicit|judge): [a-z_]+\) \|", line) for line in rows)
+    card = render_card(run)
+    assert "| JudgeBias represent accuracy (implicit: log_ratio) | 1.0000" in card
+    assert "| judgebias/judge/represent/accuracy (judge: expected_score) | 0.5714" in card

@@ -292,7 +292,7 @@ def test_eval_engine_ids_with_the_prompt_tokenised_once_equal_its_whole_tokenisa
     requests = [Request("implicit", prompt=row["prompt"], responses=[row["chosen"], row["rejected"]]) for row in rows]
     texts = [row["chosen"][0]["content"] for row in rows]
     requests += [Request("implicit", prompt=rows[i]["prompt"], responses=texts[i:i + 6]) for i in range(0, 24, 6)]
-    requests += [Request("loglik", prompt="Grade: 7 is prime.", responses=[" 4", "\n1", "<|im_end|>5"])]
+    requests += [Request("loglik_sum", prompt="Grade: 7 is prime.", responses=[" 4", "\n1", "<|im_end|>5"])]
     sequences = SequenceBuilder(tokenizer, max_length=1 << 30)  # no model: tokenisation only
     pairs = sequences.chat_pairs(requests)
     assert sorted(pairs) == list(range(len(requests))), family  # every row cut at a boundary

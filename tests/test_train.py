@@ -174,11 +174,11 @@ def test_quickstart_report_and_console_open_with_the_table_against_the_base(quic
     md = (tmp_path / "report" / "report.md").read_text()
     sections = md.split("\n## ")
     assert sections[1].startswith("Against the base judge: ") and "## Headline: " in md
-    assert ("| figure | base [95% interval] | trained [95% interval] | difference [95% interval] | p |"
+    assert ("| figure (mode: reading) | base [95% interval] | trained [95% interval] | difference [95% interval] | p |"
             in sections[1])
     assert sections[1].count("\n| rmbench/judge/") == 5 and sections[1].count("\n| judgebias/judge/") == 4
     for figure, cells in rows.items():
-        assert f"| {figure} | " + " | ".join(cells) + " |" in sections[1], figure
+        assert f"| {figure} (judge: expected_score) | " + " | ".join(cells) + " |" in sections[1], figure
     html = (tmp_path / "report" / "report.html").read_text()
     assert html.index("Against the base judge") < html.index("Headline")
     # the console: the training log ends with the same table (main process only, once)
@@ -188,9 +188,9 @@ def test_quickstart_report_and_console_open_with_the_table_against_the_base(quic
     table = log[log.index("Against the base judge"):].splitlines()
     assert table[1].startswith(("No category got worse than the base judge at step 62",
                                 "Worse than the base judge at step 62"))
-    assert table[2].split() == ["figure", "base", "[95%", "interval]", "trained", "[95%", "interval]", "difference",
-                                "[95%", "interval]", "p"]
-    shown = {line.split()[0]: line.split(None, 1)[1].split() for line in table[3:] if line.split()}
+    assert table[2].split() == ["figure", "(mode:", "reading)", "base", "[95%", "interval]", "trained", "[95%",
+                                "interval]", "difference", "[95%", "interval]", "p"]
+    shown = {line.split()[0]: line.split()[3:] for line in table[3:] if line.split()}  # after "(judge: expected_score)"
     for figure, cells in rows.items():
         assert " ".join(shown[figure]) == " ".join(cells), figure
 

@@ -7,9 +7,11 @@ A is the baseline, B the evaluation compared to it: each a folder `judgetrain ev
 suite and scoring mode both hold, prints A, B, B - A with its 95% bootstrap interval (the same resamples for both) and
 a p-value (the exact sign test over each suite's units where the items are right or wrong, else the paired sign-flip
 test over units), and "worse" or "better" where `judgetrain.eval.compare.changes` can say so; writes every figure to
-``--output`` (JSON). Beside each figure, each judge against the best rule that needs no judge on the same rows (the
-shorter / longer / first-shown / novel-token rules, `judgetrain.eval.rules`), from each evaluation's results.json. The
-library call is `judgetrain.eval.compare.compare_evaluations`.
+``--output`` (JSON). Each row names its mode and reading (``implicit: log_ratio``, ``loglik_mean``); a mode the two
+read otherwise (a base's implicit figures are its log-likelihood, a trained judge's its log-ratio) is not differenced
+and is named under "not compared". Beside each figure, each judge against the best rule that needs no judge on the
+same rows (the shorter / longer / first-shown / novel-token rules, `judgetrain.eval.rules`), from each evaluation's
+results.json. The library call is `judgetrain.eval.compare.compare_evaluations`.
 """
 
 # Late imports: rich (inside the functions that use them): each command loads only what it runs, so `judgetrain
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.cli.args import ConventionParser, console
+from judgetrain.config.recipe import mode_label
 from judgetrain.eval.compare import HEADLINE, REGRESSION_ALPHA, EvaluationError, compare_evaluations
 from judgetrain.eval.metrics import N_RESAMPLES
 from judgetrain.eval.rules import verdict_words
@@ -89,7 +92,8 @@ def _rows(doc: dict[str, Any], every: bool) -> list[list[str]]:
                 p = "-" if v["p_value"] is None else f"{v['p_value']:.3g}{'~' if v['p_method'] == 'sign_flip' else ''}"
                 delta = "-" if not math.isfinite(v["delta"]) else (
                     f"{v['delta']:+.3f} [{v['delta_ci_low']:+.3f}, {v['delta_ci_high']:+.3f}]")
-                rows.append([f"{suite} ({mode})", metric, _cell(v["a"], v["a_ci_low"], v["a_ci_high"]),
+                named = f"{suite} ({mode_label(mode, doc['readings']['b'].get(mode))})"  # both sides read it alike
+                rows.append([named, metric, _cell(v["a"], v["a_ci_low"], v["a_ci_high"]),
                              _cell(v["b"], v["b_ci_low"], v["b_ci_high"]), delta, p, str(v["n"]),
                              *(_beside_rule(doc, side, suite, mode, metric) for side in ("a", "b")), v["change"]])
     return rows
@@ -110,8 +114,8 @@ def _print(doc: dict[str, Any], every: bool) -> None:
                   "paired sign-flip test (~); worse / better: p under the threshold after Holm, the interval beyond "
                   "the margin; beside the rules: each judge against the best rule that needs no judge on the same "
                   "rows (learned only where it beats it, the interval of the paired difference excluding 0)")
-    for i, h in enumerate(("suite", "metric", "A", "B", "B - A", "p", "n", "A beside the rules", "B beside the rules",
-                           "")):
+    for i, h in enumerate(("suite (mode: reading)", "metric", "A", "B", "B - A", "p", "n", "A beside the rules",
+                           "B beside the rules", "")):
         table.add_column(h, justify="left" if i in (0, 1, 7, 8, 9) else "right", no_wrap=i < 7 or i == 9)
     for row in _rows(doc, every):
         style = {"worse": "red", "better": "green"}.get(row[-1])

@@ -12,8 +12,10 @@ say what to evaluate and where to write. ``--model`` is a hub id, a model direct
 (adapter_config.json: its base model is loaded and the adapter applied), or a run directory: then every
 ``checkpoint-*/`` inside (by step) and the run's final model/adapter are evaluated in turn. Rows are split over the processes of ``accelerate launch`` and gathered;
 every row is scored once. Implicit scoring of an adapter uses the base model (adapter disabled) as the reference;
-of a full model it needs ``--ref_model`` (without one the score is the plain log-likelihood). The reference
-log-probs are cached across the checkpoints of one run when they share the reference.
+of a full model it needs ``--ref_model`` (without one the score is the plain log-likelihood, recorded as the reading
+``loglik_sum`` and never set against a log-ratio). ``--eval_scoring loglik_sum`` / ``loglik_mean`` read the judge's
+own likelihood of each response (summed, per token; an adapter on): one reading for a base and a trained judge. The
+reference log-probs are cached across the checkpoints of one run when they share the reference.
 
 Writes, per evaluated model, ``<output_dir>/<name>/results.json`` (flat logged keys, nested metrics, engine stats)
 and ``<suite>.jsonl`` (per-row scores; ``<suite>.<mode>.jsonl`` for each other mode, ``<suite>.generate.jsonl``
@@ -23,7 +25,9 @@ with the texts written), the files the training callback writes per eval step
 ``--baseline MODEL`` (a hub id, model or adapter directory, as ``--model``) scores that judge first, on the same rows
 and in the same modes, into ``<output_dir>/baseline/``; every model evaluated after it gets, beside each figure,
 ``eval/<suite>[/<mode>]/delta/<metric>`` (trained - baseline) with its ``delta_ci_low``, ``delta_ci_high`` and
-``p_value``, and the categories that got worse are named in a warning and in results.json's ``regressions``.
+``p_value``, and the categories that got worse are named in a warning and in results.json's ``regressions``. A mode
+the two judges read otherwise (a base's implicit mode has no reference: its reading is the log-likelihood, the trained
+judge's the log-ratio) gets no difference: results.json's ``not_compared`` and the printed table say so.
 
 Every pairwise figure is also computed by the rules that need no judge (`judgetrain.eval.rules`: the shorter response
 wins, the longer wins, the first shown wins, and with ``--rules_train_pairs`` the novel-token rule fitted on those
@@ -33,7 +37,7 @@ excluding 0.
 """
 
 # Late imports: transformers, judgetrain.config, judgetrain.models, torch, peft, rich, judgetrain.utils, accelerate,
-# judgetrain.eval, judgetrain.checks (inside the functions that use them): each command loads only what it runs, so `judgetrain --help`
+# judgetrain.eval, judgetrain.checks, judgetrain.report (inside the functions that use them): each command loads only what it runs, so `judgetrain --help`
 # and the light commands (status, cache, report) start without them.
 
 from __future__ import annotations
@@ -178,11 +182,17 @@ def _name(target: str, root: str, n_targets: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- output
-def print_table(name: str, results: dict[str, Any]) -> None:
+def print_table(name: str, results: dict[str, Any], doc: dict[str, Any]) -> None:
+    """The suites' own tables and the other figures, each named with the mode and reading it is (``doc``: the
+    evaluation's results.json)."""
     from rich.table import Table
 
+    from judgetrain.config.recipe import mode_label
     from judgetrain.eval.benchmarks import get_suite
     from judgetrain.eval.rules import is_rule_key
+    from judgetrain.report.headline import key_mode
+
+    readings, bare = doc.get("readings") or {}, doc.get("scoring")
 
     out = console()
     tabled = set()
@@ -191,7 +201,7 @@ def print_table(name: str, results: dict[str, Any]) -> None:
         if figures is None:
             continue
         tabled.add(suite_name)
-        table = Table(title=f"{figures.title}: {name}")
+        table = Table(title=f"{figures.title}: {name}" + (f" ({mode_label(bare, readings.get(bare))})" if bare else ""))
         for i, col in enumerate(figures.columns):
             table.add_column(col, justify="left" if i == 0 else "right")
         for row in figures.rows:
@@ -206,9 +216,11 @@ def print_table(name: str, results: dict[str, Any]) -> None:
     if other:
         table = Table(title=f"Checks: {name}")
         table.add_column("metric")
+        table.add_column("mode: reading")
         table.add_column("value", justify="right")
         for k, v in other.items():
-            table.add_row(k, figure_cell(k, v))
+            mode = key_mode(k, bare)
+            table.add_row(k, mode_label(mode, readings.get(mode)) if mode else "-", figure_cell(k, v))
         out.print(table)
 
 
@@ -353,7 +365,8 @@ def evaluate_target(evaluation, specs: list, run: tuple, args: argparse.Namespac
     try:
         return evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, modes=evaluation.modes,
                                   generator=generator, model=target, adapter=adapter, baseline=shared["baseline"],
-                                  novel=shared["novel"], **evaluation.regression)
+                                  novel=shared["novel"], baseline_readings=shared["baseline_readings"],
+                                  **evaluation.regression)
     finally:
         if generator is not None:  # a vLLM engine per model evaluated: each goes before the next starts
             generator.close()
@@ -366,7 +379,9 @@ def report(name: str, results: dict, doc: dict, args: argparse.Namespace, state)
     if doc.get("regressions"):
         logger.warning("%s: %d categories worse than the baseline %s (%s): %s", name, len(doc["regressions"]),
                        args.baseline, doc["worse_rule"], ", ".join(doc["regressions"]))
-    print_table(name, results)
+    print_table(name, results, doc)
+    for why in doc.get("not_compared") or []:
+        console().print(f"not compared with the baseline: {why}")
     print_rules(name, doc)
 
 
@@ -393,12 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     novel = training_tokens(args)  # read and checked before any model loads
     # shared by the models: the reference and its cache (keys name the reference weights and the tokens), the baseline
     shared = {"ref_model": load_reference(args, state.device), "ref_cache": {}, "baseline": None,
-              "novel": novel}
+              "novel": novel, "baseline_readings": None}
     summary = {}
     for run in runs(args):
         results, doc = evaluate_target(evaluation, specs, run, args, state, shared)
         if run[3]:
             shared["baseline"] = current_items(results, evaluation.modes)
+            shared["baseline_readings"] = doc["readings"]  # a mode the baseline reads otherwise is not differenced
         summary[run[0]] = doc["metrics"]
         report(run[0], results, doc, args, state)
     if state.is_main_process:

@@ -39,18 +39,61 @@ if TYPE_CHECKING:  # the types of `Recipe`'s fields; trl is imported when a reci
 
 logger = logging.getLogger(__name__)
 
-PROXY_MODES = ("implicit", "judge")  # one forward per response: the implicit reward, the forced-prefix expected score
+# A pointwise judge's own likelihood of a response, summed over its tokens and per token: the reference-free readings,
+# the same for a base and a trained judge (LoRA: the adapter on)
+LIKELIHOOD_MODES = ("loglik_sum", "loglik_mean")
+# one forward per response: the implicit reward, the likelihood readings, the forced-prefix expected score
+PROXY_MODES = ("implicit", *LIKELIHOOD_MODES, "judge")
 # verdict: the pairwise suites' responses shown together, in both orders, the verdict letter's log-probability read in
 # one forward per order; generate: the judge writes its evaluation (or verdict), the score is parsed from it
 SCORING_MODES = (*PROXY_MODES, "verdict", "generate")
 REGRESSION_ACTIONS = ("warn", "stop")
+# What a mode's number is (its reading), one name each: two judges' figures are set against each other only under one
+# reading. implicit reads the log-ratio to a reference (sum over the response tokens of log pi - log pi_ref, nats),
+# defined for a judge with a reference only: a judge scored without one (a base: no adapter, no ref_model) has its
+# implicit figures marked `NO_REFERENCE_READING` (the summed log-likelihood), never compared with a log-ratio.
+READINGS = {"implicit": "log_ratio", "loglik_sum": "loglik_sum", "loglik_mean": "loglik_mean",
+            "judge": "expected_score", "verdict": "verdict_logprob", "generate": "parsed_score"}
+NO_REFERENCE_READING = "loglik_sum"
 
 
 def recorded_mode(modes: list[str]) -> str:
     """The mode the scoring engine records and whose figures take the bare ``eval/<suite>/`` keys: the first of
-    implicit / judge listed, else judge (generate alone: the judge-mode forward gives the generated rows their
+    `PROXY_MODES` listed, else judge (generate alone: the judge-mode forward gives the generated rows their
     expected score)."""
     return next((m for m in modes if m in PROXY_MODES), "judge")
+
+
+def suite_mode(mode: str) -> str:
+    """The mode a suite builds its requests, records and figures in: the likelihood readings are implicit mode's
+    responses read another way (`judgetrain.eval.suites.build_requests` gives their requests the reading's kind)."""
+    return "implicit" if mode in LIKELIHOOD_MODES else mode
+
+
+def mode_label(mode: str, reading: str | None = None) -> str:
+    """How a figure names what it reads, wherever a person reads it: ``implicit: log_ratio``, ``loglik_mean``,
+    ``judge: expected_score`` (``reading``: the one recorded, default the mode's own, `READINGS`)."""
+    reading = reading or READINGS.get(mode, mode)
+    return mode if reading == mode else f"{mode}: {reading}"
+
+
+def named_figure(figure: str, mode: str | None, reading: str | None = None) -> str:
+    """A figure as a person reads it, its mode and reading beside it: ``judgebias/represent/accuracy (implicit:
+    log_ratio)``; the figure alone where its mode is not known."""
+    return f"{figure} ({mode_label(mode, reading)})" if mode else figure
+
+
+def different_readings(mode: str, a: str | None, b: str | None, sides: tuple[str, str] = ("A", "B")) -> str | None:
+    """Why two evaluations' figures of one mode are not differenced (``a``, ``b``: the readings each recorded, None:
+    not recorded), or None when they share a reading. An implicit reading not recorded (an evaluation written before
+    readings were) may be a base's log-likelihood: left out too."""
+    own = READINGS.get(mode, mode)
+    a, b = a or (None if mode == "implicit" else own), b or (None if mode == "implicit" else own)
+    if a is not None and a == b:
+        return None
+    said = [f"{side} reads {r}" if r else f"{side} recorded no reading (written before readings were)"
+            for side, r in zip(sides, (a, b))]
+    return f"two readings, not differenced: {', '.join(said)}"
 
 
 class ScoringModes(tuple):
@@ -227,11 +270,14 @@ class EvalArguments:
     )
     eval_scoring: list[str] = field(
         default_factory=lambda: ["implicit"],
-        metadata={"help": "Scoring modes, one or several (space- or comma-separated): implicit (DPO implicit reward), "
-                  "judge (expected score after a forced score prefix), verdict (pairwise suites: both responses in "
-                  "one prompt, in both orders, the verdict's log-probability read in one forward), generate (the judge "
-                  "writes its evaluation and the score or verdict is parsed from it). The first of implicit / judge "
-                  "gives the bare eval/<suite>/ keys, the other eval/<suite>/<mode>/, generate eval/<suite>/generate/.",
+        metadata={"help": "Scoring modes, one or several (space- or comma-separated): implicit (DPO implicit reward: "
+                  "the log-ratio to the reference, a trained judge's), loglik_sum and loglik_mean (the judge's own "
+                  "log-likelihood of a response, summed and per token: the same reading for a base and a trained "
+                  "judge), judge (expected score after a forced score prefix), verdict (pairwise suites: both "
+                  "responses in one prompt, in both orders, the verdict's log-probability read in one forward), "
+                  "generate (the judge writes its evaluation and the score or verdict is parsed from it). The first "
+                  "of implicit / loglik_sum / loglik_mean / judge gives the bare eval/<suite>/ keys, the other "
+                  "eval/<suite>/<mode>/, generate eval/<suite>/generate/.",
                   "choices": ScoringModes(SCORING_MODES)},
     )
     eval_batch_tokens: int = field(default=8192, metadata={"help": "Padded-token budget of one scoring batch."})
@@ -318,7 +364,7 @@ class EvalArguments:
                 self.eval_scoring.append("generate")
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """The `ScoringEngine` options these arguments set (its recorded mode: the first of implicit / judge listed,
+        """The `ScoringEngine` options these arguments set (its recorded mode: the first of `PROXY_MODES` listed,
         else judge, which gives the generate rows their expected score)."""
         return dict(scoring=recorded_mode(self.eval_scoring), batch_tokens=self.eval_batch_tokens,
                     prefix_sharing=self.eval_prefix_sharing, merge_lora=self.eval_merge_lora)

@@ -63,8 +63,9 @@ class JudgeEvalCallback(TrainerCallback):
         evaluation: what is evaluated and how (`judgetrain.eval.session.Evaluation`: the scoring modes, the engine's
             and the generator's options, the regression guard's); default: ``Evaluation()``, implicit scoring.
             Modes: ``implicit`` (DPO implicit reward; reference = adapter disabled, or the trainer's ref_model),
-            ``judge`` (expected overall score), ``generate`` (the judge writes its evaluation;
-            `judgetrain.eval.generate.Generator`). The first of implicit / judge gives the bare keys.
+            ``loglik_sum`` / ``loglik_mean`` (the judge's own likelihood of a response, summed / per token: the
+            step-0 evaluation is then the base under the same reading, a baseline), ``judge`` (expected overall score), ``generate`` (the judge writes its evaluation;
+            `judgetrain.eval.generate.Generator`). The first of `PROXY_MODES` listed gives the bare keys.
         tokenizer: the tokenizer (default: the trainer's processing_class, read at `attach`).
         own_schedule: with ``eval_strategy="no"``, evaluate at each epoch end (and every ``every_n_steps``); False:
             only when the trainer evaluates (``eval_on_start``, ``trainer.evaluate()``).

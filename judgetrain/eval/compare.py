@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from judgetrain.config.directions import best_at, direction
-from judgetrain.config.recipe import PROXY_MODES, did_you_mean
+from judgetrain.config.recipe import PROXY_MODES, did_you_mean, different_readings, suite_mode
 from judgetrain.config.suites import registered
 from judgetrain.eval.benchmarks import SuiteFacts, get_suite
 from judgetrain.eval.stats import N_RESAMPLES, Items, holm, paired_difference, resolution, smallest_p
@@ -52,7 +52,9 @@ class EvaluationError(BadInputError, ValueError):
 def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RESAMPLES, seed: int = 0,
                         suites: list[str] | None = None, margin: float = 0.0,
                         alpha: float = REGRESSION_ALPHA) -> dict[str, Any]:
-    """A (the baseline) against B, per suite and scoring mode both hold: ``{"a", "b" (the folders read), "suites":
+    """A (the baseline) against B, per suite and scoring mode both hold and read alike (``readings``: {"a", "b":
+    {mode: reading}} as each recorded, `recorded_readings`; a mode read two ways is left out, said in ``skipped``):
+    ``{"a", "b" (the folders read), "suites":
     {suite: {mode: {metric: paired figures, "change" among them}}}, "metrics": {logged key: value}, "regressions":
     [<suite>[/<mode>]/<metric> worse], "skipped": [why a suite or mode was left out], "rules": {"a", "b": each
     figure against the best rule that needs no judge (`rule_verdicts`)}, "n_resamples", "seed"}``.
@@ -63,14 +65,19 @@ def compare_evaluations(a: str | Path, b: str | Path, *, n_resamples: int = N_RE
     files_a, files_b = row_files(folder_a), row_files(folder_b)
     check_suites(suites, files_a, files_b)
     bare = _bare_mode(folder_a) == _bare_mode(folder_b) and _bare_mode(folder_a)
+    readings = {"a": recorded_readings(folder_a), "b": recorded_readings(folder_b)}
     doc: dict[str, Any] = {"a": str(folder_a), "b": str(folder_b), "n_resamples": n_resamples, "seed": seed,
-                           "suites": {}, "metrics": {}, "skipped": []}
+                           "readings": readings, "suites": {}, "metrics": {}, "skipped": []}
     for key in sorted(set(files_a) | set(files_b)):
         suite, mode = key
         if suites and suite not in suites:
             continue
         if key not in files_a or key not in files_b:
             doc["skipped"].append(f"{suite} ({mode}): only in {'A' if key in files_a else 'B'}")
+            continue
+        two = different_readings(mode, readings["a"].get(mode), readings["b"].get(mode))
+        if two is not None:
+            doc["skipped"].append(f"{suite} ({mode}): {two}")
             continue
         items_a, why_a = suite_items(suite, mode, read_records(files_a[key]))
         items_b, why_b = suite_items(suite, mode, read_records(files_b[key]))
@@ -233,14 +240,26 @@ def evaluation_folder(path: str | Path) -> Path:
                           "(give an evaluation folder, a run folder, or a `judgetrain eval` output folder's <name>/)")
 
 
-def _bare_mode(folder: Path) -> str | None:
-    """The scoring mode of ``<suite>.jsonl`` (the first of implicit / judge the evaluation ran)."""
+def _results(folder: Path) -> dict[str, Any]:
+    """The evaluation's results.json ({} when it is not an object); unreadable: an `EvaluationError` naming it."""
     try:
         doc = json.loads((folder / RESULTS_FILE).read_text())
     except (OSError, ValueError) as exc:
         raise EvaluationError(f"{folder / RESULTS_FILE}: unreadable: {exc}") from None
-    mode = doc.get("scoring") if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else {}
+
+
+def _bare_mode(folder: Path) -> str | None:
+    """The scoring mode of ``<suite>.jsonl`` (the first of the `PROXY_MODES` the evaluation ran)."""
+    mode = _results(folder).get("scoring")
     return mode if mode in PROXY_MODES else None
+
+
+def recorded_readings(folder: Path) -> dict[str, str]:
+    """{mode: reading} an evaluation recorded (results.json ``readings``); {} for one written before readings were
+    recorded (`judgetrain.config.recipe.different_readings` then leaves its implicit figures out)."""
+    readings = _results(folder).get("readings")
+    return {str(k): str(v) for k, v in readings.items()} if isinstance(readings, dict) else {}
 
 
 def row_files(folder: Path) -> dict[tuple[str, str], Path]:
@@ -279,4 +298,4 @@ def suite_items(suite: str, mode: str, records: list[dict]) -> tuple[Items | Non
         return None, "no records"
     if registered(suite) is None:
         return None, "a suite compare does not know"
-    return get_suite(suite).items(records, mode)
+    return get_suite(suite).items(records, suite_mode(mode))

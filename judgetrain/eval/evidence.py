@@ -2,16 +2,19 @@
 categories that got worse, and the compact table the main process logs.
 
     items = suite_evidence(suite, "verdict", records)               # (Items, {metric: {value, ci_low, ci_high, n}})
-    keys, deltas, worse = paired_deltas(current, baseline, bare="implicit")
+    keys, deltas, worse, not_compared = paired_deltas(current, baseline, bare="implicit",
+                                                      readings=(summary["readings"], baseline_summary["readings"]))
 
 The per-item figures are those `judgetrain compare` reads from the per-row files (`judgetrain.eval.compare.suite_items`),
 so an interval, a delta logged during training and a delta `judgetrain compare` computes later from the saved files
 are the same numbers (same items, same seeded resamples).
 
-The baseline: in training, the evaluation before the first step (``eval_on_start``) for the judge, verdict and
-generate modes; the implicit reward of the untouched policy is 0 for every response (the policy is its own
-reference), so implicit mode has no baseline to compare with. ``judgetrain eval --baseline MODEL`` scores the
-baseline model on the same rows in every mode.
+The baseline: in training, the evaluation before the first step (``eval_on_start``) for the likelihood readings
+(loglik_sum, loglik_mean), judge, verdict and generate modes; the implicit reward of the untouched policy is 0 for
+every response (the policy is its own reference), so implicit mode has no baseline to compare with. ``judgetrain eval
+--baseline MODEL`` scores the baseline model on the same rows in every mode; a mode the two judges read otherwise
+(`judgetrain.config.recipe.different_readings`: a base has no reference, so its implicit figures are its
+log-likelihood) is not differenced, said in ``not_compared``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from judgetrain.config.recipe import different_readings, named_figure
 from judgetrain.eval.compare import (REGRESSION_ALPHA, HEADLINE, changes, delta_keys, paired_figures, read_records,
                                     row_files, suite_items)
 from judgetrain.eval.metrics import Items, items_intervals
@@ -45,18 +49,27 @@ def suite_evidence(suite: str, mode: str, records: list[dict]) -> tuple[Items | 
 
 def paired_deltas(current: dict[tuple[str, str], Items], baseline: dict[tuple[str, str], Items],
                   bare: str | None, margin: float = 0.0, alpha: float = REGRESSION_ALPHA,
-                  ) -> tuple[dict[str, float], dict[str, dict[str, Any]], list[str]]:
-    """Each (suite, mode) present in both: the paired difference of every figure (current - baseline, same
-    resamples of each suite's units for both, the paired test's p over those units). Returns (logged keys
+                  readings: tuple[dict[str, str], dict[str, str]] | None = None,
+                  ) -> tuple[dict[str, float], dict[str, dict[str, Any]], list[str], list[str]]:
+    """Each (suite, mode) present in both and read alike: the paired difference of every figure (current - baseline,
+    same resamples of each suite's units for both, the paired test's p over those units). ``readings``: ({mode:
+    reading} of the current evaluation, of the baseline; None: one judge's, alike). Returns (logged keys
     ``eval/<suite>[/<mode>]/delta/<metric>`` and its ``delta_ci_low``, ``delta_ci_high``, ``p_value``, ``n_units``;
     {suite: {mode: {metric: paired figures}}}; the categories that got worse: ``<suite>[/<mode>]/<metric>`` that
-    `judgetrain.eval.compare.changes` calls worse, every figure of every suite and mode judged together)."""
+    `judgetrain.eval.compare.changes` calls worse, every figure of every suite and mode judged together; why a suite
+    and mode was not differenced: two readings)."""
     keys: dict[str, float] = {}
     deltas: dict[str, dict[str, Any]] = {}
     judged: dict[str, dict[str, Any]] = {}
+    not_compared: list[str] = []
     for (suite, mode), items in current.items():
         base = baseline.get((suite, mode))
         if base is None:
+            continue
+        why = different_readings(mode, *(r.get(mode) for r in readings), sides=("this judge", "the baseline")) \
+            if readings is not None else None
+        if why is not None:
+            not_compared.append(f"{suite} ({mode}): {why}")
             continue
         paired = paired_figures(items, base)
         if not paired:
@@ -66,7 +79,9 @@ def paired_deltas(current: dict[tuple[str, str], Items], baseline: dict[tuple[st
         where = suite if mode == bare else f"{suite}/{mode}"
         judged.update({f"{where}/{metric}": v for metric, v in paired.items()})
     worse = [name for name, said in changes(judged, margin, alpha).items() if said == "worse"]
-    return keys, deltas, worse
+    for why in not_compared:
+        logger.warning("against the baseline, not compared: %s", why)
+    return keys, deltas, worse, not_compared
 
 
 def read_baseline(folder: str | Path, modes: list[str] | None = None) -> dict[tuple[str, str], Items]:
@@ -85,12 +100,14 @@ def read_baseline(folder: str | Path, modes: list[str] | None = None) -> dict[tu
 
 
 def headline_table(summary: dict[str, Any]) -> str:
-    """One compact table of the headline figures of an evaluation's summary (results.json): per suite and mode, each
-    figure with its interval and, against a baseline, the difference, its interval and p-value; the categories that
-    got worse after it."""
+    """One compact table of the headline figures of an evaluation's summary (results.json): per suite and mode (each
+    figure named with its mode and reading), each figure with its interval and, against a baseline, the difference,
+    its interval and p-value; what was not compared (two readings) and the categories that got worse after it."""
     flat = summary.get("metrics", {})
     bare = summary.get("scoring")
-    lines = [f"{'figure':<42} {'value':>7} {'95% interval':>17} {'delta':>8} {'delta interval':>19} {'p':>7}"]
+    readings = summary.get("readings") or {}
+    lines = [f"{'figure (mode: reading)':<60} {'value':>7} {'95% interval':>17} {'delta':>8} {'delta interval':>19} "
+             f"{'p':>7}"]
     one_unit = False
     for suite, figures in HEADLINE.items():
         for mode in summary.get("scoring_modes", [bare]):
@@ -101,7 +118,8 @@ def headline_table(summary: dict[str, Any]) -> str:
                     continue
                 low, high = flat.get(f"{base}{metric}/ci_low"), flat.get(f"{base}{metric}/ci_high")
                 one_unit |= low is None and _units(summary, base, metric) == 1
-                row = f"{base[5:] + metric:<42} {_num(value):>7} {_pair(low, high):>17}"
+                named = named_figure(base[5:] + metric, mode, readings.get(mode))
+                row = f"{named:<60} {_num(value):>7} {_pair(low, high):>17}"
                 d = flat.get(f"{base}delta/{metric}")
                 if d is not None:
                     row += (f" {_num(d, signed=True):>8} "
@@ -110,6 +128,7 @@ def headline_table(summary: dict[str, Any]) -> str:
                 lines.append(row)
     if one_unit:
         lines.append(ONE_UNIT)
+    lines += [f"not compared: {why}" for why in summary.get("not_compared") or []]
     if "regressions" in summary:
         worse = summary["regressions"]
         lines.append(f"worse than the baseline: {', '.join(worse)}" if worse else "no category got worse")

@@ -7,13 +7,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# the kinds whose responses are scored by their log-likelihood after the prompt: ``implicit`` (minus the reference's),
+# ``loglik_sum`` (summed over the response tokens), ``loglik_mean`` (per response token)
+LIKELIHOOD_KINDS = ("implicit", "loglik_sum", "loglik_mean")
+
 
 @dataclass
 class Request:
     """What one row asks the engine to score.
 
-    kind ``implicit``/``loglik``: ``prompt`` (messages list or plain string) and ``responses`` (each an assistant
-    message list, or a string). kind ``judge``: ``judge_prompts``, each a messages list that a judge answers.
+    kind ``implicit`` / ``loglik_sum`` / ``loglik_mean`` (`LIKELIHOOD_KINDS`): ``prompt`` (messages list or plain
+    string) and ``responses`` (each an assistant message list, or a string). kind ``judge``: ``judge_prompts``, each a messages list that a judge answers.
     """
 
     kind: str

@@ -2,9 +2,9 @@
 what they found.
 
 `evaluate_and_write` is the one evaluation path: the per-epoch callback and `judgetrain eval` both call it, so both
-write the same files: ``<suite>.jsonl`` (one record per row, the first of implicit / judge listed),
+write the same files: ``<suite>.jsonl`` (one record per row, the first of the `PROXY_MODES` listed),
 ``<suite>.<mode>.jsonl`` (each other mode: ``<suite>.generate.jsonl`` holds the texts written) and ``results.json``
-(see `eval_summary`).
+(see `eval_summary`). Each record and results.json's ``readings`` say what the scores are (`ScoringEngine.reading`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.recipe import PROXY_MODES, recorded_mode
+from judgetrain.config.recipe import PROXY_MODES, READINGS, recorded_mode
 from judgetrain.eval.compare import REGRESSION_ALPHA, worse_rule
 from judgetrain.eval.evidence import headline_table, paired_deltas, suite_evidence
 from judgetrain.eval.generate import generate_sharded
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 class SuiteResult:
     """One suite's outcome: ``metrics`` (nested, from judgetrain.eval.metrics plus counts), per-row ``records`` in row
     order, and ``stats`` (engine work for this suite: sequences, real/padded tokens, forwards, seconds), all of the
-    first of implicit / judge scored (empty when only generate ran); ``modes``: the other modes' SuiteResults."""
+    first of the `PROXY_MODES` scored (empty when only generate ran); ``modes``: the other modes' SuiteResults."""
 
     name: str
     metrics: dict[str, Any]
@@ -155,7 +155,8 @@ def _score(engine: ScoringEngine, spec: SuiteSpec, rows: list[dict], mode: str, 
     scores, rows_per_rank = score_sharded(engine, requests, state, progress)
     scores = _per_row(scores, per_row)
     seconds = time.perf_counter() - t0
-    records = [build_record(name, i, row, s, mode) for i, (row, s) in enumerate(zip(rows, scores))]
+    reading = engine.reading(mode)
+    records = [build_record(name, i, row, s, mode, reading) for i, (row, s) in enumerate(zip(rows, scores))]
     metrics = suite_metrics(name, records, mode)
     metrics["runtime"] = seconds
     items, intervals = suite_evidence(name, mode, records)
@@ -184,7 +185,8 @@ def _generate(engine: ScoringEngine, generator: Any, spec: SuiteSpec, rows: list
     seconds = time.perf_counter() - t0
     records, start = [], 0
     for i, row, row_prompts, judged in zip(keep, picked, prompts, expected):
-        records.append(build_generate_record(spec.name, i, row, flat[start: start + len(row_prompts)], judged))
+        records.append({**build_generate_record(spec.name, i, row, flat[start: start + len(row_prompts)], judged),
+                        "reading": READINGS["generate"]})
         start += len(row_prompts)
     metrics = generate_metrics(spec.name, records)
     metrics["runtime"] = seconds
@@ -212,7 +214,7 @@ def evaluate(
     novel: NovelTokens | None = None,
 ) -> dict[str, SuiteResult]:
     """Score every suite in each of ``modes`` (default: the engine's ``scoring``); all processes must call this together
-    when ``state`` has several processes. The first of implicit / judge listed is the SuiteResult itself, the other
+    when ``state`` has several processes. The first of the `PROXY_MODES` listed is the SuiteResult itself, the other
     modes its ``modes``; ``generate`` needs ``generator`` (a `judgetrain.eval.generate.Generator`). Each suite's rules
     that need no judge (`judgetrain.eval.rules`; ``novel``: the novel-token rule fitted on training items, absent
     without it) are computed on the same rows, and each judge figure set beside the best of them (`set_rules`).
@@ -329,6 +331,7 @@ def eval_summary(results: dict[str, SuiteResult], engine: ScoringEngine, *, num_
         **about,
         "scoring": recorded_mode(modes),
         "scoring_modes": modes,
+        "readings": {mode: engine.reading(mode) for mode in modes},  # what each mode's figures are
         "metrics": flat_metrics(results),
         "results": {name: r.metrics for name, r in results.items()},
         "intervals": {name: {m: sub.intervals for m, sub in [(recorded_mode(modes), r), *r.modes.items()]
@@ -369,6 +372,7 @@ def evaluate_and_write(
     modes: list[str] | tuple[str, ...] | None = None,
     generator: Any = None,
     baseline: dict[tuple[str, str], Items] | None = None,
+    baseline_readings: dict[str, str] | None = None,
     regression_margin: float = 0.0,
     regression_alpha: float = REGRESSION_ALPHA,
     novel: NovelTokens | None = None,
@@ -379,16 +383,18 @@ def evaluate_and_write(
     per-item figures} of the judge compared with (`judgetrain.eval.evidence`): the summary then also holds the paired
     ``deltas``, their logged keys and ``regressions`` (the categories that got worse: paired p under
     ``regression_alpha`` after Holm, the interval beyond ``regression_margin``, enough units:
-    `judgetrain.eval.compare.changes`). Returns (results, summary);
-    every process gets both."""
+    `judgetrain.eval.compare.changes`). ``baseline_readings``: {mode: reading} of the baseline (None: this engine's,
+    the same judge before training); a mode read otherwise than this evaluation reads it is not differenced, said in
+    the summary's ``not_compared``. Returns (results, summary); every process gets both."""
     modes = list(modes or [engine.scoring])
     results = evaluate(engine, specs, state=state, modes=modes, generator=generator, novel=novel)
     summary = eval_summary(results, engine, num_processes=getattr(state, "num_processes", 1), modes=modes,
                            generator=generator, **about)
     if baseline is not None:
-        keys, summary["deltas"], summary["regressions"] = paired_deltas(current_items(results, modes), baseline,
-                                                                        summary["scoring"], regression_margin,
-                                                                        regression_alpha)
+        readings = (summary["readings"], summary["readings"] if baseline_readings is None else baseline_readings)
+        keys, summary["deltas"], summary["regressions"], summary["not_compared"] = paired_deltas(
+            current_items(results, modes), baseline, summary["scoring"], regression_margin, regression_alpha,
+            readings=readings)
         summary["worse_rule"] = worse_rule(regression_margin, regression_alpha)
         summary["metrics"].update(keys)
     if state is None or state.is_main_process:

@@ -8,9 +8,12 @@ requests into token sequences (`judgetrain.eval.sequences`), batches them by len
   applied exactly as TRL 1.16's DPOTrainer tokenizes (prompt = chat template with ``add_generation_prompt=True``,
   completion = the rest of prompt+completion after their common prefix). With a peft model the reference is the
   same model under ``model.disable_adapter()``; otherwise a separate ``ref_model``; with neither, the score is the
-  plain log-likelihood (logged as a warning). Reference log-probs depend only on the token ids and the reference
-  weights, which never change, so they are cached by sequence and computed once per eval set.
-- ``loglik``: sum of log pi(y|x) over the response tokens, no reference (used for forced verdicts in judge mode).
+  plain log-likelihood, warned and recorded as such (`ScoringEngine.reading`: ``loglik_sum``, never ``log_ratio``,
+  so that no comparison sets it against a trained judge's log-ratio). Reference log-probs depend only on the token
+  ids and the reference weights, which never change, so they are cached by sequence and computed once per eval set.
+- ``loglik_sum``: sum of log pi(y|x) over the response tokens, no reference (a response's likelihood reading, and
+  forced verdicts); ``loglik_mean``: the same sum divided by the response tokens scored. With a peft model both read
+  the judge as it is (the adapter on): a base and a trained judge under one reading.
 - ``judge``: the judge prompt is rendered with the chat template up to where an assistant turn's content starts as
   training renders it (Qwen3: after the empty think block, `judgetrain.models.templates.assistant_prefix`) and followed by a
   forced answer prefix (by default the JSON up to ``"overall_score": ``); the score is the expectation of the score over the next-token
@@ -45,7 +48,7 @@ import torch
 from accelerate.utils import gather_object
 
 from judgetrain.compat.transformers import base_model
-from judgetrain.config.recipe import PROXY_MODES
+from judgetrain.config.recipe import NO_REFERENCE_READING, PROXY_MODES, READINGS
 from judgetrain.eval.batching import MIN_FILL, budget_batches
 from judgetrain.eval.merged import merged_lora
 from judgetrain.eval.requests import Request, RowScore
@@ -122,7 +125,7 @@ class ScoringEngine(StopPoints):
         model: a causal LM, optionally a peft model (then the reference is the model with the adapter disabled).
         tokenizer: its tokenizer (chat template used when it has one).
         ref_model: a separate reference model for implicit scoring without peft.
-        scoring: ``implicit`` or ``judge`` (recorded; the requests carry their own kind).
+        scoring: one of `PROXY_MODES` (recorded; the requests carry their own kind).
         max_length: longest sequence fed to the model (None: the model's ``max_position_embeddings``).
         long_inputs: ``truncate_prompt`` or ``skip`` (see module doc).
         batch_tokens: budget of padded tokens per forward batch.
@@ -245,6 +248,19 @@ class ScoringEngine(StopPoints):
     def reference_values(self) -> dict[str, float]:
         """The reference log-probs held (sequence key -> log-prob): what a resume reads back."""
         return self._ref_cache
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether implicit scoring has a reference to subtract: an adapter to disable, a ``ref_model``, or the
+        policy's own reference (`computing_reference`, `freeze_reference`)."""
+        return self.ref_model is not None or self.has_adapter_reference or self.policy_reference is not None
+
+    def reading(self, mode: str) -> str:
+        """What this engine's figures of ``mode`` are (`judgetrain.config.recipe.READINGS`): implicit without a
+        reference is the summed log-likelihood (`NO_REFERENCE_READING`), not a log-ratio."""
+        if mode == "implicit" and not self.has_reference:
+            return NO_REFERENCE_READING
+        return READINGS.get(mode, mode)
 
     @property
     def has_adapter_reference(self) -> bool:
@@ -463,6 +479,9 @@ class ScoringEngine(StopPoints):
                         self.stats.policy_batches += n_forwards
                         for (r, slot), v in values.items():
                             rows[r].scores[slot] = v
+            for s in lik:  # the per-token reading: the sum over the response tokens scored, divided by their count
+                if kinds[s.row] == "loglik_mean" and rows[s.row].scores is not None:
+                    rows[s.row].scores[s.slot] /= max(len(s.ids) - s.start, 1)
             if sync or implicit:
                 ref = self._reference_logps(implicit, sync)
                 for s in implicit:
@@ -513,7 +532,10 @@ class ScoringEngine(StopPoints):
             return self._ref_cache
         else:
             if not self._warned_no_ref:
-                logger.warning("implicit scoring without a reference (no peft adapter, no ref_model): log-likelihood")
+                logger.warning("implicit scoring without a reference (no peft adapter, no ref_model): its figures are "
+                               "the summed log-likelihood, recorded as reading %s, never compared with a trained "
+                               "judge's log-ratio; score such a judge with --eval_scoring loglik_sum or loglik_mean",
+                               NO_REFERENCE_READING)
                 self._warned_no_ref = True
             return {s.key: 0.0 for s in seqs}
 

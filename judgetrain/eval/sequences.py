@@ -2,7 +2,7 @@
 
 A suite turns each of its rows into a `Request` (`judgetrain.eval.suites.build_requests`). `SequenceBuilder` turns
 requests into `TokenSequence`s (one per response, or per judge prompt) and one `RowScore` per row, with the rules the
-engine scores by: implicit / loglik sequences tokenised exactly as TRL 1.16's DPOTrainer tokenizes (each prompt
+engine scores by: implicit / log-likelihood sequences tokenised exactly as TRL 1.16's DPOTrainer tokenizes (each prompt
 tokenised once where the template gives a boundary, `judgetrain.data.tokenise`), judge prompts rendered up to where the
 assistant's content starts and followed by the forced score prefix, and inputs longer than ``max_length`` cut from the
 left (``long_inputs="truncate_prompt"``) or skipped (``"skip"``), counted on the row. The ids of a request with a
@@ -25,7 +25,7 @@ import numpy as np
 from judgetrain.data.chat import chat_ids, control_pattern, neutral_messages, text_ids
 from judgetrain.data.tokenise import checked_tokens, pair_tokeniser
 from judgetrain.eval.batching import common_prefix_length
-from judgetrain.eval.requests import Request, RowScore
+from judgetrain.eval.requests import LIKELIHOOD_KINDS, Request, RowScore
 from judgetrain.models.templates import assistant_prefix
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class TokenSequence:
     row: int
     slot: int
     ids: list[int]
-    start: int  # first scored token (implicit/loglik); judge: len(ids) (the score is read after the last token)
+    start: int  # first scored token (the likelihood kinds); judge: len(ids) (the score is read after the last token)
     key: str = ""
 
 
@@ -96,7 +96,7 @@ class SequenceBuilder:
         return chat_ids(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
 
     def chat_pairs(self, requests: Sequence[Request | None]) -> dict[int, tuple[list[int], list[list[int]]]]:
-        """`pair_ids`' ids of the conversational implicit / loglik requests (None: not asked), a batch at once
+        """`pair_ids`' ids of the conversational implicit / log-likelihood requests (None: not asked), a batch at once
         with each prompt tokenised once (`judgetrain.data.tokenise.PairTokeniser.rows`: the same ids, the prompt
         rendered and tokenised up to the template's last added token before the responses, the rubric that opens
         every prompt once per process); {} where the tokenizer gives no such boundary (said once), and rows without
@@ -104,7 +104,7 @@ class SequenceBuilder:
 
         if not self._has_chat_template():
             return {}
-        asked = [(r, req) for r, req in enumerate(requests) if req is not None and req.kind in ("implicit", "loglik")
+        asked = [(r, req) for r, req in enumerate(requests) if req is not None and req.kind in LIKELIHOOD_KINDS
                  and isinstance(req.prompt, (list, str)) and req.responses]
         if not asked:
             return {}
@@ -181,7 +181,7 @@ class SequenceBuilder:
                             break
                         ids, truncated = ids[-self.max_length :], True
                     row_seqs.append(TokenSequence(r, slot, ids, len(ids)))
-            elif req.kind in ("implicit", "loglik"):
+            elif req.kind in LIKELIHOOD_KINDS:
                 n = len(req.responses)
                 prompt_ids, completions = pairs.get(r) or self.pair_ids(req.prompt, req.responses)
                 for slot, comp in enumerate(completions):

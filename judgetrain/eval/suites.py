@@ -11,6 +11,9 @@ per benchmark, where its rows, requests, records and figures are written).
 | evalbiasbench, judgebench, pairwise | a prompt and two responses | each response alone: the higher | each response's rubric score: the higher wins |
 |           |                              | reward wins (a tie is wrong)          | (a tie is wrong)                                 |
 
+The likelihood readings (``loglik_sum``, ``loglik_mean``) score implicit scoring's responses by the judge's own
+log-likelihood, summed or per token, with no reference: the suite's requests, records and figures are implicit mode's.
+
 The pairwise suites also score in ``verdict`` mode (`judgetrain.eval.benchmarks.verdicts`). Generate mode (a sample
 of the scored rows, ``generate_max_rows``): the judge writes its evaluation of the judge-mode prompts and the score
 (or the verdict) is parsed from the text; each generation is set beside the judge-mode figure of the same response
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from judgetrain.config.recipe import LIKELIHOOD_MODES, suite_mode
 from judgetrain.config.suites import known_suites
 from judgetrain.data.pairwise import check_template
 from judgetrain.eval.benchmarks import get_suite
@@ -164,18 +168,29 @@ def verdict_suites(names: Sequence[str], scoring: Sequence[str]) -> list[str]:
 
 def build_requests(spec: SuiteSpec, row: dict, scoring: str) -> list[Request]:
     """What the engine scores for one row: one request, or in verdict mode one per order (as stored, swapped), each
-    the verdict prompt with the two `VERDICTS` to compare."""
-    return spec.suite.requests(row, scoring, spec.prompt)
+    the verdict prompt with the two `VERDICTS` to compare. A likelihood reading (`LIKELIHOOD_MODES`) scores implicit
+    mode's responses under its own kind."""
+    return [_read_as(req, scoring) for req in spec.suite.requests(row, suite_mode(scoring), spec.prompt)]
 
 
 def build_request(name: str, row: dict, scoring: str) -> Request:
     """What the engine scores for one row (verdict mode: `build_requests`)."""
-    return get_suite(name).request(row, scoring)
+    return _read_as(get_suite(name).request(row, suite_mode(scoring)), scoring)
 
 
-def build_record(name: str, index: int, row: dict, score: RowScore, scoring: str) -> dict:
-    """The per-row record written to <output_dir>/eval/<step>/<suite>.jsonl (read back by `judgetrain report`)."""
-    rec: dict[str, Any] = {"row_index": index, **get_suite(name).row_fields(row, score, scoring)}
+def _read_as(request: Request, scoring: str) -> Request:
+    """An implicit request scored under a likelihood reading takes the reading's kind (forced verdicts stay)."""
+    if scoring in LIKELIHOOD_MODES and request.kind == "implicit":
+        request.kind = scoring
+    return request
+
+
+def build_record(name: str, index: int, row: dict, score: RowScore, scoring: str, reading: str | None = None) -> dict:
+    """The per-row record written to <output_dir>/eval/<step>/<suite>.jsonl (read back by `judgetrain report`);
+    ``reading``: what its scores are (`judgetrain.config.recipe.READINGS`), written with them."""
+    rec: dict[str, Any] = {"row_index": index, **get_suite(name).row_fields(row, score, suite_mode(scoring))}
+    if reading is not None:
+        rec["reading"] = reading
     for flag in ("truncated", "skipped", "no_reference"):
         if getattr(score, flag):
             rec[flag] = True
@@ -185,7 +200,7 @@ def build_record(name: str, index: int, row: dict, score: RowScore, scoring: str
 def suite_metrics(name: str, records: list[dict], scoring: str) -> dict[str, Any]:
     """Metrics of one suite from its records (skipped rows left out and counted)."""
     scored = [r for r in records if not r.get("skipped")]
-    out = get_suite(name).figures(scored, scoring)
+    out = get_suite(name).figures(scored, suite_mode(scoring))
     out["n_rows"] = len(scored)
     out["n_skipped"] = len(records) - len(scored)
     out["n_truncated"] = sum(1 for r in records if r.get("truncated"))

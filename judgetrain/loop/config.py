@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from judgetrain.config.packaged import resolve_packaged
-from judgetrain.config.recipe import did_you_mean, load_recipe_file, parse_recipe, valid_keys
+from judgetrain.config.recipe import LIKELIHOOD_MODES, did_you_mean, load_recipe_file, parse_recipe, valid_keys
 from judgetrain.judge.items import read_items
 from judgetrain.loop.replay import REPLAY_FILE, REPLAY_SUITES, Replay, replay_rows
 from judgetrain.perturb.source import read_samples
@@ -109,6 +109,17 @@ class Eval:
     scoring: list[str] = field(default_factory=lambda: ["verdict"])
     max_rows: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def modes(self) -> list[str]:
+        """The modes every round is scored in, round 0 (the base) included: ``scoring``, and where it lists implicit,
+        the likelihood readings it does not list. The base has no reference, so its implicit figures are its
+        log-likelihood, never differenced against a round's log-ratio; under loglik_sum and loglik_mean the base and
+        each round are read alike."""
+        modes = list(self.scoring)
+        if "implicit" in modes:
+            modes += [m for m in LIKELIHOOD_MODES if m not in modes]
+        return modes
 
 
 @dataclass(frozen=True)

@@ -349,15 +349,20 @@ class Loop:
         run_command(["train", str(path)])
 
     def stage_eval(self, k: int, rd: Path) -> None:
-        """`judgetrain eval` of round k's adapter (round 0: the base alone) on the held-out pairs and the suites; after
-        round 0, `judgetrain compare` of it against the base's saved evaluation."""
+        """`judgetrain eval` of round k's adapter (round 0: the base alone) on the held-out pairs and the suites, in
+        the same modes every round (`Eval.modes`: each reading the rounds use); after round 0, `judgetrain compare` of
+        it against the base's saved evaluation (a mode read two ways left out, said in its ``skipped``)."""
         ev = self.config.eval
         suites, options = eval_suites(self.config, self.held_files())
         for name, file in HELDOUT_FILES.items():
             if options.get(f"eval_{name}_source") == HELDOUT_SOURCE:
                 options[f"eval_{name}_source"] = str(self.out / file)
+        if ev.modes != ev.scoring:
+            logger.info("round %d: eval.scoring lists implicit, a log-ratio to the base that the base itself does not "
+                        "have; every round, the base included, is also read by %s, the readings the base shares",
+                        k, ", ".join(m for m in ev.modes if m not in ev.scoring))
         cmd = ["eval", "--model", self.config.model, *(["--adapter", str(self.adapter(k))] if k else []),
-               "--output_dir", str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.scoring]
+               "--output_dir", str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.modes]
         if ev.max_rows:
             cmd += ["--eval_max_rows", str(ev.max_rows)]
         train_pairs = rd / "pairs" / "train.parquet"  # the novel-token rule is fitted on this round's training pairs

@@ -6,7 +6,9 @@ compare` wrote.
 Keys extend the eval keys (`judgetrain eval`'s results.json ``metrics``) with the round: ``round/<k>/eval/<suite>[/
 <mode>]/<metric>`` with its ``/ci_low`` and ``/ci_high``, ``round/<k>/eval/<suite>[/<mode>]/delta/<metric>`` with
 ``/delta_ci_low``, ``/delta_ci_high`` and ``/p_value``; round 0 is the base (its one evaluation, in ``round-0/eval/``);
-each later round's differences are `judgetrain compare`'s of its evaluation against the base's (``eval/compare.json``). Rows (one per figure and round): ``round``, ``figure`` (``<suite>[/<mode>]/<metric>``), ``value``,
+each later round's differences are `judgetrain compare`'s of its evaluation against the base's (``eval/compare.json``;
+a mode the base reads otherwise, implicit, has none). Rows (one per figure and round): ``round``, ``figure``
+(``<suite>[/<mode>]/<metric>``), ``mode`` and ``reading`` (what its number is, as its evaluation recorded), ``value``,
 ``ci_low``, ``ci_high``, ``delta``, ``delta_ci_low``, ``delta_ci_high``, ``p_value``, ``n``, and the figure against the
 best rule that needs no judge on the same rows (`judgetrain.eval.rules`): ``best_rule``, ``over_rule`` (the judge minus
 it) with ``over_rule_ci_low`` / ``over_rule_ci_high``, and ``learned`` (that interval excludes 0 on the better side);
@@ -26,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.eval.rules import round_verdict
+from judgetrain.report.rounds import row_label
 from judgetrain.run.layout import ROUND_COMPARE_FILE, ROUND_TABLE, ROUND_TABLE_CSV, ROUND_TABLE_MD, round_folder
 from judgetrain.utils.files import read_json, write_json
-COLUMNS = ("round", "figure", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high", "p_value", "n",
-           "best_rule", "over_rule", "over_rule_ci_low", "over_rule_ci_high", "learned")
+COLUMNS = ("round", "figure", "mode", "reading", "value", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high",
+           "p_value", "n", "best_rule", "over_rule", "over_rule_ci_low", "over_rule_ci_high", "learned")
 
 
 def eval_results(eval_dir: Path) -> dict | None:
@@ -59,6 +62,7 @@ def figure_rows(k: int, results: dict, deltas: dict | None) -> list[dict]:
     difference against the base where ``deltas`` has it (round 0, the base itself, has none)."""
     rows = []
     recorded = results.get("scoring")
+    readings = results.get("readings") or {}
     for suite, modes in sorted((results.get("intervals") or {}).items()):
         for mode, metrics in modes.items():
             for metric, iv in metrics.items():
@@ -66,7 +70,8 @@ def figure_rows(k: int, results: dict, deltas: dict | None) -> list[dict]:
                     continue
                 figure = f"{suite}/{metric}" if mode == recorded else f"{suite}/{mode}/{metric}"
                 d = ((deltas or {}).get(suite) or {}).get(mode, {}).get(metric) or {}
-                rows.append({"round": k, "figure": figure, "value": iv["value"], "ci_low": iv.get("ci_low"),
+                rows.append({"round": k, "figure": figure, "mode": mode, "reading": readings.get(mode),
+                             "value": iv["value"], "ci_low": iv.get("ci_low"),
                              "ci_high": iv.get("ci_high"), "delta": d.get("delta"),
                              "delta_ci_low": d.get("delta_ci_low"), "delta_ci_high": d.get("delta_ci_high"),
                              "p_value": d.get("p_value"), "n": iv.get("n"),
@@ -104,9 +109,9 @@ def markdown(rows: list[dict]) -> str:
     """The table as markdown: a line per figure, a column per round (round 0: the base), each cell the value with
     its 95% interval and, after round 0, the difference against the base with its interval and p."""
     rounds = sorted({r["round"] for r in rows})
-    figures = list(dict.fromkeys(r["figure"] for r in rows))
-    cell = {(r["figure"], r["round"]): r for r in rows}
-    lines = ["| figure | " + " | ".join("base" if k == 0 else f"round {k}" for k in rounds) + " |",
+    figures = list(dict.fromkeys(row_label(r) for r in rows))
+    cell = {(row_label(r), r["round"]): r for r in rows}
+    lines = ["| figure (mode: reading) | " + " | ".join("base" if k == 0 else f"round {k}" for k in rounds) + " |",
              "|---|" + "---|" * len(rounds)]
     for figure in figures:
         cells = [format_cell(cell.get((figure, k))) for k in rounds]

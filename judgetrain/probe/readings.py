@@ -76,7 +76,7 @@ def _by_sample(probe: ProbeSet) -> dict:
 def read_loglik(engine: ScoringEngine, probe: ProbeSet) -> np.ndarray:
     """The summed log-likelihood of every text after its question: one engine row per sample."""
     rows = _by_sample(probe)
-    requests = [Request("loglik", prompt=user_turn(probe.questions[sid]),
+    requests = [Request("loglik_sum", prompt=user_turn(probe.questions[sid]),
                         responses=[probe.texts[i].text for i in idx]) for sid, idx in rows.items()]
     return _spread(engine.score_requests(requests), rows, len(probe.texts))
 
@@ -118,8 +118,8 @@ def read_verdicts(engine: ScoringEngine, probe: ProbeSet, pair_index: list[int])
     for i in pair_index:
         p = probe.pairs[i]
         question, better, worse = probe.questions[p.sample_id], probe.texts[p.better].text, probe.texts[p.worse].text
-        requests += [Request("loglik", prompt=verdict_messages(question, better, worse), responses=list(VERDICTS)),
-                     Request("loglik", prompt=verdict_messages(question, worse, better), responses=list(VERDICTS))]
+        requests += [Request("loglik_sum", prompt=verdict_messages(question, better, worse), responses=list(VERDICTS)),
+                     Request("loglik_sum", prompt=verdict_messages(question, worse, better), responses=list(VERDICTS))]
     scored = engine.score_requests(requests)
     out = {}
     for k, i in enumerate(pair_index):

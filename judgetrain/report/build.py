@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from judgetrain.config.directions import direction, rank_score
-from judgetrain.config.recipe import SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
+from judgetrain.config.recipe import PROXY_MODES, SCORING_MODES  # a mode's own keys: eval/<suite>/<mode>/... (the bare mode: none)
 from judgetrain.config.suites import registered, known_suites
 from judgetrain.eval.benchmarks import Suite, SuiteFacts, get_suite
 from judgetrain.eval.plots import DPI, figure_grid, matrices_figure
@@ -41,8 +41,8 @@ from judgetrain.eval.rules import is_rule_key
 from judgetrain.report import rounds
 from judgetrain.report.loop import build_loop_report, is_loop_dir
 from judgetrain.report.headline import (AGAINST_BASE_HEADER, against_base, against_base_cells, against_base_lines,
-                                        against_base_text, against_base_verdict, headline, headline_note,
-                                        headline_table)
+                                        against_base_text, against_base_verdict, bare_mode, headline, headline_note,
+                                        headline_table, shown)
 from judgetrain.run.checkpoints import list_checkpoints
 from judgetrain.utils.errors import BadInputError, MissingFileError
 
@@ -410,14 +410,6 @@ def _figures(runs: Sequence[Run]) -> list[tuple[str, str, Any]]:
     return figs
 
 
-def _bare_mode(run: Run) -> str | None:
-    """The scoring mode of a run's bare ``eval/<suite>/...`` keys: the first of implicit / judge its recipe's
-    eval_scoring lists (implicit when the recipe does not say; None when it lists neither)."""
-    listed = (run.recipe or {}).get("eval_scoring", "implicit")
-    modes = [m.strip() for item in (listed if isinstance(listed, list) else [listed]) for m in str(item).split(",")]
-    return next((m for m in modes if m in ("implicit", "judge")), None)
-
-
 def generated_tables(run: Run) -> list[dict[str, Any]]:
     """Per suite evaluated in generate mode, at the last eval that has generate keys: each figure (`GENERATED_FIGURES`,
     then the parse rate, agreement, stops, length and the parse failures by reason) in each mode logged, the bare
@@ -427,12 +419,12 @@ def generated_tables(run: Run) -> list[dict[str, Any]]:
         return []
     step = max(steps)
     rec = run.records[step]
-    bare = _bare_mode(run)
+    bare = bare_mode(run.recipe)
     out = []
     for suite in suite_rank():
         if not any(k.startswith(f"eval/{suite}/generate/") for k in rec):
             continue
-        modes = [m for m in ("implicit", "judge") if m == bare or any(k.startswith(f"eval/{suite}/{m}/") for k in rec)]
+        modes = [m for m in PROXY_MODES if m == bare or any(k.startswith(f"eval/{suite}/{m}/") for k in rec)]
         modes.sort(key=lambda m: m != bare)
         modes.append("generate")
         fails = sorted(k[len(f"eval/{suite}/generate/"):] for k in rec if k.startswith(f"eval/{suite}/generate/parse_fail/"))
@@ -606,7 +598,7 @@ def _against_base_html(run: Run) -> dict[str, Any]:
     """The run against its base judge as page cells: the figures that got worse (shown in red, first on the page)
     or the sentence saying none did, and the base vs trained table."""
     versus = against_base(run.records, run.recipe, run.path)
-    return {"worse": [] if versus is None else versus["worse"], "header": list(AGAINST_BASE_HEADER),
+    return {"worse": [] if versus is None else shown(versus, versus["worse"]), "header": list(AGAINST_BASE_HEADER),
             "text": against_base_verdict(versus), "rows": against_base_cells(versus),
             "why": [] if versus is None else versus["why"]}
 

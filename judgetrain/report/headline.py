@@ -10,7 +10,10 @@ The best evaluation is the one where the recipe's ``metric_for_best_model`` (wit
 else the figure a suite names for it (`Suite.best_by`), else the first headline figure logged; the earliest such
 step on a tie. Every figure is shown with its 95% interval (``value [ci_low, ci_high]``, `with_interval`), wherever it is shown: the
 headline table, the table against the base judge (the base's interval read from the evaluation it was scored in),
-the log's and the terminal's copies of them.
+the log's and the terminal's copies of them. Every figure is named with its scoring mode and reading
+(``JudgeBias represent accuracy (implicit: log_ratio)``, ``judgebias/judge/represent/accuracy (judge:
+expected_score)``): the headline's bare keys are the recipe's first pointwise mode, the table against the base may
+read another.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.config.directions import greater_is_better
+from judgetrain.config.recipe import PROXY_MODES, SCORING_MODES, named_figure, scoring_modes
+from judgetrain.utils.errors import RecipeError
 from judgetrain.eval.benchmarks import SuiteFacts
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.compare import REGRESSION_ALPHA, changes, worse_rule
@@ -107,10 +112,28 @@ def headline(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any]
     best_step = (max if greater else min)(scored, key=lambda p: p[1])[0]  # the first step reaching the best value
     last_step = max(evals)
     best, last = evals[best_step], evals[last_step]
-    rows = [{"metric": k, "label": label, "best": _value(best, k), "last": _value(last, k),
-             "best_ci": _interval(best, k), "last_ci": _interval(last, k), "rule": flat_verdict(last, k)}
-            for k, label in figures if k in logged]
+    bare = bare_mode(recipe)
+    rows = [{"metric": k, "label": named_figure(label, key_mode(k, bare)), "mode": key_mode(k, bare),
+             "best": _value(best, k), "last": _value(last, k), "best_ci": _interval(best, k),
+             "last_ci": _interval(last, k), "rule": flat_verdict(last, k)} for k, label in figures if k in logged]
     return Headline(key, greater, best_step, _epoch(best), last_step, _epoch(last), rows)
+
+
+def bare_mode(recipe: Mapping[str, Any] | None) -> str | None:
+    """The scoring mode of a run's bare ``eval/<suite>/...`` keys: the first of `PROXY_MODES` its recipe's
+    eval_scoring lists (implicit, the default, when it does not say); None when it lists none or cannot be read."""
+    try:
+        modes = scoring_modes((recipe or {}).get("eval_scoring", ["implicit"]))
+    except RecipeError:
+        return None
+    return next((m for m in modes if m in PROXY_MODES), None)
+
+
+def key_mode(key: str, bare: str | None) -> str | None:
+    """The mode of a logged eval key: ``eval/<suite>/<mode>/...`` names it, the bare ``eval/<suite>/...`` is
+    ``bare``'s (`bare_mode`)."""
+    parts = key.split("/")
+    return parts[2] if len(parts) > 3 and parts[2] in SCORING_MODES else bare
 
 
 def _value(record: Mapping[str, Any], key: str) -> float | None:
@@ -162,9 +185,10 @@ def headline_note(head: Headline) -> str:
 def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, Any] | None = None,
                  run_dir: str | Path | None = None) -> dict[str, Any] | None:
     """The last evaluation logged against a baseline (the eval before the first step, `judgetrain.eval.evidence`):
-    ``{"step", "rows": [{figure, base, base_ci_low, base_ci_high, trained, ci_low, ci_high, delta, delta_ci_low,
+    ``{"step", "rows": [{figure, mode, base, base_ci_low, base_ci_high, trained, ci_low, ci_high, delta, delta_ci_low,
     delta_ci_high, p_value}],
-    "worse": [figures worse than the base], "too_few": [figures with too few units to tell], "margin", "alpha"}``;
+    "worse": [figures worse than the base], "too_few": [figures with too few units to tell], "margin", "alpha",
+    "bare": the mode of the bare keys}`` (`shown` names a figure with its mode and reading);
     rows hold each suite's headline figures (`judgetrain.eval.compare.HEADLINE`), ``worse`` every figure that
     `judgetrain.eval.compare.changes` calls worse with the recipe's ``eval_regression_margin`` and
     ``eval_regression_alpha``, as the run's guard judged them. The base's interval is the one logged with the figure
@@ -176,6 +200,7 @@ def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, 
         return None
     step = max(steps)
     rec = records[step]
+    bare = bare_mode(recipe)
     margin = float((recipe or {}).get("eval_regression_margin") or 0.0)
     alpha = float((recipe or {}).get("eval_regression_alpha") or REGRESSION_ALPHA)
     rows, judged = [], {}
@@ -192,7 +217,8 @@ def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, 
         if metric not in SUITE_HEADLINE.get(where.split("/")[1], ()):
             continue
         base = trained - delta if _num(trained) and _num(delta) else None
-        rows.append({"figure": f"{where.removeprefix('eval/')}/{metric}", "trained": trained, "base": base,
+        rows.append({"figure": f"{where.removeprefix('eval/')}/{metric}", "mode": key_mode(f"{where}/{metric}", bare),
+                     "trained": trained, "base": base,
                      **_base_interval(records, f"{where}/{metric}", base),
                      "ci_low": rec.get(f"{where}/{metric}/ci_low"), "ci_high": rec.get(f"{where}/{metric}/ci_high"),
                      "delta": delta, **figures, "p_value": rec.get(f"{key}/p_value")})
@@ -201,7 +227,12 @@ def against_base(records: Mapping[int, Mapping[str, Any]], recipe: Mapping[str, 
     why = flat_judge_lines(run_dir, step, base_step) if run_dir is not None else []
     return {"step": step, "rows": rows, "why": why, "worse": [name for name, s in said.items() if s == "worse"],
             "too_few": [name for name, s in said.items() if s.endswith("too few to tell")], "margin": margin,
-            "alpha": alpha}
+            "alpha": alpha, "bare": bare}
+
+
+def shown(versus: Mapping[str, Any], names: list[str]) -> list[str]:
+    """Figures of `against_base` (``worse``, ``too_few``) as a person reads them: each with its mode and reading."""
+    return [named_figure(name, key_mode(f"eval/{name}", versus.get("bare"))) for name in names]
 
 
 def _base_interval(records: Mapping[int, Mapping[str, Any]], key: str, base: float | None) -> dict[str, Any]:
@@ -214,7 +245,7 @@ def _base_interval(records: Mapping[int, Mapping[str, Any]], key: str, base: flo
     return {"base_ci_low": low, "base_ci_high": high}
 
 
-AGAINST_BASE_HEADER = ("figure", "base [95% interval]", "trained [95% interval]", "difference [95% interval]", "p")
+AGAINST_BASE_HEADER = ("figure (mode: reading)", "base [95% interval]", "trained [95% interval]", "difference [95% interval]", "p")
 
 
 def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
@@ -225,18 +256,19 @@ def against_base_verdict(versus: Mapping[str, Any] | None) -> str:
                 "verdict and generate modes; implicit mode has none: its base is 0 for every response).")
     if versus["worse"]:
         return f"Worse than the base judge at step {versus['step']} ({worse_rule(versus['margin'], versus['alpha'])})"
-    few = versus.get("too_few") or []
+    few = shown(versus, versus.get("too_few") or [])
     return (f"No category got worse than the base judge at step {versus['step']}"
             + (f"; too few units to tell: {', '.join(few)}." if few else "."))
 
 
 def against_base_cells(versus: Mapping[str, Any] | None) -> list[list[str]]:
-    """Base vs trained as text cells under `AGAINST_BASE_HEADER`: the base and the trained figure each with its
-    interval, the difference with its interval, and p-value (the exact sign test over units for accuracies, "-"
+    """Base vs trained as text cells under `AGAINST_BASE_HEADER`: the figure named with its mode and reading, the base
+    and the trained figure each with its interval, the difference with its interval, and p-value (the exact sign test over units for accuracies, "-"
     where none applies)."""
     if versus is None:
         return []
-    return [[r["figure"], with_interval(r["base"], (r.get("base_ci_low"), r.get("base_ci_high"))),
+    return [[named_figure(r["figure"], r.get("mode")),
+             with_interval(r["base"], (r.get("base_ci_low"), r.get("base_ci_high"))),
              with_interval(r["trained"], (r["ci_low"], r["ci_high"])),
              with_interval(r["delta"], (r["delta_ci_low"], r["delta_ci_high"])), fmt(r["p_value"])]
             for r in versus["rows"]]
@@ -248,7 +280,7 @@ def against_base_lines(versus: Mapping[str, Any] | None) -> list[str]:
     verdict = against_base_verdict(versus)
     if versus is None:
         return [verdict]
-    worse = ", ".join(f"`{w}`" for w in versus["worse"])
+    worse = ", ".join(f"`{w}`" for w in shown(versus, versus["worse"]))
     lines = [f"**{verdict}**: {worse}" if worse else verdict, "",
              "| " + " | ".join(AGAINST_BASE_HEADER) + " |", "|" + "|".join("---" for _ in AGAINST_BASE_HEADER) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in against_base_cells(versus)]
@@ -261,7 +293,7 @@ def against_base_text(versus: Mapping[str, Any] | None) -> str:
     verdict = against_base_verdict(versus)
     if versus is None:
         return verdict
-    lines = [f"{verdict}: {', '.join(versus['worse'])}" if versus["worse"] else verdict]
+    lines = [f"{verdict}: {', '.join(shown(versus, versus['worse']))}" if versus["worse"] else verdict]
     rows = [list(AGAINST_BASE_HEADER), *against_base_cells(versus)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(AGAINST_BASE_HEADER))]
     lines += ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))

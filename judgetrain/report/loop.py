@@ -137,9 +137,10 @@ def figure_parts(figure: str) -> tuple[str, str | None, str]:
 
 
 def headline_figures(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The round table's figures that are their suite's headline figures, in the table's order."""
-    figures = dict.fromkeys(r["figure"] for r in rows)
-    return [f for f in figures if figure_parts(f)[2] in SUITE_HEADLINE.get(figure_parts(f)[0], ())]
+    """The round table's figures that are their suite's headline figures, in the table's order, each named with its
+    mode and reading (`judgetrain.report.rounds.row_label`)."""
+    figures = {rounds.row_label(r): r["figure"] for r in rows}
+    return [label for label, f in figures.items() if figure_parts(f)[2] in SUITE_HEADLINE.get(figure_parts(f)[0], ())]
 
 
 def round_cell(row: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -160,8 +161,8 @@ def round_table(view: LoopView) -> tuple[list[str], list[dict[str, Any]]]:
     """(header, rows) of the headline round table: a row per headline figure, ``{"figure", "cells": [(value,
     difference), ...]}``, a cell per round from the base."""
     numbers = sorted({r["round"] for r in view.rows})
-    by = {(r["figure"], r["round"]): r for r in view.rows}
-    header = ["figure", *("base (round 0)" if k == 0 else f"round {k}" for k in numbers)]
+    by = {(rounds.row_label(r), r["round"]): r for r in view.rows}
+    header = ["figure (mode: reading)", *("base (round 0)" if k == 0 else f"round {k}" for k in numbers)]
     return header, [{"figure": f, "cells": [round_cell(by.get((f, k))) for k in numbers]}
                     for f in headline_figures(view.rows)]
 

@@ -233,7 +233,7 @@ class JudgeReward:
         requests = []
         for p, c, ref in zip(prompts, completions, references):
             row = {"prompt": message_text(p), "response_a": message_text(c), "response_b": message_text(ref)}
-            requests += [Request("loglik", prompt=messages, responses=list(VERDICTS))
+            requests += [Request("loglik_sum", prompt=messages, responses=list(VERDICTS))
                          for _, messages in both_orders(row, user=self.pairwise_prompt)]
         rows = self.engine.score_requests(requests)
         rewards: list[float | None] = [None] * len(prompts)

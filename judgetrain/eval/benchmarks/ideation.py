@@ -170,7 +170,7 @@ class Ideation(Suite):
     def request(self, row: dict, scoring: str) -> Request:
         if scoring == "judge":
             if is_pairwise(row):  # the prompt already asks for a verdict: compare the two forced verdicts
-                return Request("loglik", prompt=row["prompt"], responses=[row["chosen"], row["rejected"]])
+                return Request("loglik_sum", prompt=row["prompt"], responses=[row["chosen"], row["rejected"]])
             return Request("judge", judge_prompts=[rubric_prompt(row["prompt"], row[k]) for k in ("chosen", "rejected")])
         return Request("implicit", prompt=row["prompt"], responses=[row["chosen"], row["rejected"]])
 

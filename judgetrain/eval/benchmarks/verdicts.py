@@ -112,7 +112,7 @@ class PairSuite(Suite):
         """Verdict mode: one request per order (as stored, swapped), each the verdict prompt with the two
         `VERDICTS` to compare."""
         if scoring == "verdict":
-            return [Request("loglik", prompt=messages, responses=list(VERDICTS))
+            return [Request("loglik_sum", prompt=messages, responses=list(VERDICTS))
                     for _, messages in both_orders(row, user=prompt or PAIRWISE_USER)]
         return super().requests(row, scoring, prompt)
 
