@@ -29,6 +29,7 @@ from trl import DPOTrainer
 from judgetrain.compat.transformers import GradNormHook
 from judgetrain.compat.trl import AuditedTokenIds, PerMachineRefLogps
 from judgetrain.run.diskfull import every_rank_stops
+from judgetrain.trainer.parallelism import may_leave_parameters_unused
 from judgetrain.trainer.prefix_sharing import PrefixSharingMixin
 
 
@@ -55,6 +56,15 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
         self._init_prefix_sharing(prefix_sharing)
         super().__init__(*args, **kwargs)
         self._setup_prefix_sharing()
+
+    def _build_accelerator_args(self, **kwargs):
+        """DDP looks for unused parameters (an extra traversal of the autograd graph each step, and torch's warning
+        each run when it finds none) only where a forward pass can leave a trainable parameter without a gradient
+        (`may_leave_parameters_unused`); transformers would turn it on for every PEFT model. A recipe's
+        ``ddp_find_unused_parameters``, or TRL's for a vision-language model, stands."""
+        if self.args.ddp_find_unused_parameters is None:
+            self.args.ddp_find_unused_parameters = may_leave_parameters_unused(self.model)
+        return super()._build_accelerator_args(**kwargs)
 
     def _save_checkpoint(self, model, trial):
         """Trainer's save, its failure agreed over the processes: a rank whose save failed (a full disk) stops with
