@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from trl import DPOTrainer
 
-from judgetrain.compat.transformers import GradNormHook
+from judgetrain.compat.transformers import GradNormHook, UnusedParameterSearch
 from judgetrain.compat.trl import AuditedTokenIds, PerMachineRefLogps
 from judgetrain.run.diskfull import every_rank_stops
 from judgetrain.trainer.parallelism import may_leave_parameters_unused
@@ -47,7 +47,8 @@ class StepRecord:
         return out
 
 
-class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, AuditedTokenIds, DPOTrainer):
+class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, UnusedParameterSearch, PerMachineRefLogps, AuditedTokenIds,
+                      DPOTrainer):
     """TRL's DPOTrainer; ``prefix_sharing``: compute each pair's prompt once per model where the model allows it
     (decided and probed at start-up, see `judgetrain.trainer.prefix_sharing`)."""
 
@@ -57,14 +58,11 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
         super().__init__(*args, **kwargs)
         self._setup_prefix_sharing()
 
-    def _build_accelerator_args(self, **kwargs):
+    def unused_parameters_possible(self) -> bool:
         """DDP looks for unused parameters (an extra traversal of the autograd graph each step, and torch's warning
         each run when it finds none) only where a forward pass can leave a trainable parameter without a gradient
-        (`may_leave_parameters_unused`); transformers would turn it on for every PEFT model. A recipe's
-        ``ddp_find_unused_parameters``, or TRL's for a vision-language model, stands."""
-        if self.args.ddp_find_unused_parameters is None:
-            self.args.ddp_find_unused_parameters = may_leave_parameters_unused(self.model)
-        return super()._build_accelerator_args(**kwargs)
+        (`may_leave_parameters_unused`), not for every PEFT model as transformers would (`UnusedParameterSearch`)."""
+        return may_leave_parameters_unused(self.model)
 
     def _save_checkpoint(self, model, trial):
         """Trainer's save, its failure agreed over the processes: a rank whose save failed (a full disk) stops with
