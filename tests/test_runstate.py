@@ -669,6 +669,30 @@ def test_status_never_reports_0_for_a_launch_whose_launcher_exited_otherwise(tmp
     assert ("failed (exit code 1)" if written == "finished" else "(exit code 143)") in capsys.readouterr().out
 
 
+ENDING = """
+import atexit, sys, threading, time
+from pathlib import Path
+from judgetrain.trainer.process import end_process
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(1), (out / "thread").write_text("joined"))).start()
+print("buffered line", end="")  # no newline, into a pipe: flushed only by the exit
+end_process(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 5])
+def test_a_process_of_a_launch_ends_with_its_code_after_its_exit_handlers_and_threads(tmp_path, code):
+    """`end_process` (the end of every process of a launch of several, which skips the interpreter's teardown where
+    gloo's threads met a finalizing interpreter): the run's code, the exit handlers run, other threads joined,
+    the buffered output flushed."""
+    proc = subprocess.run([sys.executable, "-c", ENDING, str(tmp_path), str(code)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "WORLD_SIZE": "2"})
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert proc.stdout == "buffered line"
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "joined"
+
+
 def test_the_slurm_script_requeues_on_the_preempted_code_that_accelerate_hides(tmp_path):
     """srun / scontrol / accelerate stand in for a cluster (as in test_scale); the stand-in launch writes what a
     preempted run writes (status line 143 tagged with the launch id) and exits 1, as `accelerate launch` does."""
