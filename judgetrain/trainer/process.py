@@ -85,14 +85,14 @@ def end_process(code: int) -> NoReturn:
     """Exit with ``code``; a process of a launch of several does so without the interpreter's teardown.
 
     `torch.distributed.destroy_process_group` forgets a group, but the DDP model still holds it, so its gloo worker
-    threads live on into the interpreter's finalization. One that only then lets go of the last collective's tensor
-    (under load, late: the final save's all-reduce, on the rank that waited while the main process printed its
-    table) must take the GIL to free the tensor's Python object, and a thread that asks for the GIL of a finalizing
-    interpreter is ended by pthread_exit, whose unwinding through that C++ frame calls std::terminate: "terminate
-    called without an active exception", SIGABRT, after the run had written exit code 0. So the other non-daemon
-    threads are joined, the exit handlers (logging, trackers, temporary files) run while the interpreter is whole
-    (``atexit._run_exitfuncs``, the standard library's own, checked: Python 3.11), the streams are flushed,
-    and the process leaves with ``os._exit``; no C++ thread meets a finalizing interpreter."""
+    threads live on into the interpreter's finalization. One that only then lets go of a collective's tensor (late,
+    on a busy machine) must take the GIL to free the tensor's Python object, and a thread that asks for the GIL of a
+    finalizing interpreter is ended by pthread_exit, whose unwinding through a C++ frame calls std::terminate:
+    "terminate called without an active exception", SIGABRT, after the run had written exit code 0
+    (docs/reliability.md, "A finished run exits 0 under load"). So the other non-daemon threads are joined, the exit
+    handlers (logging, trackers, temporary files) run while the interpreter is whole (``atexit._run_exitfuncs``, the
+    standard library's own, checked: Python 3.11), the streams are flushed, and the process leaves with
+    ``os._exit``: no C++ thread meets a finalizing interpreter."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         sys.exit(code)
     for thread in threading.enumerate():
