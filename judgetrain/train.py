@@ -43,7 +43,7 @@ from judgetrain.trainer.dpo import JudgeDPOTrainer
 from judgetrain.trainer.pair_loss import PairLoss
 from judgetrain.trainer.parallelism import (ParallelismReport, allow_deepspeed_on_cpu, allow_fsdp_on_cpu,
                                             requested_parallelism)
-from judgetrain.trainer.process import close_process_group, destroy_process_groups, init_process_state
+from judgetrain.trainer.process import close_process_group, destroy_process_groups, end_process, init_process_state
 from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.hub import is_hub_id
 from judgetrain.utils.logging import setup_logging
@@ -276,20 +276,20 @@ def log_against_base(recipe: Recipe) -> None:
 
 def finish(parts: TrainerParts) -> None:
     """Close the trackers and wait for every process; the signal handlers go last, so a SIGTERM during the final
-    save only set the stop flag. Nothing C++-side is left running for the interpreter's exit: the background marker
-    threads are joined, then every process group (the markers' own gloo group and the default one) is destroyed
-    after the last barrier; left to the interpreter's teardown, a gloo group's threads could still be joinable when
-    it is freed (std::terminate: "terminate called without an active exception", SIGABRT)."""
+    save only set the stop flag. The background marker threads are joined first (their collectives run on the
+    markers' own group), then every rank meets at a last barrier and every process group is destroyed
+    (`Trainer.end` would destroy them at once, before the markers and with no barrier); the process then ends
+    without the interpreter's teardown (`judgetrain.trainer.process.end_process`)."""
     trainer = parts.trainer
     for cb in trainer.callback_handler.callbacks:  # W&B's history is otherwise flushed by an exit hook, which a
         wandb = active_wandb(cb)  # busy machine can cut short (an offline run then holds no history at all)
         if wandb is not None:
             wandb.finish()
-    trainer.end()
     finish_markers()
     destroy_process_groups(barrier=True)
+    trainer.end()  # the trackers; the process groups are gone already
     parts.stopper.uninstall()
 
 
 if __name__ == "__main__":
-    sys.exit(process_main())
+    end_process(process_main())

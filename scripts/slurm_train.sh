@@ -63,8 +63,11 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="${SLURM_CPUS_PER_
     -m judgetrain.train "'"$RECIPE"'" --resume auto '"$*"'
 '
 status=$?
-# the run's own exit code, as it wrote it for this launch (0 finished, 2 refused, 3 non-finite, 143 preempted)
-if run_status=$(python -m judgetrain.cli.status "$RECIPE" "$@" 2>/dev/null); then status=${run_status##*$'\n'}; fi
+# the run's own exit code, as it wrote it for this launch (0 finished, 2 refused, 3 non-finite, 143 preempted); a 0
+# that the launcher contradicts (a process failed at its exit) gives the launcher's code
+if run_status=$(JUDGETRAIN_LAUNCHER_EXIT=$status python -m judgetrain.cli.status "$RECIPE" "$@" 2>/dev/null); then
+  status=${run_status##*$'\n'}
+fi
 set -e
 
 if [[ -n "$PREEMPTED_EXIT_CODE" && $status -eq $PREEMPTED_EXIT_CODE ]]; then

@@ -10,6 +10,7 @@ and accelerate's exit 1).
   validation rows.
 
     python scripts/stress_exit.py --runs 20
+    python scripts/stress_exit.py --runs 20 --fresh -- --max_steps 2 --eval_max_rows 8 --save_steps 100   # the ending
     python scripts/stress_exit.py --runs 4 -- --num_train_epochs 1     # overrides go to every train launch
     python scripts/stress_exit.py --command judge --runs 10
 
@@ -92,6 +93,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--command", choices=("train", "eval", "judge"), default="train", help="what each launch runs")
     parser.add_argument("--runs", type=int, default=20, help="launches in all, half fresh and half resumed")
+    parser.add_argument("--fresh", action="store_true", help="every launch fresh (no kill and resume)")
     parser.add_argument("--kill_launcher_only", action="store_true",
                         help="SIGKILL only the launcher's process group (the workers then get the parent-death SIGTERM)")
     parser.add_argument("--workdir", default=None, help="where the runs go (default: a temporary folder)")
@@ -102,7 +104,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     counts: dict[str, collections.Counter] = {"fresh": collections.Counter(), "resumed": collections.Counter()}
     for i in range(args.runs):
-        kind = "fresh" if i % 2 == 0 or args.command == "eval" else "resumed"
+        kind = "fresh" if i % 2 == 0 or args.command == "eval" or args.fresh else "resumed"
         out = work / f"run-{i:02d}"
         t0 = time.monotonic()
         if kind == "resumed":

@@ -38,3 +38,18 @@ def test_bf16_on_cpus_trains_with_cpu_autocast(tmp_path):
     assert on.training_args.bf16 is True and on.training_args.use_cpu is True
     off = parse_recipe([str(recipe), "--bf16", "false"])
     assert off.training_args.use_cpu is False
+
+
+def test_a_recipe_without_bf16_launches_as_its_dry_run_said(tmp_path):
+    """TRL turns an unset bf16 into true: the launch reads it so (CPU autocast, as for ``bf16: true``) instead of
+    refusing it ("Your setup doesn't support bf16/gpu", exit 2) after its dry run passed."""
+    from judgetrain.config.recipe import parse_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model_name_or_path: tiny-judge\noutput_dir: out\neval_suites: none\n", encoding="utf-8")
+    dry = parse_recipe([str(recipe), "--dry_run"])
+    assert dry.script_args.dry_run is True and dry.training_args.bf16 is False  # checked as a GPU recipe would be
+    launch = parse_recipe([str(recipe)])
+    assert launch.training_args.bf16 is True and launch.training_args.use_cpu is True
+    fp16 = parse_recipe([str(recipe), "--fp16", "true", "--use_cpu", "true"])
+    assert fp16.training_args.bf16 is False  # unset beside fp16: TRL's bf16 = not fp16

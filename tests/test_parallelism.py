@@ -144,3 +144,33 @@ def test_deepspeed_configs_load_into_accelerates_deepspeed_plugin(config, stage)
         assert zero["stage3_gather_16bit_weights_on_model_save"] is True
     if config.startswith("multinode"):
         assert (cfg.num_machines, cfg.rdzv_backend, cfg.same_network) == (2, "static", True)
+
+
+@pytest.mark.parametrize("moe, recipe_value, expected", [(False, None, False), (True, None, True), (False, True, True)])
+def test_ddp_looks_for_unused_parameters_only_where_a_model_can_leave_some(tiny_judge, tmp_path, moe, recipe_value,
+                                                                           expected):
+    """The tiny judge with LoRA uses every trainable parameter: DDP does not look for unused ones (transformers would
+    for any PEFT model, and torch then warns every run that it found none); a mixture of experts (a token reaches 1 of
+    4 experts) does; a recipe's own value stands."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, MixtralConfig
+    from trl import DPOConfig
+
+    from judgetrain.trainer.dpo import JudgeDPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_judge)
+    if moe:
+        config = MixtralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=1)
+        model = AutoModelForCausalLM.from_config(config)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(tiny_judge, dtype=torch.float32)
+    rows = Dataset.from_list([{"prompt": "Which is right?", "chosen": " A", "rejected": " B"}] * 2)
+    args = DPOConfig(output_dir=str(tmp_path), max_length=64, report_to="none", use_cpu=True, bf16=False,
+                     activation_checkpointing=False, dataloader_num_workers=0, ddp_find_unused_parameters=recipe_value)
+    trainer = JudgeDPOTrainer(model=model, args=args, train_dataset=rows, processing_class=tok,
+                              peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), prefix_sharing=False)
+    assert trainer.args.ddp_find_unused_parameters is expected
+    assert trainer.accelerator.ddp_handler.find_unused_parameters is expected

@@ -623,6 +623,76 @@ def test_judgetrain_train_exits_2_at_once_when_another_run_holds_the_output_dir(
         holder.wait()
 
 
+FINISHED_THEN_ABORTED = """
+import os, sys
+from pathlib import Path
+from judgetrain.run.state import hold_output_dir, write_status
+out = Path(sys.argv[1])
+hold_output_dir(out)
+write_status(out, sys.argv[2], int(sys.argv[3]), step=62)
+os.abort()  # what a worker's SIGABRT at its exit looks like to the launcher
+"""
+
+
+@pytest.mark.parametrize("written, code, expected", [("finished", 0, 134), ("preempted", 143, 143)])
+def test_status_never_reports_0_for_a_launch_whose_launcher_exited_otherwise(tmp_path, monkeypatch, capsys, written,
+                                                                               code, expected):
+    """A launch whose run wrote "finished" (0) and whose process then died by SIGABRT: `judgetrain train` exits with
+    the launcher's code (128 + 6), not the 0 it read, and `judgetrain status` says failed with that code, in both
+    its modes (the folder, and a launch id with the launcher's code as a scheduler script passes it). A non-zero
+    code the run wrote (143) still wins over the launcher's."""
+    from judgetrain.cli import run_command
+    from judgetrain.run.launch import launch_and_wait
+    from judgetrain.run.state import LAUNCH_ID_ENV, LAUNCHER_EXIT_ENV
+
+    run = tmp_path / "run"
+    assert launch_and_wait([sys.executable, "-c", FINISHED_THEN_ABORTED, str(run), written, str(code)], run) == expected
+    first, *rest = read_statuses(run)
+    assert (first["status"], first["exit_code"]) == (written, code)
+    assert run_command("status", [str(run)]) == 0
+    line = capsys.readouterr().out
+    if written == "finished":
+        assert line.startswith(f"{run}: failed (exit code 134) at step 62: the run wrote finished (exit code 0), "
+                               "then its launch exited 134"), line
+        assert [(s["status"], s["exit_code"], s["launch_id"]) for s in rest] == [("failed", 134, first["launch_id"])]
+    else:
+        assert "(exit code 143) at step 62" in line and rest == []
+    # a bare launch around which a scheduler script reads the code: the same rule, through the launch id
+    bare = tmp_path / "bare"
+    monkeypatch.setenv(LAUNCH_ID_ENV, "slurm-1-0")
+    assert subprocess.run([sys.executable, "-c", FINISHED_THEN_ABORTED, str(bare), written, str(code)]).returncode < 0
+    monkeypatch.setenv(LAUNCHER_EXIT_ENV, "1")
+    assert run_command("status", [str(bare)]) == 0
+    assert capsys.readouterr().out.strip() == ("1" if written == "finished" else "143")
+    monkeypatch.delenv(LAUNCH_ID_ENV)
+    run_command("status", [str(bare)])
+    assert ("failed (exit code 1)" if written == "finished" else "(exit code 143)") in capsys.readouterr().out
+
+
+ENDING = """
+import atexit, sys, threading, time
+from pathlib import Path
+from judgetrain.trainer.process import end_process
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(1), (out / "thread").write_text("joined"))).start()
+print("buffered line", end="")  # no newline, into a pipe: flushed only by the exit
+end_process(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 5])
+def test_a_process_of_a_launch_ends_with_its_code_after_its_exit_handlers_and_threads(tmp_path, code):
+    """`end_process` (the end of every process of a launch of several, which skips the interpreter's teardown where
+    gloo's threads met a finalizing interpreter): the run's code, the exit handlers run, other threads joined,
+    the buffered output flushed."""
+    proc = subprocess.run([sys.executable, "-c", ENDING, str(tmp_path), str(code)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "WORLD_SIZE": "2"})
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert proc.stdout == "buffered line"
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "joined"
+
+
 def test_the_slurm_script_requeues_on_the_preempted_code_that_accelerate_hides(tmp_path):
     """srun / scontrol / accelerate stand in for a cluster (as in test_scale); the stand-in launch writes what a
     preempted run writes (status line 143 tagged with the launch id) and exits 1, as `accelerate launch` does."""

@@ -3,7 +3,9 @@ that folder stands, one line: running, finished, stopped (by a signal: resume wi
 refused, with its exit code and step, e.g. ``runs/quickstart: finished (exit code 0) at step 62``.
 
 With ``$JUDGETRAIN_LAUNCH_ID`` set (scheduler scripts around a bare `accelerate launch`, which turns every worker's
-code into 1): print the exit code that launch wrote to its output_dir; exit 1 when it wrote none.
+code into 1): print the exit code that launch wrote to its output_dir; exit 1 when it wrote none. With
+``$JUDGETRAIN_LAUNCHER_EXIT`` also set (the launcher's own code) a written 0 that the launcher contradicts (a process
+failed after the run wrote its line) prints the launcher's code, and the run folder records the launch as failed.
 
 `judgetrain status RUN_DIR --verify` (or ``RECIPE --verify``): read every byte of every checkpoint of the run (and of
 its final model) against the SHA-256 in its marker, one line each (a resume trusts a checkpoint by sizes, mtimes and
@@ -22,7 +24,8 @@ import sys
 from pathlib import Path
 
 from judgetrain.run.layout import IDENTITY_FILE, METRICS_FILE, STATUS_FILE
-from judgetrain.run.state import EXIT_BAD_INPUT, LAUNCH_ID_ENV, output_dir_in_use, read_statuses
+from judgetrain.run.state import (EXIT_BAD_INPUT, LAUNCH_ID_ENV, LAUNCHER_EXIT_ENV, launch_exit_code,
+                                  output_dir_in_use, read_statuses)
 from judgetrain.utils.errors import BadInputError
 
 # how each status line a launch writes reads (judgetrain.train, judgetrain.run.state.outcome_code)
@@ -50,13 +53,26 @@ def main(argv: list[str] | None = None) -> int:
         return verify_run(output_dir)
     launch_id = os.environ.get(LAUNCH_ID_ENV)
     if launch_id:
-        for status in reversed(read_statuses(output_dir)):
-            if status.get("launch_id") == launch_id and isinstance(status.get("exit_code"), int):
-                print(status["exit_code"])
-                return 0
-        return 1
+        code = launch_code(output_dir, launch_id)
+        if code is None:
+            return 1
+        print(code)
+        return 0
     print(f"{output_dir}: {run_state(output_dir)}")
     return 0
+
+
+def launch_code(output_dir: Path, launch_id: str) -> int | None:
+    """The code launch ``launch_id`` wrote, None when it wrote none; with ``$JUDGETRAIN_LAUNCHER_EXIT`` (the
+    launcher's own code, as a scheduler script read it) a 0 the launcher contradicts is not the launch's code
+    (`judgetrain.run.state.launch_exit_code`, which records it)."""
+    if not any(s.get("launch_id") == launch_id and isinstance(s.get("exit_code"), int)
+               for s in read_statuses(output_dir)):
+        return None
+    launcher = os.environ.get(LAUNCHER_EXIT_ENV, "").strip()
+    if not launcher.lstrip("-").isdigit():
+        launcher = "0"  # unknown: the run's own code
+    return launch_exit_code(output_dir, launch_id, int(launcher))
 
 
 def run_folder(argv: list[str]) -> Path:

@@ -29,6 +29,25 @@ class GradNormHook:
         """Called with the step's global gradient norm (a float or tensor, possibly a DTensor under FSDP2)."""
 
 
+class UnusedParameterSearch:
+    """Trainer mixin: DDP's ``find_unused_parameters`` is the trainer's ``unused_parameters_possible()`` where the
+    arguments leave ``ddp_find_unused_parameters`` unset, in place of transformers' rule (on for every model that is
+    not a ``PreTrainedModel``, a PEFT model included). Overrides the private ``Trainer._build_accelerator_args(
+    **kwargs)``, which reads ``args.ddp_find_unused_parameters`` into the DDP kwargs.
+
+    checked: transformers 5.24.0. A release that reads it elsewhere leaves transformers' rule: DDP searches a LoRA
+    model's graph every step again, and torch warns each run that it found nothing."""
+
+    def _build_accelerator_args(self, **kwargs):
+        if self.args.ddp_find_unused_parameters is None:  # a recipe's value, or TRL's for a vision model, stands
+            self.args.ddp_find_unused_parameters = self.unused_parameters_possible()
+        return super()._build_accelerator_args(**kwargs)
+
+    def unused_parameters_possible(self) -> bool:
+        """Whether a forward pass can leave a trainable parameter without a gradient."""
+        return True
+
+
 def log_without_overrides(trainer: Any, logs: dict[str, float]) -> None:
     """Log ``logs`` through ``transformers.Trainer.log`` itself, skipping subclass overrides: TRL's
     ``DPOTrainer.log`` merges (and clears) its pending train-mode reward metrics into whatever it logs, which would

@@ -698,6 +698,13 @@ def _mapping_option(text: str) -> dict | None:
     return value
 
 
+def launched_bf16(values: dict[str, Any]) -> bool:
+    """Whether the launch trains in bf16: the recipe's ``bf16``, or where it leaves it unset what TRL makes of it
+    (``bf16 = not fp16``), so that a recipe without a ``bf16`` line is read as the run will read it."""
+    bf16 = values.get("bf16")
+    return not values.get("fp16") if bf16 is None else bf16 is True
+
+
 def given_options(parser, overrides: list[str]) -> dict[str, Any]:
     """The options the command line sets, as argparse reads them (a flag left out is not in the mapping; a bool flag
     alone is True, ``--no_x`` is ``x: False``). An unknown option or a stray value is a `RecipeError`."""
@@ -845,7 +852,7 @@ def parse_recipe(argv: list[str]) -> Recipe:
             if config.get(key, key == "bf16"):  # TRL turns bf16 on when the recipe leaves it unset
                 logger.info("dry run without a GPU: checking with %s: false", key)
             config[key] = False
-    elif given.get("bf16", config.get("bf16")) is True and not has_accelerator() \
+    elif launched_bf16({**config, **given}) and not has_accelerator() \
             and given.get("use_cpu", config.get("use_cpu")) is None:
         # transformers refuses bf16 without a GPU unless use_cpu is set; on CPUs with bf16 instructions it is the
         # faster mixed precision (a SmolLM2-135M LoRA DPO step 1.65x faster than float32 on 2 cores)

@@ -159,6 +159,7 @@ def launch_and_wait(cmd: list[str], output_dir: Path) -> int:
     }
     try:
         code = proc.wait()
+        code = 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + N
         if signalled:
             wait_for_launch(output_dir, launch_id)
     finally:

@@ -40,6 +40,7 @@ from judgetrain.utils.fingerprints import library_versions
 logger = logging.getLogger(__name__)
 
 LAUNCH_ID_ENV = "JUDGETRAIN_LAUNCH_ID"
+LAUNCHER_EXIT_ENV = "JUDGETRAIN_LAUNCHER_EXIT"  # a scheduler script's launcher code, for `judgetrain status`
 
 # Exit codes (docs/reliability.md: "Exit codes and schedulers").
 EXIT_FINISHED = 0      # trained to the end, final model saved
@@ -316,11 +317,22 @@ def read_statuses(out: Path) -> list[dict]:
 
 
 def launch_exit_code(out: Path, launch_id: str, launcher_code: int) -> int:
-    """The exit code of the run `judgetrain train` launched: from its status line, else the launcher's own."""
-    for status in reversed(read_statuses(out)):
-        if status.get("launch_id") == launch_id and isinstance(status.get("exit_code"), int):
-            return status["exit_code"]
-    return launcher_code
+    """The exit code of the run `judgetrain train` launched: from its status line (accelerate turns every worker's
+    code into 1), else the launcher's own. A run that wrote 0 whose launcher exited otherwise did not end cleanly (a
+    process failed after the main process wrote its line): the launcher's code, recorded as a `failed` line for
+    `judgetrain status`."""
+    line = next((s for s in reversed(read_statuses(out)) if s.get("launch_id") == launch_id
+                 and isinstance(s.get("exit_code"), int)), None)
+    if line is None:
+        return launcher_code
+    if line["exit_code"] == EXIT_FINISHED and launcher_code != EXIT_FINISHED:
+        append_jsonl(out / STATUS_FILE, {
+            "status": "failed", "exit_code": launcher_code, "step": line.get("step"), "launch_id": launch_id,
+            "message": f"the run wrote finished (exit code 0), then its launch exited {launcher_code}: a process "
+                       "of it failed at its exit (the launch's log has its error)",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        return launcher_code
+    return line["exit_code"]
 
 
 def holds_output_dir(out: Path) -> bool:

@@ -33,10 +33,11 @@ from typing import Any, Callable
 import torch
 from trl import DPOTrainer
 
-from judgetrain.compat.transformers import GradNormHook
+from judgetrain.compat.transformers import GradNormHook, UnusedParameterSearch
 from judgetrain.compat.trl import AuditedTokenIds, PerMachineRefLogps
 from judgetrain.run.diskfull import every_rank_stops
 from judgetrain.trainer.pair_loss import TIE_COLUMN, PairLoss, PairOutputs, TieCollator, mixed_loss, reference_from_inputs
+from judgetrain.trainer.parallelism import may_leave_parameters_unused
 from judgetrain.trainer.prefix_sharing import PrefixSharingMixin
 
 
@@ -54,7 +55,8 @@ class StepRecord:
         return out
 
 
-class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, AuditedTokenIds, DPOTrainer):
+class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, UnusedParameterSearch, PerMachineRefLogps, AuditedTokenIds,
+                      DPOTrainer):
     """TRL's DPOTrainer; ``prefix_sharing``: compute each pair's prompt once per model where the model allows it
     (decided and probed at start-up, see `judgetrain.trainer.prefix_sharing`); ``pair_loss``: the loss in place of
     TRL's sigmoid term (`judgetrain.trainer.pair_loss`; None: TRL's loss, and a tie row is refused)."""
@@ -67,6 +69,12 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, PerMachineRefLogps, Audi
         self._setup_prefix_sharing()
         self.data_collator = TieCollator(self.data_collator)
         self.pair_outputs = PairOutputs([self.model, self.ref_model]) if pair_loss is not None else None
+
+    def unused_parameters_possible(self) -> bool:
+        """DDP looks for unused parameters (an extra traversal of the autograd graph each step, and torch's warning
+        each run when it finds none) only where a forward pass can leave a trainable parameter without a gradient
+        (`may_leave_parameters_unused`), not for every PEFT model as transformers would (`UnusedParameterSearch`)."""
+        return may_leave_parameters_unused(self.model)
 
     def _save_checkpoint(self, model, trial):
         """Trainer's save, its failure agreed over the processes: a rank whose save failed (a full disk) stops with

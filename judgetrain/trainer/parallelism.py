@@ -352,6 +352,19 @@ def describe(effect: dict[str, Any]) -> str:
     )
 
 
+# config keys that name a mixture of experts' expert count (Mixtral, Qwen2/3-MoE, DeepSeek, OLMoE, ...)
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def may_leave_parameters_unused(model) -> bool:
+    """Whether a forward pass can leave a trainable parameter of ``model`` without a gradient, which DDP must then
+    look for (``find_unused_parameters``): a mixture of experts, whose tokens reach some experts only. A dense text
+    model, full or LoRA (PEFT's wrapper passes the base model's config through), uses every trainable parameter."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return any((getattr(c, key, None) or 0) > 1 for c in (config, text) for key in EXPERT_COUNT_KEYS)
+
+
 class ParallelismReport(TrainerCallback):
     """At the first step (the model is prepared by then) log and record what is in effect, and stop the run when
     it is not what the launch asked for. Needs `attach(trainer)` for the accelerator."""

@@ -1,9 +1,16 @@
 """What every process of an `accelerate launch` does first and last: join the process group (gloo on a machine
-without a GPU) and follow the launcher if it dies; at the end, destroy every process group itself."""
+without a GPU) and follow the launcher if it dies; at the end, destroy every process group itself and exit without
+the interpreter's teardown (`end_process`)."""
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import logging
+import os
+import sys
+import threading
+from typing import NoReturn
 
 import torch
 from trl import DPOConfig
@@ -72,3 +79,30 @@ def close_process_group(agreed: bool) -> bool:
     except Exception:  # noqa: BLE001 - the exit code says what happened; the teardown is best effort
         pass
     return main
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit with ``code``; a process of a launch of several does so without the interpreter's teardown.
+
+    `torch.distributed.destroy_process_group` forgets a group, but the DDP model still holds it, so its gloo worker
+    threads live on into the interpreter's finalization. One that only then lets go of a collective's tensor (late,
+    on a busy machine) must take the GIL to free the tensor's Python object, and a thread that asks for the GIL of a
+    finalizing interpreter is ended by pthread_exit, whose unwinding through a C++ frame calls std::terminate:
+    "terminate called without an active exception", SIGABRT, after the run had written exit code 0
+    (docs/reliability.md, "A finished run exits 0 under load"). So the other non-daemon threads are joined, the exit
+    handlers (logging, trackers, temporary files) run while the interpreter is whole (``atexit._run_exitfuncs``, the
+    standard library's own, checked: Python 3.11), the streams are flushed, and the process leaves with
+    ``os._exit``: no C++ thread meets a finalizing interpreter."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        sys.exit(code)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said there
+            pass
+    os._exit(code)
