@@ -46,8 +46,9 @@ def loop_config(tmp_path: Path, **over) -> Path:
                         "save_steps": 1, "learning_rate": 0.05},
               "items": {"source": str(tmp_path / "notes.jsonl"), "spec": str(tmp_path / "clinic.yaml")},
               "heldout": {"fraction": 0.25},
-              "pairs": {"method": "known", "form": "pairwise"},
-              "eval": {"suites": ["pairwise"], "scoring": ["verdict"]}, **over}
+              "pairs": {"method": "known", "form": "pairwise"},  # response pairs are scored in the reading they train
+              "eval": {"suites": ["pairwise"], "scoring": ["implicit" if (over.get("pairs") or {}).get("form") ==
+                                                           "response" else "verdict"]}, **over}
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
@@ -64,6 +65,11 @@ def loop_command(config: Path) -> list[str]:
     ({"train": {"init_adapter": "x"}}, "train.init_adapter: the loop sets it each round; remove it"),
     ({"items": {"file": "items.jsonl"}}, "the pairwise known form needs items.source and items.spec"),
     ({"pairs": {"form": "response"}}, "pairs.ties: the response form's tie pairs (a rewrite against its source) train only under a recipe's tie_model"),
+    ({"pairs": {"form": "response", "ties": "drop"}, "eval": {"suites": ["pairwise"], "scoring": ["verdict"]}},
+     "eval.scoring: ['verdict']: the training form log_ratio trains the implicit reading; list implicit"),
+    ({"pairs": {"form": "response", "ties": "drop"}, "train": {"training_form": "mean_logprob"},
+      "eval": {"suites": ["pairwise"], "scoring": ["judge"]}},
+     "the training form mean_logprob trains the loglik_mean reading; list loglik_mean"),
 ])
 def test_a_bad_config_is_refused_naming_the_key_before_anything_runs(tmp_path, edit, message, capsys):
     from judgetrain.cli import main
@@ -438,3 +444,6 @@ def test_a_replay_share_mixes_general_pairs_into_the_rounds_training_rows_and_co
     trained_on = round_recipe(config, {}, out / "round-1", None)["train_datasets"]
     assert [c["source"] for c in trained_on] == [str(pairs), str(pairs / "replay.jsonl")]
     assert any(pq.read_table(pairs / "train.parquet").column("tie").to_pylist())  # rewrites against their source
+    from judgetrain.report.loop import goal_lines, read_loop
+
+    assert "Trained form: log_ratio, which trains the implicit reading (log_ratio)" in " ".join(goal_lines(read_loop(out)))

@@ -513,6 +513,9 @@ class JudgeTrainArguments(EvalArguments):
 
 
 TRAINING_FORMS = ("log_ratio", "mean_logprob")
+# the scoring mode whose reading each training form trains: DPO's margin is the log-ratio to the base (implicit),
+# SimPO's the mean log-probability per token (loglik_mean)
+TRAINED_MODE = {"log_ratio": "implicit", "mean_logprob": "loglik_mean"}
 TIE_MODELS = ("rao_kupper", "davidson")
 # nu where each tie model gives a tie probability of 1/2 at equal rewards (the paper's settings), and the least nu it
 # takes (there it is Bradley-Terry: no tie has any probability)

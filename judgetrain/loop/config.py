@@ -38,7 +38,8 @@ from typing import Any
 import yaml
 
 from judgetrain.config.packaged import resolve_packaged
-from judgetrain.config.recipe import LIKELIHOOD_MODES, did_you_mean, load_recipe_file, parse_recipe, valid_keys
+from judgetrain.config.recipe import (LIKELIHOOD_MODES, READINGS, TRAINED_MODE, did_you_mean, load_recipe_file,
+                                     parse_recipe, valid_keys)
 from judgetrain.judge.items import read_items
 from judgetrain.loop.replay import REPLAY_FILE, REPLAY_SUITES, Replay, replay_rows
 from judgetrain.perturb.source import read_samples
@@ -351,6 +352,12 @@ def check_inputs(config: LoopConfig, where: str = "<loop config>") -> None:
                               "pairwise suite; name another suite or eval.options.eval_pairwise_source")
 
 
+def trained_form(config: LoopConfig, recipe: dict[str, Any] | None = None) -> str:
+    """The training form each round trains (``train.training_form``, else the recipe file's, else log_ratio)."""
+    recipe = load_recipe_file(config.recipe) if recipe is None else recipe
+    return {**recipe, **config.train}.get("training_form") or "log_ratio"
+
+
 def check_train(config: LoopConfig, where: str) -> None:
     """The round's recipe (the recipe file with the ``train`` keys, as round 1 trains it) through the recipe's
     parser: an unknown key is named with the nearest, a value of the wrong type with what it should be."""
@@ -361,6 +368,11 @@ def check_train(config: LoopConfig, where: str) -> None:
     if config.pairs.method == "known" and config.pairs.form == "response" and config.pairs.ties != "drop" \
             and not {**recipe, **config.train}.get("tie_model"):
         raise LoopConfigError(f"{where}: pairs.ties: {RESPONSE_TIE}")
+    form = trained_form(config, recipe)
+    if config.pairs.form == "response" and TRAINED_MODE[form] not in config.eval.modes:
+        raise LoopConfigError(f"{where}: eval.scoring: {config.eval.scoring}: the training form {form} trains the "
+                              f"{TRAINED_MODE[form]} reading; list {TRAINED_MODE[form]} so that every round, the base "
+                              "included, is scored in the reading it trains")
     keys = valid_keys()
     for key in config.train:
         if key not in keys:

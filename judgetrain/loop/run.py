@@ -62,7 +62,7 @@ from judgetrain.eval.rules import NovelTokens
 from judgetrain.judge.items import read_items
 from judgetrain.config.recipe import load_recipe_file
 from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
-                                   round_recipe)
+                                   round_recipe, trained_form)
 from judgetrain.loop.replay import write_replay
 from judgetrain.loop.table import write_round_table
 from judgetrain.perturb.known import item_operators, item_text, write_heldout_pairs, write_heldout_rewrites
@@ -122,7 +122,8 @@ def open_state(config: LoopConfig, out: Path) -> dict:
                                   f"({getattr_path(config, key)}): the file changed since; restore it, or give this "
                                   "config another output_dir")
     out.mkdir(parents=True, exist_ok=True)
-    state.update(settings=asdict(config), stages=Loop(config, out, state).stages())  # `judgetrain report` reads them
+    state.update(settings=asdict(config), stages=Loop(config, out, state).stages(),  # `judgetrain report` reads them
+                 trained_form=trained_form(config))
     write_json(out / LOOP_STATE_FILE, state)
     return state
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.recipe import SCORING_MODES
+from judgetrain.config.recipe import READINGS, SCORING_MODES, TRAINED_MODE
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.plots import DPI
 from judgetrain.eval.rules import round_verdict
@@ -225,6 +225,11 @@ def goal_lines(view: LoopView) -> list[str]:
               f"{', '.join(ev.get('suites') or [])} in the modes {', '.join(ev.get('scoring') or [])}")
     margin = (ev.get("options") or {}).get("eval_regression_margin")
     lines.append(scored + (f"; a figure is worse than the base only beyond {margin}." if margin is not None else "."))
+    form = view.state.get("trained_form")
+    if form and (settings.get("pairs") or {}).get("form") == "response":
+        mode = TRAINED_MODE[form]
+        lines.append(f"Trained form: {form}, which trains the {mode} reading ({READINGS[mode]}): the figures under "
+                     "that reading are the ones training moved on purpose.")
     return lines
 
 
