@@ -447,3 +447,37 @@ def test_a_replay_share_mixes_general_pairs_into_the_rounds_training_rows_and_co
     from judgetrain.report.loop import goal_lines, read_loop
 
     assert "Trained form: log_ratio, which trains the implicit reading (log_ratio)" in " ".join(goal_lines(read_loop(out)))
+
+
+def test_the_base_is_scored_once_for_every_config_that_scores_it_alike(tmp_path, monkeypatch):
+    """Two loop configs with other output folders but the same base, held-out rows and modes (``eval.base_cache``):
+    the first scores the base (a real `judgetrain eval` of the tiny judge), the second reads that evaluation from
+    the judgetrain cache and runs no command; a third that scores another mode gets another key."""
+    from judgetrain.loop import run as loop_run
+    from judgetrain.loop.basecache import base_eval_key
+    from judgetrain.loop.config import load_config
+    from judgetrain.loop.run import Loop, open_state
+
+    monkeypatch.setenv("JUDGETRAIN_CACHE", str(tmp_path / "cache"))
+    loops = []
+    for name, scoring in (("a", ["implicit"]), ("b", ["implicit"]), ("c", ["judge"])):
+        (tmp_path / name).mkdir()
+        config = load_config(loop_config(tmp_path / name, output_dir=str(tmp_path / name / "loop"),
+                                         eval={"suites": ["pairwise"], "scoring": scoring, "base_cache": True}))
+        out = Path(config.output_dir)
+        loops.append(Loop(config, out, open_state(config, out)))
+        for stage in ("items", "split"):
+            loops[-1].stage(1, stage)
+    loops[0].stage_eval(0, loops[0].round_dir(0))
+    commands = []
+    monkeypatch.setattr(loop_run, "run_command", lambda argv, *launch: commands.append(argv))
+    loops[1].stage_eval(0, loops[1].round_dir(0))
+    assert commands == []  # read from the cache
+    (first,), (second,) = (sorted((loop.round_dir(0) / "eval").glob("*/results.json")) for loop in loops[:2])
+    assert json.loads(first.read_text())["metrics"] == json.loads(second.read_text())["metrics"]
+    assert first.parent.name == second.parent.name
+    loops[2].stage_eval(0, loops[2].round_dir(0))
+    assert len(commands) == 1 and "judge" in commands[0]  # another mode: another key, scored
+    key = base_eval_key(commands[0])
+    assert key == base_eval_key([*commands[0][:-1], commands[0][-1]]) and key != base_eval_key(
+        [("implicit" if a == "judge" else a) for a in commands[0]])

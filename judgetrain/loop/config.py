@@ -110,6 +110,7 @@ class Eval:
     scoring: list[str] = field(default_factory=lambda: ["verdict"])
     max_rows: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    base_cache: bool = False  # round 0 read from the judgetrain cache where the same base, rows and modes were scored
 
     @property
     def modes(self) -> list[str]:

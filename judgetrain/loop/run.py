@@ -63,6 +63,7 @@ from judgetrain.judge.items import read_items
 from judgetrain.config.recipe import load_recipe_file
 from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
                                    round_recipe, trained_form)
+from judgetrain.loop.basecache import cached_base_eval
 from judgetrain.loop.replay import write_replay
 from judgetrain.loop.table import write_round_table
 from judgetrain.perturb.known import item_operators, item_text, write_heldout_pairs, write_heldout_rewrites
@@ -370,7 +371,10 @@ class Loop:
         if k and self.config.pairs.method == "known" and self.config.pairs.form == "response" and train_pairs.is_file():
             cmd += ["--rules_train_pairs", str(train_pairs)]
         cmd += option_args(options)
-        run_command(cmd, self.launch)
+        if k == 0 and ev.base_cache:  # one evaluation of the base for every config that scores it alike
+            cached_base_eval(cmd, rd / "eval", lambda argv: run_command(argv, self.launch))
+        else:
+            run_command(cmd, self.launch)
         if k:
             run_command(["compare", str(self.round_dir(0) / "eval"), str(rd / "eval"),
                          "--output", str(rd / "eval" / ROUND_COMPARE_FILE)])
