@@ -14,28 +14,13 @@ from judgetrain.eval.compare import EvaluationError, compare_evaluations
 from judgetrain.eval.runner import current_items, evaluate, evaluate_and_write
 from judgetrain.eval.scoring import Request, ScoringEngine
 from judgetrain.eval.suites import SuiteSpec
+from test_eval_scoring import SMALL, tiny_dir, tokenizer  # noqa: F401  (the small tiny judge and its fixtures)
 
-SMALL = dict(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512)
 PROMPT = [{"role": "user", "content": "Is water wet?"}]
 RESPONSES = ["Yes.", "Water is wet because it adheres to surfaces and that is what wet means in everyday use."]
 ROWS = [{"id": f"chat/{i}", "domain": "chat", "prompt": f"Question {i}?",
          "chosen": [f"Answer {i}.", f"A longer answer {i}, with more words in it.", f"**Answer** {i}."],
          "rejected": [f"Wrong {i}.", f"A longer wrong {i}.", f"**Wrong** {i}, said at length."]} for i in range(6)]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from judgetrain.models.tiny import build_tiny_judge
-
-    return build_tiny_judge(tmp_path_factory.mktemp("tiny"), seed=0, config=SMALL)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
 
 
 def _model(tiny_dir, adapter: str | None = None):
