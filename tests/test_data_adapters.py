@@ -217,7 +217,7 @@ def test_mixture_weights_and_rows_are_deterministic_and_labelled():
              {"dataset": "ideation", "source": "bundled", "split": "train", "rows": 30, "mode": "pairwise"}]
     a, b = load_mixture(comps, seed=7), load_mixture(comps, seed=7)
     assert Counter(a["dataset"]) == {"judgebias": round(0.25 * 149), "ideation": 30}
-    assert a.column_names == ["prompt", "chosen", "rejected", "dataset", "group"]
+    assert a.column_names == ["prompt", "chosen", "rejected", "dataset", "group", "tie"]
     assert a["prompt"] == b["prompt"] and a["dataset"] == b["dataset"]
     assert load_mixture(comps, seed=8)["dataset"] != a["dataset"]
     assert isinstance(a.features["prompt"], datasets.List)

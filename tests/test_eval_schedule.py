@@ -95,7 +95,7 @@ def test_choice_keys_name_the_key_and_the_valid_values(tmp_path):
                                           r"'shorten_prompt'\]"):
         parse_recipe([str(path)])
     with pytest.raises(RecipeError, match=r"--eval_scoring.*invalid choice: 'jugde' "
-                                          r"\(choose from 'implicit', 'judge', 'verdict', 'generate'\)"):
+                                          r"\(choose from 'implicit', 'loglik_sum', 'loglik_mean', 'judge', 'verdict', 'generate'\)"):
         parse_recipe([str(QUICKSTART), "--eval_scoring", "jugde"])
     with pytest.raises(RecipeError, match=r"unknown option --num_train_epoc; did you mean --num_train_epochs"):
         parse_recipe([str(QUICKSTART), "--num_train_epoc", "3"])  # no abbreviation of an option is taken for it

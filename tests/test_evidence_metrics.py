@@ -343,4 +343,5 @@ def test_a_figure_of_one_unit_has_no_interval_and_the_table_says_why():
                "intervals": {"pairwise": {"judge": one}}}
     text = headline_table(summary)
     row = next(line for line in text.splitlines() if line.startswith("pairwise/accuracy"))
-    assert row.split() == ["pairwise/accuracy", "0.500"] and text.splitlines()[-1] == ONE_UNIT
+    assert row.split() == ["pairwise/accuracy", "(judge:", "expected_score)", "0.500"]
+    assert text.splitlines()[-1] == ONE_UNIT

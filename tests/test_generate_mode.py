@@ -199,7 +199,7 @@ def test_a_recipe_with_an_unknown_mode_is_refused_naming_the_key(tmp_path):
 
     path = tmp_path / "r.yaml"
     path.write_text(QUICKSTART.read_text().replace("eval_scoring: [implicit, judge]", "eval_scoring: [implicit, generat]"))
-    with pytest.raises(RecipeError, match=r"eval_scoring: 'generat' is not one of \['implicit', 'judge', 'verdict', 'generate'\]"):
+    with pytest.raises(RecipeError, match=r"eval_scoring: 'generat' is not one of \['implicit', 'loglik_sum', 'loglik_mean', 'judge', 'verdict', 'generate'\]"):
         parse_recipe([str(path)])
     path.write_text(QUICKSTART.read_text().replace("eval_scoring: [implicit, judge]", "eval_scoring: implicit,generate"))
     assert parse_recipe([str(path)]).script_args.eval_scoring == ["implicit", "generate"]

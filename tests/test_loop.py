@@ -303,7 +303,7 @@ def test_two_rounds_end_to_end_files_and_table_agree(tmp_path, tiny_judge):
         assert f"round/{k}/eval/rewrites/rewrite_gap" in keys
     assert all(f"round/{k}/eval/rewrites/delta/rewrite_below_source_rate" in keys for k in (1, 2))
     csv_lines = (out / "rounds.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("round,figure,value,ci_low,ci_high,delta") and len(csv_lines) == len(rows) + 1
+    assert csv_lines[0].startswith("round,figure,mode,reading,value,ci_low,ci_high,delta") and len(csv_lines) == len(rows) + 1
     state = json.loads((out / "loop_state.json").read_text())
     assert sorted(state["done"]) == sorted(["0/eval"] + [f"{k}/{s}" for k in (1, 2) for s in ("items", "split", "pairs",
                                                                                                 "train", "eval")])

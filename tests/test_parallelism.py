@@ -172,5 +172,5 @@ def test_ddp_looks_for_unused_parameters_only_where_a_model_can_leave_some(tiny_
                      activation_checkpointing=False, dataloader_num_workers=0, ddp_find_unused_parameters=recipe_value)
     trainer = JudgeDPOTrainer(model=model, args=args, train_dataset=rows, processing_class=tok,
                               peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), prefix_sharing=False)
-    assert trainer.args.ddp_find_unused_parameters is expected
+    assert trainer.args.ddp_find_unused_parameters is recipe_value  # the arguments stay as given
     assert trainer.accelerator.ddp_handler.find_unused_parameters is expected

@@ -232,5 +232,5 @@ def test_a_judge_figure_is_learned_only_where_it_beats_the_best_rule_and_every_t
            "rules": rules_summary({"evalbiasbench": right}, "implicit")}
     row = next(r for r in figure_rows(1, doc, None) if r["figure"] == "evalbiasbench/pair_acc")
     assert (row["best_rule"], row["over_rule"], row["learned"]) == ("shorter", 0.5, True)
-    assert "| evalbiasbench/pair_acc | 1.000 [1.000, 1.000]; beats the best rule (shorter) by +0.500 [" \
+    assert "| evalbiasbench/pair_acc (implicit: log_ratio) | 1.000 [1.000, 1.000]; beats the best rule (shorter) by +0.500 [" \
         in markdown(figure_rows(1, doc, None))

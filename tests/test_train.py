@@ -239,6 +239,7 @@ def test_quickstart_writes_the_judges_model_card(quickstart_run):
                        ("eval/judgebias/error/accuracy", "JudgeBias error accuracy"),
                        ("eval/judgebias/represent/accuracy", "JudgeBias represent accuracy"),
                        ("eval/ideation/accuracy", "Ideation accuracy")):
+        label = f"{label} (implicit: log_ratio)"  # each figure names its mode and reading
         assert figures[label] == round(evals[last][key], 4), label  # the final weights are the last eval's
         shown = [f"{evals[s][key]:.4f} [{evals[s][key + '/ci_low']:.4f}, {evals[s][key + '/ci_high']:.4f}]"
                  for s in (best, last)]

@@ -39,9 +39,13 @@ class UnusedParameterSearch:
     model's graph every step again, and torch warns each run that it found nothing."""
 
     def _build_accelerator_args(self, **kwargs):
-        if self.args.ddp_find_unused_parameters is None:  # a recipe's value, or TRL's for a vision model, stands
-            self.args.ddp_find_unused_parameters = self.unused_parameters_possible()
-        return super()._build_accelerator_args(**kwargs)
+        if self.args.ddp_find_unused_parameters is not None:  # a recipe's value, or TRL's for a vision model, stands
+            return super()._build_accelerator_args(**kwargs)
+        self.args.ddp_find_unused_parameters = self.unused_parameters_possible()
+        try:
+            return super()._build_accelerator_args(**kwargs)
+        finally:  # the arguments stay as given (saved with the run, compared by the bench)
+            self.args.ddp_find_unused_parameters = None
 
     def unused_parameters_possible(self) -> bool:
         """Whether a forward pass can leave a trainable parameter without a gradient."""

@@ -199,3 +199,17 @@ class AuditedTokenIds:
                                              num_proc=args.dataset_num_proc,
                                              desc=f"Dropping fully truncated examples from {dataset_name} dataset")
         return dataset
+
+
+class PairLossHook:
+    """DPOTrainer's ``_compute_loss`` handed to the trainer's ``pair_loss_step`` (a mixin over ``trl.DPOTrainer``):
+    TRL 1.16 computes its whole loss (forward passes, reference log-probs, every ``loss_type`` term, its metrics) in
+    this one private method, with no hook for a term of its own, so judgetrain's pair loss
+    (`judgetrain.trainer.pair_loss`) calls it whole and replaces its ``sigmoid`` term from what its forward passes
+    returned.
+
+    checked: trl 1.16.0 (``_compute_loss(model, inputs, return_outputs)``, returning the loss, or (loss, outputs))."""
+
+    def _compute_loss(self, model, inputs, return_outputs):
+        trl_loss = super()._compute_loss
+        return self.pair_loss_step(model, inputs, return_outputs, trl_loss)

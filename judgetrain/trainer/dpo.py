@@ -34,7 +34,7 @@ import torch
 from trl import DPOTrainer
 
 from judgetrain.compat.transformers import GradNormHook, UnusedParameterSearch
-from judgetrain.compat.trl import AuditedTokenIds, PerMachineRefLogps
+from judgetrain.compat.trl import AuditedTokenIds, PairLossHook, PerMachineRefLogps
 from judgetrain.run.diskfull import every_rank_stops
 from judgetrain.trainer.pair_loss import TIE_COLUMN, PairLoss, PairOutputs, TieCollator, mixed_loss, reference_from_inputs
 from judgetrain.trainer.parallelism import may_leave_parameters_unused
@@ -56,7 +56,7 @@ class StepRecord:
 
 
 class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, UnusedParameterSearch, PerMachineRefLogps, AuditedTokenIds,
-                      DPOTrainer):
+                      PairLossHook, DPOTrainer):
     """TRL's DPOTrainer; ``prefix_sharing``: compute each pair's prompt once per model where the model allows it
     (decided and probed at start-up, see `judgetrain.trainer.prefix_sharing`); ``pair_loss``: the loss in place of
     TRL's sigmoid term (`judgetrain.trainer.pair_loss`; None: TRL's loss, and a tie row is refused)."""
@@ -102,17 +102,19 @@ class JudgeDPOTrainer(PrefixSharingMixin, GradNormHook, UnusedParameterSearch, P
         if TIE_COLUMN not in self._signature_columns:
             self._signature_columns = [*self._signature_columns, TIE_COLUMN]
 
-    def _compute_loss(self, model, inputs, return_outputs):
+    def pair_loss_step(self, model, inputs, return_outputs, trl_loss):
+        """TRL's loss of a batch (``trl_loss``: its loss computation, `judgetrain.compat.trl.PairLossHook`), with its
+        sigmoid term replaced by the pair loss where the recipe names one."""
         tie = inputs.get(TIE_COLUMN)
         inputs = {k: v for k, v in inputs.items() if k != TIE_COLUMN}
         if self.pair_loss is None:
             if tie is not None and bool(tie.any()):
                 raise ValueError("a tie row trains only under a tie model (tie_model: rao_kupper or davidson)")
-            return super()._compute_loss(model, inputs, return_outputs)
+            return trl_loss(model, inputs, return_outputs)
         free = self.pair_loss.reference_free
         with (reference_from_inputs(self, inputs) if free else contextlib.nullcontext(inputs)) as inputs, \
                 self.pair_outputs.recording() as calls:
-            trl_out = super()._compute_loss(model, inputs, return_outputs)
+            trl_out = trl_loss(model, inputs, return_outputs)
         mask = inputs["completion_mask"][..., 1:]
         seq_len = mask.size(1)
         expected = 1 if free or self.precompute_ref_logps else 2
