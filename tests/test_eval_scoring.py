@@ -53,7 +53,8 @@ RESPONSES = [
 ]
 
 
-def _hand_logp(model, tokenizer, prompt, response):
+def hand_logp(model, tokenizer, prompt, response) -> tuple[float, int]:
+    """(summed log-prob of the response's tokens after the prompt, how many tokens), from the model's own logits."""
     prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     full = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": response}], tokenize=True,
                                          return_dict=True)["input_ids"]
@@ -63,7 +64,7 @@ def _hand_logp(model, tokenizer, prompt, response):
     with torch.no_grad():
         logits = model(torch.tensor([full])).logits[0].double()
     logps = torch.log_softmax(logits, -1)
-    return sum(float(logps[t - 1, full[t]]) for t in range(start, len(full)))
+    return sum(float(logps[t - 1, full[t]]) for t in range(start, len(full))), len(full) - start
 
 
 def test_implicit_score_equals_policy_minus_adapter_disabled_reference_by_hand(peft_model, tokenizer):
@@ -75,9 +76,9 @@ def test_implicit_score_equals_policy_minus_adapter_disabled_reference_by_hand(p
     peft_model.eval()
     for row, prompt, responses in zip(rows, PROMPTS, RESPONSES):
         for got, response in zip(row.scores, responses):
-            policy = _hand_logp(peft_model, tokenizer, prompt, response)
+            policy = hand_logp(peft_model, tokenizer, prompt, response)[0]
             with peft_model.disable_adapter():
-                ref = _hand_logp(peft_model, tokenizer, prompt, response)
+                ref = hand_logp(peft_model, tokenizer, prompt, response)[0]
             assert abs(policy - ref) > 1e-3  # the adapter really changes the model
             assert got == pytest.approx(policy - ref, abs=2e-4)
     assert engine.stats.padded_tokens > engine.stats.real_tokens  # batches did pad

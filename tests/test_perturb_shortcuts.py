@@ -26,14 +26,14 @@ def test_rule_figures_on_worked_pairs():
     """Four samples in two folds (ids 0 and 2, 1 and 3). Type "tell": every copy adds "warfarin", a word no source
     holds, and is longer; type "fair": copies of their source's length and words. By hand: tell's shorter 1, longer 0,
     novel-token 1 (fitted on the other fold's copies, which hold warfarin); fair's all ties, 1/2."""
-    from judgetrain.perturb.shortcuts import CopyPair, over_limit, rule_figures
+    from judgetrain.perturb.shortcuts import CopyPair, over_limit, copy_rule_figures
 
     pairs = []
     for i in range(4):
         source = f"Give aspirin {i} mg."
         pairs.append(CopyPair(i, "tell", source, f"Give aspirin {i} mg with warfarin.", 1))
         pairs.append(CopyPair(i, "fair", source, f"Give {i} aspirin mg.", 2 + i % 2))
-    figures = rule_figures(pairs, folds=2)
+    figures = copy_rule_figures(pairs, folds=2)
     assert figures["tell"] == {"copies": 4, "edits_per_copy": {"mean": 1.0, "min": 1, "max": 1},
                                "token_change": 2.0, "rules": {"shorter": 1.0, "longer": 0.0, "novel_token": 1.0}}
     assert figures["fair"]["rules"] == {"shorter": 0.5, "longer": 0.5, "novel_token": 0.5}
@@ -41,7 +41,7 @@ def test_rule_figures_on_worked_pairs():
     assert over_limit(figures) == [("tell", "shorter", 1.0), ("tell", "novel_token", 1.0)]
     # one fold's copies alone hold the tell: the rule fitted on the other fold never marks them (ties)
     half = [p for p in pairs if p.key == "fair"] + [p for p in pairs if p.key == "tell" and p.sample_id in (0, 2)]
-    assert rule_figures(half, folds=2)["tell"]["rules"]["novel_token"] == 0.5
+    assert copy_rule_figures(half, folds=2)["tell"]["rules"]["novel_token"] == 0.5
 
 
 SOURCES = [f"Heat the powder in the {tool} at {t} °C for {h}. Cool it {pace}. Weigh {m} of salt."

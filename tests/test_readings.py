@@ -14,7 +14,7 @@ from judgetrain.eval.compare import EvaluationError, compare_evaluations
 from judgetrain.eval.runner import current_items, evaluate, evaluate_and_write
 from judgetrain.eval.scoring import Request, ScoringEngine
 from judgetrain.eval.suites import SuiteSpec
-from test_eval_scoring import SMALL, tiny_dir, tokenizer  # noqa: F401  (the small tiny judge and its fixtures)
+from test_eval_scoring import SMALL, hand_logp, tiny_dir, tokenizer  # noqa: F401  (the small tiny judge, its fixtures)
 
 PROMPT = [{"role": "user", "content": "Is water wet?"}]
 RESPONSES = ["Yes.", "Water is wet because it adheres to surfaces and that is what wet means in everyday use."]
@@ -36,20 +36,6 @@ def _model(tiny_dir, adapter: str | None = None):
     return get_peft_model(base, cfg)
 
 
-def _hand(model, tokenizer, prompt, response) -> tuple[float, int]:
-    """(summed log-prob of the response's tokens after the prompt, how many tokens), from the model's own logits."""
-    prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                               return_dict=True)["input_ids"]
-    full = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": response}], tokenize=True,
-                                         return_dict=True)["input_ids"]
-    start = 0
-    while start < len(prompt_ids) and prompt_ids[start] == full[start]:
-        start += 1
-    with torch.no_grad():
-        logps = torch.log_softmax(model(torch.tensor([full])).logits[0].double(), -1)
-    return sum(float(logps[t - 1, full[t]]) for t in range(start, len(full))), len(full) - start
-
-
 def test_mean_per_token_is_the_sum_over_the_response_tokens_on_worked_rows(tiny_dir, tokenizer):
     """Worked rows: a 2-token-ish answer and a long one; loglik_sum = the hand sum, loglik_mean = that sum / the
     response's token count (the long answer's mean is far from its sum: the count is > 10)."""
@@ -59,10 +45,10 @@ def test_mean_per_token_is_the_sum_over_the_response_tokens_on_worked_rows(tiny_
     summed, mean = engine.score_requests([Request("loglik_sum", prompt=PROMPT, responses=responses),
                                           Request("loglik_mean", prompt=PROMPT, responses=responses)])
     for slot, text in enumerate(RESPONSES):
-        total, n = _hand(model, tokenizer, PROMPT, text)
+        total, n = hand_logp(model, tokenizer, PROMPT, text)
         assert summed.scores[slot] == pytest.approx(total, abs=2e-4)
         assert mean.scores[slot] == pytest.approx(total / n, abs=2e-5)
-    assert _hand(model, tokenizer, PROMPT, RESPONSES[1])[1] > 10
+    assert hand_logp(model, tokenizer, PROMPT, RESPONSES[1])[1] > 10
     assert abs(summed.scores[1]) > 5 * abs(mean.scores[1])
 
 

@@ -67,7 +67,7 @@ from judgetrain.loop.basecache import cached_base_eval
 from judgetrain.loop.replay import write_replay
 from judgetrain.loop.table import write_round_table
 from judgetrain.perturb.known import item_operators, item_text, write_heldout_pairs, write_heldout_rewrites
-from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, rule_figures
+from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, copy_rule_figures
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec, type_operators
 from judgetrain.run.launch import Launch, command_argv, find_command
@@ -242,7 +242,7 @@ class Loop:
         figure is above its limit, unless the loop runs with ``allow_shortcuts`` (then each figure let through is
         counted in the split's record)."""
         pairs, held = (copy_pairs(rows, samples) for rows in (train, heldout))
-        figures = rule_figures(pairs) if pairs else {}
+        figures = copy_rule_figures(pairs) if pairs else {}
         novel = NovelTokens.fit({p.source for p in pairs}, [p.copy for p in pairs])
         over = over_limit(figures)
         said = ", ".join(f"{rule} {acc:.3f} on {key}" for key, rule, acc in over)
@@ -256,7 +256,7 @@ class Loop:
                            "sources: %s", k, said)
         return {"limit": LIMIT, "types": figures, "allowed": [{"type": key, "rule": rule, "accuracy": acc}
                                                               for key, rule, acc in over],
-                "heldout": rule_figures(held, fitted=novel) if held else {}}
+                "heldout": copy_rule_figures(held, fitted=novel) if held else {}}
 
     def held_operators(self, items) -> set[str]:
         """The operators of the held-out types (`judgetrain.perturb.spec.type_operators`; without a spec, the one

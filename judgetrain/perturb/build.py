@@ -54,7 +54,7 @@ from judgetrain.perturb.edits import Change, Span, aim, apply, misplaced, pick
 from judgetrain.perturb.operators import Rules
 from judgetrain.perturb.oracle import differ, read_quantities, token_differences
 from judgetrain.perturb.rewrite import Request, diff_changes, rewrite_messages, run_rewrites
-from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, rule_figures
+from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, copy_rule_figures
 from judgetrain.perturb.source import Sample
 from judgetrain.perturb.spec import ORIGINAL_SET, PerturbSet, Spec, table_entities
 from judgetrain.utils.files import write_json, write_lines
@@ -145,7 +145,7 @@ def perturb(spec: Spec, samples: list[Sample], out: str | Path, *, rewriter: Jud
             copies.append(CopyPair(p.sample.sample_id, p.set_name, p.sample.text, text, len(changes)))
     summary = {"spec": spec.name, "seed": spec.seed, "samples": len(samples), "items": len(items),
                "rejected": len(rejects), "skipped_sets": skipped, "sets": {k: _set_summary(v) for k, v in per_set.items()}}
-    figures = rule_figures(copies)  # the tells a rule with no judge reads (shortcuts.py)
+    figures = copy_rule_figures(copies)  # the tells a rule with no judge reads (shortcuts.py)
     for name, f in figures.items():
         summary["sets"][name]["token_change"] = f["token_change"]
         summary["sets"][name]["rules"] = f["rules"]

@@ -10,7 +10,7 @@ id), and a fold's pairs are scored by the rule fitted on the other folds' source
 above ``LIMIT`` (`over_limit`), before any training.
 
     pairs = [CopyPair(sample_id, "equipment_substitution", source_text, copy_text, edits)]
-    figures = rule_figures(pairs)      # {"equipment_substitution": {"copies", "edits_per_copy", "token_change", "rules"}}
+    figures = copy_rule_figures(pairs)  # {type: {"copies", "edits_per_copy", "token_change", "rules"}}
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class CopyPair:
     edits: int
 
 
-def rule_figures(pairs: list[CopyPair], folds: int = FOLDS,
-                 fitted: NovelTokens | None = None) -> dict[str, dict[str, Any]]:
+def copy_rule_figures(pairs: list[CopyPair], folds: int = FOLDS,
+                      fitted: NovelTokens | None = None) -> dict[str, dict[str, Any]]:
     """Per key (in first-seen order): ``copies``, ``edits_per_copy`` (mean, min, max), ``token_change`` (mean words
     of a copy less its source's), ``rules`` (rule -> accuracy, ties half). The novel-token rule is ``fitted`` where
     given (on a training set the pairs are not in), else fitted fold by fold on the other samples."""
