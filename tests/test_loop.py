@@ -481,3 +481,84 @@ def test_the_base_is_scored_once_for_every_config_that_scores_it_alike(tmp_path,
     key = base_eval_key(commands[0])
     assert key == base_eval_key([*commands[0][:-1], commands[0][-1]]) and key != base_eval_key(
         [("implicit" if a == "judge" else a) for a in commands[0]])
+
+
+WARD_SPEC = {"name": "ward", "original": False,
+             "template": [{"role": "system", "content": "Judge the order. End with ```json {\"overall_score\": ...}```."},
+                          {"role": "user", "content": "Ward: {{ward}}\n\nOrder:\n{{text}}"}],
+             "operators": {"route_swap": {"kind": "table", "category": "error",  # each route for another the orders use
+                                          "pairs": {"oral": "rectal", "rectal": "topical", "topical": "oral"}}},
+             "sets": [{"name": "route_swap"}]}
+ROUTES = ("oral", "rectal", "topical")
+
+
+def two_domain_config(tmp_path: Path) -> Path:
+    """The clinic notes and a second domain, ward orders numbered alike (sample ids 0-11 in both): drug_swap held
+    out whole in the clinic domain (whose training pairs are then its rewrites against their sources, as ties), a
+    quarter of each domain's samples held out."""
+    path = loop_config(tmp_path, pairs={"method": "known", "form": "response", "ties": "tie"},
+                       heldout={"fraction": 0.25, "types": ["drug_swap"]})
+    (tmp_path / "ward.yaml").write_text(yaml.safe_dump(WARD_SPEC, sort_keys=False), encoding="utf-8")
+    orders = [{"sample_id": i, "ward": f"W{i}", "text": f"Give {DRUGS[i % 3]} by the {ROUTES[(i // 3) % 3]} route "
+               f"every {4 + i} hours."} for i in range(12)]
+    (tmp_path / "orders.jsonl").write_text("".join(json.dumps(o) + "\n" for o in orders), encoding="utf-8")
+    config = yaml.safe_load(path.read_text())
+    config["train"]["tie_model"] = "rao_kupper"
+    items = config.pop("items")
+    config["domains"] = [{"name": "clinic", **items},
+                         {"name": "ward", "source": str(tmp_path / "orders.jsonl"), "spec": str(tmp_path / "ward.yaml")}]
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_two_domains_split_and_pair_apart_and_pool_their_pairs_and_held_out_rows(tmp_path):
+    """A loop over two domains whose samples are numbered alike: each domain's items, split and pairs in its own
+    folder; the held-out rows pooled with each sample id named by its domain (no clinic sample shares a unit with
+    the ward sample of the same number); the training pairs pooled, their count the domains' sum; drug_swap, held
+    out whole, trains in neither domain."""
+    from judgetrain.cli import main
+
+    config = two_domain_config(tmp_path)
+    assert main(["loop", str(config), "--data_only"]) == 0
+    rd = tmp_path / "loop" / "round-1"
+    per = {name: pq.read_table(rd / "domains" / name / "pairs" / "train.parquet").to_pylist()
+           for name in ("clinic", "ward")}
+    pooled = pq.read_table(rd / "pairs" / "train.parquet").to_pylist()
+    assert per["ward"] and per["clinic"] and all(r["tie"] for r in per["clinic"])  # clinic: its rewrites as ties
+    assert not any(r["tie"] for r in per["ward"])
+    assert len(pooled) == len(per["clinic"]) + len(per["ward"])
+    assert pooled == per["clinic"] + per["ward"]  # each with its own domain's question
+    stats = json.loads((rd / "pairs" / "stats.json").read_text())
+    assert stats["train_pairs"] == len(pooled) and sorted(stats["domains"]) == ["clinic", "ward"]
+    split = json.loads((rd / "split" / "split.json").read_text())
+    clinic = json.loads((rd / "domains" / "clinic" / "split" / "split.json").read_text())
+    ward = json.loads((rd / "domains" / "ward" / "split" / "split.json").read_text())
+    assert split["train_items"] == clinic["train_items"] + ward["train_items"]
+    assert sorted(split["heldout_samples"]) == sorted([f"clinic/{s}" for s in clinic["heldout_samples"]]
+                                                      + [f"ward/{s}" for s in ward["heldout_samples"]])
+    trained = read_jsonl(rd / "domains" / "clinic" / "split" / "train.jsonl")
+    assert not any(r["perturbation_type"] == "drug_swap" for r in trained)
+    held = read_jsonl(tmp_path / "loop" / "heldout" / "pairwise.jsonl")
+    assert {r["domain"] for r in held} == {"clinic", "ward"}
+    assert all(r["sample_id"].startswith(r["domain"] + "/") and r["id"].startswith(r["domain"] + "/") for r in held)
+    drug = [r for r in held if r["category"] == "drug_swap"]
+    assert len({r["sample_id"] for r in drug}) == 12  # every clinic sample: the type is held out whole
+    assert {r["sample_id"] for r in held if r["category"] == "route_swap"} == {f"ward/{s}"
+                                                                                for s in ward["heldout_samples"]}
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"items": {"source": "x.jsonl", "spec": "y.yaml"}}, "items and domains: name the factories in one of them"),
+    ({"domains": [{"source": "x", "spec": "y"}]}, "domains[0].name: '': each domain needs a name of its own"),
+    ({"domains": "clinic"}, "domains: a list of mappings"),
+    ({"domains": [{"name": "a", "sorce": "x"}]}, "unknown key 'domains[0].sorce'; did you mean 'source'?"),
+])
+def test_a_bad_domains_section_is_refused_naming_the_key(tmp_path, capsys, edit, message):
+    from judgetrain.cli import main
+
+    config = yaml.safe_load(two_domain_config(tmp_path).read_text())
+    config.update(edit)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert main(["loop", str(path)]) == 2
+    assert message in capsys.readouterr().err

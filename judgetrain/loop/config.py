@@ -8,6 +8,8 @@
     train: {max_steps: 4, per_device_train_batch_size: 2}   # recipe keys for every round (over the recipe's)
     num_processes: 1                  # accelerate launch of perturb, judge, training and evaluation
     items: {source: notes.jsonl, spec: clinic.yaml, sets: [drug_swap, spacing]}   # the factory, or {file: ...}
+    # domains: [{name: clinic, source: notes.jsonl, spec: clinic.yaml}, {name: lab, source: ..., spec: ...}]
+    #          several factories in place of items: each domain's items, split and pairs apart, trained together
     heldout: {fraction: 0.25, types: [spacing], seed: 0}
     judge: {samples: 3, temperature: 1.0, force_score_prefix: true}
     pairs: {method: known, form: pairwise, ties: tie}
@@ -65,6 +67,16 @@ class Items:
     sets: list[str] | None = None
     seed: int = 0
     file: str | None = None
+
+
+@dataclass(frozen=True)
+class Domain(Items):
+    """One domain of a loop that trains on several (``domains``): its own factory (source, spec, sets, seed), its
+    items, split and pairs apart from the others' (``round-<k>/<stage>/<name>/``), its held-out samples drawn
+    alike; the training pairs and the held-out pairs of every domain are pooled (a held-out row's ``sample_id`` is
+    ``<name>/<sample_id>``, its domain kept in ``domain``)."""
+
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -139,13 +151,21 @@ class LoopConfig:
     pairs: Pairs = field(default_factory=Pairs)
     eval: Eval = field(default_factory=Eval)
     replay: Replay = field(default_factory=Replay)
+    domains: list[Domain] = field(default_factory=list)  # several factories in place of ``items``
     goal: str | None = None  # what the loop is for, in words: the loop's report states it
 
     def digest(self) -> str:
         """SHA-256 of the config's values but ``rounds`` and ``goal``: a rerun continues only the loop this config
-        started, a larger ``rounds`` adds rounds to a finished loop, and the goal's words may be edited."""
-        values = {k: v for k, v in asdict(self).items() if k not in ("rounds", "goal")}
+        started, a larger ``rounds`` adds rounds to a finished loop, and the goal's words may be edited. A config
+        without ``domains`` digests as before the key existed."""
+        values = {k: v for k, v in asdict(self).items()
+                  if k not in ("rounds", "goal") and not (k == "domains" and not v)}
         return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def parts(self) -> list[Items]:
+        """The factories the loop draws on: each of ``domains``, or ``items`` alone."""
+        return list(self.domains) or [self.items]
 
     @property
     def needs_judge(self) -> bool:
@@ -182,6 +202,8 @@ def parse_config(data: dict, where: str = "<loop config>") -> LoopConfig:
             if not isinstance(section, dict):
                 raise LoopConfigError(f"{where}: {name}: a mapping of keys is expected, got {section!r}")
             values[name] = kind(**_checked(section, kind, where, f"{name}."))
+    if values.get("domains") is not None:
+        values["domains"] = _domains(values["domains"], where)
     config = LoopConfig(**values)
     _check_values(config, where)
     return config
@@ -199,10 +221,26 @@ def _checked(data: dict, kind, where: str, prefix: str) -> dict:
         raise LoopConfigError(f"{where}: missing key(s) {', '.join(missing)}")
     hints = typing.get_type_hints(kind)
     for key, value in data.items():
-        problem = None if key in SECTIONS and kind is LoopConfig else _type_problem(value, hints[key])
+        problem = None if key in (*SECTIONS, "domains") and kind is LoopConfig else _type_problem(value, hints[key])
         if problem:
             raise LoopConfigError(f"{where}: {prefix}{key}: {value!r} is not {problem}")
     return dict(data)
+
+
+def _domains(value: Any, where: str) -> list[Domain]:
+    """``domains``: a list of mappings, each a `Domain` with its own name."""
+    if not isinstance(value, list) or not value or not all(isinstance(d, dict) for d in value):
+        raise LoopConfigError(f"{where}: domains: a list of mappings (name, source, spec, sets, seed), got {value!r}")
+    domains = [Domain(**_checked(d, Domain, where, f"domains[{i}].")) for i, d in enumerate(value)]
+    names = [d.name for d in domains]
+    for i, d in enumerate(domains):
+        if not d.name or "/" in d.name or names.count(d.name) > 1:
+            raise LoopConfigError(f"{where}: domains[{i}].name: {d.name!r}: each domain needs a name of its own, "
+                                  "without '/'")
+        if d.source is None or d.spec is None or d.file is not None:
+            raise LoopConfigError(f"{where}: domains[{i}] ({d.name}): a domain is a factory: name its source and "
+                                  "spec (no file)")
+    return domains
 
 
 def _type_problem(value: Any, hint: Any) -> str | None:
@@ -235,6 +273,15 @@ def _check_values(config: LoopConfig, where: str) -> None:
     if not isinstance(config.rounds, int) or config.rounds < 1:
         raise LoopConfigError(f"{where}: rounds: a whole number >= 1, got {config.rounds!r}")
     items = config.items
+    if config.domains:
+        if items != Items():
+            raise LoopConfigError(f"{where}: items and domains: name the factories in one of them (domains: each "
+                                  "its own items)")
+        if config.pairs.method != "known" or config.pairs.form == "pointwise":
+            raise LoopConfigError(f"{where}: domains: pairs of known direction from the texts (pairs.method known, "
+                                  f"form pairwise or response) are built domain by domain; "
+                                  f"{config.pairs.method}/{config.pairs.form} pairs are not")
+        items = config.domains[0]
     if items.file is None and (items.source is None or items.spec is None):
         raise LoopConfigError(f"{where}: items: name the factory's source and spec, or a file of items")
     if config.pairs.method == "known" and config.pairs.form in ("pairwise", "response") \
@@ -325,17 +372,20 @@ def check_inputs(config: LoopConfig, where: str = "<loop config>") -> None:
     out = Path(config.output_dir)
     if out.exists() and not out.is_dir():
         raise LoopConfigError(f"{where}: output_dir: {out} is a file, not a folder")
-    items, types_known = config.items, None
-    try:
-        if items.spec is not None:
-            spec = select_sets(load_spec(items.spec), items.sets)
-            types_known = [s.name for s in spec.sets] + (["original"] if spec.original else [])
-            if items.source is not None:
-                read_samples(items.source, spec, split=items.source_split)
-        if items.file is not None:
-            types_known = sorted({str(i.columns.get("perturbation_type")) for i in read_items(items.file).items})
-    except (BadInputError, OSError) as err:
-        raise LoopConfigError(f"{where}: items: {err}") from None
+    types_known: list[str] | None = None
+    for items in config.parts:
+        key = f"domains ({items.name})" if isinstance(items, Domain) else "items"
+        try:
+            if items.spec is not None:
+                spec = select_sets(load_spec(items.spec), items.sets)
+                types_known = (types_known or []) + [s.name for s in spec.sets] + (["original"] if spec.original else [])
+                if items.source is not None:
+                    read_samples(items.source, spec, split=items.source_split)
+            if items.file is not None:
+                types_known = sorted({str(i.columns.get("perturbation_type")) for i in read_items(items.file).items})
+        except (BadInputError, OSError) as err:
+            raise LoopConfigError(f"{where}: {key}: {err}") from None
+    items = config.parts[0]
     for name in config.heldout.types:
         if types_known is not None and name not in types_known:
             raise LoopConfigError(f"{where}: heldout.types: no perturbation type {name!r}"
@@ -399,6 +449,8 @@ def input_fingerprints(config: LoopConfig) -> dict[str, str]:
     paths = {"recipe": resolve_packaged(config.recipe, "recipes"), "items.file": config.items.file,
              "items.source": config.items.source,
              "items.spec": str(spec_path(config.items.spec)) if config.items.spec else None}
+    for d in config.domains:
+        paths.update({f"domains.{d.name}.source": d.source, f"domains.{d.name}.spec": str(spec_path(d.spec))})
     return {key: _contents_digest(Path(value)) for key, value in paths.items() if value is not None}
 
 

@@ -61,8 +61,8 @@ from judgetrain.data.pairs import validation_samples
 from judgetrain.eval.rules import NovelTokens
 from judgetrain.judge.items import read_items
 from judgetrain.config.recipe import load_recipe_file
-from judgetrain.loop.config import (HELDOUT_SOURCE, LoopConfig, LoopConfigError, eval_suites, input_fingerprints, option_args,
-                                   round_recipe, trained_form)
+from judgetrain.loop.config import (HELDOUT_SOURCE, Domain, Items, LoopConfig, LoopConfigError, eval_suites,
+                                   input_fingerprints, option_args, round_recipe, trained_form)
 from judgetrain.loop.basecache import cached_base_eval
 from judgetrain.loop.replay import write_replay
 from judgetrain.loop.table import write_round_table
@@ -181,27 +181,52 @@ class Loop:
 
     # ---- the stages -------------------------------------------------------------------------------------------
 
-    def stage_items(self, k: int, rd: Path) -> None:
-        items = self.config.items
-        if items.file is not None:
-            return  # given: every round reads the same file
-        cmd = ["perturb", "--source", items.source, "--source_split", items.source_split, "--spec", items.spec,
-               "--seed", str(items.seed + k - 1), "--output_dir", str(rd / "items")]
-        run_command(cmd + (["--sets", *items.sets] if items.sets else []), self.launch)
+    def part_dir(self, rd: Path, part: Items) -> Path:
+        """Where a factory's items, split and pairs go in round folder ``rd`` (or, for ``self.out``, its held-out
+        files): ``rd`` itself for ``items``, ``rd/domains/<name>`` for each of ``domains``."""
+        return rd / "domains" / part.name if isinstance(part, Domain) else rd
 
-    def items_path(self, k: int) -> str:
-        return self.config.items.file or str(self.round_dir(k) / "items" / "items.jsonl")
+    def stage_items(self, k: int, rd: Path) -> None:
+        for items in self.config.parts:
+            if items.file is not None:
+                continue  # given: every round reads the same file
+            cmd = ["perturb", "--source", items.source, "--source_split", items.source_split, "--spec", items.spec,
+                   "--seed", str(items.seed + k - 1), "--output_dir", str(self.part_dir(rd, items) / "items")]
+            run_command(cmd + (["--sets", *items.sets] if items.sets else []), self.launch)
+
+    def items_path(self, k: int, part: Items | None = None) -> str:
+        part = part or self.config.parts[0]
+        return part.file or str(self.part_dir(self.round_dir(k), part) / "items" / "items.jsonl")
 
     def stage_split(self, k: int, rd: Path) -> None:
-        """Training items apart from the held-out ones (`heldout_samples`, the same every round; ``heldout.types``
-        and the items holding an edit of their operators, `held_operators`; and any copy whose text is a held-out
-        text: a held-out sample's, or a held-out item's copy of this round); round 1 also writes the held-out
-        pairs."""
+        """Training items apart from the held-out ones, factory by factory (`split_part`); with ``domains``,
+        ``split/split.json`` pools the domains' records (each in ``domains``) and round 1 pools their held-out
+        files (`pool_heldout`)."""
+        records = {}
+        for part in self.config.parts:
+            records[part.name if isinstance(part, Domain) else ""] = self.split_part(k, rd, part)
+        if self.config.domains:
+            (rd / "split").mkdir(parents=True, exist_ok=True)
+            write_json(rd / "split" / "split.json", pooled_split(records))
+            if k == 1 and self.has_texts():
+                for file in (HELDOUT_PAIRS, HELDOUT_REWRITES):
+                    pool_heldout({d.name: self.part_dir(self.out, d) / file for d in self.config.domains},
+                                 self.out / file)
+        if k == 1 and self.has_texts() and not eval_suites(self.config, self.held_files())[0]:
+            raise LoopConfigError(f"eval.suites: {self.config.eval.suites}: the held-out items hold no error copy, "
+                                  "so there are no held-out pairs and no suite to score; name another suite")
+
+    def split_part(self, k: int, rd: Path, part: Items) -> dict[str, Any]:
+        """One factory's training items apart from its held-out ones (`heldout_samples`, the same every round;
+        ``heldout.types`` and the items holding an edit of their operators, `held_operators`; and any copy whose
+        text is a held-out text: a held-out sample's, or a held-out item's copy of this round); round 1 also writes
+        the held-out pairs. Returns the split's record."""
         held = self.config.heldout
-        items = read_items(self.items_path(k)).items
-        held_ids, held_texts = self.heldout_samples()
-        samples = {str(s.sample_id): s for s in self.samples()} if self.has_texts() else {}
-        operators = self.held_operators(items)
+        where = self.part_dir(rd, part)
+        items = read_items(self.items_path(k, part)).items
+        held_ids, held_texts = self.heldout_samples(part)
+        samples = {str(s.sample_id): s for s in self.samples(part)} if self.has_texts() else {}
+        operators = self.held_operators(items, part)
         rows = []
         for item in items:
             sample = samples.get(str(item.columns["sample_id"]))
@@ -216,26 +241,26 @@ class Loop:
             if not out and text is not None and text in held_texts:
                 out, same_text = True, same_text + 1  # another sample's copy reads as a held-out text
             (heldout if out else train).append(row)
+        label = f"{part.name}: " if isinstance(part, Domain) else ""
         if not train:
-            raise LoopConfigError(f"round {k}: every item is held out (heldout.fraction {held.fraction}, types "
-                                  f"{held.types}): nothing to train on")
-        (rd / "split").mkdir(parents=True, exist_ok=True)
-        write_lines(rd / "split" / "train.jsonl", (json.dumps(r, ensure_ascii=False) for r in train))
-        write_lines(rd / "split" / "heldout.jsonl", (json.dumps(r, ensure_ascii=False) for r in heldout))
-        shortcuts = self.shortcuts(k, train, heldout, samples) if samples else None
-        write_json(rd / "split" / "split.json", {"train_items": len(train), "heldout_items": len(heldout),
-                                                 "heldout_samples": sorted(held_ids),
-                                                 "heldout_types": list(held.types),
-                                                 "heldout_operators": sorted(operators), "heldout_same_text": same_text,
-                                                 **({"shortcuts": shortcuts} if shortcuts else {})})
+            raise LoopConfigError(f"round {k}: {label}every item is held out (heldout.fraction {held.fraction}, "
+                                  f"types {held.types}): nothing to train on")
+        (where / "split").mkdir(parents=True, exist_ok=True)
+        write_lines(where / "split" / "train.jsonl", (json.dumps(r, ensure_ascii=False) for r in train))
+        write_lines(where / "split" / "heldout.jsonl", (json.dumps(r, ensure_ascii=False) for r in heldout))
+        shortcuts = self.shortcuts(k, train, heldout, samples, label) if samples else None
+        record = {"train_items": len(train), "heldout_items": len(heldout), "heldout_samples": sorted(held_ids),
+                  "heldout_types": list(held.types), "heldout_operators": sorted(operators),
+                  "heldout_same_text": same_text, **({"shortcuts": shortcuts} if shortcuts else {})}
+        write_json(where / "split" / "split.json", record)
         if k == 1 and self.has_texts():
-            write_heldout_pairs(heldout, list(samples.values()), self.out / HELDOUT_PAIRS)
-            write_heldout_rewrites(heldout, list(samples.values()), self.out / HELDOUT_REWRITES)
-            if not eval_suites(self.config, self.held_files())[0]:  # refused here, not by eval after training
-                raise LoopConfigError(f"eval.suites: {self.config.eval.suites}: the held-out items hold no error copy, "
-                                      "so there are no held-out pairs and no suite to score; name another suite")
+            out = self.part_dir(self.out, part)
+            write_heldout_pairs(heldout, list(samples.values()), out / HELDOUT_PAIRS)
+            write_heldout_rewrites(heldout, list(samples.values()), out / HELDOUT_REWRITES)
+        return record
 
-    def shortcuts(self, k: int, train: list[dict], heldout: list[dict], samples: dict) -> dict[str, Any]:
+    def shortcuts(self, k: int, train: list[dict], heldout: list[dict], samples: dict,
+                  label: str = "") -> dict[str, Any]:
         """What the shorter, longer and novel-token rules get on the training error copies against their sources,
         per type (`judgetrain.perturb.shortcuts`, the novel-token rule fitted on other training samples), and on the
         held-out copies (``heldout``: the rule fitted on the training items); `ShortcutsRefused` where a training
@@ -247,25 +272,26 @@ class Loop:
         over = over_limit(figures)
         said = ", ".join(f"{rule} {acc:.3f} on {key}" for key, rule, acc in over)
         if over and not self.allow_shortcuts:
-            raise ShortcutsRefused(f"round {k}: a rule with no judge separates the training error copies from their "
+            raise ShortcutsRefused(f"round {k}: {label}a rule with no judge separates the training error copies from their "
                                    f"sources above {LIMIT}: {said} (per type in round-{k}/split/split.json's "
                                    "shortcuts): a judge trained on them can learn the tell, not the error; make "
                                    "copies no rule catches (docs/perturb.md), or run again with --allow_shortcuts")
         if over:
-            logger.warning("round %d: training anyway (--allow_shortcuts) on copies a rule separates from their "
-                           "sources: %s", k, said)
+            logger.warning("round %d: %straining anyway (--allow_shortcuts) on copies a rule separates from their "
+                           "sources: %s", k, label, said)
         return {"limit": LIMIT, "types": figures, "allowed": [{"type": key, "rule": rule, "accuracy": acc}
                                                               for key, rule, acc in over],
                 "heldout": copy_rule_figures(held, fitted=novel) if held else {}}
 
-    def held_operators(self, items) -> set[str]:
+    def held_operators(self, items, part: Items | None = None) -> set[str]:
         """The operators of the held-out types (`judgetrain.perturb.spec.type_operators`; without a spec, the one
         operator every item of a held-out type names): an item of any set holding one of their edits is held out."""
         types = self.config.heldout.types
         if not types:
             return set()
-        if self.config.items.spec:
-            return type_operators(load_spec(self.config.items.spec), types)
+        part = part or self.config.parts[0]
+        if part.spec:
+            return type_operators(load_spec(part.spec), types)
         named: dict[str, set] = {}
         for item in items:
             if item.columns.get("perturbation_type") in types:
@@ -278,17 +304,17 @@ class Loop:
                 if (self.out / file).is_file() and (self.out / file).stat().st_size > 0]
 
     def has_texts(self) -> bool:
-        return bool(self.config.items.source and self.config.items.spec)
+        return all(part.source and part.spec for part in self.config.parts)
 
-    def heldout_samples(self) -> tuple[set[str], set[str]]:
+    def heldout_samples(self, part: Items | None = None) -> tuple[set[str], set[str]]:
         """(the held-out sample ids as text, their texts), drawn once for the loop: a seeded ``heldout.fraction`` of
         the source's samples (of the items file's without a source, every round the same file), with every sample
         whose text is a held-out one's. A round whose items lack a sample (none of its copies accepted) holds out
         the same samples."""
-        held = self.config.heldout
-        samples = self.samples() if self.has_texts() else []
+        held, part = self.config.heldout, part or self.config.parts[0]
+        samples = self.samples(part) if self.has_texts() else []
         ids = [s.sample_id for s in samples] if samples else \
-            [i.columns["sample_id"] for i in read_items(self.items_path(1)).items]
+            [i.columns["sample_id"] for i in read_items(self.items_path(1, part)).items]
         drawn = {str(x) for x in validation_samples(ids, held.fraction, held.seed)}
         texts = {s.text for s in samples if str(s.sample_id) in drawn}
         for file in (HELDOUT_PAIRS, HELDOUT_REWRITES):  # the held-out copies (each row's response_b; response_a is
@@ -297,8 +323,9 @@ class Loop:
                           for line in (self.out / file).read_text(encoding="utf-8").splitlines() if line}
         return drawn | {str(s.sample_id) for s in samples if s.text in texts}, texts
 
-    def samples(self):
-        items = self.config.items
+    def samples(self, items: Items | None = None):
+        """The source samples of factory ``items`` (the first, or only, one by default)."""
+        items = items or self.config.parts[0]
         samples, _ = read_samples(items.source, load_spec(items.spec), split=items.source_split)
         return samples
 
@@ -324,7 +351,9 @@ class Loop:
         write_lines(rd / "judge" / "evaluations.jsonl", rows)
 
     def stage_pairs(self, k: int, rd: Path) -> None:
-        pairs, items = self.config.pairs, self.config.items
+        """The round's training pairs in ``pairs/``: with ``domains``, each domain's built in its own folder and pooled
+        (`pool_pairs`); then the replay rows beside them."""
+        pairs = self.config.pairs
         options = option_args(pairs.options)
         if pairs.method == "anchor":
             cmd = ["pairs", "build", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
@@ -333,11 +362,17 @@ class Loop:
             cmd = ["pairs", "known", "--form", "pointwise", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
                    "--ties", pairs.ties, "--validation_fraction", "0"]
         else:
-            cmd = ["pairs", "known", "--form", pairs.form, "--items", str(rd / "split" / "train.jsonl"),
-                   "--source", items.source,
-                   "--source_split", items.source_split, "--spec", items.spec, "--ties", pairs.ties,
-                   "--validation_fraction", "0"]
-        run_command(cmd + ["--output_dir", str(rd / "pairs")] + options)
+            for items in self.config.parts:
+                where = self.part_dir(rd, items)
+                run_command(["pairs", "known", "--form", pairs.form, "--items", str(where / "split" / "train.jsonl"),
+                             "--source", items.source, "--source_split", items.source_split, "--spec", items.spec,
+                             "--ties", pairs.ties, "--validation_fraction", "0",
+                             "--output_dir", str(where / "pairs")] + options)
+            if self.config.domains:
+                pool_pairs({d.name: self.part_dir(rd, d) / "pairs" for d in self.config.domains}, rd / "pairs")
+            cmd = None
+        if cmd is not None:
+            run_command(cmd + ["--output_dir", str(rd / "pairs")] + options)
         if self.config.replay.share:
             write_replay(self.config.replay, rd / "pairs")
 
@@ -378,6 +413,72 @@ class Loop:
         if k:
             run_command(["compare", str(self.round_dir(0) / "eval"), str(rd / "eval"),
                          "--output", str(rd / "eval" / ROUND_COMPARE_FILE)])
+
+
+def pooled_split(records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The split's record of a loop with several domains: the counts summed, each sample id and rule figure's key
+    named with its domain (``<name>/<id>``), every domain's own record in ``domains``."""
+    shortcuts = {name: r["shortcuts"] for name, r in records.items() if r.get("shortcuts")}
+    pooled: dict[str, Any] = {
+        "train_items": sum(r["train_items"] for r in records.values()),
+        "heldout_items": sum(r["heldout_items"] for r in records.values()),
+        "heldout_samples": [f"{name}/{sid}" for name, r in records.items() for sid in r["heldout_samples"]],
+        "heldout_types": next(iter(records.values()))["heldout_types"],
+        "heldout_operators": sorted({op for r in records.values() for op in r["heldout_operators"]}),
+        "heldout_same_text": sum(r["heldout_same_text"] for r in records.values())}
+    if shortcuts:
+        pooled["shortcuts"] = {
+            "limit": next(iter(shortcuts.values()))["limit"],
+            "types": {f"{name}/{key}": f for name, s in shortcuts.items() for key, f in s["types"].items()},
+            "allowed": [{**a, "type": f"{name}/{a['type']}"} for name, s in shortcuts.items() for a in s["allowed"]],
+            "heldout": {f"{name}/{key}": f for name, s in shortcuts.items() for key, f in s["heldout"].items()}}
+    return {**pooled, "domains": records}
+
+
+def pool_heldout(files: dict[str, Path], path: Path) -> int:
+    """The held-out rows of every domain's file (``files``: name -> file) in one file at ``path``: each row's
+    ``sample_id`` and ``id`` prefixed ``<name>/`` (two domains may number their samples alike; a sample is the
+    suite's unit) and its ``domain`` named. Returns the rows written."""
+    rows = []
+    for name, file in files.items():
+        for line in file.read_text(encoding="utf-8").splitlines() if file.is_file() else []:
+            if line.strip():
+                row = json.loads(line)
+                rows.append({**row, "id": f"{name}/{row['id']}", "sample_id": f"{name}/{row['sample_id']}",
+                             "domain": name})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_lines(path, (json.dumps(r, ensure_ascii=False) for r in rows))
+    logger.info("held-out rows of %d domains pooled: %d (%s)", len(files), len(rows), path)
+    return len(rows)
+
+
+def pool_pairs(folders: dict[str, Path], out: Path) -> dict[str, Any]:
+    """Every domain's training pairs (``folders``: name -> `judgetrain pairs known`'s output folder) in one
+    ``out/train.parquet`` (rows in domain order), their rejects in ``out/rejects.jsonl`` (each naming its domain),
+    and ``out/stats.json``: the pairs and rejects counted, every domain's own statistics in ``domains``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    tables = [pq.read_table(folder / "train.parquet") for folder in folders.values()]
+    table = pa.concat_tables(tables, promote_options="default")
+    pq.write_table(table, out / "train.parquet")
+    rejects = [json.dumps({**json.loads(line), "domain": name}, ensure_ascii=False)
+               for name, folder in folders.items() if (folder / "rejects.jsonl").is_file()
+               for line in (folder / "rejects.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    write_lines(out / "rejects.jsonl", rejects)
+    stats = {name: read_json(folder / "stats.json") or {} for name, folder in folders.items()}
+    labels: dict[str, int] = {}
+    for s in stats.values():
+        for label, n in (s.get("pairs_by_label") or {}).items():
+            labels[label] = labels.get(label, 0) + n
+    pooled = {**{key: sum(s.get(key) or 0 for s in stats.values())
+                 for key in ("total_pairs", "error_pairs", "represent_pairs")},
+              "train_pairs": table.num_rows, "validation_pairs": 0, "pairs_by_label": dict(sorted(labels.items())),
+              "rejected_rows": len(rejects), "domains": stats}
+    write_json(out / "stats.json", pooled)
+    logger.info("training pairs of %d domains pooled: %d (%s)", len(folders), table.num_rows, out / "train.parquet")
+    return pooled
 
 
 def copy_pairs(rows: list[dict], samples: dict) -> list[CopyPair]:
