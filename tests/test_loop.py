@@ -187,16 +187,33 @@ def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_desig
 
     # the pointwise proof reads generated recipes (its header's make_samples line): made here, small, and named
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_samples.py"), "--only", "recipes", "synthesis",
-                    "--judgebias-samples", "20", "0", "--samples", "20", "0", "--out", str(tmp_path / "pointwise")],
-                   check=True, cwd=REPO)
+                    "cooking", "--judgebias-samples", "20", "0", "--samples", "20", "0", "--out",
+                    str(tmp_path / "pointwise")], check=True, cwd=REPO)
+    judgebench = tmp_path / "judgebench.jsonl"  # the grid's replay source: two pairs in the authors' schema
+    judgebench.write_text("".join(json.dumps({"pair_id": f"p{i}", "original_id": str(i), "source": "mmlu-pro-x",
+                                              "question": "2 + 2?", "response_model": "m", "response_A": "4",
+                                              "response_B": "5", "label": "A>B" if i else "B>A"}) + "\n"
+                                  for i in range(2)), encoding="utf-8")
     configs = {}
     for p in sorted((REPO / "recipes" / "loops").glob("*.yaml")):
-        text = p.read_text(encoding="utf-8")
-        for kind in ("recipes", "synthesis"):
+        text = p.read_text(encoding="utf-8").replace("source: data/judgebench", f"source: {judgebench}")
+        for kind in ("recipes", "synthesis", "cooking"):
             text = text.replace(f"source: data/pointwise/{kind}", f"source: {tmp_path / 'pointwise' / kind}")
+            text = text.replace(f"source: data/grid/{kind}", f"source: {tmp_path / 'pointwise' / kind}")
         (tmp_path / p.name).write_text(text, encoding="utf-8")
         configs[p.name] = load_config(tmp_path / p.name)
     assert {"smollm2_verdicts.yaml", "smollm2_pointwise.yaml"} <= set(configs)
+    grid = {name[len("grid_"):-len(".yaml")]: c for name, c in configs.items() if name.startswith("grid_")}
+    assert sorted(grid) == ["a_log_ratio", "b_ties", "c_mean_ties", "d_replay"]
+    for name, config in grid.items():  # one data, one held-out set and one eval for the whole grid (round 0 cached)
+        assert [d.name for d in config.domains] == ["synthesis", "cooking"] and config.eval.base_cache
+        assert (config.heldout, config.eval, config.domains) == (grid["a_log_ratio"].heldout,
+                                                                 grid["a_log_ratio"].eval, grid["a_log_ratio"].domains)
+        assert config.heldout.fraction >= 0.2 and len(config.heldout.types) == 2 and ">= 0.70" in config.goal
+    assert [grid[n].pairs.ties for n in sorted(grid)] == ["drop", "tie", "tie", "tie"]
+    assert [grid[n].train.get("training_form", "log_ratio") for n in sorted(grid)] == \
+        ["log_ratio", "log_ratio", "mean_logprob", "mean_logprob"]
+    assert [grid[n].replay.share for n in sorted(grid)] == [0, 0, 0, 0.1]
     proof = configs["smollm2_pointwise.yaml"]
     assert (proof.pairs.form, proof.pairs.ties, proof.heldout.types) == ("response", "drop", ["element_substitution"])
     assert proof.heldout.fraction >= 0.2  # and three error types trained
