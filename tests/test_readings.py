@@ -79,6 +79,36 @@ def test_base_and_its_lora_init_read_alike_in_the_likelihood_readings(tiny_dir, 
     assert all(abs(x) < 1e-4 for x in init["implicit"])
 
 
+def test_the_likelihood_modes_of_one_evaluation_read_one_policy_forward(tiny_dir, tokenizer):
+    """implicit, loglik_sum and loglik_mean scored together (a moved adapter: a real log-ratio) give each mode the
+    scores it gets scored alone, with the policy forwards of one mode: the 36 responses' summed log-probs are
+    computed once and read by the two other modes (``policy_shared`` 72); the reference runs once, for implicit.
+    Outside an evaluation nothing is kept: the next call runs its forwards again."""
+    modes = ["implicit", "loglik_sum", "loglik_mean"]
+    model = _model(tiny_dir, "moved")
+
+    def run(ms):
+        engine = ScoringEngine(model, tokenizer, batch_tokens=512)
+        res = evaluate(engine, [SuiteSpec("rmbench", rows=[dict(r) for r in ROWS])], modes=ms)["rmbench"]
+        by_mode = {ms[0]: res.records, **{m: sub.records for m, sub in res.modes.items()}}
+        return engine.stats, {m: [x for r in recs for x in r["score_chosen"] + r["score_rejected"]]
+                              for m, recs in by_mode.items()}
+
+    together, scores = run(modes)
+    for mode in modes:
+        alone, own = run([mode])
+        assert scores[mode] == pytest.approx(own[mode], abs=1e-5), mode
+        assert alone.policy_shared == 0
+    single, _ = run(["loglik_sum"])
+    assert together.policy_shared == 72 and together.policy_batches == single.policy_batches
+    assert together.ref_sequences_computed == 36
+    engine = ScoringEngine(model, tokenizer, batch_tokens=512)
+    responses = [[{"role": "assistant", "content": r}] for r in RESPONSES]
+    engine.score_requests([Request("loglik_sum", prompt=PROMPT, responses=responses)])
+    engine.score_requests([Request("loglik_mean", prompt=PROMPT, responses=responses)])
+    assert engine.stats.policy_shared == 0  # no evaluation around them: both calls ran their forwards
+
+
 def test_against_a_base_baseline_a_mode_read_two_ways_is_left_out_and_said(tiny_dir, tokenizer, tmp_path):
     """`judgetrain eval --baseline BASE` scores the base first, then the trained judge (an adapter): implicit is the
     base's log-likelihood and the judge's log-ratio, so it gets no difference (``not_compared`` names both readings);

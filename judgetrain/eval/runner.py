@@ -219,7 +219,8 @@ def evaluate(
     that need no judge (`judgetrain.eval.rules`; ``novel``: the novel-token rule fitted on training items, absent
     without it) are computed on the same rows, and each judge figure set beside the best of them (`set_rules`).
 
-    Rows are loaded once per spec and kept on it (``spec.rows``) so later calls score the same rows. Returns
+    Rows are loaded once per spec and kept on it (``spec.rows``) so later calls score the same rows. A response's
+    policy log-prob is computed once for every likelihood mode listed (`ScoringEngine.sharing_policy_scores`). Returns
     {suite name: SuiteResult}; every process gets the full results.
     """
     modes = list(modes or [engine.scoring])
@@ -227,17 +228,18 @@ def evaluate(
         raise ValueError("the generate scoring mode needs a generator (judgetrain.eval.generate.Generator)")
     proxies = [m for m in modes if m in PROXY_MODES]
     results: dict[str, SuiteResult] = {}
-    for spec in specs:
-        rows = _rows(spec)
-        res = _score(engine, spec, rows, proxies[0], state) if proxies else SuiteResult(spec.name, {}, [])
-        for mode in proxies[1:]:
-            res.modes[mode] = _score(engine, spec, rows, mode, state, bare=False)
-        if "verdict" in modes and applies(spec.name, "verdict"):
-            res.modes["verdict"] = _score(engine, spec, rows, "verdict", state, bare=False)
-        if "generate" in modes:
-            res.modes["generate"] = _generate(engine, generator, spec, rows, state)
-        set_rules(res, spec, rows, novel)
-        results[spec.name] = res
+    with engine.sharing_policy_scores():  # the weights hold still: the likelihood modes read one policy forward
+        for spec in specs:
+            rows = _rows(spec)
+            res = _score(engine, spec, rows, proxies[0], state) if proxies else SuiteResult(spec.name, {}, [])
+            for mode in proxies[1:]:
+                res.modes[mode] = _score(engine, spec, rows, mode, state, bare=False)
+            if "verdict" in modes and applies(spec.name, "verdict"):
+                res.modes["verdict"] = _score(engine, spec, rows, "verdict", state, bare=False)
+            if "generate" in modes:
+                res.modes["generate"] = _generate(engine, generator, spec, rows, state)
+            set_rules(res, spec, rows, novel)
+            results[spec.name] = res
     return results
 
 

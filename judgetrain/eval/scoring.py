@@ -112,6 +112,9 @@ class EngineStats:
     # implicit sequences whose policy log-prob is the frozen reference's own (the weights have not changed since
     # the reference was scored: the eval_on_start of a full fine-tune with precompute_ref_log_probs), not run again
     policy_from_reference: int = 0
+    # likelihood sequences whose policy log-prob another mode of the same evaluation scored (`sharing_policy_scores`:
+    # implicit, loglik_sum and loglik_mean read one policy forward), not run again
+    policy_shared: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -196,6 +199,9 @@ class ScoringEngine(StopPoints):
         # same collective on every rank (every rank runs the same number of forwards when scoring with ``sync``)
         self.stop_check = stop_check
         self._stop_points = 0
+        # inside `sharing_policy_scores`: the policy's summed log-prob of each likelihood sequence scored, by its
+        # token ids and first scored token; None outside (the weights may change between two evaluations)
+        self._policy_cache: dict[tuple[int, bytes], float] | None = None
 
     @property
     def max_length(self) -> int:
@@ -239,6 +245,24 @@ class ScoringEngine(StopPoints):
             self._ref_cache.update(values)
         self.policy_reference = "frozen"
         self.policy_is_reference = policy_is_reference
+
+    @contextlib.contextmanager
+    def sharing_policy_scores(self):
+        """Inside: the policy's weights do not change, so a likelihood sequence's summed log-prob is computed once
+        and read by every mode that scores it (implicit before its reference is subtracted, loglik_sum, and
+        loglik_mean before its division): one policy forward for the three readings. Cleared on exit."""
+        outer = self._policy_cache is not None
+        if not outer:
+            self._policy_cache = {}
+        try:
+            yield self
+        finally:
+            if not outer:
+                self._policy_cache = None
+
+    @staticmethod
+    def _policy_key(s: TokenSequence) -> tuple[int, bytes]:
+        return s.start, np.asarray(s.ids, dtype=np.int64).tobytes()
 
     def policy_updated(self) -> None:
         """An optimizer step changed (or is about to change) the policy: it is no longer its own reference."""
@@ -471,14 +495,25 @@ class ScoringEngine(StopPoints):
                         rows[s.row].scores[s.slot] = self._ref_cache[s.key]
                 lik = [s for s in lik if id(s) not in reused]
                 self.stats.policy_from_reference += len(reused)
+            todo = lik
+            if self._policy_cache is not None:  # another mode of this evaluation scored the same sequences
+                cache = self._policy_cache
+                todo = [s for s in lik if self._policy_key(s) not in cache]
+                for s in lik:
+                    if self._policy_key(s) in cache:
+                        rows[s.row].scores[s.slot] = cache[self._policy_key(s)]
+                self.stats.policy_shared += len(lik) - len(todo)
             # under sync every rank runs each stage (collectives), even with nothing of its own to score
             with self._policy_forwards(model):
-                for group, is_judge in ((judge, True), (lik, False)):
+                for group, is_judge in ((judge, True), (todo, False)):
                     if sync or group:
                         values, n_forwards = self._score_sequences(model, group, is_judge, sync)
                         self.stats.policy_batches += n_forwards
                         for (r, slot), v in values.items():
                             rows[r].scores[slot] = v
+                        if not is_judge and self._policy_cache is not None:
+                            self._policy_cache.update((self._policy_key(s), values[(s.row, s.slot)])
+                                                      for s in group if (s.row, s.slot) in values)
             for s in lik:  # the per-token reading: the sum over the response tokens scored, divided by their count
                 if kinds[s.row] == "loglik_mean" and rows[s.row].scores is not None:
                     rows[s.row].scores[s.slot] /= max(len(s.ids) - s.start, 1)
