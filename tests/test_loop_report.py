@@ -175,3 +175,46 @@ def test_a_loop_state_without_settings_still_reports_its_rounds(tmp_path):
     md = make_report([loop], tmp_path / "out")["report.md"].read_text()
     assert "**Status: finished: every stage of the 2 rounds done (the state file does not record the rounds " in md
     assert "does not record the loop's config" in md and "| pairwise/verdict/accuracy |" in md
+
+
+def _read(k: int, figure: str, value: float, mode: str, reading: str, over_rule: float | None = None) -> dict:
+    return {**_row(k, figure, value, None if k == 0 else value - 0.6), "mode": mode, "reading": reading,
+            "best_rule": None if over_rule is None else "shorter", "over_rule": over_rule,
+            "over_rule_ci_low": None if over_rule is None else over_rule - 0.05,
+            "over_rule_ci_high": None if over_rule is None else over_rule + 0.05, "learned": bool(over_rule)}
+
+
+def test_the_page_draws_the_held_out_pairs_base_against_the_last_round_under_one_reading(tmp_path):
+    """The held-out pairs drawn right under the round table (heldout.png): a line per error type, the type held out
+    whole first, and one for all pairs; base and round 2 under the one reading they share (loglik_mean: the implicit
+    rows read the base's log-likelihood against round 2's log-ratio and are not drawn), the best rule beside."""
+    from judgetrain.report.rounds import heldout_figure, shared_mode
+
+    loop = make_loop(tmp_path)
+    rows = []
+    for k in (0, 1, 2):
+        for figure, value in (("pairwise/accuracy", 0.6), ("pairwise/drug_swap/accuracy", 0.55),
+                              ("pairwise/spacing/accuracy", 0.7)):
+            rows.append(_read(k, figure, value + 0.1 * k, "loglik_mean", "loglik_mean", 0.1 * k if k else None))
+            rows.append(_read(k, figure, value, "implicit", "log_ratio" if k else "loglik_sum"))
+    state = json.loads((loop / "loop_state.json").read_text())
+    state["trained_form"] = "log_ratio"
+    (loop / "loop_state.json").write_text(json.dumps(state))
+    (loop / "rounds.json").write_text(json.dumps({"keys": {}, "rows": rows}))
+    assert shared_mode(rows, 2, "implicit") == "loglik_mean" and shared_mode(rows, 2, "loglik_mean") == "loglik_mean"
+    fig, mode = heldout_figure(rows, "implicit", ["spacing"])
+    ax = fig.axes[0]
+    assert mode == "loglik_mean"
+    assert [t.get_text() for t in ax.get_yticklabels()][::-1] == ["spacing (held out whole)", "drug_swap",
+                                                                  "all held-out pairs"]
+    base, trained = (c.lines[0].get_xdata() for c in ax.containers[:2])  # each errorbar's points
+    assert list(base) == pytest.approx([0.7, 0.55, 0.6]) and list(trained) == pytest.approx([0.9, 0.75, 0.8])
+    assert "loglik_mean" in ax.get_xlabel()
+    assert cli.main(["report", str(loop)]) == 0
+    md = (loop / "report" / "report.md").read_text()
+    assert (loop / "report" / "heldout.png").stat().st_size > 0
+    assert md.index("| figure (mode: reading) |") < md.index("](heldout.png)") < md.index("## Held out")
+    assert 'src="heldout.png"' in (loop / "report" / "report.html").read_text()
+    # a loop whose rounds share no reading with the base on the held-out pairs draws none
+    only_implicit = [r for r in rows if r["mode"] == "implicit"]
+    assert heldout_figure(only_implicit, "implicit") is None

@@ -276,13 +276,16 @@ def _link(target: Path, out: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the pages
-def page_sections(view: LoopView, out: Path, entries: list[dict[str, Any]], figure: str | None) -> dict[str, Any]:
-    """Everything both pages show, as text: the status, the round table, held-out set, goal, rounds, figure."""
+def page_sections(view: LoopView, out: Path, entries: list[dict[str, Any]], figure: str | None,
+                  heldout_figure: str | None = None) -> dict[str, Any]:
+    """Everything both pages show, as text: the status, the round table, the held-out pairs drawn, held-out set,
+    goal, rounds, figure."""
     header, table = round_table(view)
     links = {name: _link(view.path / name, out) for name in ROUND_TABLE_FILES if (view.path / name).is_file()}
     return {"name": view.name, "status": view.status, "finished": view.finished, "header": header, "table": table,
             "cell_note": CELL_NOTE, "round_files": links, "heldout": heldout_lines(view), "goal": goal_lines(view),
-            "rounds": entries, "figure": figure, "figure_caption": rounds.CAPTION}
+            "rounds": entries, "figure": figure, "figure_caption": rounds.CAPTION,
+            "heldout_figure": heldout_figure, "heldout_caption": rounds.HELDOUT_CAPTION}
 
 
 def _md(page: Mapping[str, Any]) -> str:
@@ -297,6 +300,8 @@ def _md(page: Mapping[str, Any]) -> str:
         lines += [row([r["figure"], *(f"{v}; {d}" if d else v for v, d in r["cells"])]) for r in page["table"]]
     else:
         lines.append("No round has been evaluated yet.")
+    if page["heldout_figure"]:
+        lines += ["", f"![{page['heldout_caption']}]({page['heldout_figure']})", "", page["heldout_caption"] + "."]
     if page["round_files"]:
         lines += ["", "Every figure, not only the headline ones: " + ", ".join(
             f"[{name}]({link})" for name, link in page["round_files"].items()) + "."]
@@ -330,12 +335,18 @@ def build_loop_report(path: str | Path, out_dir: str | Path | None = None, *,
     out.mkdir(parents=True, exist_ok=True)
     logger.info("%s: a `judgetrain loop` folder, %s\n%s", view.name, view.status, round_table_text(view))
     written: dict[str, Path] = {}
+    held = rounds.heldout_figure(view.rows, TRAINED_MODE.get(view.state.get("trained_form") or "log_ratio"),
+                                 (view.settings.get("heldout") or {}).get("types") or ())
+    if held is not None:
+        _save_figure(held[0], out / "heldout.png")
+        written["heldout.png"] = out / "heldout.png"
     fig = rounds.round_table_figure([view.path])
     if fig is not None:
         _save_figure(fig, out / "rounds.png")
         written["rounds.png"] = out / "rounds.png"
     entries = round_entries(view, out, run_report)
-    page = page_sections(view, out, entries, "rounds.png" if "rounds.png" in written else None)
+    page = page_sections(view, out, entries, "rounds.png" if "rounds.png" in written else None,
+                         "heldout.png" if "heldout.png" in written else None)
     summary = {"loop": view.name, "status": view.status, "finished": view.finished,
                "table": {"header": page["header"], "rows": page["table"]}, "heldout": page["heldout"],
                "goal": page["goal"], "rounds": entries}
