@@ -182,6 +182,28 @@ def test_the_novel_token_rule_fitted_on_a_training_pairs_file_and_a_bad_file_ref
         assert not list(out.glob("*/results.json"))
 
 
+def test_the_novel_token_rule_is_fitted_on_the_error_pairs_of_a_file_with_tie_rows(tmp_path):
+    """A training file of `pairs known --form response --ties tie`: a rewrite against its source is a tie row, not an
+    error copy, so its new words (a formula for a name) mark nothing; the error copy's do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from judgetrain.eval.rules import read_training_pairs
+
+    def row(chosen: str, rejected: str, tie: bool) -> dict:
+        return {"prompt": [{"role": "user", "content": "Recipe?"}], "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}], "tie": tie}
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([row("Heat in a crucible with iron oxide.", "Heat in a beaker with iron oxide.",
+                                             False),
+                                         row("Heat in a crucible with iron oxide.", "Heat in a crucible with Fe2O3.",
+                                             True)]), path)
+    novel = read_training_pairs(str(path))
+    assert "beaker" in novel.marks and "Fe2O3" not in novel.marks
+    assert novel.score("Dry the Fe2O3.") == 0.0 and novel.score("Dry in a beaker.") == -1.0
+
+
 def test_a_judge_figure_is_learned_only_where_it_beats_the_best_rule_and_every_table_says_so():
     """24 pairs, the better response the shorter one in 12 (shorter: 0.5, longer: 0.5, first-shown: pair_acc 0). A
     judge right on all 24 beats the best rule by +0.5, its interval above 0: learned; a judge whose scores are the

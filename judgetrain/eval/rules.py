@@ -212,7 +212,8 @@ LEARNED_RULE = ("a judge's figure is learned only where it beats the best rule t
 
 def read_training_pairs(path: str) -> NovelTokens:
     """The novel-token rule fitted on a file of training pairs (`judgetrain pairs known --form response`'s
-    train.parquet, or any preference rows: chosen = the source, rejected = its error copy). Bad rows, and pairs whose
+    train.parquet, or any preference rows: chosen = the source, rejected = its error copy; a tie row, a rewrite against
+    its source, is neither and is left out). Bad rows, and pairs whose
     chosen and rejected are verdicts (the pairwise form: no source text in them), are a bad-input error naming the
     file before any model loads."""
     rows = load_preference(path)
@@ -222,7 +223,8 @@ def read_training_pairs(path: str) -> NovelTokens:
                                               "novel-token rule is fitted on response pairs (chosen = the source, "
                                               "rejected = its error copy: `judgetrain pairs known --form response`)")
                                    for i in verdicts[:5]], len(verdicts), len(rows))
-    return NovelTokens.fit([row["chosen"] for row in rows], [row["rejected"] for row in rows])
+    errors = [row for row in rows if not row.get("tie")]  # a tie (a rewrite against its source) holds no error
+    return NovelTokens.fit([row["chosen"] for row in errors], [row["rejected"] for row in errors])
 
 
 _VERDICT = re.compile(r"\[\[[AB][<>=][AB]\]\]")
