@@ -75,7 +75,9 @@ HELP_SCRIPTS = {"scripts/smollm2_rmbench_demo.py": "trains and scores SmolLM2-13
                 "scripts/verdict_probe_data.py": "writes the verdict-loss probe's pairs, which the next command "
                                                  "trains SmolLM2 on for half an hour",
                 "scripts/make_samples.py": "writes the generated recipes the pointwise proof's 2-hour loop trains on",
-                "scripts/loop_rules.py": "reads a loop's held-out files, which the loop's stages write first"}
+                "scripts/loop_rules.py": "reads a loop's held-out files, which the loop's stages write first",
+                "scripts/grid_table.py": "reads the grid's loop folders, which the loop commands write first "
+                                         "(tests/test_grid_table.py runs it)"}
 # Recipe models a dry run would first convert into the cache.
 CONVERTED_MODELS = {"smollm2-135m-instruct"}
 
