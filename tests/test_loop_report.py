@@ -218,3 +218,15 @@ def test_the_page_draws_the_held_out_pairs_base_against_the_last_round_under_one
     # a loop whose rounds share no reading with the base on the held-out pairs draws none
     only_implicit = [r for r in rows if r["mode"] == "implicit"]
     assert heldout_figure(only_implicit, "implicit") is None
+
+
+def test_the_goal_section_names_every_mode_a_round_is_read_in(tmp_path):
+    """A loop scoring implicit reads every round, the base included, by loglik_sum and loglik_mean too: the page says
+    all three."""
+    from judgetrain.report.loop import goal_lines, read_loop
+
+    loop = make_loop(tmp_path)
+    state = json.loads((loop / "loop_state.json").read_text())
+    state["settings"]["eval"]["scoring"] = ["implicit"]
+    (loop / "loop_state.json").write_text(json.dumps(state))
+    assert any("in the modes implicit, loglik_sum, loglik_mean;" in line for line in goal_lines(read_loop(loop)))
