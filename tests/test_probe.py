@@ -80,11 +80,11 @@ def test_each_mode_reads_which_text_wins_and_a_tie_is_wrong():
     values = pair_values(probe, Readings(loglik, tokens, judge, verdicts), ["implicit", "judge", "verdict"])
     of = {k: np.asarray([p.kind == k for p in probe.pairs]) for k in ("error", "represent", "cross")}
     a = np.asarray([p.perturbation_type == "a" for p in probe.pairs])
-    assert np.all(values["implicit_sum"][of["error"]] == 1.0)
-    assert np.all(values["implicit_per_token"][of["error"] & a] == 0.0)  # -0.6 per token beats the source's -1
-    assert np.all(values["implicit_per_token"][of["error"] & ~a] == 1.0)
-    assert np.all(values["implicit_per_token"][of["cross"] & a] == 0.0)  # and the rewrite's -1.05
-    assert np.all(values["implicit_sum"][of["cross"] & a] == 1.0) and np.all(values["implicit_sum"][of["cross"] & ~a] == 1.0)
+    assert np.all(values["loglik_sum"][of["error"]] == 1.0)
+    assert np.all(values["loglik_mean"][of["error"] & a] == 0.0)  # -0.6 per token beats the source's -1
+    assert np.all(values["loglik_mean"][of["error"] & ~a] == 1.0)
+    assert np.all(values["loglik_mean"][of["cross"] & a] == 0.0)  # and the rewrite's -1.05
+    assert np.all(values["loglik_sum"][of["cross"] & a] == 1.0) and np.all(values["loglik_sum"][of["cross"] & ~a] == 1.0)
     judge_error_a = values["judge"][of["error"] & a]
     assert np.isnan(judge_error_a[0]) and np.all(judge_error_a[1:] == 0.0)  # a tie is wrong
     assert np.all(values["judge"][of["represent"]][1:] == 0.0)  # the rewrite scored above: the source did not win
@@ -98,14 +98,14 @@ def test_figures_pool_types_and_draw_a_samples_pairs_together():
     probe = toy_set(8)
     # error pairs: type a always ranked right, type b right on the first 4 samples only
     values = np.asarray([1.0 if p.perturbation_type == "a" or p.sample_id < 4 else 0.0 for p in probe.pairs])
-    figures = kind_figures(probe, "error", {"implicit_sum": values}, n_resamples=400, seed=0)["implicit_sum"]
+    figures = kind_figures(probe, "error", {"loglik_sum": values}, n_resamples=400, seed=0)["loglik_sum"]
     assert figures["a"] == {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 8, "n_units": 8, "n_samples": 8}
     assert figures["b"]["value"] == 0.5 and figures["b"]["n"] == 8
     assert figures["all"]["value"] == 0.75 and figures["all"]["n"] == 16 and figures["all"]["n_samples"] == 8
     # clustered by sample: a sample's two pairs (1+1 or 1+0) move together, so the pooled interval is the per-sample
     # mean's, within [0.5, 1]
     assert 0.5 <= figures["all"]["ci_low"] < 0.75 < figures["all"]["ci_high"] <= 1.0
-    text = table({"error": {"implicit_sum": figures}})
+    text = table({"error": {"loglik_sum": figures}})
     assert "error: share of pairs, source ranked above its error copy" in text
     assert "1.00 [1.00,1.00]" in text.splitlines()[2] and text.splitlines()[-1].split()[:2] == ["all", "16"]
 
@@ -116,10 +116,10 @@ def test_a_figure_of_one_source_sample_prints_no_interval_and_says_why():
     it does not have; it prints the value alone, and the line saying why."""
     probe = toy_set(1)
     values = np.asarray([1.0 if p.perturbation_type == "a" else 0.0 for p in probe.pairs])
-    figures = kind_figures(probe, "error", {"implicit_sum": values}, n_resamples=200, seed=0)["implicit_sum"]
+    figures = kind_figures(probe, "error", {"loglik_sum": values}, n_resamples=200, seed=0)["loglik_sum"]
     assert figures["all"]["value"] == 0.5 and figures["all"]["n"] == 2 and figures["all"]["n_units"] == 1
     assert np.isnan(figures["all"]["ci_low"]) and np.isnan(figures["all"]["ci_high"])
-    text = table({"error": {"implicit_sum": figures}})
+    text = table({"error": {"loglik_sum": figures}})
     row = next(line for line in text.splitlines() if line.startswith("all"))
     assert row.split() == ["all", "2", "0.50"] and "[" not in row
     assert "holds one source sample: every resample draws that one sample" in text
@@ -274,7 +274,7 @@ def test_the_command_on_the_tiny_judge_matches_plain_forward_passes(tmp_path, ti
     assert result["layers"] == default_layers(2) == [1, 2] and len(result["held_out_samples"]) == 2
     figures = result["figures"]
     assert set(figures) == {"error", "represent", "cross"}
-    assert set(figures["error"]) == {"implicit_per_token", "implicit_sum", "judge", "verdict", "verdict_both",
+    assert set(figures["error"]) == {"loglik_mean", "loglik_sum", "judge", "verdict", "verdict_both",
                                      "probe_held_out_type", "probe_held_out_samples"}
     assert set(figures["cross"]) == set(figures["error"]) | {"probe_error_transfer"}
     assert set(figures["error"]["judge"]) == {"drug_swap", "dose_error", "all"}
@@ -305,7 +305,7 @@ def test_the_command_on_the_tiny_judge_matches_plain_forward_passes(tmp_path, ti
         means.append(torch.cat([o.hidden_states[k][0, len(prompt):].mean(0) for k in (1, 2)]).numpy())
     s = np.asarray([x for x, _ in sums])
     per_token = s / np.asarray([n for _, n in sums])
-    for method, scores in (("implicit_sum", s), ("implicit_per_token", per_token)):
+    for method, scores in (("loglik_sum", s), ("loglik_mean", per_token)):
         want = better_share(scores, probe)[[p.kind == "error" for p in probe.pairs]].mean()
         assert figures["error"][method]["all"]["value"] == pytest.approx(want), method
     batched = response_means(model, [(f, len(p)) for f, p in _sequences(tok, probe)], [1, 2], pad_id=0,

@@ -19,7 +19,7 @@ ALL = "all"
 MEANING = {"error": "source ranked above its error copy",
            "represent": "source ranked above its rewrite (the base sees change; an invariant judge: 0.5 or ties)",
            "cross": "rewrite ranked above an error copy of the same source"}
-SHORT = {"implicit_per_token": "implicit/token", "implicit_sum": "implicit/sum", "judge": "judge",
+SHORT = {"loglik_mean": "loglik_mean", "loglik_sum": "loglik_sum", "judge": "judge",
          "verdict": "verdict", "verdict_both": "verdict both", "probe_held_out_type": "probe type out",
          "probe_held_out_samples": "probe samples out", "probe_error_transfer": "error probe"}
 

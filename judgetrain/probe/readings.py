@@ -2,10 +2,10 @@
 (`judgetrain.eval.scoring.ScoringEngine`).
 
 - ``implicit``: the log-likelihood of each text as the assistant's turn after its sample's question (the user turn of
-  the sample's template with the text left out): a base model has no reference, so its implicit reward is the plain
-  log-likelihood (the engine's ``loglik`` requests: one per sample, its texts as the responses, the question run
-  once). Read per token (``implicit_per_token``: the sum over the text's tokens divided by their number) and summed
-  (``implicit_sum``).
+  the sample's template with the text left out): a base model has no reference, so what implicit mode reads of it is
+  its plain log-likelihood (the engine's ``loglik`` requests: one per sample, its texts as the responses, the question
+  run once), named by its readings as everywhere else: per token (``loglik_mean``: the sum over the text's tokens
+  divided by their number) and summed (``loglik_sum``).
 - ``judge``: the expected overall score of the judge prompt holding the text (the item's own prompt; the source's is
   its sample's template around it), read after the engine's forced score prefix.
 - ``verdict``: the verdict prompt of the pairwise suites (`judgetrain.data.pairwise.verdict_messages`: the question,
@@ -36,7 +36,7 @@ from judgetrain.probe.pairs import ProbeSet
 
 logger = logging.getLogger(__name__)
 
-MODE_METHODS = {"implicit": ("implicit_per_token", "implicit_sum"), "judge": ("judge",),
+MODE_METHODS = {"implicit": ("loglik_mean", "loglik_sum"), "judge": ("judge",),
                 "verdict": ("verdict", "verdict_both")}
 
 
@@ -143,8 +143,8 @@ def pair_values(probe: ProbeSet, readings: Readings, modes: list[str]) -> dict[s
     """{method: per-pair 1 / 0 / NaN} of the modes read (`MODE_METHODS`)."""
     out: dict[str, np.ndarray] = {}
     if "implicit" in modes:
-        out["implicit_per_token"] = better_share(readings.loglik / np.maximum(readings.n_tokens, 1), probe)
-        out["implicit_sum"] = better_share(readings.loglik, probe)
+        out["loglik_mean"] = better_share(readings.loglik / np.maximum(readings.n_tokens, 1), probe)
+        out["loglik_sum"] = better_share(readings.loglik, probe)
     if "judge" in modes:
         out["judge"] = better_share(readings.judge, probe)
     if "verdict" in modes:
