@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from judgetrain.config.recipe import TRAINED_MODE, mode_label
-from judgetrain.report.rounds import round_rows, shared_mode
+from judgetrain.report.rounds import bare_figure, round_rows, shared_mode
 
 SHARE, ABOVE, REWRITE_BELOW, REWRITE_OVER, MARGIN, MINUTES = 0.70, 0.0, 0.60, 0.80, 0.05, 75.0
 
@@ -64,8 +64,8 @@ def column(loop: Path) -> dict[str, Any]:
         return {"name": name, "reading": "-", "cells": {}, "wall": f"{wall:.0f} min so far, not finished"}
     last = rounds[-1]
     mode = shared_mode(rows, last, TRAINED_MODE.get(state.get("trained_form") or "log_ratio"))
-    by = {r["figure"]: r for r in rows if r["round"] == last and r.get("mode") == mode}
-    base = {r["figure"]: r for r in rows if r["round"] == 0 and r.get("mode") == mode}
+    by = {bare_figure(r): r for r in rows if r["round"] == last and r.get("mode") == mode}
+    base = {bare_figure(r): r for r in rows if r["round"] == 0 and r.get("mode") == mode}
     cells: dict[str, str] = {}
     for held in (settings.get("heldout") or {}).get("types") or []:
         r = by.get(f"pairwise/{held}/accuracy")
@@ -74,8 +74,8 @@ def column(loop: Path) -> dict[str, Any]:
             continue
         ok = (r["value"] >= SHARE and (r.get("delta_ci_low") or -1) > ABOVE and (r.get("over_rule_ci_low") or -1) > ABOVE)
         cells[f"held:{held}"] = (f"{_fmt(r['value'])}{_interval(r, 'ci_low', 'ci_high')}; base "
-                                 f"{_fmt(base.get(r['figure'], {}).get('value'))}, difference {_fmt(r.get('delta'))}"
-                                 f"{_interval(r, 'delta_ci_low', 'delta_ci_high')}; over the best rule "
+                                 f"{_fmt(base.get(f'pairwise/{held}/accuracy', {}).get('value'))}, difference "
+                                 f"{_fmt(r.get('delta'))}{_interval(r, 'delta_ci_low', 'delta_ci_high')}; over the best rule "
                                  f"({r.get('best_rule') or '-'}) {_fmt(r.get('over_rule'))}"
                                  f"{_interval(r, 'over_rule_ci_low', 'over_rule_ci_high')}{_mark(ok)}")
     for key, figure, ok in (("rewrite_below", "rewrites/rewrite_below_source_rate", lambda v: v <= REWRITE_BELOW),
@@ -90,7 +90,7 @@ def column(loop: Path) -> dict[str, Any]:
             continue
         ok = None if r.get("delta_ci_low") is None else r["delta_ci_low"] > -MARGIN
         cells[key] = (f"{_fmt(r['value'])}{_interval(r, 'ci_low', 'ci_high')}; base "
-                      f"{_fmt(base.get(r['figure'], {}).get('value'))}, difference {_fmt(r.get('delta'))}"
+                      f"{_fmt(base.get(f'{suite}/{metric}', {}).get('value'))}, difference {_fmt(r.get('delta'))}"
                       f"{_interval(r, 'delta_ci_low', 'delta_ci_high')}; shorter rule "
                       f"{_fmt(rule_value(loop, last, suite, 'shorter', metric))}{_mark(ok)}")
     finished = state.get("done", {}).get(f"{last}/eval") is not None

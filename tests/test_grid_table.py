@@ -40,9 +40,10 @@ def make_config(root: Path, name: str, form: str, held: dict, minutes: float, fi
                                       ("rewrites/rewrite_below_source_rate", 0.32, 0.45),
                                       ("rewrites/rewrite_over_error", 0.87, 0.85),
                                       ("evalbiasbench/pair_acc", 0.66, 0.60), ("rmbench/total_avg_acc", 0.49, 0.50)):
-            rows.append(_row(0, figure, base, mode))
+            named = figure if mode == "implicit" else figure.replace("/", f"/{mode}/", 1)  # after the first mode
+            rows.append(_row(0, named, base, mode))
             if finished:
-                rows.append(_row(1, figure, trained, mode, delta=trained - base, over=trained - 0.5))
+                rows.append(_row(1, named, trained, mode, delta=trained - base, over=trained - 0.5))
     (loop / "rounds.json").write_text(json.dumps({"keys": {}, "rows": rows}))
     (loop / "round-1" / "eval" / "m" / "results.json").write_text(json.dumps({"rules": {
         "evalbiasbench": {"figures": {"shorter": {"metrics": {"pair_acc": 0.7375}}}},

@@ -63,11 +63,19 @@ READING_ORDER = ("loglik_sum", "loglik_mean", "verdict", "judge", "generate")  #
 # judge's own summed likelihood is the base's plus its implicit reward
 
 
+def bare_figure(row: Mapping[str, Any]) -> str:
+    """A round table row's figure without its mode (``pairwise/loglik_mean/accuracy`` -> ``pairwise/accuracy``): a
+    mode other than the evaluation's first is named inside the figure."""
+    suite, _, rest = row["figure"].partition("/")
+    mode = row.get("mode")
+    return f"{suite}/{rest[len(mode) + 1:]}" if mode and rest.startswith(f"{mode}/") else row["figure"]
+
+
 def shared_mode(rows: Sequence[Mapping[str, Any]], last: int, trained_mode: str | None = None) -> str | None:
     """The mode the base (round 0) and round ``last`` are read alike in on the held-out pairs (their
     ``pairwise/accuracy`` rows name one reading): ``trained_mode`` where they are, else the first of `READING_ORDER`;
     None where they share none."""
-    readings = {(r["round"], r.get("mode")): r.get("reading") for r in rows if r["figure"] == "pairwise/accuracy"}
+    readings = {(r["round"], r.get("mode")): r.get("reading") for r in rows if bare_figure(r) == "pairwise/accuracy"}
     shared = [mode for (k, mode), reading in readings.items()
               if k == last and mode is not None and readings.get((0, mode)) == reading]
     for mode in (trained_mode, *READING_ORDER):
@@ -89,8 +97,8 @@ def heldout_figure(rows: Sequence[Mapping[str, Any]], trained_mode: str | None =
     mode = shared_mode(rows, last, trained_mode)
     if mode is None:
         return None
-    mine = {(r["round"], r["figure"]): r for r in rows if r.get("mode") == mode and r["figure"].startswith("pairwise/")
-            and r["figure"].endswith("/accuracy")}
+    mine = {(r["round"], bare_figure(r)): r for r in rows if r.get("mode") == mode
+            and bare_figure(r).startswith("pairwise/") and bare_figure(r).endswith("/accuracy")}
     types = sorted({f.split("/")[1] for _, f in mine if f.count("/") == 2},
                    key=lambda t: (t not in heldout_types, t))
     lines = [(f"{t} (held out whole)" if t in heldout_types else t, f"pairwise/{t}/accuracy") for t in types]
