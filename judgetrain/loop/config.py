@@ -40,8 +40,8 @@ from typing import Any
 import yaml
 
 from judgetrain.config.packaged import resolve_packaged
-from judgetrain.config.recipe import (LIKELIHOOD_MODES, READINGS, TRAINED_MODE, did_you_mean, load_recipe_file,
-                                     parse_recipe, valid_keys)
+from judgetrain.config.recipe import (READINGS, TRAINED_MODE, did_you_mean, load_recipe_file, parse_recipe,
+                                     read_modes, valid_keys)
 from judgetrain.judge.items import read_items
 from judgetrain.loop.replay import REPLAY_FILE, REPLAY_SUITES, Replay, replay_rows
 from judgetrain.perturb.source import read_samples
@@ -130,10 +130,7 @@ class Eval:
         the likelihood readings it does not list. The base has no reference, so its implicit figures are its
         log-likelihood, never differenced against a round's log-ratio; under loglik_sum and loglik_mean the base and
         each round are read alike."""
-        modes = list(self.scoring)
-        if "implicit" in modes:
-            modes += [m for m in LIKELIHOOD_MODES if m not in modes]
-        return modes
+        return read_modes(self.scoring)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 from judgetrain.data.pairs import validation_samples
@@ -456,9 +458,6 @@ def pool_pairs(folders: dict[str, Path], out: Path) -> dict[str, Any]:
     """Every domain's training pairs (``folders``: name -> `judgetrain pairs known`'s output folder) in one
     ``out/train.parquet`` (rows in domain order), their rejects in ``out/rejects.jsonl`` (each naming its domain),
     and ``out/stats.json``: the pairs and rejects counted, every domain's own statistics in ``domains``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     out.mkdir(parents=True, exist_ok=True)
     tables = [pq.read_table(folder / "train.parquet") for folder in folders.values()]
     table = pa.concat_tables(tables, promote_options="default")

@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.recipe import READINGS, SCORING_MODES, TRAINED_MODE
+from judgetrain.config.recipe import READINGS, SCORING_MODES, TRAINED_MODE, read_modes
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.plots import DPI
 from judgetrain.eval.rules import round_verdict
-from judgetrain.loop.config import Eval
 from judgetrain.report import rounds
 from judgetrain.report.headline import fmt, with_interval
 from judgetrain.run.layout import (HELDOUT_PAIRS, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_TABLE, ROUND_TABLE_CSV,
@@ -222,7 +221,7 @@ def goal_lines(view: LoopView) -> list[str]:
     lines = [f"Goal: {settings['goal']}" if settings.get("goal") else
              "The config states no goal (goal: a sentence saying what the loop is for)."]
     ev = settings.get("eval") or {}
-    modes = Eval(scoring=list(ev.get("scoring") or [])).modes  # implicit brings the likelihood readings along
+    modes = read_modes(ev.get("scoring") or [])  # implicit brings the likelihood readings along
     scored = (f"Each round is scored against the base ({settings.get('model')}) on the suites "
               f"{', '.join(ev.get('suites') or [])} in the modes {', '.join(modes)}")
     margin = (ev.get("options") or {}).get("eval_regression_margin")

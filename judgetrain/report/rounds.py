@@ -1,6 +1,9 @@
 """The round table of a `judgetrain loop` output_dir drawn for `judgetrain report`: each figure per round (round 0:
 the base) with its 95% interval, read from ``rounds.json`` (the rows `judgetrain.loop.table` writes)."""
 
+# Late imports: matplotlib (inside `heldout_figure`): the plotting library comes in with the figure, as in
+# judgetrain.eval.plots.
+
 from __future__ import annotations
 
 import json
