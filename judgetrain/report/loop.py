@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.recipe import READINGS, SCORING_MODES, TRAINED_MODE, read_modes
+from judgetrain.config.recipe import READINGS, TRAINED_MODE, read_modes
 from judgetrain.eval.compare import HEADLINE as SUITE_HEADLINE
 from judgetrain.eval.plots import DPI
 from judgetrain.eval.rules import round_verdict
@@ -128,19 +128,12 @@ def read_loop(path: str | Path, name: str | None = None) -> LoopView:
 
 
 # ---------------------------------------------------------------------------------------------- the round table
-def figure_parts(figure: str) -> tuple[str, str | None, str]:
-    """(suite, mode or None for the suite's recorded mode, metric) of a round table figure, ``<suite>[/<mode>]/
-    <metric>``."""
-    suite, _, rest = figure.partition("/")
-    mode, _, metric = rest.partition("/")
-    return (suite, mode, metric) if mode in SCORING_MODES and metric else (suite, None, rest)
-
-
 def headline_figures(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The round table's figures that are their suite's headline figures, in the table's order, each named with its
     mode and reading (`judgetrain.report.rounds.row_label`)."""
     figures = {rounds.row_label(r): r["figure"] for r in rows}
-    return [label for label, f in figures.items() if figure_parts(f)[2] in SUITE_HEADLINE.get(figure_parts(f)[0], ())]
+    return [label for label, f in figures.items()
+            if rounds.figure_parts(f)[2] in SUITE_HEADLINE.get(rounds.figure_parts(f)[0], ())]
 
 
 def round_cell(row: Mapping[str, Any] | None) -> tuple[str, str]:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from judgetrain.config.recipe import mode_label, named_figure
+from judgetrain.config.recipe import SCORING_MODES, mode_label, named_figure
 from judgetrain.eval.plots import DPI, figure_grid
 from judgetrain.run.layout import ROUND_TABLE
 
@@ -34,6 +34,12 @@ def row_label(row: Mapping[str, Any]) -> str:
     return named_figure(row["figure"], row.get("mode"), row.get("reading"))
 
 
+def interval_errors(rows: Sequence[Mapping[str, Any]]) -> list[list[float]]:
+    """[below, above]: each row's 95% interval as matplotlib's error bars take it (0 where a bound is missing)."""
+    return [[r["value"] - r["ci_low"] if r.get("ci_low") is not None else 0.0 for r in rows],
+            [r["ci_high"] - r["value"] if r.get("ci_high") is not None else 0.0 for r in rows]]
+
+
 def round_table_figure(run_dirs: Sequence[Path]):
     """A panel per figure (the first `MAX_PANELS`), a line per loop: value against round with its interval; None
     when no run holds a round table."""
@@ -48,9 +54,7 @@ def round_table_figure(run_dirs: Sequence[Path]):
             mine = sorted((r for r in rows if row_label(r) == figure), key=lambda r: r["round"])
             x = [r["round"] for r in mine]
             y = [r["value"] for r in mine]
-            low = [r["value"] - r["ci_low"] if r["ci_low"] is not None else 0.0 for r in mine]
-            high = [r["ci_high"] - r["value"] if r["ci_high"] is not None else 0.0 for r in mine]
-            ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=name)
+            ax.errorbar(x, y, yerr=interval_errors(mine), marker="o", capsize=3, label=name)
         ax.set_title(figure, fontsize=9)
         ax.set_xlabel("round (0 = base)")
         ax.set_xticks(sorted({r["round"] for _, rows in tables for r in rows}))
@@ -66,12 +70,19 @@ READING_ORDER = ("loglik_sum", "loglik_mean", "verdict", "judge", "generate")  #
 # judge's own summed likelihood is the base's plus its implicit reward
 
 
+def figure_parts(figure: str) -> tuple[str, str | None, str]:
+    """(suite, mode or None for the suite's recorded mode, metric) of a round table figure, ``<suite>[/<mode>]/
+    <metric>``."""
+    suite, _, rest = figure.partition("/")
+    mode, _, metric = rest.partition("/")
+    return (suite, mode, metric) if mode in SCORING_MODES and metric else (suite, None, rest)
+
+
 def bare_figure(row: Mapping[str, Any]) -> str:
     """A round table row's figure without its mode (``pairwise/loglik_mean/accuracy`` -> ``pairwise/accuracy``): a
-    mode other than the evaluation's first is named inside the figure."""
-    suite, _, rest = row["figure"].partition("/")
-    mode = row.get("mode")
-    return f"{suite}/{rest[len(mode) + 1:]}" if mode and rest.startswith(f"{mode}/") else row["figure"]
+    mode other than the evaluation's first is named inside the figure (`figure_parts`)."""
+    suite, _, metric = figure_parts(row["figure"])
+    return f"{suite}/{metric}"
 
 
 def shared_mode(rows: Sequence[Mapping[str, Any]], last: int, trained_mode: str | None = None) -> str | None:
@@ -100,8 +111,8 @@ def heldout_figure(rows: Sequence[Mapping[str, Any]], trained_mode: str | None =
     mode = shared_mode(rows, last, trained_mode)
     if mode is None:
         return None
-    mine = {(r["round"], bare_figure(r)): r for r in rows if r.get("mode") == mode
-            and bare_figure(r).startswith("pairwise/") and bare_figure(r).endswith("/accuracy")}
+    named = ((bare_figure(r), r) for r in rows if r.get("mode") == mode)
+    mine = {(r["round"], f): r for f, r in named if f.startswith("pairwise/") and f.endswith("/accuracy")}
     types = sorted({f.split("/")[1] for _, f in mine if f.count("/") == 2},
                    key=lambda t: (t not in heldout_types, t))
     lines = [(f"{t} (held out whole)" if t in heldout_types else t, f"pairwise/{t}/accuracy") for t in types]
@@ -116,14 +127,12 @@ def heldout_figure(rows: Sequence[Mapping[str, Any]], trained_mode: str | None =
     for offset, k, name, color in ((0.18, 0, "base (round 0)", "#888888"), (-0.18, last, f"round {last}", "#1f77b4")):
         ys = [len(lines) - 1 - i + offset for i in range(len(lines))]
         rs = [mine[(k, f)] for _, f in lines]
-        x = [r["value"] for r in rs]
-        err = [[r["value"] - r["ci_low"] if r.get("ci_low") is not None else 0.0 for r in rs],
-               [r["ci_high"] - r["value"] if r.get("ci_high") is not None else 0.0 for r in rs]]
-        ax.errorbar(x, ys, xerr=err, fmt="o", color=color, capsize=3, label=name)
-    rule = [(len(lines) - 1 - i, r["value"] - r["over_rule"], r.get("best_rule"))
+        ax.errorbar([r["value"] for r in rs], ys, xerr=interval_errors(rs), fmt="o", color=color, capsize=3,
+                    label=name)
+    rule = [(len(lines) - 1 - i, r["value"] - r["over_rule"])
             for i, (_, f) in enumerate(lines) if (r := mine[(last, f)]).get("over_rule") is not None]
     if rule:
-        ax.scatter([x for _, x, _ in rule], [y for y, _, _ in rule], marker="x", color="#d62728", zorder=3,
+        ax.scatter([x for _, x in rule], [y for y, _ in rule], marker="x", color="#d62728", zorder=3,
                    label="best rule with no judge")
     ax.axvline(0.5, color="#cccccc", linestyle=":", linewidth=1)
     ax.set_yticks(range(len(lines)), [label for label, _ in reversed(lines)], fontsize=8)
