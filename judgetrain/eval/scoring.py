@@ -495,13 +495,15 @@ class ScoringEngine(StopPoints):
                         rows[s.row].scores[s.slot] = self._ref_cache[s.key]
                 lik = [s for s in lik if id(s) not in reused]
                 self.stats.policy_from_reference += len(reused)
-            todo = lik
+            todo, keys = lik, {}
             if self._policy_cache is not None:  # another mode of this evaluation scored the same sequences
-                cache = self._policy_cache
-                todo = [s for s in lik if self._policy_key(s) not in cache]
+                keys = {id(s): self._policy_key(s) for s in lik}
+                todo = []
                 for s in lik:
-                    if self._policy_key(s) in cache:
-                        rows[s.row].scores[s.slot] = cache[self._policy_key(s)]
+                    if keys[id(s)] in self._policy_cache:
+                        rows[s.row].scores[s.slot] = self._policy_cache[keys[id(s)]]
+                    else:
+                        todo.append(s)
                 self.stats.policy_shared += len(lik) - len(todo)
             # under sync every rank runs each stage (collectives), even with nothing of its own to score
             with self._policy_forwards(model):
@@ -512,7 +514,7 @@ class ScoringEngine(StopPoints):
                         for (r, slot), v in values.items():
                             rows[r].scores[slot] = v
                         if not is_judge and self._policy_cache is not None:
-                            self._policy_cache.update((self._policy_key(s), values[(s.row, s.slot)])
+                            self._policy_cache.update((keys[id(s)], values[(s.row, s.slot)])
                                                       for s in group if (s.row, s.slot) in values)
             for s in lik:  # the per-token reading: the sum over the response tokens scored, divided by their count
                 if kinds[s.row] == "loglik_mean" and rows[s.row].scores is not None:
