@@ -51,6 +51,7 @@ import resource
 import shlex
 import subprocess
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -274,8 +275,8 @@ class Loop:
         over = over_limit(figures)
         said = ", ".join(f"{rule} {acc:.3f} on {key}" for key, rule, acc in over)
         if over and not self.allow_shortcuts:
-            raise ShortcutsRefused(f"round {k}: {label}a rule with no judge separates the training error copies from their "
-                                   f"sources above {LIMIT}: {said} (per type in round-{k}/split/split.json's "
+            raise ShortcutsRefused(f"round {k}: {label}a rule with no judge separates the training error copies from "
+                                   f"their sources above {LIMIT}: {said} (per type in round-{k}/split/split.json's "
                                    "shortcuts): a judge trained on them can learn the tell, not the error; make "
                                    "copies no rule catches (docs/perturb.md), or run again with --allow_shortcuts")
         if over:
@@ -357,12 +358,13 @@ class Loop:
         (`pool_pairs`); then the replay rows beside them."""
         pairs = self.config.pairs
         options = option_args(pairs.options)
+        evaluations = str(rd / "judge" / "evaluations.jsonl")
         if pairs.method == "anchor":
-            cmd = ["pairs", "build", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
-                   "--validation_fraction", "0"]
+            run_command(["pairs", "build", "--evaluations", evaluations, "--validation_fraction", "0",
+                         "--output_dir", str(rd / "pairs")] + options)
         elif pairs.form == "pointwise":
-            cmd = ["pairs", "known", "--form", "pointwise", "--evaluations", str(rd / "judge" / "evaluations.jsonl"),
-                   "--ties", pairs.ties, "--validation_fraction", "0"]
+            run_command(["pairs", "known", "--form", "pointwise", "--evaluations", evaluations, "--ties", pairs.ties,
+                         "--validation_fraction", "0", "--output_dir", str(rd / "pairs")] + options)
         else:
             for items in self.config.parts:
                 where = self.part_dir(rd, items)
@@ -372,9 +374,6 @@ class Loop:
                              "--output_dir", str(where / "pairs")] + options)
             if self.config.domains:
                 pool_pairs({d.name: self.part_dir(rd, d) / "pairs" for d in self.config.domains}, rd / "pairs")
-            cmd = None
-        if cmd is not None:
-            run_command(cmd + ["--output_dir", str(rd / "pairs")] + options)
         if self.config.replay.share:
             write_replay(self.config.replay, rd / "pairs")
 
@@ -467,10 +466,7 @@ def pool_pairs(folders: dict[str, Path], out: Path) -> dict[str, Any]:
                for line in (folder / "rejects.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
     write_lines(out / "rejects.jsonl", rejects)
     stats = {name: read_json(folder / "stats.json") or {} for name, folder in folders.items()}
-    labels: dict[str, int] = {}
-    for s in stats.values():
-        for label, n in (s.get("pairs_by_label") or {}).items():
-            labels[label] = labels.get(label, 0) + n
+    labels = sum((Counter(s.get("pairs_by_label") or {}) for s in stats.values()), Counter())
     pooled = {**{key: sum(s.get(key) or 0 for s in stats.values())
                  for key in ("total_pairs", "error_pairs", "represent_pairs")},
               "train_pairs": table.num_rows, "validation_pairs": 0, "pairs_by_label": dict(sorted(labels.items())),
