@@ -512,9 +512,6 @@ class JudgeTrainArguments(EvalArguments):
         self.tie_nu = tie_nu(self.tie_model, self.tie_nu)
 
 
-TRAINING_FORMS = ("log_ratio", "mean_logprob")
-# the scoring mode whose reading each training form trains: DPO's margin is the log-ratio to the base (implicit),
-# SimPO's the mean log-probability per token (loglik_mean)
 def read_modes(scoring: list[str]) -> list[str]:
     """The modes a loop reads every round in, the base included: ``scoring``, and where it lists implicit (a log-ratio
     the base does not have) the likelihood readings it does not list, which base and trained judge share."""
@@ -524,6 +521,9 @@ def read_modes(scoring: list[str]) -> list[str]:
     return modes
 
 
+TRAINING_FORMS = ("log_ratio", "mean_logprob")
+# the scoring mode whose reading each training form trains: DPO's margin is the log-ratio to the base (implicit),
+# SimPO's the mean log-probability per token (loglik_mean)
 TRAINED_MODE = {"log_ratio": "implicit", "mean_logprob": "loglik_mean"}
 TIE_MODELS = ("rao_kupper", "davidson")
 # nu where each tie model gives a tie probability of 1/2 at equal rewards (the paper's settings), and the least nu it
