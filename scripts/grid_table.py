@@ -29,7 +29,7 @@ from typing import Any
 from judgetrain.config.recipe import TRAINED_MODE, mode_label
 from judgetrain.report.rounds import bare_figure, round_rows, shared_mode
 
-SHARE, ABOVE, REWRITE_BELOW, REWRITE_OVER, MARGIN, MINUTES = 0.70, 0.0, 0.60, 0.80, 0.05, 75.0
+SHARE, REWRITE_BELOW, REWRITE_OVER, MARGIN, MINUTES = 0.70, 0.60, 0.80, 0.05, 75.0
 
 
 def _fmt(v: float | None) -> str:
@@ -38,6 +38,17 @@ def _fmt(v: float | None) -> str:
 
 def _interval(row: dict[str, Any], low: str, high: str) -> str:
     return "" if row.get(low) is None else f" [{_fmt(row[low])}, {_fmt(row[high])}]"
+
+
+def _above(v: float | None, bound: float) -> bool:
+    """Whether an interval's bound ``v`` is recorded and above ``bound`` (a missing bound clears nothing)."""
+    return v is not None and v > bound
+
+
+def _against_base(r: dict[str, Any], base: dict[str, Any]) -> str:
+    """A figure with its interval, the base's figure, and the difference with its interval."""
+    return (f"{_fmt(r['value'])}{_interval(r, 'ci_low', 'ci_high')}; base {_fmt(base.get('value'))}, difference "
+            f"{_fmt(r.get('delta'))}{_interval(r, 'delta_ci_low', 'delta_ci_high')}")
 
 
 def _mark(ok: bool | None) -> str:
@@ -72,10 +83,8 @@ def column(loop: Path) -> dict[str, Any]:
         if r is None:
             cells[f"held:{held}"] = "-"
             continue
-        ok = (r["value"] >= SHARE and (r.get("delta_ci_low") or -1) > ABOVE and (r.get("over_rule_ci_low") or -1) > ABOVE)
-        cells[f"held:{held}"] = (f"{_fmt(r['value'])}{_interval(r, 'ci_low', 'ci_high')}; base "
-                                 f"{_fmt(base.get(f'pairwise/{held}/accuracy', {}).get('value'))}, difference "
-                                 f"{_fmt(r.get('delta'))}{_interval(r, 'delta_ci_low', 'delta_ci_high')}; over the best rule "
+        ok = r["value"] >= SHARE and _above(r.get("delta_ci_low"), 0.0) and _above(r.get("over_rule_ci_low"), 0.0)
+        cells[f"held:{held}"] = (f"{_against_base(r, base.get(f'pairwise/{held}/accuracy', {}))}; over the best rule "
                                  f"({r.get('best_rule') or '-'}) {_fmt(r.get('over_rule'))}"
                                  f"{_interval(r, 'over_rule_ci_low', 'over_rule_ci_high')}{_mark(ok)}")
     for key, figure, ok in (("rewrite_below", "rewrites/rewrite_below_source_rate", lambda v: v <= REWRITE_BELOW),
@@ -88,10 +97,8 @@ def column(loop: Path) -> dict[str, Any]:
         if r is None:
             cells[key] = "-"
             continue
-        ok = None if r.get("delta_ci_low") is None else r["delta_ci_low"] > -MARGIN
-        cells[key] = (f"{_fmt(r['value'])}{_interval(r, 'ci_low', 'ci_high')}; base "
-                      f"{_fmt(base.get(f'{suite}/{metric}', {}).get('value'))}, difference {_fmt(r.get('delta'))}"
-                      f"{_interval(r, 'delta_ci_low', 'delta_ci_high')}; shorter rule "
+        ok = None if r.get("delta_ci_low") is None else _above(r["delta_ci_low"], -MARGIN)
+        cells[key] = (f"{_against_base(r, base.get(f'{suite}/{metric}', {}))}; shorter rule "
                       f"{_fmt(rule_value(loop, last, suite, 'shorter', metric))}{_mark(ok)}")
     finished = state.get("done", {}).get(f"{last}/eval") is not None
     return {"name": name, "reading": mode_label(mode) if mode else "-", "cells": cells,
