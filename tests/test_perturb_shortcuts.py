@@ -189,3 +189,20 @@ def test_the_new_spec_keys_are_checked(edit, message):
             "sets": [{"name": "swap"}]}
     with pytest.raises(SpecError, match=re.escape(message)):
         parsed({**base, **edit})
+
+
+def test_perturb_draws_the_same_copies_under_any_string_hash_seed(generated, tmp_path):
+    """The same sources, spec and seed make the same items in every process: a draw's candidates (another source's
+    quantity for numerical_perturbation) are listed in one order, not in the order of a set of strings, which Python
+    randomises per process (PYTHONHASHSEED). Two processes of different hash seeds, every synthesis error type."""
+    source = tmp_path / "sources.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in generated["synthesis"]["sources"][:60]))
+    made = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"out-{seed}"
+        run([sys.executable, "-m", "judgetrain.cli", "perturb", "--source", source, "--spec", "synthesis",
+             "--sets", "numerical_perturbation", "unit_swap", "equipment_substitution", "--output_dir", out],
+            env={"PYTHONHASHSEED": seed})
+        made.append((out / "items.jsonl").read_text())
+    assert made[0].count("\n") >= 150
+    assert made[0] == made[1]

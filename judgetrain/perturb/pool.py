@@ -70,7 +70,8 @@ class Pool:
         `judgetrain.perturb.operators.Quantity`), of another value."""
         counts = self.quantities.get((q.unit, len(q.numbers)), Counter())
         values = tuple(n.value for n in q.numbers)
-        return self.draw([w for w in counts if _values(self.rules, w) != values], counts, text, written)
+        # sorted: the counts were filled from sets of strings, whose order Python randomises per process
+        return self.draw(sorted(w for w in counts if _values(self.rules, w) != values), counts, text, written)
 
     def unit_weight(self, unit: str, text: str) -> int:
         """How many other sources write a quantity in ``unit``."""
