@@ -44,6 +44,7 @@ from judgetrain.trainer.pair_loss import PairLoss
 from judgetrain.trainer.parallelism import (ParallelismReport, allow_deepspeed_on_cpu, allow_fsdp_on_cpu,
                                             requested_parallelism)
 from judgetrain.trainer.process import close_process_group, destroy_process_groups, end_process, init_process_state
+from judgetrain.utils.allocator import apply_cpu_allocator
 from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.hub import is_hub_id
 from judgetrain.utils.logging import setup_logging
@@ -122,6 +123,7 @@ def run_recipe(recipe: Recipe, command: str | None) -> dict:
     training_args = recipe.training_args
     out = Path(training_args.output_dir)
     done = setup(recipe, LaunchSetup(), command)  # the setup sequence the dry run shares (judgetrain.checks.setup)
+    allocator = apply_cpu_allocator(recipe.script_args.cpu_allocator, training_args.device.type == "cpu")
     (resume_from, identity, plan), tokenizer = done.start, done.tokenizer
     keep = training_args.save_total_limit  # build_trainer hands it to the checkpoint markers' rotation
     parts = build_trainer(recipe, done.model_path, tokenizer, done.train_dataset, done.eval_suites, identity,
@@ -141,7 +143,8 @@ def run_recipe(recipe: Recipe, command: str | None) -> dict:
             stop_if_disk_full(e, parts.trainer, out, final=True)
             raise
     finish(parts)
-    return {"output_dir": str(out), "resumed_from": resume_from, "audit": done.audit, "start": plan["kind"], **outcome}
+    return {"output_dir": str(out), "resumed_from": resume_from, "audit": done.audit, "start": plan["kind"],
+            "cpu_allocator": allocator, **outcome}
 
 
 # ----------------------------------------------------------------------------------------------- setup

@@ -83,9 +83,10 @@ class TrainBench:
             over = {**self.base, **options, "output_dir": out, "max_steps": steps}
             return {"kind": "train_judgetrain", "argv": [self.recipe, *overrides_argv(over)], "output_dir": out}
         trainer = options.pop("trainer", "trl")
+        allocator = options.pop("cpu_allocator", "system")  # set by the worker process (not a DPOConfig key)
         dpo = {**self.dpo, **options, "output_dir": out, "max_steps": steps}
         return {"kind": "train_bare", "data": self.data_path, "model": self.model_path, "dpo": dpo, "lora": self.lora,
-                "trainer": trainer}
+                "trainer": trainer, "cpu_allocator": allocator}
 
 
 def _train_figures(runs: list[dict], tokens_per_sample: float, batch: int) -> dict:
@@ -116,6 +117,8 @@ def bench_train(cfg: argparse.Namespace, workdir: Path) -> dict:
     out.update(_side_figures(runs, tb))
     out["options"] = {}
     options = _speed_options(cfg, out)
+    if cfg.options:  # --options: these alone
+        options = {k: v for k, v in options.items() if k in cfg.options}
     if not cfg.skip_options:
         out["options"] = _option_figures(cfg, tb, workdir, options)
     out["_bench"] = tb
@@ -170,6 +173,9 @@ def _speed_options(cfg: argparse.Namespace, out: dict[str, Any]) -> dict[str, di
     options = {"precompute_ref_log_probs": {"precompute_ref_log_probs": True},
                "activation_checkpointing": {"activation_checkpointing": True}}
     import torch
+
+    if cfg.device == "cpu":  # judgetrain.utils.allocator: the large blocks of each step kept in the heap
+        options["cpu_allocator"] = {"cpu_allocator": "keep"}
 
     if cfg.device == "cuda" and torch.cuda.is_available():
         if importlib.util.find_spec("liger_kernel") is not None:

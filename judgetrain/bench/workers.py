@@ -92,6 +92,12 @@ def _worker_quickstart(spec: dict) -> dict:
     return result
 
 
+def _gpu() -> bool:
+    from judgetrain.utils.device import has_accelerator
+
+    return has_accelerator()
+
+
 _WORKERS = {"train_judgetrain": _worker_train_judgetrain, "train_bare": _worker_train_bare,
             "quickstart": _worker_quickstart}
 
@@ -100,6 +106,11 @@ def worker_main(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     setup_logging(quiet=True, force=True)
+    if spec.get("cpu_allocator"):  # a bare TRL run's allocator, as judgetrain's run would set it (train_judgetrain
+        # sets its own, from its recipe)
+        from judgetrain.utils.allocator import apply_cpu_allocator
+
+        apply_cpu_allocator(spec["cpu_allocator"], on_cpu=spec["dpo"].get("use_cpu", False) or not _gpu())
     result = _WORKERS[spec["kind"]](spec)
     result["peak_rss_mb"] = peak_rss_mb()
     device_peak(result)

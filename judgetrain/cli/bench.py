@@ -145,6 +145,9 @@ def _add_train_options(p) -> None:
     p.add_argument("--train_batch_size", type=int, default=None, help="per-device batch (default: the recipe's; quick 2)")
     p.add_argument("--option_repeats", type=int, help="rounds per speed option (default 2)")
     p.add_argument("--skip_options", action="store_true", default=None, help="skip the speed-option runs (quick: skipped)")
+    p.add_argument("--options", nargs="+", default=None,
+                   choices=("precompute_ref_log_probs", "activation_checkpointing", "cpu_allocator", "use_liger_kernel"),
+                   help="measure these speed options only (default: every one that applies to --device)")
     p.add_argument("--scale_repeats", type=int, help="rounds of the scale runs (default 2)")
     p.add_argument("--scale_train_steps", type=int, help="steps of the 1x train scale run (default 6)")
     p.add_argument("--quickstart_steps", type=int, help="steps of the short quickstart run (default 4)")

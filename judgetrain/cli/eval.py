@@ -87,6 +87,9 @@ def build_parser():
                    help="bad suite rows: stop naming them (default), or skip them to <output_dir>/rejects-<suite>.jsonl, "
                         "counted")
     p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off by default)")
+    p.add_argument("--cpu_allocator", choices=("keep", "system"), default="keep",
+                   help="on CPUs: keep (the large tensors of a batch stay in the heap for the next, not mapped and "
+                        "unmapped each batch) or system (the C library's default); see the recipe key")
     p.add_argument("--rules_train_pairs", help="training pairs (chosen = the source, rejected = its error copy: "
                    "`judgetrain pairs known --form response`'s train.parquet) the novel-token rule is fitted on; "
                    "without it that rule is absent (the shorter, longer and first-shown rules need no training items)")
@@ -366,7 +369,7 @@ def evaluate_target(evaluation, specs: list, run: tuple, args: argparse.Namespac
         return evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, modes=evaluation.modes,
                                   generator=generator, model=target, adapter=adapter, baseline=shared["baseline"],
                                   novel=shared["novel"], baseline_readings=shared["baseline_readings"],
-                                  **evaluation.regression)
+                                  cpu_allocator=shared["cpu_allocator"], **evaluation.regression)
     finally:
         if generator is not None:  # a vLLM engine per model evaluated: each goes before the next starts
             generator.close()
@@ -391,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from judgetrain.config.recipe import remote_code_warning
     from judgetrain.eval.runner import current_items
+    from judgetrain.utils.allocator import apply_cpu_allocator
     from judgetrain.utils.launcher import die_with_launcher
     from judgetrain.utils.numbers import nan_to_none
 
@@ -402,13 +406,14 @@ def main(argv: list[str] | None = None) -> int:
     if warning and state.is_main_process:
         logger.warning(warning)
     refuse(args)
+    allocator = apply_cpu_allocator(args.cpu_allocator, state.device.type == "cpu")
     evaluation = evaluation_of(eval_args, args)
     specs = evaluation.suite_specs()
     load_rows(specs, args)
     novel = training_tokens(args)  # read and checked before any model loads
     # shared by the models: the reference and its cache (keys name the reference weights and the tokens), the baseline
     shared = {"ref_model": load_reference(args, state.device), "ref_cache": {}, "baseline": None,
-              "novel": novel, "baseline_readings": None}
+              "novel": novel, "baseline_readings": None, "cpu_allocator": allocator}
     summary = {}
     for run in runs(args):
         results, doc = evaluate_target(evaluation, specs, run, args, state, shared)

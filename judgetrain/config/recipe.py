@@ -434,6 +434,12 @@ class JudgeTrainArguments(EvalArguments):
         },
     )
     audit_rows: int | None = field(default=None, metadata={"help": "Audit only the first N rows per dataset (dry run)."})
+    cpu_allocator: Literal["keep", "system"] = field(
+        default="keep",
+        metadata={"help": "On CPUs: keep: a step's large tensors come from the heap and stay there for the next step "
+                  "(glibc's mmap of large blocks off: no pages mapped, faulted and unmapped each step); system: the C "
+                  "library's default. No effect on a GPU (judgetrain.utils.allocator)."},
+    )
     resume: str | None = field(default=None, metadata={"help": "auto: newest complete checkpoint in output_dir; or a checkpoint path."})
     init_adapter: str | None = field(
         default=None,
