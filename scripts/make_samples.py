@@ -11,9 +11,10 @@ perturbation sets, validation on other sample_ids). ideation/: synthetic rows in
 schema. rmbench/: the first N rows of each real per-domain RM-Bench file, re-serialised exactly as upstream
 (json.dumps indent=4, ensure_ascii=False), with the ODC-By attribution. recipes/: the unperturbed synthesis recipes
 of the judgebias samples (same sample_ids per split) as source samples of `judgetrain perturb`'s materials pack.
-synthesis/ and cooking/ (not bundled; ``--samples`` per split): the source samples of the synthesis and cooking
-packs, texts that are not one template filled in (scripts/varied.py: each sample draws its sections, their form and
-order, its voice and the phrasing of every step).
+synthesis/ and cooking/ (``--samples`` per split; cooking/ is bundled with 96, the quickstart's recipes:
+``--only cooking --samples 96 0``): the source samples of the synthesis and cooking packs, texts that are not one
+template filled in (scripts/varied.py: each sample draws its sections, their form and order, its voice and the
+phrasing of every step).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ Files here: {files}. Not included: math_filtered.json (not available to the gene
 SYNTH_README = """\
 {title}: synthetic sample in the real schema (generated, not real data)
 
-Made by scripts/make_samples.py from scripts/synth.py (seeded; rerunning it writes identical files).
+Made by scripts/make_samples.py from scripts/{generator} (seeded; rerunning it writes identical files).
 {body}
 """
 
@@ -104,7 +105,7 @@ def make_judgebias(out: Path, n_train_samples: int, n_val_samples: int, seed: in
     write_parquet(judgebias_rows(list(range(n_train_samples)), seed), JUDGEBIAS_SCHEMA, out / "train.parquet")
     val_ids = list(range(1000, 1000 + n_val_samples))  # other sample_ids than train
     write_parquet(judgebias_rows(val_ids, seed), JUDGEBIAS_SCHEMA, out / "validation.parquet")
-    (out / "README.md").write_text(SYNTH_README.format(
+    (out / "README.md").write_text(SYNTH_README.format(generator="synth.py",
         title="JudgeBias-DPO-RefFree",
         body="Schema of iknow-lab/JudgeBias-DPO-RefFree: prompt/chosen/rejected are JSON strings of message lists;\n"
              "scores float64, sample_id int64. All 17 perturbation sets appear in both splits; validation uses other\n"
@@ -126,7 +127,7 @@ def make_recipes(out: Path, n_train_samples: int, n_val_samples: int, seed: int)
         path = out / f"{split}.jsonl"
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         logger.info("wrote %s (%d rows, %d bytes)", _rel(path), len(rows), path.stat().st_size)
-    (out / "README.md").write_text(SYNTH_README.format(
+    (out / "README.md").write_text(SYNTH_README.format(generator="synth.py",
         title="materials-synthesis recipes (source samples of judgetrain perturb)",
         body="The unperturbed recipes of the judgebias samples (the same sample_ids: train 0+, validation 1000+), one\n"
              "JSON object a line: sample_id, target (the material asked for) and text (the recipe), the source row\n"
@@ -146,7 +147,7 @@ def make_varied(kind: str, out: Path, n_train: int, n_val: int, seed: int) -> No
         path = out / f"{split}.jsonl"
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
         logger.info("wrote %s (%d rows, %d bytes)", _rel(path), len(rows), path.stat().st_size)
-    (out / "README.md").write_text(SYNTH_README.format(
+    (out / "README.md").write_text(SYNTH_README.format(generator="varied.py",
         title=f"{title}: source samples of judgetrain perturb",
         body=f"One JSON object a line: sample_id (train 0+, validation 1000+), {field} and text. Each text draws its\n"
              "sections, their form and order, its voice and the phrasing of each step (scripts/varied.py)."),
@@ -156,7 +157,7 @@ def make_varied(kind: str, out: Path, n_train: int, n_val: int, seed: int) -> No
 def make_ideation(out: Path, n_train: int, n_test: int, seed: int) -> None:
     write_parquet(synth.ideation_rows(n_train, "train", seed=seed, shares_test_every=4), IDEATION_SCHEMA, out / "train.parquet")
     write_parquet(synth.ideation_rows(n_test, "test", seed=seed, start=10_000), IDEATION_SCHEMA, out / "test.parquet")
-    (out / "README.md").write_text(SYNTH_README.format(
+    (out / "README.md").write_text(SYNTH_README.format(generator="synth.py",
         title="research-ideation-arena-si-rm",
         body="Core and provenance fields of tintin1027/research-ideation-arena-si-rm (generator names as generator_a /\n"
              "generator_b). The preferred proposal is specific and testable, the other vague. Train rows come in\n"

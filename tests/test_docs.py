@@ -255,6 +255,9 @@ def plan_judgetrain(args: list[str]) -> Plan:
         return plan_train(rest, "judgetrain train, dry run")
     if words == "eval":
         return plan_eval(rest)
+    if words == "report" and rest and rest[0].startswith("loops/"):
+        return Plan("help", ("report",), "a loop's folder, which its loop command writes first (tests/test_loop.py "
+                    "draws a loop's report)")
     if words == "report":
         return Plan("run", ("report", *rest), "the quickstart run drawn", needs_run=True)
     if words == "compare":

@@ -197,12 +197,18 @@ def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_desig
     configs = {}
     for p in sorted((REPO / "recipes" / "loops").glob("*.yaml")):
         text = p.read_text(encoding="utf-8").replace("source: data/judgebench", f"source: {judgebench}")
+        text = text.replace("source: judgetrain/", f"source: {REPO / 'judgetrain'}/")  # bundled: the repository's
         for kind in ("recipes", "synthesis", "cooking"):
             text = text.replace(f"source: data/pointwise/{kind}", f"source: {tmp_path / 'pointwise' / kind}")
             text = text.replace(f"source: data/grid/{kind}", f"source: {tmp_path / 'pointwise' / kind}")
         (tmp_path / p.name).write_text(text, encoding="utf-8")
         configs[p.name] = load_config(tmp_path / p.name)
-    assert {"smollm2_verdicts.yaml", "smollm2_pointwise.yaml"} <= set(configs)
+    assert {"smollm2_verdicts.yaml", "smollm2_pointwise.yaml", "quickstart.yaml"} <= set(configs)
+    quick = configs["quickstart.yaml"]  # the README's first command: a real judge, the bundled recipes, one reading
+    assert (quick.model, quick.items.spec, quick.eval.scoring) == ("smollm2-135m-instruct", "cooking", ["loglik_mean"])
+    assert quick.train["training_form"] == "mean_logprob" and quick.heldout.fraction >= 0.2
+    assert {"markdown_to_plain", "plain_to_markdown"} <= set(quick.items.sets) and quick.pairs.ties == "tie"
+    assert "10 minutes" in quick.goal
     grid = {name[len("grid_"):-len(".yaml")]: c for name, c in configs.items() if name.startswith("grid_")}
     assert sorted(grid) == ["a_log_ratio", "b_ties", "c_mean_ties", "d_replay"]
     for name, config in grid.items():  # one data, one held-out set and one eval for the whole grid (round 0 cached)
@@ -579,3 +585,24 @@ def test_a_bad_domains_section_is_refused_naming_the_key(tmp_path, capsys, edit,
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     assert main(["loop", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_quickstart_smoke_run_takes_every_stage_on_the_tiny_judge(tmp_path):
+    """`judgetrain loop recipes/loops/quickstart.yaml --smoke`: the README's smoke line, the quickstart's stages on
+    the embedded tiny judge, a few steps and rows, into <output_dir>-smoke, said to be a smoke run."""
+    text = (REPO / "recipes" / "loops" / "quickstart.yaml").read_text(encoding="utf-8")
+    config = tmp_path / "quickstart.yaml"
+    config.write_text(text.replace("output_dir: loops/quickstart", f"output_dir: {tmp_path / 'quick'}"),
+                      encoding="utf-8")
+    proc = subprocess.run([*loop_command(config), "--smoke"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "smoke run: tiny-judge (random weights) in place of the config's judge" in proc.stderr
+    out = tmp_path / "quick-smoke"
+    assert not (tmp_path / "quick").exists() and (out / "rounds.json").is_file()
+    assert "| figure (mode: reading) | base | round 1 |" in proc.stdout and "(loglik_mean)" in proc.stdout
+    recipe = yaml.safe_load((out / "round-1" / "recipe.yaml").read_text())
+    assert (recipe["model_name_or_path"], recipe["max_steps"]) == ("tiny-judge", 2)
+    assert len([m for m in read_jsonl(out / "round-1" / "train" / "metrics.jsonl") if "train/loss" in m]) == 2
+    scored = read_jsonl(next((out / "round-1" / "eval").glob("*/pairwise.jsonl")))
+    assert 0 < len(scored) <= 8

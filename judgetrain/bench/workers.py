@@ -2,9 +2,9 @@
 TRL script, or the quickstart recipe; each writes its timings and its own peak memory to RESULT.
 """
 
-# Late imports: judgetrain.config, judgetrain.train, judgetrain.trainer, datasets, peft, transformers, trl (inside the
-# functions that use them): each benchmark part loads only what it measures, and a timed side's imports are part of
-# what it times.
+# Late imports: judgetrain.config, judgetrain.train, judgetrain.trainer, judgetrain.utils, datasets, peft, transformers,
+# trl (inside the functions that use them): each benchmark part loads only what it measures, and a timed side's imports
+# are part of what it times.
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ makes or reads its items, has the current judge evaluate them, builds pairs, con
 adapter and scores the result against the base; the round table is printed and written.
 
     judgetrain loop loop.yaml       # killed at any stage, the same command continues where it stopped
+    judgetrain loop loop.yaml --smoke   # the same stages on the embedded tiny judge, in seconds: a smoke run
 
 Exit codes: 0 done, 2 a bad config (or another loop's output_dir, or a training set whose error copies a rule
 with no judge separates from their sources: `--allow_shortcuts` trains anyway), else the failing stage's command's
@@ -39,16 +40,25 @@ def build_parser() -> ConventionParser:
                         help="round 1's data alone (items, split, pairs; judge where the pairs need it), no training "
                              "and no scoring: prints what the rules with no judge get per type on the training and "
                              "held-out error copies; the same command without it continues from there")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a smoke run: the same stages on the embedded tiny judge (random weights, no download), 2 "
+                             "training steps and 8 rows per suite, into <output_dir>-smoke, in seconds; it shows that "
+                             "the config runs here, not what a judge learns")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
-    from judgetrain.loop.config import load_config
+    from judgetrain.loop.config import SMOKE_MODEL, load_config, smoke_config
     from judgetrain.loop.run import StageFailed, run_loop
 
     config = load_config(args.config)  # a bad config raises LoopConfigError: the entry's one line, exit code 2
+    if args.smoke:
+        config = smoke_config(config)
+        logger.warning("smoke run: %s (random weights) in place of the config's judge, a few steps and rows, into %s: "
+                       "it checks that every stage runs; its figures say nothing about a judge", SMOKE_MODEL,
+                       config.output_dir)
     check_eval(config, args.config)
     try:
         result = run_loop(config, allow_shortcuts=args.allow_shortcuts, data_only=args.data_only)

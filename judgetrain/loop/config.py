@@ -33,7 +33,7 @@ import tempfile
 import types
 import typing
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +361,22 @@ def round_recipe(config: LoopConfig, recipe: dict[str, Any], rd: Path, init_adap
 
 
 # ---- what the config names ---------------------------------------------------------------------------------------
+
+SMOKE_MODEL = "tiny-judge"
+SMOKE_STEPS = 2
+SMOKE_ROWS = 8
+
+
+def smoke_config(config: LoopConfig) -> LoopConfig:
+    """``judgetrain loop CONFIG --smoke``: the same stages on the embedded tiny judge (a random 2-layer model, built
+    offline in seconds), `SMOKE_STEPS` training steps and `SMOKE_ROWS` rows per suite, into ``<output_dir>-smoke``:
+    it shows that every stage of the config runs here, and nothing about a judge."""
+    train = {**config.train, "max_steps": SMOKE_STEPS}
+    rows = min(config.eval.max_rows or SMOKE_ROWS, SMOKE_ROWS)
+    return replace(config, output_dir=f"{config.output_dir.rstrip('/')}-smoke", model=SMOKE_MODEL, train=train,
+                   eval=replace(config.eval, max_rows=rows, base_cache=False),
+                   goal="A smoke run: the tiny judge (random weights) through every stage; its figures mean nothing.")
+
 
 def check_inputs(config: LoopConfig, where: str = "<loop config>") -> None:
     """What the config names, checked before any stage runs (`LoopConfigError` naming the key): the output folder is
