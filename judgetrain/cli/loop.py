@@ -3,7 +3,7 @@ makes or reads its items, has the current judge evaluate them, builds pairs, con
 adapter and scores the result against the base; the round table is printed and written.
 
     judgetrain loop loop.yaml       # killed at any stage, the same command continues where it stopped
-    judgetrain loop loop.yaml --smoke   # the same stages on the embedded tiny judge, in seconds: a smoke run
+    judgetrain loop loop.yaml --smoke   # the same stages on the embedded tiny judge, in under a minute: a smoke run
 
 Exit codes: 0 done, 2 a bad config (or another loop's output_dir, or a training set whose error copies a rule
 with no judge separates from their sources: `--allow_shortcuts` trains anyway), else the failing stage's command's
@@ -42,7 +42,7 @@ def build_parser() -> ConventionParser:
                              "held-out error copies; the same command without it continues from there")
     parser.add_argument("--smoke", action="store_true",
                         help="a smoke run: the same stages on the embedded tiny judge (random weights, no download), 2 "
-                             "training steps and 8 rows per suite, into <output_dir>-smoke, in seconds; it shows that "
+                             "training steps and 8 rows per suite, into <output_dir>-smoke, in under a minute; it shows that "
                              "the config runs here, not what a judge learns")
     return parser
 
