@@ -41,9 +41,9 @@ def build_parser() -> ConventionParser:
                              "and no scoring: prints what the rules with no judge get per type on the training and "
                              "held-out error copies; the same command without it continues from there")
     parser.add_argument("--smoke", action="store_true",
-                        help="a smoke run: the same stages on the embedded tiny judge (random weights, no download), 2 "
-                             "training steps and 8 rows per suite, into <output_dir>-smoke, in under a minute; it shows that "
-                             "the config runs here, not what a judge learns")
+                        help="a smoke run: the same stages on the embedded tiny judge (random weights, no download), "
+                             "2 training steps and 8 rows per suite, into <output_dir>-smoke, in under a minute; it "
+                             "shows that the config runs here, not what a judge learns")
     return parser
 
 

@@ -34,7 +34,8 @@ _applied: str | None = None
 
 def apply_cpu_allocator(choice: str, on_cpu: bool) -> str:
     """Set ``choice`` (`CHOICES`) for this process when it computes on CPUs; returns what holds, for the run's
-    summary: ``keep``, ``system``, ``not_cpu`` (a GPU process: nothing changed) or ``unavailable`` (no glibc, warned)."""
+    summary: ``keep``, ``system``, ``not_cpu`` (a GPU process: nothing changed) or ``unavailable`` (no glibc,
+    warned)."""
     global _applied
     if choice not in CHOICES:
         raise ValueError(f"cpu_allocator: one of {', '.join(CHOICES)}, got {choice!r}")
@@ -46,15 +47,15 @@ def apply_cpu_allocator(choice: str, on_cpu: bool) -> str:
         return "keep"
     libc_name, _ = platform.libc_ver()
     if libc_name != "glibc":
-        logger.warning("cpu_allocator: keep is not set: the C library is %s, not glibc; large tensors are mapped and "
-                       "unmapped at every step as the system allocator does (cpu_allocator: system avoids this warning)",
-                       libc_name or "unknown")
+        logger.warning("cpu_allocator: keep is not set: the C library is %s, not glibc; large tensors are mapped "
+                       "and unmapped at every step as the system allocator does (cpu_allocator: system avoids this "
+                       "warning)", libc_name or "unknown")
         return "unavailable"
     libc = ctypes.CDLL("libc.so.6")
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, KEEP_TRIM_BYTES)):
         logger.warning("cpu_allocator: keep is not set: glibc's mallopt refused it")
         return "unavailable"
     _applied = "keep"
-    logger.info("cpu_allocator: keep: large blocks come from the heap and freed ones stay for the next step, not "
-                "mapped and unmapped each step (cpu_allocator: system for the C library's default)")
+    logger.info("cpu_allocator: keep: large blocks come from the heap and freed ones stay for the next step, "
+                "not mapped and unmapped each step (cpu_allocator: system for the C library's default)")
     return "keep"
