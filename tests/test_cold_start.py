@@ -206,9 +206,9 @@ def assert_written_once(out: Path) -> None:
 
 
 @pytest.mark.slow
-def test_readme_quickstart_line_from_an_empty_cache(tmp_path):
+def test_the_tiny_judge_training_run_from_an_empty_cache(tmp_path):
     """Two processes start with no tiny judge built: one builds it, the other waits and loads it (.ci/run's first
-    step, the README's line in an empty home, is a second draw of the same race)."""
+    step, the tiny judge's training run in an empty home, is a second draw of the same race)."""
     env = cold_env(tmp_path)
     out = tmp_path / "run"
     proc = accelerate_launch("cpu.yaml", small_quickstart_args(out), env=env, timeout=1200)
