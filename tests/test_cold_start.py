@@ -165,7 +165,8 @@ def test_weights_written_from_a_rank_other_than_zero(tmp_path):
 
 
 def small_quickstart_args(out: Path) -> list[str]:
-    # The tiny judge's training recipe (recipes/quickstart.yaml), shortened: a few steps, an eval every 2 steps on a few rows, a checkpoint, TensorBoard.
+    # The tiny judge's training recipe (recipes/quickstart.yaml), shortened: a few steps, an eval every 2 steps on a
+    # few rows, a checkpoint, TensorBoard.
     return [str(QUICKSTART), "--output_dir", str(out), "--max_steps", "4", "--eval_steps", "2",
             "--eval_max_rows", "6", "--save_steps", "2", "--logging_steps", "1", "--report_to", "tensorboard",
             "--eval_on_start", "false", "--eval_scoring", "implicit"]

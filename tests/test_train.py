@@ -29,7 +29,7 @@ def small_recipe(tmp_path, *, eval_suites="[]", report_to="none", extra="") -> s
     return str(path)
 
 
-# .ci/run launches the README's quickstart line from a cold start just before the tests, and names that run here
+# .ci/run launches the tiny judge's training recipe from a cold start just before the tests, and names that run here
 # (its folder and the launch's stderr) so the module reads it instead of training the same recipe again.
 GIVEN_RUN = "JUDGETRAIN_TEST_QUICKSTART_RUN"
 LAUNCH_LOG: dict[Path, str] = {}  # the quickstart run -> its launch's stderr (the main process's log)
