@@ -44,3 +44,15 @@ def test_tiny_judge_build_is_deterministic(tmp_path):
 def test_alias_resolves_to_the_cached_build(tiny_judge):
     assert resolve_model(TINY_ALIAS) == tiny_judge
     assert resolve_model("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+
+
+def test_perturbs_bundled_sources_stay_out_of_the_tiny_judges_tokenizer():
+    """The tiny judge's tokenizer (and so its cache key, its weights' meaning and every figure measured on it) is a
+    function of the bundled training and evaluation samples, not of perturb's bundled sources: adding the quickstart's
+    cooking recipes changed every tiny-judge figure the tests read until they were left out."""
+    from judgetrain.models.tiny import _corpus_files, _samples_dir
+
+    sources = {"recipes", "cooking"}  # judgetrain perturb's bundled source folders
+    assert sources <= {p.name for p in _samples_dir().iterdir() if p.is_dir()}
+    corpus = {p.relative_to(_samples_dir()).parts[0] for p in _corpus_files()}
+    assert corpus and not corpus & sources, corpus

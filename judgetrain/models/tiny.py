@@ -80,9 +80,10 @@ def _corpus_texts() -> list[str]:
     return texts
 
 
-# `judgetrain perturb`'s bundled source recipes repeat the JudgeBias samples' text: they stay out of the tokenizer
-# corpus, so the tiny judge (and every figure measured on it) does not change with perturb's sources.
-CORPUS_EXCLUDED = ("recipes",)
+# `judgetrain perturb`'s bundled source samples (the materials pack's recipes, which repeat the JudgeBias samples'
+# text, and the quickstart's cooking recipes) stay out of the tokenizer corpus, so the tiny judge (and every figure
+# measured on it) does not change with perturb's sources.
+CORPUS_EXCLUDED = ("recipes", "cooking")
 
 
 def _corpus_files() -> list[Path]:
