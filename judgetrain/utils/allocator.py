@@ -3,7 +3,7 @@
 glibc serves every allocation above its mmap threshold (32 MiB at most) with a fresh ``mmap`` and gives it back to the
 kernel on free. A training step's largest tensors are far above it (a batch's log-probabilities over the vocabulary:
 5,000 tokens x 49,152 x 4 bytes, about 1 GB for SmolLM2), so every step maps them, faults them in page by page (each
-page zeroed by the kernel) and unmaps them again: a third of a CPU run's time went to the kernel.
+page zeroed by the kernel) and unmaps them again: a fifth to a quarter of a CPU run's time went to the kernel.
 
 - ``keep`` (the default): large blocks come from the heap and freed ones stay there for the next step (glibc's
   ``mallopt``: ``M_MMAP_MAX`` 0, ``M_TRIM_THRESHOLD`` 2 GiB), set in the process itself, so every launcher
