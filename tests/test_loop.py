@@ -534,6 +534,19 @@ def two_domain_config(tmp_path: Path) -> Path:
     return path
 
 
+def test_an_edit_of_a_domains_spec_between_runs_refuses_to_resume_naming_the_domain_and_file(tmp_path):
+    from judgetrain.loop.config import LoopConfigError, load_config
+    from judgetrain.loop.run import open_state
+
+    config = two_domain_config(tmp_path)
+    open_state(load_config(config), tmp_path / "loop")
+    spec = yaml.safe_load((tmp_path / "ward.yaml").read_text())
+    spec["name"] = "ward, edited"
+    (tmp_path / "ward.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    with pytest.raises(LoopConfigError, match=r"other contents of domains\.ward\.spec \(.*ward\.yaml\): the file"):
+        open_state(load_config(config), tmp_path / "loop")
+
+
 def test_two_domains_split_and_pair_apart_and_pool_their_pairs_and_held_out_rows(tmp_path):
     """A loop over two domains whose samples are numbered alike: each domain's items, split and pairs in its own
     folder; the held-out rows pooled with each sample id named by its domain (no clinic sample shares a unit with

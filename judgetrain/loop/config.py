@@ -456,15 +456,21 @@ def check_train(config: LoopConfig, where: str) -> None:
             os.environ.update(environ)
 
 
-def input_fingerprints(config: LoopConfig) -> dict[str, str]:
-    """SHA-256 of the contents of each file the loop reads, by its key (``recipe``, ``items.spec``,
-    ``items.source``, ``items.file``; a folder: every file in it, by relative path; a hub id: its name)."""
+def input_paths(config: LoopConfig) -> dict[str, str]:
+    """The path of each file or folder the loop reads, by its key (``recipe``, ``items.spec``, ``items.source``,
+    ``items.file``, ``domains.<name>.source``, ``domains.<name>.spec``)."""
     paths = {"recipe": resolve_packaged(config.recipe, "recipes"), "items.file": config.items.file,
              "items.source": config.items.source,
              "items.spec": str(spec_path(config.items.spec)) if config.items.spec else None}
     for d in config.domains:
         paths.update({f"domains.{d.name}.source": d.source, f"domains.{d.name}.spec": str(spec_path(d.spec))})
-    return {key: _contents_digest(Path(value)) for key, value in paths.items() if value is not None}
+    return {key: str(value) for key, value in paths.items() if value is not None}
+
+
+def input_fingerprints(config: LoopConfig) -> dict[str, str]:
+    """SHA-256 of the contents of each of `input_paths` (a folder: every file in it, by relative path; a hub id: its
+    name)."""
+    return {key: _contents_digest(Path(value)) for key, value in input_paths(config).items()}
 
 
 def _contents_digest(path: Path) -> str:

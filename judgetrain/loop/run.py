@@ -65,7 +65,7 @@ from judgetrain.eval.rules import NovelTokens
 from judgetrain.judge.items import read_items
 from judgetrain.config.recipe import load_recipe_file
 from judgetrain.loop.config import (HELDOUT_SOURCE, Domain, Items, LoopConfig, LoopConfigError, eval_suites,
-                                   input_fingerprints, option_args, round_recipe, trained_form)
+                                   input_fingerprints, input_paths, option_args, round_recipe, trained_form)
 from judgetrain.loop.basecache import cached_base_eval
 from judgetrain.loop.replay import write_replay
 from judgetrain.loop.table import write_round_table
@@ -123,21 +123,13 @@ def open_state(config: LoopConfig, out: Path) -> dict:
     for key, digest in state.setdefault("inputs", inputs).items():
         if inputs.get(key) != digest:
             raise LoopConfigError(f"{out} holds a loop started with other contents of {key} "
-                                  f"({getattr_path(config, key)}): the file changed since; restore it, or give this "
+                                  f"({input_paths(config)[key]}): the file changed since; restore it, or give this "
                                   "config another output_dir")
     out.mkdir(parents=True, exist_ok=True)
     state.update(settings=asdict(config), stages=Loop(config, out, state).stages(),  # `judgetrain report` reads them
                  trained_form=trained_form(config))
     write_json(out / LOOP_STATE_FILE, state)
     return state
-
-
-def getattr_path(config: LoopConfig, key: str) -> Any:
-    """The config's value at a dotted key (``items.spec``)."""
-    value: Any = config
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
 
 
 class Loop:
