@@ -92,12 +92,6 @@ def _worker_quickstart(spec: dict) -> dict:
     return result
 
 
-def _gpu() -> bool:
-    from judgetrain.utils.device import has_accelerator
-
-    return has_accelerator()
-
-
 _WORKERS = {"train_judgetrain": _worker_train_judgetrain, "train_bare": _worker_train_bare,
             "quickstart": _worker_quickstart}
 
@@ -109,8 +103,9 @@ def worker_main(spec_path: str, result_path: str) -> int:
     if spec.get("cpu_allocator"):  # a bare TRL run's allocator, as judgetrain's run would set it (train_judgetrain
         # sets its own, from its recipe)
         from judgetrain.utils.allocator import apply_cpu_allocator
+        from judgetrain.utils.device import has_accelerator
 
-        apply_cpu_allocator(spec["cpu_allocator"], on_cpu=spec["dpo"].get("use_cpu", False) or not _gpu())
+        apply_cpu_allocator(spec["cpu_allocator"], on_cpu=spec["dpo"].get("use_cpu", False) or not has_accelerator())
     result = _WORKERS[spec["kind"]](spec)
     result["peak_rss_mb"] = peak_rss_mb()
     device_peak(result)
