@@ -44,7 +44,7 @@ from judgetrain.trainer.pair_loss import PairLoss
 from judgetrain.trainer.parallelism import (ParallelismReport, allow_deepspeed_on_cpu, allow_fsdp_on_cpu,
                                             requested_parallelism)
 from judgetrain.trainer.process import close_process_group, destroy_process_groups, end_process, init_process_state
-from judgetrain.utils.allocator import apply_cpu_allocator
+from judgetrain.utils.allocator import apply_cpu_allocator, heap_trims
 from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.hub import is_hub_id
 from judgetrain.utils.logging import setup_logging
@@ -144,7 +144,7 @@ def run_recipe(recipe: Recipe, command: str | None) -> dict:
             raise
     finish(parts)
     return {"output_dir": str(out), "resumed_from": resume_from, "audit": done.audit, "start": plan["kind"],
-            "cpu_allocator": allocator, **outcome}
+            "cpu_allocator": allocator, "heap_trims": heap_trims(), **outcome}
 
 
 # ----------------------------------------------------------------------------------------------- setup

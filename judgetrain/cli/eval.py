@@ -87,7 +87,7 @@ def build_parser():
                    help="bad suite rows: stop naming them (default), or skip them to <output_dir>/rejects-<suite>.jsonl, "
                         "counted")
     p.add_argument("--trust_remote_code", action="store_true", help="allow the model's own Python code (off by default)")
-    p.add_argument("--cpu_allocator", choices=("keep", "system"), default="keep",
+    p.add_argument("--cpu_allocator", choices=("keep", "system"), default="system",
                    help="on CPUs: keep (the large tensors of a batch stay in the heap for the next, not mapped and "
                         "unmapped each batch) or system (the C library's default); see the recipe key")
     p.add_argument("--rules_train_pairs", help="training pairs (chosen = the source, rejected = its error copy: "

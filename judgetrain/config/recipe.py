@@ -435,7 +435,7 @@ class JudgeTrainArguments(EvalArguments):
     )
     audit_rows: int | None = field(default=None, metadata={"help": "Audit only the first N rows per dataset (dry run)."})
     cpu_allocator: Literal["keep", "system"] = field(
-        default="keep",
+        default="system",
         metadata={"help": "On CPUs: keep: a step's large tensors come from the heap and stay there for the next step "
                   "(glibc's mmap of large blocks off: no pages mapped, faulted and unmapped each step); system: the C "
                   "library's default. No effect on a GPU (judgetrain.utils.allocator)."},
