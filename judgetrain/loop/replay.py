@@ -9,6 +9,10 @@ response, rejected = the other). After the pairs stage, ``share`` of the round's
 training rows are replay rows: share / (1 - share) x the training pairs, drawn without replacement (seeded); fewer
 when the source holds fewer, said in a warning and in the counts. They are written beside the round's pairs
 (``replay.jsonl``) and counted in the pairs' ``stats.json`` (``replay``); the round's recipe trains on both.
+
+The draw does not yet know the training's ``max_length``: training skips a replayed row longer than it like any other
+(counted, warned, written to its ``rejects/long_rows.jsonl``), and the share trained is then below the share stated
+(JudgeBench at 768 tokens: about half its pairs are longer). Read the training's rejects beside ``stats.json``.
 """
 
 from __future__ import annotations
