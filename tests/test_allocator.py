@@ -14,18 +14,11 @@ import pytest
 from helpers import run
 
 PROBE = r"""
-import ctypes, json, sys
+import json, sys
 import torch
-from judgetrain.utils.allocator import apply_cpu_allocator
+from judgetrain.utils.allocator import apply_cpu_allocator, glibc
 
-
-class Mallinfo2(ctypes.Structure):  # glibc >= 2.33
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = Mallinfo2
+libc = glibc()
 held = apply_cpu_allocator(sys.argv[1], on_cpu=sys.argv[2] == "cpu")
 n = 256 << 20  # bytes: far above glibc's largest mmap threshold (32 MiB)
 t = torch.empty(n // 4, dtype=torch.float32).fill_(1.0)

@@ -30,10 +30,11 @@ train` (the ``cpu_allocator`` option: samples per second and peak memory against
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
-import os
 import platform
 import threading
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +50,19 @@ _trims = 0
 _peak_in_use = 0
 
 
-class _Mallinfo2(ctypes.Structure):  # glibc >= 2.33
+class Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (2.33 and later): ``uordblks`` in use in the heap, ``hblkhd`` in mappings."""
     _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.cache
+def glibc() -> ctypes.CDLL:
+    """The C library, its ``mallinfo2`` (where it has one) returning `Mallinfo2`."""
+    libc = ctypes.CDLL("libc.so.6")
+    if hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = Mallinfo2
+    return libc
 
 
 def apply_cpu_allocator(choice: str, on_cpu: bool) -> str:
@@ -73,7 +84,7 @@ def apply_cpu_allocator(choice: str, on_cpu: bool) -> str:
                        "and unmapped at every step as the system allocator does (cpu_allocator: system avoids this "
                        "warning)", libc_name or "unknown")
         return "unavailable"
-    libc = ctypes.CDLL("libc.so.6")
+    libc = glibc()
     if not hasattr(libc, "mallinfo2"):
         logger.warning("cpu_allocator: keep is not set: glibc %s has no mallinfo2 (2.33 or later), which its guard "
                        "against a growing heap reads (cpu_allocator: system avoids this warning)",
@@ -100,8 +111,7 @@ def trim_if_grown(free_bytes: int = KEEP_FREE_BYTES) -> bool:
     `heap_limit` of the most glibc has had in use at any call, or the machine has less than a tenth of its memory
     available; returns whether it did (each time logged and counted)."""
     global _trims, _peak_in_use
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _Mallinfo2
+    libc = glibc()
     info = libc.mallinfo2()
     in_use = info.uordblks + info.hblkhd
     _peak_in_use = max(_peak_in_use, in_use)
@@ -137,7 +147,7 @@ def _machine_short() -> bool:
 
 def anonymous_resident_bytes() -> int:
     """This process's anonymous resident memory (``RssAnon``: the heap and other private memory, not mapped files)."""
-    with open(f"/proc/{os.getpid()}/status", encoding="ascii") as f:
+    with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
@@ -145,8 +155,8 @@ def anonymous_resident_bytes() -> int:
 
 
 def _guard() -> None:
-    stop = threading.Event()
-    while not stop.wait(GUARD_PERIOD_S):
+    while True:
+        time.sleep(GUARD_PERIOD_S)
         try:
             trim_if_grown()
         except Exception as e:  # the run goes on; the heap is then unguarded, and that is said
