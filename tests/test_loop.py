@@ -417,19 +417,22 @@ def test_verdict_pairs_on_a_reference_relative_loss_are_warned_about(caplog):
     assert not warn_orders_apart({}, Pairs(method="known", form="pointwise"))
 
 
-def _judgebench_rows(path: Path, n: int) -> Path:
-    """``n`` JudgeBench-schema pairs (the better response second in odd rows)."""
+def _judgebench_rows(path: Path, n: int, long: int = 0) -> Path:
+    """``n`` JudgeBench-schema pairs (the better response second in odd rows), then ``long`` more whose worse response
+    is 3,000 words (longer than any recipe's max_length here)."""
+    worse = ["none"] * n + [" ".join(["none"] * 3000)] * long
     rows = [{"pair_id": f"jb{i}", "original_id": str(i), "source": "mmlu-pro-math", "question": f"What is {i} + {i}?",
-             "response_model": "m", "response_A": f"{2 * i}" if i % 2 == 0 else "none",
-             "response_B": "none" if i % 2 == 0 else f"{2 * i}", "label": "A>B" if i % 2 == 0 else "B>A"}
-            for i in range(n)]
+             "response_model": "m", "response_A": f"{2 * i}" if i % 2 == 0 else worse[i],
+             "response_B": worse[i] if i % 2 == 0 else f"{2 * i}", "label": "A>B" if i % 2 == 0 else "B>A"}
+            for i in range(n + long)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
 
 def test_a_replay_share_mixes_general_pairs_into_the_rounds_training_rows_and_counts_them(tmp_path, capsys):
     """9 training notes make 9 response pairs; a replay share of 0.25 asks 0.25 / 0.75 x 9 = 3 JudgeBench pairs beside
-    them (drawn from 6), written beside the pairs, counted in stats.json and trained on by the round's recipe.
+    them (drawn from the 6 that fit max_length, 3 longer rows left out and counted), written beside the pairs, counted
+    in stats.json and trained on by the round's recipe.
     Replaying a benchmark the run scores, or a source with a bad row, is refused before anything runs, naming the key
     (and the row); the response form's rewrites train as ties once the training recipe names a tie model."""
     from judgetrain.cli import main
@@ -446,7 +449,7 @@ def test_a_replay_share_mixes_general_pairs_into_the_rounds_training_rows_and_co
         f.write(json.dumps({**read_jsonl(source)[0], "pair_id": "tie", "label": "A=B"}) + "\n")
     assert main(["loop", str(loop_config(tmp_path, replay=replay))]) == 2
     assert "replay.source: " in (said := capsys.readouterr().err) and "row 6, field 'label'" in said
-    _judgebench_rows(source, 6)
+    _judgebench_rows(source, 6, long=3)  # 3 rows that training would skip: left out of the draw, counted
     config = load_config(loop_config(tmp_path, replay=replay, train={"max_steps": 2, "tie_model": "rao_kupper"},
                                      pairs={"method": "known", "form": "response", "ties": "tie"}))
     out = Path(config.output_dir)
@@ -458,10 +461,13 @@ def test_a_replay_share_mixes_general_pairs_into_the_rounds_training_rows_and_co
     n_pairs = counts["training_pairs"]
     assert n_pairs == pq.read_metadata(pairs / "train.parquet").num_rows and n_pairs > 0
     assert counts["rows_wanted"] == round(0.25 * n_pairs / 0.75) and counts["available"] == 6
+    assert (counts["source_rows"], counts["too_long"], counts["max_length"]) == (9, 3, 1024)
+    rejects = read_jsonl(pairs / "rejects" / "replay_long_rows.jsonl")
+    assert sorted(r["data"]["replay_row"] for r in rejects) == [6, 7, 8]
     assert counts["rows"] == min(6, counts["rows_wanted"])
     replayed = load_preference(str(pairs / "replay.jsonl"))
     assert len(replayed) == counts["rows"]
-    for row in replayed:  # the better response chosen, whichever side the file showed it on
+    for row in replayed:  # the better response chosen, whichever side the file showed it on; none of the long rows
         i = int(row["sample_id"].removeprefix("replay:jb"))
         assert row["chosen"][0]["content"] == str(2 * i) and row["rejected"][0]["content"] == "none"
     trained_on = round_recipe(config, {}, out / "round-1", None)["train_datasets"]

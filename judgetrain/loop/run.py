@@ -63,12 +63,14 @@ import yaml
 from judgetrain.data.pairs import validation_samples
 from judgetrain.eval.rules import NovelTokens
 from judgetrain.judge.items import read_items
-from judgetrain.config.recipe import load_recipe_file
+from judgetrain.config.recipe import load_recipe_file, parse_recipe
 from judgetrain.loop.config import (HELDOUT_SOURCE, Domain, Items, LoopConfig, LoopConfigError, eval_suites,
                                    input_fingerprints, input_paths, option_args, round_recipe, trained_form)
 from judgetrain.loop.basecache import cached_base_eval
-from judgetrain.loop.replay import write_replay
+from judgetrain.loop.replay import ReplayFit, write_replay
 from judgetrain.loop.table import write_round_table
+from judgetrain.models.aliases import resolve_model
+from judgetrain.models.loading import load_recipe_tokenizer
 from judgetrain.perturb.known import item_operators, item_text, write_heldout_pairs, write_heldout_rewrites
 from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, copy_rule_figures
 from judgetrain.perturb.source import read_samples
@@ -367,15 +369,29 @@ class Loop:
             if self.config.domains:
                 pool_pairs({d.name: self.part_dir(rd, d) / "pairs" for d in self.config.domains}, rd / "pairs")
         if self.config.replay.share:
-            write_replay(self.config.replay, rd / "pairs")
+            write_replay(self.config.replay, rd / "pairs", self.replay_fit(k, rd))
 
-    def stage_train(self, k: int, rd: Path) -> None:
+    def round_recipe(self, k: int, rd: Path) -> tuple[dict[str, Any], Path]:
+        """Round k's training recipe (`round_recipe`), written to ``rd/recipe.yaml``: (the recipe, its path)."""
         recipe = round_recipe(self.config, load_recipe_file(self.config.recipe), rd,
                               str(self.adapter(k - 1)) if k > 1 else None)
-        warn_reference_relative(recipe, self.config.pairs)
-        warn_orders_apart(recipe, self.config.pairs)
         path = rd / "recipe.yaml"
         path.write_text(yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+        return recipe, path
+
+    def replay_fit(self, k: int, rd: Path) -> ReplayFit | None:
+        """What round k's replayed rows must fit: its recipe's tokenizer and ``max_length`` (None without one)."""
+        recipe = parse_recipe([str(self.round_recipe(k, rd)[1])])
+        if recipe.training_args.max_length is None:
+            return None
+        tokenizer = load_recipe_tokenizer(resolve_model(recipe.model_args.model_name_or_path), recipe.training_args,
+                                          recipe.model_args)
+        return ReplayFit(tokenizer, recipe.training_args.max_length)
+
+    def stage_train(self, k: int, rd: Path) -> None:
+        recipe, path = self.round_recipe(k, rd)
+        warn_reference_relative(recipe, self.config.pairs)
+        warn_orders_apart(recipe, self.config.pairs)
         run_command(["train", str(path)])
 
     def stage_eval(self, k: int, rd: Path) -> None:
