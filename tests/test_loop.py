@@ -210,16 +210,21 @@ def test_the_packaged_loop_configs_load_and_the_pointwise_proof_states_its_desig
     assert {"markdown_to_plain", "plain_to_markdown"} <= set(quick.items.sets) and quick.pairs.ties == "tie"
     assert "10 minutes" in quick.goal
     grid = {name[len("grid_"):-len(".yaml")]: c for name, c in configs.items() if name.startswith("grid_")}
-    assert sorted(grid) == ["a_log_ratio", "b_ties", "c_mean_ties", "d_replay"]
+    assert sorted(grid) == ["a_log_ratio", "b_ties", "c_mean_ties", "c_mean_ties_reseed", "d_replay"]
     for name, config in grid.items():  # one data, one held-out set and one eval for the whole grid (round 0 cached)
         assert [d.name for d in config.domains] == ["synthesis", "cooking"] and config.eval.base_cache
         assert (config.heldout, config.eval, config.domains) == (grid["a_log_ratio"].heldout,
                                                                  grid["a_log_ratio"].eval, grid["a_log_ratio"].domains)
         assert config.heldout.fraction >= 0.2 and len(config.heldout.types) == 2 and ">= 0.70" in config.goal
-    assert [grid[n].pairs.ties for n in sorted(grid)] == ["drop", "tie", "tie", "tie"]
+    assert [grid[n].pairs.ties for n in sorted(grid)] == ["drop", "tie", "tie", "tie", "tie"]
     assert [grid[n].train.get("training_form", "log_ratio") for n in sorted(grid)] == \
-        ["log_ratio", "log_ratio", "mean_logprob", "mean_logprob"]
-    assert [grid[n].replay.share for n in sorted(grid)] == [0, 0, 0, 0.1]
+        ["log_ratio", "log_ratio", "mean_logprob", "mean_logprob", "mean_logprob"]
+    assert [grid[n].replay.share for n in sorted(grid)] == [0, 0, 0, 0, 0.1]
+    first, again = grid["c_mean_ties"], grid["c_mean_ties_reseed"]  # the reseed: (c) with another training seed
+    assert (first.train["seed"], again.train["seed"]) == (42, 43) and again.output_dir != first.output_dir
+    assert {**again.train, "seed": 42} == {**first.train, "cpu_allocator": "keep"}  # keep: the same figures, faster
+    assert (again.pairs, again.model, again.recipe) == (first.pairs, first.model, first.recipe)
+    assert "within the 95% interval of (c)'s first run" in again.goal
     proof = configs["smollm2_pointwise.yaml"]
     assert (proof.pairs.form, proof.pairs.ties, proof.heldout.types) == ("response", "drop", ["element_substitution"])
     assert proof.heldout.fraction >= 0.2  # and three error types trained
