@@ -371,7 +371,7 @@ class Loop:
         if self.config.replay.share:
             write_replay(self.config.replay, rd / "pairs", self.replay_fit(k, rd))
 
-    def round_recipe(self, k: int, rd: Path) -> tuple[dict[str, Any], Path]:
+    def write_round_recipe(self, k: int, rd: Path) -> tuple[dict[str, Any], Path]:
         """Round k's training recipe (`round_recipe`), written to ``rd/recipe.yaml``: (the recipe, its path)."""
         recipe = round_recipe(self.config, load_recipe_file(self.config.recipe), rd,
                               str(self.adapter(k - 1)) if k > 1 else None)
@@ -381,7 +381,7 @@ class Loop:
 
     def replay_fit(self, k: int, rd: Path) -> ReplayFit | None:
         """What round k's replayed rows must fit: its recipe's tokenizer and ``max_length`` (None without one)."""
-        recipe = parse_recipe([str(self.round_recipe(k, rd)[1])])
+        recipe = parse_recipe([str(self.write_round_recipe(k, rd)[1])])
         if recipe.training_args.max_length is None:
             return None
         tokenizer = load_recipe_tokenizer(resolve_model(recipe.model_args.model_name_or_path), recipe.training_args,
@@ -389,7 +389,7 @@ class Loop:
         return ReplayFit(tokenizer, recipe.training_args.max_length)
 
     def stage_train(self, k: int, rd: Path) -> None:
-        recipe, path = self.round_recipe(k, rd)
+        recipe, path = self.write_round_recipe(k, rd)
         warn_reference_relative(recipe, self.config.pairs)
         warn_orders_apart(recipe, self.config.pairs)
         run_command(["train", str(path)])
