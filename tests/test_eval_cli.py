@@ -100,3 +100,38 @@ def test_run_dir_evaluates_each_checkpoint_and_reuses_the_reference(run_dir, eva
     assert summary["checkpoint-4"] == pytest.approx({**summary["final"], **{k: summary["checkpoint-4"][k]
                                                      for k in summary["final"] if k.endswith("runtime")}})
     assert _rows(tmp_path, "checkpoint-2")[0]["score_chosen"] != _rows(tmp_path, "checkpoint-4")[0]["score_chosen"]
+
+
+def test_the_base_evaluated_alone_is_the_reference_of_an_adapter_on_it(run_dir, eval_args, tmp_path):
+    """`judgetrain eval` of the base writes its log-probs as eval_reference.json; an adapter's evaluation given that
+    file (--reference_logprobs) subtracts them instead of scoring the base again: no reference forward, the same
+    implicit scores. Another dtype, or no such file, is refused naming the option."""
+    from judgetrain.cli.eval import main
+    from judgetrain.utils.errors import BadInputError
+
+    base, adapter = run_dir.parent / "base", run_dir / "checkpoint-2"
+    modes = ["--eval_scoring", "implicit", "loglik_sum"]
+    assert main(["--model", str(base), *eval_args, *modes, "--output-dir", str(tmp_path / "base")]) == 0
+    [saved] = (tmp_path / "base").glob("*/eval_reference.json")
+    doc = json.loads(saved.read_text())
+    assert doc["dtype"] == "float32" and len(doc["values"]) == 42  # 7 rows x 6 responses, one forward each
+    runs = {}
+    for name, extra in (("again", []), ("read", ["--reference_logprobs", str(saved)])):
+        out = tmp_path / name
+        assert main(["--model", str(base), "--adapter", str(adapter), *eval_args, *modes, *extra,
+                     "--output-dir", str(out)]) == 0
+        [folder] = [p for p in out.iterdir() if p.is_dir()]
+        runs[name] = (json.loads((folder / "results.json").read_text())["engine"], read_jsonl(folder / "rmbench.jsonl"))
+    assert runs["again"][0]["ref_sequences_computed"] == 42 and runs["again"][0]["ref_batches"] > 0
+    assert runs["read"][0]["ref_sequences_computed"] == 0 and runs["read"][0]["ref_batches"] == 0
+    assert runs["read"][0]["ref_cache_hits"] == 42
+    for a, b in zip(runs["again"][1], runs["read"][1]):
+        assert a["id"] == b["id"] and abs(a["score_chosen"][0]) < 50  # a log-ratio, not a summed log-likelihood
+        assert b["score_chosen"] == pytest.approx(a["score_chosen"], abs=1e-4)
+        assert b["score_rejected"] == pytest.approx(a["score_rejected"], abs=1e-4)
+    with pytest.raises(BadInputError, match="scored in float32, this evaluation in bfloat16"):
+        main(["--model", str(base), "--adapter", str(adapter), *eval_args, *modes, "--dtype", "bfloat16",
+              "--reference_logprobs", str(saved), "--output-dir", str(tmp_path / "bf16")])
+    with pytest.raises(BadInputError, match="--reference_logprobs .*: no such file"):
+        main(["--model", str(base), "--adapter", str(adapter), *eval_args, "--reference_logprobs",
+              str(tmp_path / "none.json"), "--output-dir", str(tmp_path / "none")])

@@ -510,6 +510,12 @@ def test_the_base_is_scored_once_for_every_config_that_scores_it_alike(tmp_path,
     (first,), (second,) = (sorted((loop.round_dir(0) / "eval").glob("*/results.json")) for loop in loops[:2])
     assert json.loads(first.read_text())["metrics"] == json.loads(second.read_text())["metrics"]
     assert first.parent.name == second.parent.name
+    # the base's log-probs came with it: round 1's implicit scoring subtracts them instead of scoring the base again
+    reference = second.parent / "eval_reference.json"
+    assert len(json.loads(reference.read_text())["values"]) > 0
+    loops[1].stage_eval(1, loops[1].round_dir(1))
+    assert commands[0][commands[0].index("--reference_logprobs") + 1] == str(reference)
+    commands.clear()
     loops[2].stage_eval(0, loops[2].round_dir(0))
     assert len(commands) == 1 and "judge" in commands[0]  # another mode: another key, scored
     key = base_eval_key(commands[0])

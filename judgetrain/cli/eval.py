@@ -93,6 +93,9 @@ def build_parser():
     p.add_argument("--rules_train_pairs", help="training pairs (chosen = the source, rejected = its error copy: "
                    "`judgetrain pairs known --form response`'s train.parquet) the novel-token rule is fitted on; "
                    "without it that rule is absent (the shorter, longer and first-shown rules need no training items)")
+    p.add_argument("--reference_logprobs", help="the eval_reference.json an evaluation of the base model alone wrote "
+                   "(same suites, dtype and length rule): implicit scoring of an adapter on that base subtracts its "
+                   "log-probs instead of scoring the base again; sequences it lacks are scored")
     return follow_conventions(p)
 
 
@@ -271,6 +274,9 @@ def refuse(args: argparse.Namespace) -> None:
         ("--baseline", args.baseline)) if name)), None)
     if problem:
         raise BadInputError(problem)
+    if args.reference_logprobs and not Path(args.reference_logprobs).is_file():
+        raise BadInputError(f"--reference_logprobs {args.reference_logprobs}: no such file (a base evaluation's "
+                            "eval_reference.json)")
 
 
 def load_rows(specs: list, args: argparse.Namespace) -> None:
@@ -355,6 +361,7 @@ def load_reference(args: argparse.Namespace, device):
 def evaluate_target(evaluation, specs: list, run: tuple, args: argparse.Namespace, state, shared: dict):
     """Score one model (``run``: name, target, adapter, baseline?) on ``specs`` and write its files. ``shared``:
     what the models evaluated in turn share (the reference model and its cache, the baseline's figures)."""
+    from judgetrain.eval.reference import read_base_reference
     from judgetrain.eval.runner import evaluate_and_write
     from judgetrain.eval.suites import verdict_suites
 
@@ -364,6 +371,8 @@ def evaluate_target(evaluation, specs: list, run: tuple, args: argparse.Namespac
     model.to(state.device)
     engine = evaluation.engine(model, tokenizer, ref_model=shared["ref_model"], ref_cache=shared["ref_cache"],
                                ref_key=("ref:" + args.ref_model) if args.ref_model else "base:" + base)
+    if args.reference_logprobs and engine.has_reference and not engine.scores_its_own_reference:
+        shared["ref_cache"].update(read_base_reference(args.reference_logprobs, engine))
     generator = evaluation.generator(model, tokenizer)
     try:
         return evaluate_and_write(engine, specs, Path(args.output_dir) / name, state=state, modes=evaluation.modes,

@@ -13,6 +13,13 @@ reference: left unscored and counted (``n_no_reference``), never scored against 
 the policy is that reference (``ScoringEngine.policy_is_reference``): the start eval (``eval_on_start``) takes each
 cached sequence's reference log-prob as its policy log-prob, so it scores exactly 0 without a second forward
 (counted as ``policy_from_reference``).
+
+The same file, written by an evaluation of a base model alone (`save_base_reference`: no adapter, no reference of its
+own, every likelihood sequence's log-prob from the forward its likelihood modes share), is the reference of any
+adapter trained on that base: `judgetrain eval --reference_logprobs FILE` (the loop passes round 0's to every later
+round) seeds implicit scoring's reference cache with it (`read_base_reference`), so the base is not scored a second
+time; a sequence the file lacks is scored as before. The file names the base (its ``namespace``) and the dtype it was
+scored in; another base or dtype is refused.
 """
 
 from __future__ import annotations
@@ -30,11 +37,13 @@ from transformers import AutoModelForCausalLM
 from judgetrain.config.recipe import RecipeError
 from judgetrain.eval.scoring import ScoringEngine, shard_indices
 from judgetrain.eval.suites import SuiteSpec, build_request
+from judgetrain.run.layout import EVAL_REFERENCE_FILE
+from judgetrain.utils.errors import BadInputError
 from judgetrain.utils.files import write_json
 
 logger = logging.getLogger(__name__)
 
-REFERENCE_FILE = "eval_reference.json"
+REFERENCE_FILE = EVAL_REFERENCE_FILE
 
 
 def needs_policy_reference(engine: ScoringEngine) -> bool:
@@ -156,3 +165,32 @@ def load_reference(engine: ScoringEngine, output_dir: str | Path, state: Any, re
             "(a start writes the file)")
     engine.freeze_reference({k: float(v) for k, v in doc["values"].items()})
     logger.info("eval reference: %d log-probs of the weights before step 1 read from %s", len(doc["values"]), path)
+
+
+def _engine_dtype(engine: ScoringEngine) -> str:
+    return str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+
+
+def save_base_reference(values: dict[str, float], engine: ScoringEngine, directory: str | Path) -> Path:
+    """Write a base model's own log-probs (`ScoringEngine.policy_values_as_reference`, every process's share) as the
+    reference file of adapters trained on it (main process only)."""
+    path = Path(directory) / REFERENCE_FILE
+    write_json(path, {"namespace": engine._reference_namespace(), "dtype": _engine_dtype(engine), "values": values})
+    logger.info("eval reference: the base's %d log-probs written to %s (`judgetrain eval --reference_logprobs` of an "
+                "adapter on it reads them instead of scoring the base again)", len(values), path)
+    return path
+
+
+def read_base_reference(path: str | Path, engine: ScoringEngine) -> dict[str, float]:
+    """A base evaluation's reference file (`save_base_reference`) for this engine's base and dtype; `BadInputError`
+    naming the file otherwise."""
+    doc, problem = _reference_problem(Path(path), engine)
+    if problem is None and doc.get("dtype") != _engine_dtype(engine):
+        problem = f"scored in {doc.get('dtype')}, this evaluation in {_engine_dtype(engine)}"
+    if problem is not None:
+        raise BadInputError(f"--reference_logprobs {path}: {problem}; give the file of the base model's own "
+                            "evaluation in the same dtype, or leave the option out (the base is then scored again)")
+    values = {k: float(v) for k, v in doc["values"].items()}
+    logger.info("eval reference: %d log-probs of the base read from %s: implicit scoring subtracts them instead of "
+                "scoring the base again", len(values), path)
+    return values

@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from judgetrain.config.recipe import PROXY_MODES, READINGS, recorded_mode
+from accelerate.utils import gather_object
+
+from judgetrain.config.recipe import LIKELIHOOD_MODES, PROXY_MODES, READINGS, recorded_mode
 from judgetrain.eval.compare import REGRESSION_ALPHA, worse_rule
 from judgetrain.eval.evidence import headline_table, paired_deltas, suite_evidence
 from judgetrain.eval.generate import generate_sharded
 from judgetrain.eval.logkeys import over_rule_keys, rule_keys
 from judgetrain.eval.metrics import Items, flatten_eval_metrics, flatten_mode_metrics, interval_keys
+from judgetrain.eval.reference import save_base_reference
 from judgetrain.eval.rules import LEARNED_RULE, NovelTokens, RuleFigures, learned, rule_figures
 from judgetrain.eval.scoring import RowScore, ScoringEngine, score_sharded
 from judgetrain.eval.suites import (
@@ -212,6 +215,7 @@ def evaluate(
     modes: list[str] | tuple[str, ...] | None = None,
     generator: Any = None,
     novel: NovelTokens | None = None,
+    base_reference: dict[str, float] | None = None,
 ) -> dict[str, SuiteResult]:
     """Score every suite in each of ``modes`` (default: the engine's ``scoring``); all processes must call this together
     when ``state`` has several processes. The first of the `PROXY_MODES` listed is the SuiteResult itself, the other
@@ -220,8 +224,10 @@ def evaluate(
     without it) are computed on the same rows, and each judge figure set beside the best of them (`set_rules`).
 
     Rows are loaded once per spec and kept on it (``spec.rows``) so later calls score the same rows. A response's
-    policy log-prob is computed once for every likelihood mode listed (`ScoringEngine.sharing_policy_scores`). Returns
-    {suite name: SuiteResult}; every process gets the full results.
+    policy log-prob is computed once for every likelihood mode listed (`ScoringEngine.sharing_policy_scores`).
+    ``base_reference``: filled with those log-probs keyed as an adapter's reference (this process's share), where the
+    engine scores a base model alone (`ScoringEngine.scores_its_own_reference`). Returns {suite name: SuiteResult};
+    every process gets the full results.
     """
     modes = list(modes or [engine.scoring])
     if "generate" in modes and generator is None:
@@ -240,6 +246,8 @@ def evaluate(
                 res.modes["generate"] = _generate(engine, generator, spec, rows, state)
             set_rules(res, spec, rows, novel)
             results[spec.name] = res
+        if base_reference is not None and engine.scores_its_own_reference:
+            base_reference.update(engine.policy_values_as_reference())
     return results
 
 
@@ -389,7 +397,13 @@ def evaluate_and_write(
     the same judge before training); a mode read otherwise than this evaluation reads it is not differenced, said in
     the summary's ``not_compared``. Returns (results, summary); every process gets both."""
     modes = list(modes or [engine.scoring])
-    results = evaluate(engine, specs, state=state, modes=modes, generator=generator, novel=novel)
+    base_reference: dict[str, float] | None = None
+    if engine.scores_its_own_reference and any(m in ("implicit", *LIKELIHOOD_MODES) for m in modes):
+        base_reference = {}  # a base alone: its log-probs are the reference of an adapter's evaluation
+    results = evaluate(engine, specs, state=state, modes=modes, generator=generator, novel=novel,
+                       base_reference=base_reference)
+    if base_reference is not None and getattr(state, "num_processes", 1) > 1:
+        base_reference = {k: v for part in gather_object([base_reference]) for k, v in part.items()}
     summary = eval_summary(results, engine, num_processes=getattr(state, "num_processes", 1), modes=modes,
                            generator=generator, **about)
     if baseline is not None:
@@ -401,6 +415,8 @@ def evaluate_and_write(
         summary["metrics"].update(keys)
     if state is None or state.is_main_process:
         write_evaluation(results, summary, directory)
+        if base_reference:
+            save_base_reference(base_reference, engine, directory)
         logger.info("eval figures%s:\n%s", "" if baseline is None else " against the baseline", headline_table(summary))
     return results, summary
 

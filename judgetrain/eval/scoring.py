@@ -539,9 +539,23 @@ class ScoringEngine(StopPoints):
         """Each sequence's reference-cache key: its token ids, where its completion starts, the reference's name."""
         namespace = self._reference_namespace()
         for s in seqs:
-            h = hashlib.blake2b(np.asarray(s.ids, dtype=np.int64).tobytes(), digest_size=16)
-            h.update(f"|{s.start}|{namespace}".encode())
-            s.key = h.hexdigest()
+            s.key = _reference_key(np.asarray(s.ids, dtype=np.int64).tobytes(), s.start, namespace)
+
+    @property
+    def scores_its_own_reference(self) -> bool:
+        """Whether the policy is a base model alone (no adapter, no ``ref_model``, no reference of its own): the
+        reference of implicit scoring for any adapter trained on it, whose likelihood sequences' log-probs
+        (`policy_values_as_reference`) another evaluation can subtract instead of scoring the base again."""
+        return self.ref_model is None and not self.has_adapter_reference and self.policy_reference is None
+
+    def policy_values_as_reference(self) -> dict[str, float]:
+        """Inside `sharing_policy_scores`: every likelihood sequence's policy log-prob scored so far, keyed as the
+        reference cache of an adapter on this model keys it (the tokens, where the completion starts, the base's
+        name: `_key_sequences`)."""
+        if self._policy_cache is None:
+            raise RuntimeError("policy_values_as_reference reads the policy cache of sharing_policy_scores")
+        namespace = self._reference_namespace()
+        return {_reference_key(ids, start, namespace): value for (start, ids), value in self._policy_cache.items()}
 
     def _reference_logps(self, seqs: list[TokenSequence], sync: bool) -> dict[str, float]:
         self._key_sequences(seqs)
@@ -586,6 +600,14 @@ class ScoringEngine(StopPoints):
 
     def clear_reference_cache(self) -> None:
         self._ref_cache.clear()
+
+
+def _reference_key(ids: bytes, start: int, namespace: str) -> str:
+    """A sequence's key in the reference cache: its token ids (int64 bytes), where its completion starts, and the
+    reference's name."""
+    h = hashlib.blake2b(ids, digest_size=16)
+    h.update(f"|{start}|{namespace}".encode())
+    return h.hexdigest()
 
 
 # Strided, not accelerate's PartialState.split_between_processes (contiguous chunks): suite rows come grouped by

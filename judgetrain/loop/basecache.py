@@ -25,6 +25,11 @@ from judgetrain.utils.files import MANIFEST
 
 logger = logging.getLogger(__name__)
 
+# What an entry holds; a change makes entries built before it another key. 2: the base's log-probs as the reference of
+# every later round's implicit scoring (`judgetrain.eval.reference.save_base_reference`), so no round scores the base
+# a second time.
+ENTRY_FORMAT = 2
+
 
 def base_eval_key(argv: list[str]) -> str:
     """The cache key of round 0's eval command (``argv`` as `judgetrain eval` takes it)."""
@@ -37,7 +42,7 @@ def base_eval_key(argv: list[str]) -> str:
             skip = True  # where it is written is no part of what it is
             continue
         parts.append(identity(Path(arg)) if arg and Path(arg).exists() else arg)
-    text = json.dumps({"judgetrain": __version__, "command": parts})
+    text = json.dumps({"judgetrain": __version__, "format": ENTRY_FORMAT, "command": parts})
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 

@@ -76,7 +76,8 @@ from judgetrain.perturb.shortcuts import LIMIT, CopyPair, over_limit, copy_rule_
 from judgetrain.perturb.source import read_samples
 from judgetrain.perturb.spec import load_spec, type_operators
 from judgetrain.run.launch import Launch, command_argv, find_command
-from judgetrain.run.layout import HELDOUT_FILES, HELDOUT_PAIRS, HELDOUT_REWRITES, LOOP_LOG_FILE, LOOP_STATE_FILE, ROUND_COMPARE_FILE, round_folder
+from judgetrain.run.layout import (EVAL_REFERENCE_FILE, HELDOUT_FILES, HELDOUT_PAIRS, HELDOUT_REWRITES, LOOP_LOG_FILE,
+                                   LOOP_STATE_FILE, ROUND_COMPARE_FILE, round_folder)
 from judgetrain.utils.files import append_jsonl, read_json, write_json, write_lines
 
 logger = logging.getLogger(__name__)
@@ -411,6 +412,9 @@ class Loop:
                "--output_dir", str(rd / "eval"), "--eval_suites", *suites, "--eval_scoring", *ev.modes]
         if ev.max_rows:
             cmd += ["--eval_max_rows", str(ev.max_rows)]
+        base_logprobs = next((self.round_dir(0) / "eval").glob(f"*/{EVAL_REFERENCE_FILE}"), None) if k else None
+        if base_logprobs is not None:  # the base's own log-probs: implicit scoring subtracts them, no second pass
+            cmd += ["--reference_logprobs", str(base_logprobs)]
         train_pairs = rd / "pairs" / "train.parquet"  # the novel-token rule is fitted on this round's training pairs
         if k and self.config.pairs.method == "known" and self.config.pairs.form == "response" and train_pairs.is_file():
             cmd += ["--rules_train_pairs", str(train_pairs)]

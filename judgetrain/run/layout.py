@@ -15,6 +15,7 @@ HELDOUT_FILES = {"pairwise": HELDOUT_PAIRS, "rewrites": HELDOUT_REWRITES}  # the
 ROUND_TABLE = "rounds.json"  # the round table's keys and rows; beside it rounds.csv and rounds.md
 ROUND_TABLE_CSV = "rounds.csv"
 ROUND_TABLE_MD = "rounds.md"
+EVAL_REFERENCE_FILE = "eval_reference.json"  # reference log-probs (`judgetrain.eval.reference`): a run's, a base's
 ROUND_COMPARE_FILE = "compare.json"  # in a round's eval folder: `judgetrain compare` of the round against the base
 
 
