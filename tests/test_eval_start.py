@@ -62,7 +62,7 @@ def test_policy_reference_is_zero_before_training_nonzero_after_and_read_back_on
     reference.load_reference(resumed, tmp_path, PartialState(), "checkpoint-2")
     again = evaluate(resumed, specs)
     assert _scores(again, "ideation") == pytest.approx(moved, abs=1e-6)
-    assert json.loads((tmp_path / reference.REFERENCE_FILE).read_text())["values"] == pytest.approx(engine._ref_cache)
+    assert json.loads((tmp_path / reference.EVAL_REFERENCE_FILE).read_text())["values"] == pytest.approx(engine._ref_cache)
 
     # a row the start never scored has no reference: unscored and counted, never scored against 0
     from judgetrain.eval.suites import load_suite_rows
@@ -214,7 +214,7 @@ def test_full_fine_tune_eval_is_zero_at_start_a_sigterm_in_an_eval_stops_at_once
     assert max(abs(r[k]) for r in start_scores for k in ("score_chosen", "score_rejected")) == 0.0
     stats = json.loads((run / "eval" / "0" / "results.json").read_text())["stats"]["judgebias"]
     assert (stats["policy_from_reference"], stats["policy_batches"], stats["ref_batches"]) == (16, 0, 0), stats
-    assert (run / reference.REFERENCE_FILE).is_file()
+    assert (run / reference.EVAL_REFERENCE_FILE).is_file()
 
     proc = start([str(recipe), "--output_dir", str(run), "--resume", "auto"], log2)
     assert _wait_exit(proc, 600) == 0, log2.read_text()[-3000:]

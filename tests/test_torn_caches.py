@@ -171,7 +171,7 @@ def test_a_torn_eval_reference_is_scored_again_from_the_base_weights(tmp_path, c
         with caplog.at_level(logging.INFO, logger="judgetrain"):
             reference.load_reference(resumed, tmp_path, state, "checkpoint-2", rebuild=lambda: (
                 reference.rescore_initial_weights(resumed, specs, state, {})))
-        [line] = _warnings(caplog, reference.REFERENCE_FILE)
+        [line] = _warnings(caplog, reference.EVAL_REFERENCE_FILE)
         assert str(path) in line and "is torn" in line and "scoring the weights before step 1 again" in line, how
         assert resumed.model is model and resumed.policy_reference == "frozen"  # the trained policy back in place
         if how == TEARS[0]:  # the eval on the rebuilt reference (the others rebuild the same values)

@@ -43,7 +43,6 @@ from judgetrain.utils.files import write_json
 
 logger = logging.getLogger(__name__)
 
-REFERENCE_FILE = EVAL_REFERENCE_FILE
 
 
 def needs_policy_reference(engine: ScoringEngine) -> bool:
@@ -88,7 +87,7 @@ def score_reference(engine: ScoringEngine, specs: list[SuiteSpec], state: Any) -
 def save_reference(engine: ScoringEngine, output_dir: str | Path) -> Path:
     """Write the engine's reference cache (main process only)."""
 
-    path = Path(output_dir) / REFERENCE_FILE
+    path = Path(output_dir) / EVAL_REFERENCE_FILE
     write_json(path, {"namespace": engine._reference_namespace(), "values": engine.reference_values})
     logger.info("eval reference: %d log-probs written to %s (a resume reads them)", len(engine.reference_values), path)
     return path
@@ -142,7 +141,7 @@ def load_reference(engine: ScoringEngine, output_dir: str | Path, state: Any, re
     ``rebuild`` (`rescore_initial_weights`: the weights before step 1, loaded again; on every process), then
     written whole. A missing one, or a torn one without ``rebuild``, refuses the run: its weights are trained, so
     they cannot stand in for the reference."""
-    path = Path(output_dir) / REFERENCE_FILE
+    path = Path(output_dir) / EVAL_REFERENCE_FILE
     box: list[Any] = [None, None]
     if getattr(state, "is_main_process", True):
         box = list(_reference_problem(path, engine))
@@ -174,7 +173,7 @@ def _engine_dtype(engine: ScoringEngine) -> str:
 def save_base_reference(values: dict[str, float], engine: ScoringEngine, directory: str | Path) -> Path:
     """Write a base model's own log-probs (`ScoringEngine.policy_values_as_reference`, every process's share) as the
     reference file of adapters trained on it (main process only)."""
-    path = Path(directory) / REFERENCE_FILE
+    path = Path(directory) / EVAL_REFERENCE_FILE
     write_json(path, {"namespace": engine._reference_namespace(), "dtype": _engine_dtype(engine), "values": values})
     logger.info("eval reference: the base's %d log-probs written to %s (`judgetrain eval --reference_logprobs` of an "
                 "adapter on it reads them instead of scoring the base again)", len(values), path)

