@@ -56,16 +56,19 @@ def one_process(run_dir, eval_args, tmp_path_factory):
     return out
 
 
+def _launch(processes: int) -> list:
+    # `accelerate launch --cpu --num_processes N` starts ONE process in accelerate 1.15 (multi-CPU needs mpirun);
+    # the torchrun-based launcher starts N, which join over gloo (judgetrain.cli.eval passes cpu=True)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", processes,
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", free_port()] if processes > 1 else [sys.executable]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2, 3])
 def test_n_processes_sharing_prompts_give_the_same_metrics_and_rows_as_one_scoring_whole(run_dir, eval_args, one_process,
                                                                                           tmp_path, processes):
-    # `accelerate launch --cpu --num_processes N` starts ONE process in accelerate 1.15 (multi-CPU needs mpirun);
-    # the torchrun-based launcher starts N, which join over gloo (judgetrain.cli.eval passes cpu=True)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", processes,
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", free_port()] if processes > 1 else [sys.executable]
-    run([*launch, "-m", "judgetrain.cli.eval", "--model", run_dir / "checkpoint-2", *eval_args,
+    run([*_launch(processes), "-m", "judgetrain.cli.eval", "--model", run_dir / "checkpoint-2", *eval_args,
          "--output-dir", tmp_path / "many"], env=ENV, timeout=300)
     res1 = json.loads((one_process / "checkpoint-2" / "results.json").read_text())
     resn = json.loads((tmp_path / "many" / "checkpoint-2" / "results.json").read_text())
@@ -135,3 +138,28 @@ def test_the_base_evaluated_alone_is_the_reference_of_an_adapter_on_it(run_dir, 
     with pytest.raises(BadInputError, match="--reference_logprobs .*: no such file"):
         main(["--model", str(base), "--adapter", str(adapter), *eval_args, "--reference_logprobs",
               str(tmp_path / "none.json"), "--output-dir", str(tmp_path / "none")])
+
+
+@pytest.mark.slow
+def test_two_processes_write_the_base_reference_of_every_row_and_read_it(run_dir, eval_args, tmp_path):
+    """Each process scores its share of the rows; the base's reference file gathers every share (the same log-probs
+    as one process writes), and an adapter's evaluation in two processes reads it instead of scoring the base."""
+    base, adapter = run_dir.parent / "base", run_dir / "checkpoint-2"
+    modes = ["--eval_scoring", "implicit", "loglik_sum"]
+    files = {}
+    for processes in (1, 2):
+        out = tmp_path / f"base-{processes}"
+        run([*_launch(processes), "-m", "judgetrain.cli.eval", "--model", base, *eval_args, *modes,
+             "--output-dir", out], env=ENV, timeout=300)
+        [saved] = out.glob("*/eval_reference.json")
+        files[processes] = saved
+    one, two = (json.loads(files[n].read_text())["values"] for n in (1, 2))
+    assert len(one) == 42 and two.keys() == one.keys()  # 7 rows x 6 responses, each from the process that scored it
+    for key, value in one.items():
+        assert two[key] == pytest.approx(value, rel=1e-4, abs=1e-4), key
+    out = tmp_path / "adapter"
+    run([*_launch(2), "-m", "judgetrain.cli.eval", "--model", base, "--adapter", adapter, *eval_args, *modes,
+         "--reference_logprobs", files[2], "--output-dir", out], env=ENV, timeout=300)
+    [folder] = [p for p in out.iterdir() if p.is_dir()]
+    engine = json.loads((folder / "results.json").read_text())["engine"]
+    assert engine["ref_sequences_computed"] == 0 and engine["ref_batches"] == 0
