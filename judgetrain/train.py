@@ -109,8 +109,9 @@ def train(recipe: Recipe, command: str | None = None) -> dict:
     status, summary["exit_code"] = outcome_code(summary)
     regressed = {"regressions": sum(len(r["categories"]) for r in summary["regressions"])} \
         if "regressions" in summary else {}
+    allocator = {k: summary[k] for k in ("cpu_allocator", "heap_trims") if k in summary}  # keep's guard, counted
     write_status(out, status, summary["exit_code"], step=summary.get("global_step"), message=summary.get("stopped"),
-                 **regressed)
+                 **regressed, **allocator)
     return summary
 
 

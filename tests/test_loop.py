@@ -634,5 +634,8 @@ def test_the_quickstart_smoke_run_takes_every_stage_on_the_tiny_judge(tmp_path):
     recipe = yaml.safe_load((out / "round-1" / "recipe.yaml").read_text())
     assert (recipe["model_name_or_path"], recipe["max_steps"]) == ("tiny-judge", 2)
     assert len([m for m in read_jsonl(out / "round-1" / "train" / "metrics.jsonl") if "train/loss" in m]) == 2
+    status = read_jsonl(out / "round-1" / "train" / "judgetrain_status.jsonl")[-1]  # the quickstart trains under keep
+    assert status["status"] == "finished" and status["cpu_allocator"] == "keep"
+    assert isinstance(status["heap_trims"], int) and status["heap_trims"] >= 0
     scored = read_jsonl(next((out / "round-1" / "eval").glob("*/pairwise.jsonl")))
     assert 0 < len(scored) <= 8

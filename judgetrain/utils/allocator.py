@@ -19,8 +19,8 @@ and the bytes glibc has in use (``mallinfo2``), and gives the free heap pages ba
 the resident memory exceeds `heap_limit` of the most it has seen in use (a quarter more, at least `KEEP_FREE_BYTES`
 more), or when the machine has less than a tenth of its memory available: a step's own peak stays in the heap, a heap
 grown past it does not.
-Each trim is logged and counted (`heap_trims`, in the training run's summary); the pages given back are faulted in
-again by the next step that uses them, as with ``system``.
+Each trim is logged and counted (`heap_trims`, in the launch's line of `judgetrain_status.jsonl`); the pages given
+back are faulted in again by the next step that uses them, as with ``system``.
 
 Where the C library is not glibc (musl, macOS), or is older than 2.33 (no ``mallinfo2``), ``keep`` cannot be set: it
 says so in a warning and in the run's summary (``cpu_allocator: unavailable``). Measured by `judgetrain bench --only
