@@ -44,7 +44,6 @@ from judgetrain.utils.files import write_json
 logger = logging.getLogger(__name__)
 
 
-
 def needs_policy_reference(engine: ScoringEngine) -> bool:
     """Neither a reference model nor an adapter to disable (asked when implicit is among the run's modes)."""
     return engine.ref_model is None and not engine.has_adapter_reference
